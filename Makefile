@@ -1,0 +1,43 @@
+# bayesurl: two commands on a fresh machine (see README "Quick start").
+#   make run    create .venv, install torch + bayesurl (+ FashionMNIST when apt works), run the main job
+#   make test   run the test suite (creates .venv first when needed)
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+MAIN_ARGS ?= --preset quick --out runs/benchmark
+
+.PHONY: run test install data lint docs clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH_PINS)
+	$(PIP) install -q -e '.[dev,docs,faiss]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# FashionMNIST from Debian when apt is usable; otherwise the bundled scikit-learn digits are used.
+data:
+	@if [ -d /usr/share/datasets/fashion-mnist ]; then echo "FashionMNIST present"; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) \
+	  || echo "apt-get failed: falling back to scikit-learn digits"; \
+	else echo "apt not usable: falling back to scikit-learn digits"; fi
+
+run: install data
+	$(VENV)/bin/bayesurl benchmark $(MAIN_ARGS)
+
+test: install
+	$(PY) -m pytest -q -n 2 --dist loadfile
+
+lint: install
+	$(VENV)/bin/ruff check bayesurl tests benchmarks recipes
+
+docs: install
+	$(MAKE) -C docs html SPHINXBUILD=$(abspath $(VENV))/bin/sphinx-build
+
+clean:
+	rm -rf $(VENV) docs/_build runs

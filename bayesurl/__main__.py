@@ -1,0 +1,5 @@
+import sys
+
+from bayesurl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the ``bayesurl`` CLI, one module each (see :mod:`bayesurl.cli`)."""
