@@ -1,0 +1,142 @@
+"""The contract every method follows, and the registry that names them.
+
+A method is an :class:`torch.nn.Module` made of a backbone (any module mapping images to
+features ``[N, F]``, or a timm model name), optional heads, a training loss and the definition
+of u(x) (spec METHODS.md). The training loop (:mod:`bayesurl.training`) only talks to this
+contract:
+
+- ``forward(x, n_samples=0) -> Output``: embedding, uncertainty, logits where the method has a
+  classifier, and ``samples [S, N, D]`` when ``n_samples > 0`` and the method defines a
+  distribution.
+- ``training_loss(batch) -> Tensor``: a scalar loss for one batch ``(x, y)``; for two-view
+  methods (``two_view = True``) ``x`` is a pair ``(x1, x2)`` of augmented views.
+- ``on_epoch_start(epoch)`` / ``on_epoch_end(epoch)``: hooks (SNGP resets and accumulates its
+  covariance there).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from bayesurl.types import Output
+
+__all__ = ["Method", "available", "create", "get", "register", "resolve_backbone"]
+
+_REGISTRY: dict[str, type[Method]] = {}
+
+
+class Method(nn.Module):
+    """Base class of the URL methods (see module docstring for the contract)."""
+
+    #: registry name, set by :func:`register`
+    name: ClassVar[str] = ""
+    #: the training loop feeds two augmented views ``(x1, x2)`` instead of one image
+    two_view: ClassVar[bool] = False
+    #: the method needs class labels for training
+    supervised: ClassVar[bool] = True
+    #: the method can return ``samples [S, N, D]`` from ``forward(x, n_samples=S)``
+    has_distribution: ClassVar[bool] = False
+
+    def forward(self, x: Tensor, n_samples: int = 0) -> Output:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def on_epoch_start(self, epoch: int) -> None:
+        """Called by the training loop before each epoch (default: nothing)."""
+
+    def on_epoch_end(self, epoch: int) -> None:
+        """Called by the training loop after each epoch (default: nothing)."""
+
+
+def register(name: str) -> Callable[[type[Method]], type[Method]]:
+    """Class decorator adding a :class:`Method` subclass to the registry under ``name``."""
+
+    def deco(cls: type[Method]) -> type[Method]:
+        key = name.lower()
+        if key in _REGISTRY and _REGISTRY[key] is not cls:
+            raise ValueError(f"method name {name!r} is registered twice")
+        cls.name = key
+        _REGISTRY[key] = cls
+        return cls
+
+    return deco
+
+
+def _load_all() -> None:
+    import bayesurl.methods as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if not info.name.startswith("_") and info.name != "base":
+            importlib.import_module(f"bayesurl.methods.{info.name}")
+
+
+def available() -> list[str]:
+    """Names of every registered method, sorted."""
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> type[Method]:
+    """The method class registered under ``name`` (case-insensitive).
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is unknown; the message lists the valid names.
+    """
+    _load_all()
+    key = str(name).lower()
+    if key not in _REGISTRY:
+        raise ValueError(f"unknown method {name!r}; valid names: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[key]
+
+
+def create(name: str, **kwargs: Any) -> Method:
+    """Instantiate the method ``name`` with ``kwargs`` (backbone, embed_dim, num_classes, ...)."""
+    return get(name)(**kwargs)
+
+
+def resolve_backbone(backbone: str | nn.Module, **timm_kwargs: Any) -> tuple[nn.Module, int]:
+    """Return ``(module, feature_dim)`` for a timm model name or an ``nn.Module``.
+
+    A timm name is created with ``num_classes=0`` and random weights (no hub download) unless
+    ``checkpoint_path`` is passed in ``timm_kwargs``. For a plain module the feature dimension
+    is read from a ``num_features`` / ``out_features`` attribute, or probed with one forward
+    pass of a ``probe_input`` passed in ``timm_kwargs``.
+    """
+    if isinstance(backbone, str):
+        import timm
+
+        timm_kwargs.setdefault("pretrained", False)
+        timm_kwargs.pop("probe_input", None)
+        module = timm.create_model(backbone, num_classes=0, **timm_kwargs)
+        return module, int(module.num_features)
+    if not isinstance(backbone, nn.Module):
+        raise TypeError(
+            f"`backbone` must be a timm model name or an nn.Module, got {type(backbone).__name__}"
+        )
+    for attr in ("num_features", "out_features", "feature_dim"):
+        if isinstance(getattr(backbone, attr, None), int):
+            return backbone, int(getattr(backbone, attr))
+    probe = timm_kwargs.get("probe_input")
+    if probe is None:
+        raise ValueError(
+            "`backbone` has no `num_features`/`out_features` attribute; pass `probe_input` "
+            "(one example batch) so the feature dimension can be measured"
+        )
+    was_training = backbone.training
+    backbone.eval()
+    with torch.no_grad():
+        feats = backbone(probe)
+    backbone.train(was_training)
+    if feats.ndim != 2:
+        raise ValueError(f"`backbone` must return features [N, F], got shape {tuple(feats.shape)}")
+    return backbone, int(feats.shape[1])
