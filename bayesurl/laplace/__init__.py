@@ -1,0 +1,28 @@
+"""Laplacian metric learning (LAM) and last-layer Laplace for classifiers.
+
+- :func:`ggn_diagonal` -- closed-form diagonal GGN of the contrastive loss (LAM eqs. 6-9)
+- :class:`MetricLaplace` -- post-hoc and online last-layer Laplace for embeddings (LAM sec. 3)
+- :class:`ClassifierLaplace` -- laplace-torch last-layer fit with a closed-form predictive
+"""
+
+from __future__ import annotations
+
+from bayesurl.laplace.curvature import (
+    Approximation,
+    Geometry,
+    clamped_fraction,
+    ggn_diagonal,
+    ggn_diagonal_linear,
+    output_hessian_diagonals,
+    split_pairs,
+)
+
+__all__ = [
+    "Approximation",
+    "Geometry",
+    "clamped_fraction",
+    "ggn_diagonal",
+    "ggn_diagonal_linear",
+    "output_hessian_diagonals",
+    "split_pairs",
+]
