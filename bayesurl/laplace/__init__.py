@@ -16,9 +16,25 @@ from bayesurl.laplace.curvature import (
     output_hessian_diagonals,
     split_pairs,
 )
+from bayesurl.laplace.metric import (
+    BaseMetricLaplace,
+    MetricLaplace,
+    OnlineMetricLaplace,
+    PosthocMetricLaplace,
+    kappa_from_trace,
+    train_contrastive,
+    train_online,
+)
 
 __all__ = [
     "Approximation",
+    "BaseMetricLaplace",
+    "MetricLaplace",
+    "OnlineMetricLaplace",
+    "PosthocMetricLaplace",
+    "kappa_from_trace",
+    "train_contrastive",
+    "train_online",
     "Geometry",
     "clamped_fraction",
     "ggn_diagonal",
