@@ -89,11 +89,14 @@ def test_posterior_precision_nonnegative_hessian_and_report():
 def test_trained_model_keeps_clamped_fraction_low():
     x, y = _data(n=64, seed=2)
     net = _net(3)
-    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
-    train_contrastive(net, _batches(x, y, 32), opt, 30, margin=0.5, progress=False)
-    la = MetricLaplace(net, approximation="fixed", geometry="arccos", margin=0.5)
-    la.fit(_batches(x, y, 32), progress=False)
-    assert la.clamped_fraction < 0.2
+    fractions = []
+    for epochs in (0, 8):
+        opt = torch.optim.Adam(net.parameters(), lr=3e-2)
+        train_contrastive(net, _batches(x, y, 32), opt, epochs, margin=0.5, progress=False)
+        la = MetricLaplace(net, approximation="fixed", geometry="arccos", margin=0.5)
+        la.fit(_batches(x, y, 32), progress=False)
+        fractions.append(la.clamped_fraction)
+    assert fractions[1] <= 0.05 < fractions[0]
 
 
 def test_sample_mean_and_variance():
@@ -240,11 +243,11 @@ def test_train_online_runs_and_learns():
         la,
         torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32),
         opt,
-        15,
+        6,
         progress=False,
     )
     assert hist[-1] < hist[0]
-    assert la.dataset_size == 64 and len(la.fit_report) == 15
+    assert la.dataset_size == 64 and len(la.fit_report) == 6
     assert bool((la.hessian > 0).any())
     out = la.predictive(x)
     assert torch.isfinite(out.uncertainty).all()
