@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from bayesurl.laplace.classifier import ClassifierLaplace, ClassifierPredictive
 from bayesurl.laplace.curvature import (
     Approximation,
     Geometry,
@@ -29,6 +30,8 @@ from bayesurl.laplace.metric import (
 __all__ = [
     "Approximation",
     "BaseMetricLaplace",
+    "ClassifierLaplace",
+    "ClassifierPredictive",
     "MetricLaplace",
     "OnlineMetricLaplace",
     "PosthocMetricLaplace",
