@@ -13,6 +13,7 @@ from bayesurl.losses.elk import (
 from bayesurl.losses.hib import HIBLoss, hib_log_match_probability, hib_loss
 from bayesurl.losses.infonce import InfoNCELoss, infonce_loss, two_view_labels
 from bayesurl.losses.mcinfonce import MCInfoNCELoss, mcinfonce_loss
+from bayesurl.losses.nivmf import NivMFLoss, nivmf_elk_logits, nivmf_log_density, nivmf_loss
 
 __all__ = [
     "ELKLoss",
@@ -20,6 +21,7 @@ __all__ = [
     "HIBLoss",
     "InfoNCELoss",
     "MCInfoNCELoss",
+    "NivMFLoss",
     "contrastive_log_ratio",
     "elk_contrastive_loss",
     "elk_log_kernel",
@@ -29,5 +31,8 @@ __all__ = [
     "hib_loss",
     "infonce_loss",
     "mcinfonce_loss",
+    "nivmf_elk_logits",
+    "nivmf_log_density",
+    "nivmf_loss",
     "two_view_labels",
 ]
