@@ -351,11 +351,22 @@ class BaseMetricLaplace:
         ``0.5 (sum_i h_i / (lambda (h_i + lambda)) - ||theta*||^2)``, decreasing in
         ``lambda``, so its root is found by bisection on ``log lambda`` (clipped to
         ``bounds``). Sets and returns the new prior precision.
+
+        Raises
+        ------
+        ValueError
+            If every entry of ``H`` is clamped (the objective is then monotone).
         """
-        lo, hi = math.log(bounds[0]), math.log(bounds[1])
-        if not lo < hi:
+        if not 0 < bounds[0] < bounds[1]:
             raise ValueError(f"`bounds` must be increasing positive numbers, got {bounds}")
+        lo, hi = math.log(bounds[0]), math.log(bounds[1])
         h = (self.hessian_scale * self.hessian.clamp_min(0.0)).double()
+        if not bool((h > 0).any()):
+            raise ValueError(
+                "the clamped Hessian is zero (clamped fraction "
+                f"{self.clamped_fraction:.3f}): the posterior equals the prior and the "
+                "marginal likelihood has no maximum in `prior_precision`"
+            )
         s = float((self.mean.double() ** 2).sum())
 
         def grad(log_lam: float) -> float:
@@ -709,13 +720,19 @@ def train_online(
     miner: Miner | None = None,
     loss_fn: Callable[..., Tensor] | None = None,
     generator: torch.Generator | None = None,
+    optimize_prior_every: int | None = None,
     progress: bool = True,
 ) -> list[float]:
     """Train with online LAM for ``epochs`` epochs (LAM eqs. 4-5); returns mean epoch losses.
 
     ``laplace.dataset_size`` defaults to ``len(loader.dataset)``. Each epoch appends the
-    pair count and the clamped fraction of ``H`` to ``laplace.fit_report``.
+    pair count and the clamped fraction of ``H`` to ``laplace.fit_report``. With
+    ``optimize_prior_every=k`` the prior precision is re-tuned by the marginal likelihood
+    of the running posterior every ``k`` steps (online marginal-likelihood updates in the
+    style of Immer et al., 2021; LAM itself keeps the prior fixed, the default).
     """
+    if optimize_prior_every is not None and int(optimize_prior_every) < 1:
+        raise ValueError(f"`optimize_prior_every` must be >= 1, got {optimize_prior_every}")
     if not isinstance(laplace, OnlineMetricLaplace):
         raise ValueError("`laplace` must be built with mode='online'")
     if laplace.dataset_size is None:
@@ -724,6 +741,7 @@ def train_online(
             raise ValueError("pass `dataset_size` to MetricLaplace(mode='online', ...)")
         laplace.dataset_size = len(dataset)
     history = []
+    step = 0
     laplace.model.train()
     for epoch in range(int(epochs)):
         total, count = 0.0, 0
@@ -734,6 +752,10 @@ def train_online(
                 x, y, optimizer, miner=miner, loss_fn=loss_fn, generator=generator
             )
             count += 1
+            step += 1
+            if optimize_prior_every and step % int(optimize_prior_every) == 0:
+                with contextlib.suppress(ValueError):  # all clamped: keep the prior
+                    laplace.optimize_prior_precision()
         history.append(total / max(count, 1))
         laplace.fit_report.append(
             {

@@ -244,8 +244,10 @@ def test_train_online_runs_and_learns():
         torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32),
         opt,
         6,
+        optimize_prior_every=2,
         progress=False,
     )
+    assert float(la.prior_precision) != 1.0  # re-tuned by the marginal likelihood
     assert hist[-1] < hist[0]
     assert la.dataset_size == 64 and len(la.fit_report) == 6
     assert bool((la.hessian > 0).any())
@@ -256,7 +258,7 @@ def test_train_online_runs_and_learns():
 def test_state_dict_roundtrip_weights_only():
     x, y = _data()
     net = _net()
-    la = MetricLaplace(net, approximation="full", geometry="euclidean", margin=1.2)
+    la = MetricLaplace(net, approximation="positive", geometry="euclidean", margin=1.2)
     la.fit(_batches(x, y, 32), progress=False)
     la.optimize_prior_precision()
     buf = io.BytesIO()
@@ -269,7 +271,7 @@ def test_state_dict_roundtrip_weights_only():
     assert isinstance(la2, PosthocMetricLaplace)
     torch.testing.assert_close(la2.hessian, la.hessian)
     torch.testing.assert_close(la2.mean, la.mean)
-    assert la2.approximation.value == "full" and la2.margin == 1.2
+    assert la2.approximation.value == "positive" and la2.margin == 1.2
     torch.testing.assert_close(la2.posterior_variance, la.posterior_variance)
     torch.testing.assert_close(la2.prior_precision, la.prior_precision)
     bad = dict(state)
@@ -324,3 +326,23 @@ def test_bad_input_rejected():
         MetricLaplace(_net(), mode="online").online_step(
             x, y, torch.optim.SGD(_net().parameters(), lr=0.1)
         )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_device_follows_model():
+    x, y = _data()
+    net = _net().cuda()
+    la = MetricLaplace(net, approximation="full", geometry="arccos", margin=1.5)
+    la.fit(_batches(x.cuda(), y.cuda(), 16), progress=False)
+    out = la.predictive(x.cuda(), n_samples=2, generator=torch.Generator("cuda").manual_seed(0))
+    assert la.hessian.is_cuda and out.embedding.is_cuda and out.samples.is_cuda
+
+
+def test_prior_optimisation_refuses_fully_clamped_hessian():
+    la = MetricLaplace(_net())
+    la.hessian = -torch.ones(la.n_params, dtype=torch.float64)
+    assert la.clamped_fraction == 1.0
+    with pytest.raises(ValueError, match="clamped"):
+        la.optimize_prior_precision()
+    with pytest.raises(ValueError, match="bounds"):
+        la.optimize_prior_precision(bounds=(0.0, 1.0))
