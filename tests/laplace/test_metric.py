@@ -198,11 +198,13 @@ def test_online_update_follows_formula():
         (2, la.n_params), generator=torch.Generator().manual_seed(7), dtype=h_old.dtype
     )
     noise = eps * std_old
-    from pytorch_metric_learning.miners import PairMarginMiner
+    from pytorch_metric_learning.miners import BatchEasyHardMiner, PairMarginMiner
 
     phi = ref_net[1](ref_net[0](xb))
     z0 = ref_net[2](phi)
-    tup = PairMarginMiner(0.0, 1.5)(nn.functional.normalize(z0.detach(), dim=1), yb)
+    u0 = nn.functional.normalize(z0.detach(), dim=1)
+    tup = PairMarginMiner(0.0, 1.5)(u0, yb)
+    h_tup = BatchEasyHardMiner("hard", "hard")(u0, yb)
     lossf = ContrastiveLoss(margin=1.5)
     d, f = 4, 8
     total = 0
@@ -218,7 +220,7 @@ def test_online_update_follows_formula():
         h_batch += ggn_diagonal(
             lay,
             phi.detach(),
-            tup,
+            h_tup,
             approximation="fixed",
             geometry="arccos",
             margin=1.5,
