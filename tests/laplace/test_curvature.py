@@ -224,3 +224,28 @@ def test_bad_inputs():
         ggn_diagonal(layer, phi, (torch.tensor([0]), torch.tensor([9])) * 2)
     with pytest.raises(ValueError, match="indices_tuple"):
         ggn_diagonal(layer, phi, (torch.tensor([0]),))
+
+
+def test_arccos_blocks_are_hessian_of_the_training_loss_for_a_positive_pair():
+    """The arccos output Hessian is the Hessian of the contrastive loss actually trained."""
+    from pytorch_metric_learning.reducers import SumReducer
+
+    from bayesurl.laplace import output_hessian_diagonals
+    from bayesurl.losses.contrastive import ContrastiveLoss
+
+    torch.manual_seed(10)
+    d = 4
+    z = torch.randn(4, d, dtype=torch.float64)
+    loss = ContrastiveLoss(margin=0.5, reducer=SumReducer())
+    empty = torch.tensor([], dtype=torch.long)
+    # two positive pairs (PML returns zero for a single pair), (0, 1) and (2, 3)
+    tup = (torch.tensor([0, 2]), torch.tensor([1, 3]), empty, empty)
+    labels = torch.tensor([0, 0, 1, 1])
+    h = torch.autograd.functional.hessian(
+        lambda zz: loss(zz.reshape(4, d), labels, tup), z.reshape(-1)
+    )
+    assert float(h.abs().max()) > 0
+    a, b, c = output_hessian_diagonals(z[:1], z[1:2], "arccos")
+    torch.testing.assert_close(torch.diagonal(h[:d, :d]), a[0])
+    torch.testing.assert_close(torch.diagonal(h[:d, d : 2 * d]), b[0])
+    torch.testing.assert_close(torch.diagonal(h[d : 2 * d, d : 2 * d]), c[0])
