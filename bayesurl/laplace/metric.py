@@ -91,25 +91,28 @@ def kappa_from_trace(trace: Tensor, dim: int) -> Tensor:
     """vMF concentration moment-matched to an embedding covariance of trace ``trace``.
 
     For unit vectors ``E||u||^2 = 1``, so the mean resultant length of the predictive is
-    ``R^2 = ||E u||^2 = 1 - tr Cov(u)``; Sra's approximation (spec METRICS.md, LAM section 3
+    ``R^2 = ||E u||^2 = 1 - tr Cov(u)`` to second order. The linearised trace exceeds 1 for
+    broad posteriors, where ``1 - t`` would clip every input to the same ``kappa``; the
+    matching ``R^2 = 1 / (1 + t)`` (equal to ``1 - t`` up to ``O(t^2)``) stays in ``(0, 1]``
+    and keeps the ranking of inputs. Sra's approximation (spec METRICS.md, LAM section 3
     "Von Mises-Fisher distribution") then gives ``kappa = R (D - R^2) / (1 - R^2)``.
 
     Parameters
     ----------
     trace : Tensor
-        ``[N]`` trace of the covariance of the normalised embedding.
+        ``[N]`` trace ``t`` of the covariance of the normalised embedding (non-negative).
     dim : int
         Embedding dimension ``D``.
 
     Returns
     -------
     Tensor
-        ``[N]`` concentration, finite and positive.
+        ``[N]`` concentration, positive (``inf`` where ``t = 0``).
     """
-    eps = torch.finfo(trace.dtype).eps
-    r2 = (1.0 - trace).clamp(min=eps, max=1.0 - eps)
+    t = trace.clamp_min(0.0)
+    r2 = 1.0 / (1.0 + t)
     r = r2.sqrt()
-    return r * (dim - r2) / (1.0 - r2)
+    return r * (dim - r2) * (1.0 + t) / t
 
 
 class BaseMetricLaplace:

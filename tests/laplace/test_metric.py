@@ -153,8 +153,16 @@ def test_predictive_trace_and_kappa_match_sampled_normalised_embeddings():
 
 
 def test_kappa_from_trace_is_sra_formula():
-    r = torch.tensor([0.3, 0.9, 0.99], dtype=torch.float64)
-    torch.testing.assert_close(kappa_from_trace(1 - r**2, 8), r * (8 - r**2) / (1 - r**2))
+    t = torch.tensor([1e-4, 0.01, 0.3, 3.0, 300.0], dtype=torch.float64)
+    r = (1 / (1 + t)).sqrt()
+    kappa = kappa_from_trace(t, 8)
+    torch.testing.assert_close(kappa, r * (8 - r**2) / (1 - r**2))
+    # second-order agreement with R^2 = 1 - t for small t; strictly monotone, no clipping
+    r_lin = (1 - t[:2]).sqrt()
+    torch.testing.assert_close(
+        kappa[:2], r_lin * (8 - r_lin**2) / (1 - r_lin**2), rtol=2e-2, atol=0
+    )
+    assert bool((kappa[1:] < kappa[:-1]).all())
 
 
 def test_optimize_prior_precision_matches_scipy():
