@@ -67,9 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--stochman", type=Path, default=None, help="exported stochman checkout")
+    p.add_argument("--stochman-only", action="store_true", help="skip the three ratios")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.stochman_only:
+        if args.stochman is None:
+            raise SystemExit("--stochman-only needs --stochman PATH")
+        stochman_comparison(args.stochman, args.repeats)
+        return 0
 
     x, y = load_fmnist(args.n_train)
     loader = DataLoader(TensorDataset(x, y), batch_size=args.batch_size, shuffle=False)
