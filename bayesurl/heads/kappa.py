@@ -100,7 +100,8 @@ class KappaHead(nn.Module):
         """Shift the last bias so that ``mean(1/kappa) = warmup_u`` on this batch (once).
 
         Returns ``True`` if the shift was applied now, ``False`` if there is nothing to do
-        (no ``warmup_u`` or already warmed up).
+        (no ``warmup_u`` or already warmed up). Under ``torch.distributed`` the ranks average
+        their shifts (every rank must call it on its first batch).
         """
         if bool(self.warmed_up) or self.warmup_u is None:
             return False
@@ -128,6 +129,11 @@ class KappaHead(nn.Module):
                 lo = mid
             else:
                 hi = mid
-        last.bias.add_(0.5 * (lo + hi))
+        shift = torch.tensor(0.5 * (lo + hi), dtype=last.bias.dtype, device=last.bias.device)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # every rank warms up on its own first batch: agree on one shift
+            torch.distributed.all_reduce(shift)
+            shift /= torch.distributed.get_world_size()
+        last.bias.add_(shift)
         self.warmed_up.fill_(True)
         return True
