@@ -130,6 +130,11 @@ def contrastive_log_ratio(
     return pos - torch.logaddexp(pos + log_c, log_neg)
 
 
+def _promote(x: Tensor) -> Tensor:
+    """``x`` in float32 if it is float16 / bfloat16, else unchanged."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 class ExplicitKappaLoss(BaseMetricLossFunction):
     """``BaseMetricLossFunction`` with explicit vMF concentrations (see module docstring).
 
@@ -158,7 +163,18 @@ class ExplicitKappaLoss(BaseMetricLossFunction):
     ) -> Tensor:
         check_embeddings(embeddings, "embeddings")
         check_labels(labels, embeddings)
+        # half-precision inputs (mixed precision) are promoted: the Bessel recurrence and the
+        # log-sum-exps need float32 at least; autocast is switched off inside the loss
+        embeddings = _promote(embeddings)
         kappa = check_kappa(kappa, embeddings, "kappa", allow_inf=self.allow_inf_kappa)
+        if ref_emb is not None:
+            ref_emb = _promote(ref_emb)
+        with torch.autocast(embeddings.device.type, enabled=False):
+            return self._forward(
+                embeddings, labels, indices_tuple, ref_emb, ref_labels, kappa, ref_kappa
+            )
+
+    def _forward(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, kappa, ref_kappa):
         if ref_emb is None:
             if ref_kappa is not None:
                 raise ValueError("`ref_kappa` was given without `ref_emb`")

@@ -196,3 +196,17 @@ def test_bad_input():
         MCInfoNCELoss()(mu, torch.arange(4), kappa=-torch.ones(4))
     with pytest.raises(ValueError, match="ref_kappa"):
         MCInfoNCELoss()(mu, torch.arange(4), kappa=1.0, ref_kappa=1.0)
+
+
+def test_dtype_follows_inputs_and_half_precision_is_promoted():
+    g = torch.Generator().manual_seed(8)
+    emb = torch.randn(6, 4, generator=g)
+    labels = two_view_labels(3)
+    loss = MCInfoNCELoss(8.0, n_samples=4)
+    assert loss(emb.float(), labels, kappa=20.0).dtype == torch.float32
+    assert loss(emb, labels, kappa=20.0).dtype == torch.float64
+    out = loss(emb.to(torch.bfloat16), labels, kappa=torch.full((6,), 20.0, dtype=torch.bfloat16))
+    assert out.dtype == torch.float32 and torch.isfinite(out)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = loss(emb.float(), labels, kappa=20.0)
+    assert inside.dtype == torch.float32
