@@ -4,8 +4,9 @@ MCInfoNCE, ELK, nivMF and HIB predict a vMF posterior ``vMF(mu(x), kappa(x))`` p
 the normalised embedding and kappa comes from a 3-layer MLP on the embedding (URL appendix
 B.3-B.6). Its initial value is "either randomly initialized or warmed up to 0.001" (URL B.3):
 the warm-up shifts the head's output so that its mean uncertainty ``u = 1/kappa`` on the first
-batch is ``warmup_u``. The head is never zero-initialised: a constant initial kappa gives no
-gradient signal to rank inputs (thesis, chapter 5 "pretrained visual uncertainties").
+batch is ``warmup_u``. The head is never zero-initialised (PyTorch's default initialisation is
+kept): the thesis (chapter 5, "pretrained visual uncertainties") reports that a zero-initialised
+uncertainty head fails to train (spec METHODS.md).
 """
 
 from __future__ import annotations
