@@ -25,6 +25,8 @@ from bayesurl.losses._base import (
     check_kappa,
     contrastive_log_ratio,
     log_mean_exp,
+    log_ratio_from_mean,
+    masked_log_mean_exp,
 )
 from bayesurl.losses.infonce import _check_t, two_view_labels
 
@@ -81,9 +83,11 @@ def mcinfonce_pair_losses(
         samples.shape[1], ref_samples.shape[1], dtype=torch.bool, device=samples.device
     )
     neg_of_anchor[a2, n] = True
+    # the negatives depend on the anchor only: average them once per anchor ([K, N]), then
+    # gather per positive pair (memory K N R instead of K P R)
+    log_neg_mean, m = masked_log_mean_exp(sims, neg_of_anchor)
     pos = sims[:, a1, p]  # [K, P]
-    neg = sims[:, a1, :]  # [K, P, R]
-    log_ratio = contrastive_log_ratio(pos, neg, neg_of_anchor[a1], divide_positive)
+    log_ratio = log_ratio_from_mean(pos, log_neg_mean[:, a1], m[a1], divide_positive)
     return -log_mean_exp(log_ratio, dim=0)
 
 
