@@ -100,7 +100,7 @@ def mcinfonce_loss(
     kappa_neg: Tensor | float | None = None,
     *,
     n_samples: int = 16,
-    kappa_pos_scale: float = 16.0,
+    kappa_pos_scale: float | Tensor = 16.0,
     divide_positive: bool = False,
     generator: torch.Generator | None = None,
     reduction: str = "mean",
@@ -121,9 +121,9 @@ def mcinfonce_loss(
         ``[B, M]`` concentrations of the negatives (required with ``mu_neg``).
     n_samples : int
         K, the number of vMF samples per input (URL: 16, MCI: 512).
-    kappa_pos_scale : float
+    kappa_pos_scale : float or Tensor
         kappa_pos of the generative process = the inverse temperature t (MCI: 20,
-        URL: t in [8, 64]).
+        URL: t in [8, 64]); a 0-dim tensor may require grad (MCI tunes "kappa_pos learnable").
     divide_positive : bool
         ``False`` (default, reference code): only the negatives are averaged by M, loss >= 0.
         ``True``: the positive in the denominator is divided by M too (MCI eq. 7 as printed).

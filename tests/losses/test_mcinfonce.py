@@ -210,3 +210,26 @@ def test_dtype_follows_inputs_and_half_precision_is_promoted():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         inside = loss(emb.float(), labels, kappa=20.0)
     assert inside.dtype == torch.float32
+
+
+def test_learnable_kappa_pos_scale():
+    g = torch.Generator().manual_seed(9)
+    mu_a, mu_p = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+    t = torch.tensor(10.0, requires_grad=True)
+    loss = mcinfonce_loss(
+        mu_a,
+        20.0,
+        mu_p,
+        20.0,
+        torch.randn(4, 2, 3, generator=g),
+        20.0,
+        n_samples=3,
+        kappa_pos_scale=t,
+        generator=g,
+    )
+    loss.backward()
+    assert torch.isfinite(t.grad) and t.grad != 0
+    with pytest.raises(ValueError, match="kappa_pos_scale"):
+        mcinfonce_loss(mu_a, 1.0, mu_p, 1.0, kappa_pos_scale=torch.tensor(-1.0))
+    with pytest.raises(ValueError, match="kappa_pos_scale"):
+        mcinfonce_loss(mu_a, 1.0, mu_p, 1.0, kappa_pos_scale=torch.ones(2))
