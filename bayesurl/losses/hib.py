@@ -2,7 +2,8 @@
 
 The match probability of two inputs is the Monte-Carlo average over K paired samples of their
 vMF posteriors, ``p(n, m) = (1/K) sum_k sigmoid(t s_nk^T s_mk + b)`` (URL B.6; Oh et al. 2019
-with cosine instead of L2 distances and no KL prior). Same-label pairs minimise ``-log p``;
+with cosine instead of L2 distances and no KL prior; URL prints a sum over the 16 samples,
+the mean is used so that p is a probability, as in HIB). Same-label pairs minimise ``-log p``;
 different-label pairs either minimise ``+log p`` (URL eq. 5, "which stabilized training", the
 default) or ``-log(1 - p)`` (the original HIB, ``negative_term="log1m_p"``). Each term is
 averaged over its own set of pairs.
