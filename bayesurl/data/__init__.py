@@ -6,10 +6,18 @@
   :func:`stratified_split`, :func:`stratified_subsample`, views via :func:`subset`.
 * The embedded default experiment: :func:`default_zero_shot` -> :class:`ZeroShotData`.
 * Transforms: :func:`default_transform`, :func:`default_augmentation`, :class:`TwoViews`.
-* Loaders: :func:`make_loader` (seeded, DistributedSampler-aware), :func:`set_epoch`.
+* Loaders: :func:`make_loader` (seeded, DistributedSampler-aware), :func:`set_epoch`,
+  :func:`as_tensors` (a whole in-memory set as tensors); :func:`plot_images` to look at them.
 """
 
-from .base import ImageFileDataset, ImageTensorDataset, LabeledSubset, get_targets, subset
+from .base import (
+    ImageFileDataset,
+    ImageTensorDataset,
+    LabeledSubset,
+    as_tensors,
+    get_targets,
+    subset,
+)
 from .dml import (
     CARS_TEST_CLASSES,
     CARS_TRAIN_CLASSES,
@@ -29,6 +37,7 @@ from .fmnist import (
 )
 from .idx import read_idx
 from .loaders import make_loader, set_epoch
+from .plot import plot_images
 from .registry import available_datasets, get_dataset
 from .sklearn_digits import digits, load_digits_images, upsample_uint8
 from .splits import (
@@ -75,6 +84,7 @@ __all__ = [
     "ToFloat",
     "TwoViews",
     "ZeroShotData",
+    "as_tensors",
     "available_datasets",
     "check_disjoint",
     "default_augmentation",
@@ -87,6 +97,7 @@ __all__ = [
     "get_targets",
     "load_digits_images",
     "make_loader",
+    "plot_images",
     "read_idx",
     "select_split_classes",
     "set_epoch",

@@ -19,7 +19,14 @@ from torch.utils.data import Dataset
 
 from .._checks import check_ndim, check_same_length
 
-__all__ = ["ImageTensorDataset", "ImageFileDataset", "LabeledSubset", "subset", "get_targets"]
+__all__ = [
+    "ImageTensorDataset",
+    "ImageFileDataset",
+    "LabeledSubset",
+    "as_tensors",
+    "subset",
+    "get_targets",
+]
 
 Transform = Callable[[Any], Any]
 
@@ -184,6 +191,14 @@ def get_targets(data: Any, name: str = "labels_or_dataset") -> Tensor:
     return t.to(device="cpu", dtype=torch.int64)
 
 
+def _apply_label_map(targets: Tensor, label_map: dict[int, int]) -> Tensor:
+    """Vectorised ``label_map[t]`` for every ``t`` (every label must be a key)."""
+    keys = torch.tensor(sorted(label_map), dtype=torch.int64)
+    values = torch.tensor([label_map[int(k)] for k in keys], dtype=torch.int64)
+    pos = torch.searchsorted(keys, targets).clamp_(max=max(len(keys) - 1, 0))
+    return values[pos]
+
+
 class LabeledSubset(Dataset):
     """A view of ``dataset`` at ``indices`` that keeps (and optionally remaps) the labels.
 
@@ -219,7 +234,7 @@ class LabeledSubset(Dataset):
             missing = sorted(set(targets.unique().tolist()) - set(label_map))
             if missing:
                 raise ValueError(f"`label_map` has no entry for labels {missing[:10]}")
-            targets = torch.tensor([label_map[int(t)] for t in targets], dtype=torch.int64)
+            targets = _apply_label_map(targets.to(torch.int64), label_map)
         self.label_map = dict(label_map) if label_map is not None else None
         self.targets = targets
         self.classes = getattr(dataset, "classes", None) if label_map is None else None
@@ -290,8 +305,53 @@ def subset(
                 classes = [classes[k] for k, _ in order]
             else:
                 classes = None
-            targets = torch.tensor([label_map[t] for t in targets.tolist()], dtype=torch.int64)
+            targets = _apply_label_map(targets, label_map)
         return ImageTensorDataset(
             dataset.images[idx], targets, dataset.transform, classes, dataset.name
         )
     return LabeledSubset(dataset, idx, label_map)
+
+
+def as_tensors(
+    dataset: Dataset,
+    transform: Transform | None = None,
+    *,
+    batch_size: int = 4096,
+) -> tuple[Tensor, Tensor]:
+    """Materialise a whole data set as ``(x [N, ...], y [N])`` tensors.
+
+    For an :class:`ImageTensorDataset` the transform is applied to batches of
+    ``batch_size`` stored images at once (the transforms of :mod:`bayesurl.data.transforms`
+    are batch-aware), which is far faster than item by item; other data sets are read item
+    by item and stacked. Handy for small in-memory experiments and for embedding an
+    evaluation set (URL Sec. 3.2: every downstream image is a query).
+
+    Parameters
+    ----------
+    dataset : Dataset
+        Returns ``(x, label)`` items with tensor ``x``.
+    transform : callable, optional
+        Overrides the data set's own transform; without either, in-memory images become
+        ``float32`` in ``[0, 1]``.
+    batch_size : int
+        Images transformed per call for in-memory sets.
+
+    Returns
+    -------
+    x, y : Tensor
+        Stacked inputs and ``int64`` labels.
+    """
+    if len(dataset) == 0:  # type: ignore[arg-type]
+        raise ValueError("`dataset` is empty")
+    if isinstance(dataset, ImageTensorDataset):
+        t = transform if transform is not None else dataset.transform
+        if t is None:
+            return dataset.images.float().div_(255.0), dataset.targets.clone()
+        parts = [t(dataset.images[i : i + batch_size]) for i in range(0, len(dataset), batch_size)]
+        return torch.cat(parts), dataset.targets.clone()
+    xs, ys = [], []
+    for i in range(len(dataset)):  # type: ignore[arg-type]
+        x, y = dataset[i]
+        xs.append(transform(x) if transform is not None else x)
+        ys.append(int(y))
+    return torch.stack(xs), torch.tensor(ys, dtype=torch.int64)

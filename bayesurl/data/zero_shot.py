@@ -18,8 +18,8 @@ This is the small, offline instance of the URL protocol (Kirchhof et al., 2023, 
 the same protocol runs on the digits alone (upsampled to ``image_size``): upstream digits are
 split 80/20 (seeded, stratified) into ``train``(+``val``) and ``id_test``, ``test`` holds every
 downstream digit, and -- as no foreign image set ships offline -- ``ood`` is ``synthetic_ood``:
-seeded smooth noise images (uniform noise blurred twice with a 3x3 box filter, min-max scaled
-to 0-255 per image), as many as the digits.
+seeded smooth noise images (uniform noise on a grid a quarter of the side, bilinearly
+upsampled and min-max scaled to 0-255 per image), as many as the digits (or ``max_ood``).
 """
 
 from __future__ import annotations
@@ -124,9 +124,9 @@ def synthetic_ood(n: int, size: int = 28, *, seed: int = 0) -> ImageTensorDatase
     if n < 1 or size < 1:
         raise ValueError(f"`n` and `size` must be positive, got n={n}, size={size}")
     gen = torch.Generator().manual_seed(int(seed))
-    x = torch.rand(n, 1, size, size, generator=gen)
-    for _ in range(2):
-        x = F.avg_pool2d(x, 3, stride=1, padding=1, count_include_pad=False)
+    coarse = max(2, (int(size) + 3) // 4)
+    x = torch.rand(n, 1, coarse, coarse, generator=gen)
+    x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
     lo = x.amin(dim=(1, 2, 3), keepdim=True)
     hi = x.amax(dim=(1, 2, 3), keepdim=True)
     x = (x - lo) / (hi - lo).clamp_min(1e-12) * 255.0
@@ -282,7 +282,8 @@ def default_zero_shot(
         ood = ImageTensorDataset(d_img, d_lbl, name="digits")
         ood_name = "digits"
     else:
-        ood = synthetic_ood(len(pool_all), size, seed=seed)
+        n_ood = len(pool_all) if max_ood is None else min(len(pool_all), int(max_ood))
+        ood = synthetic_ood(n_ood, size, seed=seed)
         ood_name = "noise"
     ood = _cap(ood, max_ood, seed)
 

@@ -152,3 +152,22 @@ def test_image_tensor_dataset_checks_and_subset():
 def test_upsample_uint8_identity_and_range():
     x = torch.randint(0, 17, (3, 1, 8, 8))
     assert torch.equal(upsample_uint8(x, 8, max_value=16.0), (x * 255.0 / 16).round().byte())
+
+
+def test_as_tensors_batched_equals_itemwise(cub_root):
+    from bayesurl.data import CUB200, as_tensors, default_transform
+
+    ds = digits(split="test", size=28, transform=default_transform(3))
+    x, y = as_tensors(ds)
+    ref = torch.stack([ds[i][0] for i in range(len(ds))])
+    torch.testing.assert_close(x, ref)
+    assert torch.equal(y, ds.targets) and x.shape == (len(ds), 3, 28, 28)
+    x0, _ = as_tensors(ds.with_transform(None))
+    torch.testing.assert_close(x0, ds.images.float() / 255)
+    from torchvision.transforms.functional import pil_to_tensor
+
+    sub = subset(CUB200(cub_root[0], "test"), [0, 5, 9])
+    xf, yf = as_tensors(sub, pil_to_tensor)
+    assert xf.shape == (3, 3, 4, 5) and yf.tolist() == sub.targets.tolist()
+    with pytest.raises(ValueError, match="empty"):
+        as_tensors(subset(ds, []))

@@ -123,3 +123,27 @@ def test_picklable():
         assert type(t2) is type(t)
     with pytest.raises(TypeError):
         TwoViews(3)
+
+
+def test_plot_images(tmp_path):
+    from bayesurl.data import plot_images
+
+    x = _imgs(10)
+    fig = plot_images(x, torch.arange(10) % 3, ncols=4, class_names=["a", "b", "c"], title="t")
+    drawn = [ax for ax in fig.axes if ax.images]
+    assert len(fig.axes) == 12 and len(drawn) == 10
+    assert [ax.get_title() for ax in drawn[:4]] == ["a", "b", "c", "a"]
+    # grayscale pixels are min-max scaled per image
+    shown = drawn[0].images[0].get_array()
+    ref = x[0, 0].double()
+    torch.testing.assert_close(
+        torch.as_tensor(shown.data), (ref - ref.min()) / (ref.max() - ref.min())
+    )
+    rgb = plot_images(default_transform(3)(x[:2]))
+    assert rgb.axes[0].images[0].get_array().shape == (28, 28, 3)
+    fig.savefig(tmp_path / "grid.png")
+    assert (tmp_path / "grid.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="length mismatch"):
+        plot_images(x, [1, 2])
+    with pytest.raises(ValueError, match="empty"):
+        plot_images(x[:0])
