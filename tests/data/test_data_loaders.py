@@ -104,3 +104,28 @@ def test_auto_detects_process_group(tmp_path):
         assert not isinstance(plain.sampler, DistributedSampler)
     finally:
         dist.destroy_process_group()
+
+
+def test_datasets_pickle_for_spawned_workers(cub_root):
+    import pickle
+
+    from bayesurl.data import CUB200, default_zero_shot, subset
+
+    d = default_zero_shot(force_digits=True, max_train=40, max_ood=5)
+    d = d.with_transform(None, TwoViews(default_augmentation()))
+    cub = CUB200(cub_root[0], "val")
+    for ds in (d.train, d.test, cub, subset(cub, [1, 3], relabel=True)):
+        back = pickle.loads(pickle.dumps(ds))
+        assert len(back) == len(ds) and torch.equal(back.targets, ds.targets)
+    back = pickle.loads(pickle.dumps(d.test))
+    torch.testing.assert_close(back[0][0], d.test[0][0])
+    assert pickle.loads(pickle.dumps(cub))[1][1] == cub[1][1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_transforms_follow_cuda_device():
+    x = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8, device="cuda")
+    for t in (default_augmentation(3), TwoViews(default_augmentation())):
+        out = t(x)
+        out = out if isinstance(out, torch.Tensor) else out[0]
+        assert out.device == x.device
