@@ -59,7 +59,7 @@ from .transforms import (
     default_augmentation,
     default_transform,
 )
-from .zero_shot import ZeroShotData, default_zero_shot, synthetic_ood
+from .zero_shot import ZeroShotData, default_zero_shot, dml_zero_shot, synthetic_ood
 
 __all__ = [
     "CARS_TEST_CLASSES",
@@ -91,6 +91,7 @@ __all__ = [
     "default_transform",
     "default_zero_shot",
     "digits",
+    "dml_zero_shot",
     "fashion_mnist",
     "find_fashion_mnist",
     "get_dataset",

@@ -9,6 +9,7 @@ are decoded lazily with PIL (CUB-200-2011, CARS196, Stanford Online Products). B
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -155,6 +156,12 @@ class ImageFileDataset(Dataset):
             img = self.transform(img)
         return img, int(self.targets[index])
 
+    def with_transform(self, transform: Transform | None) -> ImageFileDataset:
+        """Shallow copy (same paths and labels) with another transform."""
+        out = copy.copy(self)
+        out.transform = transform
+        return out
+
     def __repr__(self) -> str:
         n_cls = int(self.targets.unique().numel()) if len(self) else 0
         return f"{type(self).__name__}(name={self.name!r}, n={len(self)}, n_classes={n_cls})"
@@ -248,6 +255,18 @@ class LabeledSubset(Dataset):
         if self.label_map is not None:
             y = self.label_map[int(y)]
         return x, y
+
+    def with_transform(self, transform: Transform | None) -> LabeledSubset:
+        """The same view of the base data set with another transform.
+
+        Needs a base data set with ``with_transform`` (every set of :mod:`bayesurl.data`).
+        """
+        base = getattr(self.dataset, "with_transform", None)
+        if base is None:
+            raise ValueError(
+                f"the base `dataset` {type(self.dataset).__name__} has no with_transform"
+            )
+        return LabeledSubset(base(transform), self.indices, self.label_map)
 
     def __repr__(self) -> str:
         return f"LabeledSubset(n={len(self)}, of={self.dataset!r})"

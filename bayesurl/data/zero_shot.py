@@ -32,13 +32,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import Dataset
 
 from .base import ImageTensorDataset, subset
 from .fmnist import fashion_mnist, find_fashion_mnist
 from .sklearn_digits import load_digits_images
 from .splits import stratified_split, stratified_subsample, zero_shot_split
 
-__all__ = ["ZeroShotData", "default_zero_shot", "synthetic_ood"]
+__all__ = ["ZeroShotData", "default_zero_shot", "dml_zero_shot", "synthetic_ood"]
 
 
 @dataclass
@@ -48,32 +49,38 @@ class ZeroShotData:
     Attributes
     ----------
     name : str
-        ``"fashion_mnist"`` or ``"digits"``.
-    train, val, test, id_test, ood : ImageTensorDataset
-        See :mod:`bayesurl.data.zero_shot`. ``val`` may be empty when ``val_fraction=0``.
-    ood_name : str
-        What ``ood`` holds (``"digits"`` or ``"noise"``).
+        ``"fashion_mnist"``, ``"digits"``, or a folder data set (``"cub"``, ``"cars"``, ``"sop"``).
+    train, val, test : Dataset
+        Upstream training data (labels ``0..K-1``), validation data, downstream retrieval data
+        (original labels). In-memory :class:`bayesurl.data.base.ImageTensorDataset` for
+        Fashion-MNIST / digits. ``val`` may be empty when ``val_fraction=0``.
+    id_test, ood : Dataset or None
+        Held-out upstream data and foreign data, the two sides of OOD AUROC (DATA.md); always
+        set by :func:`default_zero_shot`, optional for :func:`dml_zero_shot`.
+    ood_name : str or None
+        What ``ood`` holds (``"digits"``, ``"noise"``, a data set name).
     upstream_classes, downstream_classes : list of int
-        Original class ids; ``train`` label ``i`` is ``upstream_classes[i]``.
+        Original (0-based) class ids; ``train`` label ``i`` is ``upstream_classes[i]`` (after
+        removing validation classes, if any).
     num_train_classes : int
-        ``len(upstream_classes)`` minus any validation classes: the classifier width.
-    image_shape : tuple of int
-        ``(C, H, W)`` of the stored images.
+        Number of classes in ``train``: the classifier width.
+    image_shape : tuple of int or None
+        ``(C, H, W)`` of the stored images (``None`` for folder data sets).
     info : dict
         Sizes and settings, for logs.
     """
 
     name: str
-    train: ImageTensorDataset
-    val: ImageTensorDataset
-    test: ImageTensorDataset
-    id_test: ImageTensorDataset
-    ood: ImageTensorDataset
-    ood_name: str
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    id_test: Dataset | None
+    ood: Dataset | None
+    ood_name: str | None
     upstream_classes: list[int]
     downstream_classes: list[int]
     num_train_classes: int
-    image_shape: tuple[int, int, int]
+    image_shape: tuple[int, int, int] | None
     info: dict[str, Any] = field(default_factory=dict)
 
     def with_transform(
@@ -83,24 +90,33 @@ class ZeroShotData:
     ) -> ZeroShotData:
         """Copy with ``transform`` on every set (``train_transform`` on ``train`` if given)."""
         tt = transform if train_transform is None else train_transform
+
+        def re(ds: Any, t: Any) -> Any:
+            return None if ds is None else ds.with_transform(t)
+
         return replace(
             self,
-            train=self.train.with_transform(tt),
-            val=self.val.with_transform(transform),
-            test=self.test.with_transform(transform),
-            id_test=self.id_test.with_transform(transform),
-            ood=self.ood.with_transform(transform),
+            train=re(self.train, tt),
+            val=re(self.val, transform),
+            test=re(self.test, transform),
+            id_test=re(self.id_test, transform),
+            ood=re(self.ood, transform),
         )
 
     def summary(self) -> str:
         """One line per set: size and classes."""
         lines = [
-            f"ZeroShotData({self.name}; upstream {self.upstream_classes} -> "
-            f"downstream {self.downstream_classes}; OOD {self.ood_name})"
+            f"ZeroShotData({self.name}; {len(self.upstream_classes)} upstream -> "
+            f"{len(self.downstream_classes)} downstream classes; OOD {self.ood_name})"
         ]
         for key in ("train", "val", "test", "id_test", "ood"):
             ds = getattr(self, key)
-            lines.append(f"  {key:8s} n={len(ds):6d} classes={ds.targets.unique().tolist()}")
+            if ds is None:
+                lines.append(f"  {key:8s} --")
+                continue
+            cls = ds.targets.unique().tolist()
+            shown = cls if len(cls) <= 12 else f"{cls[:5]} ... {cls[-5:]} ({len(cls)})"
+            lines.append(f"  {key:8s} n={len(ds):6d} classes={shown}")
         return "\n".join(lines)
 
 
@@ -317,5 +333,90 @@ def default_zero_shot(
             "seed": seed,
             "class_seed": class_seed,
             "sizes": {k: len(v) for k, v in sets.items()},
+        },
+    )
+
+
+def dml_zero_shot(
+    name: str,
+    root: str | os.PathLike[str],
+    *,
+    tune: bool = False,
+    val_seed: int | None = None,
+    transform: Callable[[Any], Any] | None = None,
+    train_transform: Callable[[Any], Any] | None = None,
+    ood: str | None = None,
+    ood_root: str | os.PathLike[str] | None = None,
+    check_files: bool = True,
+) -> ZeroShotData:
+    """Zero-shot data of CUB-200-2011, CARS196 or SOP with the standard class splits.
+
+    URL Sec. 3.2: train on the train classes, report on the disjoint test classes; tune
+    hyper-parameters by training on one half of the train classes and validating on the
+    other (``tune=True``: ``train`` = ``"train_noval"``, ``val`` = ``"val"``). For the final
+    run (``tune=False``) ``train`` holds all train classes and ``val`` the validation half
+    of them (seen in training; for monitoring only). See :mod:`bayesurl.data.dml`.
+
+    Parameters
+    ----------
+    name : {"cub", "cars", "sop"}
+        The data set.
+    root : str or PathLike
+        Where it lies (see :mod:`bayesurl.data.dml` for the layouts).
+    tune : bool
+        Hyper-parameter tuning split (class-disjoint ``train`` / ``val``).
+    val_seed : int, optional
+        Seed of the validation halving (default: upper half by class id).
+    transform, train_transform : callable, optional
+        Per-item transforms of the PIL images (``train_transform`` for ``train``).
+    ood : str, optional
+        Name of a data set whose test split is the OOD set, e.g. ``"cars"`` for LAM's CUB (ID)
+        vs CARS (OOD) open-set protocol (Warburg et al., 2023, Sec. 4).
+    ood_root : str or PathLike, optional
+        Its root.
+    check_files : bool
+        Verify that every listed image exists.
+
+    Returns
+    -------
+    ZeroShotData
+        ``train`` / ``val`` relabelled to ``0..K-1``; ``test`` with the original 0-based class
+        ids; ``id_test`` is ``None`` (all train-class images are training data).
+    """
+    from .registry import get_dataset
+
+    key = str(name).lower()
+    if key not in ("cub", "cars", "sop"):
+        raise ValueError(f"`name` must be one of ['cars', 'cub', 'sop'], got {name!r}")
+    kw = {"val_seed": val_seed, "check_files": check_files}
+    split = "train_noval" if tune else "train"
+    train = get_dataset(key, root, split, train_transform, relabel=True, **kw)
+    val = get_dataset(key, root, "val", transform, relabel=True, **kw)
+    test = get_dataset(key, root, "test", transform, **kw)
+    train_cls = list(train.split_classes)  # type: ignore[attr-defined]
+    ood_ds = None
+    if ood is not None:
+        ood_ds = get_dataset(ood, ood_root, "test", transform)
+    return ZeroShotData(
+        name=key,
+        train=train,
+        val=val,
+        test=test,
+        id_test=None,
+        ood=ood_ds,
+        ood_name=ood,
+        upstream_classes=train_cls,
+        downstream_classes=list(test.split_classes),  # type: ignore[attr-defined]
+        num_train_classes=len(train_cls),
+        image_shape=None,
+        info={
+            "tune": tune,
+            "val_seed": val_seed,
+            "sizes": {
+                "train": len(train),
+                "val": len(val),
+                "test": len(test),
+                "ood": None if ood_ds is None else len(ood_ds),
+            },
         },
     )

@@ -136,3 +136,25 @@ def test_bad_split_and_loader(cub_root):
     xb, yb = next(iter(DataLoader(ds, batch_size=8)))
     assert xb.shape == (8, 3, 4, 5) and yb.tolist() == ds.targets[:8].tolist()
     assert xb[0, 0, 0, 0].item() == pytest.approx(51, abs=3)  # JPEG of value 51 (class 51)
+
+
+def test_dml_zero_shot(cub_root, cars_root):
+    from bayesurl.data import dml_zero_shot
+
+    root, truth = cub_root
+    d = dml_zero_shot("cub", root, ood="cars", ood_root=cars_root[0])
+    assert d.num_train_classes == 100 and d.upstream_classes == list(range(100))
+    assert d.downstream_classes == list(range(100, 200))
+    assert set(d.train.targets.tolist()) == set(range(100))
+    assert set(d.val.targets.tolist()) == set(range(50))  # relabelled upper half 51-100
+    assert {truth[p] for p in d.val.paths} == set(range(51, 101))
+    assert len(d.ood) == 196 * 2 // 2 and d.id_test is None
+    t = dml_zero_shot("cub", root, tune=True)
+    assert {truth[p] for p in t.train.paths} == set(range(1, 51))
+    assert set(t.train.targets.tolist()) == set(range(50)) and t.num_train_classes == 50
+    assert {truth[p] for p in t.val.paths}.isdisjoint({truth[p] for p in t.train.paths})
+    t2 = t.with_transform(lambda im: im.size, train_transform=lambda im: "train")
+    assert t2.train[0][0] == "train" and t2.test[0][0] == (5, 4) and t2.ood is None
+    assert "50 upstream -> 100 downstream" in t.summary()
+    with pytest.raises(ValueError, match="name"):
+        dml_zero_shot("digits", root)
