@@ -60,10 +60,11 @@ class ZeroShotData:
     ood_name : str or None
         What ``ood`` holds (``"digits"``, ``"noise"``, a data set name).
     upstream_classes, downstream_classes : list of int
-        Original (0-based) class ids; ``train`` label ``i`` is ``upstream_classes[i]`` (after
-        removing validation classes, if any).
+        Original (0-based) class ids of ``train`` and ``test``; ``train`` label ``i`` is
+        ``upstream_classes[i]``. Validation classes (``val_classes``) are not listed here but
+        in ``info["val_classes"]``.
     num_train_classes : int
-        Number of classes in ``train``: the classifier width.
+        ``len(upstream_classes)``: the classifier width.
     image_shape : tuple of int or None
         ``(C, H, W)`` of the stored images (``None`` for folder data sets).
     info : dict
@@ -219,6 +220,11 @@ def default_zero_shot(
     -------
     ZeroShotData
     """
+    for arg, value in (("max_train", max_train), ("max_test", max_test), ("max_ood", max_ood)):
+        if value is not None and int(value) < 1:
+            raise ValueError(f"`{arg}` must be a positive size or None, got {value}")
+    if int(image_size) < 1:
+        raise ValueError(f"`image_size` must be positive, got {image_size}")
     name = "digits" if force_digits else "fashion_mnist"
     if not force_digits:
         try:
@@ -277,6 +283,7 @@ def default_zero_shot(
         train = subset(pool, fit_idx, relabel=relabel)
         val = subset(pool, val_idx, relabel=val_map)
         n_train_classes = len(fit_cls)
+        up_cls = fit_cls
     else:
         if not 0.0 <= float(val_fraction) < 1.0:
             raise ValueError(f"`val_fraction` must be in [0, 1), got {val_fraction}")
@@ -289,7 +296,7 @@ def default_zero_shot(
         n_train_classes = len(up_cls)
 
     if val_classes is not None:  # held-out data of the classes actually trained on
-        id_idx = id_idx[torch.isin(eval_all.targets[id_idx], torch.tensor(list(relabel)))]
+        id_idx = id_idx[torch.isin(eval_all.targets[id_idx], torch.tensor(up_cls))]
     id_test = _cap(subset(eval_all, id_idx, relabel=relabel), max_test, seed)  # type: ignore[arg-type]
     test = _cap(subset(eval_all, down_idx_eval), max_test, seed)  # type: ignore[arg-type]
 

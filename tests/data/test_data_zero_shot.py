@@ -72,11 +72,15 @@ def test_reproducible_caps_seeds_and_val_classes():
     _assert_protocol(e, [1, 3], [8])
     v = default_zero_shot(force_digits=True, val_classes=[3, 4], max_ood=10)
     assert v.num_train_classes == 3 and set(v.train.targets.tolist()) == {0, 1, 2}
+    assert v.upstream_classes == [0, 1, 2] and v.info["val_classes"] == [3, 4]
+    assert set(v.id_test.targets.tolist()) == {0, 1, 2}
     assert set(v.val.targets.tolist()) == {0, 1} and len(v.val) > 0
     with pytest.raises(ValueError, match="val_classes"):
         default_zero_shot(force_digits=True, val_classes=[7])
     with pytest.raises(ValueError, match="disjoint"):
         default_zero_shot(force_digits=True, upstream=[1, 2], downstream=[2, 3])
+    with pytest.raises(ValueError, match="max_train"):
+        default_zero_shot(force_digits=True, max_train=0)
     with pytest.raises(ValueError, match="val_fraction"):
         default_zero_shot(force_digits=True, val_fraction=1.0)
     z = default_zero_shot(force_digits=True, val_fraction=0.0, max_ood=10)
