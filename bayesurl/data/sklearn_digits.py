@@ -68,7 +68,7 @@ def digits(
     Parameters
     ----------
     root : None
-        Unused (the data are bundled); present so every loader shares one signature.
+        Must be ``None`` (the data are bundled); present so every loader shares one signature.
     split : {"all", "train", "test"}
         Digits have no official split; ``"train"``/``"test"`` are a seeded stratified split
         holding out ``test_fraction`` of every class.
@@ -87,6 +87,10 @@ def digits(
     ImageTensorDataset
         ``uint8`` images ``[N, 1, size, size]`` scaled to 0-255, labels ``0..9``.
     """
+    if root is not None:
+        raise ValueError(
+            f"`root` must be None for digits (bundled with scikit-learn), got {root!r}"
+        )
     if split not in ("all", "train", "test"):
         raise ValueError(f"`split` must be one of ['all', 'test', 'train'], got {split!r}")
     if int(size) < 1:

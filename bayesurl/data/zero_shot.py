@@ -219,6 +219,15 @@ def default_zero_shot(
     Returns
     -------
     ZeroShotData
+
+    Examples
+    --------
+    >>> from bayesurl.data import TwoViews, as_tensors, default_augmentation, default_transform
+    >>> data = default_zero_shot(max_train=2000, max_test=1000,
+    ...                          transform=default_transform(),
+    ...                          train_transform=TwoViews(default_augmentation()))
+    >>> (x1, x2), y = data.train[0]          # two views for InfoNCE / MCInfoNCE
+    >>> x_test, y_test = as_tensors(data.test)  # downstream retrieval set, all at once
     """
     for arg, value in (("max_train", max_train), ("max_test", max_test), ("max_ood", max_ood)):
         if value is not None and int(value) < 1:

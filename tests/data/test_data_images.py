@@ -127,6 +127,8 @@ def test_digits_split_disjoint_stratified():
     assert torch.equal(again.images, te.images)
     with pytest.raises(ValueError, match="split"):
         digits(split="val")
+    with pytest.raises(ValueError, match="root"):
+        digits("/some/where")
 
 
 def test_image_tensor_dataset_checks_and_subset():
