@@ -36,7 +36,7 @@ from .fmnist import (
     find_fashion_mnist,
 )
 from .idx import read_idx
-from .loaders import make_loader, set_epoch
+from .loaders import UnpaddedDistributedSampler, make_loader, set_epoch
 from .plot import plot_images
 from .registry import available_datasets, get_dataset
 from .sklearn_digits import digits, load_digits_images, upsample_uint8
@@ -83,6 +83,7 @@ __all__ = [
     "StanfordOnlineProducts",
     "ToFloat",
     "TwoViews",
+    "UnpaddedDistributedSampler",
     "ZeroShotData",
     "as_tensors",
     "available_datasets",

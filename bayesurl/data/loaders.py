@@ -15,7 +15,30 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-__all__ = ["make_loader", "set_epoch"]
+__all__ = ["UnpaddedDistributedSampler", "make_loader", "set_epoch"]
+
+
+class UnpaddedDistributedSampler(DistributedSampler):
+    """:class:`DistributedSampler` that never pads: rank ``r`` gets items ``r, r + R, ...``.
+
+    The stock sampler repeats items so every rank gets the same count, which would count
+    those items twice in an evaluation gathered across ranks. Without padding the shards
+    partition the data set exactly (their sizes differ by at most one). Shuffling and
+    ``set_epoch`` work as in the parent.
+    """
+
+    def __iter__(self):
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.dataset), generator=g).tolist()  # type: ignore[arg-type]
+        else:
+            order = list(range(len(self.dataset)))  # type: ignore[arg-type]
+        return iter(order[self.rank :: self.num_replicas])
+
+    def __len__(self) -> int:
+        n = len(self.dataset)  # type: ignore[arg-type]
+        return max(0, -(-(n - self.rank) // self.num_replicas))
 
 
 def make_loader(
@@ -29,6 +52,7 @@ def make_loader(
     rank: int | None = None,
     seed: int = 0,
     drop_last: bool = False,
+    pad: bool = True,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     pin_memory: bool = False,
     persistent_workers: bool = False,
@@ -56,6 +80,11 @@ def make_loader(
     drop_last : bool
         Drop the last incomplete batch (and, when sharding, the tail that does not divide
         evenly; otherwise :class:`DistributedSampler` pads by repeating items).
+    pad : bool
+        When sharding without ``drop_last``: ``True`` pads like :class:`DistributedSampler`
+        (equal shard sizes, needed for lock-step training); ``False`` uses
+        :class:`UnpaddedDistributedSampler` so the shards partition the data exactly (for
+        evaluation).
     collate_fn : callable, optional
         Passed to the DataLoader.
     pin_memory, persistent_workers : bool
@@ -88,7 +117,8 @@ def make_loader(
             raise ValueError(f"`num_replicas` must be positive, got {num_replicas}")
         if rank is not None and num_replicas is not None and not 0 <= rank < num_replicas:
             raise ValueError(f"`rank` must be in [0, {num_replicas}), got {rank}")
-        sampler = DistributedSampler(
+        sampler_cls = DistributedSampler if pad or drop_last else UnpaddedDistributedSampler
+        sampler = sampler_cls(
             dataset,
             num_replicas=num_replicas,
             rank=rank,

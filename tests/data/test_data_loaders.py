@@ -69,6 +69,24 @@ def test_explicit_replicas_cover_once(n, shuffle):
     assert len(flat) == len(set(flat))
 
 
+@pytest.mark.parametrize("n", [24, 25, 3])
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_unpadded_shards_partition(n, replicas):
+    ds = _ds(n)
+    for shuffle in (False, True):
+        shards = []
+        for rank in range(replicas):
+            loader = make_loader(
+                ds, 4, shuffle=shuffle, num_replicas=replicas, rank=rank, pad=False, seed=2
+            )
+            assert len(loader.sampler) == len(range(rank, n, replicas))
+            shards.append(_ids(loader))
+        flat = [i for shard in shards for i in shard]
+        assert sorted(flat) == list(range(n))  # every item exactly once
+        if not shuffle:
+            assert shards[1] == list(range(1, n, replicas))
+
+
 def test_set_epoch_changes_order():
     ds = _ds()
     loader = make_loader(ds, 4, shuffle=True, num_replicas=2, rank=0, seed=0)
