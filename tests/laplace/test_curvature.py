@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from pytorch_metric_learning.miners import PairMarginMiner
+from pytorch_metric_learning.miners import BatchEasyHardMiner, PairMarginMiner
 from torch import nn
 from torch.func import functional_call, hessian, jacrev
 
@@ -116,17 +116,30 @@ def test_matches_bruteforce_hand_pairs(approximation, geometry, bias):
 def test_matches_bruteforce_mined_pairs(approximation, geometry):
     layer = _layer(6, 3, 2)
     torch.manual_seed(3)
-    phi = torch.randn(12, 6, dtype=torch.float64)
-    labels = torch.arange(12) % 3
+    phi = torch.randn(10, 6, dtype=torch.float64)
+    labels = torch.arange(10) % 3
     margin = 1.0
     emb = nn.functional.normalize(layer(phi).detach(), dim=1)
-    tup = PairMarginMiner(pos_margin=0.0, neg_margin=margin)(emb, labels)
+    # the default Hessian miner of MetricLaplace (one hard positive + one hard negative)
+    tup = BatchEasyHardMiner(pos_strategy="hard", neg_strategy="hard")(emb, labels)
     assert len(tup[0]) > 0 and len(tup[2]) > 0
     got = ggn_diagonal(
         layer, phi, tup, approximation=approximation, geometry=geometry, margin=margin, clamp=False
     )
     ref = _reference(layer, phi, tup, approximation, geometry, margin)
     torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_matches_bruteforce_pair_margin_miner():
+    layer = _layer(4, 3, 11)
+    torch.manual_seed(12)
+    phi = torch.randn(6, 4, dtype=torch.float64)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    emb = nn.functional.normalize(layer(phi).detach(), dim=1)
+    tup = PairMarginMiner(pos_margin=0.0, neg_margin=1.2)(emb, labels)
+    kw = dict(approximation="full", geometry="arccos", margin=1.2)
+    got = ggn_diagonal(layer, phi, tup, clamp=False, **kw)
+    torch.testing.assert_close(got, _reference(layer, phi, tup, **kw), rtol=1e-10, atol=1e-10)
 
 
 def test_arccos_blocks_equal_autograd_hessian_of_one_minus_cos():
