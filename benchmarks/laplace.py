@@ -68,13 +68,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--stochman", type=Path, default=None, help="exported stochman checkout")
     p.add_argument("--stochman-only", action="store_true", help="skip the three ratios")
+    p.add_argument(
+        "--stochman-shape",
+        type=int,
+        nargs=3,
+        default=(256, 2048, 512),
+        metavar=("ANCHORS", "IN", "OUT"),
+        help="anchors (1 positive + 5 negatives each) and layer size of the comparison",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.stochman_only:
         if args.stochman is None:
             raise SystemExit("--stochman-only needs --stochman PATH")
-        stochman_comparison(args.stochman, args.repeats)
+        stochman_comparison(args.stochman, args.repeats, *args.stochman_shape)
         return 0
 
     x, y = load_fmnist(args.n_train)
@@ -162,11 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"post-hoc fit: {la.n_pairs} pairs, clamped fraction {la.clamped_fraction:.3f}")
 
     if args.stochman is not None:
-        stochman_comparison(args.stochman, args.repeats)
+        stochman_comparison(args.stochman, args.repeats, *args.stochman_shape)
     return 0
 
 
-def stochman_comparison(path: Path, repeats: int) -> None:
+def stochman_comparison(
+    path: Path, repeats: int, n_anchor: int = 256, f: int = 2048, d: int = 512
+) -> None:
     """``ggn_diagonal`` vs the StochMan-fork reference Hessian on a 2048 -> 512 layer.
 
     The reference applies no margin (every negative counts), so ours runs with a margin of
@@ -179,7 +189,7 @@ def stochman_comparison(path: Path, repeats: int) -> None:
     from stochman.hessian import ArccosHessianCalculator, ContrastiveHessianCalculator
 
     torch.manual_seed(0)
-    n_anchor, n_neg, f, d = 256, 5, 2048, 512
+    n_neg = 5
     phi = torch.randn(n_anchor * (2 + n_neg), f)
     lin = nn.Linear(f, d)
     ref_lin = nnj.Linear(f, d)
