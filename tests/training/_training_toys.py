@@ -52,7 +52,12 @@ class NoisyMLP(Method):
         self.epochs_started: list[int] = []
         self.epochs_ended: list[int] = []
 
+    #: raise in ``on_epoch_start`` of this epoch (simulates a job killed mid-run)
+    crash_at_epoch: int | None = None
+
     def on_epoch_start(self, epoch: int) -> None:
+        if epoch == self.crash_at_epoch:
+            raise KeyboardInterrupt(f"simulated crash at epoch {epoch}")
         self.epochs_started.append(epoch)
 
     def on_epoch_end(self, epoch: int) -> None:
