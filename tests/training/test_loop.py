@@ -151,3 +151,20 @@ def test_bf16_autocast_on_cpu_runs():
     )
     assert all(torch.isfinite(p).all() for p in m.parameters())
     assert len(res.losses) == 8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="mixed precision runs on CUDA only")
+@pytest.mark.parametrize("amp", ["fp16", "bf16", "auto"])
+def test_amp_on_cuda_trains_and_checkpoints_the_scaler(tmp_path, amp):
+    torch.manual_seed(0)
+    m = LinearCE(dtype="float32").cuda()
+    x, y = blobs(64)
+    ds = torch.utils.data.TensorDataset(x.float(), y)
+    ld = torch.utils.data.DataLoader(ds, batch_size=16)
+    res = fit(m, ld, epochs=4, lr=5e-2, amp=amp, checkpoint_dir=tmp_path, progress=False)
+    assert next(m.parameters()).device.type == "cuda"
+    assert res.history[-1]["loss"] < res.history[0]["loss"]
+    ck = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert bool(ck["scaler"]) == (amp == "fp16")
+    again = fit(m, ld, epochs=5, lr=5e-2, amp=amp, resume=tmp_path / "last.pt", progress=False)
+    assert again.epochs == 5
