@@ -69,3 +69,32 @@ def test_single_process_fallbacks(monkeypatch):
     monkeypatch.setenv("RANK", "5")
     with pytest.raises(ValueError, match="RANK=5"):
         init_from_env()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fit_under_real_torchrun_matches_one_process(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent / "_torchrun_script.py"
+    out = tmp_path / "params.pt"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(script),
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    torch.manual_seed(0)
+    ref = LinearCE()
+    fit(ref, loader(n=64, batch_size=16), **DDP_ARGS)
+    got = torch.load(out, weights_only=True)
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(got[k], v, rtol=0, atol=1e-10)
