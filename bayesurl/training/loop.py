@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from bayesurl.methods.base import Method
@@ -232,8 +233,6 @@ def _rng_states_all_ranks() -> list[dict[str, Any]]:
     mine = get_rng_state()
     if not D.is_distributed():
         return [mine]
-    import torch.distributed as dist
-
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     return gathered
@@ -420,7 +419,9 @@ def fit(
     result = TrainResult(method=method)
     start_epoch = 0
     if resume is not None:
-        ckpt = load_checkpoint(resume, map_location=device, require=RESUME_KEYS)
+        # CPU first: RNG and generator states must stay on the CPU; the optimiser moves its
+        # state to the parameters' device itself
+        ckpt = load_checkpoint(resume, map_location="cpu", require=RESUME_KEYS)
         try:
             method.load_state_dict(ckpt["model"])
             opt.load_state_dict(ckpt["optimizer"])
@@ -491,8 +492,6 @@ def fit(
                 finite = torch.isfinite(value)
                 if distributed:
                     flag = finite.to(torch.int64).reshape(1)
-                    import torch.distributed as dist
-
                     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
                     finite = flag[0].bool()
                 if not bool(finite):
