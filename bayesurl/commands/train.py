@@ -150,6 +150,11 @@ def run(args: argparse.Namespace) -> int:
         }
         torch.manual_seed(args.seed)
         method = cls(**kwargs)
+        # the method's own record also holds its defaults, so later default changes cannot
+        # alter what the checkpoint rebuilds
+        record = getattr(method, "hparams", None)
+        if isinstance(record, dict):
+            kwargs = {**dict(record), **kwargs}
         channels = _channels(args.backbone)
         augment = (
             default_augmentation(channels).to(device)

@@ -15,6 +15,7 @@ import contextlib
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -238,6 +239,24 @@ def _rng_states_all_ranks() -> list[dict[str, Any]]:
     return gathered
 
 
+def _recorded_kwargs(method: Method) -> dict[str, Any] | None:
+    """The constructor kwargs a method records (``hparams`` / ``init_kwargs``), if plain."""
+    for attr in ("hparams", "init_kwargs"):
+        record = getattr(method, attr, None)
+        if isinstance(record, Mapping):
+            try:
+                check_serialisable(dict(record), f"method.{attr}")
+            except ValueError as exc:
+                warnings.warn(
+                    f"{exc}; the checkpoint cannot rebuild the method by name (pass "
+                    "`method_kwargs` with plain values to fit)",
+                    stacklevel=3,
+                )
+                return None
+            return dict(record)
+    return None
+
+
 def _check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
@@ -324,7 +343,8 @@ def fit(
     method_kwargs : mapping or None
         Constructor kwargs of ``method`` stored in the checkpoint so that
         :func:`~bayesurl.training.load_method_from_checkpoint` can rebuild it (plain values
-        only). Defaults to ``method.init_kwargs`` when the method has one.
+        only). Defaults to the record the method keeps of them (``method.hparams`` or
+        ``method.init_kwargs``); a record holding modules is not stored (with a warning).
     device : str, torch.device or None
         Train here (the method is moved); ``None`` keeps the method's device.
     progress : bool
@@ -360,11 +380,11 @@ def fit(
         raise ValueError(f"`clip_grad` must be a positive number or None, got {clip_grad}")
     if not (math.isfinite(min_lr) and 0 <= min_lr <= lr):
         raise ValueError(f"`min_lr` must lie in [0, lr={lr}], got {min_lr}")
-    if method_kwargs is None:
-        method_kwargs = getattr(method, "init_kwargs", None)
     if method_kwargs is not None:
         method_kwargs = dict(method_kwargs)
         check_serialisable(method_kwargs, "method_kwargs")
+    else:
+        method_kwargs = _recorded_kwargs(method)
 
     if device is None:
         first = next(method.parameters(), None)

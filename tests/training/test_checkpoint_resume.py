@@ -202,3 +202,17 @@ def test_method_kwargs_must_be_plain(tmp_path):
             checkpoint_dir=tmp_path,
             progress=False,
         )
+
+
+def test_method_kwargs_default_to_the_methods_record(tmp_path):
+    torch.manual_seed(0)
+    m = LinearCE(in_dim=6, num_classes=3)
+    m.hparams = {"in_dim": 6, "num_classes": 3, "dtype": "float64"}
+    fit(m, loader(), checkpoint_dir=tmp_path / "a", progress=False)
+    ck = torch.load(tmp_path / "a" / "last.pt", weights_only=True)
+    assert ck["method"]["kwargs"] == m.hparams
+
+    m.hparams = {"backbone": torch.nn.Linear(2, 2)}  # a module cannot be stored: warn, keep None
+    with pytest.warns(UserWarning, match="cannot rebuild the method by name"):
+        fit(m, loader(), checkpoint_dir=tmp_path / "b", progress=False)
+    assert torch.load(tmp_path / "b" / "last.pt", weights_only=True)["method"]["kwargs"] is None
