@@ -7,6 +7,12 @@ and cosine annealing, two augmented views for the self-supervised methods. The c
 (:func:`bayesurl.training.load_method_from_checkpoint`). Runs under ``torchrun`` too
 (``torchrun --nproc_per_node 2 -m bayesurl train ...``): DDP with one process per rank.
 
+Data: ``default`` (FashionMNIST classes 0-4, or the digits when FashionMNIST is absent),
+``fashion_mnist``, ``digits``, or ``cub`` / ``cars`` / ``sop`` read from ``--root`` with their
+standard train classes. Images are batched as ``uint8`` and transformed per batch on the
+training device: a deterministic normalisation for supervised methods, two independent draws of
+:func:`bayesurl.data.default_augmentation` for the two-view methods (InfoNCE, MCInfoNCE).
+
 Example::
 
     bayesurl train --method ce --dataset default --epochs 2 --subset 2000 --out runs/ce
@@ -25,8 +31,13 @@ from torch import Tensor, nn
 
 HELP = "train one method on the upstream classes and save a checkpoint"
 
-#: data sets this command can build (the embedded zero-shot default and its two sources)
-DATASETS = ("default", "fashion_mnist", "digits")
+#: the embedded zero-shot default and its two sources (28 x 28 grayscale, in memory)
+EMBEDDED = ("default", "fashion_mnist", "digits")
+#: folder data sets read from ``--root`` with their standard zero-shot class splits
+FOLDER = ("cub", "cars", "sop")
+DATASETS = EMBEDDED + FOLDER
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class _KeepUint8(nn.Module):
@@ -34,6 +45,19 @@ class _KeepUint8(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return x
+
+
+class _PilToUint8:
+    """Per-item transform of a folder image: shorter side to ``size``, centre crop, ``uint8``."""
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+
+    def __call__(self, img: Any) -> Tensor:
+        from torchvision.transforms import functional as TF
+
+        img = TF.center_crop(TF.resize(img, self.size), [self.size, self.size])
+        return TF.pil_to_tensor(img.convert("RGB"))
 
 
 def _method_arg(text: str) -> tuple[str, Any]:
@@ -55,7 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="default",
         help=f"one of {', '.join(DATASETS)} (default: FashionMNIST 0-4, digits if absent)",
     )
-    parser.add_argument("--root", default=None, help="FashionMNIST folder (default: system path)")
+    parser.add_argument(
+        "--root",
+        default=None,
+        help="data folder: FashionMNIST (default: system path) or the cub/cars/sop root",
+    )
+    parser.add_argument(
+        "--image-size", type=int, default=224, help="side of cub/cars/sop images (crop)"
+    )
     parser.add_argument(
         "--backbone",
         default="small_convnet",
@@ -88,13 +119,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def _channels(backbone: str) -> int:
-    return 1 if backbone.lower() == "small_convnet" else 3
+def _channels(args: argparse.Namespace) -> int:
+    folder = str(args.dataset).lower() in FOLDER
+    return 3 if folder or args.backbone.lower() != "small_convnet" else 1
 
 
 def build_train_data(args: argparse.Namespace) -> tuple[Any, int]:
-    """The upstream training set (``uint8`` images) and its number of classes."""
-    from bayesurl.data import default_zero_shot
+    """The upstream training set (``uint8`` image tensors) and its number of classes.
+
+    Embedded sets: the ``train`` split of :func:`bayesurl.data.default_zero_shot` (URL
+    section 3.2 protocol on FashionMNIST 0-4, or digits). Folder sets: the train classes of
+    :func:`bayesurl.data.dml_zero_shot`, resized and centre-cropped to ``--image-size``.
+    ``--subset`` keeps a seeded class-balanced sample.
+    """
+    from bayesurl import data as bd
 
     name = str(args.dataset).lower().replace("-", "_")
     if name not in DATASETS:
@@ -103,19 +141,39 @@ def build_train_data(args: argparse.Namespace) -> tuple[Any, int]:
         )
     if args.subset is not None and args.subset < 1:
         raise ValueError(f"`--subset` must be >= 1, got {args.subset}")
+    if name in FOLDER:
+        if args.root is None:
+            raise ValueError(f"`--root` is required for --dataset {name}")
+        if args.image_size < 8:
+            raise ValueError(f"`--image-size` must be >= 8, got {args.image_size}")
+        zs = bd.dml_zero_shot(name, args.root, train_transform=_PilToUint8(args.image_size))
+        train = zs.train
+        if args.subset is not None:
+            train = bd.subset(train, bd.stratified_subsample(train, args.subset, seed=args.seed))
+        return train, int(zs.num_train_classes)
     root = args.root
     if name == "fashion_mnist" and root is None:
-        from bayesurl.data import find_fashion_mnist
-
-        root = find_fashion_mnist()
-    data = default_zero_shot(
+        root = bd.find_fashion_mnist()
+    zs = bd.default_zero_shot(
         root,
         force_digits=name == "digits",
         max_train=args.subset,
         val_fraction=0.0,
         seed=args.seed,
     )
-    return data.train.with_transform(_KeepUint8()), int(data.num_train_classes)
+    return zs.train.with_transform(_KeepUint8()), int(zs.num_train_classes)
+
+
+def _batch_transforms(args: argparse.Namespace, two_view: bool) -> nn.Module:
+    from bayesurl.data import default_augmentation, default_transform
+
+    channels = _channels(args)
+    stats = (
+        {"mean": IMAGENET_MEAN, "std": IMAGENET_STD} if str(args.dataset).lower() in FOLDER else {}
+    )
+    if two_view:
+        return default_augmentation(channels, **stats)
+    return default_transform(channels, **stats)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"unknown `--dataset` {args.dataset!r}; valid names: {', '.join(DATASETS)}"
         )
-    from bayesurl.data import default_augmentation, default_transform, make_loader
+    from bayesurl.data import make_loader
 
     info = D.init_from_env(device=args.device)
     try:
@@ -155,12 +213,7 @@ def run(args: argparse.Namespace) -> int:
         record = getattr(method, "hparams", None)
         if isinstance(record, dict):
             kwargs = {**dict(record), **kwargs}
-        channels = _channels(args.backbone)
-        augment = (
-            default_augmentation(channels).to(device)
-            if cls.two_view
-            else default_transform(channels).to(device)
-        )
+        augment = _batch_transforms(args, cls.two_view).to(device)
         loader = make_loader(
             train_set,
             args.batch_size,

@@ -25,19 +25,20 @@ class ToyImageCE(base.Method):
         scale: float = 1.0,
     ) -> None:
         super().__init__()
-        self.embed = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, embed_dim))
+        self.embed = nn.Sequential(nn.AdaptiveAvgPool2d(7), nn.Flatten(), nn.Linear(49, embed_dim))
         self.cls = nn.Linear(embed_dim, num_classes)
         self.scale = scale
 
     def forward(self, x, n_samples=0):
-        e = self.embed(x)
+        e = self.embed(x.mean(1, keepdim=True))
         logits = self.cls(e)
         p = logits.softmax(-1)
         return Output(F.normalize(e, dim=-1), -(p * p.log()).sum(-1), logits)
 
     def training_loss(self, batch):
         x, y = batch
-        return F.cross_entropy(self.scale * self.cls(self.embed(x)), y)
+        self.seen_shape = tuple(x.shape[1:])
+        return F.cross_entropy(self.scale * self.cls(self.embed(x.mean(1, keepdim=True))), y)
 
 
 @pytest.fixture
@@ -120,3 +121,63 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path, toy_registered, capsys
     assert "`--epochs` must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["train", "--method", "toy_cli_ce", "--method-arg", "noequals"])
+
+
+def _fake_cub(root):
+    """ROOT/CUB_200_2011 with 200 classes x 2 tiny JPEGs (the standard metadata files)."""
+    from PIL import Image
+
+    base = root / "CUB_200_2011"
+    imgs, labels, classes, i = [], [], [], 0
+    for c in range(1, 201):
+        folder = f"{c:03d}.Bird_{c}"
+        classes.append(f"{c} {folder}")
+        (base / "images" / folder).mkdir(parents=True)
+        for k in range(2):
+            i += 1
+            Image.new("RGB", (20, 16), (c, 255 - c, 40 * k)).save(
+                base / "images" / folder / f"{k}.jpg"
+            )
+            imgs.append(f"{i} {folder}/{k}.jpg")
+            labels.append(f"{i} {c}")
+    for name, lines in (
+        ("images.txt", imgs),
+        ("image_class_labels.txt", labels),
+        ("classes.txt", classes),
+    ):
+        (base / name).write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_train_on_a_folder_dataset(tmp_path, toy_registered, capsys):
+    pytest.importorskip("bayesurl.data")
+    root = _fake_cub(tmp_path / "cub")
+    out = tmp_path / "run"
+    assert (
+        main(
+            [
+                "train",
+                "--method",
+                "toy_cli_ce",
+                "--dataset",
+                "cub",
+                "--root",
+                str(root),
+                "--image-size",
+                "12",
+                "--batch-size",
+                "50",
+                "--epochs",
+                "1",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    ck = torch.load(out / "last.pt", weights_only=True)
+    assert ck["method"]["kwargs"]["num_classes"] == 100  # CUB train classes 1-100
+    assert ck["global_step"] == 4  # 200 images / 50
+    assert main(["train", "--method", "toy_cli_ce", "--dataset", "cub", "--out", str(out)]) == 2
+    assert "`--root` is required" in capsys.readouterr().err
