@@ -1,0 +1,20 @@
+"""Distributions on embeddings: the von Mises-Fisher distribution (exact log-normaliser,
+Wood sampler) used by MCInfoNCE, ELK, nivMF, HIB, credible intervals and the evaluator."""
+
+from bayesurl.distributions.vmf import (
+    VonMisesFisher,
+    kappa_from_resultant_length,
+    log_bessel_iv,
+    sample_vmf,
+    vmf_log_normalizer,
+    vmf_mean_resultant_length,
+)
+
+__all__ = [
+    "VonMisesFisher",
+    "kappa_from_resultant_length",
+    "log_bessel_iv",
+    "sample_vmf",
+    "vmf_log_normalizer",
+    "vmf_mean_resultant_length",
+]
