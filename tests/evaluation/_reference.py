@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
 def brute_knn(x: torch.Tensor, k: int, exclude_self: bool = True) -> list[list[int]]:
     """Python loops: cosine similarity, self excluded by index, ties to the lowest index."""
-    x = x.double()
-    n = x.shape[0]
+    rows = x.double().tolist()
+    norms = [math.sqrt(sum(v * v for v in r)) for r in rows]
+    unit = [[v / nr for v in r] if nr > 0 else r for r, nr in zip(rows, norms)]
     out = []
-    for i in range(n):
+    for i, a in enumerate(unit):
         cands = []
-        for j in range(n):
+        for j, b in enumerate(unit):
             if exclude_self and j == i:
                 continue
-            a, b = x[i], x[j]
-            sim = float(a @ b / (a.norm() * b.norm()))
-            cands.append((-sim, j))
+            cands.append((-sum(p * q for p, q in zip(a, b)), j))
         cands.sort()
         out.append([j for _, j in cands[:k]])
     return out
