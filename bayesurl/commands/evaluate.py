@@ -53,14 +53,24 @@ def load_npz(path: str | Path) -> dict[str, np.ndarray]:
     if not p.is_file():
         raise FileNotFoundError(f"INPUT {str(p)!r} does not exist")
     try:
-        with np.load(p, allow_pickle=False) as f:
-            names = set(f.files)
-            missing = [k for k, req in ARRAYS.items() if req and k not in names]
-            if missing:
-                raise ValueError(f"{p.name}: missing array(s) {missing}; found {sorted(names)}")
-            return {k: np.asarray(f[k]) for k in ARRAYS if k in names}
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        f = np.load(p, allow_pickle=False)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
         raise ValueError(f"{p.name}: not a readable .npz file ({exc})") from exc
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise ValueError(f"{p.name}: expected an .npz archive of named arrays, got one array")
+    with f:
+        names = set(f.files)
+        missing = [k for k, req in ARRAYS.items() if req and k not in names]
+        if missing:
+            raise ValueError(f"{p.name}: missing array(s) {missing}; found {sorted(names)}")
+        out = {}
+        for k in ARRAYS:
+            if k in names:
+                try:
+                    out[k] = np.asarray(f[k])
+                except (ValueError, OSError, zipfile.BadZipFile) as exc:
+                    raise ValueError(f"{p.name}: array `{k}` cannot be read ({exc})") from exc
+        return out
 
 
 def _tensor(name: str, a: np.ndarray, device: str) -> torch.Tensor:
