@@ -2,6 +2,8 @@
 one entry point (:func:`evaluate`) and plots. Definitions: spec METRICS.md; papers: URL
 benchmark (Kirchhof et al. 2023, section 3.1) and LAM (Warburg et al. 2023, section 5)."""
 
+from typing import Any
+
 from bayesurl.evaluation.evaluator import REQUIRED_KEYS, evaluate, evaluate_output
 from bayesurl.evaluation.functional import (
     DEFAULT_SHORTLIST,
@@ -38,12 +40,23 @@ from bayesurl.evaluation.metrics import (
     RecallAtK,
     RetrievalECE,
 )
-from bayesurl.evaluation.plots import (
-    plot_recall_vs_rauroc,
-    plot_reliability_diagram,
-    plot_roc,
-    plot_sparsification_curve,
-)
+
+_PLOTS = {
+    "plot_recall_vs_rauroc",
+    "plot_reliability_diagram",
+    "plot_roc",
+    "plot_sparsification_curve",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Plot helpers import matplotlib, so they load on first use.
+    if name in _PLOTS:
+        from bayesurl.evaluation import plots
+
+        return getattr(plots, name)
+    raise AttributeError(f"module 'bayesurl.evaluation' has no attribute {name!r}")
+
 
 __all__ = [
     "AUSC",

@@ -12,19 +12,21 @@ Each class has ``plot()`` drawing the matching figure of :mod:`bayesurl.evaluati
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
 from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
 from bayesurl._checks import check_same_length, check_tensor
 from bayesurl.evaluation import functional as Fm
-from bayesurl.evaluation import plots
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET
+
+if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 __all__ = [
     "AUSC",
@@ -36,6 +38,18 @@ __all__ = [
     "RecallAtK",
     "RetrievalECE",
 ]
+
+
+def _empty(state: list[Tensor] | Tensor) -> bool:
+    # A list state turns into one tensor after a distributed sync.
+    return isinstance(state, list) and len(state) == 0
+
+
+def _plots() -> ModuleType:
+    # Lazy import keeps `import bayesurl.evaluation` free of matplotlib.
+    from bayesurl.evaluation import plots
+
+    return plots
 
 
 class _RetrievalMetric(Metric):
@@ -70,7 +84,7 @@ class _RetrievalMetric(Metric):
             self.uncertainties.append(u.detach())
 
     def _data(self) -> tuple[Tensor, Tensor]:
-        if not self.embeddings:
+        if _empty(self.embeddings):
             raise ValueError(f"{type(self).__name__}: compute() called before update()")
         return dim_zero_cat(self.embeddings), dim_zero_cat(self.labels)
 
@@ -103,7 +117,7 @@ class RecallAtK(_RetrievalMetric):
 
     def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
         """Bar of Recall@k."""
-        fig, ax = plots._axes(ax)
+        fig, ax = _plots()._axes(ax)
         ax.bar([f"R@{self.k}"], [float(self.compute())])
         ax.set_ylim(0, 1)
         return fig, ax
@@ -133,7 +147,7 @@ class MAPAtK(_RetrievalMetric):
 
     def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
         """Bar of mAP@k."""
-        fig, ax = plots._axes(ax)
+        fig, ax = _plots()._axes(ax)
         ax.bar([f"mAP@{self.k}"], [float(self.compute())])
         ax.set_ylim(0, 1)
         return fig, ax
@@ -151,7 +165,7 @@ class RAUROC(_RetrievalMetric):
 
     def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
         """ROC curve of u for "R@1 wrong"."""
-        fig = plots.plot_roc(dim_zero_cat(self.uncertainties), ~self._correct(), ax=ax)
+        fig = _plots().plot_roc(dim_zero_cat(self.uncertainties), ~self._correct(), ax=ax)
         return fig, ax or fig.axes[0]
 
 
@@ -172,7 +186,7 @@ class _Sparsification(_RetrievalMetric):
 
     def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
         """Sparsification curve with the oracle."""
-        fig = plots.plot_sparsification_curve(*self.curves(), ax=ax)
+        fig = _plots().plot_sparsification_curve(*self.curves(), ax=ax)
         return fig, ax or fig.axes[0]
 
 
@@ -245,7 +259,7 @@ class RetrievalECE(Metric):
 
     def result(self) -> Fm.ECEResult:
         """ECE with the reliability-diagram data of the gathered set."""
-        if not self.samples:
+        if _empty(self.samples):
             raise ValueError("RetrievalECE: compute() called before update()")
         s = dim_zero_cat(self.samples).transpose(0, 1)
         return Fm.retrieval_ece(
@@ -264,7 +278,7 @@ class RetrievalECE(Metric):
     def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
         """Reliability diagram."""
         r = self.result()
-        fig = plots.plot_reliability_diagram(
+        fig = _plots().plot_reliability_diagram(
             r.bin_edges, r.bin_accuracy, r.bin_count, ece=float(r.ece), ax=ax
         )
         return fig, ax or fig.axes[0]
@@ -291,13 +305,13 @@ class _OOD(Metric):
         self.is_ood.append(o)
 
     def _data(self) -> tuple[Tensor, Tensor]:
-        if not self.uncertainties:
+        if _empty(self.uncertainties):
             raise ValueError(f"{type(self).__name__}: compute() called before update()")
         return dim_zero_cat(self.uncertainties), dim_zero_cat(self.is_ood)
 
     def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
         """ROC curve of u for "OOD"."""
-        fig = plots.plot_roc(*self._data(), ax=ax)
+        fig = _plots().plot_roc(*self._data(), ax=ax)
         return fig, ax or fig.axes[0]
 
 
