@@ -120,7 +120,7 @@ def faiss_pass(x: torch.Tensor, y: torch.Tensor) -> float:
 def pml_pass(x: torch.Tensor, y: torch.Tensor) -> float:
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
-    calc = AccuracyCalculator(include=("precision_at_1",), device=x.device)
+    calc = AccuracyCalculator(include=("precision_at_1",), k=1, device=x.device)
     return calc.get_accuracy(x, y, x, y, ref_includes_query=True)["precision_at_1"]
 
 
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
         "min(N, 10000) on cpu: [S, N, D] float32 samples must fit in memory)",
     )
     p.add_argument("--noise", type=float, default=0.25, help="per-draw noise / signal norm")
-    p.add_argument("--shortlist", type=int, default=Fm.DEFAULT_SHORTLIST)
+    p.add_argument("--shortlist", type=int, default=None, help="fixed L (default: adaptive)")
+    p.add_argument("--tolerance", type=float, default=1e-3, help="adaptive L miss-rate target")
     p.add_argument("--agree-draws", type=int, default=10, help="draws checked by brute force")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=2)
@@ -186,8 +187,19 @@ def main(argv: list[str] | None = None) -> None:
     mean = Fm.mean_from_samples(samples)
     u = Fm.uncertainty_from_samples(samples)
     t_pass, _, _ = timed(lambda: exact_pass(mean, y, u), device)
-    t_ece, m_ece, res = timed(lambda: Fm.retrieval_ece(samples, y, shortlist=a.shortlist), device)
-    print(f"\n[2] S={a.draws} draws, N={n_e}, D={a.d}, L={a.shortlist}")
+    info: dict[str, float] = {}
+    t_ece, m_ece, res = timed(
+        lambda: Fm.retrieval_ece(
+            samples, y, shortlist=a.shortlist, tolerance=a.tolerance, info=info
+        ),
+        device,
+    )
+    miss = info.get("miss_rate")
+    print(f"\n[2] S={a.draws} draws, N={n_e}, D={a.d}, noise={a.noise}")
+    print(
+        f"    shortlist L={int(info['shortlist'])}"
+        + ("" if miss is None else f" (adaptive, pilot miss-rate estimate {miss:.1e})")
+    )
     print(f"    one exact pass         {t_pass:8.2f} s")
     print(
         f"    sampling-aware ECE     {t_ece:8.2f} s  peak {m_ece / 2**20:8.0f} MiB"
@@ -195,9 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"    ratio ECE / one pass   = {t_ece / t_pass:.3f}   (target <= 3)")
     k = min(a.agree_draws, a.draws)
-    sub = samples[:k]
-    short = Fm.sampled_neighbors(sub, shortlist=a.shortlist)
-    t_bf, _, exact = timed(lambda: Fm.sampled_neighbors(sub, mode="exact"), device)
+    short = res.neighbors[:k]
+    t_bf, _, exact = timed(lambda: Fm.sampled_neighbors(samples[:k], mode="exact"), device)
     agree_lab = float((y[short] == y[exact]).double().mean())
     agree_idx = float((short == exact).double().mean())
     print(f"    brute force, {k} draws  {t_bf:8.2f} s  (x{a.draws / k:.0f} for all draws)")

@@ -43,7 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="shortlist",
         help="per-draw 1-NN search of the ECE (default: shortlist)",
     )
-    parser.add_argument("--shortlist", type=int, default=32, help="shortlist length L")
+    parser.add_argument(
+        "--shortlist", type=int, default=None, help="shortlist length L (default: adaptive)"
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
 
 

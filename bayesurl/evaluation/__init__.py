@@ -6,13 +6,13 @@ from typing import Any
 
 from bayesurl.evaluation.evaluator import REQUIRED_KEYS, evaluate, evaluate_output
 from bayesurl.evaluation.functional import (
-    DEFAULT_SHORTLIST,
     ECEResult,
     auroc,
     ausc,
     ause,
     average_precision,
     calibration_bins,
+    choose_shortlist,
     kappa_from_samples,
     map_at_k,
     mean_from_samples,
@@ -62,7 +62,6 @@ __all__ = [
     "AUSC",
     "AUSE",
     "DEFAULT_MEMORY_BUDGET",
-    "DEFAULT_SHORTLIST",
     "ECEResult",
     "MAPAtK",
     "OODAUPRC",
@@ -76,6 +75,7 @@ __all__ = [
     "ausc",
     "average_precision",
     "calibration_bins",
+    "choose_shortlist",
     "evaluate",
     "evaluate_output",
     "kappa_from_samples",

@@ -97,7 +97,8 @@ def evaluate(
     map_ks: Sequence[int] | None = None,
     n_bins: int = 10,
     ece_mode: str = "shortlist",
-    shortlist: int = Fm.DEFAULT_SHORTLIST,
+    shortlist: int | None = None,
+    tolerance: float = 1e-3,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     backend: str = "torch",
     return_curves: bool = False,
@@ -129,8 +130,12 @@ def evaluate(
     ece_mode : {"shortlist", "exact"}
         Per-draw 1-NN search of the ECE, see
         :func:`~bayesurl.evaluation.functional.sampled_neighbors`.
-    shortlist : int
-        Shortlist length L of the sampling-aware search.
+    shortlist : int, optional
+        Shortlist length L of the sampling-aware search; ``None`` chooses it from a pilot so
+        the estimated miss rate is at most ``tolerance``
+        (:func:`~bayesurl.evaluation.functional.choose_shortlist`).
+    tolerance : float
+        Miss-rate target of the adaptive shortlist.
     memory_budget : int
         Bytes per similarity chunk.
     backend : {"torch", "faiss"}
@@ -182,7 +187,13 @@ def evaluate(
     # One search of the point embeddings serves R@k, mAP@k and, when the samples' mean is the
     # point embedding, the ECE shortlist.
     share = s is not None and ece_mode == "shortlist" and mean_emb is x
-    k_search = min(max([*ks, *map_ks, 1] + ([shortlist] if share else [])), n - 1)
+    ece_info: dict[str, float] = {}
+    if share and shortlist is None:
+        assert s is not None
+        shortlist, ece_info = Fm.choose_shortlist(
+            s, tolerance=tolerance, memory_budget=memory_budget
+        )
+    k_search = min(max([*ks, *map_ks, 1] + ([shortlist] if share and shortlist else [])), n - 1)
     _, nb = knn(x, k_search, memory_budget=memory_budget, backend=backend)
     y_dev = y.to(nb.device)
     hit = y_dev[nb] == y_dev[:, None]
@@ -231,9 +242,15 @@ def evaluate(
             mode=ece_mode,
             shortlist=shortlist,
             candidates=nb if share else None,
+            tolerance=tolerance,
             memory_budget=memory_budget,
+            info=ece_info,
         )
         res["ece"] = _f(ece.ece)
+        if ece_mode == "shortlist":
+            res["ece_shortlist"] = int(ece_info["shortlist"])
+            if "miss_rate" in ece_info:
+                res["ece_shortlist_miss_rate"] = ece_info["miss_rate"]
         if return_curves:
             res["reliability"] = {
                 "bin_edges": ece.bin_edges.tolist(),

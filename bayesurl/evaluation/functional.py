@@ -28,13 +28,13 @@ from bayesurl._checks import check_same_length, check_tensor
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, normalize
 
 __all__ = [
-    "DEFAULT_SHORTLIST",
     "ECEResult",
     "auroc",
     "ause",
     "ausc",
     "average_precision",
     "calibration_bins",
+    "choose_shortlist",
     "kappa_from_samples",
     "map_at_k",
     "mean_from_samples",
@@ -51,9 +51,6 @@ __all__ = [
     "sparsification_curve",
     "uncertainty_from_samples",
 ]
-
-#: Default shortlist length L of the sampling-aware 1-NN search (see :func:`sampled_neighbors`).
-DEFAULT_SHORTLIST = 32
 
 N_LEVELS = 100
 
@@ -586,24 +583,131 @@ def uncertainty_from_samples(samples: Tensor) -> Tensor:
     return (1.0 - r**2) / (r * (d - r**2))
 
 
+def _gather(z: Tensor, idx: Tensor) -> Tensor:
+    """Rows ``z[idx]`` for a 2-D index, via ``index_select`` (faster than advanced indexing)."""
+    return z.index_select(0, idx.reshape(-1)).view(*idx.shape, z.shape[1])
+
+
+def _nn_in_candidates(z: Tensor, q: Tensor, cand: Tensor, rows: int) -> Tensor:
+    """1-NN of queries ``q`` (indices) of draw ``z`` among ``cand [len(q), w]``, ties lowest."""
+    n = z.shape[0]
+    out = torch.empty(q.numel(), dtype=torch.long, device=z.device)
+    big = torch.full((), n, dtype=torch.long, device=z.device)
+    for start in range(0, q.numel(), rows):
+        stop = min(start + rows, q.numel())
+        c = cand[start:stop]
+        g = _gather(z, c)
+        sims = torch.matmul(g, z[q[start:stop], :, None]).squeeze(2)
+        best = sims.max(dim=1, keepdim=True).values
+        out[start:stop] = torch.where(sims == best, c, big).min(dim=1).values
+    return out
+
+
+def choose_shortlist(
+    samples: Tensor,
+    *,
+    tolerance: float = 1e-3,
+    max_shortlist: int = 256,
+    pilot_draws: int = 8,
+    pilot_queries: int | None = None,
+    seed: int = 0,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> tuple[int, dict[str, float]]:
+    """Smallest shortlist length L whose estimated miss rate is at most ``tolerance``.
+
+    A pilot searches ``pilot_queries`` random queries exactly in ``pilot_draws`` draws (cost
+    ``pilot_draws * pilot_queries / N`` exact passes, about a quarter pass for large N) and
+    records the rank of each draw's true 1-NN in the query's mean-embedding ordering. L is the
+    smallest power of two with ``P(rank >= L) <= tolerance`` over the pilot pairs, capped at
+    ``max_shortlist``; the expected agreement of :func:`sampled_neighbors` with the exact mode
+    is then about ``1 - tolerance``.
+
+    Parameters
+    ----------
+    samples : Tensor
+        ``[S, N, D]`` draws.
+    tolerance : float
+        Allowed fraction of (draw, query) pairs whose 1-NN falls outside the shortlist.
+    max_shortlist : int
+        Upper bound on L.
+    pilot_draws : int
+        Draws of the pilot.
+    pilot_queries : int, optional
+        Queries of the pilot (default ``min(N, max(512, N // 32))``).
+    seed : int
+        Seed of the pilot's query subset.
+    memory_budget : int
+        Bytes per similarity chunk.
+
+    Returns
+    -------
+    L : int
+        Chosen shortlist length.
+    info : dict
+        ``miss_rate`` at L (pilot estimate), ``pilot_pairs``, ``rank_q999``.
+    """
+    s = _samples(samples)
+    n_draws, n, _ = s.shape
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"`tolerance` must lie in [0, 1), got {tolerance}")
+    q_n = min(n, max(512, n // 32)) if pilot_queries is None else min(n, pilot_queries)
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randperm(n, generator=gen)[:q_n].to(s.device)
+    mean = mean_from_samples(s)
+    rows = chunk_rows_for(n, s, memory_budget)
+    draws = [normalize(s[t]) for t in range(min(pilot_draws, n_draws))]
+    ranks = []
+    for start in range(0, q_n, rows):
+        qq = q[start : start + rows]
+        r = torch.arange(qq.numel(), device=s.device)
+        m_sims = mean[qq] @ mean.T
+        m_sims[r, qq] = -torch.inf
+        for z in draws:
+            sims = z[qq] @ z.T
+            sims[r, qq] = -torch.inf
+            win = sims.max(dim=1).indices  # first maximal index: ties to lowest
+            ranks.append((m_sims > m_sims[r, win][:, None]).sum(dim=1))
+    rank = torch.cat(ranks)
+    cap = min(max_shortlist, n - 1)
+    L = 1
+    while L < cap and float((rank >= L).double().mean()) > tolerance:
+        L *= 2
+    L = min(L, cap)
+    info = {
+        "miss_rate": float((rank >= L).double().mean()),
+        "pilot_pairs": float(rank.numel()),
+        "rank_q999": float(torch.quantile(rank.double(), 0.999)),
+    }
+    return L, info
+
+
+def chunk_rows_for(n: int, s: Tensor, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> int:
+    """Rows of a ``[B, n]`` similarity chunk (two buffers) within ``memory_budget``."""
+    return max(1, int(memory_budget // (2 * s.element_size() * n)))
+
+
 def sampled_neighbors(
     samples: Tensor,
     *,
     mode: str = "shortlist",
-    shortlist: int = DEFAULT_SHORTLIST,
+    shortlist: int | None = None,
     candidates: Tensor | None = None,
+    tolerance: float = 1e-3,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    info: dict[str, float] | None = None,
 ) -> Tensor:
     """1-NN index of every query within each posterior draw, self excluded by index.
 
     ``mode="exact"`` runs one exact chunked search per draw (S full searches).
-    ``mode="shortlist"`` searches the ``L = shortlist`` nearest neighbours of the mean
-    embedding (:func:`mean_from_samples`) once, then for every draw compares each query only
-    with its L candidates (batched gather + ``bmm``), so the cost of S draws is about
-    ``S * N * L * D`` instead of ``S * N^2 * D``. Ties go to the lowest gallery index in both
-    modes, so they agree whenever each draw's true neighbour lies in the shortlist.
-    The default ``L = 32`` keeps >= 99.5 % agreement in ``benchmarks/evaluator.py``;
-    raise it for very diffuse posteriors.
+
+    ``mode="shortlist"`` searches the ``L`` nearest neighbours of the mean embedding
+    (:func:`mean_from_samples`) once, then for every draw compares each query only with its L
+    candidates (batched gather + ``matmul``): S draws cost about ``S * N * L * D`` instead of
+    ``S * N^2 * D``. Ties go to the lowest gallery index in both modes, so they agree whenever
+    a draw's true neighbour lies in the shortlist. ``shortlist=None`` (default) chooses L with
+    :func:`choose_shortlist` so that the estimated fraction of (draw, query) pairs whose
+    neighbour falls outside the shortlist is at most ``tolerance`` (expected agreement with the
+    exact mode about ``1 - tolerance``); an integer fixes L.
 
     Parameters
     ----------
@@ -611,13 +715,17 @@ def sampled_neighbors(
         ``[S, N, D]`` draws (LAM, section 4: embeddings sampled from the weight posterior).
     mode : {"shortlist", "exact"}
         Search strategy.
-    shortlist : int
-        Shortlist length L (clipped to ``N - 1``).
+    shortlist : int, optional
+        Shortlist length L (clipped to ``N - 1``); ``None`` chooses it adaptively.
     candidates : Tensor, optional
-        ``[N, >=L]`` precomputed shortlist (e.g. the kNN of the mean embedding already computed
-        for R@1); only its first L columns are used.
+        ``[N, >=L]`` precomputed kNN of the mean embedding (e.g. the one already computed for
+        R@1); used when it has at least L columns.
+    tolerance : float
+        Miss-rate target of the adaptive choice.
     memory_budget : int
         Bytes per chunk of similarities or gathered candidates.
+    info : dict, optional
+        Filled with ``shortlist`` (the L used) and the pilot's estimates.
 
     Returns
     -------
@@ -632,29 +740,28 @@ def sampled_neighbors(
         return torch.stack([knn(z, 1, memory_budget=memory_budget)[1][:, 0] for z in s])
     if mode != "shortlist":
         raise ValueError(f"`mode` must be 'shortlist' or 'exact', got {mode!r}")
-    if not isinstance(shortlist, int) or shortlist < 1:
-        raise ValueError(f"`shortlist` must be a positive integer, got {shortlist!r}")
-    L = min(shortlist, n - 1)
-    if candidates is None:
-        cand = knn(mean_from_samples(s), L, memory_budget=memory_budget)[1]
+    if shortlist is None:
+        L, pilot = choose_shortlist(s, tolerance=tolerance, memory_budget=memory_budget)
+    elif not isinstance(shortlist, int) or shortlist < 1:
+        raise ValueError(f"`shortlist` must be a positive integer or None, got {shortlist!r}")
     else:
-        cand = check_tensor(candidates, "candidates", ndim=2).long()
-        if cand.shape[0] != n or cand.shape[1] < L:
-            raise ValueError(f"`candidates` must have shape [{n}, >={L}], got {tuple(cand.shape)}")
-        cand = cand[:, :L].to(s.device)
-    item = s.element_size()
-    rows = max(1, int(memory_budget // (item * L * d)))
+        L, pilot = min(shortlist, n - 1), {}
+    if info is not None:
+        info.update(pilot, shortlist=float(L))
+    cand = None
+    if candidates is not None:
+        c = check_tensor(candidates, "candidates", ndim=2).long()
+        if c.shape[0] != n:
+            raise ValueError(f"`candidates` must have {n} rows, got {tuple(c.shape)}")
+        if c.shape[1] >= L:
+            cand = c[:, :L].to(s.device)
+    if cand is None:
+        cand = knn(mean_from_samples(s), L, memory_budget=memory_budget)[1]
+    rows = max(1, int(memory_budget // (s.element_size() * L * d)))
     out = torch.empty(n_draws, n, dtype=torch.long, device=s.device)
-    big = torch.full((), n, dtype=torch.long, device=s.device)
+    everyone = torch.arange(n, device=s.device)
     for t in range(n_draws):
-        z = normalize(s[t])
-        for start in range(0, n, rows):
-            stop = min(start + rows, n)
-            c = cand[start:stop]
-            g = z.index_select(0, c.reshape(-1)).view(stop - start, L, d)
-            sims = torch.bmm(g, z[start:stop, :, None]).squeeze(2)
-            best = sims.max(dim=1, keepdim=True).values
-            out[t, start:stop] = torch.where(sims == best, c, big).min(dim=1).values
+        out[t] = _nn_in_candidates(normalize(s[t]), everyone, cand, rows)
     return out
 
 
@@ -707,6 +814,8 @@ class ECEResult(NamedTuple):
         ``[N]`` fraction of draws agreeing with the modal label.
     correct : Tensor
         ``[N]`` bool, modal label == true label.
+    neighbors : Tensor or None
+        ``[S, N]`` per-draw 1-NN indices (from :func:`retrieval_ece`).
     """
 
     ece: Tensor
@@ -716,6 +825,7 @@ class ECEResult(NamedTuple):
     bin_count: Tensor
     confidence: Tensor
     correct: Tensor
+    neighbors: Tensor | None = None
 
 
 def calibration_bins(confidence: Tensor, correct: Tensor, n_bins: int = 10) -> ECEResult:
@@ -757,9 +867,11 @@ def retrieval_ece(
     *,
     n_bins: int = 10,
     mode: str = "shortlist",
-    shortlist: int = DEFAULT_SHORTLIST,
+    shortlist: int | None = None,
     candidates: Tensor | None = None,
+    tolerance: float = 1e-3,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    info: dict[str, float] | None = None,
 ) -> ECEResult:
     """Expected calibration error of sampled retrieval (LAM, section 5; METRICS.md).
 
@@ -776,7 +888,7 @@ def retrieval_ece(
         ``[N]`` class labels.
     n_bins : int
         Number of confidence bins.
-    mode, shortlist, candidates, memory_budget
+    mode, shortlist, candidates, tolerance, memory_budget, info
         Per-draw search, see :func:`sampled_neighbors`.
 
     Returns
@@ -789,8 +901,14 @@ def retrieval_ece(
     if s.shape[1] < 2:
         raise ValueError(f"`samples` needs at least 2 points, got {s.shape[1]}")
     nb = sampled_neighbors(
-        s, mode=mode, shortlist=shortlist, candidates=candidates, memory_budget=memory_budget
+        s,
+        mode=mode,
+        shortlist=shortlist,
+        candidates=candidates,
+        tolerance=tolerance,
+        memory_budget=memory_budget,
+        info=info,
     )
     mode_label, votes = modal_labels(y[nb])
     conf = votes.double() / s.shape[0]
-    return calibration_bins(conf, mode_label == y, n_bins)
+    return calibration_bins(conf, mode_label == y, n_bins)._replace(neighbors=nb)

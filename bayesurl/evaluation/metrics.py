@@ -222,8 +222,8 @@ class RetrievalECE(Metric):
         Confidence bins.
     mode : {"shortlist", "exact"}
         Per-draw search (:func:`~.functional.sampled_neighbors`).
-    shortlist : int
-        Shortlist length L.
+    shortlist : int, optional
+        Shortlist length L (``None``: adaptive, see :func:`~.functional.choose_shortlist`).
     memory_budget : int
         Bytes per chunk.
     """
@@ -236,7 +236,7 @@ class RetrievalECE(Metric):
         self,
         n_bins: int = 10,
         mode: str = "shortlist",
-        shortlist: int = Fm.DEFAULT_SHORTLIST,
+        shortlist: int | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         **kwargs: Any,
     ) -> None:
