@@ -112,3 +112,25 @@ def test_float32_samples_keep_device_and_dtype() -> None:
 def test_bad_input(samples, labels, kw, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Fm.retrieval_ece(samples, labels, **kw)
+
+
+def test_adaptive_shortlist_agrees_with_exact() -> None:
+    samples, y = draws(n=200, s=10, d=8, noise=0.3, seed=5)
+    info: dict[str, float] = {}
+    nb = Fm.sampled_neighbors(samples, info=info, tolerance=1e-3)
+    exact = Fm.sampled_neighbors(samples, mode="exact")
+    assert 1 <= info["shortlist"] <= 199 and 0.0 <= info["miss_rate"] <= 1e-3
+    assert float((nb == exact).double().mean()) >= 0.99
+    res = Fm.retrieval_ece(samples, y)
+    assert res.neighbors is not None and res.neighbors.shape == (10, 200)
+
+
+def test_choose_shortlist_grows_with_noise() -> None:
+    small, _ = draws(n=200, s=8, d=8, noise=0.05, seed=6)
+    large, _ = draws(n=200, s=8, d=8, noise=1.5, seed=6)
+    l_small, _ = Fm.choose_shortlist(small)
+    l_large, info = Fm.choose_shortlist(large)
+    assert l_small < l_large
+    assert info["pilot_pairs"] == 8 * 200
+    with pytest.raises(ValueError, match="tolerance"):
+        Fm.choose_shortlist(small, tolerance=1.0)
