@@ -95,6 +95,7 @@ def test_plots_return_figures(tmp_path) -> None:
         assert (tmp_path / f"{name}.png").stat().st_size > 0 and ax is not None
 
 
+@pytest.mark.filterwarnings("ignore:The ``compute`` method")
 def test_update_validates() -> None:
     with pytest.raises(ValueError, match="uncertainties"):
         M.RAUROC().update(torch.randn(3, 2), torch.arange(3))
