@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         ks=tuple(args.ks),
         ece_mode=args.ece_mode,
         shortlist=args.shortlist,
+        progress=sys.stderr.isatty(),
     )
     print(format_table(res))
     if args.json:

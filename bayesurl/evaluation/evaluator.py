@@ -102,6 +102,7 @@ def evaluate(
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     backend: str = "torch",
     return_curves: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Every retrieval and uncertainty metric defined for the input, from one kNN search.
 
@@ -143,6 +144,8 @@ def evaluate(
     return_curves : bool
         Also return ``sparsification`` (removed fraction, R@1 curve, oracle curve) and
         ``reliability`` (bin edges, confidence, accuracy, count) as lists.
+    progress : bool
+        Show tqdm bars over the ECE draws.
 
     Returns
     -------
@@ -245,6 +248,7 @@ def evaluate(
             tolerance=tolerance,
             memory_budget=memory_budget,
             info=ece_info,
+            progress=progress,
         )
         res["ece"] = _f(ece.ece)
         if ece_mode == "shortlist":

@@ -19,10 +19,12 @@ All scalars are returned as 0-d float64 tensors on the device of the inputs.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from bayesurl._checks import check_same_length, check_tensor
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, normalize
@@ -695,6 +697,7 @@ def sampled_neighbors(
     tolerance: float = 1e-3,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     info: dict[str, float] | None = None,
+    progress: bool = False,
 ) -> Tensor:
     """1-NN index of every query within each posterior draw, self excluded by index.
 
@@ -726,6 +729,8 @@ def sampled_neighbors(
         Bytes per chunk of similarities or gathered candidates.
     info : dict, optional
         Filled with ``shortlist`` (the L used) and the pilot's estimates.
+    progress : bool
+        Show a tqdm bar over the draws.
 
     Returns
     -------
@@ -736,8 +741,9 @@ def sampled_neighbors(
     n_draws, n, d = s.shape
     if n < 2:
         raise ValueError(f"`samples` needs at least 2 points, got {n}")
+    bar = partial(tqdm, total=n_draws, disable=not progress, desc="1-NN per draw", leave=False)
     if mode == "exact":
-        return torch.stack([knn(z, 1, memory_budget=memory_budget)[1][:, 0] for z in s])
+        return torch.stack([knn(z, 1, memory_budget=memory_budget)[1][:, 0] for z in bar(s)])
     if mode != "shortlist":
         raise ValueError(f"`mode` must be 'shortlist' or 'exact', got {mode!r}")
     if shortlist is None:
@@ -760,7 +766,7 @@ def sampled_neighbors(
     rows = max(1, int(memory_budget // (s.element_size() * L * d)))
     out = torch.empty(n_draws, n, dtype=torch.long, device=s.device)
     everyone = torch.arange(n, device=s.device)
-    for t in range(n_draws):
+    for t in bar(range(n_draws)):
         out[t] = _nn_in_candidates(normalize(s[t]), everyone, cand, rows)
     return out
 
@@ -872,6 +878,7 @@ def retrieval_ece(
     tolerance: float = 1e-3,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     info: dict[str, float] | None = None,
+    progress: bool = False,
 ) -> ECEResult:
     """Expected calibration error of sampled retrieval (LAM, section 5; METRICS.md).
 
@@ -888,7 +895,7 @@ def retrieval_ece(
         ``[N]`` class labels.
     n_bins : int
         Number of confidence bins.
-    mode, shortlist, candidates, tolerance, memory_budget, info
+    mode, shortlist, candidates, tolerance, memory_budget, info, progress
         Per-draw search, see :func:`sampled_neighbors`.
 
     Returns
@@ -908,6 +915,7 @@ def retrieval_ece(
         tolerance=tolerance,
         memory_budget=memory_budget,
         info=info,
+        progress=progress,
     )
     mode_label, votes = modal_labels(y[nb])
     conf = votes.double() / s.shape[0]
