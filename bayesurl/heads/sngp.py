@@ -202,7 +202,10 @@ class RandomFeatureGP(nn.Module):
     @torch.no_grad()
     def reset_precision(self) -> None:
         """Start a new epoch: precision back to the prior ``s I`` (covariance untouched)."""
-        self.precision.copy_(self.ridge * torch.eye(self.num_random_features).to(self.precision))
+        eye = torch.eye(
+            self.num_random_features, dtype=self.precision.dtype, device=self.precision.device
+        )
+        self.precision.copy_(self.ridge * eye)
         self.n_accumulated.zero_()
 
     @torch.no_grad()
