@@ -17,8 +17,9 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils.parametrizations import spectral_norm
+from torch.nn.utils import parametrize
 
 from bayesurl._checks import check_finite, check_ndim
 
@@ -44,28 +45,85 @@ def mean_field_logits(logits: Tensor, variance: Tensor, factor: float = math.pi 
     return logits / torch.sqrt(1.0 + factor * variance)
 
 
+class _SpectralBound(nn.Module):
+    """Parametrisation ``W -> W / max(1, sigma(W) / bound)`` with power-iteration ``sigma``.
+
+    Miyato et al. (2018) estimate the largest singular value ``sigma`` of the weight (reshaped
+    to ``[out, -1]``) by power iteration, one step per training-mode forward; SNGP (Liu et al.
+    2020, eq. 8) rescales only weights whose norm exceeds ``bound``.
+    """
+
+    u: Tensor
+    v: Tensor
+
+    def __init__(self, weight: Tensor, bound: float, n_power_iterations: int) -> None:
+        super().__init__()
+        self.bound = float(bound)
+        self.n_power_iterations = int(n_power_iterations)
+        w = weight.detach().flatten(1)
+        u = F.normalize(torch.randn(w.shape[0], dtype=w.dtype, device=w.device), dim=0)
+        v = F.normalize(torch.randn(w.shape[1], dtype=w.dtype, device=w.device), dim=0)
+        self.register_buffer("u", u)
+        self.register_buffer("v", v)
+        self._power_iteration(w, 15)
+
+    @torch.no_grad()
+    def _power_iteration(self, w: Tensor, n: int) -> None:
+        for _ in range(n):
+            self.v.copy_(F.normalize(w.T @ self.u, dim=0, eps=1e-12))
+            self.u.copy_(F.normalize(w @ self.v, dim=0, eps=1e-12))
+
+    def forward(self, weight: Tensor) -> Tensor:
+        w = weight.flatten(1)
+        if self.training:
+            self._power_iteration(w.detach(), self.n_power_iterations)
+        sigma = self.u.clone() @ w @ self.v.clone()
+        return weight / torch.clamp(sigma / self.bound, min=1.0)
+
+
 def spectral_normalize(
     module: nn.Module,
+    bound: float = 1.0,
     layer_types: tuple[type[nn.Module], ...] = (nn.Linear,),
     n_power_iterations: int = 1,
 ) -> int:
-    """Put spectral normalisation (Miyato et al. 2018) on every layer of ``layer_types``.
+    """Bound the spectral norm of every ``layer_types`` weight in ``module`` by ``bound``.
 
-    SNGP's distance-preserving hidden mapping (Liu et al. 2020, section 3.1; URL B.8 treats it
-    as a hyper-parameter). Uses :func:`torch.nn.utils.parametrizations.spectral_norm`, which
-    divides each weight by its largest singular value estimated by power iteration (so the bound
-    is 1; for convolutions the reshaped ``[out, in * k * k]`` weight is normalised, not the
-    convolution operator). Modifies ``module`` in place.
+    SNGP's distance-preserving hidden mapping (Liu et al. 2020, section 3.1 and eq. 8; URL B.8
+    treats it as a hyper-parameter, URL's ResNet run used bound 3). Each weight ``W`` is
+    replaced by ``W / max(1, sigma(W) / bound)`` with ``sigma`` estimated by power iteration
+    (Miyato et al. 2018), through :func:`torch.nn.utils.parametrize.register_parametrization`.
+    For convolutions the reshaped ``[out, in * k * k]`` weight is bounded, not the convolution
+    operator. Modifies ``module`` in place; layers that already carry the parametrisation are
+    left alone.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The network whose layers to normalise.
+    bound : float
+        Upper bound ``c > 0`` of the spectral norm.
+    layer_types : tuple of module classes
+        Which layers to normalise (e.g. ``(nn.Linear, nn.Conv2d)``).
+    n_power_iterations : int
+        Power-iteration steps per training-mode forward.
 
     Returns
     -------
     int
-        The number of layers that were normalised.
+        The number of normalised layers.
     """
+    if not bound > 0:
+        raise ValueError(f"`bound` must be > 0, got {bound}")
     targets = [m for m in module.modules() if isinstance(m, layer_types)]
     for m in targets:
-        if not hasattr(m, "parametrizations") or "weight" not in m.parametrizations:
-            spectral_norm(m, n_power_iterations=n_power_iterations)
+        done = parametrize.is_parametrized(m, "weight") and any(
+            isinstance(p, _SpectralBound) for p in m.parametrizations["weight"]
+        )
+        if not done:
+            parametrize.register_parametrization(
+                m, "weight", _SpectralBound(m.weight, bound, n_power_iterations)
+            )
     return len(targets)
 
 
@@ -77,17 +135,18 @@ class SNGPOutput:
     ----------
     logits : Tensor
         ``[N, C]`` posterior-mean logits ``phi^T beta`` (trained with CE, URL B.8).
-    variance : Tensor
-        ``[N]`` predictive variance ``phi^T Sigma phi`` under the current covariance.
-    mean_field_logits : Tensor
-        ``[N, C]`` ``logits / sqrt(1 + lambda var)``.
+    variance : Tensor or None
+        ``[N]`` predictive variance ``phi^T Sigma phi`` under the current covariance
+        (``None`` when ``forward(..., with_variance=False)``).
+    mean_field_logits : Tensor or None
+        ``[N, C]`` ``logits / sqrt(1 + lambda var)`` (``None`` without the variance).
     features : Tensor
         ``[N, M]`` the random Fourier features ``phi``.
     """
 
     logits: Tensor
-    variance: Tensor
-    mean_field_logits: Tensor
+    variance: Tensor | None
+    mean_field_logits: Tensor | None
     features: Tensor
 
 
@@ -184,10 +243,16 @@ class RandomFeatureGP(nn.Module):
         """``phi^T Sigma phi`` ``[N]`` for random features ``[N, M]``."""
         return ((features @ self.covariance) * features).sum(-1)
 
-    def forward(self, h: Tensor) -> SNGPOutput:
-        """Posterior-mean logits, predictive variance and mean-field logits of ``h [N, in_dim]``."""
+    def forward(self, h: Tensor, with_variance: bool = True) -> SNGPOutput:
+        """Posterior-mean logits, predictive variance and mean-field logits of ``h [N, in_dim]``.
+
+        ``with_variance=False`` skips the ``O(N M^2)`` variance (training needs only the
+        posterior-mean logits, URL B.8).
+        """
         phi = self.random_features(h)
         logits = self.beta(phi)
+        if not with_variance:
+            return SNGPOutput(logits, None, None, phi)
         var = self.predictive_variance(phi)
         return SNGPOutput(logits, var, mean_field_logits(logits, var, self.mean_field_factor), phi)
 

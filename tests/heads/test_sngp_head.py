@@ -92,20 +92,45 @@ def test_mean_field_function_broadcasts_and_checks():
         mean_field_logits(logits, var, -1.0)
 
 
-def test_spectral_normalize_bounds_the_largest_singular_value():
+def _sigma_max(w):
+    return float(torch.linalg.matrix_norm(w.detach().flatten(1).double(), ord=2))
+
+
+@pytest.mark.parametrize("bound", [1.0, 3.0])
+def test_spectral_normalize_bounds_the_largest_singular_value(bound):
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(16, 8), nn.Linear(8, 4))
     with torch.no_grad():
-        net[0].weight.mul_(10)
-    assert spectral_normalize(net) == 2
-    x = torch.randn(2, 8)
-    for _ in range(30):  # power iterations run in training-mode forwards
+        net[0].weight.mul_(20)
+        net[2].weight.mul_(20)
+        net[3].weight.mul_(1e-3)  # already below the bound: must stay as it is
+    small = net[3].weight.detach().clone()
+    assert spectral_normalize(net, bound, layer_types=(nn.Linear, nn.Conv2d)) == 3
+    x = torch.randn(2, 1, 4, 4)
+    for _ in range(5):  # power iterations run in training-mode forwards
         net(x)
     for layer in (net[0], net[2]):
-        sigma = torch.linalg.matrix_norm(layer.weight.detach(), ord=2)
-        assert abs(float(sigma) - 1.0) < 1e-2
-    assert spectral_normalize(net) == 2  # idempotent: no double parametrisation
-    assert len(net[0].parametrizations.weight) == 1
+        assert abs(_sigma_max(layer.weight) - bound) < 1e-3 * bound
+    torch.testing.assert_close(net[3].weight, small)
+    # eval mode: no power iteration, the weight is frozen
+    net.eval()
+    w = net[2].weight.detach().clone()
+    net(x)
+    torch.testing.assert_close(net[2].weight, w)
+    # idempotent: no double parametrisation; gradients reach the original weight
+    spectral_normalize(net, bound)
+    assert len(net[2].parametrizations.weight) == 1
+    net.train()
+    net(x).sum().backward()
+    assert net[2].parametrizations.weight.original.grad is not None
+
+
+def test_forward_without_variance():
+    gp = _gp()
+    h = torch.randn(3, 5, dtype=torch.float64)
+    out = gp(h, with_variance=False)
+    assert out.variance is None and out.mean_field_logits is None
+    torch.testing.assert_close(out.logits, gp(h).logits)
 
 
 def test_bad_input():
@@ -116,5 +141,7 @@ def test_bad_input():
         gp(torch.full((2, 5), float("nan"), dtype=torch.float64))
     with pytest.raises(ValueError, match="ridge"):
         RandomFeatureGP(5, 3, ridge=0.0)
+    with pytest.raises(ValueError, match="bound"):
+        spectral_normalize(nn.Linear(2, 2), bound=0.0)
     with pytest.raises(ValueError, match="num_random_features"):
         RandomFeatureGP(5, 3, num_random_features=0)
