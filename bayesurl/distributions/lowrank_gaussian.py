@@ -140,7 +140,10 @@ class LowRankGaussian:
         z_r = torch.randn(s, n, r, **opts)
         z_d = torch.randn(s, n, d, **opts)
         low_rank = torch.einsum("ndr,snr->snd", self.cov_factor, z_r)
-        return self.loc + low_rank + self.cov_diag.sqrt() * z_d
+        # sqrt with a finite gradient at d = 0 (degenerate directions): exact 0 there
+        d_pos = self.cov_diag.clamp_min(torch.finfo(self.cov_diag.dtype).tiny)
+        std = torch.where(self.cov_diag > 0, d_pos.sqrt(), torch.zeros_like(d_pos))
+        return self.loc + low_rank + std * z_d
 
     def sample(self, n_samples: int = 1, generator: torch.Generator | None = None) -> Tensor:
         """Samples ``[S, N, D]`` without gradient (see :meth:`rsample`)."""

@@ -85,6 +85,11 @@ def test_zero_covariance_samples_equal_the_mean():
     g = LowRankGaussian(loc, torch.zeros(3, 4, 1, dtype=torch.float64), torch.zeros(3, 4).double())
     s = g.rsample(5)
     torch.testing.assert_close(s, loc.expand(5, 3, 4), rtol=0, atol=0)
+    # gradients stay finite at d = 0 (no 0 * inf from the square root)
+    d = torch.zeros(3, 4, dtype=torch.float64, requires_grad=True)
+    v = torch.zeros(3, 4, 1, dtype=torch.float64, requires_grad=True)
+    LowRankGaussian(loc, v, d).rsample(2).sum().backward()
+    assert torch.isfinite(d.grad).all() and torch.isfinite(v.grad).all()
     with pytest.raises(ValueError, match="cov_diag"):
         g.log_det()
 
