@@ -1,27 +1,31 @@
-"""Heads that sit on an embedding: classifiers, HET-XL, SNGP, ensembles, MC dropout, and the
-shared backbone -> embedding network (spec ARCHITECTURE.md, URL appendix B)."""
+"""Heads that sit on an embedding (spec ARCHITECTURE.md, URL appendix B): the shared backbone ->
+embedding network, the kappa MLP and class proxies of the vMF methods, and the classifier-style
+heads (linear, HET-XL, SNGP, ensemble, head-only MC dropout)."""
 
 from bayesurl.heads.classifier import LinearClassifier
 from bayesurl.heads.dropout import MCDropoutHead
+from bayesurl.heads.embedding import EmbeddingNet, build_backbone
 from bayesurl.heads.ensemble import EnsembleHeads, average_log_probs
 from bayesurl.heads.hetxl import HetXLHead, HetXLOutput, mc_softmax_log_probs
+from bayesurl.heads.kappa import KappaHead, inverse_softplus
+from bayesurl.heads.proxies import NonIsotropicVMFProxies, VMFProxies
 from bayesurl.heads.sngp import RandomFeatureGP, SNGPOutput, mean_field_logits, spectral_normalize
 
-# PLACEHOLDER (to reconcile on merge): the vMF helper's heads also belong here --
-#   from bayesurl.heads.embedding import EmbeddingNet, build_backbone
-#   from bayesurl.heads.kappa import KappaHead
-#   from bayesurl.heads.proxies import ...   (class proxies, isotropic / non-isotropic)
-# and their names in __all__.
-
 __all__ = [
+    "EmbeddingNet",
     "EnsembleHeads",
     "HetXLHead",
     "HetXLOutput",
+    "KappaHead",
     "LinearClassifier",
     "MCDropoutHead",
+    "NonIsotropicVMFProxies",
     "RandomFeatureGP",
     "SNGPOutput",
+    "VMFProxies",
     "average_log_probs",
+    "build_backbone",
+    "inverse_softplus",
     "mc_softmax_log_probs",
     "mean_field_logits",
     "spectral_normalize",
