@@ -9,6 +9,15 @@ from torch.distributions import MultivariateNormal
 from bayesurl.distributions.lowrank_gaussian import LowRankGaussian
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # the CI box has two shared cores: intra-op threads only add contention for tiny tensors
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _random(n=4, d=6, r=2, dtype=torch.float64, seed=0):
     g = torch.Generator().manual_seed(seed)
     loc = torch.randn(n, d, generator=g, dtype=dtype)

@@ -6,6 +6,15 @@ import torch
 from bayesurl.heads.dropout import MCDropoutHead
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # the CI box has two shared cores: intra-op threads only add contention for tiny tensors
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def test_eval_passes_differ_and_follow_the_dropout_formula():
     torch.manual_seed(0)
     head = MCDropoutHead(16, 3, p=0.25).double().eval()

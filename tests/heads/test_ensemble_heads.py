@@ -1,10 +1,23 @@
 """Ensemble heads and the averaged softmax against brute-force loops (float64)."""
 
+import math
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bayesurl.heads.ensemble import EnsembleHeads, average_log_probs
 from bayesurl.uncertainty import jensen_shannon
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # the CI box has two shared cores: intra-op threads only add contention for tiny tensors
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def test_heads_are_independent_linear_maps():
@@ -53,3 +66,23 @@ def test_bad_input():
         EnsembleHeads(6, 3, num_heads=0)
     with pytest.raises(ValueError, match="logits"):
         average_log_probs(torch.randn(5, 3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    k=st.integers(1, 6),
+    n=st.integers(1, 4),
+    c=st.integers(2, 5),
+    scale=st.floats(0.01, 50.0),
+    seed=st.integers(0, 2**16),
+)
+def test_pooled_predictive_properties(k, n, c, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(k, n, c, generator=g, dtype=torch.float64) * scale
+    avg = average_log_probs(logits)
+    torch.testing.assert_close(avg.exp().sum(-1), torch.ones(n, dtype=torch.float64))
+    jsd = jensen_shannon(torch.softmax(logits, -1))
+    # 0 <= JSD <= log K (mixture entropy exceeds the mean entropy by at most log K)
+    assert bool((jsd >= -1e-12).all()) and bool((jsd <= math.log(k) + 1e-12).all())
+    # order of the members does not matter
+    torch.testing.assert_close(average_log_probs(logits.flip(0)), avg)

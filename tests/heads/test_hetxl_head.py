@@ -11,6 +11,15 @@ from bayesurl.distributions.lowrank_gaussian import LowRankGaussian
 from bayesurl.heads.hetxl import HetXLHead, mc_softmax_log_probs
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # the CI box has two shared cores: intra-op threads only add contention for tiny tensors
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _head(d=6, c=4, r=2, **kw):
     torch.manual_seed(0)
     return HetXLHead(d, c, rank=r, **kw).double()

@@ -9,6 +9,15 @@ from torch import nn
 from bayesurl.heads.sngp import RandomFeatureGP, mean_field_logits, spectral_normalize
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # the CI box has two shared cores: intra-op threads only add contention for tiny tensors
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _gp(**kw):
     torch.manual_seed(0)
     kw.setdefault("num_random_features", 16)

@@ -8,6 +8,15 @@ import torch
 from bayesurl.losses.losspred import LossPredictionLoss, LossPredictor, losspred_loss
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # the CI box has two shared cores: intra-op threads only add contention for tiny tensors
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _brute(logits, u, y, lam):
     n = logits.shape[0]
     ce_sum, sq_sum = 0.0, 0.0
