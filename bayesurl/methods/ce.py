@@ -110,7 +110,7 @@ class ClassifierMethod(Method):
                 f"`y` must lie in [0, {self.num_classes}), "
                 f"got range [{int(y.min())}, {int(y.max())}]"
             )
-        return x, y.to(device=x.device, dtype=torch.long)
+        return x, y.long()
 
     def embed(self, x: Tensor) -> Tensor:
         """Embeddings ``[N, D]`` of a batch (backbone + projection).

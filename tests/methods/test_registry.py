@@ -97,6 +97,19 @@ def test_training_loss_decreases_in_a_few_steps(name):
 
 
 @pytest.mark.parametrize("name", CLASSIFIER_METHODS)
+def test_dtype_follows_the_module_and_inputs(name):
+    m = _make(name).double().eval()
+    x, y = _data(4)
+    out = m(x.double(), n_samples=2)
+    for t in (out.embedding, out.uncertainty, out.logits, out.samples):
+        assert t is None or t.dtype == torch.float64
+    m.train()
+    m.on_epoch_start(0)
+    assert m.training_loss((x.double(), y)).dtype == torch.float64
+    m.on_epoch_end(0)
+
+
+@pytest.mark.parametrize("name", CLASSIFIER_METHODS)
 def test_hparams_are_json_and_rebuild_the_method(name):
     m = _make(name).eval()
     hp = json.loads(json.dumps(m.hparams))
