@@ -10,6 +10,7 @@ import bayesurl.methods as methods
 from bayesurl.methods.base import Method
 
 CLASSIFIER_METHODS = ["ce", "ensemble", "hetxl", "losspred", "mcdropout", "sngp"]
+VMF_METHODS = ["elk", "hib", "infonce", "mcinfonce", "nivmf"]
 TINY = {"embed_dim": 16, "num_classes": 3, "backbone_kwargs": {"num_features": 24, "width": 8}}
 
 
@@ -37,7 +38,8 @@ def _make(name, **kw):
 
 def test_available_lists_the_classifier_methods():
     names = methods.available()
-    assert set(CLASSIFIER_METHODS) <= set(names)
+    # the eleven URL methods (URL section 4.1)
+    assert set(names) == set(CLASSIFIER_METHODS) | set(VMF_METHODS)
     assert names == sorted(names)
     for name in names:
         cls = methods.get(name)
@@ -48,7 +50,7 @@ def test_available_lists_the_classifier_methods():
 def test_unknown_name_lists_valid_names():
     with pytest.raises(ValueError, match="unknown method 'nope'") as info:
         methods.create("nope")
-    for name in CLASSIFIER_METHODS:
+    for name in CLASSIFIER_METHODS + VMF_METHODS:
         assert name in str(info.value)
 
 
