@@ -190,6 +190,14 @@ class PosthocWrapper(nn.Module):
         cls, encoder: nn.Module, config: dict[str, Any], state: dict[str, Tensor]
     ) -> PosthocWrapper:
         """Rebuild from :meth:`config` and :meth:`head_state_dict` (used by :func:`load`)."""
+        want = config.get("embed_dim")
+        for attr in ("embed_dim", "num_features", "out_features"):
+            have = getattr(encoder, attr, None)
+            if isinstance(have, int) and want is not None and have != want:
+                raise ValueError(
+                    f"saved state does not fit the encoder: it was fitted on {want}-dim "
+                    f"embeddings, the encoder's {attr} is {have}"
+                )
         obj = cls(encoder, **config)
         obj._load_head_state(state)
         return obj.to(device_of(encoder))
