@@ -1,0 +1,173 @@
+"""Post-hoc uncertainty benchmark (issue 5): cached PVU speed-up and Laplace prediction cost.
+
+1. PVU head training from the memory-mapped embedding cache against uncached training (the
+   encoder runs on every step), on the same data and epochs. The PVU paper reports 180x on GPU
+   (thesis section 5.3); the target here is >= 50x on CPU. The backbone is a timm ``resnet18``
+   (random weights) on 64 x 64 RGB inputs, so its forward pass dominates an uncached step.
+2. ``wrap(encoder, "laplace")`` prediction time relative to the bare encoder's forward pass
+   (the closed-form last-layer predictive adds a few small matrix products).
+
+Every figure is a ratio against a reference measured in the same run.
+
+Usage::
+
+    python benchmarks/posthoc.py [--n 512] [--epochs 2] [--batch 128] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import timm
+import torch
+from torch import nn
+
+from bayesurl.posthoc import EmbeddingCache, wrap
+
+
+class _AugmentedLoader:
+    """A fixed labelled image set with a fresh random flip + noise augmentation per pass."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int = 0) -> None:
+        self.x, self.y, self.batch = x, y, batch
+        self.g = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return (len(self.x) + self.batch - 1) // self.batch
+
+    def __iter__(self):
+        for s in range(0, len(self.x), self.batch):
+            xb = self.x[s : s + self.batch]
+            flip = torch.rand(len(xb), generator=self.g) < 0.5
+            xb = torch.where(flip[:, None, None, None], xb.flip(-1), xb)
+            xb = xb + 0.05 * torch.randn(xb.shape, generator=self.g)
+            yield xb, self.y[s : s + self.batch]
+
+
+class _Encoder(nn.Module):
+    """resnet18 features -> linear embedding (the last layer Laplace uses)."""
+
+    def __init__(self, dim: int = 128) -> None:
+        super().__init__()
+        self.backbone = timm.create_model("resnet18", pretrained=False, num_classes=0)
+        self.proj = nn.Linear(self.backbone.num_features, dim)
+        self.embed_dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.backbone(x))
+
+
+def _timed(fn, repeats: int = 1) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_pvu(args: argparse.Namespace) -> dict[str, float]:
+    torch.manual_seed(0)
+    x = torch.randn(args.n, 3, 64, 64)
+    y = torch.randint(0, 10, (args.n,))
+    enc = _Encoder().eval()
+    clf = nn.Linear(128, 10)
+    progress = not args.no_progress
+
+    uncached = wrap(enc, "pvu", classifier=clf)
+    t_uncached = _timed(
+        lambda: uncached.fit(
+            _AugmentedLoader(x, y, args.batch),
+            cached=False,
+            epochs=args.epochs,
+            progress=progress,
+        )
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        cache = EmbeddingCache.build(
+            enc, _AugmentedLoader(x, y, args.batch), tmp, passes=args.epochs, progress=progress
+        )
+        t_build = time.perf_counter() - t0
+        cached = wrap(enc, "pvu", classifier=clf)
+        t_cached = _timed(
+            lambda: cached.fit(
+                cache=cache, epochs=args.epochs, batch_size=args.batch, progress=False
+            ),
+            repeats=3,
+        )
+    return {"uncached": t_uncached, "cache_build": t_build, "cached": t_cached}
+
+
+def bench_laplace(args: argparse.Namespace) -> dict[str, float]:
+    torch.manual_seed(1)
+    enc = _Encoder().eval()
+    n_fit = 2 * args.batch
+    fit_loader = _AugmentedLoader(
+        torch.randn(n_fit, 3, 64, 64), torch.arange(n_fit) % 8, args.batch
+    )
+    wrapped = wrap(enc, "laplace", margin=1.0)
+    wrapped.fit(fit_loader, progress=not args.no_progress)
+    x = torch.randn(args.batch, 3, 64, 64)
+    with torch.no_grad():
+        enc(x)
+        wrapped(x)  # warm-up
+        t_enc = _timed(lambda: enc(x), repeats=args.repeats)
+        t_wrap = _timed(lambda: wrapped(x), repeats=args.repeats)
+        t_pred = _timed(lambda: wrapped.la.predictive(x), repeats=args.repeats)
+    return {"encoder": t_enc, "wrapped": t_wrap, "metric_laplace_predictive": t_pred}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--n", type=int, default=512, help="images per epoch")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=5, help="timing repeats (median)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--skip-laplace", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s), resnet18 @ 64x64, "
+        f"N={args.n}, epochs={args.epochs}, batch={args.batch}"
+    )
+
+    r = bench_pvu(args)
+    print("\nPVU head training, same data and epochs (PVU reports 180x on GPU; target >= 50x)")
+    print(f"  uncached (encoder every step) : {r['uncached']:8.3f} s   (reference)")
+    print(
+        f"  cached (memory-mapped)        : {r['cached']:8.3f} s   "
+        f"speed-up {r['uncached'] / r['cached']:7.1f}x"
+    )
+    print(
+        f"  cache build (once)            : {r['cache_build']:8.3f} s   "
+        f"{r['cache_build'] / r['uncached']:.2f}x the uncached run"
+    )
+    print(
+        f"  build + cached training       : {r['cache_build'] + r['cached']:8.3f} s   "
+        f"speed-up {r['uncached'] / (r['cache_build'] + r['cached']):7.2f}x (single run)"
+    )
+
+    if not args.skip_laplace:
+        r = bench_laplace(args)
+        print(
+            f"\nwrap(encoder, 'laplace') prediction, batch {args.batch} (median of {args.repeats})"
+        )
+        print(f"  bare encoder                  : {r['encoder'] * 1e3:8.2f} ms  (reference)")
+        print(
+            f"  wrapped (closed form u)       : {r['wrapped'] * 1e3:8.2f} ms  "
+            f"{r['wrapped'] / r['encoder']:.3f}x"
+        )
+        print(
+            f"  MetricLaplace.predictive      : {r['metric_laplace_predictive'] * 1e3:8.2f} ms"
+            f"  {r['metric_laplace_predictive'] / r['encoder']:.3f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
