@@ -60,6 +60,17 @@ class _Encoder(nn.Module):
         return self.proj(self.backbone(x))
 
 
+def _interleaved(fns: dict, repeats: int) -> dict[str, float]:
+    """Median time of each function, calls interleaved so machine load hits all alike."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def _timed(fn, repeats: int = 1) -> float:
     times = []
     for _ in range(repeats):
@@ -115,10 +126,14 @@ def bench_laplace(args: argparse.Namespace) -> dict[str, float]:
     with torch.no_grad():
         enc(x)
         wrapped(x)  # warm-up
-        t_enc = _timed(lambda: enc(x), repeats=args.repeats)
-        t_wrap = _timed(lambda: wrapped(x), repeats=args.repeats)
-        t_pred = _timed(lambda: wrapped.la.predictive(x), repeats=args.repeats)
-    return {"encoder": t_enc, "wrapped": t_wrap, "metric_laplace_predictive": t_pred}
+        return _interleaved(
+            {
+                "encoder": lambda: enc(x),
+                "wrapped": lambda: wrapped(x),
+                "metric_laplace_predictive": lambda: wrapped.la.predictive(x),
+            },
+            args.repeats,
+        )
 
 
 def main() -> None:

@@ -171,7 +171,10 @@ class PosthocWrapper(nn.Module):
         The encoder's weights are not written; pass the same encoder to :func:`load`. The
         file loads with ``torch.load(..., weights_only=True)``.
         """
-        state = {k: v.detach().cpu() for k, v in self.head_state_dict().items()}
+        state = {
+            k: (v.detach().cpu() if isinstance(v, Tensor) else v)
+            for k, v in self.head_state_dict().items()
+        }
         torch.save(
             {"format": FORMAT, "method": self.method, "config": self.config(), "state": state},
             os.fspath(path),
