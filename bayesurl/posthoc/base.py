@@ -181,9 +181,9 @@ class PosthocWrapper(nn.Module):
         )
 
     @classmethod
-    def load(cls, path: str | os.PathLike, encoder: nn.Module) -> PosthocWrapper:
+    def load(cls, path: str | os.PathLike, encoder: nn.Module, **options: Any) -> PosthocWrapper:
         """Rebuild a saved wrapper around ``encoder`` (see :func:`load`)."""
-        obj = load(path, encoder)
+        obj = load(path, encoder, **options)
         if cls is not PosthocWrapper and not isinstance(obj, cls):
             raise ValueError(f"`path` holds a {obj.method!r} wrapper, not {cls.method!r}")
         return obj
@@ -220,8 +220,11 @@ class PosthocWrapper(nn.Module):
             )
 
 
-def load(path: str | os.PathLike, encoder: nn.Module) -> PosthocWrapper:
+def load(path: str | os.PathLike, encoder: nn.Module, **options: Any) -> PosthocWrapper:
     """Load a wrapper written by :meth:`PosthocWrapper.save` around ``encoder``.
+
+    ``options`` override the saved constructor options; modules that are not saved go here
+    (``classifier=`` for a Laplace wrapper fitted on a classifier, or to refit PVU).
 
     Raises
     ------
@@ -244,8 +247,9 @@ def load(path: str | os.PathLike, encoder: nn.Module) -> PosthocWrapper:
         if key not in ckpt:
             raise ValueError(f"`path` {path} is corrupted: no {key!r} entry")
     cls = wrapper_class(ckpt["method"])
-    obj = cls.from_config(encoder, ckpt["config"], ckpt["state"])
-    return obj
+    if not isinstance(ckpt["config"], dict) or not isinstance(ckpt["state"], dict):
+        raise ValueError(f"`path` {path} is corrupted: config / state are not dicts")
+    return cls.from_config(encoder, {**ckpt["config"], **options}, ckpt["state"])
 
 
 def iterate(loader: Iterable[Any], progress: bool, desc: str) -> Iterable[Any]:

@@ -1,11 +1,18 @@
 """Post-hoc last-layer Laplace around a trained encoder (LAM section 3; spec METHODS.md).
 
-For an embedding network whose output is its final ``nn.Linear`` (optionally followed by an L2
-normalisation), :func:`bayesurl.laplace.MetricLaplace` fits the diagonal contrastive-GGN
-posterior of that layer; the wrapper returns the encoder's own output (the posterior mean,
-i.e. the MAP last layer) and ``u = 1/kappa`` from the closed-form predictive variance pushed
-through the normalisation (no sampling). ``sample(x, n)`` draws normalised embeddings from the
-weight posterior (LAM Fig. 2).
+Two paths, both through :mod:`bayesurl.laplace` (no Laplace fitting is re-implemented here):
+
+- **Embedding network** (no ``classifier``): for an encoder whose output is its final
+  ``nn.Linear`` (optionally followed by an L2 normalisation),
+  :func:`bayesurl.laplace.MetricLaplace` fits the diagonal contrastive-GGN posterior of that
+  layer; the wrapper returns the encoder's own output (the posterior mean, i.e. the MAP last
+  layer) and ``u = 1/kappa`` from the closed-form predictive variance pushed through the
+  normalisation (no sampling). ``sample(x, n)`` draws normalised embeddings from the weight
+  posterior (LAM Fig. 2).
+- **Classifier** (``classifier=`` a head on the embedding): laplace-torch's last-layer Laplace
+  of the classifier, fitted by :class:`bayesurl.laplace.ClassifierLaplace` on the frozen
+  embeddings, with its closed-form predictive; ``u`` = predictive entropy and ``logits`` = the
+  MAP logits. The embedding is untouched (the posterior covers the classifier only).
 """
 
 from __future__ import annotations
@@ -34,7 +41,13 @@ class LaplaceWrapper(PosthocWrapper):
     last_layer : str or nn.Linear, optional
         That layer (a submodule name or the module); default: the last ``nn.Linear``.
     approximation, geometry, prior_precision, margin, hessian_scale
-        Passed to :func:`bayesurl.laplace.MetricLaplace`.
+        Passed to :func:`bayesurl.laplace.MetricLaplace` (``prior_precision`` also to
+        :class:`~bayesurl.laplace.ClassifierLaplace`).
+    classifier : nn.Module, optional
+        A classification head on the embedding (ending in ``nn.Linear``); selects the
+        classifier path. It is needed again to :func:`~bayesurl.posthoc.load` the wrapper.
+    hessian_structure, backend : str
+        laplace-torch options of the classifier path (``"diag"`` / ``"kron"``; BackPACK).
 
     Raises
     ------
@@ -42,8 +55,6 @@ class LaplaceWrapper(PosthocWrapper):
         If the encoder has no ``nn.Linear`` or its output is not that layer's output (checked
         on every forward pass).
     """
-
-    has_distribution = True
 
     def __init__(
         self,
@@ -55,10 +66,37 @@ class LaplaceWrapper(PosthocWrapper):
         prior_precision: float = 1.0,
         margin: float = 0.2,
         hessian_scale: float = 1.0,
+        classifier: nn.Module | None = None,
+        hessian_structure: str = "diag",
+        backend: str = "backpack",
     ) -> None:
         super().__init__(encoder)
-        from bayesurl.laplace import MetricLaplace
+        from bayesurl.laplace import ClassifierLaplace, MetricLaplace
 
+        self.fitted = False
+        self._last_layer_name = last_layer if isinstance(last_layer, str) else None
+        self.cla = None
+        if classifier is not None:
+            if not isinstance(classifier, nn.Module):
+                raise TypeError(
+                    f"`classifier` must be an nn.Module, got {type(classifier).__name__}"
+                )
+            self.classifier = classifier
+            try:
+                # laplace-torch refuses a one-module model (a bare nn.Linear head): give it
+                # a trivial container; the posterior is the same last layer's
+                self.cla = ClassifierLaplace(
+                    nn.Sequential(nn.Identity(), classifier),
+                    hessian_structure=hessian_structure,
+                    backend=backend,
+                    prior_precision=prior_precision,
+                )
+            except ValueError as exc:
+                raise ValueError(f"method='laplace' with a `classifier`: {exc}") from exc
+            self._hessian_structure = self.cla.hessian_structure
+            self._backend = str(backend)
+            self.la = None
+            return
         try:
             self.la = MetricLaplace(
                 encoder,
@@ -74,8 +112,11 @@ class LaplaceWrapper(PosthocWrapper):
                 f"method='laplace' needs an encoder whose output comes from a last nn.Linear "
                 f"layer ({exc}); use method='pvu' or 'tau' for other encoders"
             ) from exc
-        self._last_layer_name = last_layer if isinstance(last_layer, str) else None
-        self.fitted = False
+
+    @property
+    def has_distribution(self) -> bool:  # type: ignore[override]
+        """Embedding samples exist on the embedding-network path only."""
+        return self.cla is None
 
     # -- forward ----------------------------------------------------------------------------
     def _forward_with_features(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -130,13 +171,26 @@ class LaplaceWrapper(PosthocWrapper):
         return 1.0 / kappa, kappa
 
     def forward(self, x: Tensor) -> PosthocOutput:
-        """Encoder embedding (the posterior mean) and ``u = 1/kappa`` (closed form)."""
+        """Encoder embedding (the posterior mean) and u in closed form (module docstring)."""
+        if self.cla is not None:
+            e = self.embed(x)
+            if not self.fitted:
+                raise ValueError("call `fit(loader)` before predicting with method='laplace'")
+            p = self.cla.predictive(e.detach())
+            return PosthocOutput(
+                embedding=e, uncertainty=p.entropy.to(e.dtype), logits=p.logits.to(e.dtype)
+            )
         e, phi = self._forward_with_features(x)
         u, kappa = self._uncertainty(phi)
         return PosthocOutput(embedding=e, uncertainty=u.to(e.dtype), kappa=kappa.to(e.dtype))
 
     def sample(self, x: Tensor, n: int, generator: torch.Generator | None = None) -> Tensor:
         """``[n, N, D]`` normalised embeddings under ``n`` last-layer posterior draws."""
+        if self.cla is not None:
+            raise ValueError(
+                "the classifier Laplace posterior is over logits, not embeddings; `sample` "
+                "needs the embedding-network path (no `classifier`)"
+            )
         return self.la.predictive_samples(x, int(n), generator)
 
     # -- fitting ----------------------------------------------------------------------------
@@ -148,14 +202,21 @@ class LaplaceWrapper(PosthocWrapper):
         optimize_prior: bool = True,
         progress: bool = True,
     ) -> dict[str, Any]:
-        """Fit the posterior on labelled batches ``(x, y)`` (LAM eq. 3; prior by evidence).
+        """Fit the posterior on labelled batches ``(x, y)``; prior precision by evidence.
+
+        Embedding path: :meth:`bayesurl.laplace.MetricLaplace.fit` (LAM eq. 3) with ``miner``.
+        Classifier path: the frozen embeddings of ``loader`` are computed once (held in memory,
+        ``N x D``) and laplace-torch fits the classifier's last layer on them.
 
         Returns
         -------
         dict
             The fit report of :class:`~bayesurl.laplace.MetricLaplace` (pairs used, fraction of
-            clamped Hessian entries) and the prior precision.
+            clamped Hessian entries), or ``n_data`` for the classifier path, and the prior
+            precision.
         """
+        if self.cla is not None:
+            return self._fit_classifier(loader, optimize_prior, progress)
         self.la.fit(loader, miner, progress=progress)
         if optimize_prior:
             self.la.optimize_prior_precision()
@@ -164,8 +225,44 @@ class LaplaceWrapper(PosthocWrapper):
         report["prior_precision"] = self.la.prior_precision.detach().cpu().tolist()
         return report
 
+    def _fit_classifier(self, loader, optimize_prior: bool, progress: bool) -> dict[str, Any]:
+        from torch.utils.data import DataLoader, TensorDataset
+
+        from bayesurl.posthoc.base import device_of, iterate, split_batch
+
+        dev = device_of(self.encoder)
+        embs, labels, batch = [], [], 1
+        with torch.no_grad():
+            for b in iterate(loader, progress, "embedding for Laplace"):
+                x, y = split_batch(b)
+                if y is None or not isinstance(x, Tensor):
+                    raise ValueError("method='laplace' fits on labelled batches (x, y)")
+                embs.append(self.embed(x.to(dev)).detach())
+                labels.append(y.to(dev))
+                batch = max(batch, len(y))
+        if not embs:
+            raise ValueError("`loader` yielded no data")
+        data = TensorDataset(torch.cat(embs), torch.cat(labels))
+        self.cla.fit(DataLoader(data, batch_size=batch), progress=progress)
+        if optimize_prior:
+            self.cla.optimize_prior_precision()
+        self.fitted = True
+        prior = self.cla.la.prior_precision
+        return {
+            "n_data": len(data),
+            "prior_precision": prior.detach().cpu().tolist()
+            if isinstance(prior, Tensor)
+            else prior,
+        }
+
     # -- persistence ------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
+        if self.cla is not None:
+            return {
+                "classifier": True,
+                "hessian_structure": self._hessian_structure,
+                "backend": self._backend,
+            }
         return {
             "last_layer": self._last_layer_name,
             "approximation": self.la.approximation.value,
@@ -174,7 +271,22 @@ class LaplaceWrapper(PosthocWrapper):
             "hessian_scale": self.la.hessian_scale,
         }
 
+    @classmethod
+    def from_config(cls, encoder, config, state):  # type: ignore[override]
+        if config.get("classifier") is True:
+            raise ValueError(
+                "this Laplace wrapper was fitted on a classifier, which is not saved: pass it "
+                "again, load(path, encoder, classifier=clf)"
+            )
+        return super().from_config(encoder, config, state)
+
     def get_extra_state(self) -> dict[str, Any]:
+        if self.cla is not None:
+            if not self.fitted:
+                return {"path": "classifier", "fitted": False}
+            raw = self.cla.state_dict()
+            state = {k: _plain(v) for k, v in raw.items()}
+            return {"path": "classifier", "fitted": True, "laplace": state}
         state = {
             k: (v.detach().cpu() if isinstance(v, Tensor) else v)
             for k, v in self.la.state_dict().items()
@@ -183,7 +295,28 @@ class LaplaceWrapper(PosthocWrapper):
         return state
 
     def set_extra_state(self, state: Any) -> None:
-        if not isinstance(state, dict) or "mean" not in state:
+        if not isinstance(state, dict):
+            raise ValueError("saved Laplace state is corrupted")
+        if (state.get("path") == "classifier") != (self.cla is not None):
+            raise ValueError(
+                "saved Laplace state and wrapper disagree on the classifier path: pass "
+                "`classifier=` exactly when the saved wrapper had one"
+            )
+        if self.cla is not None:
+            if state.get("fitted"):
+                lstate = state["laplace"]
+                mean = torch.as_tensor(lstate["mean"])
+                linears = [m for m in self.classifier.modules() if isinstance(m, nn.Linear)]
+                current = torch.nn.utils.parameters_to_vector(linears[-1].parameters()).detach()
+                if mean.shape != current.shape or not torch.equal(mean.to(current), current):
+                    raise ValueError(
+                        "the saved Laplace posterior belongs to another classifier: its mean "
+                        "differs from this classifier's last layer"
+                    )
+                self.cla.load_state_dict(dict(lstate))
+            self.fitted = bool(state.get("fitted"))
+            return
+        if "mean" not in state:
             raise ValueError("saved Laplace state is corrupted (no posterior mean)")
         mean = torch.as_tensor(state["mean"])
         current = self.la.mean
@@ -199,6 +332,19 @@ class LaplaceWrapper(PosthocWrapper):
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> LaplaceWrapper:
         # the posterior lives outside the module tree: move / cast it with the encoder
         super()._apply(fn, recurse)
+        if self.la is None:
+            return self
         self.la.hessian = fn(self.la.hessian)
         self.la.prior_precision = fn(self.la.prior_precision)
         return self
+
+
+def _plain(v: Any) -> Any:
+    """laplace-torch state entries as weights_only-loadable values (str enums -> str)."""
+    if isinstance(v, Tensor):
+        return v.detach().cpu()
+    if isinstance(v, str):
+        return str(v.value) if hasattr(v, "value") else str(v)
+    if isinstance(v, (list, tuple)):
+        return [_plain(t) for t in v]
+    return v

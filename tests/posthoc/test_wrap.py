@@ -12,6 +12,12 @@ from bayesurl.posthoc import PosthocOutput, PosthocTaU, load, wrap
 from bayesurl.types import Output
 
 torch.set_num_threads(1)
+# laplace-torch / BackPACK chatter on the Laplace paths
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Full backward hook:UserWarning"),
+    pytest.mark.filterwarnings("ignore:By default `link_approx`:UserWarning"),
+    pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning"),
+]
 
 
 def _encoder(dim=6, seed=0):
@@ -60,14 +66,25 @@ def _fitted(method, enc, tmp_path):
     elif method == "tau":
         w = wrap(enc, "tau", embed_dim=6)
         w.fit(_views(), epochs=2, progress=False)
-    else:
+    elif method == "laplace":
         pytest.importorskip("bayesurl.laplace")
         w = wrap(enc, "laplace", margin=1.0)
+        w.fit(_labelled(), progress=False)
+    else:  # laplace-torch last-layer Laplace of a classifier on the embedding
+        pytest.importorskip("bayesurl.laplace")
+        w = wrap(enc, "laplace", classifier=_classifier())
         w.fit(_labelled(), progress=False)
     return w
 
 
-METHODS = ["pvu", "tau", "laplace"]
+def _classifier(seed=1):
+    torch.manual_seed(seed)
+    return nn.Linear(6, 3)
+
+
+METHODS = ["pvu", "tau", "laplace", "laplace_classifier"]
+#: modules that are not saved and go back in on load
+LOAD_OPTIONS = {"laplace_classifier": lambda: {"classifier": _classifier()}}
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -102,15 +119,16 @@ def test_save_load_and_state_dict_round_trip(method, tmp_path):
     path = tmp_path / "w.pt"
     w.save(path)
     raw = torch.load(path, weights_only=True)  # loads without pickle
-    assert raw["method"] == method
+    assert raw["method"] == method.split("_")[0]
     assert not any(k.startswith("encoder.") for k in raw["state"])
-    for loaded in (load(path, _encoder()), type(w).load(path, _encoder())):
+    opts = LOAD_OPTIONS.get(method, dict)
+    for loaded in (load(path, _encoder(), **opts()), type(w).load(path, _encoder(), **opts())):
         with torch.no_grad():
             after = loaded(x)
         assert torch.equal(before.embedding, after.embedding)
         assert torch.equal(before.uncertainty, after.uncertainty)
     # state_dict into a freshly wrapped copy
-    fresh = wrap(_encoder(), method, **w.config())
+    fresh = wrap(_encoder(), method.split("_")[0], **{**w.config(), **opts()})
     fresh.load_state_dict(w.state_dict())
     with torch.no_grad():
         again = fresh(x)
@@ -215,3 +233,29 @@ def test_laplace_rejects_encoders_without_a_last_linear():
     w = wrap(ends_in_relu, "laplace")
     with pytest.raises(ValueError, match="not the output of its last nn.Linear"):
         w(torch.randn(4, 1, 4, 4))
+
+
+def test_classifier_laplace_matches_laplace_torch_and_needs_its_classifier(tmp_path):
+    pytest.importorskip("bayesurl.laplace")
+    enc = _encoder()
+    w = _fitted("laplace_classifier", enc, tmp_path)
+    x = torch.randn(8, 1, 4, 4)
+    with torch.no_grad():
+        out = w(x)
+        e = _encoder().eval()(x)
+        # laplace-torch's own GLM predictive with the probit link on the same embeddings
+        probs = w.cla.la(e, pred_type="glm", link_approx="probit")
+    entropy = -(probs * probs.log()).sum(1)
+    assert torch.allclose(out.uncertainty, entropy, rtol=1e-4, atol=1e-6)
+    assert torch.allclose(out.logits, w.classifier(e), rtol=1e-5)
+    with pytest.raises(ValueError, match="over logits"):
+        w.sample(x, 2)
+    path = tmp_path / "w.pt"
+    w.save(path)
+    with pytest.raises(ValueError, match="classifier=clf"):
+        load(path, _encoder())
+    with pytest.raises(ValueError, match="another classifier"):
+        load(path, _encoder(), classifier=_classifier(seed=7))
+    unfitted = wrap(_encoder(), "laplace", classifier=_classifier())
+    with pytest.raises(ValueError, match="fit"):
+        unfitted(x)
