@@ -1,0 +1,113 @@
+"""Data for the zero-shot protocol of URL (Kirchhof et al., 2023, Sec. 3.2).
+
+* Data sets: :func:`fashion_mnist`, :func:`digits`, :class:`CUB200`, :class:`Cars196`,
+  :class:`StanfordOnlineProducts`, by name through :func:`get_dataset`.
+* Splits: :func:`zero_shot_split` (class lists or a seeded permutation), :func:`split_classes`,
+  :func:`stratified_split`, :func:`stratified_subsample`, views via :func:`subset`.
+* The embedded default experiment: :func:`default_zero_shot` -> :class:`ZeroShotData`.
+* Transforms: :func:`default_transform`, :func:`default_augmentation`, :class:`TwoViews`.
+* Loaders: :func:`make_loader` (seeded, DistributedSampler-aware), :func:`set_epoch`,
+  :func:`as_tensors` (a whole in-memory set as tensors); :func:`plot_images` to look at them.
+"""
+
+from .base import (
+    ImageFileDataset,
+    ImageTensorDataset,
+    LabeledSubset,
+    as_tensors,
+    get_targets,
+    subset,
+)
+from .dml import (
+    CARS_TEST_CLASSES,
+    CARS_TRAIN_CLASSES,
+    CUB200,
+    CUB_TEST_CLASSES,
+    CUB_TRAIN_CLASSES,
+    DML_SPLITS,
+    Cars196,
+    StanfordOnlineProducts,
+    select_split_classes,
+)
+from .fmnist import (
+    DEFAULT_FASHION_MNIST_ROOT,
+    FASHION_MNIST_CLASSES,
+    fashion_mnist,
+    find_fashion_mnist,
+)
+from .idx import read_idx
+from .loaders import UnpaddedDistributedSampler, make_loader, set_epoch
+from .plot import plot_images
+from .registry import available_datasets, get_dataset
+from .sklearn_digits import digits, load_digits_images, upsample_uint8
+from .splits import (
+    check_disjoint,
+    split_classes,
+    stratified_split,
+    stratified_subsample,
+    zero_shot_split,
+)
+from .transforms import (
+    FASHION_MNIST_MEAN,
+    FASHION_MNIST_STD,
+    GaussianNoise,
+    Normalize,
+    RandomResizedCropFlip,
+    RepeatChannels,
+    ToFloat,
+    TwoViews,
+    default_augmentation,
+    default_transform,
+)
+from .zero_shot import ZeroShotData, default_zero_shot, dml_zero_shot, synthetic_ood
+
+__all__ = [
+    "CARS_TEST_CLASSES",
+    "CARS_TRAIN_CLASSES",
+    "CUB_TEST_CLASSES",
+    "CUB_TRAIN_CLASSES",
+    "DEFAULT_FASHION_MNIST_ROOT",
+    "DML_SPLITS",
+    "FASHION_MNIST_CLASSES",
+    "FASHION_MNIST_MEAN",
+    "FASHION_MNIST_STD",
+    "CUB200",
+    "Cars196",
+    "GaussianNoise",
+    "ImageFileDataset",
+    "ImageTensorDataset",
+    "LabeledSubset",
+    "Normalize",
+    "RandomResizedCropFlip",
+    "RepeatChannels",
+    "StanfordOnlineProducts",
+    "ToFloat",
+    "TwoViews",
+    "UnpaddedDistributedSampler",
+    "ZeroShotData",
+    "as_tensors",
+    "available_datasets",
+    "check_disjoint",
+    "default_augmentation",
+    "default_transform",
+    "default_zero_shot",
+    "digits",
+    "dml_zero_shot",
+    "fashion_mnist",
+    "find_fashion_mnist",
+    "get_dataset",
+    "get_targets",
+    "load_digits_images",
+    "make_loader",
+    "plot_images",
+    "read_idx",
+    "select_split_classes",
+    "set_epoch",
+    "split_classes",
+    "stratified_split",
+    "stratified_subsample",
+    "subset",
+    "synthetic_ood",
+    "upsample_uint8",
+    "zero_shot_split",
+]

@@ -1,0 +1,150 @@
+"""DataLoaders that are seeded and aware of ``torch.distributed``.
+
+URL trains with an aggregated batch over several GPUs (Kirchhof et al., 2023, Sec. 3.2,
+"Training infrastructure"); :func:`make_loader` shards a data set with
+:class:`torch.utils.data.DistributedSampler` whenever a process group is initialised (or ranks
+are given explicitly) and otherwise shuffles with a seeded generator, so runs repeat exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+__all__ = ["UnpaddedDistributedSampler", "make_loader", "set_epoch"]
+
+
+class UnpaddedDistributedSampler(DistributedSampler):
+    """:class:`DistributedSampler` that never pads: rank ``r`` gets items ``r, r + R, ...``.
+
+    The stock sampler repeats items so every rank gets the same count, which would count
+    those items twice in an evaluation gathered across ranks. Without padding the shards
+    partition the data set exactly (their sizes differ by at most one). Shuffling and
+    ``set_epoch`` work as in the parent.
+    """
+
+    def __iter__(self):
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.dataset), generator=g).tolist()  # type: ignore[arg-type]
+        else:
+            order = list(range(len(self.dataset)))  # type: ignore[arg-type]
+        return iter(order[self.rank :: self.num_replicas])
+
+    def __len__(self) -> int:
+        n = len(self.dataset)  # type: ignore[arg-type]
+        return max(0, -(-(n - self.rank) // self.num_replicas))
+
+
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    num_workers: int = 0,
+    distributed: bool | None = None,
+    num_replicas: int | None = None,
+    rank: int | None = None,
+    seed: int = 0,
+    drop_last: bool = False,
+    pad: bool = True,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    pin_memory: bool = False,
+    persistent_workers: bool = False,
+) -> DataLoader:
+    """Build a seeded :class:`~torch.utils.data.DataLoader`, sharded under torch.distributed.
+
+    Parameters
+    ----------
+    dataset : Dataset
+        Map-style data set (every set of :mod:`bayesurl.data` pickles, so workers work).
+    batch_size : int
+        Per-process batch size.
+    shuffle : bool
+        Reshuffle every epoch (seeded; call :func:`set_epoch` under distributed sampling).
+    num_workers : int
+        Worker processes.
+    distributed : bool, optional
+        ``None``: shard when ``torch.distributed`` is initialised or ``num_replicas``/``rank``
+        are given; ``True``: always shard (needs an initialised group or explicit ranks);
+        ``False``: never.
+    num_replicas, rank : int, optional
+        Explicit sharding (otherwise taken from the process group).
+    seed : int
+        Seed of the shuffling order and of the workers' base seed.
+    drop_last : bool
+        Drop the last incomplete batch (and, when sharding, the tail that does not divide
+        evenly; otherwise :class:`DistributedSampler` pads by repeating items).
+    pad : bool
+        When sharding without ``drop_last``: ``True`` pads like :class:`DistributedSampler`
+        (equal shard sizes, needed for lock-step training); ``False`` uses
+        :class:`UnpaddedDistributedSampler` so the shards partition the data exactly (for
+        evaluation).
+    collate_fn : callable, optional
+        Passed to the DataLoader.
+    pin_memory, persistent_workers : bool
+        Passed to the DataLoader.
+
+    Returns
+    -------
+    DataLoader
+        Its ``sampler`` is a :class:`DistributedSampler` when sharding.
+    """
+    if int(batch_size) < 1:
+        raise ValueError(f"`batch_size` must be positive, got {batch_size}")
+    if int(num_workers) < 0:
+        raise ValueError(f"`num_workers` must be >= 0, got {num_workers}")
+    if len(dataset) == 0:  # type: ignore[arg-type]
+        raise ValueError("`dataset` is empty")
+    explicit = num_replicas is not None or rank is not None
+    group = dist.is_available() and dist.is_initialized()
+    if distributed is None:
+        distributed = explicit or group
+    if distributed and not (explicit or group):
+        raise ValueError(
+            "`distributed=True` needs an initialised torch.distributed process group or "
+            "explicit `num_replicas` and `rank`"
+        )
+    generator = torch.Generator().manual_seed(int(seed))
+    sampler = None
+    if distributed:
+        if num_replicas is not None and int(num_replicas) < 1:
+            raise ValueError(f"`num_replicas` must be positive, got {num_replicas}")
+        if rank is not None and num_replicas is not None and not 0 <= rank < num_replicas:
+            raise ValueError(f"`rank` must be in [0, {num_replicas}), got {rank}")
+        sampler_cls = DistributedSampler if pad or drop_last else UnpaddedDistributedSampler
+        sampler = sampler_cls(
+            dataset,
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=shuffle,
+            seed=int(seed),
+            drop_last=drop_last,
+        )
+    return DataLoader(
+        dataset,
+        batch_size=int(batch_size),
+        shuffle=bool(shuffle) if sampler is None else False,
+        sampler=sampler,
+        num_workers=int(num_workers),
+        collate_fn=collate_fn,
+        pin_memory=pin_memory,
+        drop_last=drop_last,
+        generator=generator,
+        persistent_workers=persistent_workers and num_workers > 0,
+    )
+
+
+def set_epoch(loader: DataLoader, epoch: int) -> None:
+    """Tell a sharding sampler which epoch starts so each epoch gets a new (seeded) order.
+
+    A no-op for non-distributed loaders, whose seeded generator already advances per epoch.
+    """
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, DistributedSampler):
+        sampler.set_epoch(int(epoch))

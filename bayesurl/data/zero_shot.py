@@ -1,0 +1,438 @@
+"""The embedded default zero-shot data: Fashion-MNIST 0-4 -> 5-9, digits as OOD.
+
+This is the small, offline instance of the URL protocol (Kirchhof et al., 2023, Sec. 3.2) that
+``bayesurl benchmark`` and the recipes run on, with LAM's closed-set OOD pairing
+(Fashion-MNIST vs MNIST, Warburg et al., 2023, Sec. 4) approximated by scikit-learn digits:
+
+* ``train``: Fashion-MNIST train images of the upstream classes (default 0-4), labels
+  relabelled to ``0..K-1`` in the order of ``upstream``;
+* ``val``: a seeded, stratified ``val_fraction`` of those images (or, with ``val_classes``, the
+  images of those upstream classes, class-disjoint as in URL Sec. 3.2);
+* ``test``: Fashion-MNIST t10k images of the downstream classes (default 5-9), original labels
+  -- the retrieval set for R@1, R-AUROC, AUSC, ECE;
+* ``id_test``: t10k images of the upstream classes -- held-out in-distribution data, the
+  negative side of OOD AUROC (DATA.md), labelled like ``train``;
+* ``ood``: the 1,797 digits bilinearly upsampled to 28x28 and scaled to 0-255.
+
+**Fallback.** When Fashion-MNIST is absent (and no ``root`` was given) or ``force_digits=True``,
+the same protocol runs on the digits alone (upsampled to ``image_size``): upstream digits are
+split 80/20 (seeded, stratified) into ``train``(+``val``) and ``id_test``, ``test`` holds every
+downstream digit, and -- as no foreign image set ships offline -- ``ood`` is ``synthetic_ood``:
+seeded smooth noise images (uniform noise on a grid a quarter of the side, bilinearly
+upsampled and min-max scaled to 0-255 per image), as many as the digits (or ``max_ood``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from .base import ImageTensorDataset, subset
+from .fmnist import fashion_mnist, find_fashion_mnist
+from .sklearn_digits import load_digits_images
+from .splits import stratified_split, stratified_subsample, zero_shot_split
+
+__all__ = ["ZeroShotData", "default_zero_shot", "dml_zero_shot", "synthetic_ood"]
+
+
+@dataclass
+class ZeroShotData:
+    """The sets of one zero-shot experiment (URL Sec. 3.2).
+
+    Attributes
+    ----------
+    name : str
+        ``"fashion_mnist"``, ``"digits"``, or a folder data set (``"cub"``, ``"cars"``, ``"sop"``).
+    train, val, test : Dataset
+        Upstream training data (labels ``0..K-1``), validation data, downstream retrieval data
+        (original labels). In-memory :class:`bayesurl.data.base.ImageTensorDataset` for
+        Fashion-MNIST / digits. ``val`` may be empty when ``val_fraction=0``.
+    id_test, ood : Dataset or None
+        Held-out upstream data and foreign data, the two sides of OOD AUROC (DATA.md); always
+        set by :func:`default_zero_shot`, optional for :func:`dml_zero_shot`.
+    ood_name : str or None
+        What ``ood`` holds (``"digits"``, ``"noise"``, a data set name).
+    upstream_classes, downstream_classes : list of int
+        Original (0-based) class ids of ``train`` and ``test``; ``train`` label ``i`` is
+        ``upstream_classes[i]``. Validation classes (``val_classes``) are not listed here but
+        in ``info["val_classes"]``.
+    num_train_classes : int
+        ``len(upstream_classes)``: the classifier width.
+    image_shape : tuple of int or None
+        ``(C, H, W)`` of the stored images (``None`` for folder data sets).
+    info : dict
+        Sizes and settings, for logs.
+    """
+
+    name: str
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    id_test: Dataset | None
+    ood: Dataset | None
+    ood_name: str | None
+    upstream_classes: list[int]
+    downstream_classes: list[int]
+    num_train_classes: int
+    image_shape: tuple[int, int, int] | None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def with_transform(
+        self,
+        transform: Callable[[Any], Any] | None,
+        train_transform: Callable[[Any], Any] | None = None,
+    ) -> ZeroShotData:
+        """Copy with ``transform`` on every set (``train_transform`` on ``train`` if given)."""
+        tt = transform if train_transform is None else train_transform
+
+        def re(ds: Any, t: Any) -> Any:
+            return None if ds is None else ds.with_transform(t)
+
+        return replace(
+            self,
+            train=re(self.train, tt),
+            val=re(self.val, transform),
+            test=re(self.test, transform),
+            id_test=re(self.id_test, transform),
+            ood=re(self.ood, transform),
+        )
+
+    def summary(self) -> str:
+        """One line per set: size and classes."""
+        lines = [
+            f"ZeroShotData({self.name}; {len(self.upstream_classes)} upstream -> "
+            f"{len(self.downstream_classes)} downstream classes; OOD {self.ood_name})"
+        ]
+        for key in ("train", "val", "test", "id_test", "ood"):
+            ds = getattr(self, key)
+            if ds is None:
+                lines.append(f"  {key:8s} --")
+                continue
+            cls = ds.targets.unique().tolist()
+            shown = cls if len(cls) <= 12 else f"{cls[:5]} ... {cls[-5:]} ({len(cls)})"
+            lines.append(f"  {key:8s} n={len(ds):6d} classes={shown}")
+        return "\n".join(lines)
+
+
+def synthetic_ood(n: int, size: int = 28, *, seed: int = 0) -> ImageTensorDataset:
+    """Seeded smooth-noise images, the offline OOD fallback (see module docs).
+
+    Parameters
+    ----------
+    n : int
+        Number of images.
+    size : int
+        Image side.
+    seed : int
+        Seed of the noise.
+
+    Returns
+    -------
+    ImageTensorDataset
+        ``uint8`` ``[n, 1, size, size]`` with label ``-1``.
+    """
+    if n < 1 or size < 1:
+        raise ValueError(f"`n` and `size` must be positive, got n={n}, size={size}")
+    gen = torch.Generator().manual_seed(int(seed))
+    coarse = max(2, (int(size) + 3) // 4)
+    x = torch.rand(n, 1, coarse, coarse, generator=gen)
+    x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    lo = x.amin(dim=(1, 2, 3), keepdim=True)
+    hi = x.amax(dim=(1, 2, 3), keepdim=True)
+    x = (x - lo) / (hi - lo).clamp_min(1e-12) * 255.0
+    return ImageTensorDataset(
+        x.round().to(torch.uint8), torch.full((n,), -1, dtype=torch.int64), name="noise"
+    )
+
+
+def _cap(ds: ImageTensorDataset, n: int | None, seed: int) -> ImageTensorDataset:
+    if n is None or n >= len(ds):
+        return ds
+    return subset(ds, stratified_subsample(ds, n, seed=seed))  # type: ignore[return-value]
+
+
+def _named(ds: ImageTensorDataset, name: str) -> ImageTensorDataset:
+    ds.name = name
+    return ds
+
+
+def default_zero_shot(
+    root: str | os.PathLike[str] | None = None,
+    *,
+    upstream: Sequence[int] | None = None,
+    downstream: Sequence[int] | None = None,
+    class_seed: int | None = None,
+    val_fraction: float = 0.1,
+    val_classes: Sequence[int] | None = None,
+    max_train: int | None = None,
+    max_test: int | None = None,
+    max_ood: int | None = None,
+    force_digits: bool = False,
+    image_size: int = 28,
+    transform: Callable[[Any], Any] | None = None,
+    train_transform: Callable[[Any], Any] | None = None,
+    seed: int = 0,
+) -> ZeroShotData:
+    """Build the embedded default zero-shot data (see :mod:`bayesurl.data.zero_shot`).
+
+    Parameters
+    ----------
+    root : str or PathLike, optional
+        Fashion-MNIST location (see :func:`bayesurl.data.find_fashion_mnist`). When ``None``
+        and the default location is empty, the digits fallback is used with a warning; an
+        explicit ``root`` without the data raises :class:`FileNotFoundError`.
+    upstream, downstream : sequence of int, optional
+        Class lists; default ``0-4`` / ``5-9``, or a seeded permutation when ``class_seed`` is
+        set (URL Sec. 3.2: disjoint upstream / downstream classes).
+    class_seed : int, optional
+        Seed of the class permutation when no lists are given.
+    val_fraction : float
+        Share of the upstream training images held out for validation (seeded, stratified);
+        0 gives an empty ``val``.
+    val_classes : sequence of int, optional
+        Instead: upstream classes whose images form ``val`` (class-disjoint validation as in
+        URL Sec. 3.2); they are removed from ``train``.
+    max_train : int, optional
+        Cap on the upstream training pool (before ``val`` is split off), class-balanced.
+    max_test : int, optional
+        Cap on ``test`` and on ``id_test`` each.
+    max_ood : int, optional
+        Cap on ``ood``.
+    force_digits : bool
+        Use the digits fallback even when Fashion-MNIST is present.
+    image_size : int
+        Side of the digits images (fallback training data and OOD); 28 matches Fashion-MNIST.
+    transform : callable, optional
+        Per-item transform of every set (e.g. :func:`bayesurl.data.default_transform`).
+    train_transform : callable, optional
+        Per-item transform of ``train`` (e.g. ``TwoViews(default_augmentation())``).
+    seed : int
+        Seed of the validation split, the fallback's held-out split and the subsampling.
+
+    Returns
+    -------
+    ZeroShotData
+
+    Examples
+    --------
+    >>> from bayesurl.data import TwoViews, as_tensors, default_augmentation, default_transform
+    >>> data = default_zero_shot(max_train=2000, max_test=1000,
+    ...                          transform=default_transform(),
+    ...                          train_transform=TwoViews(default_augmentation()))
+    >>> (x1, x2), y = data.train[0]          # two views for InfoNCE / MCInfoNCE
+    >>> x_test, y_test = as_tensors(data.test)  # downstream retrieval set, all at once
+    """
+    for arg, value in (("max_train", max_train), ("max_test", max_test), ("max_ood", max_ood)):
+        if value is not None and int(value) < 1:
+            raise ValueError(f"`{arg}` must be a positive size or None, got {value}")
+    if int(image_size) < 1:
+        raise ValueError(f"`image_size` must be positive, got {image_size}")
+    name = "digits" if force_digits else "fashion_mnist"
+    if not force_digits:
+        try:
+            find_fashion_mnist(root)
+        except FileNotFoundError as exc:
+            if root is not None:
+                raise
+            warnings.warn(
+                f"{exc} Falling back to the scikit-learn digits (see bayesurl.data.zero_shot).",
+                stacklevel=2,
+            )
+            name = "digits"
+
+    if name == "fashion_mnist":
+        pool_all = fashion_mnist(root, "train")
+        eval_all = fashion_mnist(root, "test")
+        size = int(pool_all.images.shape[-1])
+    else:
+        size = int(image_size)
+        images, labels = load_digits_images(size)
+        pool_all = ImageTensorDataset(images, labels, name="digits")
+        eval_all = pool_all
+
+    if upstream is None and downstream is None and class_seed is None:
+        upstream, downstream = list(range(5)), list(range(5, 10))
+    up_idx, _ = zero_shot_split(pool_all, upstream, downstream, seed=class_seed)
+    up_cls = sorted(set(pool_all.targets[up_idx].tolist()))
+    if upstream is not None:
+        up_cls = [int(c) for c in upstream]
+    _, down_idx_eval = zero_shot_split(eval_all, up_cls, downstream)
+    down_cls = sorted(set(eval_all.targets[down_idx_eval].tolist()))
+    if downstream is not None:
+        down_cls = [int(c) for c in downstream]
+
+    if name == "fashion_mnist":
+        pool_idx = up_idx
+        id_idx, _ = zero_shot_split(eval_all, up_cls, down_cls)
+    else:
+        keep, held = stratified_split(pool_all.targets[up_idx], 0.2, seed=seed)
+        pool_idx, id_idx = up_idx[keep], up_idx[held]
+
+    relabel = {c: i for i, c in enumerate(up_cls)}
+    pool = _cap(subset(pool_all, pool_idx), max_train, seed)  # type: ignore[arg-type]
+
+    if val_classes is not None:
+        vcls = [int(c) for c in val_classes]
+        bad = sorted(set(vcls) - set(up_cls))
+        if bad:
+            raise ValueError(f"`val_classes` {bad} are not upstream classes {up_cls}")
+        if len(set(vcls)) >= len(up_cls):
+            raise ValueError("`val_classes` must leave at least one upstream class for training")
+        fit_cls = [c for c in up_cls if c not in set(vcls)]
+        fit_idx, val_idx = zero_shot_split(pool, fit_cls, vcls)
+        relabel = {c: i for i, c in enumerate(fit_cls)}
+        val_map = {c: i for i, c in enumerate(sorted(vcls))}
+        train = subset(pool, fit_idx, relabel=relabel)
+        val = subset(pool, val_idx, relabel=val_map)
+        n_train_classes = len(fit_cls)
+        up_cls = fit_cls
+    else:
+        if not 0.0 <= float(val_fraction) < 1.0:
+            raise ValueError(f"`val_fraction` must be in [0, 1), got {val_fraction}")
+        if val_fraction > 0:
+            fit_idx, val_idx = stratified_split(pool, val_fraction, seed=seed)
+        else:
+            fit_idx, val_idx = torch.arange(len(pool)), torch.empty(0, dtype=torch.int64)
+        train = subset(pool, fit_idx, relabel=relabel)
+        val = subset(pool, val_idx, relabel=relabel)
+        n_train_classes = len(up_cls)
+
+    if val_classes is not None:  # held-out data of the classes actually trained on
+        id_idx = id_idx[torch.isin(eval_all.targets[id_idx], torch.tensor(up_cls))]
+    id_test = _cap(subset(eval_all, id_idx, relabel=relabel), max_test, seed)  # type: ignore[arg-type]
+    test = _cap(subset(eval_all, down_idx_eval), max_test, seed)  # type: ignore[arg-type]
+
+    if name == "fashion_mnist":
+        d_img, d_lbl = load_digits_images(size)
+        ood = ImageTensorDataset(d_img, d_lbl, name="digits")
+        ood_name = "digits"
+    else:
+        n_ood = len(pool_all) if max_ood is None else min(len(pool_all), int(max_ood))
+        ood = synthetic_ood(n_ood, size, seed=seed)
+        ood_name = "noise"
+    ood = _cap(ood, max_ood, seed)
+
+    sets = {
+        "train": train,
+        "val": val,
+        "test": test,
+        "id_test": id_test,
+        "ood": ood,
+    }
+    for key, ds in sets.items():
+        ds = _named(ds, f"{name}/{key}" if key != "ood" else f"{ood_name}/ood")  # type: ignore[arg-type]
+        sets[key] = ds.with_transform(
+            train_transform if key == "train" and train_transform is not None else transform
+        )
+    return ZeroShotData(
+        name=name,
+        train=sets["train"],
+        val=sets["val"],
+        test=sets["test"],
+        id_test=sets["id_test"],
+        ood=sets["ood"],
+        ood_name=ood_name,
+        upstream_classes=list(up_cls),
+        downstream_classes=list(down_cls),
+        num_train_classes=n_train_classes,
+        image_shape=tuple(pool_all.images.shape[1:]),  # type: ignore[arg-type]
+        info={
+            "val_fraction": None if val_classes is not None else float(val_fraction),
+            "val_classes": None if val_classes is None else sorted(int(c) for c in val_classes),
+            "seed": seed,
+            "class_seed": class_seed,
+            "sizes": {k: len(v) for k, v in sets.items()},
+        },
+    )
+
+
+def dml_zero_shot(
+    name: str,
+    root: str | os.PathLike[str],
+    *,
+    tune: bool = False,
+    val_seed: int | None = None,
+    transform: Callable[[Any], Any] | None = None,
+    train_transform: Callable[[Any], Any] | None = None,
+    ood: str | None = None,
+    ood_root: str | os.PathLike[str] | None = None,
+    check_files: bool = True,
+) -> ZeroShotData:
+    """Zero-shot data of CUB-200-2011, CARS196 or SOP with the standard class splits.
+
+    URL Sec. 3.2: train on the train classes, report on the disjoint test classes; tune
+    hyper-parameters by training on one half of the train classes and validating on the
+    other (``tune=True``: ``train`` = ``"train_noval"``, ``val`` = ``"val"``). For the final
+    run (``tune=False``) ``train`` holds all train classes and ``val`` the validation half
+    of them (seen in training; for monitoring only). See :mod:`bayesurl.data.dml`.
+
+    Parameters
+    ----------
+    name : {"cub", "cars", "sop"}
+        The data set.
+    root : str or PathLike
+        Where it lies (see :mod:`bayesurl.data.dml` for the layouts).
+    tune : bool
+        Hyper-parameter tuning split (class-disjoint ``train`` / ``val``).
+    val_seed : int, optional
+        Seed of the validation halving (default: upper half by class id).
+    transform, train_transform : callable, optional
+        Per-item transforms of the PIL images (``train_transform`` for ``train``).
+    ood : str, optional
+        Name of a data set whose test split is the OOD set, e.g. ``"cars"`` for LAM's CUB (ID)
+        vs CARS (OOD) open-set protocol (Warburg et al., 2023, Sec. 4).
+    ood_root : str or PathLike, optional
+        Its root.
+    check_files : bool
+        Verify that every listed image exists.
+
+    Returns
+    -------
+    ZeroShotData
+        ``train`` / ``val`` relabelled to ``0..K-1``; ``test`` with the original 0-based class
+        ids; ``id_test`` is ``None`` (all train-class images are training data).
+    """
+    from .registry import get_dataset
+
+    key = str(name).lower()
+    if key not in ("cub", "cars", "sop"):
+        raise ValueError(f"`name` must be one of ['cars', 'cub', 'sop'], got {name!r}")
+    kw = {"val_seed": val_seed, "check_files": check_files}
+    split = "train_noval" if tune else "train"
+    train = get_dataset(key, root, split, train_transform, relabel=True, **kw)
+    val = get_dataset(key, root, "val", transform, relabel=True, **kw)
+    test = get_dataset(key, root, "test", transform, **kw)
+    train_cls = list(train.split_classes)  # type: ignore[attr-defined]
+    ood_ds = None
+    if ood is not None:
+        ood_ds = get_dataset(ood, ood_root, "test", transform)
+    return ZeroShotData(
+        name=key,
+        train=train,
+        val=val,
+        test=test,
+        id_test=None,
+        ood=ood_ds,
+        ood_name=ood,
+        upstream_classes=train_cls,
+        downstream_classes=list(test.split_classes),  # type: ignore[attr-defined]
+        num_train_classes=len(train_cls),
+        image_shape=None,
+        info={
+            "tune": tune,
+            "val_seed": val_seed,
+            "sizes": {
+                "train": len(train),
+                "val": len(val),
+                "test": len(test),
+                "ood": None if ood_ds is None else len(ood_ds),
+            },
+        },
+    )
