@@ -7,11 +7,18 @@
 2. ``wrap(encoder, "laplace")`` prediction time relative to the bare encoder's forward pass
    (the closed-form last-layer predictive adds a few small matrix products).
 
-Every figure is a ratio against a reference measured in the same run.
+3. ``--fashion``: the issue's tutorial experiment. An encoder trained with plain
+   cross-entropy on the FashionMNIST upstream classes 0-4 is wrapped three ways (PVU, TaU,
+   Laplace); R-AUROC (u against "R@1 wrong", URL section 3.1) on the downstream classes 5-9
+   and OOD AUROC (upstream test = in-distribution, downstream test = OOD) are compared with the
+   classifier's own softmax entropy measured in the same run.
+
+Every figure is a ratio against (or a difference to) a reference measured in the same run.
 
 Usage::
 
     python benchmarks/posthoc.py [--n 512] [--epochs 2] [--batch 128] [--threads 1]
+    python benchmarks/posthoc.py --fashion --skip-pvu --skip-laplace
 """
 
 from __future__ import annotations
@@ -21,10 +28,15 @@ import statistics
 import tempfile
 import time
 
+import numpy as np
 import timm
 import torch
+import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score
 from torch import nn
 
+from bayesurl.backbones import SmallConvNet
+from bayesurl.data import default_augmentation, default_transform, fashion_mnist
 from bayesurl.posthoc import EmbeddingCache, wrap
 
 
@@ -136,6 +148,137 @@ def bench_laplace(args: argparse.Namespace) -> dict[str, float]:
         )
 
 
+class _Batches:
+    """Shuffled batches of uint8 images: evaluation transform, one or two augmented views."""
+
+    def __init__(self, x, y, batch, *, views=0, seed=0, shuffle=True):
+        self.x, self.y, self.batch, self.views, self.shuffle = x, y, batch, views, shuffle
+        self.g = torch.Generator().manual_seed(seed)
+        self.aug, self.plain = default_augmentation(), default_transform()
+
+    def __len__(self) -> int:
+        return (len(self.x) + self.batch - 1) // self.batch
+
+    def __iter__(self):
+        order = torch.randperm(len(self.x), generator=self.g) if self.shuffle else None
+        for s in range(0, len(self.x), self.batch):
+            idx = order[s : s + self.batch] if order is not None else slice(s, s + self.batch)
+            xb, yb = self.x[idx], self.y[idx]
+            if self.views == 1:
+                xb = self.aug(xb, self.g)
+            elif self.views == 2:
+                xb = (self.aug(xb, self.g), self.aug(xb, self.g))
+            else:
+                xb = self.plain(xb)
+            yield xb, yb
+
+
+def _r1_wrong(emb: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """R@1 errors: cosine nearest neighbour (self excluded by index) has another label."""
+    z = F.normalize(emb, dim=1)
+    sim = z @ z.T
+    sim.fill_diagonal_(-float("inf"))
+    return y[sim.argmax(1)] != y
+
+
+def bench_fashion(args: argparse.Namespace) -> None:
+    torch.manual_seed(0)
+    progress = not args.no_progress
+    train, test = fashion_mnist(split="train"), fashion_mnist(split="test")
+    xtr, ytr = train.images, train.targets  # uint8 [N, 1, 28, 28]
+    up = ytr < 5
+    xtr, ytr = xtr[up][: args.fashion_train], ytr[up][: args.fashion_train]
+    xte, yte = default_transform()(test.images), test.targets
+    n_eval = args.fashion_eval
+    x_in, y_in = xte[yte < 5][:n_eval], yte[yte < 5][:n_eval]
+    x_out, y_out = xte[yte >= 5][:n_eval], yte[yte >= 5][:n_eval]
+
+    enc = SmallConvNet(1, num_features=64, width=16)
+    clf = nn.Linear(64, 5)
+    opt = torch.optim.Adam([*enc.parameters(), *clf.parameters()], lr=2e-3)
+    t0 = time.perf_counter()
+    enc.train()
+    for _ in range(args.fashion_epochs):
+        for xb, yb in _Batches(xtr, ytr, 128, views=1):
+            loss = F.cross_entropy(clf(enc(xb)), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    enc.eval()
+    print(
+        f"\nFashionMNIST: CE encoder (SmallConvNet w16, 64-d) on classes 0-4, "
+        f"{len(xtr)} images x {args.fashion_epochs} epochs in {time.perf_counter() - t0:.0f} s"
+    )
+
+    def scores(fn):
+        with torch.no_grad():
+            return torch.cat([fn(x_in[i : i + 500]) for i in range(0, n_eval, 500)]), torch.cat(
+                [fn(x_out[i : i + 500]) for i in range(0, n_eval, 500)]
+            )
+
+    with torch.no_grad():
+        emb_out = torch.cat([enc(x_out[i : i + 500]) for i in range(0, n_eval, 500)])
+        acc = (
+            (
+                clf(torch.cat([enc(x_in[i : i + 500]) for i in range(0, n_eval, 500)])).argmax(1)
+                == y_in
+            )
+            .float()
+            .mean()
+        )
+    wrong = _r1_wrong(emb_out, y_out).numpy()
+    print(
+        f"  upstream test accuracy {float(acc):.3f}; downstream R@1 {1 - wrong.mean():.3f} "
+        "(the same for every wrapper: embeddings are unchanged)"
+    )
+
+    rows = {}
+    t0 = time.perf_counter()
+    rows["CE softmax entropy (reference)"] = (
+        scores(lambda x: torch.special.entr(clf(enc(x)).softmax(1)).sum(1)),
+        0.0,
+    )
+    w = wrap(enc, "pvu", classifier=clf)
+    t0 = time.perf_counter()
+    w.fit(_Batches(xtr, ytr, 128, views=1), epochs=args.fashion_epochs, lr=1e-3, progress=progress)
+    rows["wrap(enc, 'pvu', classifier=clf)"] = (
+        scores(lambda x: w(x).uncertainty),
+        (time.perf_counter() - t0),
+    )
+    w = wrap(enc, "tau")
+    t0 = time.perf_counter()
+    w.fit(_Batches(xtr, ytr, 128, views=2), epochs=args.fashion_epochs, lr=1e-2, progress=progress)
+    rows["wrap(enc, 'tau')"] = scores(lambda x: w(x).uncertainty), time.perf_counter() - t0
+    try:
+        w = wrap(enc, "laplace", margin=0.5)
+    except ImportError:
+        w = None
+        print("  (bayesurl.laplace is not installed: no Laplace row)")
+    if w is not None:
+        t0 = time.perf_counter()
+        w.fit(_Batches(xtr, ytr, 256, shuffle=True), progress=progress)
+        rows["wrap(enc, 'laplace')"] = (
+            scores(lambda x: w(x).uncertainty),
+            (time.perf_counter() - t0),
+        )
+
+    print(f"\n  {'u(x)':36s} {'R-AUROC':>8s} {'OOD AUROC':>10s}   fit time")
+    ref = None
+    for name, ((u_in, u_out), secs) in rows.items():
+        r_auroc = roc_auc_score(wrong, u_out.numpy())
+        ood = roc_auc_score(
+            np.r_[np.zeros(len(u_in)), np.ones(len(u_out))], torch.cat([u_in, u_out]).numpy()
+        )
+        if ref is None:
+            ref = (r_auroc, ood)
+            print(f"  {name:36s} {r_auroc:8.3f} {ood:10.3f}")
+        else:
+            print(
+                f"  {name:36s} {r_auroc:8.3f} {ood:10.3f}   {secs:6.1f} s"
+                f"   (vs reference {r_auroc - ref[0]:+.3f} / {ood - ref[1]:+.3f})"
+            )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=512, help="images per epoch")
@@ -144,6 +287,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5, help="timing repeats (median)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--skip-laplace", action="store_true")
+    p.add_argument("--skip-pvu", action="store_true")
+    p.add_argument("--fashion", action="store_true", help="run the FashionMNIST comparison")
+    p.add_argument("--fashion-train", type=int, default=12000)
+    p.add_argument("--fashion-eval", type=int, default=2000)
+    p.add_argument("--fashion-epochs", type=int, default=3)
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -152,21 +300,24 @@ def main() -> None:
         f"N={args.n}, epochs={args.epochs}, batch={args.batch}"
     )
 
-    r = bench_pvu(args)
-    print("\nPVU head training, same data and epochs (PVU reports 180x on GPU; target >= 50x)")
-    print(f"  uncached (encoder every step) : {r['uncached']:8.3f} s   (reference)")
-    print(
-        f"  cached (memory-mapped)        : {r['cached']:8.3f} s   "
-        f"speed-up {r['uncached'] / r['cached']:7.1f}x"
-    )
-    print(
-        f"  cache build (once)            : {r['cache_build']:8.3f} s   "
-        f"{r['cache_build'] / r['uncached']:.2f}x the uncached run"
-    )
-    print(
-        f"  build + cached training       : {r['cache_build'] + r['cached']:8.3f} s   "
-        f"speed-up {r['uncached'] / (r['cache_build'] + r['cached']):7.2f}x (single run)"
-    )
+    if args.fashion:
+        bench_fashion(args)
+    if not args.skip_pvu:
+        r = bench_pvu(args)
+        print("\nPVU head training, same data and epochs (PVU reports 180x on GPU; target >= 50x)")
+        print(f"  uncached (encoder every step) : {r['uncached']:8.3f} s   (reference)")
+        print(
+            f"  cached (memory-mapped)        : {r['cached']:8.3f} s   "
+            f"speed-up {r['uncached'] / r['cached']:7.1f}x"
+        )
+        print(
+            f"  cache build (once)            : {r['cache_build']:8.3f} s   "
+            f"{r['cache_build'] / r['uncached']:.2f}x the uncached run"
+        )
+        print(
+            f"  build + cached training       : {r['cache_build'] + r['cached']:8.3f} s   "
+            f"speed-up {r['uncached'] / (r['cache_build'] + r['cached']):7.2f}x (single run)"
+        )
 
     if not args.skip_laplace:
         r = bench_laplace(args)
