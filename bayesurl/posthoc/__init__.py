@@ -31,16 +31,18 @@ from bayesurl.posthoc.pvu import (
     supcon_task_loss,
 )
 from bayesurl.posthoc.tau import PosthocTaU
-from bayesurl.posthoc.wrap import wrap
+from bayesurl.posthoc.wrap import MethodEncoder, as_encoder, wrap
 
 __all__ = [
     "PVU",
     "EmbeddingCache",
     "LaplaceWrapper",
+    "MethodEncoder",
     "PVUHead",
     "PosthocOutput",
     "PosthocTaU",
     "PosthocWrapper",
+    "as_encoder",
     "check_head_trainable",
     "classifier_task_loss",
     "credible_mask",

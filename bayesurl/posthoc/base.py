@@ -246,6 +246,9 @@ def load(path: str | os.PathLike, encoder: nn.Module, **options: Any) -> Posthoc
     for key in ("method", "config", "state"):
         if key not in ckpt:
             raise ValueError(f"`path` {path} is corrupted: no {key!r} entry")
+    from bayesurl.posthoc.wrap import as_encoder
+
+    encoder = as_encoder(encoder)
     cls = wrapper_class(ckpt["method"])
     if not isinstance(ckpt["config"], dict) or not isinstance(ckpt["state"], dict):
         raise ValueError(f"`path` {path} is corrupted: config / state are not dicts")

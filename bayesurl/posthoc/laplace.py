@@ -217,6 +217,15 @@ class LaplaceWrapper(PosthocWrapper):
         """
         if self.cla is not None:
             return self._fit_classifier(loader, optimize_prior, progress)
+        if iter(loader) is not loader:  # re-iterable: check the layer on one batch first
+            from bayesurl.posthoc.base import device_of, split_batch
+
+            for batch in loader:
+                x, _ = split_batch(batch)
+                if isinstance(x, Tensor):
+                    with torch.no_grad():
+                        self._forward_with_features(x.to(device_of(self.encoder)))
+                break
         self.la.fit(loader, miner, progress=progress)
         if optimize_prior:
             self.la.optimize_prior_precision()

@@ -5,11 +5,41 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from bayesurl.posthoc.base import PosthocWrapper, wrapper_class
 
-__all__ = ["wrap"]
+__all__ = ["MethodEncoder", "as_encoder", "wrap"]
+
+
+class MethodEncoder(nn.Module):
+    """A :class:`~bayesurl.methods.base.Method` seen as an encoder: ``x -> method(x).embedding``.
+
+    Lets every URL method of the registry be wrapped post hoc; :func:`wrap` and
+    :func:`~bayesurl.posthoc.load` apply it to a ``Method`` automatically.
+
+    Parameters
+    ----------
+    method : Method
+        A trained method.
+    """
+
+    def __init__(self, method: nn.Module) -> None:
+        super().__init__()
+        self.method = method
+        dim = getattr(method, "embed_dim", None)
+        if isinstance(dim, int):
+            self.embed_dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.method(x).embedding
+
+
+def as_encoder(encoder: nn.Module) -> nn.Module:
+    """``encoder`` itself, or a :class:`MethodEncoder` around a registry method."""
+    from bayesurl.methods.base import Method
+
+    return MethodEncoder(encoder) if isinstance(encoder, Method) else encoder
 
 
 def wrap(encoder: nn.Module, method: str = "pvu", **options: Any) -> PosthocWrapper:
@@ -23,8 +53,9 @@ def wrap(encoder: nn.Module, method: str = "pvu", **options: Any) -> PosthocWrap
     Parameters
     ----------
     encoder : nn.Module
-        Any module mapping inputs to embeddings ``[N, D]``. It is frozen: kept in eval mode and
-        never updated.
+        Any module mapping inputs to embeddings ``[N, D]``, or a trained
+        :class:`~bayesurl.methods.base.Method` (its ``Output.embedding`` is used, through
+        :class:`MethodEncoder`). It is frozen: kept in eval mode and never updated.
     method : {"pvu", "tau", "laplace"}
         - ``"pvu"``: pretrained visual uncertainties, a loss-prediction head trained on cached
           embeddings with the ranking loss (thesis section 5.3); options of
@@ -56,4 +87,4 @@ def wrap(encoder: nn.Module, method: str = "pvu", **options: Any) -> PosthocWrap
         raise ValueError(
             f"unknown option(s) {unknown} for method {method!r}; valid: {', '.join(valid)}"
         )
-    return cls(encoder, **options)
+    return cls(as_encoder(encoder), **options)
