@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bayesurl._checks import check_finite, check_ndim, check_tensor
+from bayesurl.types import Output
 
 __all__ = ["credible_threshold", "credible_mask", "retrieve", "vmf_cosine_quantile"]
 
@@ -174,8 +175,21 @@ def credible_threshold(kappa: Tensor | float, dim: int, p: float = 0.95) -> Tens
 
 
 def _prepare(
-    query_mu: Tensor, query_kappa: Tensor | float, gallery: Tensor
+    query_mu: Tensor | Output, query_kappa: Tensor | float | None, gallery: Tensor | Output
 ) -> tuple[Tensor, Tensor, Tensor]:
+    if isinstance(query_mu, Output):
+        if query_kappa is None:
+            query_kappa = query_mu.kappa
+        if query_kappa is None:
+            raise ValueError(
+                "`query_mu` is an Output without `kappa`: pass `query_kappa` (credible "
+                "intervals need a vMF concentration, e.g. from wrap(..., 'laplace'))"
+            )
+        query_mu = query_mu.embedding
+    if query_kappa is None:
+        raise ValueError("`query_kappa` is required when `query_mu` is a tensor")
+    if isinstance(gallery, Output):
+        gallery = gallery.embedding
     mu = check_tensor(query_mu, "query_mu", ndim=2)
     gal = check_tensor(gallery, "gallery", ndim=2)
     if mu.shape[1] != gal.shape[1]:
@@ -200,9 +214,9 @@ def _prepare(
 
 
 def credible_mask(
-    query_mu: Tensor,
-    query_kappa: Tensor | float,
-    gallery: Tensor,
+    query_mu: Tensor | Output,
+    query_kappa: Tensor | float | None,
+    gallery: Tensor | Output,
     p: float = 0.95,
     *,
     chunk_size: int = 1024,
@@ -211,12 +225,13 @@ def credible_mask(
 
     Parameters
     ----------
-    query_mu : Tensor
-        ``[Nq, D]`` query mean directions (normalised here).
-    query_kappa : Tensor or float
-        ``[Nq]`` (or scalar) vMF concentrations of the queries.
-    gallery : Tensor
-        ``[Ng, D]`` gallery (mean) embeddings (normalised here).
+    query_mu : Tensor or Output
+        ``[Nq, D]`` query mean directions (normalised here), or an
+        :class:`~bayesurl.types.Output` whose ``embedding`` and ``kappa`` are used.
+    query_kappa : Tensor, float or None
+        ``[Nq]`` (or scalar) vMF concentrations of the queries (``None``: ``query_mu.kappa``).
+    gallery : Tensor or Output
+        ``[Ng, D]`` gallery (mean) embeddings (normalised here), or an ``Output``.
     p : float
         Credible level.
     chunk_size : int
@@ -232,9 +247,9 @@ def credible_mask(
 
 
 def retrieve(
-    query_mu: Tensor,
-    query_kappa: Tensor | float,
-    gallery: Tensor,
+    query_mu: Tensor | Output,
+    query_kappa: Tensor | float | None,
+    gallery: Tensor | Output,
     p: float = 0.95,
     *,
     chunk_size: int = 1024,

@@ -159,6 +159,22 @@ def test_float32_inputs_and_scalar_kappa():
     assert credible_threshold(torch.tensor([3.0]), 3).dtype == torch.float32
 
 
+def test_accepts_outputs_with_kappa():
+    from bayesurl.types import Output
+
+    g = torch.nn.functional.normalize(torch.randn(40, 3, dtype=torch.float64), dim=1)
+    kappa = torch.tensor([3.0, 300.0], dtype=torch.float64)
+    q = Output(embedding=g[:2], uncertainty=1 / kappa, kappa=kappa)
+    gal = Output(embedding=g, uncertainty=torch.ones(40, dtype=torch.float64))
+    got = retrieve(q, None, gal, p=0.9)
+    want = retrieve(g[:2], kappa, g, p=0.9)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(ValueError, match="without `kappa`"):
+        retrieve(Output(embedding=g[:2], uncertainty=1 / kappa), None, g)
+    with pytest.raises(ValueError, match="required"):
+        retrieve(g[:2], None, g)
+
+
 def test_bad_input():
     g = torch.randn(10, 4)
     with pytest.raises(ValueError, match="`p`"):
