@@ -42,7 +42,11 @@ class LaplaceWrapper(PosthocWrapper):
         That layer (a submodule name or the module); default: the last ``nn.Linear``.
     approximation, geometry, prior_precision, margin, hessian_scale
         Passed to :func:`bayesurl.laplace.MetricLaplace` (``prior_precision`` also to
-        :class:`~bayesurl.laplace.ClassifierLaplace`).
+        :class:`~bayesurl.laplace.ClassifierLaplace`). The default approximation is
+        ``"positive"`` (LAM eq. 7: positive pairs only, always psd): an encoder that was not
+        trained with the contrastive loss (e.g. with cross-entropy) can have every entry of
+        the ``"fixed"`` GGN clamped to zero, and then the posterior equals the prior. Use
+        ``"fixed"`` / ``"full"`` for contrastively trained encoders.
     classifier : nn.Module, optional
         A classification head on the embedding (ending in ``nn.Linear``); selects the
         classifier path. It is needed again to :func:`~bayesurl.posthoc.load` the wrapper.
@@ -61,7 +65,7 @@ class LaplaceWrapper(PosthocWrapper):
         encoder: nn.Module,
         *,
         last_layer: str | nn.Module | None = None,
-        approximation: str = "fixed",
+        approximation: str = "positive",
         geometry: str = "arccos",
         prior_precision: float = 1.0,
         margin: float = 0.2,
