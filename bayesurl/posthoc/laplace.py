@@ -42,11 +42,12 @@ class LaplaceWrapper(PosthocWrapper):
         That layer (a submodule name or the module); default: the last ``nn.Linear``.
     approximation, geometry, prior_precision, margin, hessian_scale
         Passed to :func:`bayesurl.laplace.MetricLaplace` (``prior_precision`` also to
-        :class:`~bayesurl.laplace.ClassifierLaplace`). The default approximation is
-        ``"positive"`` (LAM eq. 7: positive pairs only, always psd): an encoder that was not
-        trained with the contrastive loss (e.g. with cross-entropy) can have every entry of
-        the ``"fixed"`` GGN clamped to zero, and then the posterior equals the prior. Use
-        ``"fixed"`` / ``"full"`` for contrastively trained encoders.
+        :class:`~bayesurl.laplace.ClassifierLaplace`). The defaults, ``"positive"`` pairs in
+        the ``"euclidean"`` geometry (LAM eq. 7), give a psd GGN for any encoder. On an
+        encoder trained with cross-entropy (FashionMNIST, ``benchmarks/posthoc.py``) the
+        ``"fixed"`` and the arccos ``"positive"`` diagonals were clamped to zero in every
+        entry, leaving the posterior equal to the prior. Choose ``"fixed"`` / ``"full"`` and
+        ``"arccos"`` for contrastively trained encoders (LAM's setting).
     classifier : nn.Module, optional
         A classification head on the embedding (ending in ``nn.Linear``); selects the
         classifier path. It is needed again to :func:`~bayesurl.posthoc.load` the wrapper.
@@ -66,7 +67,7 @@ class LaplaceWrapper(PosthocWrapper):
         *,
         last_layer: str | nn.Module | None = None,
         approximation: str = "positive",
-        geometry: str = "arccos",
+        geometry: str = "euclidean",
         prior_precision: float = 1.0,
         margin: float = 0.2,
         hessian_scale: float = 1.0,
