@@ -39,7 +39,9 @@ class LaplaceWrapper(PosthocWrapper):
         An embedding network whose output is produced by its last ``nn.Linear`` (or the L2
         normalisation of it).
     last_layer : str or nn.Linear, optional
-        That layer (a submodule name or the module); default: the last ``nn.Linear``.
+        That layer (a submodule name or the module). Default: the last ``nn.Linear`` whose
+        output equals the encoder's output on the first fitting batch (so the projection of a
+        vMF method is found, not its later kappa head).
     approximation, geometry, prior_precision, margin, hessian_scale
         Passed to :func:`bayesurl.laplace.MetricLaplace` (``prior_precision`` also to
         :class:`~bayesurl.laplace.ClassifierLaplace`). The defaults, ``"positive"`` pairs in
@@ -80,6 +82,14 @@ class LaplaceWrapper(PosthocWrapper):
 
         self.fitted = False
         self._last_layer_name = last_layer if isinstance(last_layer, str) else None
+        self._auto_layer = last_layer is None
+        self._laplace_options = {
+            "approximation": approximation,
+            "geometry": geometry,
+            "prior_precision": prior_precision,
+            "margin": margin,
+            "hessian_scale": hessian_scale,
+        }
         self.cla = None
         if classifier is not None:
             if not isinstance(classifier, nn.Module):
@@ -117,6 +127,39 @@ class LaplaceWrapper(PosthocWrapper):
                 f"method='laplace' needs an encoder whose output comes from a last nn.Linear "
                 f"layer ({exc}); use method='pvu' or 'tau' for other encoders"
             ) from exc
+
+    def _pick_last_layer(self, x: Tensor) -> None:
+        """With no ``last_layer`` given: use the last ``nn.Linear`` whose output *is* the
+        embedding (e.g. the projection of a vMF method, not its kappa head)."""
+        from bayesurl.laplace import MetricLaplace
+
+        outs: dict[str, Tensor] = {}
+        handles = []
+        for name, m in self.encoder.named_modules():
+            if isinstance(m, nn.Linear):
+
+                def hook(_m, _i, out, name=name):
+                    outs[name] = out
+
+                handles.append(m.register_forward_hook(hook))
+        try:
+            with torch.no_grad():
+                e = self.embed(x)
+        finally:
+            for h in handles:
+                h.remove()
+        match = [
+            n
+            for n, z in outs.items()
+            if z.shape == e.shape
+            and (
+                torch.equal(z, e) or torch.allclose(F.normalize(z, dim=1), e, rtol=1e-5, atol=1e-6)
+            )
+        ]
+        if match and self.encoder.get_submodule(match[-1]) is not self.la.last_layer:
+            self.la = MetricLaplace(self.encoder, match[-1], **self._laplace_options)
+            self._last_layer_name = match[-1]
+        self._auto_layer = False
 
     @property
     def has_distribution(self) -> bool:  # type: ignore[override]
@@ -228,8 +271,11 @@ class LaplaceWrapper(PosthocWrapper):
             for batch in loader:
                 x, _ = split_batch(batch)
                 if isinstance(x, Tensor):
+                    x = x.to(device_of(self.encoder))
+                    if self._auto_layer:
+                        self._pick_last_layer(x)
                     with torch.no_grad():
-                        self._forward_with_features(x.to(device_of(self.encoder)))
+                        self._forward_with_features(x)
                 break
         self.la.fit(loader, miner, progress=progress)
         if optimize_prior:

@@ -259,3 +259,33 @@ def test_classifier_laplace_matches_laplace_torch_and_needs_its_classifier(tmp_p
     unfitted = wrap(_encoder(), "laplace", classifier=_classifier())
     with pytest.raises(ValueError, match="fit"):
         unfitted(x)
+
+
+class _ProjAndKappa(nn.Module):
+    """Like the vMF methods: the embedding is `proj`, a later `kappa` Linear is a side head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.proj = nn.Linear(16, 6)
+        self.kappa = nn.Linear(6, 1)
+        self.last_kappa = None
+
+    def forward(self, x):
+        z = self.proj(x.flatten(1))
+        self.last_kappa = self.kappa(z)
+        return z
+
+
+def test_laplace_finds_the_embedding_layer_and_rejects_a_wrong_one():
+    pytest.importorskip("bayesurl.laplace")
+    enc = _ProjAndKappa()
+    w = wrap(enc, "laplace")
+    assert w.la.last_layer is enc.kappa  # the naive choice: the last nn.Linear
+    w.fit(_labelled(), progress=False)
+    assert w.la.last_layer is enc.proj and w.config()["last_layer"] == "proj"
+    x = torch.randn(5, 1, 4, 4)
+    with torch.no_grad():
+        assert torch.equal(w(x).embedding, enc(x))
+    with pytest.raises(ValueError, match="not the output of its last nn.Linear"):
+        wrap(_ProjAndKappa(), "laplace", last_layer="kappa").fit(_labelled(), progress=False)
