@@ -182,7 +182,7 @@ def _r1_wrong(emb: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def bench_fashion(args: argparse.Namespace) -> None:
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     progress = not args.no_progress
     train, test = fashion_mnist(split="train"), fashion_mnist(split="test")
     xtr, ytr = train.images, train.targets  # uint8 [N, 1, 28, 28]
@@ -199,7 +199,7 @@ def bench_fashion(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     enc.train()
     for _ in range(args.fashion_epochs):
-        for xb, yb in _Batches(xtr, ytr, 128, views=1):
+        for xb, yb in _Batches(xtr, ytr, 128, views=1, seed=args.seed):
             loss = F.cross_entropy(clf(enc(xb)), yb)
             opt.zero_grad()
             loss.backward()
@@ -239,14 +239,24 @@ def bench_fashion(args: argparse.Namespace) -> None:
     )
     w = wrap(enc, "pvu", classifier=clf)
     t0 = time.perf_counter()
-    w.fit(_Batches(xtr, ytr, 128, views=1), epochs=args.fashion_epochs, lr=1e-3, progress=progress)
+    w.fit(
+        _Batches(xtr, ytr, 128, views=1, seed=args.seed),
+        epochs=args.fashion_epochs,
+        lr=1e-3,
+        progress=progress,
+    )
     rows["wrap(enc, 'pvu', classifier=clf)"] = (
         scores(lambda x: w(x).uncertainty),
         (time.perf_counter() - t0),
     )
     w = wrap(enc, "tau")
     t0 = time.perf_counter()
-    w.fit(_Batches(xtr, ytr, 128, views=2), epochs=args.fashion_epochs, lr=1e-2, progress=progress)
+    w.fit(
+        _Batches(xtr, ytr, 128, views=2, seed=args.seed),
+        epochs=args.fashion_epochs,
+        lr=1e-2,
+        progress=progress,
+    )
     rows["wrap(enc, 'tau')"] = scores(lambda x: w(x).uncertainty), time.perf_counter() - t0
     for name, opts in (
         ("wrap(enc, 'laplace', classifier=clf)", {"classifier": clf}),
@@ -259,7 +269,7 @@ def bench_fashion(args: argparse.Namespace) -> None:
             continue
         t0 = time.perf_counter()
         try:
-            w.fit(_Batches(xtr, ytr, 256), progress=progress)
+            w.fit(_Batches(xtr, ytr, 256, seed=args.seed), progress=progress)
         except ValueError as exc:
             print(f"  {name}: fit failed: {exc}")
             continue
@@ -326,6 +336,7 @@ def main() -> None:
     p.add_argument("--fashion-train", type=int, default=12000)
     p.add_argument("--fashion-eval", type=int, default=5000)
     p.add_argument("--fashion-epochs", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0, help="--fashion: seed of the whole run")
     p.add_argument("--plot", default=None, help="--fashion: save a bar chart (PNG) here")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args()
