@@ -7,7 +7,6 @@ from pytorch_metric_learning.miners import MultiSimilarityMiner
 from bayesurl.distributions.vmf import sample_vmf
 from bayesurl.losses.hib import HIBLoss, hib_loss
 
-torch.set_default_dtype(torch.float64)
 
 
 def sig(x):
