@@ -17,7 +17,6 @@ from bayesurl.losses.elk import (
 )
 
 
-
 def scipy_log_c(k, d):
     """log C_D(kappa) from scipy's exponentially scaled Bessel function (independent)."""
     v = d / 2 - 1

@@ -8,7 +8,6 @@ from bayesurl.distributions.vmf import sample_vmf
 from bayesurl.losses.hib import HIBLoss, hib_loss
 
 
-
 def sig(x):
     return 1.0 / (1.0 + math.exp(-x))
 

@@ -8,7 +8,6 @@ from pytorch_metric_learning.miners import BatchEasyHardMiner
 from bayesurl.losses.infonce import InfoNCELoss, infonce_loss, two_view_labels
 
 
-
 def brute_infonce(z1, z2, t):
     """URL eq. 1 / SimCLR, one anchor at a time, from the formula."""
     z = [[c / math.sqrt(sum(c * c for c in v)) for c in v] for v in torch.cat([z1, z2]).tolist()]

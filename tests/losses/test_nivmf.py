@@ -10,7 +10,6 @@ from bayesurl.losses.elk import elk_pairwise_log_kernel
 from bayesurl.losses.nivmf import NivMFLoss, nivmf_elk_logits, nivmf_log_density, nivmf_loss
 
 
-
 def scipy_log_c(k, d):
     v = d / 2 - 1
     return v * math.log(k) - d / 2 * math.log(2 * math.pi) - (math.log(ive(v, k)) + k)
