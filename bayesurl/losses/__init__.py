@@ -1,6 +1,8 @@
-"""Losses of the URL methods (URL appendix B), LAM's contrastive loss and TaU-SimCLR:
-subclasses that take the vMF concentration explicitly, each with a functional core on plain
-tensors (usable outside PML's contract, e.g. in the MCInfoNCE controlled experiment)."""
+"""Losses of the URL methods (URL appendix B), LAM's contrastive loss and TaU-SimCLR.
+
+The metric losses are pytorch-metric-learning ``BaseMetricLossFunction`` subclasses that take the
+vMF concentration explicitly, each with a functional core on plain tensors (usable outside PML's
+contract, e.g. in the MCInfoNCE controlled experiment)."""
 
 from bayesurl.losses._base import ExplicitKappaLoss, contrastive_log_ratio
 from bayesurl.losses.contrastive import ContrastiveLoss
