@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from bayesurl.evaluation import evaluate
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 from tqdm.auto import tqdm
 
 from bayesurl.backbones import SmallConvNet
+from bayesurl.evaluation import evaluate
 from bayesurl.laplace import MetricLaplace, train_contrastive, train_online
 
 APPROXIMATIONS = ("fixed", "positive", "full")
