@@ -1,0 +1,105 @@
+"""The shared backbone -> embedding projection every URL method is built on.
+
+URL (section 4.1, appendix B) trains each method on a pretrained backbone whose features are
+projected to the embedding space by one linear layer (or used as they are). This module gives
+that piece once: a backbone (timm name, ``"small_convnet"`` or any ``nn.Module``) followed by an
+optional linear projection to ``embed_dim``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from bayesurl._checks import check_finite, check_ndim
+from bayesurl.methods.base import resolve_backbone
+
+__all__ = ["EmbeddingNet", "build_backbone"]
+
+#: backbone names resolved by bayesurl itself (anything else is passed to timm)
+_LOCAL_BACKBONES = ("small_convnet",)
+
+
+def build_backbone(backbone: str | nn.Module, **kwargs: Any) -> tuple[nn.Module, int]:
+    """Return ``(module, feature_dim)`` for a backbone spec.
+
+    ``"small_convnet"`` builds :class:`bayesurl.backbones.SmallConvNet` (``kwargs`` go to its
+    constructor); any other string is a timm model name and every ``nn.Module`` is used as it is
+    (both through :func:`bayesurl.methods.base.resolve_backbone`).
+
+    Parameters
+    ----------
+    backbone : str or nn.Module
+        The backbone or its name.
+    **kwargs
+        Constructor arguments of ``SmallConvNet``, or timm / ``probe_input`` arguments of
+        :func:`~bayesurl.methods.base.resolve_backbone`.
+    """
+    if isinstance(backbone, str) and backbone.lower() in _LOCAL_BACKBONES:
+        from bayesurl.backbones import SmallConvNet
+
+        kwargs.pop("probe_input", None)
+        module = SmallConvNet(**kwargs)
+        return module, module.num_features
+    return resolve_backbone(backbone, **kwargs)
+
+
+class EmbeddingNet(nn.Module):
+    """Backbone followed by an optional linear projection: ``e(x) = W f(x) + b`` or ``f(x)``.
+
+    The embedding head of every URL method (URL appendix B: "a linear layer on top of the
+    backbone maps to the embedding space"). The output is *not* normalised, so methods that
+    encode a concentration in the norm (InfoNCE's ``u = 1/||e(x)||``, URL B.2) can read it.
+
+    Parameters
+    ----------
+    backbone : str or nn.Module
+        ``"small_convnet"``, a timm model name (created with ``num_classes=0`` and random
+        weights) or any module mapping inputs to features ``[N, F]``.
+    embed_dim : int, optional
+        Output dimension D. ``None`` (default) returns the backbone features themselves.
+    **backbone_kwargs
+        Passed to :func:`build_backbone` (e.g. ``num_features`` of ``SmallConvNet`` or
+        ``probe_input`` for a module without a ``num_features`` attribute).
+
+    Attributes
+    ----------
+    feature_dim : int
+        Backbone feature dimension F.
+    embed_dim : int
+        Output dimension D (``F`` without projection).
+
+    Examples
+    --------
+    >>> import torch
+    >>> net = EmbeddingNet("small_convnet", embed_dim=16)
+    >>> net(torch.zeros(2, 1, 28, 28)).shape
+    torch.Size([2, 16])
+    """
+
+    def __init__(
+        self, backbone: str | nn.Module, embed_dim: int | None = None, **backbone_kwargs: Any
+    ) -> None:
+        super().__init__()
+        if embed_dim is not None and (int(embed_dim) != embed_dim or embed_dim < 1):
+            raise ValueError(f"`embed_dim` must be a positive integer or None, got {embed_dim}")
+        self.backbone, self.feature_dim = build_backbone(backbone, **backbone_kwargs)
+        if embed_dim is None:
+            self.proj: nn.Module = nn.Identity()
+            self.embed_dim = self.feature_dim
+        else:
+            self.proj = nn.Linear(self.feature_dim, int(embed_dim))
+            self.embed_dim = int(embed_dim)
+
+    def features(self, x: Tensor) -> Tensor:
+        """Backbone features ``[N, F]`` (checked to be 2-D)."""
+        f = self.backbone(x)
+        check_ndim(f, "backbone output", 2)
+        return f
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Embeddings ``[N, D]`` (unnormalised)."""
+        if isinstance(x, Tensor):
+            check_finite(x, "x")
+        return self.proj(self.features(x))

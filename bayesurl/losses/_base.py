@@ -1,0 +1,190 @@
+"""Shared plumbing of the probabilistic (vMF) losses.
+
+- :class:`ExplicitKappaLoss`: a pytorch-metric-learning ``BaseMetricLossFunction`` whose
+  ``forward`` also takes the concentrations ``kappa`` / ``ref_kappa`` explicitly. PML's own
+  ``forward`` passes no extra keyword to ``compute_loss`` and its distances normalise the
+  embeddings, which would discard a norm-encoded kappa; here the embeddings reach
+  ``compute_loss`` unnormalised and every loss normalises them itself.
+- :func:`contrastive_log_ratio`: ``log e^pos / (c e^pos + (1/M) sum_m e^neg_m)``, the InfoNCE
+  fraction of MCInfoNCE (MCI eq. 7) and contrastive ELK (MCI appendix B.5, eq. 55).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from pytorch_metric_learning.distances import CosineSimilarity
+from pytorch_metric_learning.losses import BaseMetricLossFunction
+from pytorch_metric_learning.utils import common_functions as c_f
+from torch import Tensor
+
+from bayesurl._checks import check_finite, check_ndim, check_same_length
+
+__all__ = [
+    "ExplicitKappaLoss",
+    "check_embeddings",
+    "check_kappa",
+    "check_labels",
+    "contrastive_log_ratio",
+    "log_mean_exp",
+]
+
+
+def check_kappa(
+    kappa: Tensor | float | None,
+    like: Tensor,
+    name: str,
+    *,
+    allow_inf: bool = True,
+) -> Tensor:
+    """Validate concentrations for the rows of ``like [N, ...]``; returns ``kappa [N]``.
+
+    ``None`` reads kappa from the embedding norm ``||like||`` (the vMF duality of the ECCV22
+    nivMF paper, section 3.2). Scalars broadcast. NaN, negative values and (unless
+    ``allow_inf``) infinity raise a ValueError naming ``name``.
+    """
+    if kappa is None:
+        return like.norm(dim=-1)
+    k = torch.as_tensor(kappa, device=like.device)
+    if not k.is_floating_point():
+        k = k.to(like.dtype)
+    k = k.to(like.dtype)
+    if k.ndim == 0:
+        k = k.expand(like.shape[:-1])
+    if k.shape != like.shape[:-1]:
+        raise ValueError(
+            f"`{name}` must have shape {tuple(like.shape[:-1])} to match the embeddings, "
+            f"got {tuple(k.shape)}"
+        )
+    if bool(torch.isnan(k).any()):
+        raise ValueError(f"`{name}` contains NaN")
+    if not allow_inf and bool(torch.isinf(k).any()):
+        raise ValueError(f"`{name}` must be finite here")
+    if bool((k < 0).any()):
+        raise ValueError(f"`{name}` must be non-negative, got min {float(k.min())}")
+    return k
+
+
+def check_embeddings(x: Tensor, name: str, ndim: int = 2) -> Tensor:
+    """Raise unless ``x`` is a finite floating tensor with ``ndim`` dims and ``D >= 2``."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"`{name}` must be a tensor, got {type(x).__name__}")
+    check_ndim(x, name, ndim)
+    if not x.is_floating_point():
+        raise ValueError(f"`{name}` must be a floating tensor, got {x.dtype}")
+    check_finite(x, name)
+    if x.shape[-1] < 2:
+        raise ValueError(f"`{name}` needs embedding dimension >= 2, got {x.shape[-1]}")
+    return x
+
+
+def check_labels(labels: Tensor | None, embeddings: Tensor, name: str = "labels") -> None:
+    """Raise unless ``labels`` is ``None`` or a 1-D integer tensor of the embeddings' length."""
+    if labels is None:
+        return
+    if not isinstance(labels, Tensor):
+        raise TypeError(f"`{name}` must be a tensor, got {type(labels).__name__}")
+    check_ndim(labels, name, 1)
+    check_same_length(("embeddings" if name == "labels" else "ref_emb", embeddings), (name, labels))
+
+
+def log_mean_exp(x: Tensor, dim: int) -> Tensor:
+    """``log mean exp(x)`` along ``dim`` (the Monte-Carlo average of MCI eq. 7)."""
+    return torch.logsumexp(x, dim=dim) - math.log(x.shape[dim])
+
+
+def contrastive_log_ratio(
+    pos: Tensor, neg: Tensor, neg_mask: Tensor | None = None, divide_positive: bool = False
+) -> Tensor:
+    """``log [ e^pos / (c e^pos + (1/M) sum_m e^neg_m) ]`` with ``c = 1`` or ``1/M``.
+
+    Parameters
+    ----------
+    pos : Tensor
+        ``[..., P]`` positive logits.
+    neg : Tensor
+        ``[..., P, M]`` negative logits.
+    neg_mask : Tensor, optional
+        ``[P, M]`` boolean mask of the valid negatives per positive (M_p = its row sum).
+        Rows without any negative give ``log(1/c)``.
+    divide_positive : bool
+        ``False`` (the MCInfoNCE reference code): only the negatives are averaged, ``c = 1``,
+        so the ratio is ``<= 1`` and the loss ``>= 0``. ``True`` (MCI eq. 7): the positive is
+        divided by M too, ``c = 1/M``.
+    """
+    if neg_mask is None:
+        m = torch.full(pos.shape[-1:], neg.shape[-1], dtype=pos.dtype, device=pos.device)
+        log_neg = torch.logsumexp(neg, dim=-1)
+    else:
+        m = neg_mask.sum(-1).to(pos.dtype)
+        filled = neg.masked_fill(~neg_mask, -math.inf)
+        has = neg_mask.any(-1)
+        # rows without negatives: keep the logsumexp finite (its gradient would be NaN)
+        filled = torch.where(has.unsqueeze(-1), filled, torch.zeros_like(filled))
+        log_neg = torch.where(has, torch.logsumexp(filled, dim=-1), -math.inf)
+    log_m = torch.log(m.clamp_min(1.0))
+    log_neg = log_neg - log_m
+    log_c = -log_m if divide_positive else torch.zeros_like(log_m)
+    return pos - torch.logaddexp(pos + log_c, log_neg)
+
+
+class ExplicitKappaLoss(BaseMetricLossFunction):
+    """``BaseMetricLossFunction`` with explicit vMF concentrations (see module docstring).
+
+    ``loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, *,
+    kappa=None, ref_kappa=None)``; ``kappa=None`` reads the concentration from the embedding
+    norm. Subclasses implement ``compute_loss(embeddings, labels, indices_tuple, ref_emb,
+    ref_labels, kappa, ref_kappa)`` and get miners, reducers and ``ref_emb`` from PML. The
+    ``distance`` of PML is not used: the embeddings are compared by cosine / vMF terms.
+    """
+
+    allow_inf_kappa: bool = True
+
+    def get_default_distance(self) -> CosineSimilarity:
+        return CosineSimilarity()
+
+    def forward(  # type: ignore[override]
+        self,
+        embeddings: Tensor,
+        labels: Tensor | None = None,
+        indices_tuple: Any = None,
+        ref_emb: Tensor | None = None,
+        ref_labels: Tensor | None = None,
+        *,
+        kappa: Tensor | float | None = None,
+        ref_kappa: Tensor | float | None = None,
+    ) -> Tensor:
+        check_embeddings(embeddings, "embeddings")
+        check_labels(labels, embeddings)
+        kappa = check_kappa(kappa, embeddings, "kappa", allow_inf=self.allow_inf_kappa)
+        if ref_emb is None:
+            if ref_kappa is not None:
+                raise ValueError("`ref_kappa` was given without `ref_emb`")
+            if ref_labels is not None:
+                raise ValueError("`ref_labels` was given without `ref_emb`")
+            ref_kappa = kappa
+        else:
+            check_embeddings(ref_emb, "ref_emb")
+            if ref_emb.shape[1] != embeddings.shape[1]:
+                raise ValueError(
+                    f"`ref_emb` has dimension {ref_emb.shape[1]}, `embeddings` "
+                    f"{embeddings.shape[1]}"
+                )
+            check_labels(ref_labels, ref_emb, "ref_labels")
+            ref_kappa = check_kappa(ref_kappa, ref_emb, "ref_kappa", allow_inf=self.allow_inf_kappa)
+        self.reset_stats()
+        if labels is not None:
+            labels = c_f.to_device(labels, embeddings)
+        ref_emb_, ref_labels = c_f.set_ref_emb(embeddings, labels, ref_emb, ref_labels)
+        loss_dict = self.compute_loss(
+            embeddings, labels, indices_tuple, ref_emb_, ref_labels, kappa, ref_kappa
+        )
+        self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
+        return self.reducer(loss_dict, embeddings, labels)
+
+    def compute_loss(  # type: ignore[override]
+        self, embeddings, labels, indices_tuple, ref_emb, ref_labels, kappa, ref_kappa
+    ):  # pragma: no cover - abstract
+        raise NotImplementedError

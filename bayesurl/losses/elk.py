@@ -1,0 +1,253 @@
+"""Expected likelihood kernel (ELK) between vMF distributions and the ELK ProxyNCA loss.
+
+The expected likelihood kernel of two densities is ``int p(z) q(z) dz`` (Jebara & Kondor 2003);
+for ``p = vMF(mu1, k1)`` and ``q = vMF(mu2, k2)`` on S^{D-1} it is analytic:
+
+``log ELK = log C_D(k1) + log C_D(k2) - log C_D(||k1 mu1 + k2 mu2||)``
+
+(ECCV22 nivMF paper, supplement D, reprinted in the thesis; MCI appendix B.5). URL appendix
+B.4 uses it inside ProxyNCA: each class is a vMF proxy ``rho_c`` whose concentration is scaled
+by t, and the loss is ``-elk_sim(zeta, rho*) + log sum_c exp(elk_sim(zeta, rho_c))`` (URL eq. 3)
+with ``zeta = vMF(e/||e||, kappa(e))`` the image's posterior. MCI eq. 55 plugs the same kernel
+into InfoNCE (:func:`elk_contrastive_loss`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pytorch_metric_learning.utils import common_functions as c_f
+from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+from torch import Tensor
+
+from bayesurl.distributions.vmf import vmf_log_normalizer
+from bayesurl.heads.proxies import VMFProxies
+from bayesurl.losses._base import (
+    ExplicitKappaLoss,
+    check_embeddings,
+    check_kappa,
+    check_labels,
+    contrastive_log_ratio,
+)
+from bayesurl.losses.infonce import two_view_labels
+
+__all__ = [
+    "ELKLoss",
+    "elk_contrastive_loss",
+    "elk_log_kernel",
+    "elk_pairwise_log_kernel",
+    "elk_proxy_loss",
+]
+
+
+def _log_kernel_from_cos(k1: Tensor, k2: Tensor, cos: Tensor, dim: int) -> Tensor:
+    # ||k1 mu1 + k2 mu2||^2 = k1^2 + k2^2 + 2 k1 k2 cos, floored away from 0 (its sqrt has an
+    # infinite derivative there: antipodal means with equal concentrations)
+    k3_sq = k1 * k1 + k2 * k2 + 2.0 * k1 * k2 * cos.clamp(-1.0, 1.0)
+    k3 = torch.sqrt(k3_sq.clamp_min(1e-12))
+    return vmf_log_normalizer(k1, dim) + vmf_log_normalizer(k2, dim) - vmf_log_normalizer(k3, dim)
+
+
+def elk_log_kernel(mu1: Tensor, kappa1: Tensor, mu2: Tensor, kappa2: Tensor) -> Tensor:
+    """``log int vMF(z; mu1, k1) vMF(z; mu2, k2) dz``, elementwise with broadcasting.
+
+    Parameters
+    ----------
+    mu1, mu2 : Tensor
+        ``[..., D]`` mean directions (normalised internally).
+    kappa1, kappa2 : Tensor
+        ``[...]`` finite concentrations ``>= 0``, broadcastable with the means' batch shape.
+
+    Returns
+    -------
+    Tensor
+        ``[...]`` log kernel values (the ``elk_sim`` of URL eq. 3).
+    """
+    if mu1.shape[-1] != mu2.shape[-1]:
+        raise ValueError(f"`mu1` and `mu2` differ in dimension: {mu1.shape[-1]} vs {mu2.shape[-1]}")
+    for name, t in (("mu1", mu1), ("mu2", mu2), ("kappa1", kappa1), ("kappa2", kappa2)):
+        if not torch.isfinite(torch.as_tensor(t)).all():
+            raise ValueError(f"`{name}` must be finite")
+    kappa1, kappa2 = torch.as_tensor(kappa1).to(mu1), torch.as_tensor(kappa2).to(mu1)
+    if bool((kappa1 < 0).any()) or bool((kappa2 < 0).any()):
+        raise ValueError("`kappa1` and `kappa2` must be non-negative")
+    cos = (F.normalize(mu1, dim=-1) * F.normalize(mu2, dim=-1)).sum(-1)
+    return _log_kernel_from_cos(kappa1, kappa2, cos, mu1.shape[-1])
+
+
+def elk_pairwise_log_kernel(mu: Tensor, kappa: Tensor, ref_mu: Tensor, ref_kappa: Tensor) -> Tensor:
+    """``[N, R]`` log ELK between every ``vMF(mu_i, kappa_i)`` and ``vMF(ref_mu_j, ref_kappa_j)``.
+
+    Same formula as :func:`elk_log_kernel`, with the cosines from one matrix product.
+    """
+    check_embeddings(mu, "mu")
+    check_embeddings(ref_mu, "ref_mu")
+    if mu.shape[1] != ref_mu.shape[1]:
+        raise ValueError(
+            f"`mu` and `ref_mu` differ in dimension: {mu.shape[1]} vs {ref_mu.shape[1]}"
+        )
+    k = check_kappa(kappa, mu, "kappa", allow_inf=False)
+    rk = check_kappa(ref_kappa, ref_mu, "ref_kappa", allow_inf=False)
+    cos = F.normalize(mu, dim=-1) @ F.normalize(ref_mu, dim=-1).T
+    return _log_kernel_from_cos(k.unsqueeze(1), rk.unsqueeze(0), cos, mu.shape[1])
+
+
+def elk_proxy_loss(
+    mu: Tensor,
+    kappa: Tensor,
+    labels: Tensor,
+    proxy_mu: Tensor,
+    proxy_kappa: Tensor,
+    reduction: str = "mean",
+) -> Tensor:
+    """ELK ProxyNCA (URL appendix B.4, eq. 3): cross-entropy over the classes' log ELK.
+
+    Parameters
+    ----------
+    mu : Tensor
+        ``[N, D]`` embeddings (normalised internally).
+    kappa : Tensor
+        ``[N]`` their concentrations.
+    labels : Tensor
+        ``[N]`` class indices in ``[0, C)``.
+    proxy_mu, proxy_kappa : Tensor
+        ``[C, D]`` and ``[C]``: the class proxies (already scaled by t).
+    reduction : {"mean", "sum", "none"}
+        As in :func:`torch.nn.functional.cross_entropy`.
+    """
+    logits = elk_pairwise_log_kernel(mu, kappa, proxy_mu, proxy_kappa)
+    _check_class_labels(labels, mu, proxy_mu.shape[0])
+    return F.cross_entropy(logits, labels, reduction=reduction)
+
+
+def _check_class_labels(labels: Tensor, embeddings: Tensor, num_classes: int) -> None:
+    check_labels(labels, embeddings)
+    if labels.dtype.is_floating_point:
+        raise ValueError(f"`labels` must be integer class indices, got {labels.dtype}")
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(
+            f"`labels` must lie in [0, {num_classes}), got [{int(labels.min())}, "
+            f"{int(labels.max())}]"
+        )
+
+
+def elk_contrastive_loss(
+    mu_anchor: Tensor,
+    kappa_anchor: Tensor | float,
+    mu_pos: Tensor,
+    kappa_pos: Tensor | float,
+    mu_neg: Tensor | None = None,
+    kappa_neg: Tensor | float | None = None,
+    *,
+    scale: float = 1.0,
+    divide_positive: bool = False,
+    reduction: str = "mean",
+) -> Tensor:
+    """Contrastive ELK (MCI appendix B.5, eq. 55): InfoNCE with ``scale * log ELK`` similarities.
+
+    ``-log e^{s_pos} / (c e^{s_pos} + (1/M) sum_m e^{s_m})``, ``s = scale * log ELK``,
+    ``c = 1`` (eq. 55) or ``1/M`` (``divide_positive``). Arguments as in
+    :func:`~bayesurl.losses.mcinfonce.mcinfonce_loss` (``mu_neg [B, M, D]`` or ``None`` for
+    in-batch SimCLR negatives); concentrations must be finite.
+    """
+    check_embeddings(mu_anchor, "mu_anchor")
+    check_embeddings(mu_pos, "mu_pos")
+    if mu_pos.shape != mu_anchor.shape:
+        raise ValueError(
+            f"`mu_pos` must have the shape of `mu_anchor` {tuple(mu_anchor.shape)}, "
+            f"got {tuple(mu_pos.shape)}"
+        )
+    ka = check_kappa(kappa_anchor, mu_anchor, "kappa_anchor", allow_inf=False)
+    kp = check_kappa(kappa_pos, mu_pos, "kappa_pos", allow_inf=False)
+    b, d = mu_anchor.shape
+    if mu_neg is None:
+        if kappa_neg is not None:
+            raise ValueError("`kappa_neg` was given without `mu_neg`")
+        if b < 2:
+            raise ValueError(f"in-batch negatives need at least 2 anchors, got {b}")
+        mu, kap = torch.cat([mu_anchor, mu_pos]), torch.cat([ka, kp])
+        sims = scale * elk_pairwise_log_kernel(mu, kap, mu, kap)
+        a1, p, a2, n = lmu.get_all_pairs_indices(two_view_labels(b, mu.device))
+        mask = torch.zeros_like(sims, dtype=torch.bool)
+        mask[a2, n] = True
+        losses = -contrastive_log_ratio(sims[a1, p], sims[a1], mask[a1], divide_positive)
+    else:
+        check_embeddings(mu_neg, "mu_neg", ndim=3)
+        if mu_neg.shape[0] != b or mu_neg.shape[2] != d:
+            raise ValueError(f"`mu_neg` must have shape [{b}, M, {d}], got {tuple(mu_neg.shape)}")
+        if kappa_neg is None:
+            raise ValueError("`kappa_neg` is required with `mu_neg`")
+        kn = check_kappa(kappa_neg, mu_neg, "kappa_neg", allow_inf=False)
+        pos = scale * elk_log_kernel(mu_anchor, ka, mu_pos, kp)
+        neg = scale * elk_log_kernel(mu_anchor.unsqueeze(1), ka.unsqueeze(1), mu_neg, kn)
+        losses = -contrastive_log_ratio(pos, neg, None, divide_positive)
+    if reduction == "mean":
+        return losses.mean()
+    if reduction == "sum":
+        return losses.sum()
+    if reduction == "none":
+        return losses
+    raise ValueError(f"`reduction` must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+class ELKLoss(ExplicitKappaLoss):
+    """ELK ProxyNCA as a pytorch-metric-learning loss with learnable vMF proxies (URL B.4).
+
+    ``loss(embeddings, labels, kappa=kappa)``; like PML's proxy losses it needs labels and
+    supports neither ``indices_tuple`` nor ``ref_emb``. The proxies are parameters of the loss
+    (optimise ``loss.parameters()`` too).
+
+    Parameters
+    ----------
+    num_classes : int
+        Number of classes C.
+    embedding_size : int
+        Embedding dimension D.
+    kappa_scale : float
+        t, the multiplier of the proxies' concentrations (URL: t in [8, 64]).
+    shared_kappa : bool
+        One proxy concentration for all classes.
+    learn_proxy_kappa : bool
+        Learn the proxies' concentrations.
+    **kwargs
+        Passed to ``BaseMetricLossFunction`` (reducer, ...).
+    """
+
+    allow_inf_kappa = False
+
+    def __init__(
+        self,
+        num_classes: int,
+        embedding_size: int,
+        kappa_scale: float = 16.0,
+        shared_kappa: bool = False,
+        learn_proxy_kappa: bool = True,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.proxies = VMFProxies(
+            num_classes, embedding_size, kappa_scale, shared_kappa, learn_proxy_kappa
+        )
+
+    def logits(self, embeddings: Tensor, kappa: Tensor) -> Tensor:
+        """``[N, C]`` log ELK between the embeddings' vMFs and every class proxy."""
+        proxy_mu, proxy_kappa = self.proxies()
+        return elk_pairwise_log_kernel(
+            embeddings, kappa, proxy_mu.to(embeddings), proxy_kappa.to(embeddings)
+        )
+
+    def compute_loss(
+        self, embeddings, labels, indices_tuple, ref_emb, ref_labels, kappa, ref_kappa
+    ):
+        c_f.labels_required(labels)
+        c_f.indices_tuple_not_supported(indices_tuple)
+        c_f.ref_not_supported(embeddings, labels, ref_emb, ref_labels)
+        _check_class_labels(labels, embeddings, self.proxies.num_classes)
+        losses = F.cross_entropy(self.logits(embeddings, kappa), labels, reduction="none")
+        return {
+            "loss": {
+                "losses": losses,
+                "indices": c_f.torch_arange_from_size(embeddings),
+                "reduction_type": "element",
+            }
+        }

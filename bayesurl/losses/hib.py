@@ -1,0 +1,203 @@
+"""Hedged Instance Embeddings (HIB) with vMF posteriors (URL appendix B.6; MCI appendix B.4).
+
+The match probability of two inputs is the Monte-Carlo average over K paired samples of their
+vMF posteriors, ``p(n, m) = (1/K) sum_k sigmoid(t s_nk^T s_mk + b)`` (URL B.6; Oh et al. 2019
+with cosine instead of L2 distances and no KL prior). Same-label pairs minimise ``-log p``;
+different-label pairs either minimise ``+log p`` (URL eq. 5, "which stabilized training", the
+default) or ``-log(1 - p)`` (the original HIB, ``negative_term="log1m_p"``). Each term is
+averaged over its own set of pairs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+from torch import Tensor
+
+from bayesurl.distributions.vmf import sample_vmf
+from bayesurl.losses._base import ExplicitKappaLoss, check_embeddings, check_kappa
+from bayesurl.losses.infonce import _check_t
+from bayesurl.losses.mcinfonce import _check_n_samples, _reduce
+
+__all__ = ["HIBLoss", "hib_log_match_probability", "hib_loss"]
+
+_NEG_TERMS = ("log_p", "log1m_p")
+
+
+def _check_neg_term(term: str) -> str:
+    if term not in _NEG_TERMS:
+        raise ValueError(f"`negative_term` must be one of {_NEG_TERMS}, got {term!r}")
+    return term
+
+
+def hib_log_match_probability(
+    samples1: Tensor, samples2: Tensor, scale: float, bias: float, complement: bool = False
+) -> Tensor:
+    """``log p`` (or ``log(1 - p)``) of ``p = mean_k sigmoid(scale * <s1_k, s2_k> + bias)``.
+
+    Parameters
+    ----------
+    samples1, samples2 : Tensor
+        ``[K, ..., D]`` paired unit-norm samples (sample k of one input meets sample k of the
+        other).
+    scale, bias : float
+        t and b of URL appendix B.6.
+    complement : bool
+        Return ``log(1 - p)`` instead of ``log p``.
+
+    Returns
+    -------
+    Tensor
+        ``[...]``, computed stably as a log-mean-exp of log-sigmoids.
+    """
+    logits = scale * (samples1 * samples2).sum(-1) + bias
+    logs = F.logsigmoid(-logits if complement else logits)
+    return torch.logsumexp(logs, dim=0) - math.log(logs.shape[0])
+
+
+def hib_loss(
+    mu_anchor: Tensor,
+    kappa_anchor: Tensor | float,
+    mu_pos: Tensor,
+    kappa_pos: Tensor | float,
+    mu_neg: Tensor | None = None,
+    kappa_neg: Tensor | float | None = None,
+    *,
+    n_samples: int = 16,
+    scale: float = 16.0,
+    bias: float = -8.0,
+    negative_term: str = "log_p",
+    generator: torch.Generator | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Contrastive HIB on plain tensors (MCI appendix B.4, eq. 54; URL B.6 variant).
+
+    Per anchor: ``-log p(x, x+) + (1/M) sum_m term(p(x, x_m-))`` with ``term = log p`` (URL,
+    default) or ``-log(1 - p)`` (``negative_term="log1m_p"``, MCI eq. 54 / original HIB).
+    Arguments as in :func:`~bayesurl.losses.mcinfonce.mcinfonce_loss`; ``mu_neg=None`` uses
+    in-batch SimCLR negatives (2B anchors, 2B - 2 negatives each).
+
+    Parameters
+    ----------
+    scale, bias : float
+        t in [8, 64] and b in [-8, 8] of URL appendix B.6 (a and b of MCI eq. 54).
+    negative_term : {"log_p", "log1m_p"}
+        The different-pair term.
+    """
+    term = _check_neg_term(negative_term)
+    k = _check_n_samples(n_samples)
+    scale = _check_t(scale, "scale")
+    check_embeddings(mu_anchor, "mu_anchor")
+    check_embeddings(mu_pos, "mu_pos")
+    if mu_pos.shape != mu_anchor.shape:
+        raise ValueError(
+            f"`mu_pos` must have the shape of `mu_anchor` {tuple(mu_anchor.shape)}, "
+            f"got {tuple(mu_pos.shape)}"
+        )
+    ka = check_kappa(kappa_anchor, mu_anchor, "kappa_anchor")
+    kp = check_kappa(kappa_pos, mu_pos, "kappa_pos")
+    b, d = mu_anchor.shape
+    if mu_neg is None:
+        if kappa_neg is not None:
+            raise ValueError("`kappa_neg` was given without `mu_neg`")
+        if b < 2:
+            raise ValueError(f"in-batch negatives need at least 2 anchors, got {b}")
+        z = sample_vmf(torch.cat([mu_anchor, mu_pos]), torch.cat([ka, kp]), k, generator=generator)
+        n = 2 * b
+        partner = torch.cat([torch.arange(b, n), torch.arange(b)]).to(z.device)
+        log_p_pos = hib_log_match_probability(z, z[:, partner], scale, bias)  # [2B]
+        neg_mask = ~torch.eye(n, dtype=torch.bool, device=z.device)
+        neg_mask[torch.arange(n, device=z.device), partner] = False
+        zz = z.unsqueeze(2).expand(-1, -1, n, -1)
+        log_neg = hib_log_match_probability(
+            zz, z.unsqueeze(1).expand(-1, n, -1, -1), scale, bias, complement=term == "log1m_p"
+        )  # [2B, 2B]
+        sign = 1.0 if term == "log_p" else -1.0
+        neg_term = sign * (log_neg * neg_mask).sum(-1) / neg_mask.sum(-1)
+        return _reduce(-log_p_pos + neg_term, reduction)
+    check_embeddings(mu_neg, "mu_neg", ndim=3)
+    if mu_neg.shape[0] != b or mu_neg.shape[2] != d:
+        raise ValueError(f"`mu_neg` must have shape [{b}, M, {d}], got {tuple(mu_neg.shape)}")
+    if kappa_neg is None:
+        raise ValueError("`kappa_neg` is required with `mu_neg`")
+    kn = check_kappa(kappa_neg, mu_neg, "kappa_neg")
+    m = mu_neg.shape[1]
+    if m < 1:
+        raise ValueError("`mu_neg` needs at least one negative per anchor")
+    za = sample_vmf(mu_anchor, ka, k, generator=generator)
+    zp = sample_vmf(mu_pos, kp, k, generator=generator)
+    zn = sample_vmf(mu_neg.reshape(b * m, d), kn.reshape(b * m), k, generator=generator)
+    zn = zn.reshape(k, b, m, d)
+    log_p_pos = hib_log_match_probability(za, zp, scale, bias)
+    log_neg = hib_log_match_probability(
+        za.unsqueeze(2), zn, scale, bias, complement=term == "log1m_p"
+    )  # [B, M]
+    sign = 1.0 if term == "log_p" else -1.0
+    return _reduce(-log_p_pos + sign * log_neg.mean(-1), reduction)
+
+
+class HIBLoss(ExplicitKappaLoss):
+    """HIB as a pytorch-metric-learning loss (URL appendix B.6, eq. 5).
+
+    ``-mean_{same pairs} log p + mean_{different pairs} log p`` (or ``- log(1 - p)``); pairs
+    come from ``labels`` (all pairs without self-matches) or a miner's ``indices_tuple``, and
+    ``ref_emb`` works. One set of K samples per input is shared by all pairs it is part of.
+
+    Parameters
+    ----------
+    scale : float
+        t (URL: [8, 64]).
+    bias : float
+        b (URL: [-8, 8]).
+    n_samples : int
+        K (URL: 16).
+    negative_term : {"log_p", "log1m_p"}
+        URL's ``+log p`` (default) or the original ``-log(1 - p)``.
+    **kwargs
+        Passed to ``BaseMetricLossFunction``.
+    """
+
+    def __init__(
+        self,
+        scale: float = 16.0,
+        bias: float = -8.0,
+        n_samples: int = 16,
+        negative_term: str = "log_p",
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.scale = _check_t(scale, "scale")
+        if not math.isfinite(bias):
+            raise ValueError(f"`bias` must be finite, got {bias}")
+        self.bias = float(bias)
+        self.n_samples = _check_n_samples(n_samples)
+        self.negative_term = _check_neg_term(negative_term)
+        self.generator: torch.Generator | None = None
+
+    def _sub_loss_names(self) -> list[str]:
+        return ["pos_loss", "neg_loss"]
+
+    def compute_loss(
+        self, embeddings, labels, indices_tuple, ref_emb, ref_labels, kappa, ref_kappa
+    ):
+        if labels is None and indices_tuple is None:
+            raise ValueError("HIBLoss needs `labels` or `indices_tuple`")
+        a1, p, a2, n = lmu.convert_to_pairs(indices_tuple, labels, ref_labels)
+        z = sample_vmf(embeddings, kappa, self.n_samples, generator=self.generator)
+        if ref_emb is embeddings:
+            zr = z
+        else:
+            zr = sample_vmf(ref_emb, ref_kappa, self.n_samples, generator=self.generator)
+        out = self.zero_losses()
+        if len(a1) > 0:
+            lp = hib_log_match_probability(z[:, a1], zr[:, p], self.scale, self.bias)
+            out["pos_loss"] = {"losses": -lp, "indices": (a1, p), "reduction_type": "pos_pair"}
+        if len(a2) > 0:
+            comp = self.negative_term == "log1m_p"
+            ln = hib_log_match_probability(z[:, a2], zr[:, n], self.scale, self.bias, comp)
+            losses = -ln if comp else ln
+            out["neg_loss"] = {"losses": losses, "indices": (a2, n), "reduction_type": "neg_pair"}
+        return out

@@ -1,0 +1,99 @@
+"""InfoNCE / SimCLR's NT-Xent with an inverse temperature (URL appendix B.2, eq. 1).
+
+Two views ``z1, z2`` of a batch of B images; every one of the 2B normalised embeddings is an
+anchor whose positive is the other view of its image and whose negatives are the remaining
+2B - 2 embeddings: ``-t z_i^T z_i+ + log sum_{j != i} exp(t z_i^T z_j)``, averaged over the 2B
+anchors (URL eq. 1 sums the two directions of each pair).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pytorch_metric_learning.losses import NTXentLoss
+from torch import Tensor
+
+from bayesurl.losses._base import check_embeddings
+
+__all__ = ["InfoNCELoss", "infonce_loss", "two_view_labels"]
+
+
+def _check_t(t: float, name: str = "inverse_temperature") -> float:
+    t = float(t)
+    if not (t > 0 and t < float("inf")):
+        raise ValueError(f"`{name}` must be a positive finite float, got {t}")
+    return t
+
+
+def two_view_labels(batch_size: int, device: torch.device | None = None) -> Tensor:
+    """Labels ``[0..B-1, 0..B-1]`` that make PML losses treat two views as the only positives."""
+    return torch.arange(batch_size, device=device).repeat(2)
+
+
+def infonce_loss(
+    z1: Tensor, z2: Tensor, inverse_temperature: float = 16.0, reduction: str = "mean"
+) -> Tensor:
+    """SimCLR InfoNCE of two views (URL appendix B.2, eq. 1).
+
+    Parameters
+    ----------
+    z1, z2 : Tensor
+        ``[B, D]`` embeddings of the two views (normalised internally, B >= 2).
+    inverse_temperature : float
+        t (URL tunes t in [8, 64]).
+    reduction : {"mean", "none"}
+        ``"none"`` returns the ``[2B]`` per-anchor losses (view 1 anchors first).
+
+    Returns
+    -------
+    Tensor
+        The loss.
+    """
+    t = _check_t(inverse_temperature)
+    check_embeddings(z1, "z1")
+    check_embeddings(z2, "z2")
+    if z1.shape != z2.shape:
+        raise ValueError(f"`z1` and `z2` must have the same shape, got {z1.shape} and {z2.shape}")
+    b = z1.shape[0]
+    if b < 2:
+        raise ValueError(f"`z1` needs at least 2 rows (one negative), got {b}")
+    z = F.normalize(torch.cat([z1, z2]), dim=-1)
+    logits = t * z @ z.T
+    eye = torch.eye(2 * b, dtype=torch.bool, device=z.device)
+    logits = logits.masked_fill(eye, float("-inf"))
+    target = torch.cat([torch.arange(b, 2 * b), torch.arange(b)]).to(z.device)
+    losses = F.cross_entropy(logits, target, reduction="none")
+    if reduction == "none":
+        return losses
+    if reduction == "mean":
+        return losses.mean()
+    raise ValueError(f"`reduction` must be 'mean' or 'none', got {reduction!r}")
+
+
+class InfoNCELoss(NTXentLoss):
+    """PML's NT-Xent parameterised by the inverse temperature t (URL appendix B.2).
+
+    A drop-in ``BaseMetricLossFunction`` (miners, reducers, ``indices_tuple``, ``ref_emb``).
+    For two views call it on ``torch.cat([z1, z2])`` with :func:`two_view_labels`, or use
+    :meth:`two_view`.
+
+    Parameters
+    ----------
+    inverse_temperature : float
+        t = 1 / temperature (URL: t in [8, 64]).
+    **kwargs
+        Passed to :class:`pytorch_metric_learning.losses.NTXentLoss` (reducer, distance, ...).
+    """
+
+    def __init__(self, inverse_temperature: float = 16.0, **kwargs) -> None:
+        t = _check_t(inverse_temperature)
+        super().__init__(temperature=1.0 / t, **kwargs)
+        self.inverse_temperature = t
+
+    def two_view(self, z1: Tensor, z2: Tensor) -> Tensor:
+        """Loss of two views ``[B, D]`` of the same B images."""
+        check_embeddings(z1, "z1")
+        check_embeddings(z2, "z2")
+        if z1.shape != z2.shape:
+            raise ValueError(f"`z1` and `z2` must have the same shape, got {z1.shape}, {z2.shape}")
+        return self(torch.cat([z1, z2]), two_view_labels(z1.shape[0], z1.device))

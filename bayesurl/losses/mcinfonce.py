@@ -1,0 +1,227 @@
+"""MCInfoNCE: InfoNCE on vMF samples (MCI section 4.1, eq. 7; URL appendix B.3, eq. 2).
+
+Each input has a posterior ``vMF(mu(x), kappa(x))``. K reparameterised samples are drawn per
+input; sample k of the anchor is compared with sample k of its positive and of its negatives,
+and the InfoNCE fraction is averaged over the K samples *inside* the log (log-mean-exp):
+
+``L = -log (1/K) sum_k  e^{t z_k^T z_k+} / (c e^{t z_k^T z_k+} + (1/M) sum_m e^{t z_k^T z_mk-})``
+
+with ``t = kappa_pos`` (the inverse temperature) and ``c = 1`` (published reference code, the
+default) or ``c = 1/M`` (eq. 7 as printed; ``divide_positive=True``). With kappa = inf every
+sample is its mean and the loss is InfoNCE at temperature ``1/t`` (shifted by ``log M`` for
+``c = 1/M``, with averaged negatives for ``c = 1``).
+"""
+
+from __future__ import annotations
+
+import torch
+from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+from torch import Tensor
+
+from bayesurl.distributions.vmf import sample_vmf
+from bayesurl.losses._base import (
+    ExplicitKappaLoss,
+    check_embeddings,
+    check_kappa,
+    contrastive_log_ratio,
+    log_mean_exp,
+)
+from bayesurl.losses.infonce import _check_t, two_view_labels
+
+__all__ = ["MCInfoNCELoss", "mcinfonce_loss", "mcinfonce_pair_losses"]
+
+
+def _check_n_samples(n: int) -> int:
+    if int(n) != n or n < 1:
+        raise ValueError(f"`n_samples` must be a positive integer, got {n}")
+    return int(n)
+
+
+def _reduce(losses: Tensor, reduction: str) -> Tensor:
+    if reduction == "mean":
+        return losses.mean()
+    if reduction == "sum":
+        return losses.sum()
+    if reduction == "none":
+        return losses
+    raise ValueError(f"`reduction` must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def mcinfonce_pair_losses(
+    samples: Tensor,
+    ref_samples: Tensor,
+    pairs: tuple[Tensor, Tensor, Tensor, Tensor],
+    inverse_temperature: float,
+    divide_positive: bool = False,
+) -> Tensor:
+    """Per-positive-pair MCInfoNCE losses from vMF samples and PML pair indices.
+
+    Parameters
+    ----------
+    samples : Tensor
+        ``[K, N, D]`` unit-norm samples of the anchors.
+    ref_samples : Tensor
+        ``[K, R, D]`` unit-norm samples of the reference set.
+    pairs : tuple of Tensor
+        ``(a1, p, a2, n)`` as returned by ``lmu.convert_to_pairs``; the negatives of positive
+        pair ``(a1[i], p[i])`` are every ``n[j]`` with ``a2[j] == a1[i]``.
+    inverse_temperature : float
+        t = kappa_pos.
+    divide_positive : bool
+        See :func:`mcinfonce_loss`.
+
+    Returns
+    -------
+    Tensor
+        ``[P]`` losses, one per positive pair.
+    """
+    a1, p, a2, n = pairs
+    sims = inverse_temperature * torch.einsum("knd,krd->knr", samples, ref_samples)
+    neg_of_anchor = torch.zeros(
+        samples.shape[1], ref_samples.shape[1], dtype=torch.bool, device=samples.device
+    )
+    neg_of_anchor[a2, n] = True
+    pos = sims[:, a1, p]  # [K, P]
+    neg = sims[:, a1, :]  # [K, P, R]
+    log_ratio = contrastive_log_ratio(pos, neg, neg_of_anchor[a1], divide_positive)
+    return -log_mean_exp(log_ratio, dim=0)
+
+
+def mcinfonce_loss(
+    mu_anchor: Tensor,
+    kappa_anchor: Tensor | float,
+    mu_pos: Tensor,
+    kappa_pos: Tensor | float,
+    mu_neg: Tensor | None = None,
+    kappa_neg: Tensor | float | None = None,
+    *,
+    n_samples: int = 16,
+    kappa_pos_scale: float = 16.0,
+    divide_positive: bool = False,
+    generator: torch.Generator | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """MCInfoNCE on plain tensors (MCI eq. 7), for explicit or in-batch negatives.
+
+    Parameters
+    ----------
+    mu_anchor, mu_pos : Tensor
+        ``[B, D]`` locations of the anchors and their positives (normalised internally).
+    kappa_anchor, kappa_pos : Tensor or float
+        ``[B]`` concentrations (``inf`` allowed: the sample is the mean).
+    mu_neg : Tensor, optional
+        ``[B, M, D]`` explicit negatives per anchor. ``None``: in-batch SimCLR negatives --
+        anchors and positives are both anchors (2B of them) and each has the 2B - 2 other
+        inputs as negatives (URL appendix B.3, eq. 2).
+    kappa_neg : Tensor or float, optional
+        ``[B, M]`` concentrations of the negatives (required with ``mu_neg``).
+    n_samples : int
+        K, the number of vMF samples per input (URL: 16, MCI: 512).
+    kappa_pos_scale : float
+        kappa_pos of the generative process = the inverse temperature t (MCI: 20,
+        URL: t in [8, 64]).
+    divide_positive : bool
+        ``False`` (default, reference code): only the negatives are averaged by M, loss >= 0.
+        ``True``: the positive in the denominator is divided by M too (MCI eq. 7 as printed).
+    generator : torch.Generator, optional
+        Makes the vMF samples reproducible (anchors, positives, negatives drawn in that order).
+    reduction : {"mean", "sum", "none"}
+        Over anchors (``[B]`` or ``[2B]`` for in-batch negatives with ``"none"``).
+
+    Returns
+    -------
+    Tensor
+        The loss.
+    """
+    t = _check_t(kappa_pos_scale, "kappa_pos_scale")
+    k = _check_n_samples(n_samples)
+    check_embeddings(mu_anchor, "mu_anchor")
+    check_embeddings(mu_pos, "mu_pos")
+    if mu_pos.shape != mu_anchor.shape:
+        raise ValueError(
+            f"`mu_pos` must have the shape of `mu_anchor` {tuple(mu_anchor.shape)}, "
+            f"got {tuple(mu_pos.shape)}"
+        )
+    ka = check_kappa(kappa_anchor, mu_anchor, "kappa_anchor")
+    kp = check_kappa(kappa_pos, mu_pos, "kappa_pos")
+    b, d = mu_anchor.shape
+    if mu_neg is None:
+        if kappa_neg is not None:
+            raise ValueError("`kappa_neg` was given without `mu_neg`")
+        if b < 2:
+            raise ValueError(f"in-batch negatives need at least 2 anchors, got {b}")
+        mu = torch.cat([mu_anchor, mu_pos])
+        kap = torch.cat([ka, kp])
+        z = sample_vmf(mu, kap, k, generator=generator)
+        pairs = lmu.get_all_pairs_indices(two_view_labels(b, mu.device))
+        losses = mcinfonce_pair_losses(z, z, pairs, t, divide_positive)
+        # get_all_pairs_indices lists positives row by row: anchor i has exactly one
+        return _reduce(losses, reduction)
+    check_embeddings(mu_neg, "mu_neg", ndim=3)
+    if mu_neg.shape[0] != b or mu_neg.shape[2] != d:
+        raise ValueError(f"`mu_neg` must have shape [{b}, M, {d}], got {tuple(mu_neg.shape)}")
+    if kappa_neg is None:
+        raise ValueError("`kappa_neg` is required with `mu_neg`")
+    kn = check_kappa(kappa_neg, mu_neg, "kappa_neg")
+    m = mu_neg.shape[1]
+    if m < 1:
+        raise ValueError("`mu_neg` needs at least one negative per anchor")
+    za = sample_vmf(mu_anchor, ka, k, generator=generator)
+    zp = sample_vmf(mu_pos, kp, k, generator=generator)
+    zn = sample_vmf(mu_neg.reshape(b * m, d), kn.reshape(b * m), k, generator=generator)
+    zn = zn.reshape(k, b, m, d)
+    pos = t * (za * zp).sum(-1)  # [K, B]
+    neg = t * torch.einsum("kbd,kbmd->kbm", za, zn)
+    losses = -log_mean_exp(contrastive_log_ratio(pos, neg, None, divide_positive), dim=0)
+    return _reduce(losses, reduction)
+
+
+class MCInfoNCELoss(ExplicitKappaLoss):
+    """MCInfoNCE as a pytorch-metric-learning loss (MCI eq. 7, URL appendix B.3).
+
+    Positive pairs come from ``labels`` (or a miner's ``indices_tuple``); the negatives of a
+    positive pair ``(a, p)`` are all negatives of anchor ``a``. For SimCLR's two views call it
+    on ``torch.cat([e1, e2])`` with :func:`~bayesurl.losses.infonce.two_view_labels`. The
+    concentration is passed explicitly: ``loss(emb, labels, kappa=kappa)``; one set of K
+    samples per input is shared by all pairs it takes part in.
+
+    Parameters
+    ----------
+    inverse_temperature : float
+        t = kappa_pos (URL: t in [8, 64]).
+    n_samples : int
+        K, vMF samples per input (URL: 16).
+    divide_positive : bool
+        See :func:`mcinfonce_loss` (default ``False`` = reference code).
+    **kwargs
+        Passed to ``BaseMetricLossFunction`` (reducer, embedding regularizer, ...).
+    """
+
+    def __init__(
+        self,
+        inverse_temperature: float = 16.0,
+        n_samples: int = 16,
+        divide_positive: bool = False,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.inverse_temperature = _check_t(inverse_temperature)
+        self.n_samples = _check_n_samples(n_samples)
+        self.divide_positive = bool(divide_positive)
+        self.generator: torch.Generator | None = None
+
+    def compute_loss(
+        self, embeddings, labels, indices_tuple, ref_emb, ref_labels, kappa, ref_kappa
+    ):
+        if labels is None and indices_tuple is None:
+            raise ValueError("MCInfoNCELoss needs `labels` or `indices_tuple`")
+        pairs = lmu.convert_to_pairs(indices_tuple, labels, ref_labels)
+        if len(pairs[0]) == 0:
+            return self.zero_losses()
+        z = sample_vmf(embeddings, kappa, self.n_samples, generator=self.generator)
+        if ref_emb is embeddings:
+            zr = z
+        else:
+            zr = sample_vmf(ref_emb, ref_kappa, self.n_samples, generator=self.generator)
+        losses = mcinfonce_pair_losses(z, zr, pairs, self.inverse_temperature, self.divide_positive)
+        return {"loss": {"losses": losses, "indices": pairs[:2], "reduction_type": "pos_pair"}}

@@ -1,0 +1,173 @@
+"""Non-isotropic vMF (nivMF) class proxies with a Monte-Carlo expected likelihood kernel.
+
+nivMF density of a proxy with direction mu and concentrations ``K = diag(kappa)`` (ECCV22
+nivMF paper, section 3.2, eq. 4 and supplement B, eqs. 19-22; reprinted in the thesis):
+
+``log p(z) = log C_D(||K mu||) + log D(K) + ||K mu|| cos(K z, K mu)``,
+``log D(K) = sum_d log kappa_d - log ||K mu||``
+
+(``D(K)`` is the paper's heuristic normaliser; with ``K = c I`` the density is the vMF density
+times the constant ``c^(D-1)``). The nivMF loss (URL appendix B.5, eq. 4; ECCV22 eq. 6) is
+ProxyNCA over ``approx_elk_sim(zeta, rho_c) = log (1/S) sum_s p_c(z_s)``, ``z_s ~ zeta`` the
+image's vMF posterior, with S = 16 samples shared by all classes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from pytorch_metric_learning.utils import common_functions as c_f
+from torch import Tensor
+
+from bayesurl.distributions.vmf import sample_vmf, vmf_log_normalizer
+from bayesurl.heads.proxies import NonIsotropicVMFProxies
+from bayesurl.losses._base import ExplicitKappaLoss, check_embeddings, check_kappa
+from bayesurl.losses.elk import _check_class_labels
+from bayesurl.losses.mcinfonce import _check_n_samples
+
+__all__ = ["NivMFLoss", "nivmf_elk_logits", "nivmf_log_density", "nivmf_loss"]
+
+
+def _check_proxies(proxy_mu: Tensor, proxy_kappa: Tensor, dim: int | None = None) -> None:
+    check_embeddings(proxy_mu, "proxy_mu")
+    if proxy_kappa.shape != proxy_mu.shape:
+        raise ValueError(
+            f"`proxy_kappa` must have the shape of `proxy_mu` {tuple(proxy_mu.shape)}, "
+            f"got {tuple(proxy_kappa.shape)}"
+        )
+    if not bool(torch.isfinite(proxy_kappa).all()) or bool((proxy_kappa <= 0).any()):
+        raise ValueError("`proxy_kappa` must be positive and finite")
+    if dim is not None and proxy_mu.shape[1] != dim:
+        raise ValueError(f"`proxy_mu` has dimension {proxy_mu.shape[1]}, the embeddings {dim}")
+
+
+def nivmf_log_density(z: Tensor, proxy_mu: Tensor, proxy_kappa: Tensor) -> Tensor:
+    """``log p_c(z)`` of the nivMF class proxies at unit vectors z (ECCV22 eq. 4).
+
+    Parameters
+    ----------
+    z : Tensor
+        ``[..., D]`` points on the sphere (normalised internally).
+    proxy_mu : Tensor
+        ``[C, D]`` proxy directions (normalised internally).
+    proxy_kappa : Tensor
+        ``[C, D]`` positive per-dimension concentrations.
+
+    Returns
+    -------
+    Tensor
+        ``[..., C]`` log densities.
+    """
+    _check_proxies(proxy_mu, proxy_kappa, z.shape[-1])
+    mu = F.normalize(proxy_mu, dim=-1)
+    z = F.normalize(z, dim=-1)
+    kmu = proxy_kappa * mu  # K mu, [C, D]
+    kmu_norm = kmu.norm(dim=-1)  # [C]
+    # cos(Kz, K mu) = z^T K^2 mu / (||K z|| ||K mu||), without materialising [..., C, D]
+    k2 = proxy_kappa * proxy_kappa
+    dot = z @ (k2 * mu).T
+    kz_norm = torch.sqrt((z * z) @ k2.T)
+    cos = dot / (kz_norm * kmu_norm)
+    log_d = torch.log(proxy_kappa).sum(-1) - torch.log(kmu_norm)
+    return vmf_log_normalizer(kmu_norm, mu.shape[-1]) + log_d + kmu_norm * cos
+
+
+def nivmf_elk_logits(
+    mu: Tensor,
+    kappa: Tensor | float,
+    proxy_mu: Tensor,
+    proxy_kappa: Tensor,
+    n_samples: int = 16,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """``[N, C]`` Monte-Carlo log expected likelihood ``log (1/S) sum_s p_c(z_s)`` (ECCV22 eq. 5).
+
+    ``z_s ~ vMF(mu_n, kappa_n)`` (S reparameterised samples per input, shared by the classes).
+    """
+    check_embeddings(mu, "mu")
+    k = check_kappa(kappa, mu, "kappa")
+    s = _check_n_samples(n_samples)
+    z = sample_vmf(mu, k, s, generator=generator)  # [S, N, D]
+    logp = nivmf_log_density(z, proxy_mu, proxy_kappa)  # [S, N, C]
+    return torch.logsumexp(logp, dim=0) - math.log(s)
+
+
+def nivmf_loss(
+    mu: Tensor,
+    kappa: Tensor | float,
+    labels: Tensor,
+    proxy_mu: Tensor,
+    proxy_kappa: Tensor,
+    n_samples: int = 16,
+    generator: torch.Generator | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """nivMF ProxyNCA (URL appendix B.5, eq. 4): cross-entropy over :func:`nivmf_elk_logits`."""
+    logits = nivmf_elk_logits(mu, kappa, proxy_mu, proxy_kappa, n_samples, generator)
+    _check_class_labels(labels, mu, proxy_mu.shape[0])
+    return F.cross_entropy(logits, labels, reduction=reduction)
+
+
+class NivMFLoss(ExplicitKappaLoss):
+    """nivMF ProxyNCA as a pytorch-metric-learning loss with learnable nivMF proxies (URL B.5).
+
+    ``loss(embeddings, labels, kappa=kappa)``; needs labels, supports neither
+    ``indices_tuple`` nor ``ref_emb`` (like PML's proxy losses). The proxies are parameters of
+    the loss.
+
+    Parameters
+    ----------
+    num_classes : int
+        Number of classes C.
+    embedding_size : int
+        Embedding dimension D.
+    kappa_scale : float
+        t, the multiplier of the proxies' concentrations (URL: ELK's t in [8, 64]).
+    n_samples : int
+        Monte-Carlo samples S of the image posterior (URL: 16).
+    learn_proxy_kappa : bool
+        Learn the per-dimension proxy concentrations.
+    **kwargs
+        Passed to ``BaseMetricLossFunction``.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        embedding_size: int,
+        kappa_scale: float = 16.0,
+        n_samples: int = 16,
+        learn_proxy_kappa: bool = True,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.proxies = NonIsotropicVMFProxies(
+            num_classes, embedding_size, kappa_scale, learn_proxy_kappa
+        )
+        self.n_samples = _check_n_samples(n_samples)
+        self.generator: torch.Generator | None = None
+
+    def logits(self, embeddings: Tensor, kappa: Tensor) -> Tensor:
+        """``[N, C]`` Monte-Carlo log ELK between the embeddings' vMFs and the class proxies."""
+        proxy_mu, proxy_kappa = self.proxies()
+        return nivmf_elk_logits(
+            embeddings,
+            kappa,
+            proxy_mu.to(embeddings),
+            proxy_kappa.to(embeddings),
+            self.n_samples,
+            self.generator,
+        )
+
+    def compute_loss(
+        self, embeddings, labels, indices_tuple, ref_emb, ref_labels, kappa, ref_kappa
+    ):
+        c_f.labels_required(labels)
+        c_f.indices_tuple_not_supported(indices_tuple)
+        c_f.ref_not_supported(embeddings, labels, ref_emb, ref_labels)
+        _check_class_labels(labels, embeddings, self.proxies.num_classes)
+        losses = F.cross_entropy(self.logits(embeddings, kappa), labels, reduction="none")
+        idx = c_f.torch_arange_from_size(embeddings)
+        return {"loss": {"losses": losses, "indices": idx, "reduction_type": "element"}}

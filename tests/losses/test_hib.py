@@ -1,0 +1,134 @@
+import math
+
+import pytest
+import torch
+from pytorch_metric_learning.miners import MultiSimilarityMiner
+
+from bayesurl.distributions.vmf import sample_vmf
+from bayesurl.losses.hib import HIBLoss, hib_loss
+
+torch.set_default_dtype(torch.float64)
+
+
+def sig(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def match_p(z1, z2, i, j, t, b):
+    """p(i, j) = (1/K) sum_k sigmoid(t s_ik^T s_jk + b), URL B.6, by loops."""
+    k_ = z1.shape[0]
+    return sum(sig(t * float(z1[k, i] @ z2[k, j]) + b) for k in range(k_)) / k_
+
+
+@pytest.mark.parametrize("term", ["log_p", "log1m_p"])
+def test_pml_class_matches_url_eq5(term):
+    g = torch.Generator().manual_seed(0)
+    n, d, k, t, b = 8, 4, 5, 6.0, -2.0
+    emb, labels = torch.randn(n, d, generator=g), torch.randint(0, 3, (n,), generator=g)
+    kappa = torch.rand(n, generator=g) * 20 + 1
+    loss = HIBLoss(t, b, n_samples=k, negative_term=term)
+    loss.generator = torch.Generator().manual_seed(7)
+    got = loss(emb, labels, kappa=kappa)
+    z = sample_vmf(emb, kappa, k, generator=torch.Generator().manual_seed(7))
+    same = [(i, j) for i in range(n) for j in range(n) if i != j and labels[i] == labels[j]]
+    diff = [(i, j) for i in range(n) for j in range(n) if labels[i] != labels[j]]
+    pos = -sum(math.log(match_p(z, z, i, j, t, b)) for i, j in same) / len(same)
+    if term == "log_p":
+        neg = sum(math.log(match_p(z, z, i, j, t, b)) for i, j in diff) / len(diff)
+    else:
+        neg = -sum(math.log(1 - match_p(z, z, i, j, t, b)) for i, j in diff) / len(diff)
+    assert math.isclose(float(got), pos + neg, rel_tol=1e-10)
+
+
+def test_pml_contract_miner_and_ref_emb():
+    g = torch.Generator().manual_seed(1)
+    n, d, k, t, b = 10, 5, 3, 8.0, 0.5
+    emb, labels = torch.randn(n, d, generator=g), torch.randint(0, 3, (n,), generator=g)
+    kappa = torch.full((n,), float("inf"))  # samples = means: deterministic reference
+    tup = MultiSimilarityMiner(epsilon=0.3)(emb, labels)
+    got = HIBLoss(t, b, n_samples=k)(emb, labels, tup, kappa=kappa)
+    z = torch.nn.functional.normalize(emb, dim=-1)
+    a1, p, a2, nn_ = tup
+    pos = -sum(math.log(sig(t * float(z[i] @ z[j]) + b)) for i, j in zip(a1, p)) / max(len(a1), 1)
+    neg = sum(math.log(sig(t * float(z[i] @ z[j]) + b)) for i, j in zip(a2, nn_)) / max(len(a2), 1)
+    assert math.isclose(float(got), pos + neg, rel_tol=1e-10, abs_tol=1e-12)
+    ref = torch.randn(4, d, generator=g)
+    ref_labels = torch.tensor([0, 1, 2, 0])
+    kap = torch.full((n,), 10.0, requires_grad=True)
+    out = HIBLoss(t, b, n_samples=k)(
+        emb, labels, ref_emb=ref, ref_labels=ref_labels, kappa=kap, ref_kappa=5.0
+    )
+    out.backward()
+    assert torch.isfinite(out) and kap.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("term", ["log_p", "log1m_p"])
+def test_contrastive_functional_matches_brute_force(term):
+    g = torch.Generator().manual_seed(2)
+    bsz, m, d, k, t, b = 3, 4, 5, 4, 5.0, -1.0
+    mu_a, mu_p = torch.randn(bsz, d, generator=g), torch.randn(bsz, d, generator=g)
+    mu_n = torch.randn(bsz, m, d, generator=g)
+    ka, kp = torch.rand(bsz, generator=g) * 9 + 1, torch.rand(bsz, generator=g) * 9 + 1
+    kn = torch.rand(bsz, m, generator=g) * 9 + 1
+    got = hib_loss(
+        mu_a,
+        ka,
+        mu_p,
+        kp,
+        mu_n,
+        kn,
+        n_samples=k,
+        scale=t,
+        bias=b,
+        negative_term=term,
+        generator=torch.Generator().manual_seed(3),
+        reduction="none",
+    )
+    g2 = torch.Generator().manual_seed(3)
+    za, zp = sample_vmf(mu_a, ka, k, generator=g2), sample_vmf(mu_p, kp, k, generator=g2)
+    zn = sample_vmf(mu_n.reshape(-1, d), kn.reshape(-1), k, generator=g2).reshape(k, bsz, m, d)
+    for i in range(bsz):
+        ref = -math.log(match_p(za, zp, i, i, t, b))
+        for j in range(m):
+            p = sum(sig(t * float(za[q, i] @ zn[q, i, j]) + b) for q in range(k)) / k
+            ref += (math.log(p) if term == "log_p" else -math.log(1 - p)) / m
+        assert math.isclose(float(got[i]), ref, rel_tol=1e-10)
+    # in-batch negatives: same as the PML class on two-view labels
+    inb = hib_loss(
+        mu_a,
+        ka,
+        mu_p,
+        kp,
+        n_samples=k,
+        scale=t,
+        bias=b,
+        negative_term=term,
+        generator=torch.Generator().manual_seed(4),
+        reduction="none",
+    )
+    z = sample_vmf(
+        torch.cat([mu_a, mu_p]), torch.cat([ka, kp]), k, generator=torch.Generator().manual_seed(4)
+    )
+    n = 2 * bsz
+    for i in range(n):
+        j = (i + bsz) % n
+        ref = -math.log(match_p(z, z, i, j, t, b))
+        negs = [q for q in range(n) if q not in (i, j)]
+        for q in negs:
+            p = match_p(z, z, i, q, t, b)
+            ref += (math.log(p) if term == "log_p" else -math.log(1 - p)) / len(negs)
+        assert math.isclose(float(inb[i]), ref, rel_tol=1e-10)
+
+
+def test_bad_input():
+    mu = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="negative_term"):
+        HIBLoss(negative_term="log(1-p)")
+    with pytest.raises(ValueError, match="scale"):
+        hib_loss(mu, 1.0, mu, 1.0, scale=-1.0)
+    with pytest.raises(ValueError, match="kappa"):
+        HIBLoss()(mu, torch.arange(4), kappa=torch.ones(5))
+    with pytest.raises(ValueError, match="labels"):
+        HIBLoss()(mu)
+    with pytest.raises(ValueError, match="mu_anchor"):
+        hib_loss(mu[:, :1], 1.0, mu[:, :1], 1.0)

@@ -1,0 +1,198 @@
+import math
+
+import pytest
+import torch
+from pytorch_metric_learning.losses import NTXentLoss
+from pytorch_metric_learning.miners import MultiSimilarityMiner
+
+from bayesurl.distributions.vmf import sample_vmf
+from bayesurl.losses.infonce import infonce_loss, two_view_labels
+from bayesurl.losses.mcinfonce import MCInfoNCELoss, mcinfonce_loss
+
+torch.set_default_dtype(torch.float64)
+INF = float("inf")
+
+
+def _dot(u, v):
+    return sum(x * y for x, y in zip(u, v))
+
+
+def brute_explicit(za, zp, zn, t, divide_positive):
+    """MCI eq. 7 from the formula: loops over anchors, samples, negatives."""
+    k_, b, m, _ = zn.shape
+    out = []
+    for i in range(b):
+        terms = []
+        for k in range(k_):
+            a, p = za[k, i].tolist(), zp[k, i].tolist()
+            pos = math.exp(t * _dot(a, p))
+            negs = sum(math.exp(t * _dot(a, zn[k, i, j].tolist())) for j in range(m)) / m
+            c = 1.0 / m if divide_positive else 1.0
+            terms.append(pos / (c * pos + negs))
+        out.append(-math.log(sum(terms) / k_))
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("divide_positive", [False, True])
+def test_explicit_negatives_match_brute_force(divide_positive):
+    b, m, d, k, t = 4, 3, 5, 6, 7.0
+    g = torch.Generator().manual_seed(0)
+    mu_a, mu_p = torch.randn(b, d, generator=g), torch.randn(b, d, generator=g)
+    mu_n = torch.randn(b, m, d, generator=g)
+    ka, kp = torch.rand(b, generator=g) * 20 + 1, torch.rand(b, generator=g) * 20 + 1
+    kn = torch.rand(b, m, generator=g) * 20 + 1
+    got = mcinfonce_loss(
+        mu_a,
+        ka,
+        mu_p,
+        kp,
+        mu_n,
+        kn,
+        n_samples=k,
+        kappa_pos_scale=t,
+        divide_positive=divide_positive,
+        generator=torch.Generator().manual_seed(5),
+        reduction="none",
+    )
+    # redraw the same samples (same generator, same order)
+    g2 = torch.Generator().manual_seed(5)
+    za = sample_vmf(mu_a, ka, k, generator=g2)
+    zp = sample_vmf(mu_p, kp, k, generator=g2)
+    zn = sample_vmf(mu_n.reshape(b * m, d), kn.reshape(-1), k, generator=g2).reshape(k, b, m, d)
+    ref = brute_explicit(za, zp, zn, t, divide_positive)
+    assert torch.allclose(got, ref, atol=1e-10)
+    if not divide_positive:
+        assert (got >= 0).all()
+
+
+def brute_in_batch(z, b, t, divide_positive):
+    """In-batch (SimCLR) MCInfoNCE: 2B anchors, positive = other view, negatives = the rest."""
+    k_, n, _ = z.shape
+    out = []
+    for i in range(n):
+        j = (i + b) % n
+        negs = [q for q in range(n) if q not in (i, j)]
+        terms = []
+        for k in range(k_):
+            zi = z[k, i].tolist()
+            pos = math.exp(t * _dot(zi, z[k, j].tolist()))
+            neg = sum(math.exp(t * _dot(zi, z[k, q].tolist())) for q in negs) / len(negs)
+            c = 1.0 / len(negs) if divide_positive else 1.0
+            terms.append(pos / (c * pos + neg))
+        out.append(-math.log(sum(terms) / k_))
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("divide_positive", [False, True])
+def test_in_batch_and_pml_class_match_brute_force(divide_positive):
+    b, d, k, t = 4, 3, 5, 9.0
+    g = torch.Generator().manual_seed(1)
+    e1, e2 = torch.randn(b, d, generator=g), torch.randn(b, d, generator=g)
+    k1, k2 = torch.rand(b, generator=g) * 30, torch.rand(b, generator=g) * 30
+    got = mcinfonce_loss(
+        e1,
+        k1,
+        e2,
+        k2,
+        n_samples=k,
+        kappa_pos_scale=t,
+        divide_positive=divide_positive,
+        generator=torch.Generator().manual_seed(3),
+        reduction="none",
+    )
+    z = sample_vmf(
+        torch.cat([e1, e2]), torch.cat([k1, k2]), k, generator=torch.Generator().manual_seed(3)
+    )
+    ref = brute_in_batch(z, b, t, divide_positive)
+    assert torch.allclose(got, ref, atol=1e-10)
+    loss = MCInfoNCELoss(t, n_samples=k, divide_positive=divide_positive)
+    loss.generator = torch.Generator().manual_seed(3)
+    pml = loss(torch.cat([e1, e2]), two_view_labels(b), kappa=torch.cat([k1, k2]))
+    assert torch.allclose(pml, ref.mean(), atol=1e-10)
+
+
+def test_kappa_inf_equals_infonce():
+    """MCInfoNCE with kappa = inf is InfoNCE at temperature 1/kappa_pos (MCI section 4.1)."""
+    b, d, t = 6, 4, 12.0
+    g = torch.Generator().manual_seed(2)
+    e1, e2 = torch.randn(b, d, generator=g), torch.randn(b, d, generator=g)
+    ref = infonce_loss(e1, e2, t)
+    pml = NTXentLoss(temperature=1.0 / t)(torch.cat([e1, e2]), two_view_labels(b))
+    assert torch.allclose(ref, pml, atol=1e-8)
+    # eq. 7 (positive divided by M too) = InfoNCE - log M, M = 2B - 2 negatives
+    eq7 = mcinfonce_loss(e1, INF, e2, INF, n_samples=3, kappa_pos_scale=t, divide_positive=True)
+    assert torch.allclose(eq7, ref - math.log(2 * b - 2), atol=1e-10)
+    # reference code: InfoNCE whose negatives are averaged, not summed
+    refc = mcinfonce_loss(e1, INF, e2, INF, n_samples=3, kappa_pos_scale=t)
+    z = torch.nn.functional.normalize(torch.cat([e1, e2]), dim=-1)
+    logits = t * z @ z.T
+    n = 2 * b
+    expect = []
+    for i in range(n):
+        j = (i + b) % n
+        neg = torch.stack([logits[i, q] for q in range(n) if q not in (i, j)])
+        expect.append(
+            -(
+                logits[i, j]
+                - torch.logaddexp(logits[i, j], torch.logsumexp(neg, 0) - math.log(n - 2))
+            )
+        )
+    assert torch.allclose(refc, torch.stack(expect).mean(), atol=1e-10)
+    # large but finite kappa converges to the same value
+    near = mcinfonce_loss(e1, 1e11, e2, 1e11, n_samples=4, kappa_pos_scale=t, divide_positive=True)
+    assert abs(float(near - eq7)) < 1e-3
+
+
+def test_pml_contract_miner_and_ref_emb():
+    g = torch.Generator().manual_seed(4)
+    emb, labels = torch.randn(10, 5, generator=g), torch.randint(0, 3, (10,), generator=g)
+    kappa = torch.full((10,), INF)
+    loss = MCInfoNCELoss(8.0, n_samples=2, divide_positive=False)
+    tup = MultiSimilarityMiner(epsilon=0.5)(emb, labels)
+    got = loss(emb, labels, tup, kappa=kappa)
+    # with kappa = inf: brute force over the mined pairs
+    a1, p, a2, n = tup
+    z = torch.nn.functional.normalize(emb, dim=-1)
+    vals = []
+    for i in range(len(a1)):
+        negs = [int(n[j]) for j in range(len(a2)) if a2[j] == a1[i]]
+        pos = 8.0 * float(z[a1[i]] @ z[p[i]])
+        if negs:
+            neg = math.log(sum(math.exp(8.0 * float(z[a1[i]] @ z[q])) for q in negs) / len(negs))
+            vals.append(-(pos - math.log(math.exp(pos) + math.exp(neg))))
+        else:
+            vals.append(0.0)
+    assert torch.allclose(got, torch.tensor(vals).mean(), atol=1e-10)
+    # ref_emb with its own concentration; the gradient reaches kappa
+    ref = torch.randn(6, 5, generator=g)
+    ref_labels = torch.randint(0, 3, (6,), generator=g)
+    kap = torch.full((10,), 5.0, requires_grad=True)
+    out = loss(emb, labels, ref_emb=ref, ref_labels=ref_labels, kappa=kap, ref_kappa=3.0)
+    out.backward()
+    assert torch.isfinite(out) and kap.grad.abs().sum() > 0
+    # kappa read from the norms when not given
+    assert torch.isfinite(loss(emb, labels))
+
+
+def test_bad_input():
+    mu = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="kappa_anchor"):
+        mcinfonce_loss(mu, torch.ones(3), mu, 1.0)
+    with pytest.raises(ValueError, match="kappa_pos"):
+        mcinfonce_loss(mu, 1.0, mu, torch.tensor([1.0, float("nan"), 1.0, 1.0]))
+    with pytest.raises(ValueError, match="mu_pos"):
+        mcinfonce_loss(mu, 1.0, mu[:2], 1.0)
+    with pytest.raises(ValueError, match="mu_neg"):
+        mcinfonce_loss(mu, 1.0, mu, 1.0, torch.randn(4, 2, 5), 1.0)
+    with pytest.raises(ValueError, match="kappa_neg"):
+        mcinfonce_loss(mu, 1.0, mu, 1.0, torch.randn(4, 2, 3))
+    with pytest.raises(ValueError, match="n_samples"):
+        mcinfonce_loss(mu, 1.0, mu, 1.0, n_samples=0)
+    with pytest.raises(ValueError, match="embeddings"):
+        MCInfoNCELoss()(mu.clone().fill_(float("nan")), torch.arange(4), kappa=1.0)
+    with pytest.raises(ValueError, match="labels"):
+        MCInfoNCELoss()(mu, torch.arange(3), kappa=1.0)
+    with pytest.raises(ValueError, match="kappa"):
+        MCInfoNCELoss()(mu, torch.arange(4), kappa=-torch.ones(4))
+    with pytest.raises(ValueError, match="ref_kappa"):
+        MCInfoNCELoss()(mu, torch.arange(4), kappa=1.0, ref_kappa=1.0)
