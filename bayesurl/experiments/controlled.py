@@ -542,6 +542,7 @@ def train_encoder(
     phasewise: bool = True,
     lr: float = 1e-4,
     lr_decay: float = 0.1,
+    kappa_lr: float | None = None,
     oversampling: int = 16,
     generator: torch.Generator | None = None,
     eval_every: int = 0,
@@ -574,6 +575,9 @@ def train_encoder(
         Train ``mu_hat`` then ``kappa_hat`` (True) or both jointly.
     lr, lr_decay : float
         Initial Adam learning rate (1e-4) and its factor per quarter.
+    kappa_lr : float, optional
+        Base learning rate of ``kappa_hat`` (its phase starts there, x ``lr_decay`` after
+        the third quarter; joint: x ``lr_decay`` per quarter). Default: :func:`lr_at`.
     oversampling : int
         Rejection-sampling candidates per row and round.
     generator : torch.Generator, optional
@@ -606,16 +610,20 @@ def train_encoder(
         half = "mu" if (phasewise and 2 * b < n_batches) else ("kappa" if phasewise else "joint")
         if half != phase:
             phase = half
-            nets = {"mu": [enc.mu_net], "kappa": [enc.kappa_net]}
             enc.requires_grad_(False)
-            params = []
-            for m in nets.get(phase, [enc.mu_net, enc.kappa_net]):
-                m.requires_grad_(True)
-                params += list(m.parameters())
-            optim = torch.optim.Adam(params, lr=lr)
+            groups = []
+            for name, net in (("mu", enc.mu_net), ("kappa", enc.kappa_net)):
+                if phase in (name, "joint"):
+                    net.requires_grad_(True)
+                    groups.append({"params": list(net.parameters()), "name": name})
+            optim = torch.optim.Adam(groups, lr=lr)
         assert optim is not None
+        quarter = min(4 * b // n_batches, 3)
         for g in optim.param_groups:
-            g["lr"] = lr_at(b, n_batches, lr, phasewise=phasewise, decay=lr_decay)
+            if g["name"] == "mu" or kappa_lr is None:
+                g["lr"] = lr_at(b, n_batches, lr, phasewise=phasewise, decay=lr_decay)
+            else:  # the kappa network's own base rate, same quarter drops
+                g["lr"] = kappa_lr * lr_decay ** (quarter % 2 if phasewise else quarter)
         m_neg = mu_negatives if phase == "mu" else n_negatives
         with torch.no_grad():
             x, x_pos, x_neg = gen.sample_triplets(
@@ -739,6 +747,7 @@ class ControlledConfig:
     phasewise: bool = True
     lr: float = 1e-4
     lr_decay: float = 0.1
+    kappa_lr: float | None = None
     hib_scale: float = 1.0
     hib_bias: float = 0.0
     n_eval: int = 10_000
@@ -833,7 +842,8 @@ def run_controlled(
         gen, enc, loss_fn, n_batches=config.n_batches, batch_size=config.batch_size,
         n_samples=config.n_samples, n_negatives=config.n_negatives,
         mu_negatives=config.mu_negatives, phasewise=config.phasewise, lr=config.lr,
-        lr_decay=config.lr_decay, generator=g, eval_every=config.eval_every,
+        lr_decay=config.lr_decay, kappa_lr=config.kappa_lr, generator=g,
+        eval_every=config.eval_every,
         eval_fn=(lambda: evaluate(config.eval_pairs)) if config.eval_every else None,
         progress=progress,
     )  # fmt: skip

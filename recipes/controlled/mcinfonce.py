@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--joint", action="store_true", help="train mu and kappa jointly")
     p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument(
+        "--kappa-lr", type=float, default=None, help="base lr of kappa_hat (default: schedule)"
+    )
     p.add_argument("--kappa-min", type=float, default=16.0)
     p.add_argument("--kappa-max", type=float, default=32.0)
     p.add_argument("--kappa-pos", type=float, default=20.0)
@@ -100,6 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
             mu_negatives=args.mu_negatives,
             phasewise=not args.joint,
             lr=args.lr,
+            kappa_lr=args.kappa_lr,
             hib_scale=args.hib_scale,
             hib_bias=args.hib_bias,
             n_eval=args.n_eval,
