@@ -397,12 +397,26 @@ class ProbabilisticEncoder(nn.Module):
 def _average_ranks(x: Tensor) -> Tensor:
     """Ranks 1..n of a 1-D tensor with ties given their average rank (float64)."""
     vals, order = torch.sort(x)
+    n = x.numel()
+    ranks = torch.empty(n, dtype=torch.float64, device=x.device)
+    if n < 2 or bool((vals[1:] != vals[:-1]).all()):  # no ties: skip the grouping
+        ranks[order] = torch.arange(1, n + 1, dtype=torch.float64, device=x.device)
+        return ranks
     _, counts = torch.unique_consecutive(vals, return_counts=True)
+    del vals
     ends = torch.cumsum(counts, 0).to(torch.float64)
     avg = ends - (counts.to(torch.float64) - 1.0) / 2.0
-    ranks = torch.empty(x.numel(), dtype=torch.float64, device=x.device)
     ranks[order] = torch.repeat_interleave(avg, counts)
     return ranks
+
+
+def _mean_abs_diff(a: Tensor, b: Tensor, chunk: int = 1 << 22) -> float:
+    """``mean |a - b|`` accumulated in float64, in chunks (no full-size temporaries)."""
+    total = torch.zeros((), dtype=torch.float64, device=a.device)
+    for i in range(0, a.numel(), chunk):
+        da = a[i : i + chunk].to(torch.float64)
+        total += (da - b[i : i + chunk].to(torch.float64)).abs().sum()
+    return float(total / a.numel())
 
 
 def spearman(a: Tensor, b: Tensor) -> float:
@@ -487,8 +501,8 @@ def posterior_recovery_metrics(
     )  # fmt: skip
     n = mu_true.shape[0]
     if max_pairs is None:
-        c_true = pairwise_cosines(mu_true).to(torch.float64)
-        c_pred = pairwise_cosines(mu_pred).to(torch.float64)
+        c_true = pairwise_cosines(mu_true)
+        c_pred = pairwise_cosines(mu_pred)
     else:
         if max_pairs < 2:
             raise ValueError(f"`max_pairs` must be >= 2, got {max_pairs}")
@@ -496,11 +510,11 @@ def posterior_recovery_metrics(
         i = torch.randint(0, n, (max_pairs,), generator=generator, device=dev)
         j = (i + torch.randint(1, n, (max_pairs,), generator=generator, device=dev)) % n
         ut, up = F.normalize(mu_true, dim=-1), F.normalize(mu_pred, dim=-1)
-        c_true = (ut[i] * ut[j]).sum(-1).to(torch.float64)
-        c_pred = (up[i] * up[j]).sum(-1).to(torch.float64)
+        c_true = (ut[i] * ut[j]).sum(-1)
+        c_pred = (up[i] * up[j]).sum(-1)
     kt, kp = kappa_true.to(torch.float64), kappa_pred.to(torch.float64)
     return {
-        "location_mae": float((c_true - c_pred).abs().mean()),
+        "location_mae": _mean_abs_diff(c_true, c_pred),
         "location_spearman": spearman(c_true, c_pred),
         "certainty_mae": float((kt - kp).abs().mean()),
         "certainty_spearman": spearman(kt, kp),
