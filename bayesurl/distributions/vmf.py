@@ -330,7 +330,10 @@ def sample_vmf(
     v = torch.randn((n_samples, n, dim - 1), dtype=mu.dtype, device=mu.device, generator=generator)
     v = torch.nn.functional.normalize(v, dim=-1)
     # sqrt(1 - w^2) computed without cancellation near w = 1
-    sin = torch.sqrt((1.0 - w).clamp_min(0.0) * (1.0 + w).clamp_min(0.0))
+    # (clamped away from 0: at w = +-1, which float32 Beta draws hit in D = 2, the derivative of
+    # sqrt is infinite and the kappa gradient would turn NaN)
+    tiny = torch.finfo(w.dtype).tiny
+    sin = torch.sqrt(((1.0 - w).clamp_min(0.0) * (1.0 + w).clamp_min(0.0)).clamp_min(tiny))
     z = torch.cat([w.unsqueeze(-1), sin.unsqueeze(-1) * v], dim=-1)  # around e1
     # Householder reflection mapping e1 -> mu: H = I - 2 u u^T / ||u||^2, u = e1 - mu
     e1 = torch.zeros_like(mu)
