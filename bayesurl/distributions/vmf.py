@@ -325,7 +325,9 @@ def sample_vmf(
     mu = torch.nn.functional.normalize(mu, dim=-1)
     finite = torch.isfinite(k)
     k_safe = torch.where(finite, k, torch.ones_like(k)).clamp_min(1e-12)
-    w = _sample_w(k_safe, dim, n_samples, generator)  # [S, N]
+    # the cosine is drawn in float64 whatever the input precision: in float32, 1 +- b and
+    # x0 = (1 - b) / (1 + b) round to 1 for kappa >~ 1e7 and no proposal would be accepted
+    w = _sample_w(k_safe.double(), dim, n_samples, generator).to(mu.dtype)  # [S, N]
     # tangent direction: uniform on S^{D-2} orthogonal to e1
     v = torch.randn((n_samples, n, dim - 1), dtype=mu.dtype, device=mu.device, generator=generator)
     v = torch.nn.functional.normalize(v, dim=-1)
