@@ -1,0 +1,10 @@
+"""Recipe: ELK: expected likelihood kernel to vMF class proxies (URL appendix B), on cars.
+
+Run: ``python recipes/cars/elk.py --root DATA_ROOT --pretrained --device cuda``
+(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+"""
+
+from bayesurl.recipes import run_recipe_cli
+
+if __name__ == "__main__":
+    raise SystemExit(run_recipe_cli("elk", "cars"))

@@ -1,0 +1,10 @@
+"""Recipe: InfoNCE (SimCLR, two views), u = 1/||e|| (URL appendix B), on cars.
+
+Run: ``python recipes/cars/infonce.py --root DATA_ROOT --pretrained --device cuda``
+(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+"""
+
+from bayesurl.recipes import run_recipe_cli
+
+if __name__ == "__main__":
+    raise SystemExit(run_recipe_cli("infonce", "cars"))

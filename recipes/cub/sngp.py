@@ -1,0 +1,10 @@
+"""Recipe: SNGP: spectral-normalised Gaussian-process head (URL appendix B), on cub.
+
+Run: ``python recipes/cub/sngp.py --root DATA_ROOT --pretrained --device cuda``
+(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+"""
+
+from bayesurl.recipes import run_recipe_cli
+
+if __name__ == "__main__":
+    raise SystemExit(run_recipe_cli("sngp", "cub"))

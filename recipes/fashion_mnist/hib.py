@@ -1,0 +1,10 @@
+"""Recipe: HIB: hedged instance embeddings (URL appendix B), on fashion_mnist.
+
+Run: ``python recipes/fashion_mnist/hib.py --epochs 10 --out runs/fashion_mnist/hib``
+(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+"""
+
+from bayesurl.recipes import run_recipe_cli
+
+if __name__ == "__main__":
+    raise SystemExit(run_recipe_cli("hib", "fashion_mnist"))

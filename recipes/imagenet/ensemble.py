@@ -1,0 +1,10 @@
+"""Recipe: Ensemble: 10 classifier heads on one embedding (URL appendix B), on imagenet.
+
+Run: ``torchrun --nproc_per_node 8 recipes/imagenet/ensemble.py --root IMAGENET --downstream-root DML_ROOT --pretrained``
+(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+"""
+
+from bayesurl.recipes import run_recipe_cli
+
+if __name__ == "__main__":
+    raise SystemExit(run_recipe_cli("ensemble", "imagenet"))

@@ -1,0 +1,10 @@
+"""Recipe: HET-XL: heteroscedastic classifier in embedding space (URL appendix B), on imagenet.
+
+Run: ``torchrun --nproc_per_node 8 recipes/imagenet/hetxl.py --root IMAGENET --downstream-root DML_ROOT --pretrained``
+(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+"""
+
+from bayesurl.recipes import run_recipe_cli
+
+if __name__ == "__main__":
+    raise SystemExit(run_recipe_cli("hetxl", "imagenet"))

@@ -1,0 +1,10 @@
+"""Recipe: InfoNCE (SimCLR, two views), u = 1/||e|| (URL appendix B), on imagenet.
+
+Run: ``torchrun --nproc_per_node 8 recipes/imagenet/infonce.py --root IMAGENET --downstream-root DML_ROOT --pretrained``
+(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+"""
+
+from bayesurl.recipes import run_recipe_cli
+
+if __name__ == "__main__":
+    raise SystemExit(run_recipe_cli("infonce", "imagenet"))

@@ -1,0 +1,10 @@
+"""Recipe: PVU: a CE encoder plus a post-hoc loss-prediction head (thesis section 5.3), on imagenet.
+
+Run: ``torchrun --nproc_per_node 8 recipes/imagenet/pvu.py --root IMAGENET --downstream-root DML_ROOT --pretrained``
+(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+"""
+
+from bayesurl.recipes import run_recipe_cli
+
+if __name__ == "__main__":
+    raise SystemExit(run_recipe_cli("pvu", "imagenet"))

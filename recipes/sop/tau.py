@@ -1,0 +1,10 @@
+"""Recipe: TaU: joint Temperature-as-Uncertainty SimCLR training (TaU Algorithm 1), on sop.
+
+Run: ``python recipes/sop/tau.py --root DATA_ROOT --pretrained --device cuda``
+(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+"""
+
+from bayesurl.recipes import run_recipe_cli
+
+if __name__ == "__main__":
+    raise SystemExit(run_recipe_cli("tau", "sop"))
