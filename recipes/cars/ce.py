@@ -1,7 +1,10 @@
-"""Recipe: CE: cross-entropy classifier, u = softmax entropy (URL appendix B), on cars.
+"""Recipe: ce on CARS196.
 
-Run: ``python recipes/cars/ce.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+CE: cross-entropy classifier, u = softmax entropy (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/cars/ce.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli

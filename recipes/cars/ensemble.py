@@ -1,7 +1,10 @@
-"""Recipe: Ensemble: 10 classifier heads on one embedding (URL appendix B), on cars.
+"""Recipe: ensemble on CARS196.
 
-Run: ``python recipes/cars/ensemble.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+Ensemble: 10 classifier heads on one embedding (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/cars/ensemble.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli

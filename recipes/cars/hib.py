@@ -1,7 +1,10 @@
-"""Recipe: HIB: hedged instance embeddings (URL appendix B), on cars.
+"""Recipe: hib on CARS196.
 
-Run: ``python recipes/cars/hib.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+HIB: hedged instance embeddings (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/cars/hib.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli

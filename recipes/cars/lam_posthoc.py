@@ -1,7 +1,10 @@
-"""Recipe: post-hoc LAM: contrastive training, then a last-layer Laplace (LAM section 3), on cars.
+"""Recipe: lam_posthoc on CARS196.
 
-Run: ``python recipes/cars/lam_posthoc.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+Post-hoc LAM: contrastive training, then last-layer Laplace (LAM sec. 3).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/cars/lam_posthoc.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: PVU: a CE encoder plus a post-hoc loss-prediction head (thesis section 5.3), on cars.
+"""Recipe: pvu on CARS196.
 
-Run: ``python recipes/cars/pvu.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+PVU: a CE encoder plus a post-hoc loss-prediction head (thesis 5.3).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/cars/pvu.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: SNGP: spectral-normalised Gaussian-process head (URL appendix B), on cars.
+"""Recipe: sngp on CARS196.
 
-Run: ``python recipes/cars/sngp.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+SNGP: spectral-normalised Gaussian-process head (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/cars/sngp.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: InfoNCE (SimCLR, two views), u = 1/||e|| (URL appendix B), on cub.
+"""Recipe: infonce on CUB-200-2011.
 
-Run: ``python recipes/cub/infonce.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+InfoNCE (SimCLR, two views), u from the embedding norm (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/cub/infonce.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: online LAM: Laplace updated during contrastive training (LAM eqs. 4-5), on cub.
+"""Recipe: lam_online on CUB-200-2011.
 
-Run: ``python recipes/cub/lam_online.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+Online LAM: Laplace updated while training (LAM eqs. 4-5).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/cub/lam_online.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: MC dropout in the embedding head (URL appendix B), on cub.
+"""Recipe: mcdropout on CUB-200-2011.
 
-Run: ``python recipes/cub/mcdropout.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+MC dropout in the embedding head (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/cub/mcdropout.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: MCInfoNCE: probabilistic contrastive learning with vMF posteriors (URL appendix B; Kirchhof et al., 2023), on cub.
+"""Recipe: mcinfonce on CUB-200-2011.
 
-Run: ``python recipes/cub/mcinfonce.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+MCInfoNCE: contrastive learning with vMF posteriors (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/cub/mcinfonce.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: nivMF: non-isotropic vMF class proxies (URL appendix B), on cub.
+"""Recipe: nivmf on CUB-200-2011.
 
-Run: ``python recipes/cub/nivmf.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+nivMF: non-isotropic vMF class proxies (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/cub/nivmf.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli

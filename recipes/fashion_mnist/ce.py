@@ -1,7 +1,10 @@
-"""Recipe: CE: cross-entropy classifier, u = softmax entropy (URL appendix B), on fashion_mnist.
+"""Recipe: ce on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/ce.py --epochs 10 --out runs/fashion_mnist/ce``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+CE: cross-entropy classifier, u = softmax entropy (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/ce.py --out runs/fashion_mnist/ce
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: ELK: expected likelihood kernel to vMF class proxies (URL appendix B), on fashion_mnist.
+"""Recipe: elk on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/elk.py --epochs 10 --out runs/fashion_mnist/elk``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+ELK: expected likelihood kernel to vMF class proxies (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/elk.py --out runs/fashion_mnist/elk
 """
 
 from bayesurl.recipes import run_recipe_cli

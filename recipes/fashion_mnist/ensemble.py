@@ -1,7 +1,10 @@
-"""Recipe: Ensemble: 10 classifier heads on one embedding (URL appendix B), on fashion_mnist.
+"""Recipe: ensemble on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/ensemble.py --epochs 10 --out runs/fashion_mnist/ensemble``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+Ensemble: 10 classifier heads on one embedding (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/ensemble.py --out runs/fashion_mnist/ensemble
 """
 
 from bayesurl.recipes import run_recipe_cli

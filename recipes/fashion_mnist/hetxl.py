@@ -1,7 +1,10 @@
-"""Recipe: HET-XL: heteroscedastic classifier in embedding space (URL appendix B), on fashion_mnist.
+"""Recipe: hetxl on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/hetxl.py --epochs 10 --out runs/fashion_mnist/hetxl``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+HET-XL: heteroscedastic classifier (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/hetxl.py --out runs/fashion_mnist/hetxl
 """
 
 from bayesurl.recipes import run_recipe_cli

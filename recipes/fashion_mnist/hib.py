@@ -1,7 +1,10 @@
-"""Recipe: HIB: hedged instance embeddings (URL appendix B), on fashion_mnist.
+"""Recipe: hib on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/hib.py --epochs 10 --out runs/fashion_mnist/hib``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+HIB: hedged instance embeddings (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/hib.py --out runs/fashion_mnist/hib
 """
 
 from bayesurl.recipes import run_recipe_cli

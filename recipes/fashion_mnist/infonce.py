@@ -1,7 +1,10 @@
-"""Recipe: InfoNCE (SimCLR, two views), u = 1/||e|| (URL appendix B), on fashion_mnist.
+"""Recipe: infonce on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/infonce.py --epochs 10 --out runs/fashion_mnist/infonce``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+InfoNCE (SimCLR, two views), u from the embedding norm (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/infonce.py --out runs/fashion_mnist/infonce
 """
 
 from bayesurl.recipes import run_recipe_cli

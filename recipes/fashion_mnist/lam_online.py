@@ -1,7 +1,10 @@
-"""Recipe: online LAM: Laplace updated during contrastive training (LAM eqs. 4-5), on fashion_mnist.
+"""Recipe: lam_online on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/lam_online.py --epochs 10 --out runs/fashion_mnist/lam_online``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+Online LAM: Laplace updated while training (LAM eqs. 4-5).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/lam_online.py --out runs/fashion_mnist/lam_online
 """
 
 from bayesurl.recipes import run_recipe_cli

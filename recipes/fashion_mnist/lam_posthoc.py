@@ -1,7 +1,10 @@
-"""Recipe: post-hoc LAM: contrastive training, then a last-layer Laplace (LAM section 3), on fashion_mnist.
+"""Recipe: lam_posthoc on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/lam_posthoc.py --epochs 10 --out runs/fashion_mnist/lam_posthoc``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+Post-hoc LAM: contrastive training, then last-layer Laplace (LAM sec. 3).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/lam_posthoc.py --out runs/fashion_mnist/lam_posthoc
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: Losspred: CE plus a loss-prediction head (URL appendix B, eq. 8), on fashion_mnist.
+"""Recipe: losspred on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/losspred.py --epochs 10 --out runs/fashion_mnist/losspred``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+Losspred: CE plus a loss-prediction head (URL appendix B, eq. 8).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/losspred.py --out runs/fashion_mnist/losspred
 """
 
 from bayesurl.recipes import run_recipe_cli

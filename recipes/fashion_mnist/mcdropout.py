@@ -1,7 +1,10 @@
-"""Recipe: MC dropout in the embedding head (URL appendix B), on fashion_mnist.
+"""Recipe: mcdropout on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/mcdropout.py --epochs 10 --out runs/fashion_mnist/mcdropout``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+MC dropout in the embedding head (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/mcdropout.py --out runs/fashion_mnist/mcdropout
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: MCInfoNCE: probabilistic contrastive learning with vMF posteriors (URL appendix B; Kirchhof et al., 2023), on fashion_mnist.
+"""Recipe: mcinfonce on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/mcinfonce.py --epochs 10 --out runs/fashion_mnist/mcinfonce``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+MCInfoNCE: contrastive learning with vMF posteriors (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/mcinfonce.py --out runs/fashion_mnist/mcinfonce
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: nivMF: non-isotropic vMF class proxies (URL appendix B), on fashion_mnist.
+"""Recipe: nivmf on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/nivmf.py --epochs 10 --out runs/fashion_mnist/nivmf``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+nivMF: non-isotropic vMF class proxies (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/nivmf.py --out runs/fashion_mnist/nivmf
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: PVU: a CE encoder plus a post-hoc loss-prediction head (thesis section 5.3), on fashion_mnist.
+"""Recipe: pvu on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/pvu.py --epochs 10 --out runs/fashion_mnist/pvu``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+PVU: a CE encoder plus a post-hoc loss-prediction head (thesis 5.3).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/pvu.py --out runs/fashion_mnist/pvu
 """
 
 from bayesurl.recipes import run_recipe_cli

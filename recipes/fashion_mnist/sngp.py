@@ -1,7 +1,10 @@
-"""Recipe: SNGP: spectral-normalised Gaussian-process head (URL appendix B), on fashion_mnist.
+"""Recipe: sngp on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/sngp.py --epochs 10 --out runs/fashion_mnist/sngp``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+SNGP: spectral-normalised Gaussian-process head (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/sngp.py --out runs/fashion_mnist/sngp
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: TaU: joint Temperature-as-Uncertainty SimCLR training (TaU Algorithm 1), on fashion_mnist.
+"""Recipe: tau on FashionMNIST.
 
-Run: ``python recipes/fashion_mnist/tau.py --epochs 10 --out runs/fashion_mnist/tau``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+TaU: joint Temperature-as-Uncertainty SimCLR training (TaU Algorithm 1).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/fashion_mnist/tau.py --out runs/fashion_mnist/tau
 """
 
 from bayesurl.recipes import run_recipe_cli

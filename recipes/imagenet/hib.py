@@ -1,7 +1,11 @@
-"""Recipe: HIB: hedged instance embeddings (URL appendix B), on imagenet.
+"""Recipe: hib on ImageNet upstream (URL setup).
 
-Run: ``torchrun --nproc_per_node 8 recipes/imagenet/hib.py --root IMAGENET --downstream-root DML_ROOT --pretrained``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+HIB: hedged instance embeddings (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    torchrun --nproc_per_node 8 recipes/imagenet/hib.py \
+        --root IMAGENET --downstream-root DML_ROOT --pretrained
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,11 @@
-"""Recipe: InfoNCE (SimCLR, two views), u = 1/||e|| (URL appendix B), on imagenet.
+"""Recipe: infonce on ImageNet upstream (URL setup).
 
-Run: ``torchrun --nproc_per_node 8 recipes/imagenet/infonce.py --root IMAGENET --downstream-root DML_ROOT --pretrained``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+InfoNCE (SimCLR, two views), u from the embedding norm (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    torchrun --nproc_per_node 8 recipes/imagenet/infonce.py \
+        --root IMAGENET --downstream-root DML_ROOT --pretrained
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,11 @@
-"""Recipe: online LAM: Laplace updated during contrastive training (LAM eqs. 4-5), on imagenet.
+"""Recipe: lam_online on ImageNet upstream (URL setup).
 
-Run: ``torchrun --nproc_per_node 8 recipes/imagenet/lam_online.py --root IMAGENET --downstream-root DML_ROOT --pretrained``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+Online LAM: Laplace updated while training (LAM eqs. 4-5).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    torchrun --nproc_per_node 8 recipes/imagenet/lam_online.py \
+        --root IMAGENET --downstream-root DML_ROOT --pretrained
 """
 
 from bayesurl.recipes import run_recipe_cli

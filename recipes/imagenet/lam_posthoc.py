@@ -1,7 +1,11 @@
-"""Recipe: post-hoc LAM: contrastive training, then a last-layer Laplace (LAM section 3), on imagenet.
+"""Recipe: lam_posthoc on ImageNet upstream (URL setup).
 
-Run: ``torchrun --nproc_per_node 8 recipes/imagenet/lam_posthoc.py --root IMAGENET --downstream-root DML_ROOT --pretrained``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+Post-hoc LAM: contrastive training, then last-layer Laplace (LAM sec. 3).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    torchrun --nproc_per_node 8 recipes/imagenet/lam_posthoc.py \
+        --root IMAGENET --downstream-root DML_ROOT --pretrained
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,11 @@
-"""Recipe: Losspred: CE plus a loss-prediction head (URL appendix B, eq. 8), on imagenet.
+"""Recipe: losspred on ImageNet upstream (URL setup).
 
-Run: ``torchrun --nproc_per_node 8 recipes/imagenet/losspred.py --root IMAGENET --downstream-root DML_ROOT --pretrained``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+Losspred: CE plus a loss-prediction head (URL appendix B, eq. 8).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    torchrun --nproc_per_node 8 recipes/imagenet/losspred.py \
+        --root IMAGENET --downstream-root DML_ROOT --pretrained
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,11 @@
-"""Recipe: MCInfoNCE: probabilistic contrastive learning with vMF posteriors (URL appendix B; Kirchhof et al., 2023), on imagenet.
+"""Recipe: mcinfonce on ImageNet upstream (URL setup).
 
-Run: ``torchrun --nproc_per_node 8 recipes/imagenet/mcinfonce.py --root IMAGENET --downstream-root DML_ROOT --pretrained``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+MCInfoNCE: contrastive learning with vMF posteriors (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    torchrun --nproc_per_node 8 recipes/imagenet/mcinfonce.py \
+        --root IMAGENET --downstream-root DML_ROOT --pretrained
 """
 
 from bayesurl.recipes import run_recipe_cli

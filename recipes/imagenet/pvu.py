@@ -1,7 +1,11 @@
-"""Recipe: PVU: a CE encoder plus a post-hoc loss-prediction head (thesis section 5.3), on imagenet.
+"""Recipe: pvu on ImageNet upstream (URL setup).
 
-Run: ``torchrun --nproc_per_node 8 recipes/imagenet/pvu.py --root IMAGENET --downstream-root DML_ROOT --pretrained``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+PVU: a CE encoder plus a post-hoc loss-prediction head (thesis 5.3).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    torchrun --nproc_per_node 8 recipes/imagenet/pvu.py \
+        --root IMAGENET --downstream-root DML_ROOT --pretrained
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,11 @@
-"""Recipe: TaU: joint Temperature-as-Uncertainty SimCLR training (TaU Algorithm 1), on imagenet.
+"""Recipe: tau on ImageNet upstream (URL setup).
 
-Run: ``torchrun --nproc_per_node 8 recipes/imagenet/tau.py --root IMAGENET --downstream-root DML_ROOT --pretrained``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+TaU: joint Temperature-as-Uncertainty SimCLR training (TaU Algorithm 1).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    torchrun --nproc_per_node 8 recipes/imagenet/tau.py \
+        --root IMAGENET --downstream-root DML_ROOT --pretrained
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: CE: cross-entropy classifier, u = softmax entropy (URL appendix B), on sop.
+"""Recipe: ce on Stanford Online Products.
 
-Run: ``python recipes/sop/ce.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+CE: cross-entropy classifier, u = softmax entropy (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/sop/ce.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: HET-XL: heteroscedastic classifier in embedding space (URL appendix B), on sop.
+"""Recipe: hetxl on Stanford Online Products.
 
-Run: ``python recipes/sop/hetxl.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+HET-XL: heteroscedastic classifier (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/sop/hetxl.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli

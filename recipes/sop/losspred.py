@@ -1,7 +1,10 @@
-"""Recipe: Losspred: CE plus a loss-prediction head (URL appendix B, eq. 8), on sop.
+"""Recipe: losspred on Stanford Online Products.
 
-Run: ``python recipes/sop/losspred.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+Losspred: CE plus a loss-prediction head (URL appendix B, eq. 8).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/sop/losspred.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli

@@ -1,7 +1,10 @@
-"""Recipe: TaU: joint Temperature-as-Uncertainty SimCLR training (TaU Algorithm 1), on sop.
+"""Recipe: tau on Stanford Online Products.
 
-Run: ``python recipes/sop/tau.py --root DATA_ROOT --pretrained --device cuda``
-(``--help`` lists the options; hyper-parameters: :mod:`bayesurl.recipes`).
+TaU: joint Temperature-as-Uncertainty SimCLR training (TaU Algorithm 1).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/sop/tau.py --root DATA_ROOT --pretrained --device cuda
 """
 
 from bayesurl.recipes import run_recipe_cli
