@@ -610,12 +610,22 @@ def run_recipe(args: argparse.Namespace, method: str, dataset: str) -> dict[str,
     out_dir = Path(args.out)
     info = D.init_from_env(device=args.device)
     try:
+        if info.world_size > 1 and method not in URL_METHODS and method != "tau":
+            raise ValueError(
+                f"the {method} recipe runs in one process (its Laplace / PVU fit is not "
+                "distributed); start it with python, not torchrun"
+            )
         device = torch.device(args.device) if args.device else info.device
         data = _load_data(args, dataset)
         stats = data.stats
         evaluate_tf = default_transform(data.channels, **stats).to(device)
         augment_tf = default_augmentation(data.channels, **stats).to(device)
-        backbone_kwargs = {"pretrained": True} if args.pretrained else {}
+        backbone_kwargs: dict[str, Any] = {"pretrained": True} if args.pretrained else {}
+        if args.backbone == "small_convnet":
+            if args.pretrained:
+                raise ValueError("`--pretrained` needs a timm `--backbone`, not small_convnet")
+            if data.channels != 1:
+                backbone_kwargs["in_channels"] = data.channels
         base = {
             "backbone": args.backbone,
             "embed_dim": args.embed_dim or None,
