@@ -561,6 +561,9 @@ def _resolve_hparams(
         hp = table[base]
         batch, accum = int(hp.get("batch", 128)), int(hp.get("accum", 16))
         lr = float(hp["lr_base"]) * batch * accum / 256
+        # the aggregated batch is world x batch x accum: keep URL's ~2048 under torchrun
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        accum = max(1, round(accum / max(world, 1)))
         if method in URL_METHODS:
             kwargs = {**kwargs, **hp.get("kwargs", {})}
     if args.smoke:

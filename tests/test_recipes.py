@@ -204,3 +204,15 @@ def test_folder_recipe_runs_on_a_cub_layout(method, fake_cub, tmp_path):
     assert record["n_train"] == 200  # classes 1-100, two images each (URL section 3.2 split)
     assert 0.0 <= record["metrics"]["test"]["r@1"] <= 1.0
     assert Path(record["checkpoint"]).is_file()
+
+
+def test_url_hyperparameters_are_valid_method_arguments():
+    from bayesurl.methods import get
+
+    for table in URL_IMAGENET_HPARAMS.values():
+        for name, hp in table.items():
+            kwargs = hp.get("kwargs", {})
+            method = get(name)(backbone="small_convnet", embed_dim=8, num_classes=3, **kwargs)
+            for key, value in kwargs.items():
+                if key in method.hparams:
+                    assert method.hparams[key] == value, (name, key)
