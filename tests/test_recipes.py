@@ -216,3 +216,33 @@ def test_url_hyperparameters_are_valid_method_arguments():
             for key, value in kwargs.items():
                 if key in method.hparams:
                     assert method.hparams[key] == value, (name, key)
+
+
+def test_imagenet_recipe_on_an_imagefolder_with_zero_shot_cub(fake_cub, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    for c in range(3):
+        folder = tmp_path / "imagenet" / "train" / f"n0{c}"
+        folder.mkdir(parents=True)
+        for k in range(8):
+            pixels = (rng.random((14, 14, 3)) * 255).astype("uint8")
+            Image.fromarray(pixels).save(folder / f"{k}.JPEG")
+    dml = tmp_path / "dml"
+    dml.mkdir()
+    (dml / "cub").symlink_to(fake_cub, target_is_directory=True)
+    out = tmp_path / "run"
+    argv = ["--root", str(tmp_path / "imagenet"), "--downstream-root", str(dml), "--smoke"]
+    argv += ["--backbone", "small_convnet", "--image-size", "12", "--embed-dim", "16"]
+    assert run_recipe_cli("ce", "imagenet", [*argv, "--out", str(out), "--no-progress"]) == 0
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["n_train"] == 24
+    assert record["hparams"]["num_classes"] == 3
+    # smoke: one micro-batch of at most 64, no accumulation; URL's lr scaled from lr-base
+    assert record["hparams"]["grad_accum"] == 1
+    assert record["hparams"]["lr"] == pytest.approx(
+        URL_IMAGENET_HPARAMS["resnet50"]["ce"]["lr_base"] * 128 * 16 / 256
+    )
+    assert set(record["metrics"]) == {"cub"}
+    assert 0.0 <= record["metrics"]["cub"]["r@1"] <= 1.0
