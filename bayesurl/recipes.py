@@ -787,7 +787,9 @@ def run_recipe_cli(method: str, dataset: str, argv: list[str] | None = None) -> 
         record = run_recipe(args, method, dataset)
     except (ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))
-    metrics = record.get("metrics", {})
+    if "metrics" not in record:  # not rank 0 under torchrun: rank 0 reports
+        return 0
+    metrics = record["metrics"]
     for name, vals in metrics.items():
         line = " ".join(f"{k}={v:.3f}" for k, v in vals.items() if isinstance(v, float))
         print(f"{method} on {dataset} [{name}]: {line}")
