@@ -715,6 +715,10 @@ def sampled_neighbors(
     neighbour falls outside the shortlist is at most ``tolerance`` (expected agreement with the
     exact mode about ``1 - tolerance``); an integer fixes L.
 
+    Cost note (``benchmarks/evaluator.py``): on CPU a gathered candidate row costs about as much
+    as 10-20 exact dot products inside a GEMM, so the shortlist beats S exact searches only
+    for ``N / L`` of a few hundred or more; for small N prefer ``mode="exact"``.
+
     Parameters
     ----------
     samples : Tensor
