@@ -506,11 +506,14 @@ def rank_correlation(uncertainties: Tensor, reference: Tensor) -> Tensor:
 
 # --------------------------------------------------------------------------- samples
 def _samples(samples: object) -> Tensor:
-    s = check_tensor(samples, "samples", ndim=3)
+    s = check_tensor(samples, "samples", ndim=3, finite=False)
     if s.shape[0] < 1:
         raise ValueError("`samples` needs at least 1 draw, got 0")
     if not s.is_floating_point():
         raise ValueError(f"`samples` must be floating point, got {s.dtype}")
+    bad = sum(int((~torch.isfinite(z)).sum()) for z in s)  # per draw: no [S, N, D] temporary
+    if bad:
+        raise ValueError(f"`samples` contains {bad} non-finite values of {s.numel()} entries")
     return s
 
 
@@ -655,7 +658,7 @@ def choose_shortlist(
     q_n = min(n, max(512, n // 32)) if pilot_queries is None else min(n, pilot_queries)
     gen = torch.Generator().manual_seed(seed)
     q = torch.randperm(n, generator=gen)[:q_n].to(s.device)
-    mean = mean_from_samples(s)
+    mean = normalize(_resultant(s))
     rows = chunk_rows_for(n, s, memory_budget)
     draws = [normalize(s[t]) for t in range(min(pilot_draws, n_draws))]
     ranks = []
@@ -712,6 +715,10 @@ def sampled_neighbors(
     neighbour falls outside the shortlist is at most ``tolerance`` (expected agreement with the
     exact mode about ``1 - tolerance``); an integer fixes L.
 
+    Cost note (``benchmarks/evaluator.py``): on CPU a gathered candidate row costs about as much
+    as 10-20 exact dot products inside a GEMM, so the shortlist beats S exact searches only
+    for ``N / L`` of a few hundred or more; for small N prefer ``mode="exact"``.
+
     Parameters
     ----------
     samples : Tensor
@@ -762,7 +769,7 @@ def sampled_neighbors(
         if c.shape[1] >= L:
             cand = c[:, :L].to(s.device)
     if cand is None:
-        cand = knn(mean_from_samples(s), L, memory_budget=memory_budget)[1]
+        cand = knn(normalize(_resultant(s)), L, memory_budget=memory_budget)[1]
     rows = max(1, int(memory_budget // (s.element_size() * L * d)))
     out = torch.empty(n_draws, n, dtype=torch.long, device=s.device)
     everyone = torch.arange(n, device=s.device)

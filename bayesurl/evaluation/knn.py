@@ -243,8 +243,8 @@ def _knn(
         )
     if backend == "faiss":
         return _faiss_knn(q, g, k, exclude_self)
-    qn, gn = normalize(q), normalize(g)
-    gt = gn.T.contiguous() if not gn.is_cuda else gn.T
+    qn = normalize(q)
+    gt = (qn if g is q else normalize(g)).T  # a transposed view: BLAS reads it, no copy
     if chunk_size is None:
         chunk_size = chunk_rows(n, q.dtype, memory_budget)
     if chunk_size < 1:
