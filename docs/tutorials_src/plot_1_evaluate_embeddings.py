@@ -71,9 +71,14 @@ for key in ("r@1", "r_auroc", "ausc", "ause", "ood_auroc", "map@5"):
 # Here we perturb each embedding with Gaussian noise scaled by its ``u``: a stand-in for a
 # real posterior. With ``return_curves=True`` the evaluator also returns the sparsification
 # curve and the reliability diagram's bins.
-samples = emb + 3.0 * u[None, :, None] * emb.norm(dim=1)[None, :, None] * torch.randn(
-    16, *emb.shape
-) / emb.shape[1] ** 0.5
+samples = (
+    emb
+    + 3.0
+    * u[None, :, None]
+    * emb.norm(dim=1)[None, :, None]
+    * torch.randn(16, *emb.shape)
+    / emb.shape[1] ** 0.5
+)
 res = bayesurl.evaluate(
     emb, y_test, uncertainties=u, samples=samples, ood_uncertainties=u_ood, return_curves=True
 )
@@ -83,9 +88,7 @@ fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4), layout="constrained")
 sp = res["sparsification"]
 plot_sparsification_curve(sp["removed"], sp["r@1"], sp["oracle"], label="1/||z||", ax=ax1)
 rel = res["reliability"]
-plot_reliability_diagram(
-    rel["bin_edges"], rel["accuracy"], rel["count"], ece=res["ece"], ax=ax2
-)
+plot_reliability_diagram(rel["bin_edges"], rel["accuracy"], rel["count"], ece=res["ece"], ax=ax2)
 plt.show()
 
 # %%

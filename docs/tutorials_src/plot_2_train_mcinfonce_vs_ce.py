@@ -61,7 +61,13 @@ for name in ("ce", "mcinfonce"):
     )
     augment = default_augmentation(1) if method.two_view else default_transform(1)
     trained = fit(
-        method, loader, epochs=3, optimizer="adamw", lr=3e-3, augment=augment, seed=0,
+        method,
+        loader,
+        epochs=3,
+        optimizer="adamw",
+        lr=3e-3,
+        augment=augment,
+        seed=0,
         progress=False,
     )
     curves[name] = trained.losses

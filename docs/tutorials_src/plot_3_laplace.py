@@ -44,14 +44,20 @@ x_ood, _ = as_tensors(data.ood, to_input)
 def make_net() -> nn.Module:
     """An MLP whose last ``nn.Linear`` gives the unnormalised 16-d embedding."""
     return nn.Sequential(
-        nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(784, 128),
+        nn.ReLU(),
+        nn.Linear(128, 64),
+        nn.ReLU(),
         nn.Linear(64, 16),
     )
 
 
 def loader(shuffle: bool = True) -> DataLoader:
     ds = TensorDataset(x_train, y_train)
-    return DataLoader(ds, batch_size=64, shuffle=shuffle, generator=torch.Generator().manual_seed(0))
+    return DataLoader(
+        ds, batch_size=64, shuffle=shuffle, generator=torch.Generator().manual_seed(0)
+    )
 
 
 # %%
@@ -68,8 +74,10 @@ det_losses = train_contrastive(net, loader(), opt, epochs=5, margin=0.2, progres
 la = MetricLaplace(net, approximation="fixed", geometry="arccos", margin=0.2)
 la.fit(loader(shuffle=False), progress=False)
 la.optimize_prior_precision()
-print(f"post-hoc: {la.n_pairs} Hessian pairs, clamped fraction {la.clamped_fraction:.2f}, "
-      f"prior precision {float(la.prior_precision.mean()):.3g}")
+print(
+    f"post-hoc: {la.n_pairs} Hessian pairs, clamped fraction {la.clamped_fraction:.2f}, "
+    f"prior precision {float(la.prior_precision.mean()):.3g}"
+)
 
 # %%
 # The clamped fraction matters: the diagonal GGN of the contrastive loss sums positive
@@ -95,16 +103,28 @@ for approx in ("positive", "fixed", "full"):
 torch.manual_seed(0)
 net_online = make_net()
 la_online = MetricLaplace(
-    net_online, mode="online", approximation="fixed", geometry="arccos", margin=0.2,
-    prior_precision=1.0, alpha=0.01, dataset_size=len(y_train),
+    net_online,
+    mode="online",
+    approximation="fixed",
+    geometry="arccos",
+    margin=0.2,
+    prior_precision=1.0,
+    alpha=0.01,
+    dataset_size=len(y_train),
 )
 opt = torch.optim.Adam(net_online.parameters(), lr=1e-3)
 online_losses = train_online(
-    la_online, loader(), opt, epochs=5, generator=torch.Generator().manual_seed(0),
+    la_online,
+    loader(),
+    opt,
+    epochs=5,
+    generator=torch.Generator().manual_seed(0),
     progress=False,
 )
-print("online clamped fraction per epoch:",
-      [round(r["clamped_fraction"], 2) for r in la_online.fit_report])
+print(
+    "online clamped fraction per epoch:",
+    [round(r["clamped_fraction"], 2) for r in la_online.fit_report],
+)
 
 # %%
 # Predictive uncertainty and evaluation
@@ -118,13 +138,19 @@ for name, model in (("post-hoc LAM", la), ("online LAM", la_online)):
     out = model.predictive(x_test, n_samples=16, generator=gen)
     ood = model.predictive(x_ood)
     scores[name] = bayesurl.evaluate(
-        out.embedding, y_test, uncertainties=out.uncertainty, samples=out.samples,
-        ood_uncertainties=ood.uncertainty, return_curves=True,
+        out.embedding,
+        y_test,
+        uncertainties=out.uncertainty,
+        samples=out.samples,
+        ood_uncertainties=ood.uncertainty,
+        return_curves=True,
     )
     u_in[name], u_out[name] = out.uncertainty, ood.uncertainty
     r = scores[name]
-    print(f"{name:12s} R@1 {r['r@1']:.3f}  R-AUROC {r['r_auroc']:.3f}  AUSC {r['ausc']:.3f}  "
-          f"OOD AUROC {r['ood_auroc']:.3f}  ECE {r['ece']:.3f}")
+    print(
+        f"{name:12s} R@1 {r['r@1']:.3f}  R-AUROC {r['r_auroc']:.3f}  AUSC {r['ausc']:.3f}  "
+        f"OOD AUROC {r['ood_auroc']:.3f}  ECE {r['ece']:.3f}"
+    )
 
 fig, axes = plt.subplots(1, 3, figsize=(13, 4), layout="constrained")
 axes[0].plot(det_losses, "o-", label="deterministic (post-hoc LAM's MAP)")
@@ -135,8 +161,9 @@ for name, r in scores.items():
     sp = r["sparsification"]
     axes[1].plot(sp["removed"], sp["r@1"], label=name)
 axes[1].plot(sp["removed"], sp["oracle"], "k--", label="oracle (last model)")
-axes[1].set(xlabel="fraction of most uncertain queries removed", ylabel="R@1",
-            title="sparsification")
+axes[1].set(
+    xlabel="fraction of most uncertain queries removed", ylabel="R@1", title="sparsification"
+)
 axes[1].legend()
 name = "post-hoc LAM"
 bins = torch.linspace(0, float(torch.cat([u_in[name], u_out[name]]).max()), 40)

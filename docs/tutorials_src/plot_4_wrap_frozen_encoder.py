@@ -44,7 +44,9 @@ encoder = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(
 classifier = nn.Linear(32, data.num_train_classes)
 opt = torch.optim.Adam([*encoder.parameters(), *classifier.parameters()], lr=1e-3)
 train_loader = DataLoader(
-    TensorDataset(x_train, y_train), batch_size=64, shuffle=True,
+    TensorDataset(x_train, y_train),
+    batch_size=64,
+    shuffle=True,
     generator=torch.Generator().manual_seed(0),
 )
 for _ in range(5):
@@ -87,8 +89,10 @@ with torch.no_grad():
         results[name] = bayesurl.evaluate(
             emb, y_test, uncertainties=u, ood_uncertainties=u_ood[name]
         )
-        print(f"{name:8s} R@1 {results[name]['r@1']:.3f}  R-AUROC {results[name]['r_auroc']:.3f}  "
-              f"OOD AUROC {results[name]['ood_auroc']:.3f}")
+        print(
+            f"{name:8s} R@1 {results[name]['r@1']:.3f}  R-AUROC {results[name]['r_auroc']:.3f}  "
+            f"OOD AUROC {results[name]['ood_auroc']:.3f}"
+        )
 
 # %%
 # Compare
@@ -108,8 +112,11 @@ ax1.legend()
 for i, n in enumerate(names):
     both = torch.cat([u_test[n], u_ood[n]])
     ranks = both.argsort().argsort().double() / (len(both) - 1)
-    ax2.violinplot([ranks[: len(u_test[n])].numpy(), ranks[len(u_test[n]) :].numpy()],
-                   positions=[2 * i, 2 * i + 0.8], showmedians=True)
+    ax2.violinplot(
+        [ranks[: len(u_test[n])].numpy(), ranks[len(u_test[n]) :].numpy()],
+        positions=[2 * i, 2 * i + 0.8],
+        showmedians=True,
+    )
 ax2.set_xticks([2 * i + 0.4 for i in range(len(names))], names)
 ax2.set(ylabel="rank of u (0 = most certain)", title="u(x): test (left) vs OOD (right)")
 plt.show()
