@@ -4,9 +4,9 @@ Evaluate your own embeddings
 
 You already have an encoder, and you want to know how good its embeddings *and* its
 uncertainties are under the zero-shot protocol of the URL benchmark (Kirchhof et al., 2023,
-section 3). :func:`bayesurl.evaluate` takes plain tensors -- embeddings, labels, and
-optionally per-image uncertainties ``u(x)``, posterior samples and the uncertainties of
-out-of-distribution images -- and returns every metric from one kNN search.
+section 3). :func:`bayesurl.evaluate <bayesurl.evaluation.evaluate>` takes plain tensors --
+embeddings, labels, and optionally per-image uncertainties ``u(x)``, posterior samples and the
+uncertainties of out-of-distribution images -- and returns every metric from one kNN search.
 
 Here the "encoder" is a random projection of raw FashionMNIST pixels: cheap, and good
 enough to have something to measure.

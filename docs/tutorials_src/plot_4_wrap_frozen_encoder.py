@@ -3,8 +3,8 @@ Add uncertainty to a frozen encoder with ``wrap``
 =================================================
 
 You have a trained encoder and do not want to touch it: its embeddings are in production,
-its index is built. :func:`bayesurl.wrap` adds an uncertainty ``u(x)`` on top, leaving the
-embedding bit for bit unchanged. Three post-hoc methods are available:
+its index is built. :func:`bayesurl.wrap <bayesurl.posthoc.wrap.wrap>` adds an uncertainty
+``u(x)`` on top, leaving the embedding bit for bit unchanged. Three post-hoc methods are available:
 
 - ``"pvu"``: pretrained visual uncertainties (Kirchhof, thesis "Uncertainty for pretrained
   representations", section 5.3): a small head trained on cached embeddings to rank the

@@ -93,7 +93,7 @@ proc = subprocess.run(
         "-m",
         "torch.distributed.run",
         "--nproc_per_node=2",
-        "--master_port=29517",
+        "--standalone",
         str(tmp / "worker.py"),
         str(tmp),
     ],
