@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +26,11 @@ extensions = [
 ]
 
 autosummary_generate = True
+# module pages: automodule documents each module's __all__; the template (_templates/)
+# lists only the submodules, so summary tables never point at undocumented helpers
+autosummary_ignore_module_all = True
+# ``python -m bayesurl`` runs the CLI on import: give autosummary an empty stand-in
+sys.modules.setdefault("bayesurl.__main__", types.ModuleType("bayesurl.__main__"))
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autodoc_typehints = "description"
 autodoc_mock_imports = ["faiss", "nngeometry"]
@@ -47,18 +53,49 @@ nitpick_ignore_regex = [
 suppress_warnings = ["config.cache", "ref.python"]
 
 
-def _skip_shadowed(app, what, name, obj, skip, options):  # noqa: ANN001, ANN202
-    """Skip a package's re-export that has the name of one of its submodules
-    (``bayesurl.posthoc.wrap`` the function vs the module): it is documented in the module."""
-    mod = getattr(obj, "__module__", None)
-    current = app.env.ref_context.get("py:module") or app.env.temp_data.get("autodoc:module")
-    if what == "module" and mod and mod.endswith("." + name) and current != mod:
-        return True
-    return skip
+def _shadowed_modules() -> list[str]:
+    """Submodules that their package shadows with a re-export of the same name
+    (``bayesurl.posthoc.wrap`` is the function ``wrap``): autodoc would import the attribute,
+    so these get no page of their own; their public names are documented on the package."""
+    import importlib
+    import pkgutil
+
+    import bayesurl
+
+    out = []
+    for info in pkgutil.walk_packages(bayesurl.__path__, "bayesurl."):
+        if info.name.endswith("__main__"):
+            continue
+        importlib.import_module(info.name)
+        parent, _, short = info.name.rpartition(".")
+        attr = vars(sys.modules[parent]).get(short)
+        if attr is not None and not isinstance(attr, types.ModuleType):
+            out.append(info.name)
+    return out
+
+
+autosummary_context = {"shadowed": _shadowed_modules()}
+
+
+# names that ``bayesurl/__init__.py`` exposes lazily, documented where they are defined
+_ALIASES = {
+    "bayesurl.evaluate": "bayesurl.evaluation.evaluate",
+    "bayesurl.MetricLaplace": "bayesurl.laplace.MetricLaplace",
+    "bayesurl.wrap": "bayesurl.posthoc.wrap",
+}
+
+
+def _resolve_alias(app, env, node, contnode):  # noqa: ANN001, ANN202
+    target = _ALIASES.get(node.get("reftarget", ""))
+    if target is None or node.get("refdomain") != "py":
+        return None
+    domain = env.get_domain("py")
+    reftype = "obj" if node["reftype"] == "class" else node["reftype"]
+    return domain.resolve_xref(env, node["refdoc"], app.builder, reftype, target, node, contnode)
 
 
 def setup(app):  # noqa: ANN001, ANN201
-    app.connect("autodoc-skip-member", _skip_shadowed)
+    app.connect("missing-reference", _resolve_alias)
 
 
 sphinx_gallery_conf = {
@@ -79,4 +116,4 @@ html_theme = "alabaster"
 html_static_path: list[str] = []
 html_title = "bayesurl"
 exclude_patterns = ["_build", "tutorials_src/README.rst"]
-templates_path: list[str] = []
+templates_path = ["_templates"]

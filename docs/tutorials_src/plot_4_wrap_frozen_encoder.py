@@ -3,7 +3,7 @@ Add uncertainty to a frozen encoder with ``wrap``
 =================================================
 
 You have a trained encoder and do not want to touch it: its embeddings are in production,
-its index is built. :func:`bayesurl.wrap <bayesurl.posthoc.wrap.wrap>` adds an uncertainty
+its index is built. :func:`bayesurl.wrap <bayesurl.posthoc.wrap>` adds an uncertainty
 ``u(x)`` on top, leaving the embedding bit for bit unchanged. Three post-hoc methods are available:
 
 - ``"pvu"``: pretrained visual uncertainties (Kirchhof, thesis "Uncertainty for pretrained
