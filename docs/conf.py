@@ -113,6 +113,8 @@ sphinx_gallery_conf = {
 }
 
 html_theme = "alabaster"
+# wider text column: tutorial code and tables fit without horizontal scrolling
+html_theme_options = {"page_width": "1200px", "sidebar_width": "230px", "body_max_width": "none"}
 html_static_path: list[str] = []
 html_title = "bayesurl"
 exclude_patterns = ["_build", "tutorials_src/README.rst"]
