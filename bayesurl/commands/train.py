@@ -116,6 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", default=None, help="checkpoint to continue from")
     parser.add_argument("--keep-epoch-checkpoints", action="store_true")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: auto)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="CPU threads of torch (default: torch's choice)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -187,6 +190,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"`--{name.replace('_', '-')}` must be >= 1, got {getattr(args, name)}"
             )
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"`--threads` must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     cls = get(args.method)  # unknown names raise, listing the valid ones
     if args.resume is not None and not Path(args.resume).is_file():
         raise FileNotFoundError(f"`--resume` checkpoint {args.resume!r} does not exist")

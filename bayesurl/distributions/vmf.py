@@ -325,12 +325,17 @@ def sample_vmf(
     mu = torch.nn.functional.normalize(mu, dim=-1)
     finite = torch.isfinite(k)
     k_safe = torch.where(finite, k, torch.ones_like(k)).clamp_min(1e-12)
-    w = _sample_w(k_safe, dim, n_samples, generator)  # [S, N]
+    # the cosine is drawn in float64 whatever the input precision: in float32, 1 +- b and
+    # x0 = (1 - b) / (1 + b) round to 1 for kappa >~ 1e7 and no proposal would be accepted
+    w = _sample_w(k_safe.double(), dim, n_samples, generator).to(mu.dtype)  # [S, N]
     # tangent direction: uniform on S^{D-2} orthogonal to e1
     v = torch.randn((n_samples, n, dim - 1), dtype=mu.dtype, device=mu.device, generator=generator)
     v = torch.nn.functional.normalize(v, dim=-1)
     # sqrt(1 - w^2) computed without cancellation near w = 1
-    sin = torch.sqrt((1.0 - w).clamp_min(0.0) * (1.0 + w).clamp_min(0.0))
+    # (clamped away from 0: at w = +-1, which float32 Beta draws hit in D = 2, the derivative of
+    # sqrt is infinite and the kappa gradient would turn NaN)
+    tiny = torch.finfo(w.dtype).tiny
+    sin = torch.sqrt(((1.0 - w).clamp_min(0.0) * (1.0 + w).clamp_min(0.0)).clamp_min(tiny))
     z = torch.cat([w.unsqueeze(-1), sin.unsqueeze(-1) * v], dim=-1)  # around e1
     # Householder reflection mapping e1 -> mu: H = I - 2 u u^T / ||u||^2, u = e1 - mu
     e1 = torch.zeros_like(mu)

@@ -95,8 +95,11 @@ class ClassifierLaplace:
     backend : {"backpack", "curvlinops", "asdl"}
         laplace-torch curvature backend. Default BackPACK: laplace-torch's default
         (curvlinops) took 202 s and 15.9 GB for one batch of 256 of a diagonal last-layer fit
-        where BackPACK fitted 20,000 samples in 9.6 s (spec METHODS.md); see
-        ``benchmarks/laplace.py`` for the measurement on this machine.
+        where BackPACK fitted 20,000 samples in 9.6 s (spec METHODS.md). Measured here
+        (CPU, 256 -> 100 last layer, batches of 256): BackPACK fitted 2,048 inputs in
+        3.4 s; curvlinops was killed for memory (> 8 GB) within the first batch. The
+        closed-form predictive took 1.3 ms for 32 inputs against 6.3 s for laplace-torch's
+        GLM predictive (max abs difference 8e-6 in float32).
     prior_precision : float
         Initial prior precision.
     last_layer_name : str, optional

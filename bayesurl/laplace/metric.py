@@ -578,26 +578,29 @@ class OnlineMetricLaplace(BaseMetricLaplace):
             self._loss_fn = ContrastiveLoss(margin=self.margin)
         return self._loss_fn
 
-    def online_step(
+    def online_loss(
         self,
         x: Any,
         y: Tensor,
-        optimizer: torch.optim.Optimizer,
         *,
         miner: Miner | None = None,
         hessian_miner: Miner | None = None,
         loss_fn: Callable[..., Tensor] | None = None,
         generator: torch.Generator | None = None,
-    ) -> float:
-        """One online-LAM training step on a batch (LAM eqs. 4-5).
+    ) -> Tensor:
+        """Expected online-LAM loss of a batch, updating ``H`` (LAM eqs. 4-5).
+
+        For any training loop: return it from a method's ``training_loss``; the loop's
+        backward and optimizer step then take the expected-gradient step of eq. 4 (this is
+        what :meth:`online_step` does).
 
         1. Mine loss pairs on the mean embeddings with ``miner`` (default
            ``PairMarginMiner(0, margin)``, as :func:`train_contrastive`) and Hessian pairs
            with ``hessian_miner`` (default as in :meth:`fit`).
         2. Draw ``n_weight_samples`` last layers ``theta_s ~ N(theta, (beta relu(H) +
-           lambda)^-1)`` by reparameterisation, average ``loss_fn(u_s, y, pairs)`` over
-           them and take one optimizer step: the expected gradient of eq. 4 (the backbone
-           runs once; only the last layer is resampled).
+           lambda)^-1)`` by reparameterisation and average ``loss_fn(u_s, y, pairs)`` over
+           them; its gradient is the expected gradient of eq. 4 (the backbone runs once;
+           only the last layer is resampled).
         3. ``H <- (1 - alpha) H + (dataset_size / batch_size) mean_s H_batch(theta_s)``
            with ``H_batch`` the raw GGN diagonal of the mined pairs (eq. 5).
 
@@ -605,8 +608,6 @@ class OnlineMetricLaplace(BaseMetricLaplace):
         ----------
         x, y : Tensor
             Batch and labels.
-        optimizer : torch.optim.Optimizer
-            Optimiser over the model's parameters (including the last layer).
         miner : callable, optional
             PML miner of the loss pairs; default ``PairMarginMiner(0, margin)``.
         hessian_miner : callable, optional
@@ -619,8 +620,8 @@ class OnlineMetricLaplace(BaseMetricLaplace):
 
         Returns
         -------
-        float
-            The batch loss averaged over weight samples.
+        Tensor
+            Scalar loss averaged over weight samples, with its autograd graph.
         """
         if self.dataset_size is None:
             raise ValueError("`dataset_size` must be set for online LAM (H_batch is scaled N/b)")
@@ -651,8 +652,6 @@ class OnlineMetricLaplace(BaseMetricLaplace):
             z = F.linear(phi, weight + w_noise[s], None if bias is None else bias + b_noise[s])
             loss = loss + loss_fn(F.normalize(z, dim=1), y, tup)
         loss = loss / self.n_weight_samples
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
         with torch.no_grad():
             theta = parameters_to_vector([weight, bias] if bias is not None else [weight])
             h_batch = torch.zeros_like(self.hessian)
@@ -661,10 +660,34 @@ class OnlineMetricLaplace(BaseMetricLaplace):
                 h_batch += self._batch_hessian(phi_d, h_tup, theta + noise[s])
             h_batch /= self.n_weight_samples
             check_finite(h_batch, "hessian")
+            scale = self.dataset_size / phi.shape[0]
+            self.hessian = (1.0 - self.alpha) * self.hessian + scale * h_batch
+            self.n_pairs = self._count_pairs(z_mean, h_tup)
+        return loss
+
+    def online_step(
+        self,
+        x: Any,
+        y: Tensor,
+        optimizer: torch.optim.Optimizer,
+        *,
+        miner: Miner | None = None,
+        hessian_miner: Miner | None = None,
+        loss_fn: Callable[..., Tensor] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> float:
+        """One online-LAM training step (LAM eqs. 4-5): :meth:`online_loss`, backward, step.
+
+        Parameters as in :meth:`online_loss`, plus the ``optimizer`` over the model's
+        parameters (including the last layer). Returns the batch loss averaged over weight
+        samples.
+        """
+        loss = self.online_loss(
+            x, y, miner=miner, hessian_miner=hessian_miner, loss_fn=loss_fn, generator=generator
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
         optimizer.step()
-        scale = self.dataset_size / phi.shape[0]
-        self.hessian = (1.0 - self.alpha) * self.hessian + scale * h_batch
-        self.n_pairs = self._count_pairs(z_mean, h_tup)
         return float(loss.detach())
 
 

@@ -159,3 +159,15 @@ def test_sra_estimate_inverts_mean_resultant_length_roughly():
         r = vmf_mean_resultant_length(k, d)
         k_hat = kappa_from_resultant_length(r, d)
         assert torch.all((k_hat / k - 1).abs() < 0.15)
+
+
+@pytest.mark.parametrize("d", [2, 3, 10, 2048])
+def test_float32_huge_kappa_is_accepted_and_finite(d):
+    mu = torch.nn.functional.normalize(torch.randn(3, d), dim=-1)
+    k = torch.tensor([1e5, 1e7, 1e9], requires_grad=True)
+    z = sample_vmf(mu, k, 8, generator=torch.Generator().manual_seed(0))
+    assert z.dtype == torch.float32 and torch.isfinite(z).all()
+    cos = (z.detach() * mu).sum(-1)
+    assert (cos > 0.98).all()  # A_2048(1e5) = 0.9898
+    z[..., 0].sum().backward()
+    assert torch.isfinite(k.grad).all()

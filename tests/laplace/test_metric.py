@@ -356,3 +356,18 @@ def test_prior_optimisation_refuses_fully_clamped_hessian():
         la.optimize_prior_precision()
     with pytest.raises(ValueError, match="bounds"):
         la.optimize_prior_precision(bounds=(0.0, 1.0))
+
+
+def test_online_loss_in_a_foreign_loop_equals_online_step():
+    x, y = _data()
+    nets = [_net(), _net()]
+    las = [MetricLaplace(n, mode="online", dataset_size=64, margin=1.5) for n in nets]
+    opts = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]
+    las[0].online_step(x[:16], y[:16], opts[0], generator=torch.Generator().manual_seed(3))
+    loss = las[1].online_loss(x[:16], y[:16], generator=torch.Generator().manual_seed(3))
+    opts[1].zero_grad()
+    loss.backward()
+    opts[1].step()
+    torch.testing.assert_close(las[0].hessian, las[1].hessian)
+    for p0, p1 in zip(nets[0].parameters(), nets[1].parameters()):
+        torch.testing.assert_close(p0, p1)

@@ -117,6 +117,8 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path, toy_registered, capsys
     assert "unknown `--dataset` 'imagenet'" in capsys.readouterr().err
     assert main(["train", "--method", "toy_cli_ce", "--resume", str(tmp_path / "x.pt")]) == 2
     assert "x.pt" in capsys.readouterr().err
+    assert main(["train", "--method", "toy_cli_ce", "--threads", "0"]) == 2
+    assert "`--threads` must be >= 1" in capsys.readouterr().err
     assert main(["train", "--method", "toy_cli_ce", "--epochs", "0"]) == 2
     assert "`--epochs` must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):

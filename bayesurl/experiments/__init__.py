@@ -1,0 +1,1 @@
+"""Reproductions of the papers' experiments (see :mod:`bayesurl.experiments.controlled`)."""

@@ -1,0 +1,13 @@
+"""Recipe: ensemble on CUB-200-2011.
+
+Ensemble: 10 classifier heads on one embedding (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/cub/ensemble.py --root DATA_ROOT --pretrained --device cuda
+"""
+
+from bayesurl.recipes import run_recipe_cli
+
+if __name__ == "__main__":
+    raise SystemExit(run_recipe_cli("ensemble", "cub"))

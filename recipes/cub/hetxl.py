@@ -1,0 +1,13 @@
+"""Recipe: hetxl on CUB-200-2011.
+
+HET-XL: heteroscedastic classifier (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/cub/hetxl.py --root DATA_ROOT --pretrained --device cuda
+"""
+
+from bayesurl.recipes import run_recipe_cli
+
+if __name__ == "__main__":
+    raise SystemExit(run_recipe_cli("hetxl", "cub"))

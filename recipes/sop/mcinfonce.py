@@ -1,0 +1,13 @@
+"""Recipe: mcinfonce on Stanford Online Products.
+
+MCInfoNCE: contrastive learning with vMF posteriors (URL appendix B).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/sop/mcinfonce.py --root DATA_ROOT --pretrained --device cuda
+"""
+
+from bayesurl.recipes import run_recipe_cli
+
+if __name__ == "__main__":
+    raise SystemExit(run_recipe_cli("mcinfonce", "sop"))

@@ -1,0 +1,13 @@
+"""Recipe: pvu on Stanford Online Products.
+
+PVU: a CE encoder plus a post-hoc loss-prediction head (thesis 5.3).
+Hyper-parameters: :mod:`bayesurl.recipes`; ``--help`` lists the options.
+Run::
+
+    python recipes/sop/pvu.py --root DATA_ROOT --pretrained --device cuda
+"""
+
+from bayesurl.recipes import run_recipe_cli
+
+if __name__ == "__main__":
+    raise SystemExit(run_recipe_cli("pvu", "sop"))
