@@ -43,6 +43,7 @@ __all__ = [
     "RECIPE_DATASETS",
     "RECIPE_METHODS",
     "URL_IMAGENET_HPARAMS",
+    "METHOD_KWARGS",
     "DatasetConfig",
     "build_parser",
     "run_recipe",
@@ -147,6 +148,7 @@ METHOD_KWARGS: dict[str, dict[str, Any]] = {
 # benchmark repository's README). ``lr_base`` is per 256 images; the aggregated batch scales it
 # linearly (lr = lr_base * batch / 256). ``batch``, ``accum``: micro-batch and accumulation.
 _R50, _VIT = "resnet50", "vit_medium_patch16_gap_256"
+#: URL appendix B ImageNet-upstream hyper-parameters per method and backbone (see above)
 URL_IMAGENET_HPARAMS: dict[str, dict[str, dict[str, Any]]] = {
     _R50: {
         "ce": {"lr_base": 0.0027583475549166764},

@@ -199,7 +199,7 @@ def r_at_1(
     labels : Tensor
         ``[N]`` class labels.
     neighbors : Tensor, optional
-        ``[N, >=1]`` precomputed neighbour indices from :func:`~bayesurl.evaluation.knn.knn`.
+        ``[N, >=1]`` precomputed neighbour indices from :func:`~bayesurl.evaluation.knn`.
     memory_budget : int
         Bytes per similarity chunk of the kNN search.
 

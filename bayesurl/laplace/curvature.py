@@ -21,12 +21,14 @@ u_k^T)/n_k``), for a *positive* pair; negative pairs inside the margin use the n
 (``H_n = -H_p``, LAM eq. 6) and negatives outside the margin contribute nothing:
 
 ``euclidean`` (normalisation linearised, part of the model; LAM eq. 6 with ``H_p = [[I, -I],
-[-I, I]]`` w.r.t. ``u``, pulled back through ``P_k``):
+[-I, I]]`` w.r.t. ``u``, pulled back through ``P_k``)::
+
     A = P_i^2 = (I - u_i u_i^T) / n_i^2,   C = (I - u_j u_j^T) / n_j^2,
     B = -P_i P_j = -(I - u_i u_i^T - u_j u_j^T + c u_i u_j^T) / (n_i n_j).
 
 ``arccos`` (normalisation inside the loss, ``0.5||u_i - u_j||^2 = 1 - cos(z_i, z_j)``; the
-exact Hessian of ``1 - cos`` w.r.t. the unnormalised outputs, LAM supplement):
+exact Hessian of ``1 - cos`` w.r.t. the unnormalised outputs, LAM supplement)::
+
     A = (c I + u_i u_j^T + u_j u_i^T - 3 c u_i u_i^T) / n_i^2,
     C = (c I + u_i u_j^T + u_j u_i^T - 3 c u_j u_j^T) / n_j^2,
     B = (-I + u_i u_i^T + u_j u_j^T - c u_i u_j^T) / (n_i n_j).

@@ -178,6 +178,26 @@ class ExplicitKappaLoss(BaseMetricLossFunction):
         kappa: Tensor | float | None = None,
         ref_kappa: Tensor | float | None = None,
     ) -> Tensor:
+        """Reduced loss of a batch (PML's ``forward`` with explicit concentrations).
+
+        Parameters
+        ----------
+        embeddings : Tensor
+            ``[N, D]`` embeddings.
+        labels : Tensor, optional
+            ``[N]`` class labels (or ``None`` with ``indices_tuple``).
+        indices_tuple : tuple of Tensor, optional
+            Pairs or triplets from a PML miner.
+        ref_emb, ref_labels : Tensor, optional
+            Reference embeddings and labels (PML's ``ref_emb``).
+        kappa, ref_kappa : Tensor or float, optional
+            vMF concentrations; ``None`` reads them from the embedding norms.
+
+        Returns
+        -------
+        Tensor
+            Scalar loss.
+        """
         check_embeddings(embeddings, "embeddings")
         check_labels(labels, embeddings)
         # half-precision inputs (mixed precision) are promoted: the Bessel recurrence and the

@@ -252,7 +252,7 @@ class LaplaceWrapper(PosthocWrapper):
     ) -> dict[str, Any]:
         """Fit the posterior on labelled batches ``(x, y)``; prior precision by evidence.
 
-        Embedding path: :meth:`bayesurl.laplace.MetricLaplace.fit` (LAM eq. 3) with ``miner``.
+        Embedding path: :meth:`bayesurl.laplace.BaseMetricLaplace.fit` (LAM eq. 3) with ``miner``.
         Classifier path: the frozen embeddings of ``loader`` are computed once (held in memory,
         ``N x D``) and laplace-torch fits the classifier's last layer on them.
 

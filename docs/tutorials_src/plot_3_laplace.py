@@ -1,0 +1,181 @@
+"""
+Laplace a trained embedding network, post-hoc and online
+========================================================
+
+Laplacian metric learning (LAM; Warburg et al., 2023, "Bayesian Metric Learning for
+Uncertainty Quantification in Image Retrieval", section 3) puts a diagonal Gaussian
+posterior on the **last linear layer** of an embedding network trained with the contrastive
+loss. The uncertainty of an image is then the spread of its embedding under that posterior
+-- nothing extra is trained. :func:`bayesurl.laplace.MetricLaplace` does it in two ways:
+
+- **post-hoc**: train as usual, then fit the Hessian once at the trained weights;
+- **online**: train with weights sampled from the running posterior (LAM eqs. 4-5).
+
+The concepts (the ``fixed`` / ``positive`` / ``full`` approximations, the Euclidean and
+arccos geometries, the clamping) are explained in :doc:`/concepts/laplace`.
+"""
+
+# %%
+# Data and a small embedding network
+# ----------------------------------
+# Train on FashionMNIST classes 0-4, retrieve among the unseen classes 5-9, and use digits
+# as out-of-distribution images (the zero-shot default, :doc:`/concepts/zero_shot`).
+import warnings
+
+import matplotlib.pyplot as plt
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import bayesurl
+from bayesurl.data import as_tensors, default_transform, default_zero_shot
+from bayesurl.laplace import MetricLaplace, ggn_diagonal, train_contrastive, train_online
+
+torch.set_num_threads(1)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # the digits fallback warns when FashionMNIST is absent
+    data = default_zero_shot(max_train=1500, max_test=800, max_ood=400, val_fraction=0.0)
+to_input = default_transform(1)
+x_train, y_train = as_tensors(data.train, to_input)
+x_test, y_test = as_tensors(data.test, to_input)
+x_ood, _ = as_tensors(data.ood, to_input)
+
+
+def make_net() -> nn.Module:
+    """An MLP whose last ``nn.Linear`` gives the unnormalised 16-d embedding."""
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(784, 128),
+        nn.ReLU(),
+        nn.Linear(128, 64),
+        nn.ReLU(),
+        nn.Linear(64, 16),
+    )
+
+
+def loader(shuffle: bool = True) -> DataLoader:
+    ds = TensorDataset(x_train, y_train)
+    return DataLoader(
+        ds, batch_size=64, shuffle=shuffle, generator=torch.Generator().manual_seed(0)
+    )
+
+
+# %%
+# Post-hoc LAM
+# ------------
+# Train a deterministic network with the contrastive loss (:func:`train_contrastive`),
+# then fit the Laplace posterior of its last layer and tune the prior precision by the
+# marginal likelihood. ``fixed`` / ``arccos`` is LAM's recommended setting.
+torch.manual_seed(0)
+net = make_net()
+opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+det_losses = train_contrastive(net, loader(), opt, epochs=5, margin=0.2, progress=False)
+
+la = MetricLaplace(net, approximation="fixed", geometry="arccos", margin=0.2)
+la.fit(loader(shuffle=False), progress=False)
+la.optimize_prior_precision()
+print(
+    f"post-hoc: {la.n_pairs} Hessian pairs, clamped fraction {la.clamped_fraction:.2f}, "
+    f"prior precision {float(la.prior_precision.mean()):.3g}"
+)
+
+# %%
+# The clamped fraction matters: the diagonal GGN of the contrastive loss sums positive
+# (pull) and negative (push) terms, and entries whose sum is negative are clamped to zero,
+# leaving the prior there. :func:`ggn_diagonal` computes the same quantity for one batch,
+# and shows how the three approximations differ on it.
+from pytorch_metric_learning.miners import BatchEasyHardMiner  # noqa: E402
+
+xb, yb = x_train[:256], y_train[:256]
+with torch.no_grad():
+    phi = net[:-1](xb)
+    z = net[-1](phi)
+tup = BatchEasyHardMiner("hard", "hard")(nn.functional.normalize(z, dim=1), yb)
+for approx in ("positive", "fixed", "full"):
+    h = ggn_diagonal(net[-1], phi, tup, approximation=approx, geometry="arccos", clamp=False)
+    print(f"{approx:>8s}: {float((h < 0).float().mean()):.2f} of the entries negative")
+
+# %%
+# Online LAM
+# ----------
+# Train a fresh network with :func:`train_online`: every step samples the last layer from
+# the running posterior, and the Hessian is a moving average over batches (LAM eq. 5).
+torch.manual_seed(0)
+net_online = make_net()
+la_online = MetricLaplace(
+    net_online,
+    mode="online",
+    approximation="fixed",
+    geometry="arccos",
+    margin=0.2,
+    prior_precision=1.0,
+    alpha=0.01,
+    dataset_size=len(y_train),
+)
+opt = torch.optim.Adam(net_online.parameters(), lr=1e-3)
+online_losses = train_online(
+    la_online,
+    loader(),
+    opt,
+    epochs=5,
+    generator=torch.Generator().manual_seed(0),
+    progress=False,
+)
+print(
+    "online clamped fraction per epoch:",
+    [round(r["clamped_fraction"], 2) for r in la_online.fit_report],
+)
+
+# %%
+# Predictive uncertainty and evaluation
+# -------------------------------------
+# ``predictive`` returns a :class:`~bayesurl.types.Output`: the mean embedding and the
+# closed-form ``u = 1/kappa`` (no sampling), plus posterior samples when ``n_samples > 0``
+# (they give the retrieval ECE).
+gen = torch.Generator().manual_seed(0)
+scores, u_in, u_out = {}, {}, {}
+for name, model in (("post-hoc LAM", la), ("online LAM", la_online)):
+    out = model.predictive(x_test, n_samples=16, generator=gen)
+    ood = model.predictive(x_ood)
+    scores[name] = bayesurl.evaluate(
+        out.embedding,
+        y_test,
+        uncertainties=out.uncertainty,
+        samples=out.samples,
+        ood_uncertainties=ood.uncertainty,
+        return_curves=True,
+    )
+    u_in[name], u_out[name] = out.uncertainty, ood.uncertainty
+    r = scores[name]
+    print(
+        f"{name:12s} R@1 {r['r@1']:.3f}  R-AUROC {r['r_auroc']:.3f}  AUSC {r['ausc']:.3f}  "
+        f"OOD AUROC {r['ood_auroc']:.3f}  ECE {r['ece']:.3f}"
+    )
+
+fig, axes = plt.subplots(1, 3, figsize=(13, 4), layout="constrained")
+axes[0].plot(det_losses, "o-", label="deterministic (post-hoc LAM's MAP)")
+axes[0].plot(online_losses, "o-", label="online LAM")
+axes[0].set(xlabel="epoch", ylabel="contrastive loss", title="training")
+axes[0].legend()
+for name, r in scores.items():
+    sp = r["sparsification"]
+    axes[1].plot(sp["removed"], sp["r@1"], label=name)
+axes[1].plot(sp["removed"], sp["oracle"], "k--", label="oracle (last model)")
+axes[1].set(
+    xlabel="fraction of most uncertain queries removed", ylabel="R@1", title="sparsification"
+)
+axes[1].legend()
+name = "post-hoc LAM"
+both = torch.cat([u_in[name], u_out[name]])
+bins = torch.linspace(float(both.min()), float(both.max()), 40)
+axes[2].hist(u_in[name].numpy(), bins=bins.numpy(), alpha=0.6, density=True, label="test (ID)")
+axes[2].hist(u_out[name].numpy(), bins=bins.numpy(), alpha=0.6, density=True, label="OOD")
+axes[2].set(xlabel="u = 1/kappa", ylabel="density", title=f"{name}: u(x)")
+axes[2].legend()
+plt.show()
+
+# %%
+# A rising sparsification curve means ``u`` ranks the retrieval errors; a falling one means
+# it is inverted. On a run this small (1500 images, 5 epochs, an MLP) the outcome varies
+# from seed to seed -- ``recipes/fashion_mnist/lam.py`` runs the full comparison of every
+# approximation and geometry against LAM's Table 2.
