@@ -38,8 +38,8 @@ def _make(name, **kw):
 
 def test_available_lists_the_classifier_methods():
     names = methods.available()
-    # the eleven URL methods (URL section 4.1)
-    assert set(names) == set(CLASSIFIER_METHODS) | set(VMF_METHODS)
+    # the eleven URL methods (URL section 4.1) plus joint TaU (TaU Algorithm 1)
+    assert set(names) == set(CLASSIFIER_METHODS) | set(VMF_METHODS) | {"tau"}
     assert names == sorted(names)
     for name in names:
         cls = methods.get(name)
