@@ -76,7 +76,14 @@ METRICS: tuple[tuple[str, str], ...] = (
 )
 
 #: Further numbers kept per run and aggregated (JSON / CSV), not shown in the table.
-EXTRA_METRICS: tuple[str, ...] = ("ause", "ood_auprc", "map@5", "eval_time", "final_loss")
+EXTRA_METRICS: tuple[str, ...] = (
+    "ause",
+    "ood_auprc",
+    "map@5",
+    "eval_time",
+    "train_cpu_time",
+    "final_loss",
+)
 
 
 @dataclass(frozen=True)
@@ -375,6 +382,7 @@ def evaluate_method(
     device: str | torch.device | None = None,
     seed: int = 0,
     return_curves: bool = False,
+    **evaluate_kwargs: Any,
 ) -> dict[str, Any]:
     """Zero-shot evaluation of a trained method on a :class:`~bayesurl.data.ZeroShotData`.
 
@@ -404,6 +412,8 @@ def evaluate_method(
         Seeds torch before drawing samples so the ECE is reproducible.
     return_curves : bool
         Also return the sparsification and reliability curves.
+    **evaluate_kwargs
+        Passed to :func:`bayesurl.evaluation.evaluate` (``ks``, ``ece_mode``, ``shortlist``...).
 
     Returns
     -------
@@ -444,6 +454,7 @@ def evaluate_method(
         uncertainties=out.uncertainty,
         samples=out.samples if n_samples > 0 else None,
         return_curves=return_curves,
+        **evaluate_kwargs,
     )
     res["n_samples"] = n_samples
     res["n_test"] = int(x.shape[0])
@@ -481,6 +492,7 @@ def evaluate_checkpoint(
     batch_size: int = 500,
     seed: int = 0,
     return_curves: bool = False,
+    **evaluate_kwargs: Any,
 ) -> dict[str, Any]:
     """Evaluate a trained method checkpoint zero-shot (URL section 3.2).
 
@@ -509,6 +521,8 @@ def evaluate_checkpoint(
         Seed of the ECE draws.
     return_curves : bool
         Also return the sparsification and reliability curves.
+    **evaluate_kwargs
+        Passed to :func:`bayesurl.evaluation.evaluate`.
 
     Returns
     -------
@@ -565,6 +579,7 @@ def evaluate_checkpoint(
         device=dev,
         seed=seed,
         return_curves=return_curves,
+        **evaluate_kwargs,
     )
     res = {"method": method.name, "checkpoint": str(p), "dataset": data.name, **res}
     return res
@@ -582,7 +597,7 @@ def _mean_std(values: Sequence[float | None]) -> dict[str, Any]:
 def _fmt(stat: Mapping[str, Any], key: str) -> str:
     if stat.get("mean") is None:
         return "n/a"
-    digits = 1 if key in ("train_time", "eval_time") else 3
+    digits = 1 if key.endswith("_time") else 3
     s = f"{stat['mean']:.{digits}f}"
     if stat.get("std") is not None:
         s += f" +- {stat['std']:.{digits}f}"
@@ -597,7 +612,8 @@ class BenchmarkResults:
     ----------
     runs : list of dict
         One record per (method, seed): ``method``, ``seed``, every metric of
-        :func:`evaluate_method`, ``train_time``, ``final_loss``, ``steps``, ``error`` (``None``
+        :func:`evaluate_method`, ``train_time`` (wall seconds), ``train_cpu_time`` (process CPU
+        seconds, all threads), ``final_loss``, ``steps``, ``error`` (``None``
         or the exception text of a failed run; its metrics are then ``None``).
     settings : dict
         Preset, recipes, data sizes, device, versions, total wall time.
@@ -678,7 +694,7 @@ class BenchmarkResults:
                 for k in keys:
                     for s in ("mean", "std"):
                         v = summ[m][k][s]
-                        row.append("" if v is None else f"{v:.6g}")
+                        row.append("" if v is None else f"{v:.10g}")
                 w.writerow(row)
         return p
 
@@ -799,6 +815,7 @@ def _train_and_evaluate(
         drop_last=cls.two_view,
     )
     epochs = max(1, round(preset.epochs * recipe.epochs_mult))
+    cpu0 = time.process_time()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*cannot rebuild the method.*")
         result = fit(
@@ -816,6 +833,7 @@ def _train_and_evaluate(
             checkpoint_dir=None if checkpoint_dir is None else checkpoint_dir / f"{name}_s{seed}",
             method_kwargs=method_kwargs if checkpoint_dir is not None else None,
         )
+    cpu_train = time.process_time() - cpu0
     n_samples = recipe.eval_samples if recipe.eval_samples is not None else preset.eval_samples
     res = evaluate_method(
         method,
@@ -828,6 +846,7 @@ def _train_and_evaluate(
     )
     res.update(
         train_time=float(result.train_time),
+        train_cpu_time=float(cpu_train),
         final_loss=float(result.final_loss),
         steps=int(result.global_step),
         epochs=int(result.epochs),

@@ -36,7 +36,10 @@ def parse_seeds(text: str) -> list[int]:
         else:
             n = int(raw)
             if n < 1:
-                raise ValueError(f"`--seeds` count must be >= 1, got {n}")
+                raise ValueError(
+                    f"`--seeds {raw}`: a single number is a count (>= 1); "
+                    f"write `{raw},` for that one seed"
+                )
             seeds = list(range(n))
     except ValueError as exc:
         if "`--seeds`" in str(exc):
@@ -60,8 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seeds",
-        default="0",
-        help="comma-separated seeds (0,1,2) or a count (3 = seeds 0,1,2); default: 0",
+        default="1",
+        help="comma-separated seeds (0,1,2; one seed: 7,) or a count (3 = seeds 0,1,2); "
+        "default: 1 (seed 0)",
     )
     parser.add_argument(
         "--preset",
