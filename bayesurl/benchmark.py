@@ -60,6 +60,7 @@ __all__ = [
     "evaluate_method",
     "get_preset",
     "input_channels",
+    "merge_results",
     "recipe_for",
     "resolve_methods",
     "run_benchmark",
@@ -757,6 +758,69 @@ class BenchmarkResults:
         }
         self.plot(paths["png"])
         return paths
+
+
+def merge_results(
+    sources: Iterable[str | os.PathLike[str] | BenchmarkResults],
+) -> BenchmarkResults:
+    """Combine benchmark runs made separately (e.g. one seed per machine) into one result.
+
+    Parameters
+    ----------
+    sources : iterable
+        :class:`BenchmarkResults`, ``results.json`` files, or folders holding one.
+
+    Returns
+    -------
+    BenchmarkResults
+        All runs (method order of first appearance, then by seed); the settings of the first
+        source with ``seeds`` / ``methods`` updated and the sources' ``total_time`` summed.
+
+    Raises
+    ------
+    FileNotFoundError
+        If a path holds no ``results.json``.
+    ValueError
+        If a file is not a benchmark result, the presets or data differ, or a (method, seed)
+        pair appears twice.
+    """
+    parts: list[BenchmarkResults] = []
+    for src in sources:
+        if isinstance(src, BenchmarkResults):
+            parts.append(src)
+            continue
+        path = Path(src)
+        if path.is_dir():
+            path = path / "results.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"benchmark result {str(path)!r} does not exist")
+        try:
+            data = json.loads(path.read_text())
+            parts.append(BenchmarkResults(runs=list(data["runs"]), settings=dict(data["settings"])))
+        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{str(path)!r} is not a bayesurl benchmark result: {exc}") from None
+    if not parts:
+        raise ValueError("`sources` is empty")
+    first = parts[0].settings
+    for p in parts[1:]:
+        for key in ("preset_settings", "dataset", "sizes"):
+            if p.settings.get(key) != first.get(key):
+                raise ValueError(f"cannot merge benchmark results with different `{key}`")
+    runs = [r for p in parts for r in p.runs]
+    seen: set[tuple[str, int]] = set()
+    for r in runs:
+        key = (r["method"], int(r["seed"]))
+        if key in seen:
+            raise ValueError(f"method {key[0]!r} seed {key[1]} appears in more than one source")
+        seen.add(key)
+    order = list(dict.fromkeys(r["method"] for r in runs))
+    runs.sort(key=lambda r: (order.index(r["method"]), int(r["seed"])))
+    settings = dict(first)
+    settings["seeds"] = sorted({int(r["seed"]) for r in runs})
+    settings["methods"] = order
+    settings["total_time"] = sum(float(p.settings.get("total_time") or 0.0) for p in parts)
+    settings["merged_from"] = len(parts)
+    return BenchmarkResults(runs=runs, settings=settings)
 
 
 class _Keep(nn.Module):

@@ -25,6 +25,7 @@ from bayesurl.benchmark import (
     evaluate_method,
     get_preset,
     input_channels,
+    merge_results,
     resolve_methods,
     run_benchmark,
 )
@@ -203,6 +204,27 @@ def test_failed_run_is_recorded_not_dropped(monkeypatch):
     assert res.summary()["ce"]["failed"]["n"] == 1
     with pytest.raises(TypeError, match="no_such_argument"):
         run_benchmark(["ce"], seeds=1, preset="smoke", progress=False, raise_errors=True)
+
+
+def test_merge_separate_runs(smoke, tmp_path, capsys):
+    res, _ = smoke
+    a = BenchmarkResults([r for r in res.runs if r["method"] == "ce"], dict(res.settings))
+    b = BenchmarkResults([r for r in res.runs if r["method"] != "ce"], dict(res.settings))
+    a.save(tmp_path / "a")
+    b.save(tmp_path / "b")
+    merged = merge_results([tmp_path / "a", tmp_path / "b" / "results.json"])
+    assert merged.summary() == json.loads(json.dumps(res.summary()))
+    with pytest.raises(ValueError, match="more than one source"):
+        merge_results([tmp_path / "a", tmp_path / "a"])
+    with pytest.raises(FileNotFoundError):
+        merge_results([tmp_path / "nothing"])
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="bad.json"):
+        merge_results([tmp_path / "bad.json"])
+    out = tmp_path / "m"
+    rc = main(["benchmark", "--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)])
+    assert rc == 0 and (out / "results.csv").is_file()
+    assert "mcinfonce" in capsys.readouterr().out
 
 
 def test_resolve_methods_and_presets():

@@ -85,6 +85,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep each run's checkpoint in OUT/checkpoints/<method>_s<seed>/last.pt",
     )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="DIR",
+        default=None,
+        help="train nothing: merge the results.json of earlier runs (e.g. one seed each) "
+        "into one table in --out",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,8 +101,14 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from bayesurl.benchmark import resolve_methods, run_benchmark
+    from bayesurl.benchmark import merge_results, resolve_methods, run_benchmark
 
+    if args.merge:
+        merged = merge_results(args.merge)
+        merged.save(args.out)
+        print(merged.table())
+        print(f"merged {len(args.merge)} results into {Path(args.out) / 'results.json'}")
+        return 0
     methods = resolve_methods(args.methods)  # unknown names raise, listing the valid ones
     seeds = parse_seeds(args.seeds)
     if args.threads is not None:
