@@ -1,9 +1,9 @@
 """The shared backbone -> embedding projection every URL method is built on.
 
-URL (section 4.1, appendix B) trains each method on a pretrained backbone whose features are
-projected to the embedding space by one linear layer (or used as they are). This module gives
+URL (section 4.1, appendix B) trains every method on a backbone (ResNet-50 with 2048-dim pooled
+embeddings, ViT-Medium) and attaches each method's heads to the embedding. This module gives
 that piece once: a backbone (timm name, ``"small_convnet"`` or any ``nn.Module``) followed by an
-optional linear projection to ``embed_dim``.
+optional linear projection to ``embed_dim`` (e.g. to a small embedding on CPU).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def build_backbone(backbone: str | nn.Module, **kwargs: Any) -> tuple[nn.Module,
 class EmbeddingNet(nn.Module):
     """Backbone followed by an optional linear projection: ``e(x) = W f(x) + b`` or ``f(x)``.
 
-    The embedding head of every URL method (URL appendix B: "a linear layer on top of the
-    backbone maps to the embedding space"). The output is *not* normalised, so methods that
-    encode a concentration in the norm (InfoNCE's ``u = 1/||e(x)||``, URL B.2) can read it.
+    The embedding e(x) every URL method builds on (URL appendix B: the backbone's pooled
+    features; the projection is optional). The output is *not* normalised, so methods that
+    read information from the norm (InfoNCE's ``u = 1/||e(x)||``, spec METHODS.md) keep it.
 
     Parameters
     ----------

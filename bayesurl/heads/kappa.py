@@ -4,8 +4,9 @@ MCInfoNCE, ELK, nivMF and HIB predict a vMF posterior ``vMF(mu(x), kappa(x))`` p
 the normalised embedding and kappa comes from a 3-layer MLP on the embedding (URL appendix
 B.3-B.6). Its initial value is "either randomly initialized or warmed up to 0.001" (URL B.3):
 the warm-up shifts the head's output so that its mean uncertainty ``u = 1/kappa`` on the first
-batch is ``warmup_u``. The head is never zero-initialised: a constant initial kappa gives no
-gradient signal to rank inputs (thesis, chapter 5 "pretrained visual uncertainties").
+batch is ``warmup_u``. The head is never zero-initialised (PyTorch's default initialisation is
+kept): the thesis (chapter 5, "pretrained visual uncertainties") reports that a zero-initialised
+uncertainty head fails to train (spec METHODS.md).
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ class KappaHead(nn.Module):
         """Shift the last bias so that ``mean(1/kappa) = warmup_u`` on this batch (once).
 
         Returns ``True`` if the shift was applied now, ``False`` if there is nothing to do
-        (no ``warmup_u`` or already warmed up).
+        (no ``warmup_u`` or already warmed up). Under ``torch.distributed`` the ranks average
+        their shifts (every rank must call it on its first batch).
         """
         if bool(self.warmed_up) or self.warmup_u is None:
             return False
@@ -128,6 +130,11 @@ class KappaHead(nn.Module):
                 lo = mid
             else:
                 hi = mid
-        last.bias.add_(0.5 * (lo + hi))
+        shift = torch.tensor(0.5 * (lo + hi), dtype=last.bias.dtype, device=last.bias.device)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # every rank warms up on its own first batch: agree on one shift
+            torch.distributed.all_reduce(shift)
+            shift /= torch.distributed.get_world_size()
+        last.bias.add_(shift)
         self.warmed_up.fill_(True)
         return True

@@ -29,6 +29,8 @@ __all__ = [
     "check_labels",
     "contrastive_log_ratio",
     "log_mean_exp",
+    "log_ratio_from_mean",
+    "masked_log_mean_exp",
 ]
 
 
@@ -95,6 +97,33 @@ def log_mean_exp(x: Tensor, dim: int) -> Tensor:
     return torch.logsumexp(x, dim=dim) - math.log(x.shape[dim])
 
 
+def masked_log_mean_exp(x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``(log (1/M) sum_m e^{x_m}, M)`` over the last dim, counting only ``mask``-ed entries.
+
+    ``x`` is ``[..., P, M]``, ``mask`` a boolean ``[P, M]`` (or ``None``: every entry). Rows
+    without any valid entry give ``-inf`` (with finite gradients) and ``M = 0``.
+    """
+    if mask is None:
+        m = torch.full(x.shape[-2:-1], x.shape[-1], dtype=x.dtype, device=x.device)
+        return torch.logsumexp(x, dim=-1) - math.log(max(x.shape[-1], 1)), m
+    m = mask.sum(-1).to(x.dtype)
+    has = mask.any(-1)
+    filled = x.masked_fill(~mask, -math.inf)
+    # rows without entries: keep the logsumexp finite (its gradient would be NaN)
+    filled = torch.where(has.unsqueeze(-1), filled, torch.zeros_like(filled))
+    log_sum = torch.where(has, torch.logsumexp(filled, dim=-1), -math.inf)
+    return log_sum - torch.log(m.clamp_min(1.0)), m
+
+
+def log_ratio_from_mean(
+    pos: Tensor, log_neg_mean: Tensor, m: Tensor, divide_positive: bool = False
+) -> Tensor:
+    """``log e^pos / (c e^pos + e^{log_neg_mean})`` with ``c = 1`` or ``1/m`` (see below)."""
+    if divide_positive:
+        return pos - torch.logaddexp(pos - torch.log(m.clamp_min(1.0)), log_neg_mean)
+    return pos - torch.logaddexp(pos, log_neg_mean)
+
+
 def contrastive_log_ratio(
     pos: Tensor, neg: Tensor, neg_mask: Tensor | None = None, divide_positive: bool = False
 ) -> Tensor:
@@ -108,26 +137,19 @@ def contrastive_log_ratio(
         ``[..., P, M]`` negative logits.
     neg_mask : Tensor, optional
         ``[P, M]`` boolean mask of the valid negatives per positive (M_p = its row sum).
-        Rows without any negative give ``log(1/c)``.
+        Rows without any negative give 0 (ratio 1).
     divide_positive : bool
         ``False`` (the MCInfoNCE reference code): only the negatives are averaged, ``c = 1``,
         so the ratio is ``<= 1`` and the loss ``>= 0``. ``True`` (MCI eq. 7): the positive is
         divided by M too, ``c = 1/M``.
     """
-    if neg_mask is None:
-        m = torch.full(pos.shape[-1:], neg.shape[-1], dtype=pos.dtype, device=pos.device)
-        log_neg = torch.logsumexp(neg, dim=-1)
-    else:
-        m = neg_mask.sum(-1).to(pos.dtype)
-        filled = neg.masked_fill(~neg_mask, -math.inf)
-        has = neg_mask.any(-1)
-        # rows without negatives: keep the logsumexp finite (its gradient would be NaN)
-        filled = torch.where(has.unsqueeze(-1), filled, torch.zeros_like(filled))
-        log_neg = torch.where(has, torch.logsumexp(filled, dim=-1), -math.inf)
-    log_m = torch.log(m.clamp_min(1.0))
-    log_neg = log_neg - log_m
-    log_c = -log_m if divide_positive else torch.zeros_like(log_m)
-    return pos - torch.logaddexp(pos + log_c, log_neg)
+    log_neg_mean, m = masked_log_mean_exp(neg, neg_mask)
+    return log_ratio_from_mean(pos, log_neg_mean, m, divide_positive)
+
+
+def _promote(x: Tensor) -> Tensor:
+    """``x`` in float32 if it is float16 / bfloat16, else unchanged."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 class ExplicitKappaLoss(BaseMetricLossFunction):
@@ -158,7 +180,18 @@ class ExplicitKappaLoss(BaseMetricLossFunction):
     ) -> Tensor:
         check_embeddings(embeddings, "embeddings")
         check_labels(labels, embeddings)
+        # half-precision inputs (mixed precision) are promoted: the Bessel recurrence and the
+        # log-sum-exps need float32 at least; autocast is switched off inside the loss
+        embeddings = _promote(embeddings)
         kappa = check_kappa(kappa, embeddings, "kappa", allow_inf=self.allow_inf_kappa)
+        if ref_emb is not None:
+            ref_emb = _promote(ref_emb)
+        with torch.autocast(embeddings.device.type, enabled=False):
+            return self._forward(
+                embeddings, labels, indices_tuple, ref_emb, ref_labels, kappa, ref_kappa
+            )
+
+    def _forward(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, kappa, ref_kappa):
         if ref_emb is None:
             if ref_kappa is not None:
                 raise ValueError("`ref_kappa` was given without `ref_emb`")

@@ -29,7 +29,7 @@ from bayesurl.losses._base import (
     check_labels,
     contrastive_log_ratio,
 )
-from bayesurl.losses.infonce import two_view_labels
+from bayesurl.losses.infonce import _check_t, two_view_labels
 
 __all__ = [
     "ELKLoss",
@@ -139,7 +139,7 @@ def elk_contrastive_loss(
     mu_neg: Tensor | None = None,
     kappa_neg: Tensor | float | None = None,
     *,
-    scale: float = 1.0,
+    scale: float | Tensor = 1.0,
     divide_positive: bool = False,
     reduction: str = "mean",
 ) -> Tensor:
@@ -148,7 +148,9 @@ def elk_contrastive_loss(
     ``-log e^{s_pos} / (c e^{s_pos} + (1/M) sum_m e^{s_m})``, ``s = scale * log ELK``,
     ``c = 1`` (eq. 55) or ``1/M`` (``divide_positive``). Arguments as in
     :func:`~bayesurl.losses.mcinfonce.mcinfonce_loss` (``mu_neg [B, M, D]`` or ``None`` for
-    in-batch SimCLR negatives); concentrations must be finite.
+    in-batch SimCLR negatives); concentrations must be finite. ``scale`` (the kappa of MCI
+    eq. 55) may be a 0-dim tensor that requires grad. Note: the MCI reference code sums the
+    negatives (no 1/M); eq. 55 averages them, as done here.
     """
     check_embeddings(mu_anchor, "mu_anchor")
     check_embeddings(mu_pos, "mu_pos")
@@ -159,6 +161,7 @@ def elk_contrastive_loss(
         )
     ka = check_kappa(kappa_anchor, mu_anchor, "kappa_anchor", allow_inf=False)
     kp = check_kappa(kappa_pos, mu_pos, "kappa_pos", allow_inf=False)
+    scale = _check_t(scale, "scale")
     b, d = mu_anchor.shape
     if mu_neg is None:
         if kappa_neg is not None:

@@ -2,7 +2,8 @@
 
 The match probability of two inputs is the Monte-Carlo average over K paired samples of their
 vMF posteriors, ``p(n, m) = (1/K) sum_k sigmoid(t s_nk^T s_mk + b)`` (URL B.6; Oh et al. 2019
-with cosine instead of L2 distances and no KL prior). Same-label pairs minimise ``-log p``;
+with cosine instead of L2 distances and no KL prior; URL prints a sum over the 16 samples,
+the mean is used so that p is a probability, as in HIB). Same-label pairs minimise ``-log p``;
 different-label pairs either minimise ``+log p`` (URL eq. 5, "which stabilized training", the
 default) or ``-log(1 - p)`` (the original HIB, ``negative_term="log1m_p"``). Each term is
 averaged over its own set of pairs.
@@ -34,7 +35,11 @@ def _check_neg_term(term: str) -> str:
 
 
 def hib_log_match_probability(
-    samples1: Tensor, samples2: Tensor, scale: float, bias: float, complement: bool = False
+    samples1: Tensor,
+    samples2: Tensor,
+    scale: float | Tensor,
+    bias: float | Tensor,
+    complement: bool = False,
 ) -> Tensor:
     """``log p`` (or ``log(1 - p)``) of ``p = mean_k sigmoid(scale * <s1_k, s2_k> + bias)``.
 
@@ -67,8 +72,8 @@ def hib_loss(
     kappa_neg: Tensor | float | None = None,
     *,
     n_samples: int = 16,
-    scale: float = 16.0,
-    bias: float = -8.0,
+    scale: float | Tensor = 16.0,
+    bias: float | Tensor = -8.0,
     negative_term: str = "log_p",
     generator: torch.Generator | None = None,
     reduction: str = "mean",
@@ -82,14 +87,17 @@ def hib_loss(
 
     Parameters
     ----------
-    scale, bias : float
-        t in [8, 64] and b in [-8, 8] of URL appendix B.6 (a and b of MCI eq. 54).
+    scale, bias : float or Tensor
+        t in [8, 64] and b in [-8, 8] of URL appendix B.6 (a and b of MCI eq. 54); 0-dim
+        tensors may require grad.
     negative_term : {"log_p", "log1m_p"}
         The different-pair term.
     """
     term = _check_neg_term(negative_term)
     k = _check_n_samples(n_samples)
     scale = _check_t(scale, "scale")
+    if not bool(torch.isfinite(torch.as_tensor(bias).detach()).all()):
+        raise ValueError(f"`bias` must be finite, got {bias}")
     check_embeddings(mu_anchor, "mu_anchor")
     check_embeddings(mu_pos, "mu_pos")
     if mu_pos.shape != mu_anchor.shape:

@@ -18,7 +18,15 @@ from bayesurl.losses._base import check_embeddings
 __all__ = ["InfoNCELoss", "infonce_loss", "two_view_labels"]
 
 
-def _check_t(t: float, name: str = "inverse_temperature") -> float:
+def _check_t(t: float | Tensor, name: str = "inverse_temperature") -> float | Tensor:
+    """A positive finite scale; a 0-dim tensor is returned as it is (so it can be learned)."""
+    if isinstance(t, Tensor):
+        if t.ndim != 0:
+            raise ValueError(f"`{name}` must be a scalar, got shape {tuple(t.shape)}")
+        value = float(t.detach())
+        if not (value > 0 and value < float("inf")):
+            raise ValueError(f"`{name}` must be a positive finite scalar, got {value}")
+        return t
     t = float(t)
     if not (t > 0 and t < float("inf")):
         raise ValueError(f"`{name}` must be a positive finite float, got {t}")

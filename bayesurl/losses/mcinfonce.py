@@ -25,6 +25,8 @@ from bayesurl.losses._base import (
     check_kappa,
     contrastive_log_ratio,
     log_mean_exp,
+    log_ratio_from_mean,
+    masked_log_mean_exp,
 )
 from bayesurl.losses.infonce import _check_t, two_view_labels
 
@@ -81,9 +83,11 @@ def mcinfonce_pair_losses(
         samples.shape[1], ref_samples.shape[1], dtype=torch.bool, device=samples.device
     )
     neg_of_anchor[a2, n] = True
+    # the negatives depend on the anchor only: average them once per anchor ([K, N]), then
+    # gather per positive pair (memory K N R instead of K P R)
+    log_neg_mean, m = masked_log_mean_exp(sims, neg_of_anchor)
     pos = sims[:, a1, p]  # [K, P]
-    neg = sims[:, a1, :]  # [K, P, R]
-    log_ratio = contrastive_log_ratio(pos, neg, neg_of_anchor[a1], divide_positive)
+    log_ratio = log_ratio_from_mean(pos, log_neg_mean[:, a1], m[a1], divide_positive)
     return -log_mean_exp(log_ratio, dim=0)
 
 
@@ -96,7 +100,7 @@ def mcinfonce_loss(
     kappa_neg: Tensor | float | None = None,
     *,
     n_samples: int = 16,
-    kappa_pos_scale: float = 16.0,
+    kappa_pos_scale: float | Tensor = 16.0,
     divide_positive: bool = False,
     generator: torch.Generator | None = None,
     reduction: str = "mean",
@@ -117,9 +121,9 @@ def mcinfonce_loss(
         ``[B, M]`` concentrations of the negatives (required with ``mu_neg``).
     n_samples : int
         K, the number of vMF samples per input (URL: 16, MCI: 512).
-    kappa_pos_scale : float
+    kappa_pos_scale : float or Tensor
         kappa_pos of the generative process = the inverse temperature t (MCI: 20,
-        URL: t in [8, 64]).
+        URL: t in [8, 64]); a 0-dim tensor may require grad (MCI tunes "kappa_pos learnable").
     divide_positive : bool
         ``False`` (default, reference code): only the negatives are averaged by M, loss >= 0.
         ``True``: the positive in the denominator is divided by M too (MCI eq. 7 as printed).

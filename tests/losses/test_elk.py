@@ -3,6 +3,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.special import ive
 
 from bayesurl.distributions.vmf import sample_vmf
@@ -154,3 +156,30 @@ def test_bad_input():
         loss(mu.clone().fill_(float("nan")), torch.zeros(4, dtype=torch.long), kappa=1.0)
     with pytest.raises(ValueError, match="num_classes"):
         ELKLoss(1, 3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    k1=st.floats(0.01, 500.0),
+    k2=st.floats(0.01, 500.0),
+    c1=st.floats(-1.0, 1.0),
+    c2=st.floats(-1.0, 1.0),
+    d=st.sampled_from([2, 3, 10, 64]),
+)
+def test_kernel_properties(k1, k2, c1, c2, d):
+    """Symmetric, increasing in the cosine of the means, equal to the scipy formula."""
+    e1 = torch.zeros(d)
+    e1[0] = 1.0
+
+    def at(c):
+        v = torch.zeros(d)
+        v[0], v[1] = c, math.sqrt(max(1 - c * c, 0.0))
+        return v
+
+    k1t, k2t = torch.tensor(k1), torch.tensor(k2)
+    a = elk_log_kernel(e1, k1t, at(c1), k2t)
+    assert torch.allclose(a, elk_log_kernel(at(c1), k2t, e1, k1t))
+    b = elk_log_kernel(e1, k1t, at(c2), k2t)
+    if c1 > c2 + 1e-9:
+        assert a >= b - 1e-9
+    assert math.isclose(float(a), brute_log_elk(e1, k1, at(c1), k2), rel_tol=1e-8, abs_tol=1e-7)

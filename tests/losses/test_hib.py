@@ -132,3 +132,13 @@ def test_bad_input():
         HIBLoss()(mu)
     with pytest.raises(ValueError, match="mu_anchor"):
         hib_loss(mu[:, :1], 1.0, mu[:, :1], 1.0)
+
+
+def test_learnable_scale_and_bias():
+    g = torch.Generator().manual_seed(9)
+    mu = torch.randn(4, 3, generator=g)
+    a, b = torch.tensor(2.0, requires_grad=True), torch.tensor(0.5, requires_grad=True)
+    hib_loss(mu, 10.0, mu.flip(0), 10.0, n_samples=2, scale=a, bias=b, generator=g).backward()
+    assert a.grad != 0 and b.grad != 0
+    with pytest.raises(ValueError, match="bias"):
+        hib_loss(mu, 10.0, mu, 10.0, bias=float("nan"))

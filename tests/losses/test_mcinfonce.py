@@ -2,10 +2,13 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pytorch_metric_learning.losses import NTXentLoss
 from pytorch_metric_learning.miners import MultiSimilarityMiner
 
 from bayesurl.distributions.vmf import sample_vmf
+from bayesurl.losses._base import contrastive_log_ratio
 from bayesurl.losses.infonce import infonce_loss, two_view_labels
 from bayesurl.losses.mcinfonce import MCInfoNCELoss, mcinfonce_loss
 
@@ -196,3 +199,59 @@ def test_bad_input():
         MCInfoNCELoss()(mu, torch.arange(4), kappa=-torch.ones(4))
     with pytest.raises(ValueError, match="ref_kappa"):
         MCInfoNCELoss()(mu, torch.arange(4), kappa=1.0, ref_kappa=1.0)
+
+
+def test_dtype_follows_inputs_and_half_precision_is_promoted():
+    g = torch.Generator().manual_seed(8)
+    emb = torch.randn(6, 4, generator=g)
+    labels = two_view_labels(3)
+    loss = MCInfoNCELoss(8.0, n_samples=4)
+    assert loss(emb.float(), labels, kappa=20.0).dtype == torch.float32
+    assert loss(emb, labels, kappa=20.0).dtype == torch.float64
+    out = loss(emb.to(torch.bfloat16), labels, kappa=torch.full((6,), 20.0, dtype=torch.bfloat16))
+    assert out.dtype == torch.float32 and torch.isfinite(out)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = loss(emb.float(), labels, kappa=20.0)
+    assert inside.dtype == torch.float32
+
+
+def test_learnable_kappa_pos_scale():
+    g = torch.Generator().manual_seed(9)
+    mu_a, mu_p = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+    t = torch.tensor(10.0, requires_grad=True)
+    loss = mcinfonce_loss(
+        mu_a,
+        20.0,
+        mu_p,
+        20.0,
+        torch.randn(4, 2, 3, generator=g),
+        20.0,
+        n_samples=3,
+        kappa_pos_scale=t,
+        generator=g,
+    )
+    loss.backward()
+    assert torch.isfinite(t.grad) and t.grad != 0
+    with pytest.raises(ValueError, match="kappa_pos_scale"):
+        mcinfonce_loss(mu_a, 1.0, mu_p, 1.0, kappa_pos_scale=torch.tensor(-1.0))
+    with pytest.raises(ValueError, match="kappa_pos_scale"):
+        mcinfonce_loss(mu_a, 1.0, mu_p, 1.0, kappa_pos_scale=torch.ones(2))
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    pos=st.floats(-50, 50),
+    negs=st.lists(st.floats(-50, 50), min_size=1, max_size=8),
+)
+def test_log_ratio_bounds(pos, negs):
+    """Reference variant: ratio <= 1 (loss >= 0); eq. 7 variant: ratio <= M (loss >= -log M)."""
+    p, n = torch.tensor([pos]), torch.tensor([negs])
+    m = len(negs)
+    ref = contrastive_log_ratio(p, n, None, divide_positive=False)
+    eq7 = contrastive_log_ratio(p, n, None, divide_positive=True)
+    assert float(ref) <= 1e-12
+    assert float(eq7) <= math.log(m) + 1e-12
+    # both agree with the formula
+    mean_neg = sum(math.exp(v) for v in negs) / m
+    assert math.isclose(float(ref), pos - math.log(math.exp(pos) + mean_neg), abs_tol=1e-9)
+    assert math.isclose(float(eq7), pos - math.log(math.exp(pos) / m + mean_neg), abs_tol=1e-9)

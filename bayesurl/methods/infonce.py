@@ -1,0 +1,68 @@
+"""InfoNCE: SimCLR two-view contrastive learning, u = 1/||e(x)|| (URL section 4.1, B.2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from bayesurl.losses.infonce import InfoNCELoss
+from bayesurl.methods._vmf import EmbeddingMethod
+from bayesurl.methods.base import register
+from bayesurl.types import Output
+
+__all__ = ["InfoNCE"]
+
+
+@register("infonce")
+class InfoNCE(EmbeddingMethod):
+    """Self-supervised InfoNCE baseline (URL appendix B.2, eq. 1).
+
+    Two augmented views of each image are positives, the rest of the batch negatives.
+    InfoNCE has no uncertainty of its own; following the URL code, ``u(x) = 1/||e(x)||``
+    (inputs the model is unsure about get smaller embedding norms).
+
+    Parameters
+    ----------
+    backbone, embed_dim, num_classes, backbone_kwargs
+        See :class:`~bayesurl.methods._vmf.EmbeddingMethod` (``num_classes`` is ignored).
+    inverse_temperature : float
+        t of URL eq. 1 (tuned in [8, 64]).
+
+    Examples
+    --------
+    >>> m = InfoNCE(embed_dim=16)
+    >>> out = m(torch.randn(4, 1, 28, 28))
+    >>> out.embedding.shape, out.uncertainty.shape
+    (torch.Size([4, 16]), torch.Size([4]))
+    """
+
+    two_view = True
+    supervised = False
+    has_distribution = False
+
+    def __init__(
+        self,
+        backbone: str | nn.Module = "small_convnet",
+        embed_dim: int | None = 64,
+        num_classes: int | None = None,
+        backbone_kwargs: dict[str, Any] | None = None,
+        inverse_temperature: float = 16.0,
+    ) -> None:
+        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
+        self.loss_fn = InfoNCELoss(inverse_temperature)
+        self.hparams.update(inverse_temperature=float(inverse_temperature))
+
+    def forward(self, x: Tensor, n_samples: int = 0) -> Output:
+        """Unnormalised embedding ``e(x)`` and ``u = 1/||e(x)||``; no samples (no distribution)."""
+        self._check_n_samples(n_samples)
+        e = self.embed(x)
+        return Output(embedding=e, uncertainty=1.0 / e.norm(dim=-1).clamp_min(1e-12))
+
+    def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:
+        """InfoNCE of the views ``batch = ((x1, x2), y)`` (``y`` unused)."""
+        x1, x2 = self._check_views(batch)
+        e = self.embed(torch.cat([x1, x2]))
+        b = x1.shape[0]
+        return self.loss_fn.two_view(e[:b], e[b:])
