@@ -1,8 +1,11 @@
-"""Losses of the URL methods (URL appendix B): pytorch-metric-learning ``BaseMetricLossFunction``
-subclasses that take the vMF concentration explicitly, each with a functional core on plain
-tensors (usable outside PML's contract, e.g. in the MCInfoNCE controlled experiment)."""
+"""Losses of the URL methods (URL appendix B), LAM's contrastive loss and TaU-SimCLR.
+
+The metric losses are pytorch-metric-learning ``BaseMetricLossFunction`` subclasses that take the
+vMF concentration explicitly, each with a functional core on plain tensors (usable outside PML's
+contract, e.g. in the MCInfoNCE controlled experiment)."""
 
 from bayesurl.losses._base import ExplicitKappaLoss, contrastive_log_ratio
+from bayesurl.losses.contrastive import ContrastiveLoss
 from bayesurl.losses.elk import (
     ELKLoss,
     elk_contrastive_loss,
@@ -12,11 +15,20 @@ from bayesurl.losses.elk import (
 )
 from bayesurl.losses.hib import HIBLoss, hib_log_match_probability, hib_loss
 from bayesurl.losses.infonce import InfoNCELoss, infonce_loss, two_view_labels
+from bayesurl.losses.losspred import LossPredictionLoss, LossPredictor, losspred_loss
 from bayesurl.losses.mcinfonce import MCInfoNCELoss, mcinfonce_loss
 from bayesurl.losses.nivmf import NivMFLoss, nivmf_elk_logits, nivmf_log_density, nivmf_loss
+from bayesurl.losses.tau import TaULoss, TaUVariant, tau_simclr_loss
 
 __all__ = [
+    "ContrastiveLoss",
     "ELKLoss",
+    "LossPredictionLoss",
+    "LossPredictor",
+    "TaULoss",
+    "TaUVariant",
+    "losspred_loss",
+    "tau_simclr_loss",
     "ExplicitKappaLoss",
     "HIBLoss",
     "InfoNCELoss",

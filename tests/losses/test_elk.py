@@ -16,8 +16,6 @@ from bayesurl.losses.elk import (
     elk_proxy_loss,
 )
 
-torch.set_default_dtype(torch.float64)
-
 
 def scipy_log_c(k, d):
     """log C_D(kappa) from scipy's exponentially scaled Bessel function (independent)."""

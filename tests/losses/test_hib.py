@@ -7,8 +7,6 @@ from pytorch_metric_learning.miners import MultiSimilarityMiner
 from bayesurl.distributions.vmf import sample_vmf
 from bayesurl.losses.hib import HIBLoss, hib_loss
 
-torch.set_default_dtype(torch.float64)
-
 
 def sig(x):
     return 1.0 / (1.0 + math.exp(-x))

@@ -7,8 +7,6 @@ from pytorch_metric_learning.miners import BatchEasyHardMiner
 
 from bayesurl.losses.infonce import InfoNCELoss, infonce_loss, two_view_labels
 
-torch.set_default_dtype(torch.float64)
-
 
 def brute_infonce(z1, z2, t):
     """URL eq. 1 / SimCLR, one anchor at a time, from the formula."""

@@ -12,7 +12,6 @@ from bayesurl.losses._base import contrastive_log_ratio
 from bayesurl.losses.infonce import infonce_loss, two_view_labels
 from bayesurl.losses.mcinfonce import MCInfoNCELoss, mcinfonce_loss
 
-torch.set_default_dtype(torch.float64)
 INF = float("inf")
 
 

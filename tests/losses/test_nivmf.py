@@ -9,8 +9,6 @@ from bayesurl.distributions.vmf import sample_vmf
 from bayesurl.losses.elk import elk_pairwise_log_kernel
 from bayesurl.losses.nivmf import NivMFLoss, nivmf_elk_logits, nivmf_log_density, nivmf_loss
 
-torch.set_default_dtype(torch.float64)
-
 
 def scipy_log_c(k, d):
     v = d / 2 - 1

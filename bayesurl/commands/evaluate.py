@@ -1,0 +1,148 @@
+"""Evaluate embeddings and uncertainties stored in an .npz file.
+
+INPUT.npz holds ``embeddings`` [N,D] and ``labels`` [N], and optionally ``uncertainties`` [N],
+``samples`` [S,N,D] and ``ood_uncertainties`` [M]. Prints a table of every metric; with
+``--json`` writes the metrics (null where undefined for the input). Metric definitions:
+spec METRICS.md (URL benchmark section 3.1, LAM section 5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+HELP = "evaluate embeddings / uncertainties / samples from an .npz file"
+
+#: Arrays read from INPUT.npz (name -> required).
+ARRAYS = {
+    "embeddings": True,
+    "labels": True,
+    "uncertainties": False,
+    "samples": False,
+    "ood_uncertainties": False,
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``bayesurl evaluate`` (INPUT is optional so other sources can be added)."""
+    parser.add_argument("input", nargs="?", metavar="INPUT.npz", help="arrays to evaluate")
+    parser.add_argument("--json", metavar="OUT.json", help="write the metrics as JSON")
+    parser.add_argument(
+        "--ks", type=int, nargs="+", default=[1, 5, 10], help="Recall@k / mAP@k cut-offs"
+    )
+    parser.add_argument(
+        "--ece-mode",
+        choices=["shortlist", "exact"],
+        default="shortlist",
+        help="per-draw 1-NN search of the ECE (default: shortlist)",
+    )
+    parser.add_argument(
+        "--shortlist", type=int, default=None, help="shortlist length L (default: adaptive)"
+    )
+    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+
+
+def load_npz(path: str | Path) -> dict[str, np.ndarray]:
+    """Read the known arrays of INPUT.npz; raise naming the file or the array on problems."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"INPUT {str(p)!r} does not exist")
+    try:
+        f = np.load(p, allow_pickle=False)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise ValueError(f"{p.name}: not a readable .npz file ({exc})") from exc
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise ValueError(f"{p.name}: expected an .npz archive of named arrays, got one array")
+    with f:
+        names = set(f.files)
+        missing = [k for k, req in ARRAYS.items() if req and k not in names]
+        if missing:
+            raise ValueError(f"{p.name}: missing array(s) {missing}; found {sorted(names)}")
+        out = {}
+        for k in ARRAYS:
+            if k in names:
+                try:
+                    out[k] = np.asarray(f[k])
+                except (ValueError, OSError, zipfile.BadZipFile) as exc:
+                    raise ValueError(f"{p.name}: array `{k}` cannot be read ({exc})") from exc
+        return out
+
+
+def _tensor(name: str, a: np.ndarray, device: str) -> torch.Tensor:
+    if a.dtype.kind not in "fiub":
+        raise ValueError(f"array `{name}` has unsupported dtype {a.dtype}")
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if name == "labels":
+        return t.to(device)
+    return t.to(device=device, dtype=torch.float64 if a.dtype == np.float64 else torch.float32)
+
+
+def evaluate_npz(path: str | Path, *, device: str = "cpu", **kwargs: Any) -> dict[str, Any]:
+    """:func:`bayesurl.evaluation.evaluate` on the arrays of an .npz file.
+
+    Parameters
+    ----------
+    path : str or Path
+        INPUT.npz.
+    device : str
+        Torch device to evaluate on.
+    **kwargs
+        Passed to :func:`~bayesurl.evaluation.evaluate`.
+
+    Returns
+    -------
+    dict
+        The metrics.
+    """
+    from bayesurl.evaluation import evaluate
+
+    arrays = {k: _tensor(k, v, device) for k, v in load_npz(path).items()}
+    return evaluate(
+        arrays.pop("embeddings"),
+        arrays.pop("labels"),
+        **arrays,
+        **kwargs,
+    )
+
+
+def format_table(res: dict[str, Any]) -> str:
+    """Two-column text table of the scalar metrics, then the notes."""
+    rows = [(k, v) for k, v in res.items() if isinstance(v, (int, float)) or v is None]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  ------"]
+    for k, v in rows:
+        if v is None:
+            s = "n/a"
+        elif isinstance(v, float):
+            s = f"{v:.4f}" if math.isfinite(v) else str(v)
+        else:
+            s = str(v)
+        lines.append(f"{k:<{width}}  {s}")
+    lines += [f"note: {n}" for n in res.get("notes", [])]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``bayesurl evaluate``."""
+    if args.input is None:
+        raise ValueError("give INPUT.npz")
+    res = evaluate_npz(
+        args.input,
+        device=args.device,
+        ks=tuple(args.ks),
+        ece_mode=args.ece_mode,
+        shortlist=args.shortlist,
+        progress=sys.stderr.isatty(),
+    )
+    print(format_table(res))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+    return 0

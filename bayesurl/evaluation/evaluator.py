@@ -1,0 +1,334 @@
+"""One entry point that evaluates any method's output (URL benchmark section 3.1, LAM section 5).
+
+:func:`evaluate` takes plain tensors, :func:`evaluate_output` an :class:`~bayesurl.Output`.
+Both return a dict with every metric that is defined for the input. The keys ``r@1``,
+``r_auroc``, ``ausc``, ``ause``, ``ece``, ``ood_auroc``, ``ood_auprc`` and ``map@5`` are always
+present; a metric that is not defined for the input is ``None`` and ``notes`` says why:
+
+- no uncertainties and no samples: ``r_auroc``, ``ausc``, ``ause`` are ``None``;
+- no samples: ``ece`` is ``None`` (never a made-up number from a scalar u, METRICS.md);
+- no ``ood_uncertainties``: ``ood_auroc`` / ``ood_auprc`` are ``None``;
+- all queries R@1-correct or all wrong (e.g. a single class): ``r_auroc`` is ``None``
+  (:func:`~bayesurl.evaluation.functional.r_auroc` itself raises).
+
+Bad input (NaN/inf, wrong dims, length mismatch, fewer than 2 points) raises ``ValueError``
+naming the argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bayesurl._checks import check_tensor
+from bayesurl.evaluation import functional as Fm
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn
+from bayesurl.types import Output
+
+__all__ = ["REQUIRED_KEYS", "evaluate", "evaluate_output"]
+
+#: Keys present in every result (``None`` when undefined for the input).
+REQUIRED_KEYS = ("r@1", "r_auroc", "ausc", "ause", "ece", "ood_auroc", "ood_auprc", "map@5")
+
+
+def _f(x: Tensor) -> float:
+    return float(x.detach().cpu())
+
+
+def _validate(
+    embeddings: object | None,
+    labels: object,
+    uncertainties: object | None,
+    samples: object | None,
+    ood_uncertainties: object | None,
+) -> tuple[Tensor | None, Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    s = None
+    if samples is not None:
+        s = check_tensor(samples, "samples", ndim=3)
+        if s.shape[0] < 1:
+            raise ValueError("`samples` needs at least 1 draw, got 0")
+        if not s.is_floating_point():
+            raise ValueError(f"`samples` must be floating point, got {s.dtype}")
+    x = None
+    if embeddings is not None:
+        x = check_tensor(embeddings, "embeddings", ndim=2, min_points=2)
+        if not x.is_floating_point():
+            raise ValueError(f"`embeddings` must be floating point, got {x.dtype}")
+    elif s is None:
+        raise ValueError("`embeddings` is required (or give `samples` to use their mean)")
+    n = x.shape[0] if x is not None else s.shape[1]
+    if n < 2:
+        raise ValueError(f"`samples` needs at least 2 points, got {n}")
+    y = check_tensor(labels, "labels", ndim=1)
+    if y.shape[0] != n:
+        raise ValueError(f"length mismatch: `labels` has {y.shape[0]} entries, expected {n}")
+    if s is not None:
+        if s.shape[1] != n:
+            raise ValueError(f"length mismatch: `samples` has {s.shape[1]} points, expected {n}")
+        if x is not None and s.shape[2] != x.shape[1]:
+            raise ValueError(
+                f"`samples` has dimension {s.shape[2]} but `embeddings` has {x.shape[1]}"
+            )
+    u = None
+    if uncertainties is not None:
+        u = check_tensor(uncertainties, "uncertainties", ndim=1)
+        if u.shape[0] != n:
+            raise ValueError(
+                f"length mismatch: `uncertainties` has {u.shape[0]} entries, expected {n}"
+            )
+    v = None
+    if ood_uncertainties is not None:
+        v = check_tensor(ood_uncertainties, "ood_uncertainties", ndim=1, min_points=1)
+    return x, y, u, s, v
+
+
+def evaluate(
+    embeddings: Tensor | None,
+    labels: Tensor,
+    *,
+    uncertainties: Tensor | None = None,
+    samples: Tensor | None = None,
+    ood_uncertainties: Tensor | None = None,
+    reference_uncertainties: Tensor | None = None,
+    ks: Sequence[int] = (1, 5, 10),
+    map_ks: Sequence[int] | None = None,
+    n_bins: int = 10,
+    ece_mode: str = "shortlist",
+    shortlist: int | None = None,
+    tolerance: float = 1e-3,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    backend: str = "torch",
+    return_curves: bool = False,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Every retrieval and uncertainty metric defined for the input, from one kNN search.
+
+    Parameters
+    ----------
+    embeddings : Tensor or None
+        ``[N, D]`` point embeddings (cosine similarity). ``None`` with ``samples`` uses the
+        normalised mean of the normalised samples (METRICS.md, "Sampling-aware evaluation").
+    labels : Tensor
+        ``[N]`` class labels.
+    uncertainties : Tensor, optional
+        ``[N]`` u (higher = less certain). Defaults to ``1 / kappa_hat`` (Sra's approximation)
+        when ``samples`` are given.
+    samples : Tensor, optional
+        ``[S, N, D]`` posterior draws; enable the retrieval ECE (LAM, section 5).
+    ood_uncertainties : Tensor, optional
+        ``[M]`` u of out-of-distribution inputs; enable OOD AUROC / AUPRC.
+    reference_uncertainties : Tensor, optional
+        ``[N]`` ground-truth uncertainty; adds ``rank_correlation`` (Spearman, URL App. C.3).
+    ks : sequence of int
+        Cut-offs of ``recall@k``; one kNN search with ``max(ks)`` neighbours serves all.
+    map_ks : sequence of int, optional
+        Cut-offs of ``map@k`` (default: ``ks``); ``map@5`` is always computed.
+    n_bins : int
+        ECE bins.
+    ece_mode : {"shortlist", "exact"}
+        Per-draw 1-NN search of the ECE, see
+        :func:`~bayesurl.evaluation.functional.sampled_neighbors`.
+    shortlist : int, optional
+        Shortlist length L of the sampling-aware search; ``None`` chooses it from a pilot so
+        the estimated miss rate is at most ``tolerance``
+        (:func:`~bayesurl.evaluation.functional.choose_shortlist`).
+    tolerance : float
+        Miss-rate target of the adaptive shortlist.
+    memory_budget : int
+        Bytes per similarity chunk.
+    backend : {"torch", "faiss"}
+        kNN backend of the deterministic pass.
+    return_curves : bool
+        Also return ``sparsification`` (removed fraction, R@1 curve, oracle curve) and
+        ``reliability`` (bin edges, confidence, accuracy, count) as lists.
+    progress : bool
+        Show tqdm bars over the ECE draws.
+
+    Returns
+    -------
+    dict
+        ``r@1``, ``r_auroc``, ``ausc``, ``ause``, ``ece``, ``ood_auroc``, ``ood_auprc``,
+        ``map@5`` (float or None), ``recall@k`` and ``map@k`` for the requested cut-offs,
+        ``rank_correlation``, ``n``, ``uncertainty_source`` and ``notes`` (list of str).
+
+    Examples
+    --------
+    >>> import torch
+    >>> x, y = torch.randn(50, 8), torch.arange(50) % 5
+    >>> res = evaluate(x, y, uncertainties=torch.rand(50))
+    >>> sorted(k for k in res if k in REQUIRED_KEYS) == sorted(REQUIRED_KEYS)
+    True
+    """
+    x, y, u, s, v = _validate(embeddings, labels, uncertainties, samples, ood_uncertainties)
+    ks = tuple(int(k) for k in ks)
+    map_ks = tuple(sorted({*ks, 5} if map_ks is None else {*(int(k) for k in map_ks), 5}))
+    if not ks or min(ks) < 1 or (map_ks and min(map_ks) < 1):
+        raise ValueError(f"`ks` and `map_ks` must be positive integers, got {ks}, {map_ks}")
+    notes: list[str] = []
+    res: dict[str, Any] = dict.fromkeys(REQUIRED_KEYS)
+
+    mean_emb = None
+    if s is not None:
+        mean_emb = Fm.mean_from_samples(s)
+        if x is None:
+            x = mean_emb
+    assert x is not None
+    n = x.shape[0]
+    res["n"] = n
+
+    u_source = "given" if u is not None else None
+    if u is None and s is not None:
+        u = Fm.uncertainty_from_samples(s)
+        u_source = "1/kappa_hat from samples (Sra)"
+        if not bool(torch.isfinite(u).all()):
+            raise ValueError("`samples` give a non-finite 1/kappa_hat (mean resultant length 0)")
+    res["uncertainty_source"] = u_source
+
+    # One search of the point embeddings serves R@k, mAP@k and, when the samples' mean is the
+    # point embedding, the ECE shortlist.
+    share = s is not None and ece_mode == "shortlist" and mean_emb is x
+    ece_info: dict[str, float] = {}
+    if share and shortlist is None:
+        assert s is not None
+        shortlist, ece_info = Fm.choose_shortlist(
+            s, tolerance=tolerance, memory_budget=memory_budget
+        )
+    k_search = min(max([*ks, *map_ks, 1] + ([shortlist] if share and shortlist else [])), n - 1)
+    _, nb = knn(x, k_search, memory_budget=memory_budget, backend=backend)
+    y_dev = y.to(nb.device)
+    hit = y_dev[nb] == y_dev[:, None]
+    correct = hit[:, 0]
+    res["r@1"] = _f(correct.double().mean())
+    for k in ks:
+        if k > n - 1:
+            res[f"recall@{k}"] = None
+            notes.append(f"recall@{k}: undefined with only {n} points")
+        else:
+            res[f"recall@{k}"] = _f(hit[:, :k].any(dim=1).double().mean())
+    for k in map_ks:
+        if k > n - 1:
+            res[f"map@{k}"] = None
+            notes.append(f"map@{k}: undefined with only {n} points")
+        else:
+            res[f"map@{k}"] = _f(Fm.map_at_k(x, y_dev, k, neighbors=nb))
+    if u is None:
+        notes.append("r_auroc, ausc, ause: no uncertainties (give `uncertainties` or `samples`)")
+    else:
+        u = u.to(correct.device)
+        try:
+            res["r_auroc"] = _f(Fm.r_auroc(u, correct))
+        except ValueError as exc:
+            notes.append(f"r_auroc: {exc}")
+        removed, curve = Fm.sparsification_curve(u, correct)
+        oracle = Fm.oracle_curve(correct)
+        res["ausc"] = _f(curve.mean())
+        res["ause"] = _f((oracle - curve).mean())
+        if return_curves:
+            res["sparsification"] = {
+                "removed": removed.tolist(),
+                "r@1": curve.tolist(),
+                "oracle": oracle.tolist(),
+            }
+        if reference_uncertainties is not None:
+            res["rank_correlation"] = _f(Fm.rank_correlation(u, reference_uncertainties))
+
+    if s is None:
+        notes.append("ece: no samples (ECE needs posterior draws, METRICS.md)")
+    else:
+        ece = Fm.retrieval_ece(
+            s,
+            y.to(s.device),
+            n_bins=n_bins,
+            mode=ece_mode,
+            shortlist=shortlist,
+            candidates=nb if share else None,
+            tolerance=tolerance,
+            memory_budget=memory_budget,
+            info=ece_info,
+            progress=progress,
+        )
+        res["ece"] = _f(ece.ece)
+        if ece_mode == "shortlist":
+            res["ece_shortlist"] = int(ece_info["shortlist"])
+            if "miss_rate" in ece_info:
+                res["ece_shortlist_miss_rate"] = ece_info["miss_rate"]
+        if return_curves:
+            res["reliability"] = {
+                "bin_edges": ece.bin_edges.tolist(),
+                "confidence": ece.bin_confidence.tolist(),
+                "accuracy": ece.bin_accuracy.tolist(),
+                "count": ece.bin_count.tolist(),
+            }
+
+    if v is None:
+        notes.append("ood_auroc, ood_auprc: no `ood_uncertainties`")
+    elif u is None:
+        notes.append("ood_auroc, ood_auprc: in-distribution uncertainties missing")
+    else:
+        v = v.to(u.device)
+        res["ood_auroc"] = _f(Fm.ood_auroc(u, v))
+        res["ood_auprc"] = _f(Fm.ood_auprc(u, v))
+    res.setdefault("rank_correlation", None)
+    res["notes"] = notes
+    return res
+
+
+def evaluate_output(
+    output: Output,
+    labels: Tensor,
+    ood_output: Output | None = None,
+    *,
+    n_samples: int = 32,
+    seed: int = 0,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """:func:`evaluate` on a method's :class:`~bayesurl.Output` (ARCHITECTURE.md data path).
+
+    Uses ``output.embedding``, ``output.uncertainty`` and ``output.samples``. A method that
+    predicts a vMF concentration (``output.kappa``) but returns no samples gets ``n_samples``
+    vMF draws from a fixed generator (``seed``) so its ECE is defined (METRICS.md, ECE).
+
+    Parameters
+    ----------
+    output : Output
+        In-distribution output.
+    labels : Tensor
+        ``[N]`` class labels.
+    ood_output : Output, optional
+        Output on OOD inputs; its ``uncertainty`` feeds ``ood_auroc`` / ``ood_auprc``.
+    n_samples : int
+        Draws taken from ``kappa`` when ``output.samples`` is None (0 disables).
+    seed : int
+        Seed of the fixed generator for those draws.
+    **kwargs
+        Passed on to :func:`evaluate`.
+
+    Returns
+    -------
+    dict
+        As :func:`evaluate`.
+    """
+    if not isinstance(output, Output):
+        raise ValueError(f"`output` must be a bayesurl.Output, got {type(output).__name__}")
+    if ood_output is not None and not isinstance(ood_output, Output):
+        raise ValueError(f"`ood_output` must be a bayesurl.Output, got {type(ood_output).__name__}")
+    out = output.detach()
+    samples = out.samples
+    if samples is None and out.kappa is not None and n_samples > 0:
+        from bayesurl.distributions import sample_vmf
+
+        emb = check_tensor(out.embedding, "output.embedding", ndim=2)
+        kappa = check_tensor(out.kappa, "output.kappa", ndim=1)
+        gen = torch.Generator(device=emb.device).manual_seed(seed)
+        samples = sample_vmf(emb, kappa, n_samples, generator=gen)
+    return evaluate(
+        out.embedding,
+        labels,
+        uncertainties=out.uncertainty,
+        samples=samples,
+        ood_uncertainties=None if ood_output is None else ood_output.detach().uncertainty,
+        **kwargs,
+    )

@@ -1,0 +1,922 @@
+"""Functional retrieval and uncertainty metrics on plain tensors.
+
+Every definition follows spec METRICS.md, which fixes the choices the papers leave open:
+
+- R@1 / Recall@k (URL benchmark, Kirchhof et al. 2023, section 3.1): cosine 1-NN, self
+  excluded by index, ties to the lowest index, singletons count as wrong.
+- R-AUROC (URL, section 3.1): AUROC of ``u`` for the positive class "R@1 wrong", ties 1/2.
+- AUSC / AUSE (LAM, Warburg et al. 2023, section 5; torch-uncertainty's AUSE): sparsification
+  over 100 retention levels.
+- ECE for retrieval (LAM, section 5 and its evaluation code): modal 1-NN label over posterior
+  draws, 10 equal-width confidence bins.
+- OOD AUROC / AUPRC (LAM, section 5), mAP@k (LAM, section 5), Spearman rank correlation
+  (URL, App. C.3), Sra's kappa approximation (spec "Sampling-aware evaluation").
+
+AUROC and average precision are implemented here from ranks (Mann-Whitney U with average
+ranks for ties); the tests check them against scikit-learn and torchmetrics.
+All scalars are returned as 0-d float64 tensors on the device of the inputs.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from bayesurl._checks import check_same_length, check_tensor
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, normalize
+
+__all__ = [
+    "ECEResult",
+    "auroc",
+    "ause",
+    "ausc",
+    "average_precision",
+    "calibration_bins",
+    "choose_shortlist",
+    "kappa_from_samples",
+    "map_at_k",
+    "mean_from_samples",
+    "modal_labels",
+    "ood_auprc",
+    "ood_auroc",
+    "oracle_curve",
+    "r_at_1",
+    "r_auroc",
+    "rank_correlation",
+    "recall_at_k",
+    "retrieval_ece",
+    "sampled_neighbors",
+    "sparsification_curve",
+    "uncertainty_from_samples",
+]
+
+N_LEVELS = 100
+
+
+# --------------------------------------------------------------------------- validation
+def _labels(labels: object, n: int | None = None, name: str = "labels") -> Tensor:
+    y = check_tensor(labels, name, ndim=1)
+    if n is not None and y.shape[0] != n:
+        raise ValueError(f"length mismatch: `{name}` has {y.shape[0]} entries, expected {n}")
+    return y
+
+
+def _embeddings(x: object, name: str = "embeddings") -> Tensor:
+    t = check_tensor(x, name, ndim=2, min_points=2)
+    if not t.is_floating_point():
+        raise ValueError(f"`{name}` must be floating point, got {t.dtype}")
+    return t
+
+
+def _scores(x: object, name: str, min_points: int = 1) -> Tensor:
+    t = check_tensor(x, name, ndim=1, min_points=min_points)
+    return t.to(torch.float64)
+
+
+def _bool(x: object, name: str) -> Tensor:
+    t = check_tensor(x, name, ndim=1)
+    if t.dtype != torch.bool:
+        vals = torch.unique(t)
+        if not bool(((vals == 0) | (vals == 1)).all()):
+            raise ValueError(f"`{name}` must be boolean (or 0/1), got values {vals[:5].tolist()}")
+        t = t.bool()
+    return t
+
+
+def _neighbors(embeddings: Tensor, k: int, neighbors: Tensor | None, memory_budget: int) -> Tensor:
+    if neighbors is None:
+        return knn(embeddings, k, memory_budget=memory_budget)[1]
+    nb = check_tensor(neighbors, "neighbors", ndim=2)
+    check_same_length(("embeddings", embeddings), ("neighbors", nb))
+    if nb.shape[1] < k:
+        raise ValueError(f"`neighbors` has {nb.shape[1]} columns, need at least k={k}")
+    return nb[:, :k].long()
+
+
+# --------------------------------------------------------------------------- ranks
+def _average_ranks(x: Tensor) -> Tensor:
+    """1-based ranks of ``x`` with ties given their average rank (float64)."""
+    _, inv, counts = torch.unique(x, sorted=True, return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).to(torch.float64)
+    avg = ends - (counts.to(torch.float64) - 1.0) / 2.0
+    return avg[inv]
+
+
+def auroc(scores: Tensor, positives: Tensor) -> Tensor:
+    """Area under the ROC curve of ``scores`` for the positive class, ties counted 1/2.
+
+    Computed as the Mann-Whitney U statistic from average ranks,
+    ``AUROC = (sum_{i in pos} rank_i - P (P + 1) / 2) / (P * Q)``.
+
+    Parameters
+    ----------
+    scores : Tensor
+        ``[N]`` scores, higher means "more likely positive".
+    positives : Tensor
+        ``[N]`` boolean (or 0/1) targets.
+
+    Returns
+    -------
+    Tensor
+        0-d float64 AUROC.
+
+    Raises
+    ------
+    ValueError
+        If only one class is present, on NaN, or on a length mismatch.
+    """
+    s = _scores(scores, "scores")
+    p = _bool(positives, "positives")
+    check_same_length(("scores", s), ("positives", p))
+    n_pos = int(p.sum())
+    n_neg = p.numel() - n_pos
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError(
+            f"AUROC is undefined with a single class in `positives` ({n_pos} positive, "
+            f"{n_neg} negative)"
+        )
+    r = _average_ranks(s)
+    u = r[p].sum() - n_pos * (n_pos + 1) / 2.0
+    return u / (n_pos * n_neg)
+
+
+def average_precision(scores: Tensor, positives: Tensor) -> Tensor:
+    """Average precision (area under the step precision-recall curve), scikit-learn style.
+
+    ``AP = sum_n (R_n - R_{n-1}) P_n`` over the distinct score thresholds in descending
+    order; tied scores enter together.
+
+    Parameters
+    ----------
+    scores : Tensor
+        ``[N]`` scores, higher means "more likely positive".
+    positives : Tensor
+        ``[N]`` boolean (or 0/1) targets; at least one positive.
+
+    Returns
+    -------
+    Tensor
+        0-d float64 AP.
+    """
+    s = _scores(scores, "scores")
+    p = _bool(positives, "positives")
+    check_same_length(("scores", s), ("positives", p))
+    n_pos = int(p.sum())
+    if n_pos == 0:
+        raise ValueError("average precision is undefined without positives in `positives`")
+    uniq, inv = torch.unique(s, sorted=True, return_inverse=True)
+    # Per distinct threshold (descending): true and false positives at that score.
+    n_u = uniq.numel()
+    tp = torch.zeros(n_u, dtype=torch.float64, device=s.device).index_add_(0, inv, p.double())
+    cnt = torch.zeros(n_u, dtype=torch.float64, device=s.device).index_add_(
+        0, inv, torch.ones_like(s)
+    )
+    tp, cnt = tp.flip(0).cumsum(0), cnt.flip(0).cumsum(0)
+    precision = tp / cnt
+    recall = tp / n_pos
+    d_recall = torch.diff(recall, prepend=recall.new_zeros(1))
+    return (d_recall * precision).sum()
+
+
+# --------------------------------------------------------------------------- retrieval
+def r_at_1(
+    embeddings: Tensor,
+    labels: Tensor,
+    *,
+    neighbors: Tensor | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> tuple[Tensor, Tensor]:
+    """Recall@1 and the per-query correctness (URL benchmark, section 3.1; METRICS.md).
+
+    Parameters
+    ----------
+    embeddings : Tensor
+        ``[N, D]`` embeddings, compared by cosine similarity.
+    labels : Tensor
+        ``[N]`` class labels.
+    neighbors : Tensor, optional
+        ``[N, >=1]`` precomputed neighbour indices from :func:`~bayesurl.evaluation.knn.knn`.
+    memory_budget : int
+        Bytes per similarity chunk of the kNN search.
+
+    Returns
+    -------
+    r1 : Tensor
+        0-d float64 R@1.
+    correct : Tensor
+        ``[N]`` bool, ``label[nn(i)] == label[i]``; a singleton query is wrong.
+    """
+    x = _embeddings(embeddings)
+    y = _labels(labels, x.shape[0])
+    nb = _neighbors(x, 1, neighbors, memory_budget)
+    correct = y[nb[:, 0]] == y
+    return correct.double().mean(), correct
+
+
+def recall_at_k(
+    embeddings: Tensor,
+    labels: Tensor,
+    k: int = 1,
+    *,
+    neighbors: Tensor | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
+    """Recall@k: fraction of queries with a same-label item among their k nearest neighbours.
+
+    URL benchmark (section 3.1) and LAM (section 5); conventions of METRICS.md (self excluded
+    by index, ties to the lowest index).
+
+    Parameters
+    ----------
+    embeddings, labels : Tensor
+        ``[N, D]`` and ``[N]``.
+    k : int
+        Number of neighbours, ``1 <= k <= N - 1``.
+    neighbors : Tensor, optional
+        ``[N, >=k]`` precomputed neighbour indices.
+    memory_budget : int
+        Bytes per similarity chunk of the kNN search.
+
+    Returns
+    -------
+    Tensor
+        0-d float64 Recall@k.
+    """
+    x = _embeddings(embeddings)
+    y = _labels(labels, x.shape[0])
+    nb = _neighbors(x, k, neighbors, memory_budget)
+    return (y[nb] == y[:, None]).any(dim=1).double().mean()
+
+
+def map_at_k(
+    embeddings: Tensor,
+    labels: Tensor,
+    k: int = 5,
+    *,
+    neighbors: Tensor | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
+    """Mean average precision among the k nearest neighbours (LAM, section 5, "mAP@k").
+
+    For query ``i`` with ``n_i`` other items of its class and relevance ``rel_ij`` of its
+    j-th neighbour::
+
+        AP@k_i = sum_{j <= k} rel_ij * precision@j_i / min(k, n_i)
+
+    and ``AP@k_i = 0`` for a singleton (``n_i = 0``), consistent with R@1. This normalisation
+    makes a perfect ranking score 1 and gives ``mAP@1 == R@1``.
+
+    Parameters
+    ----------
+    embeddings, labels : Tensor
+        ``[N, D]`` and ``[N]``.
+    k : int
+        Cut-off, ``1 <= k <= N - 1``.
+    neighbors : Tensor, optional
+        ``[N, >=k]`` precomputed neighbour indices.
+    memory_budget : int
+        Bytes per similarity chunk of the kNN search.
+
+    Returns
+    -------
+    Tensor
+        0-d float64 mAP@k.
+    """
+    x = _embeddings(embeddings)
+    y = _labels(labels, x.shape[0])
+    nb = _neighbors(x, k, neighbors, memory_budget)
+    rel = (y[nb] == y[:, None]).double()
+    prec = rel.cumsum(dim=1) / torch.arange(1, k + 1, device=rel.device, dtype=torch.float64)
+    _, inv, counts = torch.unique(y, return_inverse=True, return_counts=True)
+    n_rel = (counts[inv] - 1).clamp(max=k).double()
+    ap = (rel * prec).sum(dim=1) / n_rel.clamp(min=1.0)
+    return torch.where(n_rel > 0, ap, torch.zeros_like(ap)).mean()
+
+
+# --------------------------------------------------------------------------- uncertainty
+def r_auroc(uncertainties: Tensor, correct: Tensor) -> Tensor:
+    """R-AUROC: AUROC of ``u`` for the positive class "R@1 wrong" (URL, section 3.1).
+
+    Parameters
+    ----------
+    uncertainties : Tensor
+        ``[N]`` u (higher = less certain).
+    correct : Tensor
+        ``[N]`` bool R@1 correctness, e.g. from :func:`r_at_1`.
+
+    Returns
+    -------
+    Tensor
+        0-d float64; 0.5 for a constant ``u``, 1.0 for the oracle ``u = 1 - correct``.
+
+    Raises
+    ------
+    ValueError
+        When all queries are correct or all wrong (undefined, METRICS.md).
+    """
+    u = _scores(uncertainties, "uncertainties", min_points=2)
+    c = _bool(correct, "correct")
+    check_same_length(("uncertainties", u), ("correct", c))
+    n_wrong = int((~c).sum())
+    if n_wrong == 0 or n_wrong == c.numel():
+        state = "correct" if n_wrong == 0 else "wrong"
+        raise ValueError(f"R-AUROC is undefined: all {c.numel()} queries in `correct` are {state}")
+    return auroc(u, ~c)
+
+
+def _levels(n: int, n_levels: int, device: torch.device) -> Tensor:
+    # kept(j) = ceil(r_j * n) with r_j = (n_levels - j) / n_levels, in exact integers.
+    j = torch.arange(n_levels, device=device)
+    return ((n_levels - j) * n + n_levels - 1) // n_levels
+
+
+def _curve_for_order(correct: Tensor, order: Tensor, n_levels: int) -> Tensor:
+    c = correct[order].double()
+    cs = torch.cat([c.new_zeros(1), c.cumsum(0)])
+    kept = _levels(c.numel(), n_levels, c.device)
+    return cs[kept] / kept.double()
+
+
+def sparsification_curve(
+    uncertainties: Tensor, correct: Tensor, n_levels: int = N_LEVELS
+) -> tuple[Tensor, Tensor]:
+    """R@1 of the most certain queries as the most uncertain ones are removed.
+
+    For retention ``r in {1.00, 0.99, ..., 0.01}`` the ``ceil(r N)`` queries with the lowest
+    ``u`` are kept (ties in ``u`` keep the lower index first) and R@1 is averaged over them;
+    neighbours were searched in the full gallery (LAM, section 5 and Fig. 8; METRICS.md).
+
+    Parameters
+    ----------
+    uncertainties : Tensor
+        ``[N]`` u.
+    correct : Tensor
+        ``[N]`` bool R@1 correctness.
+    n_levels : int
+        Number of retention levels (100 in the spec).
+
+    Returns
+    -------
+    removed : Tensor
+        ``[n_levels]`` removed fractions ``0, 0.01, ..., 0.99`` (float64).
+    recall : Tensor
+        ``[n_levels]`` R@1 over the kept queries.
+    """
+    u = _scores(uncertainties, "uncertainties")
+    c = _bool(correct, "correct")
+    check_same_length(("uncertainties", u), ("correct", c))
+    if n_levels < 1:
+        raise ValueError(f"`n_levels` must be positive, got {n_levels}")
+    order = torch.argsort(u, stable=True)
+    removed = torch.arange(n_levels, dtype=torch.float64, device=u.device) / n_levels
+    return removed, _curve_for_order(c, order, n_levels)
+
+
+def ausc(uncertainties: Tensor, correct: Tensor, n_levels: int = N_LEVELS) -> Tensor:
+    """Area under the sparsification curve: its mean over the levels (LAM, section 5).
+
+    Parameters
+    ----------
+    uncertainties, correct : Tensor
+        ``[N]`` u and R@1 correctness.
+    n_levels : int
+        Number of retention levels.
+
+    Returns
+    -------
+    Tensor
+        0-d float64 in [0, 1]; higher is better.
+    """
+    return sparsification_curve(uncertainties, correct, n_levels)[1].mean()
+
+
+def oracle_curve(correct: Tensor, n_levels: int = N_LEVELS) -> Tensor:
+    """Sparsification curve of the oracle that removes wrong queries first."""
+    c = _bool(correct, "correct")
+    order = torch.argsort((~c).to(torch.uint8), stable=True)
+    return _curve_for_order(c, order, n_levels)
+
+
+def ause(uncertainties: Tensor, correct: Tensor, n_levels: int = N_LEVELS) -> Tensor:
+    """Area between the error sparsification curve of ``u`` and the oracle's.
+
+    ``AUSE = mean_r [err_u(r) - err_oracle(r)]`` with ``err = 1 - R@1`` over the kept queries
+    and the oracle sorting by the error itself (torch-uncertainty's AUSE; METRICS.md),
+    normalised like :func:`ausc`, so ``AUSE = AUSC_oracle - AUSC_u >= 0``.
+
+    Parameters
+    ----------
+    uncertainties, correct : Tensor
+        ``[N]`` u and R@1 correctness.
+    n_levels : int
+        Number of retention levels.
+
+    Returns
+    -------
+    Tensor
+        0-d float64; lower is better, 0 for an oracle.
+    """
+    _, curve = sparsification_curve(uncertainties, correct, n_levels)
+    return (oracle_curve(correct, n_levels) - curve).mean()
+
+
+def ood_auroc(uncertainties: Tensor, ood_uncertainties: Tensor) -> Tensor:
+    """AUROC of ``u`` for the positive class "out of distribution" (LAM, section 5).
+
+    Parameters
+    ----------
+    uncertainties : Tensor
+        ``[N]`` u of in-distribution inputs.
+    ood_uncertainties : Tensor
+        ``[M]`` u of out-of-distribution inputs.
+
+    Returns
+    -------
+    Tensor
+        0-d float64.
+    """
+    u, v = _ood(uncertainties, ood_uncertainties)
+    return auroc(torch.cat([u, v]), _ood_targets(u, v))
+
+
+def ood_auprc(uncertainties: Tensor, ood_uncertainties: Tensor) -> Tensor:
+    """Average precision of ``u`` for the positive class "out of distribution" (LAM, sec. 5).
+
+    Parameters
+    ----------
+    uncertainties : Tensor
+        ``[N]`` u of in-distribution inputs.
+    ood_uncertainties : Tensor
+        ``[M]`` u of out-of-distribution inputs.
+
+    Returns
+    -------
+    Tensor
+        0-d float64.
+    """
+    u, v = _ood(uncertainties, ood_uncertainties)
+    return average_precision(torch.cat([u, v]), _ood_targets(u, v))
+
+
+def _ood(uncertainties: Tensor, ood_uncertainties: Tensor) -> tuple[Tensor, Tensor]:
+    u = _scores(uncertainties, "uncertainties")
+    v = _scores(ood_uncertainties, "ood_uncertainties")
+    if v.device != u.device:
+        raise ValueError(f"`ood_uncertainties` is on {v.device}, `uncertainties` on {u.device}")
+    return u, v
+
+
+def _ood_targets(u: Tensor, v: Tensor) -> Tensor:
+    return torch.cat([torch.zeros_like(u, dtype=torch.bool), torch.ones_like(v, dtype=torch.bool)])
+
+
+def rank_correlation(uncertainties: Tensor, reference: Tensor) -> Tensor:
+    """Spearman rank correlation of ``u`` with a reference uncertainty (URL, App. C.3).
+
+    Pearson correlation of the average ranks (ties share their mean rank, as in
+    :func:`scipy.stats.spearmanr`).
+
+    Parameters
+    ----------
+    uncertainties : Tensor
+        ``[N]`` u.
+    reference : Tensor
+        ``[N]`` ground-truth uncertainty (label entropy, true ``1/kappa``, crop amount).
+
+    Returns
+    -------
+    Tensor
+        0-d float64 in [-1, 1].
+    """
+    u = _scores(uncertainties, "uncertainties", min_points=2)
+    r = _scores(reference, "reference", min_points=2)
+    check_same_length(("uncertainties", u), ("reference", r))
+    a, b = _average_ranks(u), _average_ranks(r)
+    a, b = a - a.mean(), b - b.mean()
+    den = a.norm() * b.norm()
+    if float(den) == 0.0:
+        which = "uncertainties" if float(a.norm()) == 0.0 else "reference"
+        raise ValueError(f"rank correlation is undefined: `{which}` is constant")
+    return (a * b).sum() / den
+
+
+# --------------------------------------------------------------------------- samples
+def _samples(samples: object) -> Tensor:
+    s = check_tensor(samples, "samples", ndim=3)
+    if s.shape[0] < 1:
+        raise ValueError("`samples` needs at least 1 draw, got 0")
+    if not s.is_floating_point():
+        raise ValueError(f"`samples` must be floating point, got {s.dtype}")
+    return s
+
+
+def mean_from_samples(samples: Tensor) -> Tensor:
+    """Point embedding from draws: the normalised mean of the normalised samples.
+
+    Spec METRICS.md, "Sampling-aware evaluation". Loops over draws so no normalised copy of the
+    whole ``[S, N, D]`` tensor is made.
+
+    Parameters
+    ----------
+    samples : Tensor
+        ``[S, N, D]`` draws.
+
+    Returns
+    -------
+    Tensor
+        ``[N, D]`` unit vectors (zero where the mean resultant vanishes).
+    """
+    return normalize(_resultant(_samples(samples)))
+
+
+def _resultant(s: Tensor) -> Tensor:
+    acc = torch.zeros_like(s[0])
+    for z in s:
+        acc += normalize(z)
+    return acc / s.shape[0]
+
+
+def _mean_length(samples: Tensor) -> tuple[Tensor, int]:
+    s = _samples(samples)
+    r = _resultant(s).norm(dim=-1).to(torch.float64).clamp(0.0, 1.0)
+    return r, s.shape[-1]
+
+
+def kappa_from_samples(samples: Tensor) -> Tensor:
+    """vMF concentration from draws by Sra's approximation (Sra 2012; METRICS.md).
+
+    ``kappa_hat = R (D - R^2) / (1 - R^2)`` with ``R = ||mean_s z_s||`` of the normalised
+    draws ``z_s``.
+
+    Parameters
+    ----------
+    samples : Tensor
+        ``[S, N, D]`` draws.
+
+    Returns
+    -------
+    Tensor
+        ``[N]`` float64 ``kappa_hat`` (``inf`` where all draws coincide).
+    """
+    r, d = _mean_length(samples)
+    return r * (d - r**2) / (1.0 - r**2)
+
+
+def uncertainty_from_samples(samples: Tensor) -> Tensor:
+    """Default uncertainty of sampled embeddings, ``u = 1 / kappa_hat`` (METRICS.md).
+
+    Computed as ``(1 - R^2) / (R (D - R^2))`` so identical draws give ``u = 0`` exactly.
+
+    Parameters
+    ----------
+    samples : Tensor
+        ``[S, N, D]`` draws.
+
+    Returns
+    -------
+    Tensor
+        ``[N]`` float64 u.
+    """
+    r, d = _mean_length(samples)
+    return (1.0 - r**2) / (r * (d - r**2))
+
+
+def _gather(z: Tensor, idx: Tensor) -> Tensor:
+    """Rows ``z[idx]`` for a 2-D index, via ``index_select`` (faster than advanced indexing)."""
+    return z.index_select(0, idx.reshape(-1)).view(*idx.shape, z.shape[1])
+
+
+def _nn_in_candidates(z: Tensor, q: Tensor, cand: Tensor, rows: int) -> Tensor:
+    """1-NN of queries ``q`` (indices) of draw ``z`` among ``cand [len(q), w]``, ties lowest."""
+    n = z.shape[0]
+    out = torch.empty(q.numel(), dtype=torch.long, device=z.device)
+    big = torch.full((), n, dtype=torch.long, device=z.device)
+    for start in range(0, q.numel(), rows):
+        stop = min(start + rows, q.numel())
+        c = cand[start:stop]
+        g = _gather(z, c)
+        sims = torch.matmul(g, z[q[start:stop], :, None]).squeeze(2)
+        best = sims.max(dim=1, keepdim=True).values
+        out[start:stop] = torch.where(sims == best, c, big).min(dim=1).values
+    return out
+
+
+def choose_shortlist(
+    samples: Tensor,
+    *,
+    tolerance: float = 1e-3,
+    max_shortlist: int = 256,
+    pilot_draws: int = 8,
+    pilot_queries: int | None = None,
+    seed: int = 0,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> tuple[int, dict[str, float]]:
+    """Smallest shortlist length L whose estimated miss rate is at most ``tolerance``.
+
+    A pilot searches ``pilot_queries`` random queries exactly in ``pilot_draws`` draws (cost
+    ``pilot_draws * pilot_queries / N`` exact passes, about a quarter pass for large N) and
+    records the rank of each draw's true 1-NN in the query's mean-embedding ordering. L is the
+    smallest power of two with ``P(rank >= L) <= tolerance`` over the pilot pairs, capped at
+    ``max_shortlist``; the expected agreement of :func:`sampled_neighbors` with the exact mode
+    is then about ``1 - tolerance``.
+
+    Parameters
+    ----------
+    samples : Tensor
+        ``[S, N, D]`` draws.
+    tolerance : float
+        Allowed fraction of (draw, query) pairs whose 1-NN falls outside the shortlist.
+    max_shortlist : int
+        Upper bound on L.
+    pilot_draws : int
+        Draws of the pilot.
+    pilot_queries : int, optional
+        Queries of the pilot (default ``min(N, max(512, N // 32))``).
+    seed : int
+        Seed of the pilot's query subset.
+    memory_budget : int
+        Bytes per similarity chunk.
+
+    Returns
+    -------
+    L : int
+        Chosen shortlist length.
+    info : dict
+        ``miss_rate`` at L (pilot estimate), ``pilot_pairs``, ``rank_q999``.
+    """
+    s = _samples(samples)
+    n_draws, n, _ = s.shape
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"`tolerance` must lie in [0, 1), got {tolerance}")
+    q_n = min(n, max(512, n // 32)) if pilot_queries is None else min(n, pilot_queries)
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randperm(n, generator=gen)[:q_n].to(s.device)
+    mean = mean_from_samples(s)
+    rows = chunk_rows_for(n, s, memory_budget)
+    draws = [normalize(s[t]) for t in range(min(pilot_draws, n_draws))]
+    ranks = []
+    for start in range(0, q_n, rows):
+        qq = q[start : start + rows]
+        r = torch.arange(qq.numel(), device=s.device)
+        m_sims = mean[qq] @ mean.T
+        m_sims[r, qq] = -torch.inf
+        for z in draws:
+            sims = z[qq] @ z.T
+            sims[r, qq] = -torch.inf
+            win = sims.max(dim=1).indices  # first maximal index: ties to lowest
+            ranks.append((m_sims > m_sims[r, win][:, None]).sum(dim=1))
+    rank = torch.cat(ranks)
+    cap = min(max_shortlist, n - 1)
+    L = 1
+    while L < cap and float((rank >= L).double().mean()) > tolerance:
+        L *= 2
+    L = min(L, cap)
+    info = {
+        "miss_rate": float((rank >= L).double().mean()),
+        "pilot_pairs": float(rank.numel()),
+        "rank_q999": float(torch.quantile(rank.double(), 0.999)),
+    }
+    return L, info
+
+
+def chunk_rows_for(n: int, s: Tensor, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> int:
+    """Rows of a ``[B, n]`` similarity chunk (two buffers) within ``memory_budget``."""
+    return max(1, int(memory_budget // (2 * s.element_size() * n)))
+
+
+def sampled_neighbors(
+    samples: Tensor,
+    *,
+    mode: str = "shortlist",
+    shortlist: int | None = None,
+    candidates: Tensor | None = None,
+    tolerance: float = 1e-3,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    info: dict[str, float] | None = None,
+    progress: bool = False,
+) -> Tensor:
+    """1-NN index of every query within each posterior draw, self excluded by index.
+
+    ``mode="exact"`` runs one exact chunked search per draw (S full searches).
+
+    ``mode="shortlist"`` searches the ``L`` nearest neighbours of the mean embedding
+    (:func:`mean_from_samples`) once, then for every draw compares each query only with its L
+    candidates (batched gather + ``matmul``): S draws cost about ``S * N * L * D`` instead of
+    ``S * N^2 * D``. Ties go to the lowest gallery index in both modes, so they agree whenever
+    a draw's true neighbour lies in the shortlist. ``shortlist=None`` (default) chooses L with
+    :func:`choose_shortlist` so that the estimated fraction of (draw, query) pairs whose
+    neighbour falls outside the shortlist is at most ``tolerance`` (expected agreement with the
+    exact mode about ``1 - tolerance``); an integer fixes L.
+
+    Parameters
+    ----------
+    samples : Tensor
+        ``[S, N, D]`` draws (LAM, section 4: embeddings sampled from the weight posterior).
+    mode : {"shortlist", "exact"}
+        Search strategy.
+    shortlist : int, optional
+        Shortlist length L (clipped to ``N - 1``); ``None`` chooses it adaptively.
+    candidates : Tensor, optional
+        ``[N, >=L]`` precomputed kNN of the mean embedding (e.g. the one already computed for
+        R@1); used when it has at least L columns.
+    tolerance : float
+        Miss-rate target of the adaptive choice.
+    memory_budget : int
+        Bytes per chunk of similarities or gathered candidates.
+    info : dict, optional
+        Filled with ``shortlist`` (the L used) and the pilot's estimates.
+    progress : bool
+        Show a tqdm bar over the draws.
+
+    Returns
+    -------
+    Tensor
+        ``[S, N]`` int64 neighbour indices.
+    """
+    s = _samples(samples)
+    n_draws, n, d = s.shape
+    if n < 2:
+        raise ValueError(f"`samples` needs at least 2 points, got {n}")
+    bar = partial(tqdm, total=n_draws, disable=not progress, desc="1-NN per draw", leave=False)
+    if mode == "exact":
+        return torch.stack([knn(z, 1, memory_budget=memory_budget)[1][:, 0] for z in bar(s)])
+    if mode != "shortlist":
+        raise ValueError(f"`mode` must be 'shortlist' or 'exact', got {mode!r}")
+    if shortlist is None:
+        L, pilot = choose_shortlist(s, tolerance=tolerance, memory_budget=memory_budget)
+    elif not isinstance(shortlist, int) or shortlist < 1:
+        raise ValueError(f"`shortlist` must be a positive integer or None, got {shortlist!r}")
+    else:
+        L, pilot = min(shortlist, n - 1), {}
+    if info is not None:
+        info.update(pilot, shortlist=float(L))
+    cand = None
+    if candidates is not None:
+        c = check_tensor(candidates, "candidates", ndim=2).long()
+        if c.shape[0] != n:
+            raise ValueError(f"`candidates` must have {n} rows, got {tuple(c.shape)}")
+        if c.shape[1] >= L:
+            cand = c[:, :L].to(s.device)
+    if cand is None:
+        cand = knn(mean_from_samples(s), L, memory_budget=memory_budget)[1]
+    rows = max(1, int(memory_budget // (s.element_size() * L * d)))
+    out = torch.empty(n_draws, n, dtype=torch.long, device=s.device)
+    everyone = torch.arange(n, device=s.device)
+    for t in bar(range(n_draws)):
+        out[t] = _nn_in_candidates(normalize(s[t]), everyone, cand, rows)
+    return out
+
+
+def modal_labels(neighbor_labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Modal label over draws and its vote count, ties to the smallest label.
+
+    Parameters
+    ----------
+    neighbor_labels : Tensor
+        ``[S, N]`` integer labels of the 1-NN in each draw.
+
+    Returns
+    -------
+    mode : Tensor
+        ``[N]`` modal label.
+    count : Tensor
+        ``[N]`` number of draws that voted for it.
+    """
+    lab = check_tensor(neighbor_labels, "neighbor_labels", ndim=2)
+    n_draws, n = lab.shape
+    uniq, inv = torch.unique(lab, return_inverse=True)
+    c = uniq.numel()
+    col = torch.arange(n, device=lab.device).expand(n_draws, n)
+    keys, counts = torch.unique(col * c + inv, return_counts=True)  # sorted: col, then label
+    kcol = keys // c
+    best = torch.zeros(n, dtype=counts.dtype, device=lab.device).scatter_reduce(
+        0, kcol, counts, reduce="amax"
+    )
+    winner = torch.where(counts == best[kcol], keys, torch.full_like(keys, n * c))
+    first = torch.full((n,), n * c, dtype=keys.dtype, device=lab.device).scatter_reduce(
+        0, kcol, winner, reduce="amin"
+    )
+    return uniq[first % c], best
+
+
+class ECEResult(NamedTuple):
+    """Retrieval ECE with the reliability-diagram data (LAM, section 5 and Fig. 5).
+
+    Attributes
+    ----------
+    ece : Tensor
+        0-d float64 expected calibration error.
+    bin_edges : Tensor
+        ``[n_bins + 1]`` equal-width edges on [0, 1].
+    bin_confidence, bin_accuracy : Tensor
+        ``[n_bins]`` mean confidence and accuracy per bin (NaN for an empty bin).
+    bin_count : Tensor
+        ``[n_bins]`` queries per bin.
+    confidence : Tensor
+        ``[N]`` fraction of draws agreeing with the modal label.
+    correct : Tensor
+        ``[N]`` bool, modal label == true label.
+    neighbors : Tensor or None
+        ``[S, N]`` per-draw 1-NN indices (from :func:`retrieval_ece`).
+    """
+
+    ece: Tensor
+    bin_edges: Tensor
+    bin_confidence: Tensor
+    bin_accuracy: Tensor
+    bin_count: Tensor
+    confidence: Tensor
+    correct: Tensor
+    neighbors: Tensor | None = None
+
+
+def calibration_bins(confidence: Tensor, correct: Tensor, n_bins: int = 10) -> ECEResult:
+    """ECE over ``n_bins`` equal-width bins ``(b/n, (b+1)/n]`` weighted by bin counts.
+
+    Parameters
+    ----------
+    confidence : Tensor
+        ``[N]`` confidences in [0, 1].
+    correct : Tensor
+        ``[N]`` bool correctness.
+    n_bins : int
+        Number of bins (10 in METRICS.md).
+
+    Returns
+    -------
+    ECEResult
+    """
+    conf = _scores(confidence, "confidence")
+    c = _bool(correct, "correct")
+    check_same_length(("confidence", conf), ("correct", c))
+    if not isinstance(n_bins, int) or n_bins < 1:
+        raise ValueError(f"`n_bins` must be a positive integer, got {n_bins!r}")
+    if bool(((conf < 0) | (conf > 1)).any()):
+        raise ValueError("`confidence` must lie in [0, 1]")
+    edges = torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64, device=conf.device)
+    b = torch.bucketize(conf, edges[1:-1], right=False)  # edges[b-1] < conf <= edges[b]
+    zeros = torch.zeros(n_bins, dtype=torch.float64, device=conf.device)
+    count = zeros.index_add(0, b, torch.ones_like(conf))
+    s_conf = zeros.index_add(0, b, conf)
+    s_acc = zeros.index_add(0, b, c.double())
+    ece = (s_acc - s_conf).abs().sum() / conf.numel()
+    return ECEResult(ece, edges, s_conf / count, s_acc / count, count, conf, c)
+
+
+def retrieval_ece(
+    samples: Tensor,
+    labels: Tensor,
+    *,
+    n_bins: int = 10,
+    mode: str = "shortlist",
+    shortlist: int | None = None,
+    candidates: Tensor | None = None,
+    tolerance: float = 1e-3,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    info: dict[str, float] | None = None,
+    progress: bool = False,
+) -> ECEResult:
+    """Expected calibration error of sampled retrieval (LAM, section 5; METRICS.md).
+
+    For every draw s the 1-NN of each query among draw s of the gallery is found (self excluded
+    by index); the prediction is the modal neighbour label over draws, the confidence the
+    fraction of draws agreeing with it, and ``correct = mode == label``. ECE is the
+    count-weighted mean ``|accuracy - confidence|`` over ``n_bins`` equal-width bins.
+
+    Parameters
+    ----------
+    samples : Tensor
+        ``[S, N, D]`` draws.
+    labels : Tensor
+        ``[N]`` class labels.
+    n_bins : int
+        Number of confidence bins.
+    mode, shortlist, candidates, tolerance, memory_budget, info, progress
+        Per-draw search, see :func:`sampled_neighbors`.
+
+    Returns
+    -------
+    ECEResult
+        ECE and the reliability-diagram data.
+    """
+    s = _samples(samples)
+    y = _labels(labels, s.shape[1])
+    if s.shape[1] < 2:
+        raise ValueError(f"`samples` needs at least 2 points, got {s.shape[1]}")
+    nb = sampled_neighbors(
+        s,
+        mode=mode,
+        shortlist=shortlist,
+        candidates=candidates,
+        tolerance=tolerance,
+        memory_budget=memory_budget,
+        info=info,
+        progress=progress,
+    )
+    mode_label, votes = modal_labels(y[nb])
+    conf = votes.double() / s.shape[0]
+    return calibration_bins(conf, mode_label == y, n_bins)._replace(neighbors=nb)

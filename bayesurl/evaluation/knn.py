@@ -1,0 +1,276 @@
+"""Exact cosine k-nearest-neighbour search, chunked so memory stays bounded.
+
+The retrieval metrics of the URL benchmark (Kirchhof et al., 2023, section 3.1) and of LAM
+(Warburg et al., 2023, section 5) compare L2-normalised embeddings by cosine similarity
+(spec METRICS.md, "Conventions"). This module is the one kNN implementation every metric uses.
+
+Decisions fixed by METRICS.md:
+
+- self is excluded **by index** (an exact duplicate of query ``i`` is a valid neighbour);
+- ties in similarity go to the **lowest gallery index** (deterministic on every device);
+- queries are processed in chunks whose ``[B, N]`` similarity block fits a memory budget, so
+  ``N = 200k, D = 2048`` never allocates ``N x N``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from bayesurl._checks import check_tensor
+
+__all__ = ["DEFAULT_MEMORY_BUDGET", "chunk_rows", "knn", "knn_query", "normalize"]
+
+#: Default bytes allowed for one chunk of the query-gallery similarity matrix (256 MiB).
+DEFAULT_MEMORY_BUDGET = 256 * 2**20
+
+_BACKENDS = ("torch", "faiss")
+
+
+def normalize(x: Tensor) -> Tensor:
+    """L2-normalise the rows of ``x`` (zero rows stay zero), keeping device and dtype.
+
+    Parameters
+    ----------
+    x : Tensor
+        ``[..., D]`` vectors.
+
+    Returns
+    -------
+    Tensor
+        ``x / ||x||`` along the last dimension (spec METRICS.md, cosine similarity).
+    """
+    return F.normalize(x, dim=-1, eps=torch.finfo(x.dtype).tiny ** 0.5)
+
+
+def chunk_rows(n_gallery: int, dtype: torch.dtype, memory_budget: int) -> int:
+    """Number of query rows whose similarity block to ``n_gallery`` items fits the budget.
+
+    Two ``[B, n_gallery]`` buffers (similarities and a mask or copy) are counted.
+
+    Parameters
+    ----------
+    n_gallery : int
+        Gallery size.
+    dtype : torch.dtype
+        Floating dtype of the similarities.
+    memory_budget : int
+        Bytes allowed for one chunk.
+
+    Returns
+    -------
+    int
+        Chunk size, at least 1.
+    """
+    if memory_budget <= 0:
+        raise ValueError(f"`memory_budget` must be positive, got {memory_budget}")
+    item = torch.empty((), dtype=dtype).element_size()
+    return max(1, int(memory_budget // (2 * item * max(n_gallery, 1))))
+
+
+def _stable_topk(sims: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Top-k along dim 1, ordered by (similarity descending, index ascending).
+
+    ``torch.topk`` does not promise an order among equal values. The common case (no tie at the
+    k-th place) is handled with ``topk(k + 1)`` and a stable re-sort of the k winners; rows with
+    a tie at the boundary fall back to an exact selection of the lowest tied indices.
+    """
+    b, n = sims.shape
+    if k == 1:
+        # torch.max returns the first maximal index (documented), i.e. ties to lowest index.
+        v, i = sims.max(dim=1)
+        return v[:, None], i[:, None]
+    kk = min(k + 1, n)
+    vals, idx = torch.topk(sims, kk, dim=1, largest=True, sorted=True)
+    if kk > k:
+        boundary_tie = vals[:, k - 1] == vals[:, k]
+        vals, idx = vals[:, :k], idx[:, :k].clone()
+        if bool(boundary_tie.any()):
+            rows = boundary_tie.nonzero().squeeze(1)
+            sub = sims[rows]
+            t = vals[rows, k - 1 : k]
+            gt = sub > t
+            eq = sub == t
+            need = k - gt.sum(dim=1, keepdim=True)
+            take = gt | (eq & (eq.cumsum(dim=1) <= need))
+            sel = take.nonzero()[:, 1].view(rows.numel(), k)  # ascending index per row
+            idx[rows] = sel
+            vals[rows] = sub.gather(1, sel)
+    # Stable re-sort: first by index ascending, then by value descending (stable).
+    order = idx.argsort(dim=1)
+    idx, vals = idx.gather(1, order), vals.gather(1, order)
+    order = vals.argsort(dim=1, descending=True, stable=True)
+    return vals.gather(1, order), idx.gather(1, order)
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in _BACKENDS:
+        raise ValueError(f"`backend` must be one of {_BACKENDS}, got {backend!r}")
+
+
+def _faiss_search(q: Tensor, g: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    try:
+        import faiss
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ValueError("`backend='faiss'` needs faiss (pip install faiss-cpu)") from exc
+    if q.device.type != "cpu":
+        raise ValueError("`backend='faiss'` runs on CPU tensors only; use backend='torch'")
+    gn = normalize(g).to(torch.float32).contiguous().numpy()
+    qn = normalize(q).to(torch.float32).contiguous().numpy()
+    index = faiss.IndexFlatIP(gn.shape[1])
+    index.add(gn)
+    d, i = index.search(qn, k)
+    return torch.from_numpy(d).to(q.dtype), torch.from_numpy(i).long()
+
+
+def knn_query(
+    queries: Tensor,
+    gallery: Tensor,
+    k: int = 1,
+    *,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    chunk_size: int | None = None,
+    backend: str = "torch",
+) -> tuple[Tensor, Tensor]:
+    """Exact cosine kNN of ``queries`` among a separate ``gallery``.
+
+    Parameters
+    ----------
+    queries : Tensor
+        ``[M, D]`` query embeddings.
+    gallery : Tensor
+        ``[N, D]`` gallery embeddings (same device and dtype as ``queries``).
+    k : int
+        Number of neighbours, ``1 <= k <= N``.
+    memory_budget : int
+        Bytes allowed for one ``[B, N]`` similarity chunk; sets ``B`` unless ``chunk_size``.
+    chunk_size : int, optional
+        Explicit number of query rows per chunk.
+    backend : {"torch", "faiss"}
+        ``"torch"`` (exact, device of the inputs, ties to lowest index) or ``"faiss"``
+        (``IndexFlatIP`` on CPU float32; tie order is faiss's own).
+
+    Returns
+    -------
+    similarities : Tensor
+        ``[M, k]`` cosine similarities, descending.
+    indices : Tensor
+        ``[M, k]`` gallery indices (int64); ties to the lowest index.
+
+    Notes
+    -----
+    Cosine similarity of L2-normalised vectors, as in the URL benchmark (section 3.1) and
+    spec METRICS.md.
+    """
+    q = check_tensor(queries, "queries", ndim=2, min_points=1)
+    g = check_tensor(gallery, "gallery", ndim=2, min_points=1)
+    if q.shape[1] != g.shape[1]:
+        raise ValueError(
+            f"`queries` has dimension {q.shape[1]} but `gallery` has dimension {g.shape[1]}"
+        )
+    return _knn(q, g, k, memory_budget, chunk_size, backend, exclude_self=False)
+
+
+def knn(
+    embeddings: Tensor,
+    k: int = 1,
+    *,
+    exclude_self: bool = True,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    chunk_size: int | None = None,
+    backend: str = "torch",
+) -> tuple[Tensor, Tensor]:
+    """Exact cosine kNN of every item among the same set, self excluded by index.
+
+    Parameters
+    ----------
+    embeddings : Tensor
+        ``[N, D]`` embeddings (any floating dtype; computations keep it).
+    k : int
+        Number of neighbours, ``1 <= k <= N - 1`` (``<= N`` without ``exclude_self``).
+    exclude_self : bool
+        Remove item ``i`` from its own candidates by index (spec METRICS.md, R@1): an exact
+        duplicate at another index stays a valid neighbour.
+    memory_budget : int
+        Bytes allowed for one ``[B, N]`` similarity chunk (default 256 MiB).
+    chunk_size : int, optional
+        Explicit number of query rows per chunk (overrides ``memory_budget``).
+    backend : {"torch", "faiss"}
+        See :func:`knn_query`. With faiss, ``k + 1`` items are searched and self is removed
+        by index afterwards.
+
+    Returns
+    -------
+    similarities : Tensor
+        ``[N, k]`` cosine similarities, descending.
+    indices : Tensor
+        ``[N, k]`` int64 neighbour indices; ties go to the lowest index.
+
+    Examples
+    --------
+    >>> import torch
+    >>> x = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    >>> knn(x, 1)[1].squeeze(1).tolist()
+    [1, 0, 0]
+    """
+    x = check_tensor(embeddings, "embeddings", ndim=2, min_points=2 if exclude_self else 1)
+    return _knn(x, x, k, memory_budget, chunk_size, backend, exclude_self=exclude_self)
+
+
+def _knn(
+    q: Tensor,
+    g: Tensor,
+    k: int,
+    memory_budget: int,
+    chunk_size: int | None,
+    backend: str,
+    exclude_self: bool,
+) -> tuple[Tensor, Tensor]:
+    _check_backend(backend)
+    if not q.is_floating_point():
+        raise ValueError(f"embeddings must be floating point, got {q.dtype}")
+    n = g.shape[0]
+    k_max = n - 1 if exclude_self else n
+    if not isinstance(k, int) or k < 1 or k > k_max:
+        raise ValueError(f"`k` must be an integer in [1, {k_max}], got {k!r}")
+    if g.dtype != q.dtype or g.device != q.device:
+        raise ValueError(
+            f"`queries` ({q.dtype}, {q.device}) and `gallery` ({g.dtype}, {g.device}) must "
+            "share dtype and device"
+        )
+    if backend == "faiss":
+        return _faiss_knn(q, g, k, exclude_self)
+    qn, gn = normalize(q), normalize(g)
+    gt = gn.T.contiguous() if not gn.is_cuda else gn.T
+    if chunk_size is None:
+        chunk_size = chunk_rows(n, q.dtype, memory_budget)
+    if chunk_size < 1:
+        raise ValueError(f"`chunk_size` must be positive, got {chunk_size}")
+    m = q.shape[0]
+    out_v = torch.empty(m, k, dtype=q.dtype, device=q.device)
+    out_i = torch.empty(m, k, dtype=torch.long, device=q.device)
+    for start in range(0, m, chunk_size):
+        stop = min(start + chunk_size, m)
+        sims = qn[start:stop] @ gt
+        if exclude_self:
+            r = torch.arange(stop - start, device=q.device)
+            sims[r, r + start] = -math.inf
+        v, i = _stable_topk(sims, k)
+        out_v[start:stop] = v
+        out_i[start:stop] = i
+    return out_v, out_i
+
+
+def _faiss_knn(q: Tensor, g: Tensor, k: int, exclude_self: bool) -> tuple[Tensor, Tensor]:
+    if not exclude_self:
+        return _faiss_search(q, g, k)
+    v, i = _faiss_search(q, g, min(k + 1, g.shape[0]))
+    own = i == torch.arange(q.shape[0])[:, None]
+    # Drop self where faiss returned it, else the last column.
+    drop = torch.where(own.any(dim=1), own.int().argmax(dim=1), torch.full_like(i[:, 0], k))
+    keep = torch.ones_like(i, dtype=torch.bool)
+    keep[torch.arange(i.shape[0]), drop] = False
+    return v[keep].view(-1, k), i[keep].view(-1, k)

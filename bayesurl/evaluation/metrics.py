@@ -1,0 +1,333 @@
+"""torchmetrics ``Metric`` classes for the evaluator's metrics.
+
+Retrieval metrics need the whole evaluation set (each query searches every gallery item), so
+the classes keep the raw batches as list states with ``dist_reduce_fx="cat"``: under
+``torch.distributed`` torchmetrics gathers them from every process before :meth:`compute`,
+which then calls the functional metric of :mod:`bayesurl.evaluation.functional` once on the
+full set. Results equal the single-process functional value exactly.
+
+Each class has ``plot()`` drawing the matching figure of :mod:`bayesurl.evaluation.plots`
+(sparsification curve, reliability diagram or ROC) and returning ``(fig, ax)``.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.utilities.data import dim_zero_cat
+
+from bayesurl._checks import check_same_length, check_tensor
+from bayesurl.evaluation import functional as Fm
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET
+
+if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "AUSC",
+    "AUSE",
+    "MAPAtK",
+    "OODAUPRC",
+    "OODAUROC",
+    "RAUROC",
+    "RecallAtK",
+    "RetrievalECE",
+]
+
+
+def _empty(state: list[Tensor] | Tensor) -> bool:
+    # A list state turns into one tensor after a distributed sync.
+    return isinstance(state, list) and len(state) == 0
+
+
+def _plots() -> ModuleType:
+    # Lazy import keeps `import bayesurl.evaluation` free of matplotlib.
+    from bayesurl.evaluation import plots
+
+    return plots
+
+
+class _RetrievalMetric(Metric):
+    """Accumulates embeddings, labels (and optionally u) of every batch."""
+
+    is_differentiable = False
+    full_state_update = False
+    needs_uncertainty = False
+
+    def __init__(self, memory_budget: int = DEFAULT_MEMORY_BUDGET, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.memory_budget = memory_budget
+        self.add_state("embeddings", default=[], dist_reduce_fx="cat")
+        self.add_state("labels", default=[], dist_reduce_fx="cat")
+        if self.needs_uncertainty:
+            self.add_state("uncertainties", default=[], dist_reduce_fx="cat")
+
+    def update(
+        self, embeddings: Tensor, labels: Tensor, uncertainties: Tensor | None = None
+    ) -> None:
+        """Add a batch: ``embeddings [B, D]``, ``labels [B]`` (and ``uncertainties [B]``)."""
+        x = check_tensor(embeddings, "embeddings", ndim=2)
+        y = check_tensor(labels, "labels", ndim=1)
+        check_same_length(("embeddings", x), ("labels", y))
+        self.embeddings.append(x.detach())
+        self.labels.append(y.detach())
+        if self.needs_uncertainty:
+            if uncertainties is None:
+                raise ValueError(f"{type(self).__name__}.update needs `uncertainties`")
+            u = check_tensor(uncertainties, "uncertainties", ndim=1)
+            check_same_length(("embeddings", x), ("uncertainties", u))
+            self.uncertainties.append(u.detach())
+
+    def _data(self) -> tuple[Tensor, Tensor]:
+        if _empty(self.embeddings):
+            raise ValueError(f"{type(self).__name__}: compute() called before update()")
+        return dim_zero_cat(self.embeddings), dim_zero_cat(self.labels)
+
+    def _correct(self) -> Tensor:
+        x, y = self._data()
+        return Fm.r_at_1(x, y, memory_budget=self.memory_budget)[1]
+
+
+class RecallAtK(_RetrievalMetric):
+    """Recall@k over everything seen (URL section 3.1; METRICS.md R@1).
+
+    Parameters
+    ----------
+    k : int
+        Cut-off.
+    memory_budget : int
+        Bytes per kNN similarity chunk.
+    """
+
+    higher_is_better = True
+
+    def __init__(self, k: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.k = k
+
+    def compute(self) -> Tensor:
+        """Recall@k of the gathered set."""
+        x, y = self._data()
+        return Fm.recall_at_k(x, y, self.k, memory_budget=self.memory_budget)
+
+    def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
+        """Bar of Recall@k."""
+        fig, ax = _plots()._axes(ax)
+        ax.bar([f"R@{self.k}"], [float(self.compute())])
+        ax.set_ylim(0, 1)
+        return fig, ax
+
+
+class MAPAtK(_RetrievalMetric):
+    """mAP@k over everything seen (LAM section 5; see :func:`~.functional.map_at_k`).
+
+    Parameters
+    ----------
+    k : int
+        Cut-off.
+    memory_budget : int
+        Bytes per kNN similarity chunk.
+    """
+
+    higher_is_better = True
+
+    def __init__(self, k: int = 5, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.k = k
+
+    def compute(self) -> Tensor:
+        """mAP@k of the gathered set."""
+        x, y = self._data()
+        return Fm.map_at_k(x, y, self.k, memory_budget=self.memory_budget)
+
+    def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
+        """Bar of mAP@k."""
+        fig, ax = _plots()._axes(ax)
+        ax.bar([f"mAP@{self.k}"], [float(self.compute())])
+        ax.set_ylim(0, 1)
+        return fig, ax
+
+
+class RAUROC(_RetrievalMetric):
+    """R-AUROC: AUROC of u for "R@1 wrong" (URL section 3.1). ``update(emb, labels, u)``."""
+
+    higher_is_better = True
+    needs_uncertainty = True
+
+    def compute(self) -> Tensor:
+        """R-AUROC of the gathered set (raises when all R@1-correct or all wrong)."""
+        return Fm.r_auroc(dim_zero_cat(self.uncertainties), self._correct())
+
+    def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
+        """ROC curve of u for "R@1 wrong"."""
+        fig = _plots().plot_roc(dim_zero_cat(self.uncertainties), ~self._correct(), ax=ax)
+        return fig, ax or fig.axes[0]
+
+
+class _Sparsification(_RetrievalMetric):
+    needs_uncertainty = True
+
+    def __init__(self, n_levels: int = 100, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.n_levels = n_levels
+
+    def curves(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Removed fraction, sparsification curve of u, oracle curve."""
+        correct = self._correct()
+        removed, curve = Fm.sparsification_curve(
+            dim_zero_cat(self.uncertainties), correct, self.n_levels
+        )
+        return removed, curve, Fm.oracle_curve(correct, self.n_levels)
+
+    def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
+        """Sparsification curve with the oracle."""
+        fig = _plots().plot_sparsification_curve(*self.curves(), ax=ax)
+        return fig, ax or fig.axes[0]
+
+
+class AUSC(_Sparsification):
+    """Area under the sparsification curve (LAM section 5). ``update(emb, labels, u)``."""
+
+    higher_is_better = True
+
+    def compute(self) -> Tensor:
+        """AUSC of the gathered set."""
+        return self.curves()[1].mean()
+
+
+class AUSE(_Sparsification):
+    """Area between the sparsification curve and the oracle's (torch-uncertainty's AUSE)."""
+
+    higher_is_better = False
+
+    def compute(self) -> Tensor:
+        """AUSE of the gathered set."""
+        _, curve, oracle = self.curves()
+        return (oracle - curve).mean()
+
+
+class RetrievalECE(Metric):
+    """Sampled retrieval ECE (LAM section 5; METRICS.md). ``update(samples [S,B,D], labels)``.
+
+    Samples are stored as ``[B, S, D]`` so the ``cat`` gather concatenates along the points.
+
+    Parameters
+    ----------
+    n_bins : int
+        Confidence bins.
+    mode : {"shortlist", "exact"}
+        Per-draw search (:func:`~.functional.sampled_neighbors`).
+    shortlist : int, optional
+        Shortlist length L (``None``: adaptive, see :func:`~.functional.choose_shortlist`).
+    memory_budget : int
+        Bytes per chunk.
+    """
+
+    is_differentiable = False
+    higher_is_better = False
+    full_state_update = False
+
+    def __init__(
+        self,
+        n_bins: int = 10,
+        mode: str = "shortlist",
+        shortlist: int | None = None,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.n_bins, self.mode, self.shortlist = n_bins, mode, shortlist
+        self.memory_budget = memory_budget
+        self.add_state("samples", default=[], dist_reduce_fx="cat")
+        self.add_state("labels", default=[], dist_reduce_fx="cat")
+
+    def update(self, samples: Tensor, labels: Tensor) -> None:
+        """Add a batch of draws ``[S, B, D]`` with labels ``[B]``."""
+        s = check_tensor(samples, "samples", ndim=3)
+        y = check_tensor(labels, "labels", ndim=1)
+        if s.shape[1] != y.shape[0]:
+            raise ValueError(
+                f"length mismatch: `samples` has {s.shape[1]} points, `labels` {y.shape[0]}"
+            )
+        self.samples.append(s.detach().transpose(0, 1))
+        self.labels.append(y.detach())
+
+    def result(self) -> Fm.ECEResult:
+        """ECE with the reliability-diagram data of the gathered set."""
+        if _empty(self.samples):
+            raise ValueError("RetrievalECE: compute() called before update()")
+        s = dim_zero_cat(self.samples).transpose(0, 1)
+        return Fm.retrieval_ece(
+            s,
+            dim_zero_cat(self.labels),
+            n_bins=self.n_bins,
+            mode=self.mode,
+            shortlist=self.shortlist,
+            memory_budget=self.memory_budget,
+        )
+
+    def compute(self) -> Tensor:
+        """ECE of the gathered set."""
+        return self.result().ece
+
+    def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
+        """Reliability diagram."""
+        r = self.result()
+        fig = _plots().plot_reliability_diagram(
+            r.bin_edges, r.bin_accuracy, r.bin_count, ece=float(r.ece), ax=ax
+        )
+        return fig, ax or fig.axes[0]
+
+
+class _OOD(Metric):
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("uncertainties", default=[], dist_reduce_fx="cat")
+        self.add_state("is_ood", default=[], dist_reduce_fx="cat")
+
+    def update(self, uncertainties: Tensor, is_ood: Tensor | bool) -> None:
+        """Add u ``[B]`` with OOD flags ``[B]`` (or one bool for the whole batch)."""
+        u = check_tensor(uncertainties, "uncertainties", ndim=1)
+        o = torch.as_tensor(is_ood, device=u.device)
+        o = o.expand(u.shape[0]) if o.ndim == 0 else o
+        o = check_tensor(o, "is_ood", ndim=1).bool()
+        check_same_length(("uncertainties", u), ("is_ood", o))
+        self.uncertainties.append(u.detach())
+        self.is_ood.append(o)
+
+    def _data(self) -> tuple[Tensor, Tensor]:
+        if _empty(self.uncertainties):
+            raise ValueError(f"{type(self).__name__}: compute() called before update()")
+        return dim_zero_cat(self.uncertainties), dim_zero_cat(self.is_ood)
+
+    def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
+        """ROC curve of u for "OOD"."""
+        fig = _plots().plot_roc(*self._data(), ax=ax)
+        return fig, ax or fig.axes[0]
+
+
+class OODAUROC(_OOD):
+    """AUROC of u for "out of distribution" (LAM section 5)."""
+
+    def compute(self) -> Tensor:
+        """OOD AUROC of the gathered set."""
+        u, o = self._data()
+        return Fm.auroc(u, o)
+
+
+class OODAUPRC(_OOD):
+    """Average precision of u for "out of distribution" (LAM section 5)."""
+
+    def compute(self) -> Tensor:
+        """OOD AUPRC of the gathered set."""
+        u, o = self._data()
+        return Fm.average_precision(u, o)

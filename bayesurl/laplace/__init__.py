@@ -1,0 +1,47 @@
+"""Laplacian metric learning (LAM) and last-layer Laplace for classifiers.
+
+- :func:`ggn_diagonal` -- closed-form diagonal GGN of the contrastive loss (LAM eqs. 6-9)
+- :class:`MetricLaplace` -- post-hoc and online last-layer Laplace for embeddings (LAM sec. 3)
+- :class:`ClassifierLaplace` -- laplace-torch last-layer fit with a closed-form predictive
+"""
+
+from __future__ import annotations
+
+from bayesurl.laplace.classifier import ClassifierLaplace, ClassifierPredictive
+from bayesurl.laplace.curvature import (
+    Approximation,
+    Geometry,
+    clamped_fraction,
+    ggn_diagonal,
+    ggn_diagonal_linear,
+    output_hessian_diagonals,
+    split_pairs,
+)
+from bayesurl.laplace.metric import (
+    BaseMetricLaplace,
+    MetricLaplace,
+    OnlineMetricLaplace,
+    PosthocMetricLaplace,
+    kappa_from_trace,
+    train_contrastive,
+    train_online,
+)
+
+__all__ = [
+    "Approximation",
+    "BaseMetricLaplace",
+    "ClassifierLaplace",
+    "ClassifierPredictive",
+    "MetricLaplace",
+    "OnlineMetricLaplace",
+    "PosthocMetricLaplace",
+    "kappa_from_trace",
+    "train_contrastive",
+    "train_online",
+    "Geometry",
+    "clamped_fraction",
+    "ggn_diagonal",
+    "ggn_diagonal_linear",
+    "output_hessian_diagonals",
+    "split_pairs",
+]

@@ -1,0 +1,57 @@
+"""Post-hoc uncertainty for any trained encoder (issue 5).
+
+- :func:`wrap` -- ``wrap(encoder, method="pvu" | "tau" | "laplace", **options)``
+- :class:`PVU`, :class:`PVUHead`, :func:`ranking_loss` -- pretrained visual uncertainties on
+  cached embeddings (thesis chapter 5)
+- :class:`EmbeddingCache` -- on-disk memory-mapped embedding cache
+- :class:`PosthocTaU` -- post-hoc Temperature as Uncertainty (TaU section 4)
+- :class:`LaplaceWrapper` -- last-layer Laplace (LAM section 3)
+- :func:`retrieve`, :func:`credible_threshold` -- credible image intervals (MCI section 5.2)
+- :func:`load` -- rebuild a saved wrapper around its encoder
+"""
+
+from __future__ import annotations
+
+from bayesurl.posthoc.base import PosthocOutput, PosthocWrapper, load
+from bayesurl.posthoc.cache import EmbeddingCache
+from bayesurl.posthoc.credible import (
+    credible_mask,
+    credible_threshold,
+    retrieve,
+    vmf_cosine_quantile,
+)
+from bayesurl.posthoc.laplace import LaplaceWrapper
+from bayesurl.posthoc.pvu import (
+    PVU,
+    PVUHead,
+    check_head_trainable,
+    classifier_task_loss,
+    mse_loss,
+    ranking_loss,
+    supcon_task_loss,
+)
+from bayesurl.posthoc.tau import PosthocTaU
+from bayesurl.posthoc.wrap import MethodEncoder, as_encoder, wrap
+
+__all__ = [
+    "PVU",
+    "EmbeddingCache",
+    "LaplaceWrapper",
+    "MethodEncoder",
+    "PVUHead",
+    "PosthocOutput",
+    "PosthocTaU",
+    "PosthocWrapper",
+    "as_encoder",
+    "check_head_trainable",
+    "classifier_task_loss",
+    "credible_mask",
+    "credible_threshold",
+    "load",
+    "mse_loss",
+    "ranking_loss",
+    "retrieve",
+    "supcon_task_loss",
+    "vmf_cosine_quantile",
+    "wrap",
+]

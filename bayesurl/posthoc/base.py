@@ -1,0 +1,264 @@
+"""The common shell of every post-hoc wrapper: a frozen encoder plus an uncertainty part.
+
+A wrapper returns the encoder's embedding untouched (bit for bit) and adds ``u(x)``; see
+:func:`bayesurl.posthoc.wrap`. Only the added part is trained (the PVU "StopGrad", thesis
+section 5.3) and only it is written by :meth:`PosthocWrapper.save`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from bayesurl._checks import check_ndim
+from bayesurl.types import Output
+
+__all__ = ["FORMAT", "PosthocOutput", "PosthocWrapper", "load"]
+
+#: tag written into every saved wrapper
+FORMAT = "bayesurl.posthoc/1"
+_WRAPPERS: dict[str, type[PosthocWrapper]] = {}
+
+
+class PosthocOutput(Output):
+    """An :class:`~bayesurl.types.Output` that also unpacks as ``(embedding, uncertainty)``.
+
+    ``emb, u = wrapped(x)`` (the PVU "dual-output API", thesis section 5.3) and
+    ``wrapped(x).embedding`` both work; every other ``Output`` field is kept.
+    """
+
+    def __iter__(self) -> Iterator[Tensor]:
+        yield self.embedding
+        yield self.uncertainty
+
+    def __len__(self) -> int:
+        return 2
+
+    def to(self, *args: Any, **kwargs: Any) -> PosthocOutput:
+        return PosthocOutput(**vars(super().to(*args, **kwargs)))
+
+    def detach(self) -> PosthocOutput:
+        return PosthocOutput(**vars(super().detach()))
+
+
+def device_of(module: nn.Module) -> torch.device:
+    """Device of the first parameter or buffer of ``module`` (CPU for a stateless module)."""
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+def split_batch(batch: Any) -> tuple[Any, Tensor | None]:
+    """``(x, y)`` from a loader batch: a tensor ``x``, or ``(x, y)`` / ``[x, y]``.
+
+    ``x`` may itself be a pair of views ``(x1, x2)`` (two-view loaders).
+    """
+    if isinstance(batch, Tensor):
+        return batch, None
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        x, y = batch
+        if y is not None and not isinstance(y, Tensor):
+            y = torch.as_tensor(y)
+        if isinstance(x, Tensor) and isinstance(y, Tensor) and x.shape == y.shape and x.ndim > 1:
+            raise ValueError(
+                "ambiguous batch: two tensors of equal shape look like two views; yield "
+                "((x1, x2), y) for two views or (x, y) with labels y [N]"
+            )
+        return x, y
+    if isinstance(batch, (tuple, list)) and len(batch) == 1:
+        return batch[0], None
+    raise ValueError(
+        f"cannot read a loader batch of type {type(batch).__name__}; yield x, (x, y) or "
+        "((x1, x2), y)"
+    )
+
+
+def register_wrapper(name: str):
+    """Class decorator naming a wrapper for :func:`bayesurl.posthoc.wrap` and :func:`load`."""
+
+    def deco(cls: type[PosthocWrapper]) -> type[PosthocWrapper]:
+        cls.method = name
+        _WRAPPERS[name] = cls
+        return cls
+
+    return deco
+
+
+def wrapper_class(name: str) -> type[PosthocWrapper]:
+    """The wrapper class registered under ``name``; ValueError listing the valid names."""
+    key = str(getattr(name, "value", name)).lower()
+    if key not in _WRAPPERS:
+        raise ValueError(f"unknown `method` {name!r}; valid: {', '.join(sorted(_WRAPPERS))}")
+    return _WRAPPERS[key]
+
+
+class PosthocWrapper(nn.Module):
+    """Base class: ``encoder`` (frozen, kept in eval mode) + the trainable uncertainty part.
+
+    Subclasses implement :meth:`uncertainty_from` and :meth:`fit`, and list their constructor
+    options in :meth:`config` so that :func:`load` can rebuild them.
+
+    Parameters
+    ----------
+    encoder : nn.Module
+        Any module mapping inputs to embeddings ``[N, D]``. It is not copied: the wrapper holds
+        it as its ``encoder`` submodule, keeps it in eval mode (so its embedding, e.g. with
+        BatchNorm or dropout, is the deterministic one) and never updates its weights.
+    """
+
+    method: ClassVar[str] = ""
+    #: ``sample(x, n)`` is available
+    has_distribution: ClassVar[bool] = False
+
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        if not isinstance(encoder, nn.Module):
+            raise TypeError(f"`encoder` must be an nn.Module, got {type(encoder).__name__}")
+        self.encoder = encoder
+        self.encoder.eval()
+
+    # -- frozen encoder -----------------------------------------------------------------------
+    def train(self, mode: bool = True) -> PosthocWrapper:
+        """Set the uncertainty part's mode; the encoder always stays in eval mode."""
+        super().train(mode)
+        self.encoder.eval()
+        return self
+
+    def embed(self, x: Tensor) -> Tensor:
+        """The encoder's embedding ``[N, D]``, exactly as the encoder returns it."""
+        e = self.encoder(x)
+        if not isinstance(e, Tensor):
+            raise ValueError(
+                f"the encoder must return a tensor [N, D], got {type(e).__name__}; wrap a "
+                "module whose forward returns the embedding"
+            )
+        check_ndim(e, "encoder output", 2)
+        return e
+
+    def uncertainty_from(self, embedding: Tensor) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> PosthocOutput:
+        """``(embedding, uncertainty)``: the encoder's embedding and u(x) (higher = less sure)."""
+        e = self.embed(x)
+        return PosthocOutput(embedding=e, uncertainty=self.uncertainty_from(e.detach()))
+
+    def sample(self, x: Tensor, n: int) -> Tensor:
+        """``[n, N, D]`` draws of the embedding distribution (only where one is defined)."""
+        raise ValueError(
+            f"method {self.method!r} defines no embedding distribution; `sample` needs "
+            "method='laplace'"
+        )
+
+    # -- persistence --------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """Constructor options (plain Python values) needed to rebuild this wrapper."""
+        return {}
+
+    def head_state_dict(self) -> dict[str, Tensor]:
+        """State of everything but the encoder (what :meth:`save` writes)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("encoder.")}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the method name, its options and the non-encoder state to ``path``.
+
+        The encoder's weights are not written; pass the same encoder to :func:`load`. The
+        file loads with ``torch.load(..., weights_only=True)``.
+        """
+        state = {
+            k: (v.detach().cpu() if isinstance(v, Tensor) else v)
+            for k, v in self.head_state_dict().items()
+        }
+        torch.save(
+            {"format": FORMAT, "method": self.method, "config": self.config(), "state": state},
+            os.fspath(path),
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, encoder: nn.Module, **options: Any) -> PosthocWrapper:
+        """Rebuild a saved wrapper around ``encoder`` (see :func:`load`)."""
+        obj = load(path, encoder, **options)
+        if cls is not PosthocWrapper and not isinstance(obj, cls):
+            raise ValueError(f"`path` holds a {obj.method!r} wrapper, not {cls.method!r}")
+        return obj
+
+    @classmethod
+    def from_config(
+        cls, encoder: nn.Module, config: dict[str, Any], state: dict[str, Tensor]
+    ) -> PosthocWrapper:
+        """Rebuild from :meth:`config` and :meth:`head_state_dict` (used by :func:`load`)."""
+        want = config.get("embed_dim")
+        for attr in ("embed_dim", "num_features", "out_features"):
+            have = getattr(encoder, attr, None)
+            if isinstance(have, int) and want is not None and have != want:
+                raise ValueError(
+                    f"saved state does not fit the encoder: it was fitted on {want}-dim "
+                    f"embeddings, the encoder's {attr} is {have}"
+                )
+        obj = cls(encoder, **config)
+        obj._load_head_state(state)
+        return obj.to(device_of(encoder))
+
+    def _load_head_state(self, state: dict[str, Tensor]) -> None:
+        try:
+            missing, unexpected = self.load_state_dict(state, strict=False)
+        except RuntimeError as exc:  # shape mismatch
+            raise ValueError(
+                f"saved state does not fit the {self.method!r} wrapper: {exc}"
+            ) from exc
+        missing = [k for k in missing if not k.startswith("encoder.")]
+        if missing or unexpected:
+            raise ValueError(
+                f"saved state does not fit the {self.method!r} wrapper: missing {missing}, "
+                f"unexpected {unexpected}"
+            )
+
+
+def load(path: str | os.PathLike, encoder: nn.Module, **options: Any) -> PosthocWrapper:
+    """Load a wrapper written by :meth:`PosthocWrapper.save` around ``encoder``.
+
+    ``options`` override the saved constructor options; modules that are not saved go here
+    (``classifier=`` for a Laplace wrapper fitted on a classifier, or to refit PVU).
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If the file is not a bayesurl post-hoc checkpoint, is corrupted, or its state does not
+        fit (e.g. another embedding dimension).
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such checkpoint: {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"`path` {path} is not a readable checkpoint: {exc}") from exc
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise ValueError(f"`path` {path} is not a bayesurl post-hoc checkpoint ({FORMAT})")
+    for key in ("method", "config", "state"):
+        if key not in ckpt:
+            raise ValueError(f"`path` {path} is corrupted: no {key!r} entry")
+    from bayesurl.posthoc.wrap import as_encoder
+
+    encoder = as_encoder(encoder)
+    cls = wrapper_class(ckpt["method"])
+    if not isinstance(ckpt["config"], dict) or not isinstance(ckpt["state"], dict):
+        raise ValueError(f"`path` {path} is corrupted: config / state are not dicts")
+    return cls.from_config(encoder, {**ckpt["config"], **options}, ckpt["state"])
+
+
+def iterate(loader: Iterable[Any], progress: bool, desc: str) -> Iterable[Any]:
+    """``loader`` wrapped in a tqdm bar unless ``progress`` is False."""
+    if not progress:
+        return loader
+    from tqdm.auto import tqdm
+
+    return tqdm(loader, desc=desc, leave=False)

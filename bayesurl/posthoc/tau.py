@@ -1,0 +1,179 @@
+"""Post-hoc Temperature as Uncertainty (TaU section 4, "Uncertainty on Pretrained Models").
+
+Freeze any encoder and train only a temperature head ``s(e)`` with the TaU-SimCLR loss on two
+augmented views: ``1/tau = sigmoid(s)/scale``, ``u(x) = tau`` (TaU Algorithm 1). The embedding
+stays the encoder's; only the per-input temperature is learned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from bayesurl._checks import check_finite
+from bayesurl.heads.temperature import TemperatureHead
+from bayesurl.losses.tau import TaUVariant, _variant, tau_simclr_loss
+from bayesurl.posthoc.base import (
+    PosthocWrapper,
+    device_of,
+    iterate,
+    register_wrapper,
+    split_batch,
+)
+
+__all__ = ["PosthocTaU"]
+
+
+def two_views(x: Any, augment: Callable[[Tensor], Tensor] | None) -> tuple[Tensor, Tensor]:
+    """The two views of a batch: ``x = (x1, x2)`` as given, or ``augment`` applied twice."""
+    if isinstance(x, (tuple, list)) and len(x) == 2:
+        return x[0], x[1]
+    if isinstance(x, Tensor) and augment is not None:
+        return augment(x), augment(x)
+    raise ValueError(
+        "post-hoc TaU trains on two augmented views: use a loader yielding ((x1, x2), y) "
+        "(e.g. bayesurl.data's TwoViews) or pass `augment=` (applied twice per batch)"
+    )
+
+
+@register_wrapper("tau")
+class PosthocTaU(PosthocWrapper):
+    """A frozen encoder plus a trained temperature head (TaU section 4).
+
+    Parameters
+    ----------
+    encoder : nn.Module
+        Maps inputs to embeddings ``[N, D]``; frozen.
+    scale : float
+        Lower bound of the temperature (TaU Algorithm 1, 0.1).
+    variant : {"paper", "reference"}
+        TaU-SimCLR loss variant (:class:`~bayesurl.losses.tau.TaUVariant`).
+    hidden : int
+        Hidden width of the head (0: linear, the paper's post-hoc head).
+    embed_dim : int, optional
+        D; read from the encoder's ``embed_dim`` / ``num_features`` / ``out_features`` when
+        omitted, else the head is built on the first batch.
+    """
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        *,
+        scale: float = 0.1,
+        variant: str | TaUVariant = "paper",
+        hidden: int = 0,
+        embed_dim: int | None = None,
+    ) -> None:
+        super().__init__(encoder)
+        self.scale = float(scale)
+        self.variant = _variant(variant)
+        self.hidden = int(hidden)
+        TemperatureHead(1, self.scale, self.hidden)  # validates the options early
+        dim = embed_dim
+        if dim is None:
+            for attr in ("embed_dim", "num_features", "out_features"):
+                if isinstance(getattr(encoder, attr, None), int):
+                    dim = int(getattr(encoder, attr))
+                    break
+        self.head: TemperatureHead | None = None
+        if dim is not None:
+            self._build_head(int(dim))
+
+    def _build_head(self, dim: int) -> None:
+        self.head = TemperatureHead(dim, self.scale, self.hidden).to(device_of(self.encoder))
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "scale": self.scale,
+            "variant": self.variant.value,
+            "hidden": self.hidden,
+            "embed_dim": None if self.head is None else self.head.in_features,
+        }
+
+    def logit(self, embedding: Tensor) -> Tensor:
+        """Temperature logits ``s [N]`` (the pre-sigmoid score TaU appendix A prefers for OOD:
+        ``-s`` ranks inputs like ``tau`` but keeps float32 resolution)."""
+        if self.head is None:
+            raise ValueError("the TaU head is not built yet: call `fit` (or pass `embed_dim`)")
+        return self.head(embedding.detach())
+
+    def uncertainty_from(self, embedding: Tensor) -> Tensor:
+        return self.head.temperature(self.logit(embedding))
+
+    def fit(
+        self,
+        loader: Iterable[Any],
+        *,
+        epochs: int = 1,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        augment: Callable[[Tensor], Tensor] | None = None,
+        optimizer: Callable[..., torch.optim.Optimizer] | None = None,
+        progress: bool = True,
+    ) -> dict[str, Any]:
+        """Train the temperature head on two views per batch; the encoder stays frozen.
+
+        Parameters
+        ----------
+        loader : iterable
+            Yields ``((x1, x2), y)`` / ``(x1, x2)`` pairs of views, or ``x`` / ``(x, y)`` with
+            ``augment`` given.
+        epochs, lr, weight_decay : int, float, float
+            AdamW settings (``optimizer`` replaces AdamW: a callable taking the parameters).
+        augment : callable, optional
+            Random augmentation applied twice to single-view batches.
+        progress : bool
+            tqdm bar per epoch.
+
+        Returns
+        -------
+        dict
+            ``losses`` (mean per epoch) and ``train_seconds``.
+        """
+        if int(epochs) < 1:
+            raise ValueError(f"`epochs` must be >= 1, got {epochs}")
+        make_opt = optimizer or (lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=weight_decay))
+        dev = device_of(self.encoder)
+        opt = None
+        losses: list[float] = []
+        t0 = time.perf_counter()
+        for epoch in range(int(epochs)):
+            vals = []
+            for batch in iterate(loader, progress, f"TaU epoch {epoch + 1}/{epochs}"):
+                x, _ = split_batch(batch) if not _is_view_pair(batch) else (batch, None)
+                x1, x2 = two_views(x, augment)
+                with torch.no_grad():
+                    e1, e2 = self.embed(x1.to(dev)), self.embed(x2.to(dev))
+                check_finite(e1, "encoder output")
+                check_finite(e2, "encoder output")
+                if self.head is None:
+                    self._build_head(int(e1.shape[1]))
+                if opt is None:
+                    opt = make_opt(self.head.parameters())
+                    self.head.train()
+                loss = tau_simclr_loss(
+                    e1, e2, self.head(e1), self.head(e2), scale=self.scale, variant=self.variant
+                )
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                vals.append(float(loss.detach()))
+            losses.append(sum(vals) / max(len(vals), 1))
+        if self.head is not None:
+            self.head.eval()
+        return {"losses": losses, "train_seconds": time.perf_counter() - t0}
+
+
+def _is_view_pair(batch: Any) -> bool:
+    """``(x1, x2)`` of two same-shaped image tensors (a view pair without labels)."""
+    return (
+        isinstance(batch, (tuple, list))
+        and len(batch) == 2
+        and all(isinstance(b, Tensor) for b in batch)
+        and batch[0].shape == batch[1].shape
+        and batch[0].ndim > 1
+    )

@@ -1,0 +1,65 @@
+"""Training: the loop, checkpoints, optimisers and schedules, and torch.distributed helpers.
+
+URL (Kirchhof et al., 2023), section 4 and appendix B: LAMB, linear warm-up + cosine schedule,
+gradient accumulation, two augmented views for the self-supervised methods.
+
+>>> from bayesurl.training import fit, load_method_from_checkpoint  # doctest: +SKIP
+>>> result = fit(method, loader, epochs=4, optimizer="lamb", lr=1e-3, warmup_epochs=1,
+...              checkpoint_dir="runs/ce")  # doctest: +SKIP
+>>> method = load_method_from_checkpoint("runs/ce/last.pt")  # doctest: +SKIP
+"""
+
+from bayesurl.training import distributed
+from bayesurl.training.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_VERSION,
+    load_checkpoint,
+    load_method_from_checkpoint,
+    save_checkpoint,
+)
+from bayesurl.training.distributed import (
+    DistInfo,
+    all_gather_tensors,
+    barrier,
+    cleanup,
+    init_from_env,
+    is_main_process,
+    wrap_ddp,
+)
+from bayesurl.training.loop import AmpMode, TrainResult, fit, prepare_batch
+from bayesurl.training.optim import (
+    OptimizerName,
+    WarmupCosine,
+    build_optimizer,
+    build_scheduler,
+    warmup_cosine_factor,
+)
+from bayesurl.training.seed import get_rng_state, seed_everything, set_rng_state
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CHECKPOINT_VERSION",
+    "AmpMode",
+    "DistInfo",
+    "OptimizerName",
+    "TrainResult",
+    "WarmupCosine",
+    "all_gather_tensors",
+    "barrier",
+    "build_optimizer",
+    "build_scheduler",
+    "cleanup",
+    "distributed",
+    "fit",
+    "get_rng_state",
+    "init_from_env",
+    "is_main_process",
+    "load_checkpoint",
+    "load_method_from_checkpoint",
+    "prepare_batch",
+    "save_checkpoint",
+    "seed_everything",
+    "set_rng_state",
+    "warmup_cosine_factor",
+    "wrap_ddp",
+]

@@ -1,0 +1,180 @@
+"""Optimisers and the warm-up + cosine learning-rate schedule used to train every method.
+
+URL (Kirchhof et al., 2023, section 4 "Training infrastructure" and appendix B) trains all
+methods with LAMB (You et al., 2020) and a cosine schedule (Loshchilov & Hutter, 2017, SGDR
+eq. 5) after a linear warm-up. AdamW is offered as the common alternative.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from enum import Enum
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+__all__ = [
+    "OptimizerName",
+    "WarmupCosine",
+    "build_optimizer",
+    "build_scheduler",
+    "warmup_cosine_factor",
+]
+
+
+class OptimizerName(str, Enum):
+    """Names accepted by :func:`build_optimizer`."""
+
+    ADAMW = "adamw"
+    LAMB = "lamb"
+    SGD = "sgd"
+
+
+def _parse_optimizer(name: str | OptimizerName) -> OptimizerName:
+    try:
+        return OptimizerName(str(getattr(name, "value", name)).lower())
+    except ValueError:
+        valid = ", ".join(o.value for o in OptimizerName)
+        raise ValueError(f"unknown optimizer {name!r}; valid names: {valid}") from None
+
+
+def build_optimizer(
+    params: Iterable[Tensor] | Iterable[dict[str, Any]],
+    name: str | OptimizerName = "lamb",
+    *,
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    **kwargs: Any,
+) -> Optimizer:
+    """Create the optimiser ``name`` over ``params``.
+
+    Parameters
+    ----------
+    params : iterable of Tensor or of param-group dicts
+        What to optimise (``method.parameters()``).
+    name : {"lamb", "adamw", "sgd"}
+        ``"lamb"`` is :class:`timm.optim.Lamb`, the optimiser of URL appendix B (You et al.,
+        2020, Algorithm 2); ``"adamw"`` is :class:`torch.optim.AdamW` (decoupled weight decay);
+        ``"sgd"`` is :class:`torch.optim.SGD` (momentum from ``kwargs``).
+    lr : float
+        Peak learning rate (URL searches it in ``[1e-4, 1e-2]``).
+    weight_decay : float
+        Weight decay coefficient.
+    **kwargs
+        Passed to the optimiser (``betas``, ``eps``, ``momentum``, ...).
+
+    Returns
+    -------
+    torch.optim.Optimizer
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is unknown (the message lists the valid names) or ``lr`` / ``weight_decay``
+        is negative or not finite.
+    """
+    kind = _parse_optimizer(name)
+    if not (math.isfinite(lr) and lr >= 0):
+        raise ValueError(f"`lr` must be a finite number >= 0, got {lr}")
+    if not (math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"`weight_decay` must be a finite number >= 0, got {weight_decay}")
+    if kind is OptimizerName.LAMB:
+        from timm.optim import Lamb
+
+        return Lamb(params, lr=lr, weight_decay=weight_decay, **kwargs)
+    if kind is OptimizerName.ADAMW:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kwargs)
+    return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, **kwargs)
+
+
+def warmup_cosine_factor(
+    step: int, total_steps: int, warmup_steps: int = 0, min_factor: float = 0.0
+) -> float:
+    """Multiplier of the peak learning rate at optimiser step ``step``.
+
+    Linear warm-up over the first ``warmup_steps`` steps, then cosine annealing (SGDR,
+    Loshchilov & Hutter 2017, eq. 5, one cycle) down to ``min_factor`` at ``total_steps``:
+
+    .. math::
+
+        f(t) = \\frac{t + 1}{W} \\quad (t < W), \\qquad
+        f(t) = m + \\tfrac12 (1 - m)\\bigl(1 + \\cos(\\pi \\tfrac{t - W}{T - W})\\bigr)
+        \\quad (t \\ge W),
+
+    with ``t`` clipped to ``T``. The first step already trains (``f(0) = 1/W``), so no step is
+    wasted at learning rate zero.
+
+    Parameters
+    ----------
+    step : int
+        Zero-based index of the optimiser step about to be taken.
+    total_steps : int
+        Number of optimiser steps in the whole run ``T``.
+    warmup_steps : int
+        Length ``W`` of the linear warm-up.
+    min_factor : float
+        Final multiplier ``m`` (``min_lr / lr``).
+
+    Returns
+    -------
+    float
+    """
+    if total_steps < 1:
+        raise ValueError(f"`total_steps` must be >= 1, got {total_steps}")
+    if warmup_steps < 0:
+        raise ValueError(f"`warmup_steps` must be >= 0, got {warmup_steps}")
+    if not 0.0 <= min_factor <= 1.0:
+        raise ValueError(f"`min_factor` must lie in [0, 1], got {min_factor}")
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    span = max(total_steps - warmup_steps, 1)
+    progress = min(max(step - warmup_steps, 0) / span, 1.0)
+    return min_factor + 0.5 * (1.0 - min_factor) * (1.0 + math.cos(math.pi * progress))
+
+
+class WarmupCosine:
+    """Learning-rate multiplier for :class:`torch.optim.lr_scheduler.LambdaLR`.
+
+    Holds only numbers, so ``LambdaLR.state_dict()`` (which stores ``__dict__`` of callable
+    objects) stays loadable with ``torch.load(..., weights_only=True)``. See
+    :func:`warmup_cosine_factor` for the formula (SGDR eq. 5 after a linear warm-up).
+    """
+
+    def __init__(self, total_steps: int, warmup_steps: int = 0, min_factor: float = 0.0) -> None:
+        warmup_cosine_factor(0, total_steps, warmup_steps, min_factor)  # validates
+        self.total_steps = int(total_steps)
+        self.warmup_steps = int(warmup_steps)
+        self.min_factor = float(min_factor)
+
+    def __call__(self, step: int) -> float:
+        return warmup_cosine_factor(step, self.total_steps, self.warmup_steps, self.min_factor)
+
+
+def build_scheduler(
+    optimizer: Optimizer, total_steps: int, warmup_steps: int = 0, min_factor: float = 0.0
+) -> LambdaLR:
+    """Per-step warm-up + cosine schedule (URL appendix B; SGDR eq. 5).
+
+    Call ``scheduler.step()`` after every optimiser step. The learning rate of the ``t``-th
+    optimiser step (zero-based) is ``lr * warmup_cosine_factor(t, total_steps, warmup_steps,
+    min_factor)``.
+
+    Parameters
+    ----------
+    optimizer : torch.optim.Optimizer
+    total_steps : int
+        Number of optimiser steps of the run.
+    warmup_steps : int
+        Linear warm-up length in optimiser steps.
+    min_factor : float
+        Final learning rate as a fraction of the peak.
+
+    Returns
+    -------
+    torch.optim.lr_scheduler.LambdaLR
+    """
+    return LambdaLR(optimizer, WarmupCosine(total_steps, warmup_steps, min_factor))

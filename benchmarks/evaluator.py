@@ -1,0 +1,223 @@
+"""Benchmark of the evaluator's exact kNN pass and its sampling-aware ECE.
+
+Prints, in one run and against references measured in the same run:
+
+1. time of exact R@1 + R-AUROC (bayesurl, chunked torch kNN) divided by
+   - faiss ``IndexFlatIP`` search (k=2, self dropped) and
+   - pytorch-metric-learning's ``AccuracyCalculator`` ``precision_at_1``;
+2. peak memory of each (RSS sampled every 5 ms on CPU, ``torch.cuda.max_memory_allocated``
+   on GPU);
+3. for S draws (default 100), the time of the sampling-aware ECE (shortlist mode) divided by
+   one exact deterministic pass on the same points, and the agreement of the per-draw 1-NN
+   labels with brute force (exact per-draw search).
+
+Targets (issue 2): exact pass <= 1.05x faiss; S=100 ECE <= 3x one pass at >= 99.5 % agreement.
+
+Usage::
+
+    python benchmarks/evaluator.py            # N=60k, D=512
+    python benchmarks/evaluator.py --quick    # N=8k, D=128
+    python benchmarks/evaluator.py --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from bayesurl.evaluation import functional as Fm
+from bayesurl.evaluation.knn import knn
+
+
+class PeakMemory:
+    """Peak resident memory (CPU, sampled) or peak allocated CUDA memory during a block."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peak = 0
+        self._stop = threading.Event()
+
+    @staticmethod
+    def _rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._rss() - self.base)
+            time.sleep(0.005)
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+        else:
+            self.base = self._rss()
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated() - self.base
+        else:
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(self.peak, self._rss() - self.base)
+
+
+def timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, int, Any]:
+    """Wall time, peak memory and result of ``fn()``."""
+    with PeakMemory(device) as mem:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+    return dt, mem.peak, out
+
+
+def make_data(n: int, d: int, classes: int, seed: int, device: torch.device):
+    """Clustered unit embeddings, labels and an uncertainty correlated with difficulty."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, classes, (n,), generator=g)
+    centers = torch.randn(classes, d, generator=g)
+    spread = 0.5 + torch.rand(n, 1, generator=g) * 1.5
+    x = Fm.normalize(centers[y] + spread * torch.randn(n, d, generator=g))
+    u = spread.squeeze(1) + 0.3 * torch.rand(n, generator=g)
+    return x.to(device), y.to(device), u.to(device)
+
+
+def exact_pass(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> tuple[float, float]:
+    r1, correct = Fm.r_at_1(x, y)
+    return float(r1), float(Fm.r_auroc(u, correct))
+
+
+def faiss_pass(x: torch.Tensor, y: torch.Tensor) -> float:
+    import faiss
+
+    xn = x.cpu().numpy()
+    index = faiss.IndexFlatIP(xn.shape[1])
+    index.add(xn)
+    _, idx = index.search(xn, 2)
+    own = idx[:, 0] == np.arange(len(xn))
+    nn = np.where(own, idx[:, 1], idx[:, 0])
+    yy = y.cpu().numpy()
+    return float((yy[nn] == yy).mean())
+
+
+def pml_pass(x: torch.Tensor, y: torch.Tensor) -> float:
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+    calc = AccuracyCalculator(include=("precision_at_1",), k=1, device=x.device)
+    return calc.get_accuracy(x, y, x, y, ref_includes_query=True)["precision_at_1"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="N=8000, D=128, ECE N=4000")
+    p.add_argument("--n", type=int, default=60_000)
+    p.add_argument("--d", type=int, default=512)
+    p.add_argument("--draws", type=int, default=100, help="posterior draws S of the ECE")
+    p.add_argument(
+        "--ece-n",
+        type=int,
+        default=None,
+        help="points of the ECE run (default: N on cuda, "
+        "min(N, 10000) on cpu: [S, N, D] float32 samples must fit in memory)",
+    )
+    p.add_argument("--noise", type=float, default=0.25, help="per-draw noise / signal norm")
+    p.add_argument("--shortlist", type=int, default=None, help="fixed L (default: adaptive)")
+    p.add_argument("--tolerance", type=float, default=1e-3, help="adaptive L miss-rate target")
+    p.add_argument("--agree-draws", type=int, default=10, help="draws checked by brute force")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    if a.quick:
+        a.n, a.d = 8000, 128
+    device = torch.device(a.device)
+    torch.set_num_threads(a.threads)
+    try:
+        import faiss
+
+        faiss.omp_set_num_threads(a.threads)
+        have_faiss = True
+    except ImportError:
+        have_faiss = False
+    print(f"device={device} threads={a.threads} N={a.n} D={a.d} torch={torch.__version__}")
+
+    x, y, u = make_data(a.n, a.d, max(a.n // 30, 2), a.seed, device)
+    knn(x[:256], 1)  # warm-up (BLAS threads, allocator)
+    t_ours, m_ours, (r1, rauroc) = timed(lambda: exact_pass(x, y, u), device)
+    print(
+        f"\n[1] exact R@1 + R-AUROC   {t_ours:8.2f} s  peak {m_ours / 2**20:8.0f} MiB"
+        f"  R@1={r1:.4f} R-AUROC={rauroc:.4f}"
+    )
+    if have_faiss:
+        t_f, m_f, r1_f = timed(lambda: faiss_pass(x, y), torch.device("cpu"))
+        print(
+            f"    faiss IndexFlatIP      {t_f:8.2f} s  peak {m_f / 2**20:8.0f} MiB  R@1={r1_f:.4f}"
+        )
+        print(f"    ratio bayesurl / faiss = {t_ours / t_f:.3f}   (target <= 1.05)")
+    t_p, m_p, r1_p = timed(lambda: pml_pass(x, y), device)
+    print(f"    PML AccuracyCalculator {t_p:8.2f} s  peak {m_p / 2**20:8.0f} MiB  P@1={r1_p:.4f}")
+    print(f"    ratio bayesurl / PML   = {t_ours / t_p:.3f}")
+    del x, y, u
+
+    # ---------------------------------------------------------------- sampling-aware ECE
+    n_e = a.ece_n or (a.n if device.type == "cuda" else min(a.n, 4000 if a.quick else 10_000))
+    x, y, _ = make_data(n_e, a.d, max(n_e // 30, 2), a.seed + 1, device)
+    g = torch.Generator(device=device).manual_seed(a.seed)
+    samples = torch.empty(a.draws, n_e, a.d, device=device)
+    for t in range(a.draws):  # draws around each embedding, relative noise `--noise`
+        eps = torch.randn(n_e, a.d, generator=g, device=device) / a.d**0.5
+        samples[t] = x + a.noise * eps
+    mean = Fm.mean_from_samples(samples)
+    u = Fm.uncertainty_from_samples(samples)
+    t_pass, _, _ = timed(lambda: exact_pass(mean, y, u), device)
+    info: dict[str, float] = {}
+    t_ece, m_ece, res = timed(
+        lambda: Fm.retrieval_ece(
+            samples, y, shortlist=a.shortlist, tolerance=a.tolerance, info=info
+        ),
+        device,
+    )
+    miss = info.get("miss_rate")
+    print(f"\n[2] S={a.draws} draws, N={n_e}, D={a.d}, noise={a.noise}")
+    print(
+        f"    shortlist L={int(info['shortlist'])}"
+        + ("" if miss is None else f" (adaptive, pilot miss-rate estimate {miss:.1e})")
+    )
+    print(f"    one exact pass         {t_pass:8.2f} s")
+    print(
+        f"    sampling-aware ECE     {t_ece:8.2f} s  peak {m_ece / 2**20:8.0f} MiB"
+        f"  ECE={float(res.ece):.4f}"
+    )
+    print(f"    ratio ECE / one pass   = {t_ece / t_pass:.3f}   (target <= 3)")
+    k = min(a.agree_draws, a.draws)
+    short = res.neighbors[:k]
+    t_bf, _, exact = timed(lambda: Fm.sampled_neighbors(samples[:k], mode="exact"), device)
+    agree_lab = float((y[short] == y[exact]).double().mean())
+    agree_idx = float((short == exact).double().mean())
+    print(f"    brute force, {k} draws  {t_bf:8.2f} s  (x{a.draws / k:.0f} for all draws)")
+    print(
+        f"    agreement of per-draw 1-NN labels with brute force = {100 * agree_lab:.3f} %"
+        f"  (indices {100 * agree_idx:.3f} %, target >= 99.5 %)"
+    )
+    print(f"    mean confidence {float(res.confidence.mean()):.3f}")
+
+
+if __name__ == "__main__":
+    main()

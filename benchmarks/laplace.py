@@ -1,0 +1,244 @@
+"""Speed of Laplacian metric learning against deterministic references, in one run.
+
+Three ratios (issue 4, LAM section 3 / "Limitations"), each measured against a reference
+timed in the same process on the same data:
+
+1. post-hoc GGN fit over the training set / one forward pass over the same data (target <= 2);
+2. online-LAM epoch / deterministic contrastive epoch (target <= 1.2; LAM reports 1.3-2.0x);
+3. 100-sample predictive / deterministic inference + search (target <= 2 via the closed form),
+   and the naive route (100 weight draws, 100 forward passes and 100 searches).
+
+Optionally (``--stochman PATH`` to an exported copy of github.com/IlMioFrizzantinoAmabile/
+stochman, never committed here) the speed of :func:`bayesurl.laplace.ggn_diagonal` against the
+reference Hessian code on a 2048 -> 512 layer, and the largest absolute difference.
+
+Run: ``python benchmarks/laplace.py [--n-train 4096] [--repeats 3] [--threads 1]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from bayesurl.backbones import SmallConvNet
+from bayesurl.laplace import MetricLaplace, ggn_diagonal, train_contrastive
+
+FMNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+def load_fmnist(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """First ``n`` FashionMNIST training images in [0, 1] (random data if the files are absent)."""
+    try:
+        with gzip.open(FMNIST / "train-images-idx3-ubyte.gz") as f:
+            x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)[:n]
+        with gzip.open(FMNIST / "train-labels-idx1-ubyte.gz") as f:
+            y = np.frombuffer(f.read(), np.uint8, offset=8)[:n]
+        return torch.tensor(x, dtype=torch.float32) / 255.0, torch.tensor(y, dtype=torch.long)
+    except FileNotFoundError:
+        g = torch.Generator().manual_seed(0)
+        return torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n-train", type=int, default=4096)
+    p.add_argument("--n-query", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--embed-dim", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--stochman", type=Path, default=None, help="exported stochman checkout")
+    p.add_argument("--stochman-only", action="store_true", help="skip the three ratios")
+    p.add_argument(
+        "--stochman-shape",
+        type=int,
+        nargs=3,
+        default=(256, 2048, 512),
+        metavar=("ANCHORS", "IN", "OUT"),
+        help="anchors (1 positive + 5 negatives each) and layer size of the comparison",
+    )
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    if args.stochman_only:
+        if args.stochman is None:
+            raise SystemExit("--stochman-only needs --stochman PATH")
+        stochman_comparison(args.stochman, args.repeats, *args.stochman_shape)
+        return 0
+
+    x, y = load_fmnist(args.n_train)
+    loader = DataLoader(TensorDataset(x, y), batch_size=args.batch_size, shuffle=False)
+    model = SmallConvNet(num_features=args.embed_dim)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    train_contrastive(model, loader, opt, 1, progress=False)  # realistic pairs, warm-up
+    rows = []
+
+    # 1. post-hoc fit vs one forward pass
+    def forward_pass() -> None:
+        model.eval()
+        with torch.no_grad():
+            for xb, _ in loader:
+                model(xb)
+
+    la = MetricLaplace(model, approximation="fixed", geometry="arccos", margin=0.2)
+    t_fwd = best_of(forward_pass, args.repeats)
+    t_fit = best_of(lambda: la.fit(loader, progress=False), args.repeats)
+    rows.append(("post-hoc GGN fit / forward pass", t_fit, t_fwd, 2.0))
+
+    # 2. online epoch vs deterministic epoch (same miner, loss, optimiser), interleaved per
+    # batch so that load from other processes hits both alike
+    det = SmallConvNet(num_features=args.embed_dim)
+    onl = SmallConvNet(num_features=args.embed_dim)
+    onl.load_state_dict(det.state_dict())
+    opt_d = torch.optim.Adam(det.parameters(), lr=1e-3)
+    opt_o = torch.optim.Adam(onl.parameters(), lr=1e-3)
+    la_on = MetricLaplace(onl, mode="online", dataset_size=len(x), margin=0.2)
+    det.train()
+    onl.train()
+    t_det = t_onl = 0.0
+    for xb, yb in loader:
+        t0 = time.perf_counter()
+        train_contrastive(det, [(xb, yb)], opt_d, 1, margin=0.2, progress=False)
+        t1 = time.perf_counter()
+        la_on.online_step(xb, yb, opt_o)  # the step train_online runs per batch
+        t2 = time.perf_counter()
+        t_det += t1 - t0
+        t_onl += t2 - t1
+    rows.append(("online LAM epoch / deterministic epoch", t_onl, t_det, 1.2))
+
+    # 3. predictive + retrieval search vs deterministic inference + search
+    la.optimize_prior_precision()
+    q, gal = x[: args.n_query], x[args.n_query : 2 * args.n_query]
+    model.eval()
+
+    def search(e_q: torch.Tensor, e_g: torch.Tensor) -> torch.Tensor:
+        return (F.normalize(e_q, dim=1) @ F.normalize(e_g, dim=1).T).topk(10, dim=1).indices
+
+    def deterministic() -> None:
+        with torch.no_grad():
+            search(model(q), model(gal))
+
+    def closed_form() -> None:
+        out_q, out_g = la.predictive(q), la.predictive(gal)
+        search(out_q.embedding, out_g.embedding)
+
+    gen = torch.Generator().manual_seed(0)
+    layer = la.last_layer
+
+    def naive() -> None:
+        # 100 sampled networks: 100 full forward passes and 100 searches
+        w, b = la._split(la.sample(100, gen))
+        saved = (layer.weight.data.clone(), layer.bias.data.clone())
+        with torch.no_grad():
+            for s in range(100):
+                layer.weight.data.copy_(w[s])
+                layer.bias.data.copy_(b[s])
+                search(model(q), model(gal))
+            layer.weight.data.copy_(saved[0])
+            layer.bias.data.copy_(saved[1])
+
+    t_inf = best_of(deterministic, args.repeats)
+    t_cf = best_of(closed_form, args.repeats)
+    t_naive = best_of(naive, 1)
+    rows.append(("closed-form predictive / deterministic", t_cf, t_inf, 2.0))
+    rows.append(("naive 100-draw sampling+search / deterministic", t_naive, t_inf, None))
+
+    print(f"threads={args.threads} n_train={len(x)} batch={args.batch_size} D={args.embed_dim}")
+    print(f"{'ratio':50s} {'time s':>9s} {'ref s':>9s} {'ratio':>8s} {'target':>7s}")
+    for name, t, ref, target in rows:
+        tgt = f"<= {target:g}" if target else "-"
+        print(f"{name:50s} {t:9.3f} {ref:9.3f} {t / ref:8.2f} {tgt:>7s}")
+    print(f"post-hoc fit: {la.n_pairs} pairs, clamped fraction {la.clamped_fraction:.3f}")
+
+    if args.stochman is not None:
+        stochman_comparison(args.stochman, args.repeats, *args.stochman_shape)
+    return 0
+
+
+def stochman_comparison(
+    path: Path, repeats: int, n_anchor: int = 256, f: int = 2048, d: int = 512
+) -> None:
+    """``ggn_diagonal`` vs the StochMan-fork reference Hessian on a 2048 -> 512 layer.
+
+    The reference applies no margin (every negative counts), so ours runs with a margin of
+    10. For arccos ``positive``/``full`` the reference combines its blocks as
+    ``m11 - 2 m12 + m22`` (spec METHODS.md); the last column compares it with our blocks in
+    that combination (``2 * fixed - full``), showing that the sign is the only difference.
+    """
+    sys.path.insert(0, str(path))
+    from stochman import nnj
+    from stochman.hessian import ArccosHessianCalculator, ContrastiveHessianCalculator
+
+    torch.manual_seed(0)
+    n_neg = 5
+    phi = torch.randn(n_anchor * (2 + n_neg), f)
+    lin = nn.Linear(f, d)
+    ref_lin = nnj.Linear(f, d)
+    ref_lin.weight.data.copy_(lin.weight.data)
+    ref_lin.bias.data.copy_(lin.bias.data)
+    a = torch.arange(n_anchor)
+    pos = a + n_anchor
+    a2 = a.repeat_interleave(n_neg)
+    neg = 2 * n_anchor + torch.arange(n_anchor * n_neg)
+    tup = (a, pos, a2, neg)
+    empty = torch.zeros(0, dtype=torch.long)
+    print(f"\nStochMan reference, {n_anchor} anchors, 1 pos + {n_neg} neg, {f}->{d}:")
+    print(
+        f"{'variant':20s} {'ours s':>8s} {'ref s':>8s} {'speed-up':>9s} {'max|diff|':>10s} "
+        f"{'max|ref|':>9s} {'diff, ref sign':>14s}"
+    )
+    for geometry, cls in (
+        ("euclidean", ContrastiveHessianCalculator),
+        ("arccos", ArccosHessianCalculator),
+    ):
+        if geometry == "euclidean":
+            net = nnj.Sequential(ref_lin, nnj.L2Norm(), add_hooks=True)
+        else:
+            net = nnj.Sequential(ref_lin, add_hooks=True)
+        for ours_name, ref_name in (("positive", "pos"), ("fixed", "fix"), ("full", "full")):
+            calc = cls(wrt="weight", shape="diagonal", speed="half", method=ref_name)
+            t0 = time.perf_counter()
+            h_ref = calc.compute_hessian(phi, net, tup).reshape(-1)
+            t_ref = time.perf_counter() - t0
+
+            def ours(g=geometry, o=ours_name, t=tup):
+                return ggn_diagonal(
+                    lin, phi, t, approximation=o, geometry=g, margin=10.0, clamp=False
+                )
+
+            t_ours = best_of(ours, repeats)
+            h = ours()
+            diff = float((h - h_ref).abs().max())
+            ref_sign = "-"
+            if geometry == "arccos" and ours_name != "fixed":
+                t_fix = tup if ours_name == "full" else (a, pos, empty, empty)
+                fixed = ours(o="fixed", t=t_fix)
+                ref_sign = f"{float((2 * fixed - h - h_ref).abs().max()):.3g}"
+            print(
+                f"{geometry + '/' + ours_name:20s} {t_ours:8.3f} {t_ref:8.3f} "
+                f"{t_ref / t_ours:9.1f} {diff:10.3g} {float(h_ref.abs().max()):9.3g} "
+                f"{ref_sign:>14s}"
+            )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

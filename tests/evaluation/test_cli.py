@@ -1,0 +1,73 @@
+"""`bayesurl evaluate INPUT.npz [--json OUT.json]`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bayesurl.cli import main
+from bayesurl.evaluation import REQUIRED_KEYS
+
+
+def write(path, **arrays) -> str:
+    np.savez(path, **arrays)
+    return str(path)
+
+
+@pytest.fixture
+def arrays():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 4, 60)
+    x = rng.normal(size=(4, 5))[y] + rng.normal(size=(60, 5))
+    return {"embeddings": x.astype(np.float32), "labels": y}
+
+
+def test_table_and_json_nulls(tmp_path, arrays, capsys) -> None:
+    out = tmp_path / "m.json"
+    assert main(["evaluate", write(tmp_path / "a.npz", **arrays), "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert set(REQUIRED_KEYS) <= set(res)
+    assert res["ece"] is None and res["r_auroc"] is None and isinstance(res["r@1"], float)
+    assert "r@1" in capsys.readouterr().out
+
+
+def test_all_arrays(tmp_path, arrays) -> None:
+    rng = np.random.default_rng(1)
+    arrays["samples"] = arrays["embeddings"][None] + 0.2 * rng.normal(size=(6, 60, 5))
+    arrays["uncertainties"] = rng.random(60)
+    arrays["ood_uncertainties"] = rng.random(9)
+    out = tmp_path / "m.json"
+    assert main(["evaluate", write(tmp_path / "a.npz", **arrays), "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert all(res[k] is not None for k in REQUIRED_KEYS)
+
+
+@pytest.mark.parametrize(
+    ("change", "name", "problem"),
+    [
+        ({"embeddings": np.full((60, 5), np.nan)}, "embeddings", "non-finite"),
+        ({"embeddings": np.zeros(60)}, "embeddings", "2-D"),
+        ({"labels": np.zeros(59)}, "labels", "length"),
+        ({"embeddings": np.zeros((1, 5)), "labels": np.zeros(1)}, "embeddings", "at least 2"),
+        ({"uncertainties": np.zeros(3)}, "uncertainties", "length"),
+        ({"samples": np.zeros((2, 60, 4))}, "samples", "dimension"),
+        ({"ood_uncertainties": np.array([np.inf])}, "ood_uncertainties", "non-finite"),
+    ],
+)
+def test_bad_input_exits_nonzero_naming_array(tmp_path, arrays, capsys, change, name, problem):
+    arrays.update(change)
+    assert main(["evaluate", write(tmp_path / "bad.npz", **arrays)]) != 0
+    err = capsys.readouterr().err
+    assert f"`{name}`" in err and problem in err
+
+
+def test_missing_array_and_file(tmp_path, arrays, capsys) -> None:
+    assert main(["evaluate", write(tmp_path / "x.npz", embeddings=arrays["embeddings"])]) != 0
+    assert "labels" in capsys.readouterr().err
+    assert main(["evaluate", str(tmp_path / "nope.npz")]) != 0
+    assert "nope.npz" in capsys.readouterr().err
+    (tmp_path / "junk.npz").write_text("not a zip")
+    assert main(["evaluate", str(tmp_path / "junk.npz")]) != 0
+    assert "junk.npz" in capsys.readouterr().err

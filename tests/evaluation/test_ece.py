@@ -1,0 +1,136 @@
+"""Sampled retrieval ECE: brute-force loops, shortlist vs exact per-draw search."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from _reference import brute_knn
+
+from bayesurl.evaluation import functional as Fm
+
+
+def draws(n: int = 60, s: int = 12, d: int = 5, noise: float = 0.4, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 4, (n,), generator=g)
+    centers = torch.randn(4, d, generator=g, dtype=torch.float64)
+    mu = centers[y] + 0.8 * torch.randn(n, d, generator=g, dtype=torch.float64)
+    samples = mu + noise * torch.randn(s, n, d, generator=g, dtype=torch.float64)
+    return samples, y
+
+
+def brute_ece(samples: torch.Tensor, y: torch.Tensor, n_bins: int = 10):
+    s, n, _ = samples.shape
+    per_draw = [[nn[0] for nn in brute_knn(samples[t], 1)] for t in range(s)]
+    conf, corr = [], []
+    for i in range(n):
+        votes = Counter(int(y[per_draw[t][i]]) for t in range(s))
+        top = max(votes.values())
+        mode = min(lab for lab, c in votes.items() if c == top)  # ties: smallest label
+        conf.append(top / s)
+        corr.append(mode == int(y[i]))
+    edges = np.linspace(0, 1, n_bins + 1)
+    ece = 0.0
+    for b in range(n_bins):
+        lo, hi = edges[b], edges[b + 1]
+        idx = [i for i in range(n) if (conf[i] > lo or b == 0) and conf[i] <= hi]
+        if idx:
+            acc = sum(corr[i] for i in idx) / len(idx)
+            cf = sum(conf[i] for i in idx) / len(idx)
+            ece += len(idx) / n * abs(acc - cf)
+    return ece, per_draw, conf, corr
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_exact_mode_matches_brute_force(seed: int) -> None:
+    samples, y = draws(seed=seed)
+    ref, per_draw, conf, corr = brute_ece(samples, y)
+    nb = Fm.sampled_neighbors(samples, mode="exact")
+    assert nb.tolist() == per_draw
+    res = Fm.retrieval_ece(samples, y, mode="exact")
+    assert float(res.ece) == pytest.approx(ref, abs=1e-12)
+    np.testing.assert_allclose(res.confidence.numpy(), conf)
+    assert res.correct.tolist() == corr
+    assert int(res.bin_count.sum()) == len(y)
+
+
+@pytest.mark.parametrize("noise", [0.05, 0.4])
+def test_shortlist_equals_exact_on_small_data(noise: float) -> None:
+    samples, y = draws(noise=noise, seed=3)
+    exact = Fm.sampled_neighbors(samples, mode="exact")
+    short = Fm.sampled_neighbors(samples, shortlist=59)  # L = N - 1: exhaustive
+    assert torch.equal(exact, short)
+    short8 = Fm.sampled_neighbors(samples, shortlist=8, memory_budget=4096)
+    agree = (short8 == exact).double().mean()
+    assert agree >= (0.99 if noise < 0.1 else 0.8)
+    e1 = Fm.retrieval_ece(samples, y, mode="exact")
+    e2 = Fm.retrieval_ece(samples, y, shortlist=59)
+    assert float(e1.ece) == float(e2.ece)
+
+
+def test_shortlist_ties_to_lowest_index() -> None:
+    # All points identical in every draw: every neighbour ties, lowest index wins.
+    samples = torch.ones(3, 5, 2)
+    assert Fm.sampled_neighbors(samples, shortlist=3).tolist() == [[1, 0, 0, 0, 0]] * 3
+
+
+def test_modal_labels_tie_to_smallest() -> None:
+    lab = torch.tensor([[3, 1, 2], [1, 1, 2], [3, 2, 5], [1, 2, 5]])
+    mode, count = Fm.modal_labels(lab)
+    assert mode.tolist() == [1, 1, 2] and count.tolist() == [2, 2, 2]
+
+
+def test_bins_right_closed() -> None:
+    conf = torch.tensor([0.1, 0.3, 1.0, 0.0], dtype=torch.float64)
+    res = Fm.calibration_bins(conf, torch.tensor([True, False, True, True]))
+    assert res.bin_count.tolist() == [2, 0, 1, 0, 0, 0, 0, 0, 0, 1]
+    assert float(res.ece) == pytest.approx((abs(1 - 0.05) * 2 + 0.3 + 0.0) / 4)
+    assert math.isnan(float(res.bin_accuracy[1]))
+
+
+def test_float32_samples_keep_device_and_dtype() -> None:
+    samples, y = draws()
+    res = Fm.retrieval_ece(samples.float(), y)
+    assert res.ece.dtype == torch.float64 and 0.0 <= float(res.ece) <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("samples", "labels", "kw", "match"),
+    [
+        (torch.randn(3, 4), torch.arange(4), {}, "samples"),
+        (torch.full((2, 4, 3), float("nan")), torch.arange(4), {}, "samples"),
+        (torch.randn(2, 4, 3), torch.arange(5), {}, "labels"),
+        (torch.randn(2, 1, 3), torch.arange(1), {}, "2 points"),
+        (torch.randn(2, 4, 3), torch.arange(4), {"mode": "approx"}, "mode"),
+        (torch.randn(2, 4, 3), torch.arange(4), {"shortlist": 0}, "shortlist"),
+        (torch.randn(2, 4, 3), torch.arange(4), {"n_bins": 0}, "n_bins"),
+    ],
+)
+def test_bad_input(samples, labels, kw, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Fm.retrieval_ece(samples, labels, **kw)
+
+
+def test_adaptive_shortlist_agrees_with_exact() -> None:
+    samples, y = draws(n=200, s=10, d=8, noise=0.3, seed=5)
+    info: dict[str, float] = {}
+    nb = Fm.sampled_neighbors(samples, info=info, tolerance=1e-3)
+    exact = Fm.sampled_neighbors(samples, mode="exact")
+    assert 1 <= info["shortlist"] <= 199 and 0.0 <= info["miss_rate"] <= 1e-3
+    assert float((nb == exact).double().mean()) >= 0.99
+    res = Fm.retrieval_ece(samples, y)
+    assert res.neighbors is not None and res.neighbors.shape == (10, 200)
+
+
+def test_choose_shortlist_grows_with_noise() -> None:
+    small, _ = draws(n=200, s=8, d=8, noise=0.05, seed=6)
+    large, _ = draws(n=200, s=8, d=8, noise=1.5, seed=6)
+    l_small, _ = Fm.choose_shortlist(small)
+    l_large, info = Fm.choose_shortlist(large)
+    assert l_small < l_large
+    assert info["pilot_pairs"] == 8 * 200
+    with pytest.raises(ValueError, match="tolerance"):
+        Fm.choose_shortlist(small, tolerance=1.0)

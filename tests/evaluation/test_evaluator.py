@@ -1,0 +1,115 @@
+"""The evaluate() entry point: keys, agreement with the functional metrics, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bayesurl.evaluation import REQUIRED_KEYS, evaluate, evaluate_output
+from bayesurl.evaluation import functional as Fm
+from bayesurl.types import Output
+
+
+def setup(n: int = 80, d: int = 6, s: int = 10, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 5, (n,), generator=g)
+    centers = torch.randn(5, d, generator=g, dtype=torch.float64)
+    x = centers[y] + torch.randn(n, d, generator=g, dtype=torch.float64)
+    samples = x + 0.3 * torch.randn(s, n, d, generator=g, dtype=torch.float64)
+    u = torch.rand(n, generator=g, dtype=torch.float64)
+    return x, y, u, samples, torch.rand(20, generator=g, dtype=torch.float64) + 0.5
+
+
+def test_embeddings_only_gives_none_for_uncertainty_metrics() -> None:
+    x, y, *_ = setup()
+    res = evaluate(x, y)
+    assert set(REQUIRED_KEYS) <= set(res)
+    assert res["r@1"] == pytest.approx(float(Fm.r_at_1(x, y)[0]))
+    assert res["map@5"] == pytest.approx(float(Fm.map_at_k(x, y, 5)))
+    assert res["recall@10"] == pytest.approx(float(Fm.recall_at_k(x, y, 10)))
+    for key in ("r_auroc", "ausc", "ause", "ece", "ood_auroc", "ood_auprc"):
+        assert res[key] is None
+    assert any("ece" in n for n in res["notes"])
+
+
+def test_all_inputs_match_functional() -> None:
+    x, y, u, samples, v = setup()
+    res = evaluate(x, y, uncertainties=u, samples=samples, ood_uncertainties=v, return_curves=True)
+    _, correct = Fm.r_at_1(x, y)
+    assert res["r_auroc"] == pytest.approx(float(Fm.r_auroc(u, correct)))
+    assert res["ausc"] == pytest.approx(float(Fm.ausc(u, correct)))
+    assert res["ause"] == pytest.approx(float(Fm.ause(u, correct)))
+    assert res["ood_auroc"] == pytest.approx(float(Fm.ood_auroc(u, v)))
+    assert res["ood_auprc"] == pytest.approx(float(Fm.ood_auprc(u, v)))
+    assert res["ece"] == pytest.approx(float(Fm.retrieval_ece(samples, y, mode="exact").ece))
+    assert len(res["sparsification"]["r@1"]) == 100
+    assert len(res["reliability"]["count"]) == 10
+    assert res["uncertainty_source"] == "given"
+
+
+def test_samples_only_default_u_is_inverse_sra_kappa() -> None:
+    _, y, _, samples, _ = setup()
+    res = evaluate(None, y, samples=samples)
+    mean = Fm.mean_from_samples(samples)
+    u = 1.0 / Fm.kappa_from_samples(samples)
+    _, correct = Fm.r_at_1(mean, y)
+    assert res["r@1"] == pytest.approx(float(correct.double().mean()))
+    assert res["r_auroc"] == pytest.approx(float(Fm.r_auroc(u, correct)))
+    assert res["ece"] is not None
+    assert res["uncertainty_source"].startswith("1/kappa_hat")
+
+
+def test_single_class_r_auroc_none_with_note() -> None:
+    x = torch.randn(10, 3)
+    res = evaluate(x, torch.zeros(10, dtype=torch.long), uncertainties=torch.rand(10))
+    assert res["r@1"] == 1.0 and res["r_auroc"] is None
+    assert any("r_auroc" in n and "correct" in n for n in res["notes"])
+
+
+def test_tiny_set_recall_at_large_k_is_none() -> None:
+    res = evaluate(torch.randn(4, 3), torch.tensor([0, 0, 1, 1]))
+    assert res["recall@10"] is None and res["map@5"] is None and res["r@1"] is not None
+
+
+def test_evaluate_output_draws_vmf_samples_from_kappa() -> None:
+    x, y, u, _, v = setup()
+    out = Output(embedding=x, uncertainty=u, kappa=1.0 / u)
+    ood = Output(embedding=torch.randn(20, 6, dtype=torch.float64), uncertainty=v)
+    r1 = evaluate_output(out, y, ood, n_samples=8)
+    r2 = evaluate_output(out, y, ood, n_samples=8)
+    assert r1["ece"] is not None and r1["ece"] == r2["ece"]  # fixed generator
+    assert r1["ood_auroc"] == pytest.approx(float(Fm.ood_auroc(u, v)))
+    assert evaluate_output(Output(x, u), y)["ece"] is None
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize(
+    ("args", "kw", "match"),
+    [
+        ((torch.tensor([[NAN, 1.0], [1.0, 0.0]]), torch.tensor([0, 1])), {}, "embeddings"),
+        ((torch.randn(5), torch.arange(5)), {}, "embeddings"),
+        ((torch.randn(5, 2), torch.arange(4)), {}, "labels"),
+        ((torch.randn(1, 2), torch.arange(1)), {}, "embeddings"),
+        ((torch.randn(5, 2), torch.arange(5)), {"uncertainties": torch.rand(4)}, "uncertainties"),
+        (
+            (torch.randn(5, 2), torch.arange(5)),
+            {"uncertainties": torch.tensor([0.1, NAN, 0.2, 0.3, 0.4])},
+            "uncertainties",
+        ),
+        ((torch.randn(5, 2), torch.arange(5)), {"samples": torch.randn(3, 4, 2)}, "samples"),
+        ((torch.randn(5, 2), torch.arange(5)), {"samples": torch.randn(3, 5, 3)}, "samples"),
+        ((torch.randn(5, 2), torch.arange(5)), {"samples": torch.randn(5, 2)}, "samples"),
+        (
+            (torch.randn(5, 2), torch.arange(5)),
+            {"uncertainties": torch.rand(5), "ood_uncertainties": torch.tensor([NAN])},
+            "ood_uncertainties",
+        ),
+        ((torch.randn(5, 2), torch.arange(5)), {"ks": (0,)}, "ks"),
+        ((None, torch.arange(5)), {}, "embeddings"),
+    ],
+)
+def test_bad_input(args, kw, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        evaluate(*args, **kw)

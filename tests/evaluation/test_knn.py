@@ -1,0 +1,89 @@
+"""Exact chunked kNN against a brute-force float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _reference import brute_knn, tie_data
+
+from bayesurl.evaluation.knn import chunk_rows, knn, knn_query
+
+
+@pytest.fixture
+def data() -> torch.Tensor:
+    return tie_data()
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matches_brute_force_with_ties(data: torch.Tensor, k: int, dtype: torch.dtype) -> None:
+    ref = brute_knn(data, k)
+    _, idx = knn(data.to(dtype), k, chunk_size=13)
+    assert idx.tolist() == ref
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 7, 59, 1000])
+def test_chunked_equals_unchunked(chunk: int) -> None:
+    x = torch.randn(97, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    v0, i0 = knn(x, 5, chunk_size=10_000)
+    v1, i1 = knn(x, 5, chunk_size=chunk)
+    assert torch.equal(i0, i1)
+    torch.testing.assert_close(v0, v1, rtol=0, atol=1e-12)  # BLAS paths differ by ulps
+
+
+def test_memory_budget_sets_chunk() -> None:
+    assert chunk_rows(200_000, torch.float32, 256 * 2**20) == 167
+    x = torch.randn(50, 4)
+    assert torch.equal(knn(x, 2, memory_budget=1)[1], knn(x, 2)[1])
+
+
+def test_float64_stays_float64() -> None:
+    x = torch.randn(20, 3, dtype=torch.float64)
+    v, i = knn(x, 2)
+    assert v.dtype == torch.float64 and i.dtype == torch.long and v.device == x.device
+
+
+def test_duplicate_is_valid_neighbour() -> None:
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    assert knn(x, 1)[1][:, 0].tolist() == [2, 0, 0]
+
+
+def test_constant_embeddings_ties_to_lowest_index() -> None:
+    x = torch.ones(6, 3)
+    assert knn(x, 2)[1].tolist() == [[1, 2], [0, 2], [0, 1], [0, 1], [0, 1], [0, 1]]
+
+
+def test_query_gallery_variant() -> None:
+    g = torch.Generator().manual_seed(2)
+    q, gal = torch.randn(9, 4, generator=g), torch.randn(30, 4, generator=g)
+    _, idx = knn_query(q, gal, 3, chunk_size=2)
+    qn = q / q.norm(dim=1, keepdim=True)
+    gn = gal / gal.norm(dim=1, keepdim=True)
+    ref = torch.argsort(-(qn.double() @ gn.double().T), dim=1, stable=True)[:, :3]
+    assert torch.equal(idx, ref)
+
+
+def test_faiss_backend_agrees() -> None:
+    pytest.importorskip("faiss")
+    x = torch.randn(200, 8, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(knn(x, 3, backend="faiss")[1], knn(x, 3)[1])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"embeddings": torch.randn(1, 3)}, "embeddings"),
+        ({"embeddings": torch.randn(5)}, "embeddings"),
+        ({"embeddings": torch.tensor([[0.0, float("nan")], [1.0, 1.0]])}, "embeddings"),
+        ({"embeddings": torch.randn(5, 3), "k": 5}, "k"),
+        ({"embeddings": torch.randn(5, 3), "backend": "annoy"}, "backend"),
+    ],
+)
+def test_bad_input(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        knn(**kwargs)
+
+
+def test_query_dim_mismatch() -> None:
+    with pytest.raises(ValueError, match="gallery"):
+        knn_query(torch.randn(3, 4), torch.randn(5, 3))
