@@ -37,14 +37,6 @@ from bayesurl.methods import available, create
 SMOKE_METHODS = ["ce", "mcinfonce"]  # a scalar-u classifier and a vMF method with samples
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
@@ -242,8 +234,7 @@ def test_resolve_methods_and_presets():
         run_benchmark(["ce"], seeds=[], preset="smoke", progress=False)
     assert input_channels("small_convnet") == 1 and input_channels("resnet18") == 3
     # every registered method has a recipe, and the recipes name no unknown method
-    assert set(RECIPES) >= set(available()) - {"tau"}
-    assert set(RECIPES) - set(available()) <= {"tau"}
+    assert set(RECIPES) == set(available())
 
 
 def test_parse_seeds():
