@@ -1,4 +1,9 @@
-"""Evaluate embeddings and uncertainties stored in an .npz file.
+"""Evaluate embeddings and uncertainties stored in an .npz file, or a trained checkpoint.
+
+``bayesurl evaluate --checkpoint CKPT [--dataset NAME]`` rebuilds a method trained by
+``bayesurl train`` (weights-only load) and evaluates it zero-shot on the downstream classes of
+its data set, with OOD AUROC against held-out upstream data
+(:func:`bayesurl.benchmark.evaluate_checkpoint`; URL benchmark section 3.2).
 
 INPUT.npz holds ``embeddings`` [N,D] and ``labels`` [N], and optionally ``uncertainties`` [N],
 ``samples`` [S,N,D] and ``ood_uncertainties`` [M]. Prints a table of every metric; with
@@ -11,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-HELP = "evaluate embeddings / uncertainties / samples from an .npz file"
+HELP = "evaluate embeddings / uncertainties / samples from an .npz file, or a checkpoint"
 
 #: Arrays read from INPUT.npz (name -> required).
 ARRAYS = {
@@ -44,10 +48,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="shortlist",
         help="per-draw 1-NN search of the ECE (default: shortlist)",
     )
-    parser.add_argument(
-        "--shortlist", type=int, default=None, help="shortlist length L (default: adaptive)"
-    )
+    parser.add_argument("--shortlist", type=int, default=32, help="shortlist length L")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    ckpt = parser.add_argument_group("trained checkpoint (instead of INPUT.npz)")
+    ckpt.add_argument(
+        "--checkpoint", metavar="CKPT", help="a method checkpoint (last.pt of bayesurl train)"
+    )
+    ckpt.add_argument(
+        "--dataset",
+        default=None,
+        help="default, fashion_mnist or digits (default: the one in train.json next to CKPT)",
+    )
+    ckpt.add_argument("--root", default=None, help="FashionMNIST folder (default: system path)")
+    ckpt.add_argument(
+        "--n-samples",
+        type=int,
+        default=None,
+        help="draws for the ECE of methods with a distribution (default: 10)",
+    )
+    ckpt.add_argument("--max-test", type=int, default=None, help="cap on the test sets")
+    ckpt.add_argument("--max-ood", type=int, default=None, help="cap on the OOD set")
 
 
 def load_npz(path: str | Path) -> dict[str, np.ndarray]:
@@ -132,16 +152,43 @@ def format_table(res: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``bayesurl evaluate``."""
+    if args.checkpoint is not None:
+        if args.input is not None:
+            raise ValueError("give either INPUT.npz or --checkpoint, not both")
+        return _run_checkpoint(args)
     if args.input is None:
-        raise ValueError("give INPUT.npz")
+        raise ValueError("give INPUT.npz or --checkpoint CKPT")
     res = evaluate_npz(
         args.input,
         device=args.device,
         ks=tuple(args.ks),
         ece_mode=args.ece_mode,
         shortlist=args.shortlist,
-        progress=sys.stderr.isatty(),
     )
+    print(format_table(res))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+    return 0
+
+
+def _run_checkpoint(args: argparse.Namespace) -> int:
+    from bayesurl.benchmark import evaluate_checkpoint
+
+    if args.n_samples is not None and args.n_samples < 0:
+        raise ValueError(f"`--n-samples` must be >= 0, got {args.n_samples}")
+    res = evaluate_checkpoint(
+        args.checkpoint,
+        dataset=args.dataset,
+        root=args.root,
+        n_samples=args.n_samples,
+        max_test=args.max_test,
+        max_ood=args.max_ood,
+        device=args.device,
+        ks=tuple(args.ks),
+        ece_mode=args.ece_mode,
+        shortlist=args.shortlist,
+    )
+    print(f"{res['method']} ({res['checkpoint']}) zero-shot on {res['dataset']}")
     print(format_table(res))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))

@@ -1,0 +1,132 @@
+"""``bayesurl evaluate --checkpoint``: a trained checkpoint evaluated zero-shot.
+
+Reference: the same metrics computed from the in-memory trained method (the checkpoint round
+trip must give identical numbers), and R@1 recomputed by a brute-force loop.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bayesurl.benchmark import embed, evaluate_checkpoint, evaluate_method
+from bayesurl.cli import main
+from bayesurl.data import (
+    as_tensors,
+    default_augmentation,
+    default_transform,
+    default_zero_shot,
+    make_loader,
+)
+from bayesurl.methods import create
+from bayesurl.training import fit
+
+CAPS = {"max_test": 60, "max_ood": 30}
+
+
+class _Keep(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt")
+    data = default_zero_shot(max_train=60, val_fraction=0.0, seed=0, **CAPS)
+    torch.manual_seed(0)
+    kwargs = {
+        "backbone": "small_convnet",
+        "embed_dim": 8,
+        "num_classes": 5,
+        "backbone_kwargs": {"width": 4, "num_features": 16},
+    }
+    method = create("mcinfonce", **kwargs)
+    loader = make_loader(data.train.with_transform(_Keep()), 20, shuffle=True, drop_last=True)
+    fit(
+        method,
+        loader,
+        epochs=1,
+        optimizer="adamw",
+        augment=default_augmentation(1),
+        checkpoint_dir=out,
+        method_kwargs={**method.hparams, **kwargs},
+        progress=False,
+        seed=0,
+    )
+    (out / "train.json").write_text(json.dumps({"dataset": "default"}))
+    return method.eval(), data, out / "last.pt"
+
+
+def test_round_trip_matches_in_memory_method(trained):
+    method, data, ckpt = trained
+    expected = evaluate_method(method, data, n_samples=4, seed=3)
+    got = evaluate_checkpoint(ckpt, n_samples=4, seed=3, **CAPS)
+    assert got["method"] == "mcinfonce" and got["dataset"] == data.name
+    for key in ("r@1", "r_auroc", "ausc", "ece", "ood_auroc", "map@5"):
+        assert got[key] == expected[key], key
+    assert got["ece"] is not None  # a vMF method: samples, so ECE is defined
+    # independent R@1: brute-force nearest neighbour by cosine, self excluded by index
+    x, y = as_tensors(data.test, default_transform(1))
+    e = embed(method, x).embedding.double().numpy()
+    e /= np.linalg.norm(e, axis=1, keepdims=True)
+    sims = e @ e.T
+    np.fill_diagonal(sims, -np.inf)
+    r1 = np.mean(y.numpy()[sims.argmax(axis=1)] == y.numpy())
+    assert got["r@1"] == pytest.approx(r1, abs=1e-12)
+
+
+def test_cli_checkpoint_prints_and_writes_json(trained, tmp_path, capsys):
+    _, _, ckpt = trained
+    js = tmp_path / "m.json"
+    argv = ["evaluate", "--checkpoint", str(ckpt), "--max-test", "60", "--max-ood", "30"]
+    rc = main([*argv, "--n-samples", "4", "--json", str(js)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "mcinfonce" in text and "r_auroc" in text and "ood_auroc" in text
+    res = json.loads(js.read_text())
+    assert res["checkpoint"] == str(ckpt) and res["n_samples"] == 4
+    assert 0.0 <= res["r@1"] <= 1.0 and res["ece"] is not None
+
+
+def test_corrupted_checkpoint_names_the_path(trained, tmp_path, capsys):
+    _, _, ckpt = trained
+    bad = tmp_path / "broken.pt"
+    bad.write_bytes(ckpt.read_bytes()[:200])
+    assert main(["evaluate", "--checkpoint", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "error" in err
+    junk = tmp_path / "junk.pt"
+    junk.write_text("not a checkpoint")
+    assert main(["evaluate", "--checkpoint", str(junk)]) == 2
+    assert str(junk) in capsys.readouterr().err
+    with pytest.raises(ValueError, match="broken.pt"):
+        evaluate_checkpoint(bad)
+
+
+def test_missing_checkpoint_and_bad_arguments(trained, tmp_path, capsys):
+    _, _, ckpt = trained
+    missing = tmp_path / "nope.pt"
+    assert main(["evaluate", "--checkpoint", str(missing)]) == 2
+    assert "nope.pt" in capsys.readouterr().err
+    assert main(["evaluate", "--checkpoint", str(ckpt), "--dataset", "imagenet"]) == 2
+    assert "fashion_mnist" in capsys.readouterr().err  # lists the valid names
+    assert main(["evaluate", "x.npz", "--checkpoint", str(ckpt)]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(["evaluate"]) == 2
+    assert "--checkpoint" in capsys.readouterr().err
+
+
+def test_npz_path_still_works(tmp_path, capsys):
+    g = torch.Generator().manual_seed(0)
+    path = tmp_path / "a.npz"
+    np.savez(
+        path,
+        embeddings=torch.randn(30, 4, generator=g).numpy(),
+        labels=(torch.arange(30) % 3).numpy(),
+        uncertainties=torch.rand(30, generator=g).numpy(),
+    )
+    assert main(["evaluate", str(path)]) == 0
+    assert "r_auroc" in capsys.readouterr().out
