@@ -702,7 +702,7 @@ class BenchmarkResults:
     def plot(self, path: str | os.PathLike[str] | None = None) -> Any:
         """R@1 against R-AUROC, one point per method with +- std bars (URL Fig. 2).
 
-        Uses :func:`bayesurl.evaluation.plot_recall_vs_rauroc` on a figure that needs no GUI
+        Uses :func:`bayesurl.evaluation.plots.plot_recall_vs_rauroc` on a figure that needs no GUI
         backend; the dashed line marks R-AUROC = 0.5 (u carries no information).
 
         Returns
