@@ -134,3 +134,37 @@ def test_choose_shortlist_grows_with_noise() -> None:
     assert info["pilot_pairs"] == 8 * 200
     with pytest.raises(ValueError, match="tolerance"):
         Fm.choose_shortlist(small, tolerance=1.0)
+
+
+@pytest.mark.parametrize("block", [1, 4, 16, 200])
+def test_block_equals_exact_with_ties_and_duplicates(block: int) -> None:
+    samples, _ = draws(n=40, s=6, d=4, noise=0.3, seed=7)
+    samples[:, 5] = samples[:, 3]  # exact duplicates in every draw
+    samples[:, 17] = samples[:, 3]
+    samples[2, :] = 1.0  # one draw where every similarity ties
+    samples[4, 8] = 0.0  # a zero vector
+    ref = torch.tensor([[nn[0] for nn in brute_knn(z, 1)] for z in samples])
+    exact = Fm.sampled_neighbors(samples, mode="exact")
+    assert torch.equal(exact, ref)
+    full = Fm.sampled_neighbors(samples, mode="block", shortlist=39, block=block)
+    assert torch.equal(full, ref)
+    assert full[2].tolist() == [1] + [0] * 39
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_block_agreement_at_least_shortlist(seed: int) -> None:
+    samples, y = draws(n=150, s=8, d=6, noise=0.6, seed=seed)
+    exact = Fm.sampled_neighbors(samples, mode="exact")
+    short = Fm.sampled_neighbors(samples, mode="shortlist", shortlist=3)
+    blk = Fm.sampled_neighbors(samples, mode="block", shortlist=3, block=8, memory_budget=4096)
+    hit_s, hit_b = short == exact, blk == exact
+    assert bool((hit_b | ~hit_s).all())  # a pair right in shortlist mode stays right
+    assert float(hit_b.double().mean()) > float(hit_s.double().mean())
+    res = Fm.retrieval_ece(samples, y, mode="block", shortlist=3, block=8)
+    assert torch.equal(res.neighbors, blk)
+
+
+def test_block_bad_input() -> None:
+    samples, y = draws(n=20, s=2)
+    with pytest.raises(ValueError, match="block"):
+        Fm.sampled_neighbors(samples, mode="block", block=0)
