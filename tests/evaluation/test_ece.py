@@ -61,9 +61,9 @@ def test_exact_mode_matches_brute_force(seed: int) -> None:
 def test_shortlist_equals_exact_on_small_data(noise: float) -> None:
     samples, y = draws(noise=noise, seed=3)
     exact = Fm.sampled_neighbors(samples, mode="exact")
-    short = Fm.sampled_neighbors(samples, shortlist=59)  # L = N - 1: exhaustive
+    short = Fm.sampled_neighbors(samples, mode="shortlist", shortlist=59)  # L = N - 1
     assert torch.equal(exact, short)
-    short8 = Fm.sampled_neighbors(samples, shortlist=8, memory_budget=4096)
+    short8 = Fm.sampled_neighbors(samples, mode="shortlist", shortlist=8, memory_budget=4096)
     agree = (short8 == exact).double().mean()
     assert agree >= (0.99 if noise < 0.1 else 0.8)
     e1 = Fm.retrieval_ece(samples, y, mode="exact")
@@ -74,7 +74,9 @@ def test_shortlist_equals_exact_on_small_data(noise: float) -> None:
 def test_shortlist_ties_to_lowest_index() -> None:
     # All points identical in every draw: every neighbour ties, lowest index wins.
     samples = torch.ones(3, 5, 2)
-    assert Fm.sampled_neighbors(samples, shortlist=3).tolist() == [[1, 0, 0, 0, 0]] * 3
+    for mode in ("shortlist", "block"):
+        nb = Fm.sampled_neighbors(samples, mode=mode, shortlist=3)
+        assert nb.tolist() == [[1, 0, 0, 0, 0]] * 3
 
 
 def test_modal_labels_tie_to_smallest() -> None:
