@@ -847,6 +847,13 @@ def sampled_neighbors(
         raise ValueError(f"`mode` must be 'block', 'shortlist' or 'exact', got {mode!r}")
     if shortlist is None:
         L, pilot = choose_shortlist(s, tolerance=tolerance, memory_budget=memory_budget)
+        if pilot["miss_rate"] > tolerance:
+            # no shortlist up to the cap is accurate enough: fall back to exact searches
+            if info is not None:
+                info.update(pilot, shortlist=float(n - 1), fallback_exact=1.0)
+            return sampled_neighbors(
+                s, mode="exact", memory_budget=memory_budget, progress=progress
+            )
     elif not isinstance(shortlist, int) or shortlist < 1:
         raise ValueError(f"`shortlist` must be a positive integer or None, got {shortlist!r}")
     else:

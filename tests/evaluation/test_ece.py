@@ -170,3 +170,29 @@ def test_block_bad_input() -> None:
     samples, y = draws(n=20, s=2)
     with pytest.raises(ValueError, match="block"):
         Fm.sampled_neighbors(samples, mode="block", block=0)
+
+
+def test_automatic_shortlist_falls_back_to_exact_when_it_cannot_reach_tolerance():
+    # very diffuse draws around 600 means: no shortlist up to the cap of 256 candidates holds
+    # 1 - tolerance of the per-draw neighbours, so the search must be exact
+    from bayesurl.evaluation import evaluate
+    from bayesurl.evaluation.functional import choose_shortlist, sampled_neighbors
+
+    g = torch.Generator().manual_seed(0)
+    mean = torch.nn.functional.normalize(
+        torch.randn(600, 8, generator=g, dtype=torch.float64), dim=-1
+    )
+    s = torch.nn.functional.normalize(
+        mean + 2.0 * torch.randn(6, 600, 8, generator=g, dtype=torch.float64), dim=-1
+    )
+    L, pilot = choose_shortlist(s, tolerance=1e-3)
+    assert pilot["miss_rate"] > 1e-3  # the premise of the test
+    info: dict = {}
+    got = sampled_neighbors(s, tolerance=1e-3, info=info)
+    exact = sampled_neighbors(s, mode="exact")
+    assert torch.equal(got, exact) and info["fallback_exact"] == 1.0
+    labels = torch.randint(0, 5, (600,), generator=g)
+    res = evaluate(None, labels, samples=s)
+    ref = evaluate(None, labels, samples=s, ece_mode="exact")
+    assert res["ece"] == ref["ece"]
+    assert any("searched every draw exactly" in n for n in res["notes"])
