@@ -13,6 +13,7 @@ from torch import Tensor
 
 __all__ = [
     "as_tensor",
+    "check_choice",
     "check_finite",
     "check_ndim",
     "check_same_length",
@@ -29,6 +30,13 @@ def as_tensor(x: object, name: str, dtype: torch.dtype | None = None) -> Tensor:
         return torch.as_tensor(x, dtype=dtype)
     except Exception as exc:  # pragma: no cover - message path
         raise TypeError(f"`{name}` must be a tensor or array-like, got {type(x).__name__}") from exc
+
+
+def check_choice(value: str, name: str, choices: Sequence[str]) -> str:
+    """Return ``value`` if it is one of ``choices``; else raise naming ``name`` and the choices."""
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {', '.join(choices)}, got {value!r}")
+    return value
 
 
 def check_ndim(x: Tensor, name: str, ndim: int | Sequence[int]) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bayesurl._checks import check_choice
 from bayesurl.heads.hetxl import HetXLHead
 from bayesurl.methods.base import register
 from bayesurl.methods.ce import ClassifierMethod
@@ -64,11 +65,7 @@ class HetXL(ClassifierMethod):
         uncertainty: str = "entropy",
     ) -> None:
         super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
-        if uncertainty not in _UNCERTAINTIES:
-            raise ValueError(
-                f"`uncertainty` must be one of {', '.join(_UNCERTAINTIES)}, got {uncertainty!r}"
-            )
-        self.uncertainty = uncertainty
+        self.uncertainty = check_choice(uncertainty, "uncertainty", _UNCERTAINTIES)
         self.head = HetXLHead(
             self.embed_dim, self.num_classes, rank=rank, n_mc=n_mc, temperature=temperature
         )

@@ -7,6 +7,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bayesurl._checks import check_choice
 from bayesurl.heads.dropout import MCDropoutHead
 from bayesurl.heads.ensemble import average_log_probs
 from bayesurl.methods.base import register
@@ -59,11 +60,7 @@ class MCDropout(ClassifierMethod):
         uncertainty: str = "entropy",
     ) -> None:
         super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
-        if uncertainty not in _UNCERTAINTIES:
-            raise ValueError(
-                f"`uncertainty` must be one of {', '.join(_UNCERTAINTIES)}, got {uncertainty!r}"
-            )
-        self.uncertainty = uncertainty
+        self.uncertainty = check_choice(uncertainty, "uncertainty", _UNCERTAINTIES)
         self.head = MCDropoutHead(self.embed_dim, self.num_classes, p=p, n_passes=n_passes)
         self.hparams.update(p=p, n_passes=n_passes, uncertainty=uncertainty)
 
