@@ -92,6 +92,35 @@ def check_labels(labels: Tensor | None, embeddings: Tensor, name: str = "labels"
     check_same_length(("embeddings" if name == "labels" else "ref_emb", embeddings), (name, labels))
 
 
+def check_anchor_positive(
+    mu_anchor: Tensor,
+    kappa_anchor: Tensor | float,
+    mu_pos: Tensor,
+    kappa_pos: Tensor | float,
+    *,
+    allow_inf: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Validate anchor / positive vMF parameters of the pair losses; return the two kappas."""
+    check_embeddings(mu_anchor, "mu_anchor")
+    check_embeddings(mu_pos, "mu_pos")
+    if mu_pos.shape != mu_anchor.shape:
+        raise ValueError(
+            f"`mu_pos` must have the shape of `mu_anchor` {tuple(mu_anchor.shape)}, "
+            f"got {tuple(mu_pos.shape)}"
+        )
+    ka = check_kappa(kappa_anchor, mu_anchor, "kappa_anchor", allow_inf=allow_inf)
+    kp = check_kappa(kappa_pos, mu_pos, "kappa_pos", allow_inf=allow_inf)
+    return ka, kp
+
+
+def check_in_batch_negatives(n_anchors: int, kappa_neg: Tensor | None) -> None:
+    """In-batch (SimCLR) negatives need two anchors and no separate ``kappa_neg``."""
+    if kappa_neg is not None:
+        raise ValueError("`kappa_neg` was given without `mu_neg`")
+    if n_anchors < 2:
+        raise ValueError(f"in-batch negatives need at least 2 anchors, got {n_anchors}")
+
+
 def log_mean_exp(x: Tensor, dim: int) -> Tensor:
     """``log mean exp(x)`` along ``dim`` (the Monte-Carlo average of MCI eq. 7)."""
     return torch.logsumexp(x, dim=dim) - math.log(x.shape[dim])

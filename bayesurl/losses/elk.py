@@ -24,7 +24,9 @@ from bayesurl.distributions.vmf import vmf_log_normalizer
 from bayesurl.heads.proxies import VMFProxies
 from bayesurl.losses._base import (
     ExplicitKappaLoss,
+    check_anchor_positive,
     check_embeddings,
+    check_in_batch_negatives,
     check_kappa,
     check_labels,
     contrastive_log_ratio,
@@ -152,22 +154,11 @@ def elk_contrastive_loss(
     eq. 55) may be a 0-dim tensor that requires grad. Note: the MCI reference code sums the
     negatives (no 1/M); eq. 55 averages them, as done here.
     """
-    check_embeddings(mu_anchor, "mu_anchor")
-    check_embeddings(mu_pos, "mu_pos")
-    if mu_pos.shape != mu_anchor.shape:
-        raise ValueError(
-            f"`mu_pos` must have the shape of `mu_anchor` {tuple(mu_anchor.shape)}, "
-            f"got {tuple(mu_pos.shape)}"
-        )
-    ka = check_kappa(kappa_anchor, mu_anchor, "kappa_anchor", allow_inf=False)
-    kp = check_kappa(kappa_pos, mu_pos, "kappa_pos", allow_inf=False)
+    ka, kp = check_anchor_positive(mu_anchor, kappa_anchor, mu_pos, kappa_pos, allow_inf=False)
     scale = _check_t(scale, "scale")
     b, d = mu_anchor.shape
     if mu_neg is None:
-        if kappa_neg is not None:
-            raise ValueError("`kappa_neg` was given without `mu_neg`")
-        if b < 2:
-            raise ValueError(f"in-batch negatives need at least 2 anchors, got {b}")
+        check_in_batch_negatives(b, kappa_neg)
         mu, kap = torch.cat([mu_anchor, mu_pos]), torch.cat([ka, kp])
         sims = scale * elk_pairwise_log_kernel(mu, kap, mu, kap)
         a1, p, a2, n = lmu.get_all_pairs_indices(two_view_labels(b, mu.device))

@@ -19,7 +19,13 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import Tensor
 
 from bayesurl.distributions.vmf import sample_vmf
-from bayesurl.losses._base import ExplicitKappaLoss, check_embeddings, check_kappa
+from bayesurl.losses._base import (
+    ExplicitKappaLoss,
+    check_anchor_positive,
+    check_embeddings,
+    check_in_batch_negatives,
+    check_kappa,
+)
 from bayesurl.losses.infonce import _check_t
 from bayesurl.losses.mcinfonce import _check_n_samples, _reduce
 
@@ -98,21 +104,10 @@ def hib_loss(
     scale = _check_t(scale, "scale")
     if not bool(torch.isfinite(torch.as_tensor(bias).detach()).all()):
         raise ValueError(f"`bias` must be finite, got {bias}")
-    check_embeddings(mu_anchor, "mu_anchor")
-    check_embeddings(mu_pos, "mu_pos")
-    if mu_pos.shape != mu_anchor.shape:
-        raise ValueError(
-            f"`mu_pos` must have the shape of `mu_anchor` {tuple(mu_anchor.shape)}, "
-            f"got {tuple(mu_pos.shape)}"
-        )
-    ka = check_kappa(kappa_anchor, mu_anchor, "kappa_anchor")
-    kp = check_kappa(kappa_pos, mu_pos, "kappa_pos")
+    ka, kp = check_anchor_positive(mu_anchor, kappa_anchor, mu_pos, kappa_pos)
     b, d = mu_anchor.shape
     if mu_neg is None:
-        if kappa_neg is not None:
-            raise ValueError("`kappa_neg` was given without `mu_neg`")
-        if b < 2:
-            raise ValueError(f"in-batch negatives need at least 2 anchors, got {b}")
+        check_in_batch_negatives(b, kappa_neg)
         z = sample_vmf(torch.cat([mu_anchor, mu_pos]), torch.cat([ka, kp]), k, generator=generator)
         n = 2 * b
         partner = torch.cat([torch.arange(b, n), torch.arange(b)]).to(z.device)

@@ -21,7 +21,9 @@ from torch import Tensor
 from bayesurl.distributions.vmf import sample_vmf
 from bayesurl.losses._base import (
     ExplicitKappaLoss,
+    check_anchor_positive,
     check_embeddings,
+    check_in_batch_negatives,
     check_kappa,
     contrastive_log_ratio,
     log_mean_exp,
@@ -139,21 +141,10 @@ def mcinfonce_loss(
     """
     t = _check_t(kappa_pos_scale, "kappa_pos_scale")
     k = _check_n_samples(n_samples)
-    check_embeddings(mu_anchor, "mu_anchor")
-    check_embeddings(mu_pos, "mu_pos")
-    if mu_pos.shape != mu_anchor.shape:
-        raise ValueError(
-            f"`mu_pos` must have the shape of `mu_anchor` {tuple(mu_anchor.shape)}, "
-            f"got {tuple(mu_pos.shape)}"
-        )
-    ka = check_kappa(kappa_anchor, mu_anchor, "kappa_anchor")
-    kp = check_kappa(kappa_pos, mu_pos, "kappa_pos")
+    ka, kp = check_anchor_positive(mu_anchor, kappa_anchor, mu_pos, kappa_pos)
     b, d = mu_anchor.shape
     if mu_neg is None:
-        if kappa_neg is not None:
-            raise ValueError("`kappa_neg` was given without `mu_neg`")
-        if b < 2:
-            raise ValueError(f"in-batch negatives need at least 2 anchors, got {b}")
+        check_in_batch_negatives(b, kappa_neg)
         mu = torch.cat([mu_anchor, mu_pos])
         kap = torch.cat([ka, kp])
         z = sample_vmf(mu, kap, k, generator=generator)
