@@ -121,6 +121,38 @@ def check_in_batch_negatives(n_anchors: int, kappa_neg: Tensor | None) -> None:
         raise ValueError(f"in-batch negatives need at least 2 anchors, got {n_anchors}")
 
 
+def check_explicit_negatives(
+    mu_neg: Tensor,
+    kappa_neg: Tensor | float | None,
+    n_anchors: int,
+    dim: int,
+    *,
+    allow_inf: bool = True,
+) -> Tensor:
+    """Validate M explicit negatives per anchor, ``mu_neg [B, M, D]``; return their kappa."""
+    check_embeddings(mu_neg, "mu_neg", ndim=3)
+    if mu_neg.shape[0] != n_anchors or mu_neg.shape[2] != dim:
+        raise ValueError(
+            f"`mu_neg` must have shape [{n_anchors}, M, {dim}], got {tuple(mu_neg.shape)}"
+        )
+    if kappa_neg is None:
+        raise ValueError("`kappa_neg` is required with `mu_neg`")
+    if mu_neg.shape[1] < 1:
+        raise ValueError("`mu_neg` needs at least one negative per anchor")
+    return check_kappa(kappa_neg, mu_neg, "kappa_neg", allow_inf=allow_inf)
+
+
+def reduce_losses(losses: Tensor, reduction: str) -> Tensor:
+    """Reduce per-anchor losses by ``"mean"``, ``"sum"`` or ``"none"``."""
+    if reduction == "mean":
+        return losses.mean()
+    if reduction == "sum":
+        return losses.sum()
+    if reduction == "none":
+        return losses
+    raise ValueError(f"`reduction` must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
 def log_mean_exp(x: Tensor, dim: int) -> Tensor:
     """``log mean exp(x)`` along ``dim`` (the Monte-Carlo average of MCI eq. 7)."""
     return torch.logsumexp(x, dim=dim) - math.log(x.shape[dim])

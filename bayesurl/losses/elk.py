@@ -26,10 +26,12 @@ from bayesurl.losses._base import (
     ExplicitKappaLoss,
     check_anchor_positive,
     check_embeddings,
+    check_explicit_negatives,
     check_in_batch_negatives,
     check_kappa,
     check_labels,
     contrastive_log_ratio,
+    reduce_losses,
 )
 from bayesurl.losses.infonce import _check_t, two_view_labels
 
@@ -166,22 +168,11 @@ def elk_contrastive_loss(
         mask[a2, n] = True
         losses = -contrastive_log_ratio(sims[a1, p], sims[a1], mask[a1], divide_positive)
     else:
-        check_embeddings(mu_neg, "mu_neg", ndim=3)
-        if mu_neg.shape[0] != b or mu_neg.shape[2] != d:
-            raise ValueError(f"`mu_neg` must have shape [{b}, M, {d}], got {tuple(mu_neg.shape)}")
-        if kappa_neg is None:
-            raise ValueError("`kappa_neg` is required with `mu_neg`")
-        kn = check_kappa(kappa_neg, mu_neg, "kappa_neg", allow_inf=False)
+        kn = check_explicit_negatives(mu_neg, kappa_neg, b, d, allow_inf=False)
         pos = scale * elk_log_kernel(mu_anchor, ka, mu_pos, kp)
         neg = scale * elk_log_kernel(mu_anchor.unsqueeze(1), ka.unsqueeze(1), mu_neg, kn)
         losses = -contrastive_log_ratio(pos, neg, None, divide_positive)
-    if reduction == "mean":
-        return losses.mean()
-    if reduction == "sum":
-        return losses.sum()
-    if reduction == "none":
-        return losses
-    raise ValueError(f"`reduction` must be 'mean', 'sum' or 'none', got {reduction!r}")
+    return reduce_losses(losses, reduction)
 
 
 class ELKLoss(ExplicitKappaLoss):

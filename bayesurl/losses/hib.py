@@ -22,12 +22,12 @@ from bayesurl.distributions.vmf import sample_vmf
 from bayesurl.losses._base import (
     ExplicitKappaLoss,
     check_anchor_positive,
-    check_embeddings,
+    check_explicit_negatives,
     check_in_batch_negatives,
-    check_kappa,
+    reduce_losses,
 )
 from bayesurl.losses.infonce import _check_t
-from bayesurl.losses.mcinfonce import _check_n_samples, _reduce
+from bayesurl.losses.mcinfonce import _check_n_samples
 
 __all__ = ["HIBLoss", "hib_log_match_probability", "hib_loss"]
 
@@ -120,16 +120,9 @@ def hib_loss(
         )  # [2B, 2B]
         sign = 1.0 if term == "log_p" else -1.0
         neg_term = sign * (log_neg * neg_mask).sum(-1) / neg_mask.sum(-1)
-        return _reduce(-log_p_pos + neg_term, reduction)
-    check_embeddings(mu_neg, "mu_neg", ndim=3)
-    if mu_neg.shape[0] != b or mu_neg.shape[2] != d:
-        raise ValueError(f"`mu_neg` must have shape [{b}, M, {d}], got {tuple(mu_neg.shape)}")
-    if kappa_neg is None:
-        raise ValueError("`kappa_neg` is required with `mu_neg`")
-    kn = check_kappa(kappa_neg, mu_neg, "kappa_neg")
+        return reduce_losses(-log_p_pos + neg_term, reduction)
+    kn = check_explicit_negatives(mu_neg, kappa_neg, b, d)
     m = mu_neg.shape[1]
-    if m < 1:
-        raise ValueError("`mu_neg` needs at least one negative per anchor")
     za = sample_vmf(mu_anchor, ka, k, generator=generator)
     zp = sample_vmf(mu_pos, kp, k, generator=generator)
     zn = sample_vmf(mu_neg.reshape(b * m, d), kn.reshape(b * m), k, generator=generator)
@@ -139,7 +132,7 @@ def hib_loss(
         za.unsqueeze(2), zn, scale, bias, complement=term == "log1m_p"
     )  # [B, M]
     sign = 1.0 if term == "log_p" else -1.0
-    return _reduce(-log_p_pos + sign * log_neg.mean(-1), reduction)
+    return reduce_losses(-log_p_pos + sign * log_neg.mean(-1), reduction)
 
 
 class HIBLoss(ExplicitKappaLoss):

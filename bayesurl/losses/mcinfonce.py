@@ -22,13 +22,13 @@ from bayesurl.distributions.vmf import sample_vmf
 from bayesurl.losses._base import (
     ExplicitKappaLoss,
     check_anchor_positive,
-    check_embeddings,
+    check_explicit_negatives,
     check_in_batch_negatives,
-    check_kappa,
     contrastive_log_ratio,
     log_mean_exp,
     log_ratio_from_mean,
     masked_log_mean_exp,
+    reduce_losses,
 )
 from bayesurl.losses.infonce import _check_t, two_view_labels
 
@@ -39,16 +39,6 @@ def _check_n_samples(n: int) -> int:
     if int(n) != n or n < 1:
         raise ValueError(f"`n_samples` must be a positive integer, got {n}")
     return int(n)
-
-
-def _reduce(losses: Tensor, reduction: str) -> Tensor:
-    if reduction == "mean":
-        return losses.mean()
-    if reduction == "sum":
-        return losses.sum()
-    if reduction == "none":
-        return losses
-    raise ValueError(f"`reduction` must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 def mcinfonce_pair_losses(
@@ -151,16 +141,9 @@ def mcinfonce_loss(
         pairs = lmu.get_all_pairs_indices(two_view_labels(b, mu.device))
         losses = mcinfonce_pair_losses(z, z, pairs, t, divide_positive)
         # get_all_pairs_indices lists positives row by row: anchor i has exactly one
-        return _reduce(losses, reduction)
-    check_embeddings(mu_neg, "mu_neg", ndim=3)
-    if mu_neg.shape[0] != b or mu_neg.shape[2] != d:
-        raise ValueError(f"`mu_neg` must have shape [{b}, M, {d}], got {tuple(mu_neg.shape)}")
-    if kappa_neg is None:
-        raise ValueError("`kappa_neg` is required with `mu_neg`")
-    kn = check_kappa(kappa_neg, mu_neg, "kappa_neg")
+        return reduce_losses(losses, reduction)
+    kn = check_explicit_negatives(mu_neg, kappa_neg, b, d)
     m = mu_neg.shape[1]
-    if m < 1:
-        raise ValueError("`mu_neg` needs at least one negative per anchor")
     za = sample_vmf(mu_anchor, ka, k, generator=generator)
     zp = sample_vmf(mu_pos, kp, k, generator=generator)
     zn = sample_vmf(mu_neg.reshape(b * m, d), kn.reshape(b * m), k, generator=generator)
@@ -168,7 +151,7 @@ def mcinfonce_loss(
     pos = t * (za * zp).sum(-1)  # [K, B]
     neg = t * torch.einsum("kbd,kbmd->kbm", za, zn)
     losses = -log_mean_exp(contrastive_log_ratio(pos, neg, None, divide_positive), dim=0)
-    return _reduce(losses, reduction)
+    return reduce_losses(losses, reduction)
 
 
 class MCInfoNCELoss(ExplicitKappaLoss):

@@ -181,3 +181,16 @@ def test_kernel_properties(k1, k2, c1, c2, d):
     if c1 > c2 + 1e-9:
         assert a >= b - 1e-9
     assert math.isclose(float(a), brute_log_elk(e1, k1, at(c1), k2), rel_tol=1e-8, abs_tol=1e-7)
+
+
+def test_contrastive_elk_rejects_bad_explicit_negatives():
+    mu = torch.nn.functional.normalize(torch.randn(4, 3), dim=-1)
+    k = torch.full((4,), 5.0)
+    with pytest.raises(ValueError, match="at least one negative"):
+        elk_contrastive_loss(mu, k, mu, k, torch.zeros(4, 0, 3), torch.zeros(4, 0))
+    with pytest.raises(ValueError, match="kappa_neg"):
+        elk_contrastive_loss(mu, k, mu, k, mu.unsqueeze(1))
+    with pytest.raises(ValueError, match="mu_neg"):
+        elk_contrastive_loss(mu, k, mu, k, torch.randn(3, 2, 3), torch.ones(3, 2))
+    with pytest.raises(ValueError, match="reduction"):
+        elk_contrastive_loss(mu, k, mu, k, reduction="max")
