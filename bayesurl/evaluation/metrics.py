@@ -93,7 +93,34 @@ class _RetrievalMetric(Metric):
         return Fm.r_at_1(x, y, memory_budget=self.memory_budget)[1]
 
 
-class RecallAtK(_RetrievalMetric):
+class _AtKMetric(_RetrievalMetric):
+    """A retrieval score with a cut-off k, plotted as one bar (shared by Recall@k and mAP@k)."""
+
+    higher_is_better = True
+    _label = ""
+
+    def __init__(self, k: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.k = k
+
+    @staticmethod
+    def _score(x: Tensor, y: Tensor, k: int, memory_budget: int) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def compute(self) -> Tensor:
+        """The score of the gathered set."""
+        x, y = self._data()
+        return self._score(x, y, self.k, self.memory_budget)
+
+    def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
+        """Bar of the score."""
+        fig, ax = _plots()._axes(ax)
+        ax.bar([f"{self._label}@{self.k}"], [float(self.compute())])
+        ax.set_ylim(0, 1)
+        return fig, ax
+
+
+class RecallAtK(_AtKMetric):
     """Recall@k over everything seen (URL section 3.1; METRICS.md R@1).
 
     Parameters
@@ -104,26 +131,17 @@ class RecallAtK(_RetrievalMetric):
         Bytes per kNN similarity chunk.
     """
 
-    higher_is_better = True
+    _label = "R"
 
     def __init__(self, k: int = 1, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.k = k
+        super().__init__(k, **kwargs)
 
-    def compute(self) -> Tensor:
-        """Recall@k of the gathered set."""
-        x, y = self._data()
-        return Fm.recall_at_k(x, y, self.k, memory_budget=self.memory_budget)
-
-    def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
-        """Bar of Recall@k."""
-        fig, ax = _plots()._axes(ax)
-        ax.bar([f"R@{self.k}"], [float(self.compute())])
-        ax.set_ylim(0, 1)
-        return fig, ax
+    @staticmethod
+    def _score(x: Tensor, y: Tensor, k: int, memory_budget: int) -> Tensor:
+        return Fm.recall_at_k(x, y, k, memory_budget=memory_budget)
 
 
-class MAPAtK(_RetrievalMetric):
+class MAPAtK(_AtKMetric):
     """mAP@k over everything seen (LAM section 5; see :func:`~.functional.map_at_k`).
 
     Parameters
@@ -134,23 +152,14 @@ class MAPAtK(_RetrievalMetric):
         Bytes per kNN similarity chunk.
     """
 
-    higher_is_better = True
+    _label = "mAP"
 
     def __init__(self, k: int = 5, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.k = k
+        super().__init__(k, **kwargs)
 
-    def compute(self) -> Tensor:
-        """mAP@k of the gathered set."""
-        x, y = self._data()
-        return Fm.map_at_k(x, y, self.k, memory_budget=self.memory_budget)
-
-    def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
-        """Bar of mAP@k."""
-        fig, ax = _plots()._axes(ax)
-        ax.bar([f"mAP@{self.k}"], [float(self.compute())])
-        ax.set_ylim(0, 1)
-        return fig, ax
+    @staticmethod
+    def _score(x: Tensor, y: Tensor, k: int, memory_budget: int) -> Tensor:
+        return Fm.map_at_k(x, y, k, memory_budget=memory_budget)
 
 
 class RAUROC(_RetrievalMetric):
