@@ -34,7 +34,6 @@ import math
 
 import torch
 from torch import Tensor
-from torch.distributions import Beta
 
 from bayesurl._checks import check_finite, check_ndim
 
@@ -230,8 +229,6 @@ def _sample_w(kappa: Tensor, dim: int, n: int, generator: torch.Generator | None
     b = dm1 / (2.0 * k + torch.sqrt(4.0 * k * k + dm1 * dm1))
     x0 = (1.0 - b) / (1.0 + b)
     c = k * x0 + dm1 * torch.log1p(-x0 * x0)
-    conc = torch.full((), dm1 / 2.0, dtype=k.dtype, device=k.device)
-    beta = Beta(conc, conc)
     w = torch.empty(shape, dtype=k.dtype, device=k.device)
     todo = torch.ones(shape, dtype=torch.bool, device=k.device)
     for _ in range(1000):
@@ -242,10 +239,7 @@ def _sample_w(kappa: Tensor, dim: int, n: int, generator: torch.Generator | None
         kb, bb, x0b, cb = k[idx], b[idx], x0[idx], c[idx]
         # the proposal Beta((D-1)/2, (D-1)/2) has no parameters: kappa's gradient flows
         # through w = f(eps, b(kappa)) (Davidson et al. 2018, the reparameterised proposal)
-        if generator is None:
-            eps = beta.sample((m,))
-        else:  # torch's Beta takes no generator
-            eps = _beta_symmetric(dm1 / 2.0, m, kb, generator)
+        eps = _beta_symmetric(dm1 / 2.0, m, kb, generator)
         denom = 1.0 - (1.0 - bb) * eps
         wb = (1.0 - (1.0 + bb) * eps) / denom
         u = torch.rand(m, dtype=k.dtype, device=k.device, generator=generator)
@@ -258,33 +252,22 @@ def _sample_w(kappa: Tensor, dim: int, n: int, generator: torch.Generator | None
     return w
 
 
-def _beta_symmetric(a: float, m: int, like: Tensor, generator: torch.Generator) -> Tensor:
-    """Beta(a, a) draws with an explicit generator (Gamma ratios via torch._standard_gamma)."""
+def _beta_symmetric(
+    a: float, m: int, like: Tensor, generator: torch.Generator | None
+) -> Tensor:
+    """``m`` draws of Beta(a, a) as a ratio of Gamma draws, with an optional generator.
+
+    Uses torch's native Gamma kernel (``torch._standard_gamma``, the one behind
+    :class:`torch.distributions.Gamma`), which accepts a generator and runs on every device.
+    """
+    if a == 0.5:  # D = 2: the arcsine law, sin^2(pi U / 2) exactly
+        u = torch.rand(m, dtype=like.dtype, device=like.device, generator=generator)
+        return torch.sin(0.5 * math.pi * u).square()
     conc = torch.full((2, m), a, dtype=like.dtype, device=like.device)
-    g = _gamma_marsaglia_tsang(conc, generator)
-    return g[0] / (g[0] + g[1])
-
-
-def _gamma_marsaglia_tsang(alpha: Tensor, generator: torch.Generator) -> Tensor:
-    """Gamma(alpha, 1) draws (Marsaglia & Tsang 2000), alpha >= 0.5, with a generator."""
-    boost = alpha < 1.0
-    a = torch.where(boost, alpha + 1.0, alpha)
-    d = a - 1.0 / 3.0
-    c = 1.0 / torch.sqrt(9.0 * d)
-    out = torch.empty_like(alpha)
-    todo = torch.ones_like(alpha, dtype=torch.bool)
-    while bool(todo.any()):
-        x = torch.randn(alpha.shape, dtype=alpha.dtype, device=alpha.device, generator=generator)
-        u = torch.rand(alpha.shape, dtype=alpha.dtype, device=alpha.device, generator=generator)
-        v = (1.0 + c * x) ** 3
-        ok = (v > 0) & (torch.log(u) < 0.5 * x * x + d - d * v + d * torch.log(v.clamp_min(1e-300)))
-        take = ok & todo
-        out = torch.where(take, d * v, out)
-        todo = todo & ~ok
-    if bool(boost.any()):
-        u = torch.rand(alpha.shape, dtype=alpha.dtype, device=alpha.device, generator=generator)
-        out = torch.where(boost, out * u.pow(1.0 / alpha), out)
-    return out
+    g = torch._standard_gamma(conc, generator=generator)
+    total = g[0] + g[1]
+    # Gamma(a) draws with a <= 1/2 can underflow to 0 in float32; both zero is a tie
+    return torch.where(total > 0, g[0] / total.clamp_min(torch.finfo(like.dtype).tiny), 0.5)
 
 
 def sample_vmf(
