@@ -58,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kappa-lr", type=float, default=None, help="base lr of kappa_hat (default: schedule)"
     )
+    p.add_argument("--lr-decay", type=float, default=0.1, help="lr factor per quarter (0.1)")
+    p.add_argument(
+        "--smooth-steps",
+        type=int,
+        default=0,
+        help="smooth the generator's mu for this many steps (authors' code: 5000; 0: off)",
+    )
     p.add_argument("--kappa-min", type=float, default=16.0)
     p.add_argument("--kappa-max", type=float, default=32.0)
     p.add_argument("--kappa-pos", type=float, default=20.0)
@@ -103,6 +110,8 @@ def main(argv: list[str] | None = None) -> dict:
             mu_negatives=args.mu_negatives,
             phasewise=not args.joint,
             lr=args.lr,
+            lr_decay=args.lr_decay,
+            smooth_steps=args.smooth_steps,
             kappa_lr=args.kappa_lr,
             hib_scale=args.hib_scale,
             hib_bias=args.hib_bias,
