@@ -378,17 +378,19 @@ def vmf_cosine_grad_kappa(w: Tensor, kappa: Tensor | float, dim: int) -> Tensor:
 
     The cosine has density ``p(t) ∝ exp(kappa t) (1 - t^2)^nu`` on [-1, 1], ``nu = (D-3)/2``,
     and CDF ``F(w; kappa)``. Holding ``F`` fixed (Figurnov, Mohamed & Mnih 2018, "Implicit
-    Reparameterization Gradients", eq. 6), ``dw/dkappa = -(dF/dkappa)(w) / p(w)``; with
+    Reparameterization Gradients", section 2: for a univariate sample the implicit gradient is
+    ``dz/dphi = -(dF/dphi) / q(z)``), ``dw/dkappa = -(dF/dkappa)(w) / p(w)``; with
     ``dp/dkappa = (t - A_D(kappa)) p`` every normaliser cancels:
 
     ``dw/dkappa = int_{t > w} (t - A) p(t) dt / p(w) = -int_{t < w} (t - A) p(t) dt / p(w)``.
 
     The side whose integrand keeps one sign is used (``t > w`` if ``w >= A``), so there is no
     cancellation, and the result is ``>= 0`` (the family is stochastically increasing in
-    kappa). The integral is taken in the angle ``t = cos phi`` with 32-node Gauss-Legendre on a
+    kappa). The integral is taken in the angle ``t = cos phi`` with 24-node Gauss-Legendre on a
     window, derived from the log-concavity of the angular density, that holds all but
     ``exp(-30)`` of its peak. Relative error is below 1e-9 for D from 2 to 2048 and kappa from
-    1e-3 to 1e5 (float64; tested against mpmath / scipy quadrature).
+    1e-3 to 1e5 wherever the density is above exp(-45) of its mode (measured at most 7e-11
+    against mpmath, limited by ``1 - A_D`` at kappa = 1e5; tests use scipy's quad).
 
     Parameters
     ----------
