@@ -838,15 +838,69 @@ def _sddmm(crow: Tensor, col: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return torch.sparse.sampled_addmm(pattern, a, b.mT, beta=0.0).values()
 
 
-def _nn_sparse(s: Tensor, cand: Tensor, keep: Tensor, progress: bool) -> Tensor:
+def _margin_pattern(
+    mean: Tensor, sigma: Tensor, margin: float, cap: int, memory_budget: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """CSR ``(crow, col, row)`` of every candidate within ``margin`` of its query's best.
+
+    One exact pass over the mean embeddings (as the top-1 search, no top-L selection):
+    candidate ``c`` of query ``i`` is kept when ``(m_i1 - m_ic) / sqrt(sigma_i^2 +
+    sigma_c^2) <= margin``, self excluded; a row with more than ``cap`` such candidates keeps
+    the ``cap`` most similar of them (the pilot's L). Columns ascend within each row.
+    """
+    n = mean.shape[0]
+    rows = max(1, int(memory_budget // (2 * mean.element_size() * n)))
+    buf = torch.empty(min(rows, n), n, dtype=mean.dtype, device=mean.device)
+    sig_max = sigma.max()
+    cols, rws = [], []
+    for start in range(0, n, rows):
+        stop = min(start + rows, n)
+        r = torch.arange(stop - start, device=mean.device)
+        sims = torch.mm(mean[start:stop], mean.T, out=buf[: stop - start])
+        sims[r, r + start] = -torch.inf
+        top = sims.max(dim=1).values
+        sq = sigma[start:stop] ** 2
+        # superset by the largest spread, then the exact per-pair test
+        thr = top - margin * (sq + sig_max**2).sqrt()
+        rr, cc = (sims >= thr[:, None]).nonzero(as_tuple=True)
+        ok = _margin(top[rr] - sims[rr, cc], (sq[rr] + sigma[cc] ** 2).sqrt()) <= margin
+        rr, cc = rr[ok], cc[ok]
+        counts = torch.bincount(rr, minlength=stop - start)
+        if bool((counts > cap).any()):  # rare: the cap most similar (ties to lower index)
+            vals = sims[rr, cc]
+            o = torch.argsort(-vals, stable=True)  # (rr, cc) ascend: ties keep lower index
+            o = o[torch.argsort(rr[o], stable=True)]
+            first = torch.cumsum(counts, 0) - counts
+            rank = torch.arange(rr.numel(), device=rr.device) - first[rr[o]]
+            sel = o[rank < cap].sort().values  # back to row-major, ascending columns
+            rr, cc = rr[sel], cc[sel]
+        rws.append(rr + start)
+        cols.append(cc)
+    row = torch.cat(rws)
+    crow = torch.zeros(n + 1, dtype=torch.long, device=mean.device)
+    crow[1:] = torch.bincount(row, minlength=n).cumsum(0)
+    return crow, torch.cat(cols), row
+
+
+def _nn_sparse(
+    s: Tensor,
+    cand: Tensor | None,
+    keep: Tensor | None,
+    progress: bool,
+    pattern: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> Tensor:
     """1-NN per draw of every query among its kept candidates (one sparse SDDMM per draw).
 
     Per draw ``z``, the kept (query, candidate) similarities ``<z_i, z_c> / ||z_c||`` are
     computed without gathering candidate rows (``sampled_addmm`` reads ``z`` in place), the
-    maximum per query taken with ``scatter_reduce``; ties go to the lowest index.
+    maximum per query taken with ``scatter_reduce``; ties go to the lowest index. The kept
+    pairs come from ``cand`` / ``keep`` or directly as a CSR ``pattern``.
     """
     n_draws, n, _ = s.shape
-    crow, col, row = _sparse_pattern(cand, keep)
+    if pattern is None:
+        assert cand is not None and keep is not None
+        pattern = _sparse_pattern(cand, keep)
+    crow, col, row = pattern
     eps = torch.finfo(s.dtype).tiny ** 0.5
     out = torch.empty(n_draws, n, dtype=torch.long, device=s.device)
     big = torch.full((n,), n, dtype=torch.long, device=s.device)
@@ -897,7 +951,9 @@ def sampled_neighbors(
     the margin with :func:`choose_shortlist` so that the estimated fraction of (draw, query)
     pairs whose neighbour is not kept is at most ``tolerance`` (expected agreement with the
     exact mode about ``1 - tolerance``), and searches every draw exactly when no shortlist up
-    to the cap is that accurate; an integer fixes L (and keeps all L unless ``margin`` is
+    to the cap is that accurate; the adaptive path then needs no top-L search: one threshold
+    pass over the mean embeddings (the cost of a top-1 search) keeps every candidate within the
+    margin, at most L per query. An integer fixes L (and keeps all L unless ``margin`` is
     given).
 
     ``mode="block"`` uses the full L-shortlists but orders the queries by a few spherical
@@ -998,6 +1054,12 @@ def _sampled_neighbors(
     if info is not None:
         info.update(pilot, shortlist=float(L))
     mean = normalize(res)
+    if mode == "shortlist" and candidates is None and margin is not None and margin < torch.inf:
+        # no top-L search: one threshold pass keeps each query's candidates within the margin
+        pattern = _margin_pattern(mean, _spread(res), margin, L, memory_budget)
+        if info is not None:
+            info.update(margin=float(margin), kept_per_query=pattern[1].numel() / n)
+        return _nn_sparse(s, None, None, progress, pattern=pattern)
     cand = m_sims = None
     if candidates is not None:
         c = check_tensor(candidates, "candidates", ndim=2).long()

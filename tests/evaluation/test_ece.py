@@ -256,3 +256,30 @@ def test_single_non_finite_entry_is_counted(bad: float) -> None:
             Fm.retrieval_ece(samples, y, mode=mode)
     with pytest.raises(ValueError, match="1 non-finite"):
         Fm.choose_shortlist(samples)
+
+
+@pytest.mark.parametrize("margin", [0.3, 0.8, 5.0])
+def test_threshold_pattern_matches_brute_force(margin: float) -> None:
+    # the adaptive path's single threshold pass keeps every pair within the margin (loops),
+    # capped at the L most similar per row
+    samples, _ = draws(n=150, s=6, d=6, noise=0.3, seed=4)
+    res = Fm._resultant(samples)
+    mean, sigma = Fm.normalize(res), Fm._spread(res)
+    L = 12
+    crow, col, row = Fm._margin_pattern(mean, sigma, margin, L, memory_budget=40 * 150 * 8)
+    sims = (mean @ mean.T).tolist()
+    for i in range(150):
+        others = [c for c in range(150) if c != i]
+        top = max(sims[i][c] for c in others)
+        within = [
+            c
+            for c in others
+            if top - sims[i][c] <= margin * math.sqrt(float(sigma[i]) ** 2 + float(sigma[c]) ** 2)
+        ]
+        if len(within) > L:  # the L most similar, ties to the lower index
+            within = sorted(sorted(within, key=lambda c: (-sims[i][c], c))[:L])
+        got = col[crow[i] : crow[i + 1]].tolist()
+        assert got == within, i
+        assert row[crow[i] : crow[i + 1]].tolist() == [i] * len(got)
+    if margin == 5.0:  # every row hits the cap
+        assert int(crow[-1]) == 150 * L
