@@ -99,6 +99,29 @@ def make_data(n: int, d: int, classes: int, seed: int, device: torch.device):
     return x.to(device), y.to(device), u.to(device)
 
 
+def fitting_points(draws: int, d: int, device: torch.device) -> int:
+    """Largest N whose ``[draws, N, d]`` float32 draws take at most half the free memory."""
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        free = int(info["MemAvailable"].split()[0]) * 1024
+    return max(2, int(free // 2 // (4 * draws * d)))
+
+
+def brute_force_neighbors(samples: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Exact 1-NN (self excluded, ties to the lowest index) of queries ``q`` in every draw."""
+    out = torch.empty(samples.shape[0], q.numel(), dtype=torch.long, device=samples.device)
+    r = torch.arange(q.numel(), device=samples.device)
+    for t, z in enumerate(samples):
+        zn = Fm.normalize(z)
+        sims = zn[q] @ zn.T
+        sims[r, q] = -torch.inf
+        out[t] = sims.max(dim=1).indices
+    return out
+
+
 def exact_pass(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> tuple[float, float]:
     r1, correct = Fm.r_at_1(x, y)
     return float(r1), float(Fm.r_auroc(u, correct))
@@ -134,15 +157,20 @@ def main(argv: list[str] | None = None) -> None:
         "--ece-n",
         type=int,
         default=None,
-        help="points of the ECE run (default: N on cuda, "
-        "min(N, 10000) on cpu: [S, N, D] float32 samples must fit in memory)",
+        help="points of the ECE run (default: N when the [S, N, D] float32 draws fit in half "
+        "the available memory, else the largest N that does)",
     )
     p.add_argument("--noise", type=float, default=0.25, help="per-draw noise / signal norm")
     p.add_argument("--shortlist", type=int, default=None, help="fixed L (default: adaptive)")
-    p.add_argument("--mode", default="block", choices=("block", "shortlist", "exact"))
+    p.add_argument("--mode", default="shortlist", choices=("shortlist", "block", "exact"))
     p.add_argument("--block", type=int, default=32, help="queries per block (block mode)")
     p.add_argument("--tolerance", type=float, default=1e-3, help="adaptive L miss-rate target")
-    p.add_argument("--agree-draws", type=int, default=10, help="draws checked by brute force")
+    p.add_argument(
+        "--agree-queries",
+        type=int,
+        default=2000,
+        help="random queries whose 1-NN is checked by brute force in every draw",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -179,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     del x, y, u
 
     # ---------------------------------------------------------------- sampling-aware ECE
-    n_e = a.ece_n or (a.n if device.type == "cuda" else min(a.n, 4000 if a.quick else 10_000))
+    n_e = a.ece_n or min(a.n, fitting_points(a.draws, a.d, device))
     x, y, _ = make_data(n_e, a.d, max(n_e // 30, 2), a.seed + 1, device)
     g = torch.Generator(device=device).manual_seed(a.seed)
     samples = torch.empty(a.draws, n_e, a.d, device=device)
@@ -207,6 +235,11 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"    shortlist L={int(info.get('shortlist', n_e - 1))}"
         + ("" if miss is None else f" (adaptive, pilot miss-rate estimate {miss:.1e})")
+        + (
+            f", margin {info['margin']:.3g}: {info['kept_per_query']:.1f} candidates per query"
+            if "kept_per_query" in info
+            else ""
+        )
     )
     print(f"    one exact pass         {t_pass:8.2f} s")
     print(
@@ -214,15 +247,32 @@ def main(argv: list[str] | None = None) -> None:
         f"  ECE={float(res.ece):.4f}"
     )
     print(f"    ratio ECE / one pass   = {t_ece / t_pass:.3f}   (target <= 3)")
-    k = min(a.agree_draws, a.draws)
-    short = res.neighbors[:k]
-    t_bf, _, exact = timed(lambda: Fm.sampled_neighbors(samples[:k], mode="exact"), device)
+    q = torch.randperm(n_e, generator=torch.Generator().manual_seed(a.seed))[: a.agree_queries]
+    t_bf, _, exact = timed(lambda: brute_force_neighbors(samples, q.to(device)), device)
+    short = res.neighbors[:, q.to(device)]
     agree_lab = float((y[short] == y[exact]).double().mean())
     agree_idx = float((short == exact).double().mean())
-    print(f"    brute force, {k} draws  {t_bf:8.2f} s  (x{a.draws / k:.0f} for all draws)")
+    print(
+        f"    brute force, {q.numel()} queries x {a.draws} draws {t_bf:8.2f} s"
+        f"  (= {t_bf * n_e / q.numel() / t_pass:.0f} exact passes for all queries)"
+    )
     print(
         f"    agreement of per-draw 1-NN labels with brute force = {100 * agree_lab:.3f} %"
         f"  (indices {100 * agree_idx:.3f} %, target >= 99.5 %)"
+    )
+    # inside `evaluate()` the R@1 search returns the L candidates too (one kNN serves both)
+    t_nn, _, (_, cand) = timed(lambda: knn(mean, int(info["shortlist"])), device)
+    t_shared, _, _ = timed(
+        lambda: Fm.retrieval_ece(
+            samples, y, mode=a.mode, shortlist=int(info["shortlist"]), candidates=cand,
+            margin=info.get("margin"),
+        ),
+        device,
+    )  # fmt: skip
+    print(
+        f"    ECE given the evaluator's shared kNN {t_shared:8.2f} s  "
+        f"(ratio {t_shared / t_pass:.3f}; the top-{int(info['shortlist'])} kNN itself "
+        f"{t_nn / t_pass:.2f} passes)"
     )
     print(f"    mean confidence {float(res.confidence.mean()):.3f}")
 

@@ -255,6 +255,7 @@ def evaluate(
             shortlist=shortlist,
             candidates=nb if share else None,
             tolerance=tolerance,
+            margin=ece_info.get("margin") if share else None,
             memory_budget=memory_budget,
             info=ece_info,
             progress=progress,
@@ -264,6 +265,8 @@ def evaluate(
             res["ece_shortlist"] = int(ece_info["shortlist"])
             if "miss_rate" in ece_info:
                 res["ece_shortlist_miss_rate"] = ece_info["miss_rate"]
+            if "kept_per_query" in ece_info:
+                res["ece_candidates_per_query"] = ece_info["kept_per_query"]
         if return_curves:
             res["reliability"] = {
                 "bin_edges": ece.bin_edges.tolist(),

@@ -19,6 +19,7 @@ All scalars are returned as 0-d float64 tensors on the device of the inputs.
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 from typing import NamedTuple
 
@@ -505,16 +506,31 @@ def rank_correlation(uncertainties: Tensor, reference: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------- samples
-def _samples(samples: object) -> Tensor:
+def _samples(samples: object, check_values: bool = True) -> Tensor:
+    """Validated ``[S, N, D]`` draws; ``check_values=False`` leaves the finiteness check to
+    :func:`_checked_resultant` (one pass over the draws instead of two)."""
     s = check_tensor(samples, "samples", ndim=3, finite=False)
     if s.shape[0] < 1:
         raise ValueError("`samples` needs at least 1 draw, got 0")
     if not s.is_floating_point():
         raise ValueError(f"`samples` must be floating point, got {s.dtype}")
-    bad = sum(int((~torch.isfinite(z)).sum()) for z in s)  # per draw: no [S, N, D] temporary
-    if bad:
-        raise ValueError(f"`samples` contains {bad} non-finite values of {s.numel()} entries")
+    if check_values and not all(bool(torch.isfinite(z).all()) for z in s):
+        _raise_non_finite(s)
     return s
+
+
+def _raise_non_finite(s: Tensor) -> None:
+    bad = sum(int((~torch.isfinite(z)).sum()) for z in s)  # per draw: no [S, N, D] temporary
+    raise ValueError(f"`samples` contains {bad} non-finite values of {s.numel()} entries")
+
+
+def _checked_resultant(s: Tensor) -> Tensor:
+    """Mean resultant of the normalised draws; raises if a draw has a non-finite entry
+    (a NaN or inf entry makes its row's normalised draw, hence the resultant, non-finite)."""
+    res = _resultant(s)
+    if not bool(torch.isfinite(res).all()):
+        _raise_non_finite(s)
+    return res
 
 
 def mean_from_samples(samples: Tensor) -> Tensor:
@@ -593,21 +609,6 @@ def _gather(z: Tensor, idx: Tensor) -> Tensor:
     return z.index_select(0, idx.reshape(-1)).view(*idx.shape, z.shape[1])
 
 
-def _nn_in_candidates(z: Tensor, q: Tensor, cand: Tensor, rows: int) -> Tensor:
-    """1-NN of queries ``q`` (indices) of draw ``z`` among ``cand [len(q), w]``, ties lowest."""
-    n = z.shape[0]
-    out = torch.empty(q.numel(), dtype=torch.long, device=z.device)
-    big = torch.full((), n, dtype=torch.long, device=z.device)
-    for start in range(0, q.numel(), rows):
-        stop = min(start + rows, q.numel())
-        c = cand[start:stop]
-        g = _gather(z, c)
-        sims = torch.matmul(g, z[q[start:stop], :, None]).squeeze(2)
-        best = sims.max(dim=1, keepdim=True).values
-        out[start:stop] = torch.where(sims == best, c, big).min(dim=1).values
-    return out
-
-
 def _cluster_order(mean: Tensor, block: int, iters: int, memory_budget: int) -> Tensor:
     """Query order that puts queries with similar mean embeddings next to each other.
 
@@ -681,6 +682,12 @@ def _nn_in_blocks(
     return out
 
 
+def _spread(resultant: Tensor) -> Tensor:
+    """Per-point draw spread ``sigma_i^2 = mean_s ||z_si - m_i||^2 = 2 (1 - R_i)`` (unit draws
+    ``z_si``, unit mean ``m_i``, mean resultant length ``R_i``), as a float32/64 vector."""
+    return (2.0 * (1.0 - resultant.norm(dim=-1).clamp(0.0, 1.0))).sqrt()
+
+
 def choose_shortlist(
     samples: Tensor,
     *,
@@ -691,14 +698,22 @@ def choose_shortlist(
     seed: int = 0,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> tuple[int, dict[str, float]]:
-    """Smallest shortlist length L whose estimated miss rate is at most ``tolerance``.
+    """Shortlist length L and per-query margin whose estimated miss rate is at most ``tolerance``.
 
     A pilot searches ``pilot_queries`` random queries exactly in ``pilot_draws`` draws (cost
     ``pilot_draws * pilot_queries / N`` exact passes, about a quarter pass for large N) and
-    records the rank of each draw's true 1-NN in the query's mean-embedding ordering. L is the
-    smallest power of two with ``P(rank >= L) <= tolerance`` over the pilot pairs, capped at
-    ``max_shortlist``; the expected agreement of :func:`sampled_neighbors` with the exact mode
-    is then about ``1 - tolerance``.
+    records, for each draw's true 1-NN ``w`` of query ``i``, its rank in the query's
+    mean-embedding ordering and its margin ``(m_i1 - m_iw) / sqrt(sigma_i^2 + sigma_w^2)``:
+    the gap in mean cosine to the query's best candidate, in units of the two points' draw
+    spread (``sigma^2 = 2 (1 - R)``, R the mean resultant length).
+
+    L is the smallest power of two with ``P(rank >= L) <= tolerance / 2`` (capped at
+    ``max_shortlist``); the margin ``info["margin"]`` is the smallest value that keeps all but
+    a ``tolerance`` fraction of the pilot's winners (those ranked below L count as lost).
+    :func:`sampled_neighbors` then compares each query, in every draw, only with those of its L
+    mean-space neighbours whose margin is at most that value: easy queries keep one or two
+    candidates, ambiguous ones many. The expected agreement with the exact mode is about
+    ``1 - tolerance``.
 
     Parameters
     ----------
@@ -722,41 +737,182 @@ def choose_shortlist(
     L : int
         Chosen shortlist length.
     info : dict
-        ``miss_rate`` at L (pilot estimate), ``pilot_pairs``, ``rank_q999``.
+        ``miss_rate`` (pilot estimate with both cuts), ``margin``, ``pilot_pairs``,
+        ``rank_q999``.
     """
-    s = _samples(samples)
+    s = _samples(samples, check_values=False)
+    return _choose_shortlist(
+        s, _checked_resultant(s), tolerance=tolerance, max_shortlist=max_shortlist,
+        pilot_draws=pilot_draws, pilot_queries=pilot_queries, seed=seed,
+        memory_budget=memory_budget,
+    )  # fmt: skip
+
+
+def _choose_shortlist(
+    s: Tensor,
+    res: Tensor,
+    *,
+    tolerance: float = 1e-3,
+    max_shortlist: int = 256,
+    pilot_draws: int = 8,
+    pilot_queries: int | None = None,
+    seed: int = 0,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> tuple[int, dict[str, float]]:
+    """:func:`choose_shortlist` on validated draws with their mean resultant ``res``."""
     n_draws, n, _ = s.shape
     if not 0.0 <= tolerance < 1.0:
         raise ValueError(f"`tolerance` must lie in [0, 1), got {tolerance}")
     q_n = min(n, max(512, n // 32)) if pilot_queries is None else min(n, pilot_queries)
     gen = torch.Generator().manual_seed(seed)
     q = torch.randperm(n, generator=gen)[:q_n].to(s.device)
-    mean = normalize(_resultant(s))
+    mean = normalize(res)
+    sigma = _spread(res)
     rows = chunk_rows_for(n, s, memory_budget)
     draws = [normalize(s[t]) for t in range(min(pilot_draws, n_draws))]
-    ranks = []
+    ranks, margins = [], []
     for start in range(0, q_n, rows):
         qq = q[start : start + rows]
         r = torch.arange(qq.numel(), device=s.device)
         m_sims = mean[qq] @ mean.T
         m_sims[r, qq] = -torch.inf
+        top = m_sims.max(dim=1).values
         for z in draws:
             sims = z[qq] @ z.T
             sims[r, qq] = -torch.inf
             win = sims.max(dim=1).indices  # first maximal index: ties to lowest
-            ranks.append((m_sims > m_sims[r, win][:, None]).sum(dim=1))
+            m_win = m_sims[r, win]
+            ranks.append((m_sims > m_win[:, None]).sum(dim=1))
+            scale = (sigma[qq] ** 2 + sigma[win] ** 2).sqrt()
+            margins.append(_margin(top - m_win, scale))
     rank = torch.cat(ranks)
+    margin = torch.cat(margins).double()
     cap = min(max_shortlist, n - 1)
     L = 1
-    while L < cap and float((rank >= L).double().mean()) > tolerance:
+    while L < cap and float((rank >= L).double().mean()) > tolerance / 2:
         L *= 2
     L = min(L, cap)
+    margin = torch.where(rank >= L, torch.inf, margin)
+    lost = int(tolerance * margin.numel())  # pilot winners the margin may lose
+    kept = torch.sort(margin).values[: margin.numel() - lost]
+    k = float(kept[-1]) if kept.numel() else 0.0
+    if not k < torch.inf:  # the cap loses too many: keep all L (the miss rate shows it)
+        k = torch.inf
     info = {
-        "miss_rate": float((rank >= L).double().mean()),
+        "miss_rate": float(((rank >= L) | (margin > k)).double().mean()),
+        "margin": k,
         "pilot_pairs": float(rank.numel()),
         "rank_q999": float(torch.quantile(rank.double(), 0.999)),
     }
     return L, info
+
+
+def _margin(gap: Tensor, scale: Tensor) -> Tensor:
+    """``gap / scale`` with ``0 / 0 = 0`` and ``gap / 0 = inf`` (identical draws)."""
+    safe = scale.clamp_min(torch.finfo(scale.dtype).tiny)
+    out = gap.clamp_min(0.0) / safe
+    return torch.where(scale > 0, out, torch.where(gap > 0, torch.inf, 0.0))
+
+
+def _sparse_pattern(cand: Tensor, keep: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """CSR ``(crow, col, row)`` of the kept candidates, columns ascending within each row."""
+    n = cand.shape[0]
+    col_sorted, perm = cand.sort(dim=1)
+    k = keep.gather(1, perm)
+    lengths = k.sum(dim=1)
+    crow = torch.zeros(n + 1, dtype=torch.long, device=cand.device)
+    crow[1:] = lengths.cumsum(0)
+    row = torch.repeat_interleave(torch.arange(n, device=cand.device), lengths)
+    return crow, col_sorted[k], row
+
+
+def _sddmm(crow: Tensor, col: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """``(a @ b.T)[row, col]`` at the CSR pattern only (``torch.sparse.sampled_addmm``)."""
+    n = crow.numel() - 1
+    with warnings.catch_warnings():  # "sparse CSR support is in beta state"
+        warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta")
+        pattern = torch.sparse_csr_tensor(
+            crow, col, torch.zeros(col.numel(), dtype=a.dtype, device=a.device),
+            (n, b.shape[0]), check_invariants=False,
+        )  # fmt: skip
+    return torch.sparse.sampled_addmm(pattern, a, b.mT, beta=0.0).values()
+
+
+def _margin_pattern(
+    mean: Tensor, sigma: Tensor, margin: float, cap: int, memory_budget: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """CSR ``(crow, col, row)`` of every candidate within ``margin`` of its query's best.
+
+    One exact pass over the mean embeddings (as the top-1 search, no top-L selection):
+    candidate ``c`` of query ``i`` is kept when ``(m_i1 - m_ic) / sqrt(sigma_i^2 +
+    sigma_c^2) <= margin``, self excluded; a row with more than ``cap`` such candidates keeps
+    the ``cap`` most similar of them (the pilot's L). Columns ascend within each row.
+    """
+    n = mean.shape[0]
+    rows = max(1, int(memory_budget // (2 * mean.element_size() * n)))
+    buf = torch.empty(min(rows, n), n, dtype=mean.dtype, device=mean.device)
+    sig_max = sigma.max()
+    cols, rws = [], []
+    for start in range(0, n, rows):
+        stop = min(start + rows, n)
+        r = torch.arange(stop - start, device=mean.device)
+        sims = torch.mm(mean[start:stop], mean.T, out=buf[: stop - start])
+        sims[r, r + start] = -torch.inf
+        top = sims.max(dim=1).values
+        sq = sigma[start:stop] ** 2
+        # superset by the largest spread, then the exact per-pair test
+        thr = top - margin * (sq + sig_max**2).sqrt()
+        rr, cc = (sims >= thr[:, None]).nonzero(as_tuple=True)
+        ok = _margin(top[rr] - sims[rr, cc], (sq[rr] + sigma[cc] ** 2).sqrt()) <= margin
+        rr, cc = rr[ok], cc[ok]
+        counts = torch.bincount(rr, minlength=stop - start)
+        if bool((counts > cap).any()):  # rare: the cap most similar (ties to lower index)
+            vals = sims[rr, cc]
+            o = torch.argsort(-vals, stable=True)  # (rr, cc) ascend: ties keep lower index
+            o = o[torch.argsort(rr[o], stable=True)]
+            first = torch.cumsum(counts, 0) - counts
+            rank = torch.arange(rr.numel(), device=rr.device) - first[rr[o]]
+            sel = o[rank < cap].sort().values  # back to row-major, ascending columns
+            rr, cc = rr[sel], cc[sel]
+        rws.append(rr + start)
+        cols.append(cc)
+    row = torch.cat(rws)
+    crow = torch.zeros(n + 1, dtype=torch.long, device=mean.device)
+    crow[1:] = torch.bincount(row, minlength=n).cumsum(0)
+    return crow, torch.cat(cols), row
+
+
+def _nn_sparse(
+    s: Tensor,
+    cand: Tensor | None,
+    keep: Tensor | None,
+    progress: bool,
+    pattern: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> Tensor:
+    """1-NN per draw of every query among its kept candidates (one sparse SDDMM per draw).
+
+    Per draw ``z``, the kept (query, candidate) similarities ``<z_i, z_c> / ||z_c||`` are
+    computed without gathering candidate rows (``sampled_addmm`` reads ``z`` in place), the
+    maximum per query taken with ``scatter_reduce``; ties go to the lowest index. The kept
+    pairs come from ``cand`` / ``keep`` or directly as a CSR ``pattern``.
+    """
+    n_draws, n, _ = s.shape
+    if pattern is None:
+        assert cand is not None and keep is not None
+        pattern = _sparse_pattern(cand, keep)
+    crow, col, row = pattern
+    eps = torch.finfo(s.dtype).tiny ** 0.5
+    out = torch.empty(n_draws, n, dtype=torch.long, device=s.device)
+    big = torch.full((n,), n, dtype=torch.long, device=s.device)
+    for t in tqdm(range(n_draws), disable=not progress, desc="1-NN per draw", leave=False):
+        z = s[t]
+        inv = z.norm(dim=1).clamp_min(eps).reciprocal()
+        v = _sddmm(crow, col, z, z).mul_(inv[col])
+        best = torch.full((n,), -torch.inf, dtype=v.dtype, device=v.device)
+        best = best.scatter_reduce(0, row, v, reduce="amax")
+        win = torch.where(v == best[row], col, n)
+        out[t] = big.scatter_reduce(0, row, win, reduce="amin")
+    return out
 
 
 def chunk_rows_for(n: int, s: Tensor, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> int:
@@ -767,10 +923,11 @@ def chunk_rows_for(n: int, s: Tensor, memory_budget: int = DEFAULT_MEMORY_BUDGET
 def sampled_neighbors(
     samples: Tensor,
     *,
-    mode: str = "block",
+    mode: str = "shortlist",
     shortlist: int | None = None,
     candidates: Tensor | None = None,
     tolerance: float = 1e-3,
+    margin: float | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     info: dict[str, float] | None = None,
     progress: bool = False,
@@ -781,49 +938,56 @@ def sampled_neighbors(
 
     ``mode="exact"`` runs one exact chunked search per draw (S full searches).
 
-    ``mode="shortlist"`` searches the ``L`` nearest neighbours of the mean embedding
-    (:func:`mean_from_samples`) once, then for every draw compares each query only with its L
-    candidates (batched gather + ``matmul``): S draws cost about ``S * N * L * D`` instead of
-    ``S * N^2 * D``. Ties go to the lowest gallery index in both modes, so they agree whenever
-    a draw's true neighbour lies in the shortlist. ``shortlist=None`` (default) chooses L with
-    :func:`choose_shortlist` so that the estimated fraction of (draw, query) pairs whose
-    neighbour falls outside the shortlist is at most ``tolerance`` (expected agreement with the
-    exact mode about ``1 - tolerance``); an integer fixes L.
+    ``mode="shortlist"`` (default) searches the ``L`` nearest neighbours of the mean embedding
+    (:func:`mean_from_samples`) once, then for every draw compares each query only with its
+    candidates: one sparse sampled matrix product (``torch.sparse.sampled_addmm``) per draw
+    evaluates exactly the kept (query, candidate) cosines, reading the draw in place, so S
+    draws cost about ``S * nnz * D`` with ``nnz <= N * L`` and no gathered copies. Each query
+    keeps those of its L candidates whose gap in mean cosine to its best candidate is at most
+    ``margin`` times the pair's draw spread ``sqrt(sigma_i^2 + sigma_c^2)`` (``sigma^2 = 2 (1 -
+    R)``, see :func:`choose_shortlist`): well-separated queries keep one or two candidates,
+    ambiguous ones up to L. Ties go to the lowest gallery index in every mode, so the modes
+    agree whenever a draw's true neighbour is kept. ``shortlist=None`` (default) chooses L and
+    the margin with :func:`choose_shortlist` so that the estimated fraction of (draw, query)
+    pairs whose neighbour is not kept is at most ``tolerance`` (expected agreement with the
+    exact mode about ``1 - tolerance``), and searches every draw exactly when no shortlist up
+    to the cap is that accurate; the adaptive path then needs no top-L search: one threshold
+    pass over the mean embeddings (the cost of a top-1 search) keeps every candidate within the
+    margin, at most L per query. An integer fixes L (and keeps all L unless ``margin`` is
+    given).
 
-    ``mode="block"`` uses the same shortlists but orders the queries by a few spherical
+    ``mode="block"`` uses the full L-shortlists but orders the queries by a few spherical
     k-means iterations on the mean embeddings (about ``N / block`` centroids), cuts them into
     blocks of ``block`` queries and searches each block, for all draws at once, with one dense
-    batched GEMM against the union of its members' shortlists. The union is a superset of each
-    query's shortlist, so every (draw, query) pair the shortlist mode gets right stays right,
-    and with ``L = N - 1`` it equals the exact mode (same tie rule). It pays off when the
-    shortlists of nearby queries overlap (well-clustered embeddings); when they are nearly
-    disjoint the union gather costs about as much as the shortlist mode's. Measured on a
-    loaded 2-core CPU (``benchmarks/evaluator.py``, D=512, S=100, adaptive L=64): 50x one
-    exact pass at N=20k (S exact searches: about 120x), 99.9 % agreement; still gather-bound,
-    the 3x target is not met on CPU.
+    batched GEMM against the union of its members' shortlists. With ``L = N - 1`` it equals the
+    exact mode. It only pays off when the shortlists of nearby queries overlap strongly.
 
-    Cost note (``benchmarks/evaluator.py``): on CPU a gathered candidate row costs about as much
-    as 10-20 exact dot products inside a GEMM, so the shortlist beats S exact searches only
-    for ``N / L`` of a few hundred or more; for small N prefer ``mode="exact"``.
+    Cost (``benchmarks/evaluator.py``, CPU): one draw's sparse search costs about 0.2-0.5 % of
+    an exact pass per kept candidate per query; with the adaptive margin S = 100 draws cost
+    about one to two exact passes on clustered embeddings.
 
     Parameters
     ----------
     samples : Tensor
         ``[S, N, D]`` draws (LAM, section 4: embeddings sampled from the weight posterior).
-    mode : {"block", "shortlist", "exact"}
-        Search strategy (default ``"block"``: measured about 2x faster than ``"shortlist"`` on
-        CPU at N=10k, D=512, L=32, with agreement at least as high).
+    mode : {"shortlist", "block", "exact"}
+        Search strategy.
     shortlist : int, optional
-        Shortlist length L (clipped to ``N - 1``); ``None`` chooses it adaptively.
+        Shortlist length L (clipped to ``N - 1``); ``None`` chooses it (and the margin)
+        adaptively.
     candidates : Tensor, optional
         ``[N, >=L]`` precomputed kNN of the mean embedding (e.g. the one already computed for
         R@1); used when it has at least L columns.
     tolerance : float
         Miss-rate target of the adaptive choice.
+    margin : float, optional
+        Per-query cut of the shortlist mode (see above); ``None``: the adaptive choice's when
+        ``shortlist`` is None, else no cut. ``inf`` keeps all L.
     memory_budget : int
-        Bytes per chunk of similarities or gathered candidates.
+        Bytes per chunk of similarities (exact mode, kNN of the mean, pilot).
     info : dict, optional
-        Filled with ``shortlist`` (the L used) and the pilot's estimates.
+        Filled with ``shortlist`` (the L used), ``margin``, ``kept_per_query`` (mean number of
+        candidates compared per query and draw) and the pilot's estimates.
     progress : bool
         Show a tqdm bar over the draws (over the query blocks in block mode).
     block : int
@@ -836,51 +1000,94 @@ def sampled_neighbors(
     Tensor
         ``[S, N]`` int64 neighbour indices.
     """
-    s = _samples(samples)
+    s = _samples(samples, check_values=mode == "exact")
+    return _sampled_neighbors(
+        s, mode=mode, shortlist=shortlist, candidates=candidates,
+        tolerance=tolerance, margin=margin, memory_budget=memory_budget, info=info,
+        progress=progress, block=block, cluster_iters=cluster_iters,
+    )  # fmt: skip
+
+
+def _sampled_neighbors(
+    s: Tensor,
+    *,
+    mode: str,
+    shortlist: int | None,
+    candidates: Tensor | None,
+    tolerance: float,
+    margin: float | None,
+    memory_budget: int,
+    info: dict[str, float] | None,
+    progress: bool,
+    block: int,
+    cluster_iters: int,
+) -> Tensor:
+    """:func:`sampled_neighbors` on validated draws."""
     n_draws, n, d = s.shape
     if n < 2:
         raise ValueError(f"`samples` needs at least 2 points, got {n}")
-    bar = partial(tqdm, total=n_draws, disable=not progress, desc="1-NN per draw", leave=False)
     if mode == "exact":
+        bar = partial(tqdm, total=n_draws, disable=not progress, desc="1-NN per draw", leave=False)
         return torch.stack([knn(z, 1, memory_budget=memory_budget)[1][:, 0] for z in bar(s)])
     if mode not in ("block", "shortlist"):
-        raise ValueError(f"`mode` must be 'block', 'shortlist' or 'exact', got {mode!r}")
+        raise ValueError(f"`mode` must be 'shortlist', 'block' or 'exact', got {mode!r}")
+    if margin is not None and not margin >= 0.0:
+        raise ValueError(f"`margin` must be >= 0 or None, got {margin!r}")
+    res = _checked_resultant(s)
     if shortlist is None:
-        L, pilot = choose_shortlist(s, tolerance=tolerance, memory_budget=memory_budget)
+        L, pilot = _choose_shortlist(s, res, tolerance=tolerance, memory_budget=memory_budget)
         if pilot["miss_rate"] > tolerance:
             # no shortlist up to the cap is accurate enough: fall back to exact searches
             if info is not None:
                 info.update(pilot, shortlist=float(n - 1), fallback_exact=1.0)
-            return sampled_neighbors(
-                s, mode="exact", memory_budget=memory_budget, progress=progress
-            )
+            return _sampled_neighbors(
+                s, mode="exact", shortlist=None, candidates=None, tolerance=tolerance,
+                margin=None, memory_budget=memory_budget, info=None, progress=progress,
+                block=block, cluster_iters=cluster_iters,
+            )  # fmt: skip
+        if margin is None:
+            margin = pilot["margin"]
     elif not isinstance(shortlist, int) or shortlist < 1:
         raise ValueError(f"`shortlist` must be a positive integer or None, got {shortlist!r}")
     else:
         L, pilot = min(shortlist, n - 1), {}
     if info is not None:
         info.update(pilot, shortlist=float(L))
-    cand = None
+    mean = normalize(res)
+    if mode == "shortlist" and candidates is None and margin is not None and margin < torch.inf:
+        # no top-L search: one threshold pass keeps each query's candidates within the margin
+        pattern = _margin_pattern(mean, _spread(res), margin, L, memory_budget)
+        if info is not None:
+            info.update(margin=float(margin), kept_per_query=pattern[1].numel() / n)
+        return _nn_sparse(s, None, None, progress, pattern=pattern)
+    cand = m_sims = None
     if candidates is not None:
         c = check_tensor(candidates, "candidates", ndim=2).long()
         if c.shape[0] != n:
             raise ValueError(f"`candidates` must have {n} rows, got {tuple(c.shape)}")
         if c.shape[1] >= L:
             cand = c[:, :L].to(s.device)
-    mean = normalize(_resultant(s))
     if cand is None:
-        cand = knn(mean, L, memory_budget=memory_budget)[1]
+        m_sims, cand = knn(mean, L, memory_budget=memory_budget)
     if mode == "block":
         if not isinstance(block, int) or block < 1:
             raise ValueError(f"`block` must be a positive integer, got {block!r}")
         order = _cluster_order(mean, block, cluster_iters, memory_budget)
         return _nn_in_blocks(s, cand, order, block, memory_budget, progress)
-    rows = max(1, int(memory_budget // (s.element_size() * L * d)))
-    out = torch.empty(n_draws, n, dtype=torch.long, device=s.device)
-    everyone = torch.arange(n, device=s.device)
-    for t in bar(range(n_draws)):
-        out[t] = _nn_in_candidates(normalize(s[t]), everyone, cand, rows)
-    return out
+    keep = torch.ones(cand.shape, dtype=torch.bool, device=cand.device)
+    if margin is not None and margin < torch.inf:
+        if m_sims is None:  # given candidates: their mean cosines, one sparse pass
+            crow, col, _ = _sparse_pattern(cand, keep)
+            cand = col.view(n, -1)  # ascending per row; the order does not matter below
+            m_sims = _sddmm(crow, col, mean, mean).view(n, -1)
+        sigma = _spread(res)
+        scale = (sigma[:, None] ** 2 + sigma[cand] ** 2).sqrt()
+        gap = m_sims.max(dim=1, keepdim=True).values - m_sims
+        keep = _margin(gap, scale) <= margin
+    if info is not None:
+        info.update(margin=float(torch.inf if margin is None else margin))
+        info.update(kept_per_query=float(keep.sum()) / n)
+    return _nn_sparse(s, cand, keep, progress)
 
 
 def modal_labels(neighbor_labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -984,10 +1191,11 @@ def retrieval_ece(
     labels: Tensor,
     *,
     n_bins: int = 10,
-    mode: str = "block",
+    mode: str = "shortlist",
     shortlist: int | None = None,
     candidates: Tensor | None = None,
     tolerance: float = 1e-3,
+    margin: float | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     info: dict[str, float] | None = None,
     progress: bool = False,
@@ -1009,24 +1217,27 @@ def retrieval_ece(
         ``[N]`` class labels.
     n_bins : int
         Number of confidence bins.
-    mode, shortlist, candidates, tolerance, memory_budget, info, progress, block, cluster_iters
+    mode, shortlist, candidates, tolerance, margin, memory_budget, info, progress
         Per-draw search, see :func:`sampled_neighbors`.
+    block, cluster_iters : int
+        Query blocks of ``mode="block"``, see :func:`sampled_neighbors`.
 
     Returns
     -------
     ECEResult
         ECE and the reliability-diagram data.
     """
-    s = _samples(samples)
+    s = _samples(samples, check_values=mode == "exact")
     y = _labels(labels, s.shape[1])
     if s.shape[1] < 2:
         raise ValueError(f"`samples` needs at least 2 points, got {s.shape[1]}")
-    nb = sampled_neighbors(
+    nb = _sampled_neighbors(
         s,
         mode=mode,
         shortlist=shortlist,
         candidates=candidates,
         tolerance=tolerance,
+        margin=margin,
         memory_budget=memory_budget,
         info=info,
         progress=progress,

@@ -65,11 +65,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="smooth the generator's mu for this many steps (authors' code: 5000; 0: off)",
     )
+    p.add_argument(
+        "--acceptance",
+        choices=["eq53", "vmf"],
+        default="eq53",
+        help="positive rejection rule: the paper's eq. 53 (default) or proportional to the vMF",
+    )
     p.add_argument("--kappa-min", type=float, default=16.0)
     p.add_argument("--kappa-max", type=float, default=32.0)
     p.add_argument("--kappa-pos", type=float, default=20.0)
     p.add_argument("--hib-scale", type=float, default=1.0, help="a of MCI eq. 54")
     p.add_argument("--hib-bias", type=float, default=0.0, help="b of MCI eq. 54")
+    p.add_argument(
+        "--divide-positive",
+        action="store_true",
+        help="MCInfoNCE denominator as printed in eq. 7 (positive / M too), not the code's",
+    )
     p.add_argument("--n-eval", type=int, default=10_000, help="fresh evaluation inputs")
     p.add_argument("--eval-every", type=int, default=0, help="intermediate evaluations")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -112,9 +123,11 @@ def main(argv: list[str] | None = None) -> dict:
             lr=args.lr,
             lr_decay=args.lr_decay,
             smooth_steps=args.smooth_steps,
+            acceptance=args.acceptance,
             kappa_lr=args.kappa_lr,
             hib_scale=args.hib_scale,
             hib_bias=args.hib_bias,
+            divide_positive=args.divide_positive,
             n_eval=args.n_eval,
             eval_every=args.eval_every,
         )

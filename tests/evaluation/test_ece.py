@@ -11,6 +11,7 @@ import torch
 from _reference import brute_knn
 
 from bayesurl.evaluation import functional as Fm
+from bayesurl.evaluation.knn import knn
 
 
 def draws(n: int = 60, s: int = 12, d: int = 5, noise: float = 0.4, seed: int = 0):
@@ -196,3 +197,89 @@ def test_automatic_shortlist_falls_back_to_exact_when_it_cannot_reach_tolerance(
     ref = evaluate(None, labels, samples=s, ece_mode="exact")
     assert res["ece"] == ref["ece"]
     assert any("searched every draw exactly" in n for n in res["notes"])
+
+
+def test_sddmm_matches_dense_products() -> None:
+    # the sparse kernel evaluates exactly the kept (row, col) dot products
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(30, 7, generator=g, dtype=torch.float64)
+    cand = torch.stack([torch.randperm(30, generator=g)[:5] for _ in range(30)])
+    keep = torch.rand(30, 5, generator=g) < 0.6
+    keep[:, 0] = True
+    crow, col, row = Fm._sparse_pattern(cand, keep)
+    vals = Fm._sddmm(crow, col, z, z)
+    ref = [float(z[i] @ z[c]) for i in range(30) for c in sorted(cand[i][keep[i]].tolist())]
+    assert row.tolist() == [i for i in range(30) for _ in range(int(keep[i].sum()))]
+    assert torch.allclose(vals, torch.tensor(ref, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+def test_margin_cut_keeps_the_winners() -> None:
+    samples, _ = draws(n=300, s=12, d=16, noise=0.2, seed=9)
+    exact = Fm.sampled_neighbors(samples, mode="exact")
+    full_info: dict[str, float] = {}
+    full = Fm.sampled_neighbors(samples, shortlist=64, margin=math.inf, info=full_info)
+    assert full_info["kept_per_query"] == 64.0
+    cut_info: dict[str, float] = {}
+    cut = Fm.sampled_neighbors(samples, shortlist=64, margin=0.5, info=cut_info)
+    zero = Fm.sampled_neighbors(samples, shortlist=64, margin=0.0)
+    assert 1.0 <= cut_info["kept_per_query"] < 64.0
+    # margin 0 keeps only the mean-space nearest neighbour in every draw
+    assert torch.equal(zero, zero[:1].expand_as(zero))
+    # a cut can only lose winners the full shortlist finds
+    ok_full, ok_cut = full == exact, cut == exact
+    assert not bool((ok_cut & ~ok_full).any())
+    assert float(ok_cut.double().mean()) >= 0.95
+    # given candidates: their mean cosines come from the sparse pass, same result
+    mean = Fm.mean_from_samples(samples)
+    _, cand = knn(mean, 64)
+    given = Fm.sampled_neighbors(samples, shortlist=64, margin=0.5, candidates=cand)
+    assert torch.equal(given, cut)
+    with pytest.raises(ValueError, match="margin"):
+        Fm.sampled_neighbors(samples, margin=-1.0)
+
+
+def test_adaptive_margin_prunes_easy_queries() -> None:
+    samples, _ = draws(n=400, s=10, d=16, noise=0.05, seed=2)
+    info: dict[str, float] = {}
+    nb = Fm.sampled_neighbors(samples, info=info, tolerance=1e-3)
+    exact = Fm.sampled_neighbors(samples, mode="exact")
+    assert info["kept_per_query"] < info["shortlist"]
+    assert float((nb == exact).double().mean()) >= 0.99
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_single_non_finite_entry_is_counted(bad: float) -> None:
+    samples, y = draws(n=20, s=3, d=4)
+    samples[1, 7, 2] = bad
+    for mode in ("shortlist", "exact", "block"):
+        with pytest.raises(ValueError, match="1 non-finite values"):
+            Fm.retrieval_ece(samples, y, mode=mode)
+    with pytest.raises(ValueError, match="1 non-finite"):
+        Fm.choose_shortlist(samples)
+
+
+@pytest.mark.parametrize("margin", [0.3, 0.8, 5.0])
+def test_threshold_pattern_matches_brute_force(margin: float) -> None:
+    # the adaptive path's single threshold pass keeps every pair within the margin (loops),
+    # capped at the L most similar per row
+    samples, _ = draws(n=150, s=6, d=6, noise=0.3, seed=4)
+    res = Fm._resultant(samples)
+    mean, sigma = Fm.normalize(res), Fm._spread(res)
+    L = 12
+    crow, col, row = Fm._margin_pattern(mean, sigma, margin, L, memory_budget=40 * 150 * 8)
+    sims = (mean @ mean.T).tolist()
+    for i in range(150):
+        others = [c for c in range(150) if c != i]
+        top = max(sims[i][c] for c in others)
+        within = [
+            c
+            for c in others
+            if top - sims[i][c] <= margin * math.sqrt(float(sigma[i]) ** 2 + float(sigma[c]) ** 2)
+        ]
+        if len(within) > L:  # the L most similar, ties to the lower index
+            within = sorted(sorted(within, key=lambda c: (-sims[i][c], c))[:L])
+        got = col[crow[i] : crow[i + 1]].tolist()
+        assert got == within, i
+        assert row[crow[i] : crow[i + 1]].tolist() == [i] * len(got)
+    if margin == 5.0:  # every row hits the cap
+        assert int(crow[-1]) == 150 * L

@@ -30,6 +30,7 @@ from bayesurl.experiments.controlled import (
     pairwise_cosines,
     positive_probability,
     posterior_recovery_metrics,
+    smoothness_loss,
     spearman,
     train_encoder,
 )
@@ -328,3 +329,58 @@ def test_recipe_smoke(tmp_path):
         8192,
         20.0,
     )
+
+
+def test_smoothness_loss_matches_loop() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(6, 3, generator=g, dtype=torch.float64)
+    mu = torch.nn.functional.normalize(torch.randn(6, 3, generator=g, dtype=torch.float64), dim=1)
+    terms = []
+    for i in range(6):
+        for j in range(i, 6):
+            dx = float((x[i] - x[j]).norm())
+            dz = 1.0 - float(mu[i] @ mu[j]) / 2.0
+            terms.append((dx - dz) ** 2 * (math.sqrt(2.0) - dz) ** 4)
+    assert float(smoothness_loss(x, mu)) == pytest.approx(sum(terms) / len(terms), rel=1e-12)
+
+
+def test_generator_smoothing_lowers_the_smoothness_loss() -> None:
+    plain = VMFGenerator(2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    smooth = VMFGenerator(
+        2, generator=torch.Generator().manual_seed(1), dtype=torch.float64, smooth_steps=100
+    )
+    x = torch.rand(256, 2, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    with torch.no_grad():
+        before = float(smoothness_loss(x, plain(x)[0]))
+        after = float(smoothness_loss(x, smooth(x)[0]))
+    assert after < before
+    assert not any(p.requires_grad for p in smooth.parameters())
+    with pytest.raises(ValueError, match="smooth_steps"):
+        VMFGenerator(2, smooth_steps=-1)
+
+
+def _oracle_landscape():
+    spec = importlib.util.spec_from_file_location(
+        "oracle_landscape", ROOT / "recipes" / "controlled" / "oracle_landscape.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.landscape
+
+
+@pytest.mark.parametrize("seed", [0, 2])  # generator seed 1's landscape is flat below c = 1
+def test_oracle_landscape_locates_the_bias(seed: int) -> None:
+    # With the true mu and kappa_hat = c kappa (common random numbers across c):
+    # eq. 7 as printed on exact vMF positives prefers c = 1 over 0.5 and 4; the reference
+    # code's denominator with M = 32 prefers c = 4 over 1 (docs/controlled_experiment.rst).
+    landscape = _oracle_landscape()
+    kw = {"n_batches": 2, "batch_size": 256, "n_samples": 16, "seed": seed}
+    exact = landscape(2, "vmf", True, 8, **kw)
+    assert exact[1.0] < exact[0.5] and exact[1.0] < exact[4.0]
+    code = landscape(2, "vmf", False, 32, **kw)
+    assert code[4.0] < code[1.0]
+    gen = VMFGenerator(2, generator=torch.Generator().manual_seed(0), acceptance="vmf")
+    assert gen.acceptance == "vmf"
+    with pytest.raises(ValueError, match="acceptance"):
+        VMFGenerator(2, acceptance="uniform")
