@@ -8,6 +8,7 @@ from bayesurl.distributions.vmf import (
     kappa_from_resultant_length,
     log_bessel_iv,
     sample_vmf,
+    vmf_cosine_grad_kappa,
     vmf_log_normalizer,
     vmf_mean_resultant_length,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "kappa_from_resultant_length",
     "log_bessel_iv",
     "sample_vmf",
+    "vmf_cosine_grad_kappa",
     "vmf_log_normalizer",
     "vmf_mean_resultant_length",
 ]

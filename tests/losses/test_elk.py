@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy.special import ive
 
@@ -166,6 +166,8 @@ def test_bad_input():
 )
 def test_kernel_properties(k1, k2, c1, c2, d):
     """Symmetric, increasing in the cosine of the means, equal to the scipy formula."""
+    # the scipy reference takes log I_v(0) = -inf when ||k1 mu1 + k2 mu2|| = 0 exactly
+    assume(not (k1 == k2 and c1 == -1.0))
     e1 = torch.zeros(d)
     e1[0] = 1.0
 
