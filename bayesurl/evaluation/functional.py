@@ -701,7 +701,7 @@ def choose_shortlist(
     """Shortlist length L and per-query margin whose estimated miss rate is at most ``tolerance``.
 
     A pilot searches ``pilot_queries`` random queries exactly in ``pilot_draws`` draws (cost
-    ``pilot_draws * pilot_queries / N`` exact passes, about a quarter pass for large N) and
+    ``pilot_draws * pilot_queries / N`` exact passes, about an eighth of a pass for large N) and
     records, for each draw's true 1-NN ``w`` of query ``i``, its rank in the query's
     mean-embedding ordering and its margin ``(m_i1 - m_iw) / sqrt(sigma_i^2 + sigma_w^2)``:
     the gap in mean cosine to the query's best candidate, in units of the two points' draw
@@ -726,7 +726,7 @@ def choose_shortlist(
     pilot_draws : int
         Draws of the pilot.
     pilot_queries : int, optional
-        Queries of the pilot (default ``min(N, max(512, N // 32))``).
+        Queries of the pilot (default ``min(N, max(1024, N // 64))``).
     seed : int
         Seed of the pilot's query subset.
     memory_budget : int
@@ -763,7 +763,7 @@ def _choose_shortlist(
     n_draws, n, _ = s.shape
     if not 0.0 <= tolerance < 1.0:
         raise ValueError(f"`tolerance` must lie in [0, 1), got {tolerance}")
-    q_n = min(n, max(512, n // 32)) if pilot_queries is None else min(n, pilot_queries)
+    q_n = min(n, max(1024, n // 64)) if pilot_queries is None else min(n, pilot_queries)
     gen = torch.Generator().manual_seed(seed)
     q = torch.randperm(n, generator=gen)[:q_n].to(s.device)
     mean = normalize(res)
