@@ -87,3 +87,24 @@ def test_bad_input(kwargs: dict, match: str) -> None:
 def test_query_dim_mismatch() -> None:
     with pytest.raises(ValueError, match="gallery"):
         knn_query(torch.randn(3, 4), torch.randn(5, 3))
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(3, 4), (5, 2), (64, 64)])
+def test_tiled_top1_matches_brute_force_with_ties(rows: int, cols: int) -> None:
+    # tiles smaller than the data: the diagonal crosses tile borders, ties span tiles
+    from bayesurl.evaluation.knn import _top1_tiled, normalize
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(13, 4, generator=g, dtype=torch.float64)
+    x[7] = x[2]  # exact duplicates: ties to the lowest index
+    x[11] = x[2]
+    x[5] = 2.0 * x[9]  # same direction: cosine tie
+    qn = normalize(x)
+    v, i = _top1_tiled(qn, qn.T, True, rows=rows, cols=cols)
+    ref = brute_knn(x, 1)
+    assert i[:, 0].tolist() == [r[0] for r in ref]
+    sims = qn @ qn.T
+    assert torch.allclose(v[:, 0], sims[torch.arange(13), i[:, 0]])
+    assert torch.equal(knn(x, 1)[1], i)  # the public k = 1 path uses it on CPU
+    _, j = _top1_tiled(qn, qn.T, False, rows=rows, cols=cols)
+    assert j[:, 0].tolist() == [r[0] for r in brute_knn(x, 1, exclude_self=False)]
