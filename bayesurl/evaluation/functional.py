@@ -28,7 +28,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from bayesurl._checks import check_same_length, check_tensor
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, normalize
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, chunk_rows, knn, normalize
 
 __all__ = [
     "ECEResult",
@@ -849,7 +849,7 @@ def _margin_pattern(
     the ``cap`` most similar of them (the pilot's L). Columns ascend within each row.
     """
     n = mean.shape[0]
-    rows = max(1, int(memory_budget // (2 * mean.element_size() * n)))
+    rows = chunk_rows(n, mean.dtype, memory_budget)
     buf = torch.empty(min(rows, n), n, dtype=mean.dtype, device=mean.device)
     sig_max = sigma.max()
     cols, rws = [], []
@@ -882,24 +882,16 @@ def _margin_pattern(
     return crow, torch.cat(cols), row
 
 
-def _nn_sparse(
-    s: Tensor,
-    cand: Tensor | None,
-    keep: Tensor | None,
-    progress: bool,
-    pattern: tuple[Tensor, Tensor, Tensor] | None = None,
-) -> Tensor:
+def _nn_sparse(s: Tensor, pattern: tuple[Tensor, Tensor, Tensor], progress: bool) -> Tensor:
     """1-NN per draw of every query among its kept candidates (one sparse SDDMM per draw).
 
     Per draw ``z``, the kept (query, candidate) similarities ``<z_i, z_c> / ||z_c||`` are
     computed without gathering candidate rows (``sampled_addmm`` reads ``z`` in place), the
-    maximum per query taken with ``scatter_reduce``; ties go to the lowest index. The kept
-    pairs come from ``cand`` / ``keep`` or directly as a CSR ``pattern``.
+    maximum per query taken with ``scatter_reduce``; ties go to the lowest index. ``pattern``
+    is the CSR ``(crow, col, row)`` of the kept pairs (:func:`_sparse_pattern`,
+    :func:`_margin_pattern`).
     """
     n_draws, n, _ = s.shape
-    if pattern is None:
-        assert cand is not None and keep is not None
-        pattern = _sparse_pattern(cand, keep)
     crow, col, row = pattern
     eps = torch.finfo(s.dtype).tiny ** 0.5
     out = torch.empty(n_draws, n, dtype=torch.long, device=s.device)
@@ -917,7 +909,7 @@ def _nn_sparse(
 
 def chunk_rows_for(n: int, s: Tensor, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> int:
     """Rows of a ``[B, n]`` similarity chunk (two buffers) within ``memory_budget``."""
-    return max(1, int(memory_budget // (2 * s.element_size() * n)))
+    return chunk_rows(n, s.dtype, memory_budget)
 
 
 def sampled_neighbors(
@@ -1059,7 +1051,7 @@ def _sampled_neighbors(
         pattern = _margin_pattern(mean, _spread(res), margin, L, memory_budget)
         if info is not None:
             info.update(margin=float(margin), kept_per_query=pattern[1].numel() / n)
-        return _nn_sparse(s, None, None, progress, pattern=pattern)
+        return _nn_sparse(s, pattern, progress)
     cand = m_sims = None
     if candidates is not None:
         c = check_tensor(candidates, "candidates", ndim=2).long()
@@ -1087,7 +1079,7 @@ def _sampled_neighbors(
     if info is not None:
         info.update(margin=float(torch.inf if margin is None else margin))
         info.update(kept_per_query=float(keep.sum()) / n)
-    return _nn_sparse(s, cand, keep, progress)
+    return _nn_sparse(s, _sparse_pattern(cand, keep), progress)
 
 
 def modal_labels(neighbor_labels: Tensor) -> tuple[Tensor, Tensor]:
