@@ -839,7 +839,12 @@ def _sddmm(crow: Tensor, col: Tensor, a: Tensor, b: Tensor) -> Tensor:
 
 
 def _margin_pattern(
-    mean: Tensor, sigma: Tensor, margin: float, cap: int, memory_budget: int
+    mean: Tensor,
+    sigma: Tensor,
+    margin: float,
+    cap: int,
+    memory_budget: int,
+    tile: tuple[int, int] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """CSR ``(crow, col, row)`` of every candidate within ``margin`` of its query's best.
 
@@ -847,39 +852,65 @@ def _margin_pattern(
     candidate ``c`` of query ``i`` is kept when ``(m_i1 - m_ic) / sqrt(sigma_i^2 +
     sigma_c^2) <= margin``, self excluded; a row with more than ``cap`` such candidates keeps
     the ``cap`` most similar of them (the pilot's L). Columns ascend within each row.
+
+    On CPU (or with ``tile``) the pass runs over cache-sized ``[rows, cols]`` tiles with a
+    running row maximum, like the tiled top-1 of :mod:`bayesurl.evaluation.knn`: each tile
+    keeps the pairs above the running maximum minus the largest possible slack (a superset,
+    since the running maximum only grows), and the exact per-pair test runs once the row's
+    true best is known. Elsewhere whole ``[B, N]`` blocks within ``memory_budget``.
     """
     n = mean.shape[0]
-    rows = chunk_rows(n, mean.dtype, memory_budget)
-    buf = torch.empty(min(rows, n), n, dtype=mean.dtype, device=mean.device)
+    if tile is None and mean.device.type == "cpu":
+        tile = (4096, 1024)
+    if tile is None:
+        rows = cols = chunk_rows(n, mean.dtype, memory_budget)
+        cols = n
+    else:
+        rows, cols = tile
+    buf = torch.empty(min(rows, n), min(cols, n), dtype=mean.dtype, device=mean.device)
     sig_max = sigma.max()
-    cols, rws = [], []
-    for start in range(0, n, rows):
-        stop = min(start + rows, n)
-        r = torch.arange(stop - start, device=mean.device)
-        sims = torch.mm(mean[start:stop], mean.T, out=buf[: stop - start])
-        sims[r, r + start] = -torch.inf
-        top = sims.max(dim=1).values
-        sq = sigma[start:stop] ** 2
-        # superset by the largest spread, then the exact per-pair test
-        thr = top - margin * (sq + sig_max**2).sqrt()
-        rr, cc = (sims >= thr[:, None]).nonzero(as_tuple=True)
-        ok = _margin(top[rr] - sims[rr, cc], (sq[rr] + sigma[cc] ** 2).sqrt()) <= margin
-        rr, cc = rr[ok], cc[ok]
-        counts = torch.bincount(rr, minlength=stop - start)
+    all_cols, all_rows = [], []
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        best = torch.full((r1 - r0,), -torch.inf, dtype=mean.dtype, device=mean.device)
+        sq = sigma[r0:r1] ** 2
+        slack = margin * (sq + sig_max**2).sqrt()  # largest allowed gap of each row
+        parts = []
+        for c0 in range(0, n, cols):
+            c1 = min(c0 + cols, n)
+            sims = torch.mm(mean[r0:r1], mean[c0:c1].T, out=buf[: r1 - r0, : c1 - c0])
+            if c0 < r1 and r0 < c1:  # the tile holds part of the diagonal: exclude self
+                d = torch.arange(max(r0, c0), min(r1, c1), device=mean.device)
+                sims[d - r0, d - c0] = -torch.inf
+            top = sims.amax(dim=1)  # values only: about 3x faster than max with indices
+            torch.maximum(best, top, out=best)
+            thr = best - slack
+            hit = (top >= thr).nonzero().squeeze(1)  # rows with a pair to keep in this tile
+            sub = sims.index_select(0, hit)
+            rr, cc = (sub >= thr[hit, None]).nonzero(as_tuple=True)
+            parts.append((hit[rr], cc + c0, sub[rr, cc]))
+        rr = torch.cat([p[0] for p in parts])
+        cc = torch.cat([p[1] for p in parts])
+        vals = torch.cat([p[2] for p in parts])
+        ok = _margin(best[rr] - vals, (sq[rr] + sigma[cc] ** 2).sqrt()) <= margin
+        rr, cc, vals = rr[ok], cc[ok], vals[ok]
+        # row-major, columns ascending (tiles arrive column block by column block)
+        o = torch.argsort(rr * n + cc)
+        rr, cc, vals = rr[o], cc[o], vals[o]
+        counts = torch.bincount(rr, minlength=r1 - r0)
         if bool((counts > cap).any()):  # rare: the cap most similar (ties to lower index)
-            vals = sims[rr, cc]
             o = torch.argsort(-vals, stable=True)  # (rr, cc) ascend: ties keep lower index
             o = o[torch.argsort(rr[o], stable=True)]
             first = torch.cumsum(counts, 0) - counts
             rank = torch.arange(rr.numel(), device=rr.device) - first[rr[o]]
             sel = o[rank < cap].sort().values  # back to row-major, ascending columns
             rr, cc = rr[sel], cc[sel]
-        rws.append(rr + start)
-        cols.append(cc)
-    row = torch.cat(rws)
+        all_rows.append(rr + r0)
+        all_cols.append(cc)
+    row = torch.cat(all_rows)
     crow = torch.zeros(n + 1, dtype=torch.long, device=mean.device)
     crow[1:] = torch.bincount(row, minlength=n).cumsum(0)
-    return crow, torch.cat(cols), row
+    return crow, torch.cat(all_cols), row
 
 
 def _nn_sparse(s: Tensor, pattern: tuple[Tensor, Tensor, Tensor], progress: bool) -> Tensor:

@@ -296,10 +296,11 @@ def _top1_tiled(
                 lo, hi = max(r0, c0), min(r1, c1)
                 d = torch.arange(lo, hi)
                 sims[d - r0, d - c0] = -math.inf
-            v, i = sims.max(dim=1)
-            better = v > bv
-            bv.copy_(torch.where(better, v, bv))
-            bi.copy_(torch.where(better, i + c0, bi))
+            v = sims.amax(dim=1)  # values only (about 3x faster than max with indices) ...
+            up = (v > bv).nonzero().squeeze(1)
+            if up.numel():  # ... and the index only of the rows whose best improved
+                bv[up] = v[up]
+                bi[up] = sims.index_select(0, up).argmax(dim=1) + c0
     return best_v[:, None], best_i[:, None]
 
 

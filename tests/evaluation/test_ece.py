@@ -258,15 +258,19 @@ def test_single_non_finite_entry_is_counted(bad: float) -> None:
         Fm.choose_shortlist(samples)
 
 
+@pytest.mark.parametrize("tile", [None, (40, 32), (7, 150)])
 @pytest.mark.parametrize("margin", [0.3, 0.8, 5.0])
-def test_threshold_pattern_matches_brute_force(margin: float) -> None:
+def test_threshold_pattern_matches_brute_force(margin: float, tile: tuple[int, int] | None) -> None:
     # the adaptive path's single threshold pass keeps every pair within the margin (loops),
-    # capped at the L most similar per row
+    # capped at the L most similar per row; tiles with a running maximum (several column
+    # tiles per row, diagonal split across tiles) give the same pattern
     samples, _ = draws(n=150, s=6, d=6, noise=0.3, seed=4)
     res = Fm._resultant(samples)
     mean, sigma = Fm.normalize(res), Fm._spread(res)
     L = 12
-    crow, col, row = Fm._margin_pattern(mean, sigma, margin, L, memory_budget=40 * 150 * 8)
+    crow, col, row = Fm._margin_pattern(
+        mean, sigma, margin, L, memory_budget=40 * 150 * 8, tile=tile
+    )
     sims = (mean @ mean.T).tolist()
     for i in range(150):
         others = [c for c in range(150) if c != i]
