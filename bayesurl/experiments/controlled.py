@@ -28,6 +28,7 @@ them to the ``(anchor, positive, negatives)`` form of this experiment.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -728,6 +729,104 @@ def train_encoder(
     return history
 
 
+def select_mu_init(
+    gen: VMFGenerator,
+    enc: ProbabilisticEncoder,
+    loss_fn: LossFn,
+    *,
+    n_inits: int,
+    warmup: int,
+    batch_size: int = 512,
+    n_samples: int = 512,
+    lr: float = 1e-4,
+    val_batches: int = 8,
+    seed: int = 0,
+    oversampling: int = 16,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Best of ``n_inits`` initialisations of ``mu_hat`` by a short warm-up (a restart guard).
+
+    Phase-wise training can get stuck in its mu phase: one of our five D = 2 seeds ended it at
+    location rank 0.87 (a folded map that more batches do not undo). Candidate 0 is ``enc``'s
+    own ``mu_net``; candidates 1.. are fresh PyTorch-default initialisations from their own
+    seeds (the ``kappa_net`` is shared, so the losses compare like with like). Each trains its
+    ``mu_net`` for ``warmup`` batches with rolled in-batch negatives on one common data stream
+    and is scored by the contrastive loss on ``val_batches`` fixed validation batches with
+    fixed MC samples: no generator ground truth is used. ``enc.mu_net`` is set to the winner's
+    *initial* weights; nothing is drawn from the caller's generator, so when candidate 0 wins
+    the run is identical to one without the guard.
+
+    Parameters
+    ----------
+    gen, enc, loss_fn
+        As in :func:`train_encoder`; ``enc.mu_net`` is replaced in place.
+    n_inits : int
+        Number of candidate initialisations (1: keep ``enc``).
+    warmup : int
+        Warm-up batches per candidate.
+    batch_size, n_samples, lr, oversampling
+        Warm-up settings (those of the mu phase).
+    val_batches : int
+        Validation batches of ``batch_size`` anchors.
+    seed : int
+        Seed of the candidates, the warm-up data and the validation data.
+    progress : bool
+        Show a tqdm bar.
+
+    Returns
+    -------
+    dict
+        ``chosen`` (candidate index) and ``val_losses`` (one per candidate).
+    """
+    if n_inits < 1 or warmup < 0 or val_batches < 1:
+        raise ValueError(
+            f"need `n_inits` >= 1, `warmup` >= 0, `val_batches` >= 1; got {n_inits}, {warmup}, "
+            f"{val_batches}"
+        )
+    if n_inits == 1:
+        return {"chosen": 0, "val_losses": []}
+    g_val = torch.Generator().manual_seed(seed + 30_000)
+    with torch.no_grad():
+        val = [gen.sample_triplets(batch_size, 0, generator=g_val)[:2] for _ in range(val_batches)]
+    initial_states, losses = [], []
+    bar = tqdm(range(n_inits), disable=not progress, desc="mu inits", leave=False)
+    for j in bar:
+        cand = copy.deepcopy(enc)
+        if j > 0:
+            g_init = torch.Generator().manual_seed(seed + 40_000 + j)
+            with torch.no_grad():
+                for layer in cand.mu_net:
+                    if isinstance(layer, nn.Linear):
+                        _reset_linear(layer, g_init)
+        initial_states.append(copy.deepcopy(cand.mu_net.state_dict()))
+        cand.requires_grad_(False)
+        cand.mu_net.requires_grad_(True)
+        optim = torch.optim.Adam(cand.mu_net.parameters(), lr=lr)
+        g_w = torch.Generator().manual_seed(seed + 20_000)  # the same stream for every candidate
+        for _ in range(warmup):
+            with torch.no_grad():
+                x, x_pos, _ = gen.sample_triplets(
+                    batch_size, 0, oversampling=oversampling, generator=g_w
+                )
+            mu_a, k_a = cand(x)
+            mu_p, k_p = cand(x_pos)
+            loss = loss_fn(mu_a, k_a, mu_p, k_p, None, None, n_samples, g_w)
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            optim.step()
+        g_mc = torch.Generator().manual_seed(seed + 50_000)
+        with torch.no_grad():
+            total = 0.0
+            for x, x_pos in val:
+                mu_a, k_a = cand(x)
+                mu_p, k_p = cand(x_pos)
+                total += float(loss_fn(mu_a, k_a, mu_p, k_p, None, None, n_samples, g_mc))
+        losses.append(total / val_batches)
+    chosen = int(torch.tensor(losses).argmin())
+    enc.mu_net.load_state_dict(initial_states[chosen])
+    return {"chosen": chosen, "val_losses": losses}
+
+
 # --------------------------------------------------------------------------------------------
 # losses: thin adapters to bayesurl.losses
 # --------------------------------------------------------------------------------------------
@@ -812,6 +911,8 @@ class ControlledConfig:
     ``mu_negatives`` M in the mu phase (0: rolled in-batch). ``n_eval`` fresh inputs are scored
     with :func:`posterior_recovery_metrics`; ``eval_pairs`` subsamples pairs for the
     intermediate evaluations every ``eval_every`` batches (the final one uses all pairs).
+    ``mu_inits > 1`` (phase-wise only) picks ``mu_hat``'s initialisation by
+    :func:`select_mu_init` with ``mu_warmup`` warm-up batches per candidate.
     """
 
     dim: int = 2
@@ -838,6 +939,8 @@ class ControlledConfig:
     dtype: str = "float32"
     smooth_steps: int = 0
     acceptance: str = "eq53"
+    mu_inits: int = 1
+    mu_warmup: int = 512
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -922,6 +1025,13 @@ def run_controlled(
             mu_t, k_t, mu_p, k_p, max_pairs=max_pairs, generator=eval_g
         )
 
+    selection = {"chosen": 0, "val_losses": []}
+    if config.mu_inits > 1 and config.phasewise:
+        selection = select_mu_init(
+            gen, enc, loss_fn, n_inits=config.mu_inits, warmup=config.mu_warmup,
+            batch_size=config.batch_size, n_samples=config.n_samples, lr=config.lr,
+            seed=config.seed, progress=progress,
+        )  # fmt: skip
     initial = evaluate(config.eval_pairs)
     history = train_encoder(
         gen, enc, loss_fn, n_batches=config.n_batches, batch_size=config.batch_size,
@@ -947,5 +1057,6 @@ def run_controlled(
         "kappa_hat_range": [float(k_hat.min()), float(k_hat.max())],
         "history": history,
         "generator": {"reinitialisations": gen.n_reinit, "min_cosine": gen.min_cosine},
+        "mu_init_selection": selection,
         "seconds": {"train": t_train, "total": time.perf_counter() - t0},
     }

@@ -81,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="MCInfoNCE denominator as printed in eq. 7 (positive / M too), not the code's",
     )
+    p.add_argument(
+        "--mu-inits",
+        type=int,
+        default=1,
+        help="best of this many mu initialisations by a warm-up's validation loss (1: off)",
+    )
+    p.add_argument("--mu-warmup", type=int, default=512, help="warm-up batches per mu init")
     p.add_argument("--n-eval", type=int, default=10_000, help="fresh evaluation inputs")
     p.add_argument("--eval-every", type=int, default=0, help="intermediate evaluations")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -128,6 +135,8 @@ def main(argv: list[str] | None = None) -> dict:
             hib_scale=args.hib_scale,
             hib_bias=args.hib_bias,
             divide_positive=args.divide_positive,
+            mu_inits=args.mu_inits,
+            mu_warmup=args.mu_warmup,
             n_eval=args.n_eval,
             eval_every=args.eval_every,
         )

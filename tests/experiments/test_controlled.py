@@ -7,6 +7,7 @@ direct re-computation of the generator's kappa map.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import math
@@ -302,6 +303,49 @@ def test_phasewise_training_only_moves_the_active_network():
     assert all(p.requires_grad for p in enc.parameters())
 
 
+def test_select_mu_init_keeps_the_best_initial_weights_and_leaves_kappa():
+    """The guard scores candidates by a warm-up's validation loss and loads the winner's
+    *initial* mu weights (rebuilt here independently); kappa_net and the caller's generator
+    are untouched, and a re-run gives the same losses."""
+    from bayesurl.experiments.controlled import _reset_linear, select_mu_init
+
+    g = torch.Generator().manual_seed(3)
+    gen = VMFGenerator(2, generator=g)
+    enc = ProbabilisticEncoder(2, gen.x_calibration, generator=g)
+    mu0 = copy.deepcopy(enc.mu_net.state_dict())
+    kappa0 = copy.deepcopy(enc.kappa_net.state_dict())
+    g_state = g.get_state()
+
+    def toy_loss(mu_a, k_a, mu_p, k_p, mu_n, k_n, n_samples, generator):
+        assert mu_n is None  # rolled in-batch negatives, as the mu phase
+        noise = torch.randn(mu_a.shape[0], generator=generator)  # fixed MC samples matter
+        return -(mu_a * mu_p).sum(-1).mean() + 1e-3 * noise.mean()
+
+    kw = dict(n_inits=3, warmup=3, batch_size=32, n_samples=2, lr=1e-2, seed=5, progress=False)
+    sel = select_mu_init(gen, enc, toy_loss, **kw)
+    assert len(sel["val_losses"]) == 3
+    assert sel["chosen"] == int(np.argmin(sel["val_losses"]))
+    expected = copy.deepcopy(enc.mu_net)
+    expected.load_state_dict(mu0)
+    if sel["chosen"] > 0:
+        g_init = torch.Generator().manual_seed(5 + 40_000 + sel["chosen"])
+        with torch.no_grad():
+            for layer in expected:
+                if isinstance(layer, torch.nn.Linear):
+                    _reset_linear(layer, g_init)
+    for k, v in expected.state_dict().items():
+        assert torch.equal(enc.mu_net.state_dict()[k], v), k
+    for k, v in kappa0.items():
+        assert torch.equal(enc.kappa_net.state_dict()[k], v), k
+    assert torch.equal(g.get_state(), g_state)
+    enc.mu_net.load_state_dict(mu0)
+    again = select_mu_init(gen, enc, toy_loss, **kw)
+    assert again["val_losses"] == sel["val_losses"]
+    assert select_mu_init(gen, enc, toy_loss, **{**kw, "n_inits": 1})["chosen"] == 0
+    with pytest.raises(ValueError, match="n_inits"):
+        select_mu_init(gen, enc, toy_loss, **{**kw, "n_inits": 0})
+
+
 @needs_losses
 def test_recipe_smoke(tmp_path):
     spec = importlib.util.spec_from_file_location(
@@ -314,7 +358,7 @@ def test_recipe_smoke(tmp_path):
         res = recipe.main([
             "--dim", "2", "--loss", loss, "--seeds", "0", "1", "--batches", "4",
             "--batch-size", "32", "--samples", "4", "--negatives", "2", "--n-eval", "200",
-            "--no-progress", "--out", str(out),
+            "--no-progress", "--out", str(out), "--mu-inits", "2", "--mu-warmup", "2",
         ])  # fmt: skip
         data = json.loads(out.read_text())
         assert data["settings"]["loss"] == loss and len(data["runs"]) == 2
