@@ -28,7 +28,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from bayesurl._checks import check_same_length, check_tensor
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, chunk_rows, knn, normalize
+from bayesurl.evaluation.knn import (
+    DEFAULT_MEMORY_BUDGET,
+    _top1_tiled,
+    chunk_rows,
+    knn,
+    normalize,
+)
 
 __all__ = [
     "ECEResult",
@@ -769,18 +775,24 @@ def _choose_shortlist(
     mean = normalize(res)
     sigma = _spread(res)
     rows = chunk_rows_for(n, s, memory_budget)
-    draws = [normalize(s[t]) for t in range(min(pilot_draws, n_draws))]
+    eps = torch.finfo(s.dtype).tiny ** 0.5
+    draws = [s[t] for t in range(min(pilot_draws, n_draws))]
+    inv = [z.norm(dim=1).clamp_min(eps).reciprocal() for z in draws]  # no normalised copies
     ranks, margins = [], []
     for start in range(0, q_n, rows):
         qq = q[start : start + rows]
         r = torch.arange(qq.numel(), device=s.device)
         m_sims = mean[qq] @ mean.T
         m_sims[r, qq] = -torch.inf
-        top = m_sims.max(dim=1).values
-        for z in draws:
-            sims = z[qq] @ z.T
-            sims[r, qq] = -torch.inf
-            win = sims.max(dim=1).indices  # first maximal index: ties to lowest
+        top = m_sims.amax(dim=1)
+        for z, iz in zip(draws, inv):
+            if s.device.type == "cpu":  # cache-sized tiles, as the exact top-1 search
+                win = _top1_tiled(normalize(z[qq]), z.T, False, self_index=qq, col_scale=iz)[1]
+                win = win[:, 0]
+            else:
+                sims = (normalize(z[qq]) @ z.T).mul_(iz)
+                sims[r, qq] = -torch.inf
+                win = sims.argmax(dim=1)  # first maximal index: ties to lowest
             m_win = m_sims[r, win]
             ranks.append((m_sims > m_win[:, None]).sum(dim=1))
             scale = (sigma[qq] ** 2 + sigma[win] ** 2).sqrt()
@@ -898,13 +910,15 @@ def _margin_pattern(
         o = torch.argsort(rr * n + cc)
         rr, cc, vals = rr[o], cc[o], vals[o]
         counts = torch.bincount(rr, minlength=r1 - r0)
-        if bool((counts > cap).any()):  # rare: the cap most similar (ties to lower index)
-            o = torch.argsort(-vals, stable=True)  # (rr, cc) ascend: ties keep lower index
-            o = o[torch.argsort(rr[o], stable=True)]
-            first = torch.cumsum(counts, 0) - counts
-            rank = torch.arange(rr.numel(), device=rr.device) - first[rr[o]]
-            sel = o[rank < cap].sort().values  # back to row-major, ascending columns
-            rr, cc = rr[sel], cc[sel]
+        if bool((counts > cap).any()):  # the cap most similar (ties to lower index)
+            over = (counts[rr] > cap).nonzero().squeeze(1)  # entries of over-full rows only
+            o = torch.argsort(-vals[over], stable=True)  # (rr, cc) ascend: ties keep lower
+            o = o[torch.argsort(rr[over][o], stable=True)]
+            ro = rr[over][o]  # ascending: each row's first entry is found by searchsorted
+            rank = torch.arange(ro.numel(), device=rr.device) - torch.searchsorted(ro, ro)
+            keep = torch.ones_like(rr, dtype=torch.bool)
+            keep[over[o[rank >= cap]]] = False  # order kept: row-major, ascending columns
+            rr, cc = rr[keep], cc[keep]
         all_rows.append(rr + r0)
         all_cols.append(cc)
     row = torch.cat(all_rows)

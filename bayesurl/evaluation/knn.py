@@ -271,7 +271,14 @@ def _knn(
 
 
 def _top1_tiled(
-    qn: Tensor, gt: Tensor, exclude_self: bool, rows: int = 4096, cols: int = 1024
+    qn: Tensor,
+    gt: Tensor,
+    exclude_self: bool,
+    rows: int = 4096,
+    cols: int = 1024,
+    *,
+    self_index: Tensor | None = None,
+    col_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Exact 1-NN over cache-sized tiles ``[rows, cols]`` with a running maximum (CPU).
 
@@ -279,8 +286,11 @@ def _top1_tiled(
     makes the pass memory-bound for large N; ``4096 x 1024`` tiles (faiss's blocking) stay in
     cache: 1.02x faiss ``IndexFlatIP`` at N = 60k, D = 512 against 1.11x for whole
     ``[B, N]`` blocks (``benchmarks/evaluator.py``, 2 threads). Ties go to the
-    lowest index: ``max`` returns the first maximal index within a tile and a later tile only
-    replaces the running best when strictly greater.
+    lowest index: ``argmax`` returns the first maximal index within a tile and a later tile
+    only replaces the running best when strictly greater. ``self_index`` ``[M]`` excludes
+    gallery item ``self_index[i]`` for query ``i`` (queries drawn from the gallery);
+    ``col_scale`` ``[N]`` multiplies gallery column ``j`` (e.g. inverse norms, so an
+    unnormalised gallery needs no normalised copy).
     """
     m, n = qn.shape[0], gt.shape[1]
     best_v = torch.full((m,), -math.inf, dtype=qn.dtype)
@@ -292,10 +302,16 @@ def _top1_tiled(
         for c0 in range(0, n, cols):
             c1 = min(c0 + cols, n)
             sims = torch.mm(qn[r0:r1], gt[:, c0:c1], out=buf[: r1 - r0, : c1 - c0])
+            if col_scale is not None:
+                sims.mul_(col_scale[c0:c1])
             if exclude_self and c0 < r1 and r0 < c1:  # the tile holds part of the diagonal
                 lo, hi = max(r0, c0), min(r1, c1)
                 d = torch.arange(lo, hi)
                 sims[d - r0, d - c0] = -math.inf
+            if self_index is not None:
+                si = self_index[r0:r1]
+                own = ((si >= c0) & (si < c1)).nonzero().squeeze(1)
+                sims[own, si[own] - c0] = -math.inf
             v = sims.amax(dim=1)  # values only (about 3x faster than max with indices) ...
             up = (v > bv).nonzero().squeeze(1)
             if up.numel():  # ... and the index only of the rows whose best improved

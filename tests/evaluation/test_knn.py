@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from _reference import brute_knn, tie_data
@@ -108,3 +110,28 @@ def test_tiled_top1_matches_brute_force_with_ties(rows: int, cols: int) -> None:
     assert torch.equal(knn(x, 1)[1], i)  # the public k = 1 path uses it on CPU
     _, j = _top1_tiled(qn, qn.T, False, rows=rows, cols=cols)
     assert j[:, 0].tolist() == [r[0] for r in brute_knn(x, 1, exclude_self=False)]
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(3, 4), (5, 2), (64, 64)])
+def test_tiled_top1_subset_queries_and_column_scale(rows: int, cols: int) -> None:
+    # queries drawn from an unnormalised gallery: self excluded by `self_index`, cosines via
+    # `col_scale` = inverse norms; brute-force loops over the gallery as the reference
+    from bayesurl.evaluation.knn import _top1_tiled, normalize
+
+    g = torch.Generator().manual_seed(8)
+    z = torch.randn(17, 5, generator=g, dtype=torch.float64) * torch.rand(17, 1, generator=g)
+    z[12] = 3.0 * z[4]  # cosine tie with 4 for every query: the lower index wins
+    q = torch.tensor([4, 0, 16, 9, 12, 5])
+    v, i = _top1_tiled(
+        normalize(z[q]), z.T, False, rows=rows, cols=cols, self_index=q,
+        col_scale=1.0 / z.norm(dim=1),
+    )  # fmt: skip
+    zn = normalize(z)
+    for a, qi in enumerate(q.tolist()):
+        best, arg = -math.inf, -1
+        for c in range(17):
+            sim = float(zn[qi] @ zn[c])
+            if c != qi and sim > best + 1e-12:
+                best, arg = sim, c
+        assert int(i[a, 0]) == arg, (qi, int(i[a, 0]), arg)
+        assert math.isclose(float(v[a, 0]), best, rel_tol=1e-9)
