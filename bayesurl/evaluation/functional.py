@@ -927,28 +927,64 @@ def _margin_pattern(
     return crow, torch.cat(all_cols), row
 
 
-def _nn_sparse(s: Tensor, pattern: tuple[Tensor, Tensor, Tensor], progress: bool) -> Tensor:
-    """1-NN per draw of every query among its kept candidates (one sparse SDDMM per draw).
+def _query_blocks(
+    pattern: tuple[Tensor, Tensor, Tensor], n: int, block: int
+) -> list[tuple[int, int, Tensor, Tensor, Tensor, Tensor]]:
+    """The kept pairs cut into query blocks ``[q0, q1)``, each as the CSR of its transpose
+    (rows = candidates ascending, columns = the block's queries): ``(q0, q1, crow_t,
+    local query, query, candidate)`` per stored pair (local: ``query - q0``)."""
+    crow, col, row = pattern
+    out = []
+    for q0 in range(0, n, block):
+        q1 = min(q0 + block, n)
+        lo, hi = int(crow[q0]), int(crow[q1])  # rows are contiguous in CSR order
+        r, c = row[lo:hi], col[lo:hi]
+        o = torch.argsort(c * (q1 - q0) + (r - q0))  # candidate-major, queries ascending
+        c, r = c[o], r[o]
+        crow_t = torch.zeros(n + 1, dtype=torch.long, device=col.device)
+        crow_t[1:] = torch.bincount(c, minlength=n).cumsum(0)
+        out.append((q0, q1, crow_t, r - q0, r, c))
+    return out
+
+
+def _nn_sparse(
+    s: Tensor,
+    pattern: tuple[Tensor, Tensor, Tensor],
+    progress: bool,
+    query_block: int | None = None,
+) -> Tensor:
+    """1-NN per draw of every query among its kept candidates (sparse SDDMMs per draw).
 
     Per draw ``z``, the kept (query, candidate) similarities ``<z_i, z_c> / ||z_c||`` are
     computed without gathering candidate rows (``sampled_addmm`` reads ``z`` in place), the
     maximum per query taken with ``scatter_reduce``; ties go to the lowest index. ``pattern``
     is the CSR ``(crow, col, row)`` of the kept pairs (:func:`_sparse_pattern`,
     :func:`_margin_pattern`).
+
+    On CPU the queries are cut into blocks of ``query_block`` rows (default: 8 MiB of the
+    draw, 4096 rows at D = 512 in float32) that stay in the last-level cache, and each block's
+    product runs candidate-major (the transposed pattern), so the draw's rows are read in
+    ascending order instead of at random: 2.3x faster per draw at N = 56k, D = 512 with about
+    40 candidates per query (``benchmarks/evaluator.py``).
     """
-    n_draws, n, _ = s.shape
-    crow, col, row = pattern
+    n_draws, n, d = s.shape
+    if query_block is None:
+        query_block = max(1, (8 * 2**20) // (d * s.element_size())) if s.is_cpu else n
+    blocks = _query_blocks(pattern, n, query_block)
+    query = torch.cat([b[4] for b in blocks])
+    cand = torch.cat([b[5] for b in blocks])
     eps = torch.finfo(s.dtype).tiny ** 0.5
     out = torch.empty(n_draws, n, dtype=torch.long, device=s.device)
     big = torch.full((n,), n, dtype=torch.long, device=s.device)
     for t in tqdm(range(n_draws), disable=not progress, desc="1-NN per draw", leave=False):
         z = s[t]
         inv = z.norm(dim=1).clamp_min(eps).reciprocal()
-        v = _sddmm(crow, col, z, z).mul_(inv[col])
+        parts = [_sddmm(crow_t, loc, z, z[q0:q1]) for q0, q1, crow_t, loc, _, _ in blocks]
+        v = torch.cat(parts).mul_(inv[cand])
         best = torch.full((n,), -torch.inf, dtype=v.dtype, device=v.device)
-        best = best.scatter_reduce(0, row, v, reduce="amax")
-        win = torch.where(v == best[row], col, n)
-        out[t] = big.scatter_reduce(0, row, win, reduce="amin")
+        best = best.scatter_reduce(0, query, v, reduce="amax")
+        win = torch.where(v == best[query], cand, n)
+        out[t] = big.scatter_reduce(0, query, win, reduce="amin")
     return out
 
 

@@ -213,6 +213,33 @@ def test_sddmm_matches_dense_products() -> None:
     assert torch.allclose(vals, torch.tensor(ref, dtype=torch.float64), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("query_block", [1, 7, 64, None])
+def test_nn_sparse_query_blocks_match_loops(query_block: int | None) -> None:
+    # per draw, the best kept candidate by cosine, ties to the lowest index (exact duplicates
+    # give exact ties), for any cut of the queries into cache-sized blocks
+    g = torch.Generator().manual_seed(2)
+    s = torch.randn(3, 40, 6, generator=g, dtype=torch.float64)
+    s[:, 17] = s[:, 5]
+    s[:, 33] = 2.0 * s[:, 5]  # same direction: a cosine tie with 5 and 17
+    cand = torch.stack([torch.randperm(40, generator=g)[:9] for _ in range(40)])
+    cand[:, :3] = torch.tensor([5, 17, 33])
+    cand = torch.where(cand == torch.arange(40)[:, None], (cand + 1) % 40, cand)
+    keep = torch.rand(40, 9, generator=g) < 0.7
+    keep[:, :3] = True
+    pattern = Fm._sparse_pattern(cand, keep)
+    got = Fm._nn_sparse(s, pattern, False, query_block=query_block)
+    for t in range(3):
+        zn = Fm.normalize(s[t])
+        for i in range(40):
+            kept = sorted(set(cand[i][keep[i]].tolist()))
+            best, arg = -math.inf, -1
+            for c in kept:
+                sim = float(zn[i] @ zn[c])
+                if sim > best + 1e-12:
+                    best, arg = sim, c
+            assert int(got[t, i]) == arg, (t, i)
+
+
 def test_margin_cut_keeps_the_winners() -> None:
     samples, _ = draws(n=300, s=12, d=16, noise=0.2, seed=9)
     exact = Fm.sampled_neighbors(samples, mode="exact")
