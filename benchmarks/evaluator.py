@@ -180,6 +180,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--no-shared", action="store_true", help="skip the ECE run on the evaluator's shared kNN"
     )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="alternating repetitions of the exact pass and faiss; medians are compared",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -199,17 +205,28 @@ def main(argv: list[str] | None = None) -> None:
 
     x, y, u = make_data(a.n, a.d, max(a.n // 30, 2), a.seed, device)
     knn(x[:256], 1)  # warm-up (BLAS threads, allocator)
-    t_ours, m_ours, (r1, rauroc) = timed(lambda: exact_pass(x, y, u), device)
+    if have_faiss:
+        faiss_pass(x[:256], y[:256])
+    # alternate the two, a.repeats times, and compare medians: the machine drifts by 5-10 %
+    ours: list[tuple[float, int, tuple[float, float]]] = []
+    theirs: list[tuple[float, int, float]] = []
+    for _ in range(a.repeats):
+        ours.append(timed(lambda: exact_pass(x, y, u), device))
+        if have_faiss:
+            theirs.append(timed(lambda: faiss_pass(x, y), torch.device("cpu")))
+    t_ours = float(np.median([o[0] for o in ours]))
+    m_ours, (r1, rauroc) = max(o[1] for o in ours), ours[0][2]
     print(
         f"\n[1] exact R@1 + R-AUROC   {t_ours:8.2f} s  peak {m_ours / 2**20:8.0f} MiB"
-        f"  R@1={r1:.4f} R-AUROC={rauroc:.4f}"
+        f"  R@1={r1:.4f} R-AUROC={rauroc:.4f}  (median of {a.repeats})"
     )
     if have_faiss:
-        t_f, m_f, r1_f = timed(lambda: faiss_pass(x, y), torch.device("cpu"))
+        t_f, m_f, r1_f = float(np.median([f[0] for f in theirs])), theirs[0][1], theirs[0][2]
         print(
             f"    faiss IndexFlatIP      {t_f:8.2f} s  peak {m_f / 2**20:8.0f} MiB  R@1={r1_f:.4f}"
         )
-        print(f"    ratio bayesurl / faiss = {t_ours / t_f:.3f}   (target <= 1.05)")
+        each = ", ".join(f"{o[0] / f[0]:.3f}" for o, f in zip(ours, theirs))
+        print(f"    ratio bayesurl / faiss = {t_ours / t_f:.3f}   (target <= 1.05; each: {each})")
     t_p, m_p, r1_p = timed(lambda: pml_pass(x, y), device)
     print(f"    PML AccuracyCalculator {t_p:8.2f} s  peak {m_p / 2**20:8.0f} MiB  P@1={r1_p:.4f}")
     print(f"    ratio bayesurl / PML   = {t_ours / t_p:.3f}")

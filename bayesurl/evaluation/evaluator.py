@@ -47,7 +47,7 @@ def _validate(
 ) -> tuple[Tensor | None, Tensor, Tensor | None, Tensor | None, Tensor | None]:
     s = None
     if samples is not None:
-        s = check_tensor(samples, "samples", ndim=3)
+        s = check_tensor(samples, "samples", ndim=3, finite=False)  # checked with the mean
         if s.shape[0] < 1:
             raise ValueError("`samples` needs at least 1 draw, got 0")
         if not s.is_floating_point():
@@ -170,9 +170,12 @@ def evaluate(
     notes: list[str] = []
     res: dict[str, Any] = dict.fromkeys(REQUIRED_KEYS)
 
-    mean_emb = None
+    # One pass over the draws: their mean resultant (and finiteness check) serves the mean
+    # embedding, 1/kappa_hat, the shortlist pilot and the ECE.
+    mean_emb = res_s = None
     if s is not None:
-        mean_emb = Fm.mean_from_samples(s)
+        res_s = Fm._checked_resultant(s)
+        mean_emb = Fm.normalize(res_s)
         if x is None:
             x = mean_emb
     assert x is not None
@@ -181,7 +184,8 @@ def evaluate(
 
     u_source = "given" if u is not None else None
     if u is None and s is not None:
-        u = Fm.uncertainty_from_samples(s)
+        assert res_s is not None
+        u = Fm._u_from_length(Fm._length(res_s), s.shape[-1])
         u_source = "1/kappa_hat from samples (Sra)"
         if not bool(torch.isfinite(u).all()):
             raise ValueError("`samples` give a non-finite 1/kappa_hat (mean resultant length 0)")
@@ -192,9 +196,9 @@ def evaluate(
     share = s is not None and ece_mode == "shortlist" and mean_emb is x
     ece_info: dict[str, float] = {}
     if share and shortlist is None:
-        assert s is not None
-        shortlist, ece_info = Fm.choose_shortlist(
-            s, tolerance=tolerance, memory_budget=memory_budget
+        assert s is not None and res_s is not None
+        shortlist, ece_info = Fm._choose_shortlist(
+            s, res_s, tolerance=tolerance, memory_budget=memory_budget
         )
         if ece_info["miss_rate"] > tolerance:
             # no affordable shortlist keeps the per-draw neighbours exact enough: search each
@@ -247,19 +251,15 @@ def evaluate(
     if s is None:
         notes.append("ece: no samples (ECE needs posterior draws, METRICS.md)")
     else:
-        ece = Fm.retrieval_ece(
-            s,
-            y.to(s.device),
-            n_bins=n_bins,
-            mode=ece_mode,
-            shortlist=shortlist,
-            candidates=nb if share else None,
-            tolerance=tolerance,
-            margin=ece_info.get("margin") if share else None,
-            memory_budget=memory_budget,
-            info=ece_info,
-            progress=progress,
-        )
+        if not isinstance(n_bins, int) or n_bins < 1:  # before the search, not after it
+            raise ValueError(f"`n_bins` must be a positive integer, got {n_bins!r}")
+        nb_draws = Fm._sampled_neighbors(
+            s, mode=ece_mode, shortlist=shortlist, candidates=nb if share else None,
+            tolerance=tolerance, margin=ece_info.get("margin") if share else None,
+            memory_budget=memory_budget, info=ece_info, progress=progress, block=32,
+            cluster_iters=4, resultant=res_s,
+        )  # fmt: skip
+        ece = Fm._ece_from_neighbors(nb_draws, y.to(s.device), s.shape[0], n_bins)
         res["ece"] = _f(ece.ece)
         if ece_mode == "shortlist":
             res["ece_shortlist"] = int(ece_info["shortlist"])

@@ -567,8 +567,12 @@ def _resultant(s: Tensor) -> Tensor:
 
 def _mean_length(samples: Tensor) -> tuple[Tensor, int]:
     s = _samples(samples)
-    r = _resultant(s).norm(dim=-1).to(torch.float64).clamp(0.0, 1.0)
-    return r, s.shape[-1]
+    return _length(_resultant(s)), s.shape[-1]
+
+
+def _length(resultant: Tensor) -> Tensor:
+    """Mean resultant lengths ``R`` in float64, clamped to [0, 1]."""
+    return resultant.norm(dim=-1).to(torch.float64).clamp(0.0, 1.0)
 
 
 def kappa_from_samples(samples: Tensor) -> Tensor:
@@ -607,6 +611,11 @@ def uncertainty_from_samples(samples: Tensor) -> Tensor:
         ``[N]`` float64 u.
     """
     r, d = _mean_length(samples)
+    return _u_from_length(r, d)
+
+
+def _u_from_length(r: Tensor, d: int) -> Tensor:
+    """``1 / kappa_hat = (1 - R^2) / (R (D - R^2))`` (Sra) from float64 lengths ``R``."""
     return (1.0 - r**2) / (r * (d - r**2))
 
 
@@ -1094,8 +1103,10 @@ def _sampled_neighbors(
     progress: bool,
     block: int,
     cluster_iters: int,
+    resultant: Tensor | None = None,
 ) -> Tensor:
-    """:func:`sampled_neighbors` on validated draws."""
+    """:func:`sampled_neighbors` on validated draws (``resultant``: their checked mean
+    resultant, when the caller already has it)."""
     n_draws, n, d = s.shape
     if n < 2:
         raise ValueError(f"`samples` needs at least 2 points, got {n}")
@@ -1106,7 +1117,7 @@ def _sampled_neighbors(
         raise ValueError(f"`mode` must be 'shortlist', 'block' or 'exact', got {mode!r}")
     if margin is not None and not margin >= 0.0:
         raise ValueError(f"`margin` must be >= 0 or None, got {margin!r}")
-    res = _checked_resultant(s)
+    res = _checked_resultant(s) if resultant is None else resultant
     if shortlist is None:
         L, pilot = _choose_shortlist(s, res, tolerance=tolerance, memory_budget=memory_budget)
         if pilot["miss_rate"] > tolerance:
@@ -1305,18 +1316,15 @@ def retrieval_ece(
     if s.shape[1] < 2:
         raise ValueError(f"`samples` needs at least 2 points, got {s.shape[1]}")
     nb = _sampled_neighbors(
-        s,
-        mode=mode,
-        shortlist=shortlist,
-        candidates=candidates,
-        tolerance=tolerance,
-        margin=margin,
-        memory_budget=memory_budget,
-        info=info,
-        progress=progress,
-        block=block,
+        s, mode=mode, shortlist=shortlist, candidates=candidates, tolerance=tolerance,
+        margin=margin, memory_budget=memory_budget, info=info, progress=progress, block=block,
         cluster_iters=cluster_iters,
-    )
+    )  # fmt: skip
+    return _ece_from_neighbors(nb, y, s.shape[0], n_bins)
+
+
+def _ece_from_neighbors(nb: Tensor, y: Tensor, n_draws: int, n_bins: int) -> ECEResult:
+    """:func:`retrieval_ece` from the ``[S, N]`` per-draw neighbours ``nb``."""
     mode_label, votes = modal_labels(y[nb])
-    conf = votes.double() / s.shape[0]
+    conf = votes.double() / n_draws
     return calibration_bins(conf, mode_label == y, n_bins)._replace(neighbors=nb)

@@ -103,6 +103,16 @@ NAN = float("nan")
         ((torch.randn(5, 2), torch.arange(5)), {"samples": torch.randn(5, 2)}, "samples"),
         (
             (torch.randn(5, 2), torch.arange(5)),
+            {"samples": torch.randn(3, 5, 2).index_put_((torch.tensor([1]),), torch.tensor(NAN))},
+            "`samples` contains 10 non-finite values",
+        ),
+        (
+            (None, torch.arange(5)),
+            {"samples": torch.randn(3, 5, 2).index_put_((torch.tensor([2]),), torch.tensor(NAN))},
+            "`samples` contains 10 non-finite values",
+        ),
+        (
+            (torch.randn(5, 2), torch.arange(5)),
             {"uncertainties": torch.rand(5), "ood_uncertainties": torch.tensor([NAN])},
             "ood_uncertainties",
         ),
