@@ -29,6 +29,7 @@ them to the ``(anchor, positive, negatives)`` form of this experiment.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -42,6 +43,8 @@ from tqdm.auto import tqdm
 
 from bayesurl._checks import check_finite, check_ndim, check_same_length, check_tensor
 from bayesurl.distributions.vmf import sample_vmf, vmf_log_normalizer
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "ControlledConfig",
@@ -724,6 +727,10 @@ def train_encoder(
                 rec = {"batch": b + 1, "loss": running / n_run, **eval_fn()}
             enc.train()
             history.append(rec)
+            _log.info(
+                "batch %d (%s): %s", b + 1, phase,
+                ", ".join(f"{k} {v:.4g}" for k, v in rec.items() if k != "batch"),
+            )  # fmt: skip
             running, n_run = 0.0, 0
     enc.requires_grad_(True)
     return history

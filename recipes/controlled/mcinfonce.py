@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import sys
@@ -111,6 +112,8 @@ def main(argv: list[str] | None = None) -> dict:
     """Run every seed, print a table row per seed and the summary, write the JSON."""
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.eval_every:  # one line per intermediate evaluation (the run may take hours)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     runs = []
     t0 = time.perf_counter()
     for seed in args.seeds:
