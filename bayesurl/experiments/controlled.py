@@ -375,7 +375,13 @@ class VMFGenerator(nn.Module):
             rows = has.nonzero(as_tuple=True)[0]
             x_pos[idx[rows]] = xc.view(m, oversampling, self.dim)[rows, first[rows]]
             need[idx[rows]] = False
-        raise RuntimeError(f"rejection sampling left {int(need.sum())} rows without a positive")
+        raise RuntimeError(
+            f"rejection sampling left {int(need.sum())} rows without a positive after "
+            f"{max_rounds} rounds of {oversampling} candidates (acceptance={self.acceptance!r}, "
+            f"D = {self.dim}): their reference latents lie where the generator's latent "
+            "marginal is thin; raise `max_rounds` / `oversampling`, or use acceptance='eq53', "
+            "which accepts far more candidates in high D"
+        )
 
     def sample_triplets(
         self,

@@ -428,3 +428,13 @@ def test_oracle_landscape_locates_the_bias(seed: int) -> None:
     assert gen.acceptance == "vmf"
     with pytest.raises(ValueError, match="acceptance"):
         VMFGenerator(2, acceptance="uniform")
+
+
+def test_rejection_sampler_reports_exhaustion():
+    # exact vMF acceptance at D = 10 accepts about 1e-4 of uniform candidates: one round of
+    # one candidate per row cannot match 64 rows, and the error says what to change
+    g = torch.Generator().manual_seed(0)
+    gen = VMFGenerator(10, generator=g, acceptance="vmf")
+    z = gen.sample_z(gen.sample_x(64, g), g)
+    with pytest.raises(RuntimeError, match="rows without a positive.*acceptance='vmf'"):
+        gen.sample_positives(z, oversampling=1, max_rounds=1, generator=g)
