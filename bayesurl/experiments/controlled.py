@@ -59,6 +59,7 @@ __all__ = [
     "positive_probability",
     "posterior_recovery_metrics",
     "run_controlled",
+    "select_mu_init",
     "smoothness_loss",
     "spearman",
     "train_encoder",
