@@ -1047,7 +1047,7 @@ def sampled_neighbors(
     Cost (``benchmarks/evaluator.py``, CPU, 2 threads): the threshold pass costs about one
     exact pass, the pilot about 0.2, and the S sparse products grow as ``S * N * kept * D``
     against ``N^2 * D`` for a pass, so the ratio to one pass falls with N: at N = 55k, D = 512,
-    S = 100 and about 38 kept candidates per query the whole ECE is about 2.8 exact passes; at
+    S = 100 and about 38 kept candidates per query the whole ECE is 2.3-2.8 exact passes; at
     N = 8k, D = 128 it is about 20.
 
     Parameters
