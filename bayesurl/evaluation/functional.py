@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from bayesurl._checks import check_same_length, check_tensor
 from bayesurl.evaluation.knn import (
     DEFAULT_MEMORY_BUDGET,
+    _sim_tiles,
     _top1_tiled,
     chunk_rows,
     knn,
@@ -796,8 +797,7 @@ def _choose_shortlist(
         top = m_sims.amax(dim=1)
         for z, iz in zip(draws, inv):
             if s.device.type == "cpu":  # cache-sized tiles, as the exact top-1 search
-                win = _top1_tiled(normalize(z[qq]), z.T, False, self_index=qq, col_scale=iz)[1]
-                win = win[:, 0]
+                win = _top1_tiled(normalize(z[qq]), z.T, self_index=qq, col_scale=iz)[1][:, 0]
             else:
                 sims = (normalize(z[qq]) @ z.T).mul_(iz)
                 sims[r, qq] = -torch.inf
@@ -883,12 +883,9 @@ def _margin_pattern(
     n = mean.shape[0]
     if tile is None and mean.device.type == "cpu":
         tile = (4096, 1024)
-    if tile is None:
-        rows = cols = chunk_rows(n, mean.dtype, memory_budget)
-        cols = n
-    else:
-        rows, cols = tile
+    rows, cols = (chunk_rows(n, mean.dtype, memory_budget), n) if tile is None else tile
     buf = torch.empty(min(rows, n), min(cols, n), dtype=mean.dtype, device=mean.device)
+    own = torch.arange(n, device=mean.device)  # self excluded by index
     sig_max = sigma.max()
     all_cols, all_rows = [], []
     for r0 in range(0, n, rows):
@@ -897,12 +894,7 @@ def _margin_pattern(
         sq = sigma[r0:r1] ** 2
         slack = margin * (sq + sig_max**2).sqrt()  # largest allowed gap of each row
         parts = []
-        for c0 in range(0, n, cols):
-            c1 = min(c0 + cols, n)
-            sims = torch.mm(mean[r0:r1], mean[c0:c1].T, out=buf[: r1 - r0, : c1 - c0])
-            if c0 < r1 and r0 < c1:  # the tile holds part of the diagonal: exclude self
-                d = torch.arange(max(r0, c0), min(r1, c1), device=mean.device)
-                sims[d - r0, d - c0] = -torch.inf
+        for c0, sims in _sim_tiles(mean, mean.T, r0, r1, cols, buf, self_index=own):
             top = sims.amax(dim=1)  # values only: about 3x faster than max with indices
             torch.maximum(best, top, out=best)
             thr = best - slack

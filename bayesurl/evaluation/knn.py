@@ -15,6 +15,7 @@ Decisions fixed by METRICS.md:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -251,7 +252,7 @@ def _knn(
         raise ValueError(f"`chunk_size` must be positive, got {chunk_size}")
     m = q.shape[0]
     if k == 1 and q.device.type == "cpu":
-        return _top1_tiled(qn, gt, exclude_self)
+        return _top1_tiled(qn, gt, self_index=torch.arange(m) if exclude_self else None)
     out_v = torch.empty(m, k, dtype=q.dtype, device=q.device)
     out_i = torch.empty(m, k, dtype=torch.long, device=q.device)
     # One preallocated similarity buffer reused by every chunk: a fresh ``[B, N]`` allocation
@@ -270,10 +271,40 @@ def _knn(
     return out_v, out_i
 
 
+def _sim_tiles(
+    qn: Tensor,
+    gt: Tensor,
+    r0: int,
+    r1: int,
+    cols: int,
+    buf: Tensor,
+    *,
+    self_index: Tensor | None = None,
+    col_scale: Tensor | None = None,
+) -> Iterator[tuple[int, Tensor]]:
+    """Similarity tiles ``(c0, qn[r0:r1] @ gt[:, c0:c0 + cols])`` written into ``buf``.
+
+    ``col_scale`` ``[N]`` multiplies gallery column ``j`` (e.g. inverse norms, so an
+    unnormalised gallery needs no normalised copy); ``self_index`` ``[M]`` sets query ``i``'s
+    own gallery item ``self_index[i]`` to ``-inf`` (``arange(M)`` when the queries are the
+    gallery). Each tile overwrites the previous one.
+    """
+    n = gt.shape[1]
+    si = None if self_index is None else self_index[r0:r1]
+    for c0 in range(0, n, cols):
+        c1 = min(c0 + cols, n)
+        sims = torch.mm(qn[r0:r1], gt[:, c0:c1], out=buf[: r1 - r0, : c1 - c0])
+        if col_scale is not None:
+            sims.mul_(col_scale[c0:c1])
+        if si is not None:
+            own = ((si >= c0) & (si < c1)).nonzero().squeeze(1)
+            sims[own, si[own] - c0] = -math.inf
+        yield c0, sims
+
+
 def _top1_tiled(
     qn: Tensor,
     gt: Tensor,
-    exclude_self: bool,
     rows: int = 4096,
     cols: int = 1024,
     *,
@@ -287,10 +318,8 @@ def _top1_tiled(
     cache: 1.02x faiss ``IndexFlatIP`` at N = 60k, D = 512 against 1.11x for whole
     ``[B, N]`` blocks (``benchmarks/evaluator.py``, 2 threads). Ties go to the
     lowest index: ``argmax`` returns the first maximal index within a tile and a later tile
-    only replaces the running best when strictly greater. ``self_index`` ``[M]`` excludes
-    gallery item ``self_index[i]`` for query ``i`` (queries drawn from the gallery);
-    ``col_scale`` ``[N]`` multiplies gallery column ``j`` (e.g. inverse norms, so an
-    unnormalised gallery needs no normalised copy).
+    only replaces the running best when strictly greater. ``self_index`` and ``col_scale``:
+    see :func:`_sim_tiles`.
     """
     m, n = qn.shape[0], gt.shape[1]
     best_v = torch.full((m,), -math.inf, dtype=qn.dtype)
@@ -299,19 +328,8 @@ def _top1_tiled(
     for r0 in range(0, m, rows):
         r1 = min(r0 + rows, m)
         bv, bi = best_v[r0:r1], best_i[r0:r1]
-        for c0 in range(0, n, cols):
-            c1 = min(c0 + cols, n)
-            sims = torch.mm(qn[r0:r1], gt[:, c0:c1], out=buf[: r1 - r0, : c1 - c0])
-            if col_scale is not None:
-                sims.mul_(col_scale[c0:c1])
-            if exclude_self and c0 < r1 and r0 < c1:  # the tile holds part of the diagonal
-                lo, hi = max(r0, c0), min(r1, c1)
-                d = torch.arange(lo, hi)
-                sims[d - r0, d - c0] = -math.inf
-            if self_index is not None:
-                si = self_index[r0:r1]
-                own = ((si >= c0) & (si < c1)).nonzero().squeeze(1)
-                sims[own, si[own] - c0] = -math.inf
+        tiles = _sim_tiles(qn, gt, r0, r1, cols, buf, self_index=self_index, col_scale=col_scale)
+        for c0, sims in tiles:
             v = sims.amax(dim=1)  # values only (about 3x faster than max with indices) ...
             up = (v > bv).nonzero().squeeze(1)
             if up.numel():  # ... and the index only of the rows whose best improved

@@ -102,13 +102,13 @@ def test_tiled_top1_matches_brute_force_with_ties(rows: int, cols: int) -> None:
     x[11] = x[2]
     x[5] = 2.0 * x[9]  # same direction: cosine tie
     qn = normalize(x)
-    v, i = _top1_tiled(qn, qn.T, True, rows=rows, cols=cols)
+    v, i = _top1_tiled(qn, qn.T, rows=rows, cols=cols, self_index=torch.arange(13))
     ref = brute_knn(x, 1)
     assert i[:, 0].tolist() == [r[0] for r in ref]
     sims = qn @ qn.T
     assert torch.allclose(v[:, 0], sims[torch.arange(13), i[:, 0]])
     assert torch.equal(knn(x, 1)[1], i)  # the public k = 1 path uses it on CPU
-    _, j = _top1_tiled(qn, qn.T, False, rows=rows, cols=cols)
+    _, j = _top1_tiled(qn, qn.T, rows=rows, cols=cols)
     assert j[:, 0].tolist() == [r[0] for r in brute_knn(x, 1, exclude_self=False)]
 
 
@@ -123,7 +123,7 @@ def test_tiled_top1_subset_queries_and_column_scale(rows: int, cols: int) -> Non
     z[12] = 3.0 * z[4]  # cosine tie with 4 for every query: the lower index wins
     q = torch.tensor([4, 0, 16, 9, 12, 5])
     v, i = _top1_tiled(
-        normalize(z[q]), z.T, False, rows=rows, cols=cols, self_index=q,
+        normalize(z[q]), z.T, rows=rows, cols=cols, self_index=q,
         col_scale=1.0 / z.norm(dim=1),
     )  # fmt: skip
     zn = normalize(z)
