@@ -614,6 +614,24 @@ def lr_at(step: int, n_batches: int, lr: float, *, phasewise: bool, decay: float
     return lr * decay ** (start / n_batches) * decay ** (quarter % 2)
 
 
+def _triplet_loss(
+    enc: ProbabilisticEncoder,
+    loss_fn: LossFn,
+    x: Tensor,
+    x_pos: Tensor,
+    x_neg: Tensor | None,
+    n_samples: int,
+    generator: torch.Generator | None,
+) -> Tensor:
+    """``loss_fn`` on the encoded anchors, positives and negatives (``None``: rolled)."""
+    mu_a, k_a = enc(x)
+    mu_p, k_p = enc(x_pos)
+    mu_n = k_n = None
+    if x_neg is not None:
+        mu_n, k_n = enc(x_neg)
+    return loss_fn(mu_a, k_a, mu_p, k_p, mu_n, k_n, n_samples, generator)
+
+
 def train_encoder(
     gen: VMFGenerator,
     enc: ProbabilisticEncoder,
@@ -714,12 +732,7 @@ def train_encoder(
             x, x_pos, x_neg = gen.sample_triplets(
                 batch_size, m_neg, oversampling=oversampling, generator=generator
             )
-        mu_a, k_a = enc(x)
-        mu_p, k_p = enc(x_pos)
-        mu_n = k_n = None
-        if x_neg is not None:
-            mu_n, k_n = enc(x_neg)
-        loss = loss_fn(mu_a, k_a, mu_p, k_p, mu_n, k_n, n_samples, generator)
+        loss = _triplet_loss(enc, loss_fn, x, x_pos, x_neg, n_samples, generator)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         optim.step()
@@ -822,9 +835,7 @@ def select_mu_init(
                 x, x_pos, _ = gen.sample_triplets(
                     batch_size, 0, oversampling=oversampling, generator=g_w
                 )
-            mu_a, k_a = cand(x)
-            mu_p, k_p = cand(x_pos)
-            loss = loss_fn(mu_a, k_a, mu_p, k_p, None, None, n_samples, g_w)
+            loss = _triplet_loss(cand, loss_fn, x, x_pos, None, n_samples, g_w)
             optim.zero_grad(set_to_none=True)
             loss.backward()
             optim.step()
@@ -832,9 +843,7 @@ def select_mu_init(
         with torch.no_grad():
             total = 0.0
             for x, x_pos in val:
-                mu_a, k_a = cand(x)
-                mu_p, k_p = cand(x_pos)
-                total += float(loss_fn(mu_a, k_a, mu_p, k_p, None, None, n_samples, g_mc))
+                total += float(_triplet_loss(cand, loss_fn, x, x_pos, None, n_samples, g_mc))
         losses.append(total / val_batches)
     chosen = int(torch.tensor(losses).argmin())
     enc.mu_net.load_state_dict(initial_states[chosen])
