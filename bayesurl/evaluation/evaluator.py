@@ -251,8 +251,7 @@ def evaluate(
     if s is None:
         notes.append("ece: no samples (ECE needs posterior draws, METRICS.md)")
     else:
-        if not isinstance(n_bins, int) or n_bins < 1:  # before the search, not after it
-            raise ValueError(f"`n_bins` must be a positive integer, got {n_bins!r}")
+        Fm._check_n_bins(n_bins)  # before the search, not after it
         nb_draws = Fm._sampled_neighbors(
             s, mode=ece_mode, shortlist=shortlist, candidates=nb if share else None,
             tolerance=tolerance, margin=ece_info.get("margin") if share else None,

@@ -1231,6 +1231,11 @@ class ECEResult(NamedTuple):
     neighbors: Tensor | None = None
 
 
+def _check_n_bins(n_bins: object) -> None:
+    if not isinstance(n_bins, int) or n_bins < 1:
+        raise ValueError(f"`n_bins` must be a positive integer, got {n_bins!r}")
+
+
 def calibration_bins(confidence: Tensor, correct: Tensor, n_bins: int = 10) -> ECEResult:
     """ECE over ``n_bins`` equal-width bins ``(b/n, (b+1)/n]`` weighted by bin counts.
 
@@ -1250,8 +1255,7 @@ def calibration_bins(confidence: Tensor, correct: Tensor, n_bins: int = 10) -> E
     conf = _scores(confidence, "confidence")
     c = _bool(correct, "correct")
     check_same_length(("confidence", conf), ("correct", c))
-    if not isinstance(n_bins, int) or n_bins < 1:
-        raise ValueError(f"`n_bins` must be a positive integer, got {n_bins!r}")
+    _check_n_bins(n_bins)
     if bool(((conf < 0) | (conf > 1)).any()):
         raise ValueError("`confidence` must lie in [0, 1]")
     edges = torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64, device=conf.device)

@@ -117,6 +117,7 @@ NAN = float("nan")
             "ood_uncertainties",
         ),
         ((torch.randn(5, 2), torch.arange(5)), {"ks": (0,)}, "ks"),
+        ((None, torch.arange(5)), {"samples": torch.randn(3, 5, 2), "n_bins": 0}, "n_bins"),
         ((None, torch.arange(5)), {}, "embeddings"),
     ],
 )
