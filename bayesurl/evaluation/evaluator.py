@@ -25,6 +25,7 @@ from torch import Tensor
 
 from bayesurl._checks import check_tensor
 from bayesurl.evaluation import functional as Fm
+from bayesurl.evaluation import sampled as Sm
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn
 from bayesurl.types import Output
 
@@ -174,7 +175,7 @@ def evaluate(
     # embedding, 1/kappa_hat, the shortlist pilot and the ECE.
     mean_emb = res_s = None
     if s is not None:
-        res_s = Fm._checked_resultant(s)
+        res_s = Sm._checked_resultant(s)
         mean_emb = Fm.normalize(res_s)
         if x is None:
             x = mean_emb
@@ -197,7 +198,7 @@ def evaluate(
     ece_info: dict[str, float] = {}
     if share and shortlist is None:
         assert s is not None and res_s is not None
-        shortlist, ece_info = Fm._choose_shortlist(
+        shortlist, ece_info = Sm._choose_shortlist(
             s, res_s, tolerance=tolerance, memory_budget=memory_budget
         )
         if ece_info["miss_rate"] > tolerance:
@@ -252,7 +253,7 @@ def evaluate(
         notes.append("ece: no samples (ECE needs posterior draws, METRICS.md)")
     else:
         Fm._check_n_bins(n_bins)  # before the search, not after it
-        nb_draws = Fm._sampled_neighbors(
+        nb_draws = Sm._sampled_neighbors(
             s, mode=ece_mode, shortlist=shortlist, candidates=nb if share else None,
             tolerance=tolerance, margin=ece_info.get("margin") if share else None,
             memory_budget=memory_budget, info=ece_info, progress=progress, block=32,
