@@ -314,12 +314,12 @@ class Shards:
         """Global ids of this rank's rows."""
         return torch.arange(self.offset, self.offset + self.sizes[self.rank], device=device)
 
-    def chunks(
-        self, local: Tensor, chunk_bytes: int = RING_CHUNK_BYTES
-    ) -> Iterator[tuple[int, Tensor]]:
+    def chunks(self, local: Tensor, chunk_bytes: int | None = None) -> Iterator[tuple[int, Tensor]]:
         """Every rank's shard past this rank (:func:`ring_chunks`; ``(0, local)`` alone)."""
         if not self.active:
             return iter([(0, local)])
+        if chunk_bytes is None:
+            chunk_bytes = RING_CHUNK_BYTES  # read at call time (tests shrink it)
         return ring_chunks(local, self.sizes, chunk_bytes=chunk_bytes, group=self.group)
 
     def gather(self, local: Tensor) -> Tensor:

@@ -293,7 +293,12 @@ def map_at_k(
     """
     x = _embeddings(embeddings)
     y = _labels(labels, x.shape[0])
-    nb = _neighbors(x, k, neighbors, memory_budget)
+    return _map_from_neighbors(y, _neighbors(x, k, neighbors, memory_budget), k)
+
+
+def _map_from_neighbors(y: Tensor, nb: Tensor, k: int) -> Tensor:
+    """:func:`map_at_k` from labels ``[N]`` and neighbour ids ``[N, >=k]``."""
+    nb = nb[:, :k]
     rel = (y[nb] == y[:, None]).double()
     prec = rel.cumsum(dim=1) / torch.arange(1, k + 1, device=rel.device, dtype=torch.float64)
     _, inv, counts = torch.unique(y, return_inverse=True, return_counts=True)

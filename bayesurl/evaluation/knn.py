@@ -368,7 +368,13 @@ def knn_sharded(
     x = check_tensor(embeddings, "embeddings", ndim=2, min_points=0)
     if not x.is_floating_point():
         raise ValueError(f"embeddings must be floating point, got {x.dtype}")
-    sh = Shards.of(x.shape[0], x.device, group)
+    return _knn_sharded(x, k, Shards.of(x.shape[0], x.device, group), memory_budget, chunk_size)
+
+
+def _knn_sharded(
+    x: Tensor, k: int, sh: Shards, memory_budget: int, chunk_size: int | None
+) -> tuple[Tensor, Tensor]:
+    """:func:`knn_sharded` on validated rows ``x`` with the row layout ``sh``."""
     n = sh.n
     if n < 2:
         raise ValueError(f"`embeddings` needs at least 2 points over all ranks, got {n}")

@@ -16,6 +16,7 @@ Split out of :mod:`bayesurl.evaluation.functional` (issue 12); the shards of a
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable, Iterator
 from functools import partial
 
 import torch
@@ -23,12 +24,12 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from bayesurl._checks import check_tensor
+from bayesurl.distributed import RowExchange, Shards
 from bayesurl.evaluation.knn import (
     DEFAULT_MEMORY_BUDGET,
+    _search,
     _sim_tiles,
-    _top1_tiled,
     chunk_rows,
-    knn,
     normalize,
 )
 
@@ -223,40 +224,50 @@ def _choose_shortlist(
     pilot_queries: int | None = None,
     seed: int = 0,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    shards: Shards | None = None,
 ) -> tuple[int, dict[str, float]]:
-    """:func:`choose_shortlist` on validated draws with their mean resultant ``res``."""
-    n_draws, n, _ = s.shape
+    """:func:`choose_shortlist` on validated draws with their mean resultant ``res``.
+
+    With ``shards`` the draws and ``res`` hold this rank's rows only: the pilot queries are
+    drawn from the global ids (the same on every rank), each rank searches its own ones over
+    every rank's rows, and the ranks and margins are gathered, so every rank returns the
+    single-process choice.
+    """
+    n_draws, n_loc, _ = s.shape
+    sh = Shards.local(n_loc) if shards is None else shards
+    n = sh.n
     if not 0.0 <= tolerance < 1.0:
         raise ValueError(f"`tolerance` must lie in [0, 1), got {tolerance}")
     q_n = min(n, max(1024, n // 64)) if pilot_queries is None else min(n, pilot_queries)
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randperm(n, generator=gen)[:q_n].to(s.device)
+    qg = torch.randperm(n, generator=gen)[:q_n]
+    qg = qg[(qg >= sh.offset) & (qg < sh.offset + n_loc)].to(s.device)  # this rank's share
+    q = qg - sh.offset
     mean = normalize(res)
     sigma = _spread(res)
-    rows = chunk_rows_for(n, s, memory_budget)
-    eps = torch.finfo(s.dtype).tiny ** 0.5
-    draws = [s[t] for t in range(min(pilot_draws, n_draws))]
-    inv = [z.norm(dim=1).clamp_min(eps).reciprocal() for z in draws]  # no normalised copies
-    ranks, margins = [], []
-    for start in range(0, q_n, rows):
-        qq = q[start : start + rows]
-        r = torch.arange(qq.numel(), device=s.device)
-        m_sims = mean[qq] @ mean.T
-        m_sims[r, qq] = -torch.inf
-        top = m_sims.amax(dim=1)
-        for z, iz in zip(draws, inv):
-            if s.device.type == "cpu":  # cache-sized tiles, as the exact top-1 search
-                win = _top1_tiled(normalize(z[qq]), z.T, self_index=qq, col_scale=iz)[1][:, 0]
-            else:
-                sims = (normalize(z[qq]) @ z.T).mul_(iz)
-                sims[r, qq] = -torch.inf
-                win = sims.argmax(dim=1)  # first maximal index: ties to lowest
-            m_win = m_sims[r, win]
-            ranks.append((m_sims > m_win[:, None]).sum(dim=1))
-            scale = (sigma[qq] ** 2 + sigma[win] ** 2).sqrt()
-            margins.append(_margin(top - m_win, scale))
-    rank = torch.cat(ranks)
-    margin = torch.cat(margins).double()
+    sigma_all = sh.gather(sigma)
+    # each pilot draw's exact 1-NN (tiled on CPU, ties to the lowest global index)
+    wins = []
+    for t in range(min(pilot_draws, n_draws)):
+        zn = normalize(s[t])
+        wins.append(_search(zn[q], sh.chunks(zn), 1, memory_budget, None, qg)[1][:, 0])
+    win = torch.stack(wins, dim=1)  # [P, T] global ids
+    mq = mean[q]
+    top = torch.full((q.numel(),), -torch.inf, dtype=mean.dtype, device=mean.device)
+    m_win = torch.zeros(win.shape, dtype=mean.dtype, device=mean.device)
+    for r0, r1, c0, sims in _tiles(mq, sh.chunks(mean), qg, memory_budget):
+        torch.maximum(top[r0:r1], sims.amax(dim=1), out=top[r0:r1])
+        w = win[r0:r1] - c0
+        rr, tt = ((w >= 0) & (w < sims.shape[1])).nonzero(as_tuple=True)
+        m_win[r0 + rr, tt] = sims[rr, w[rr, tt]]
+    # rank of each winner in the query's mean-embedding order (a second pass: needs m_win)
+    rank = torch.zeros(win.shape, dtype=torch.long, device=mean.device)
+    for r0, r1, _, sims in _tiles(mq, sh.chunks(mean), qg, memory_budget):
+        for t in range(win.shape[1]):
+            rank[r0:r1, t] += (sims > m_win[r0:r1, t : t + 1]).sum(dim=1)
+    scale = (sigma[q][:, None] ** 2 + sigma_all[win] ** 2).sqrt()
+    margin = sh.gather(_margin(top[:, None] - m_win, scale).reshape(-1)).double()
+    rank = sh.gather(rank.reshape(-1))
     cap = min(max_shortlist, n - 1)
     L = 1
     while L < cap and float((rank >= L).double().mean()) > tolerance / 2:
@@ -275,6 +286,33 @@ def _choose_shortlist(
         "rank_q999": float(torch.quantile(rank.double(), 0.999)),
     }
     return L, info
+
+
+def _tiles(
+    qn: Tensor,
+    gallery_chunks: Iterable[tuple[int, Tensor]],
+    self_index: Tensor | None,
+    memory_budget: int,
+) -> Iterator[tuple[int, int, int, Tensor]]:
+    """``(r0, r1, global c0, qn[r0:r1] @ gallery[c0:c0 + cols].T)`` over every gallery chunk.
+
+    Cache-sized ``4096 x 1024`` tiles on CPU (as the exact top-1 search), whole row blocks
+    within ``memory_budget`` elsewhere; ``self_index`` (global ids of the queries) masks each
+    query's own item with ``-inf``. Each tile overwrites the previous one.
+    """
+    m = qn.shape[0]
+    for off, g in gallery_chunks:
+        n_c = g.shape[0]
+        if qn.device.type == "cpu":
+            rows, cols = 4096, 1024
+        else:
+            rows, cols = chunk_rows(n_c, qn.dtype, memory_budget), n_c
+        buf = torch.empty(min(rows, m), min(cols, n_c), dtype=qn.dtype, device=qn.device)
+        si = None if self_index is None else self_index - off
+        for r0 in range(0, m, rows):
+            r1 = min(r0 + rows, m)
+            for c0, sims in _sim_tiles(qn, g.T, r0, r1, cols, buf, self_index=si):
+                yield r0, r1, off + c0, sims
 
 
 def _margin(gap: Tensor, scale: Tensor) -> Tensor:
@@ -315,6 +353,7 @@ def _margin_pattern(
     cap: int,
     memory_budget: int,
     tile: tuple[int, int] | None = None,
+    shards: Shards | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """CSR ``(crow, col, row)`` of every candidate within ``margin`` of its query's best.
 
@@ -328,33 +367,48 @@ def _margin_pattern(
     keeps the pairs above the running maximum minus the largest possible slack (a superset,
     since the running maximum only grows), and the exact per-pair test runs once the row's
     true best is known. Elsewhere whole ``[B, N]`` blocks within ``memory_budget``.
+
+    With ``shards`` ``mean`` and ``sigma`` are this rank's rows: the rows of the pattern are
+    this rank's queries, its columns global ids, and every rank's rows pass by in chunks
+    (the superset is pruned with the running maxima after each chunk).
     """
-    n = mean.shape[0]
+    n_loc = mean.shape[0]
+    sh = Shards.local(n_loc) if shards is None else shards
+    n = sh.n
+    dev = mean.device
     if tile is None and mean.device.type == "cpu":
         tile = (4096, 1024)
     rows, cols = (chunk_rows(n, mean.dtype, memory_budget), n) if tile is None else tile
-    buf = torch.empty(min(rows, n), min(cols, n), dtype=mean.dtype, device=mean.device)
-    own = torch.arange(n, device=mean.device)  # self excluded by index
-    sig_max = sigma.max()
-    all_cols, all_rows = [], []
-    for r0 in range(0, n, rows):
-        r1 = min(r0 + rows, n)
-        best = torch.full((r1 - r0,), -torch.inf, dtype=mean.dtype, device=mean.device)
+    buf = torch.empty(min(rows, n_loc), min(cols, n), dtype=mean.dtype, device=dev)
+    own = sh.global_ids(dev)  # self excluded by index
+    sigma_all = sh.gather(sigma)
+    sig_max = sigma_all.max()
+    starts = list(range(0, n_loc, rows))
+    best = torch.full((n_loc,), -torch.inf, dtype=mean.dtype, device=dev)
+    slack = margin * (sigma**2 + sig_max**2).sqrt()  # largest allowed gap of each row
+    parts: list[list[tuple[Tensor, Tensor, Tensor]]] = [[] for _ in starts]
+    for off, g in sh.chunks(mean):
+        for b, r0 in enumerate(starts):
+            r1 = min(r0 + rows, n_loc)
+            bb, sl = best[r0:r1], slack[r0:r1]
+            for c0, sims in _sim_tiles(mean, g.T, r0, r1, cols, buf, self_index=own - off):
+                top = sims.amax(dim=1)  # values only: about 3x faster than max with indices
+                torch.maximum(bb, top, out=bb)
+                thr = bb - sl
+                hit = (top >= thr).nonzero().squeeze(1)  # rows with a pair to keep in this tile
+                sub = sims.index_select(0, hit)
+                rr, cc = (sub >= thr[hit, None]).nonzero(as_tuple=True)
+                parts[b].append((hit[rr], cc + c0 + off, sub[rr, cc]))
+            if sh.active:  # bound the superset: prune with the maxima known so far
+                rr, cc, vals = (torch.cat(p) for p in zip(*parts[b]))
+                ok = vals >= (bb - sl)[rr]
+                parts[b] = [(rr[ok], cc[ok], vals[ok])]
+    all_rows, all_cols = [], []
+    for b, r0 in enumerate(starts):
+        r1 = min(r0 + rows, n_loc)
+        rr, cc, vals = (torch.cat(p) for p in zip(*parts[b]))
         sq = sigma[r0:r1] ** 2
-        slack = margin * (sq + sig_max**2).sqrt()  # largest allowed gap of each row
-        parts = []
-        for c0, sims in _sim_tiles(mean, mean.T, r0, r1, cols, buf, self_index=own):
-            top = sims.amax(dim=1)  # values only: about 3x faster than max with indices
-            torch.maximum(best, top, out=best)
-            thr = best - slack
-            hit = (top >= thr).nonzero().squeeze(1)  # rows with a pair to keep in this tile
-            sub = sims.index_select(0, hit)
-            rr, cc = (sub >= thr[hit, None]).nonzero(as_tuple=True)
-            parts.append((hit[rr], cc + c0, sub[rr, cc]))
-        rr = torch.cat([p[0] for p in parts])
-        cc = torch.cat([p[1] for p in parts])
-        vals = torch.cat([p[2] for p in parts])
-        ok = _margin(best[rr] - vals, (sq[rr] + sigma[cc] ** 2).sqrt()) <= margin
+        ok = _margin(best[r0:r1][rr] - vals, (sq[rr] + sigma_all[cc] ** 2).sqrt()) <= margin
         rr, cc, vals = rr[ok], cc[ok], vals[ok]
         # row-major, columns ascending (tiles arrive column block by column block)
         o = torch.argsort(rr * n + cc)
@@ -371,19 +425,44 @@ def _margin_pattern(
             rr, cc = rr[keep], cc[keep]
         all_rows.append(rr + r0)
         all_cols.append(cc)
-    row = torch.cat(all_rows)
-    crow = torch.zeros(n + 1, dtype=torch.long, device=mean.device)
-    crow[1:] = torch.bincount(row, minlength=n).cumsum(0)
-    return crow, torch.cat(all_cols), row
+    empty = torch.empty(0, dtype=torch.long, device=dev)
+    row = torch.cat(all_rows) if all_rows else empty
+    crow = torch.zeros(n_loc + 1, dtype=torch.long, device=dev)
+    crow[1:] = torch.bincount(row, minlength=n_loc).cumsum(0)
+    return crow, torch.cat(all_cols) if all_cols else empty, row
+
+
+def _extend(col: Tensor, n_loc: int, sh: Shards) -> tuple[Tensor, RowExchange | None, Tensor]:
+    """Global column ids -> ids into ``[own rows; fetched rows]`` (collective when sharded).
+
+    Returns the local column ids, the exchange that fetches the other ranks' rows (None with
+    one rank) and the global id of every local row.
+    """
+    own = sh.global_ids(col.device)
+    if not sh.active:
+        return col, None, own
+    lo, hi = sh.offset, sh.offset + n_loc
+    remote = (col < lo) | (col >= hi)
+    ex = RowExchange(col[remote], sh)
+    col_ext = col - lo
+    col_ext[remote] = n_loc + torch.searchsorted(ex.ids, col[remote])
+    return col_ext, ex, torch.cat([own, ex.ids])
+
+
+def _rows(z: Tensor, ex: RowExchange | None) -> Tensor:
+    """This rank's rows of ``z`` followed by the rows ``ex`` fetches (collective)."""
+    return z if ex is None else torch.cat([z, ex.fetch(z)])
 
 
 def _query_blocks(
-    pattern: tuple[Tensor, Tensor, Tensor], n: int, block: int
+    pattern: tuple[Tensor, Tensor, Tensor], n: int, block: int, n_cand: int | None = None
 ) -> list[tuple[int, int, Tensor, Tensor, Tensor, Tensor]]:
     """The kept pairs cut into query blocks ``[q0, q1)``, each as the CSR of its transpose
     (rows = candidates ascending, columns = the block's queries): ``(q0, q1, crow_t,
-    local query, query, candidate)`` per stored pair (local: ``query - q0``)."""
+    local query, query, candidate)`` per stored pair (local: ``query - q0``). ``n`` queries,
+    ``n_cand`` candidate rows (default ``n``)."""
     crow, col, row = pattern
+    n_cand = n if n_cand is None else n_cand
     out = []
     for q0 in range(0, n, block):
         q1 = min(q0 + block, n)
@@ -391,8 +470,8 @@ def _query_blocks(
         r, c = row[lo:hi], col[lo:hi]
         o = torch.argsort(c * (q1 - q0) + (r - q0))  # candidate-major, queries ascending
         c, r = c[o], r[o]
-        crow_t = torch.zeros(n + 1, dtype=torch.long, device=col.device)
-        crow_t[1:] = torch.bincount(c, minlength=n).cumsum(0)
+        crow_t = torch.zeros(n_cand + 1, dtype=torch.long, device=col.device)
+        crow_t[1:] = torch.bincount(c, minlength=n_cand).cumsum(0)
         out.append((q0, q1, crow_t, r - q0, r, c))
     return out
 
@@ -402,6 +481,7 @@ def _nn_sparse(
     pattern: tuple[Tensor, Tensor, Tensor],
     progress: bool,
     query_block: int | None = None,
+    shards: Shards | None = None,
 ) -> Tensor:
     """1-NN per draw of every query among its kept candidates (sparse SDDMMs per draw).
 
@@ -416,24 +496,36 @@ def _nn_sparse(
     product runs candidate-major (the transposed pattern), so the draw's rows are read in
     ascending order instead of at random: 2.3x faster per draw at N = 56k, D = 512 with about
     40 candidates per query (``benchmarks/evaluator.py``).
+
+    With ``shards`` the rows of ``s`` and of the pattern are this rank's queries and the
+    columns global ids: the candidates other ranks own are fetched once per draw
+    (:class:`~bayesurl.distributed.RowExchange`, only the rows some local query keeps), and
+    the result holds global ids.
     """
-    n_draws, n, d = s.shape
+    n_draws, n_loc, d = s.shape
+    sh = Shards.local(n_loc) if shards is None else shards
+    crow, col, row = pattern
+    col_ext, ex, glob = _extend(col, n_loc, sh)
+    n_ext = glob.numel()
     if query_block is None:
-        query_block = max(1, (8 * 2**20) // (d * s.element_size())) if s.is_cpu else n
-    blocks = _query_blocks(pattern, n, query_block)
-    query = torch.cat([b[4] for b in blocks])
-    cand = torch.cat([b[5] for b in blocks])
+        query_block = max(1, (8 * 2**20) // (d * s.element_size())) if s.is_cpu else n_loc
+    blocks = _query_blocks((crow, col_ext, row), n_loc, query_block, n_ext)
+    empty = torch.empty(0, dtype=torch.long, device=s.device)
+    query = torch.cat([b[4] for b in blocks]) if blocks else empty
+    cand = torch.cat([b[5] for b in blocks]) if blocks else empty
+    cand_id = glob[cand]  # global ids: ties go to the lowest
     eps = torch.finfo(s.dtype).tiny ** 0.5
-    out = torch.empty(n_draws, n, dtype=torch.long, device=s.device)
-    big = torch.full((n,), n, dtype=torch.long, device=s.device)
+    out = torch.empty(n_draws, n_loc, dtype=torch.long, device=s.device)
+    big = torch.full((n_loc,), sh.n, dtype=torch.long, device=s.device)
     for t in tqdm(range(n_draws), disable=not progress, desc="1-NN per draw", leave=False):
         z = s[t]
-        inv = z.norm(dim=1).clamp_min(eps).reciprocal()
-        parts = [_sddmm(crow_t, loc, z, z[q0:q1]) for q0, q1, crow_t, loc, _, _ in blocks]
-        v = torch.cat(parts).mul_(inv[cand])
-        best = torch.full((n,), -torch.inf, dtype=v.dtype, device=v.device)
+        ze = _rows(z, ex)
+        inv = ze.norm(dim=1).clamp_min(eps).reciprocal()
+        parts = [_sddmm(crow_t, loc, ze, z[q0:q1]) for q0, q1, crow_t, loc, _, _ in blocks]
+        v = (torch.cat(parts) if parts else inv[:0]).mul_(inv[cand])
+        best = torch.full((n_loc,), -torch.inf, dtype=v.dtype, device=v.device)
         best = best.scatter_reduce(0, query, v, reduce="amax")
-        win = torch.where(v == best[query], cand, n)
+        win = torch.where(v == best[query], cand_id, sh.n)
         out[t] = big.scatter_reduce(0, query, win, reduce="amin")
     return out
 
@@ -547,22 +639,41 @@ def _sampled_neighbors(
     block: int,
     cluster_iters: int,
     resultant: Tensor | None = None,
+    shards: Shards | None = None,
 ) -> Tensor:
     """:func:`sampled_neighbors` on validated draws (``resultant``: their checked mean
-    resultant, when the caller already has it)."""
-    n_draws, n, d = s.shape
+    resultant, when the caller already has it).
+
+    With ``shards`` (issue 16) ``s``, ``resultant`` and ``candidates`` hold this rank's
+    queries only, every search runs over every rank's rows (collective) and the result is
+    ``[S, n_r]`` global ids; the shortlist, margin and exact fallback are chosen from the
+    gathered pilot, so every rank takes the single-process decisions. ``mode="block"`` is
+    single-process only.
+    """
+    n_draws, n_loc, d = s.shape
+    sh = Shards.local(n_loc) if shards is None else shards
+    n = sh.n
     if n < 2:
         raise ValueError(f"`samples` needs at least 2 points, got {n}")
+    own = sh.global_ids(s.device)
     if mode == "exact":
         bar = partial(tqdm, total=n_draws, disable=not progress, desc="1-NN per draw", leave=False)
-        return torch.stack([knn(z, 1, memory_budget=memory_budget)[1][:, 0] for z in bar(s)])
+        out = torch.empty(n_draws, n_loc, dtype=torch.long, device=s.device)
+        for t, z in enumerate(bar(s)):
+            zn = normalize(z)
+            out[t] = _search(zn, sh.chunks(zn), 1, memory_budget, None, own)[1][:, 0]
+        return out
     if mode not in ("block", "shortlist"):
         raise ValueError(f"`mode` must be 'shortlist', 'block' or 'exact', got {mode!r}")
+    if mode == "block" and sh.active:
+        raise ValueError("`mode='block'` runs in one process only; use 'shortlist' or 'exact'")
     if margin is not None and not margin >= 0.0:
         raise ValueError(f"`margin` must be >= 0 or None, got {margin!r}")
     res = _checked_resultant(s) if resultant is None else resultant
     if shortlist is None:
-        L, pilot = _choose_shortlist(s, res, tolerance=tolerance, memory_budget=memory_budget)
+        L, pilot = _choose_shortlist(
+            s, res, tolerance=tolerance, memory_budget=memory_budget, shards=sh
+        )
         if pilot["miss_rate"] > tolerance:
             # no shortlist up to the cap is accurate enough: fall back to exact searches
             if info is not None:
@@ -570,7 +681,7 @@ def _sampled_neighbors(
             return _sampled_neighbors(
                 s, mode="exact", shortlist=None, candidates=None, tolerance=tolerance,
                 margin=None, memory_budget=memory_budget, info=None, progress=progress,
-                block=block, cluster_iters=cluster_iters,
+                block=block, cluster_iters=cluster_iters, shards=sh,
             )  # fmt: skip
         if margin is None:
             margin = pilot["margin"]
@@ -583,19 +694,20 @@ def _sampled_neighbors(
     mean = normalize(res)
     if mode == "shortlist" and candidates is None and margin is not None and margin < torch.inf:
         # no top-L search: one threshold pass keeps each query's candidates within the margin
-        pattern = _margin_pattern(mean, _spread(res), margin, L, memory_budget)
+        pattern = _margin_pattern(mean, _spread(res), margin, L, memory_budget, shards=sh)
         if info is not None:
-            info.update(margin=float(margin), kept_per_query=pattern[1].numel() / n)
-        return _nn_sparse(s, pattern, progress)
+            kept = sh.sum(float(pattern[1].numel())) / n
+            info.update(margin=float(margin), kept_per_query=kept)
+        return _nn_sparse(s, pattern, progress, shards=sh)
     cand = m_sims = None
     if candidates is not None:
         c = check_tensor(candidates, "candidates", ndim=2).long()
-        if c.shape[0] != n:
-            raise ValueError(f"`candidates` must have {n} rows, got {tuple(c.shape)}")
+        if c.shape[0] != n_loc:
+            raise ValueError(f"`candidates` must have {n_loc} rows, got {tuple(c.shape)}")
         if c.shape[1] >= L:
             cand = c[:, :L].to(s.device)
     if cand is None:
-        m_sims, cand = knn(mean, L, memory_budget=memory_budget)
+        m_sims, cand = _search(mean, sh.chunks(mean), L, memory_budget, None, own)
     if mode == "block":
         if not isinstance(block, int) or block < 1:
             raise ValueError(f"`block` must be a positive integer, got {block!r}")
@@ -605,13 +717,14 @@ def _sampled_neighbors(
     if margin is not None and margin < torch.inf:
         if m_sims is None:  # given candidates: their mean cosines, one sparse pass
             crow, col, _ = _sparse_pattern(cand, keep)
-            cand = col.view(n, -1)  # ascending per row; the order does not matter below
-            m_sims = _sddmm(crow, col, mean, mean).view(n, -1)
+            cand = col.view(n_loc, -1)  # ascending per row; the order does not matter below
+            col_ext, ex, _ = _extend(col, n_loc, sh)
+            m_sims = _sddmm(crow, col_ext, mean, _rows(mean, ex)).view(n_loc, -1)
         sigma = _spread(res)
-        scale = (sigma[:, None] ** 2 + sigma[cand] ** 2).sqrt()
+        scale = (sigma[:, None] ** 2 + sh.gather(sigma)[cand] ** 2).sqrt()
         gap = m_sims.max(dim=1, keepdim=True).values - m_sims
         keep = _margin(gap, scale) <= margin
     if info is not None:
         info.update(margin=float(torch.inf if margin is None else margin))
-        info.update(kept_per_query=float(keep.sum()) / n)
-    return _nn_sparse(s, _sparse_pattern(cand, keep), progress)
+        info.update(kept_per_query=sh.sum(float(keep.sum())) / n)
+    return _nn_sparse(s, _sparse_pattern(cand, keep), progress, shards=sh)
