@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim, check_same_length
+from bayesurl._checks import check_finite, check_ndim
+from bayesurl.data.batch import unpack_batch
 from bayesurl.heads.embedding import EmbeddingNet
 from bayesurl.methods.base import Method
 
@@ -108,16 +109,10 @@ class EmbeddingMethod(Method):
             raise ValueError(f"`n_samples` must be an integer >= 0, got {n_samples}")
         return int(n_samples)
 
-    @staticmethod
-    def _split_batch(batch: Any) -> tuple[Any, Any]:
-        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-            raise ValueError("`batch` must be a pair (x, y)")
-        return batch[0], batch[1]
-
     def _check_views(self, batch: Any) -> tuple[Tensor, Tensor]:
         """``((x1, x2), y) -> (x1, x2)`` for the two-view (self-supervised) methods."""
-        x, _ = self._split_batch(batch)
-        if not isinstance(x, (tuple, list)) or len(x) != 2:
+        x, _ = unpack_batch(batch)  # self-supervised: labels, if any, are not used
+        if not isinstance(x, (tuple, list)):
             raise ValueError("two-view methods need `batch = ((x1, x2), y)`")
         x1, x2 = self._check_x(x[0], "x1"), self._check_x(x[1], "x2")
         if x1.shape != x2.shape:
@@ -134,14 +129,11 @@ class EmbeddingMethod(Method):
 
     def _check_labeled(self, batch: Any) -> tuple[Tensor, Tensor]:
         """``(x, y) -> (x, y)`` with integer labels ``y [N]`` (in ``[0, C)`` if C is known)."""
-        x, y = self._split_batch(batch)
+        x, y = unpack_batch(batch, labels=True)  # structure, and len(y) == len(x)
         x = self._check_x(x)
-        if not isinstance(y, Tensor):
-            y = torch.as_tensor(y)
         check_ndim(y, "y", 1)
         if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
             raise ValueError(f"`y` must hold integer class labels, got dtype {y.dtype}")
-        check_same_length(("x", x), ("y", y))
         if self.num_classes is not None and y.numel():
             if int(y.min()) < 0 or int(y.max()) >= self.num_classes:
                 raise ValueError(

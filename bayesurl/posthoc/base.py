@@ -54,31 +54,6 @@ def device_of(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def split_batch(batch: Any) -> tuple[Any, Tensor | None]:
-    """``(x, y)`` from a loader batch: a tensor ``x``, or ``(x, y)`` / ``[x, y]``.
-
-    ``x`` may itself be a pair of views ``(x1, x2)`` (two-view loaders).
-    """
-    if isinstance(batch, Tensor):
-        return batch, None
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        x, y = batch
-        if y is not None and not isinstance(y, Tensor):
-            y = torch.as_tensor(y)
-        if isinstance(x, Tensor) and isinstance(y, Tensor) and x.shape == y.shape and x.ndim > 1:
-            raise ValueError(
-                "ambiguous batch: two tensors of equal shape look like two views; yield "
-                "((x1, x2), y) for two views or (x, y) with labels y [N]"
-            )
-        return x, y
-    if isinstance(batch, (tuple, list)) and len(batch) == 1:
-        return batch[0], None
-    raise ValueError(
-        f"cannot read a loader batch of type {type(batch).__name__}; yield x, (x, y) or "
-        "((x1, x2), y)"
-    )
-
-
 class MethodEncoder(nn.Module):
     """A :class:`~bayesurl.methods.base.Method` seen as an encoder: ``x -> method(x).embedding``.
 
