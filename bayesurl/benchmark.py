@@ -415,6 +415,10 @@ def evaluate_method(
         Also return the sparsification and reliability curves.
     **evaluate_kwargs
         Passed to :func:`bayesurl.evaluation.evaluate` (``ks``, ``ece_mode``, ``shortlist``...).
+        With ``distributed=True`` (under a process group) each rank embeds its contiguous
+        rows of every set and the evaluation is sharded (issue 16); retrieval metrics equal one
+        process, the ECE draws are seeded per rank (``seed + rank``), so they differ from one
+        process's draws.
 
     Returns
     -------
@@ -440,6 +444,14 @@ def evaluate_method(
     if getattr(data, "test", None) is None:
         raise ValueError("`data` has no `test` set")
     x, y = as_tensors(data.test, transform)
+    n_test = int(x.shape[0])
+    distributed = bool(evaluate_kwargs.get("distributed", False))
+    if distributed:  # this rank's contiguous rows, seeded per rank (issue 16)
+        from bayesurl.distributed import get_rank, shard_range
+
+        lo, hi = shard_range(n_test)
+        x, y = x[lo:hi], y[lo:hi]
+        seed = seed + get_rank()
     run_dev = torch.device(device) if device is not None else None
     if run_dev is None:
         p = next(method.parameters(), None)
@@ -458,17 +470,25 @@ def evaluate_method(
         **evaluate_kwargs,
     )
     res["n_samples"] = n_samples
-    res["n_test"] = int(x.shape[0])
+    res["n_test"] = n_test
     id_set, ood_set = getattr(data, "id_test", None), getattr(data, "ood", None)
     res["n_id_test"] = None if id_set is None else len(id_set)
     res["n_ood"] = None if ood_set is None else len(ood_set)
     if id_set is not None and ood_set is not None:
-        u_id = embed(method, as_tensors(id_set, transform)[0], batch_size=batch_size, device=device)
-        u_ood = embed(
-            method, as_tensors(ood_set, transform)[0], batch_size=batch_size, device=device
-        )
-        res["ood_auroc"] = float(Fm.ood_auroc(u_id.uncertainty, u_ood.uncertainty))
-        res["ood_auprc"] = float(Fm.ood_auprc(u_id.uncertainty, u_ood.uncertainty))
+
+        def _u(dataset: Any) -> Tensor | None:
+            xs = as_tensors(dataset, transform)[0]
+            if not distributed:
+                return embed(method, xs, batch_size=batch_size, device=device).uncertainty
+            from bayesurl.distributed import all_gather_tensors, shard_range
+
+            lo, hi = shard_range(int(xs.shape[0]))
+            u = embed(method, xs[lo:hi], batch_size=batch_size, device=device).uncertainty
+            return None if u is None else all_gather_tensors(u)
+
+        u_id, u_ood = _u(id_set), _u(ood_set)
+        res["ood_auroc"] = float(Fm.ood_auroc(u_id, u_ood))
+        res["ood_auprc"] = float(Fm.ood_auprc(u_id, u_ood))
         res["notes"] = [n for n in res["notes"] if not n.startswith("ood_auroc")]
         res["notes"].append("ood_auroc, ood_auprc: u(ood) vs u(id_test), OOD = positive class")
     else:

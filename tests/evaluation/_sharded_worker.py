@@ -96,3 +96,18 @@ def worker(
         torch.save({"results": results, "knn": nbs}, Path(out) / f"rank{rank}.pt")
     finally:
         cleanup()
+
+
+def cli_worker(rank: int, world: int, argv: list[str], port: int) -> None:
+    """``bayesurl evaluate ...`` as one torchrun rank (environment as torchrun sets it)."""
+    from bayesurl.cli import main
+
+    torch.set_num_threads(1)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
+    assert main(argv) == 0

@@ -95,3 +95,59 @@ def test_single_process_shards_are_the_identity() -> None:
     assert torch.equal(ex.fetch(x), x[[1, 4]])
     with pytest.raises(ValueError, match="invalid shard"):
         shard_range(3, 2, 2)
+
+
+def _npz(tmp_path, compressed: bool = False):
+    d = data(n=29)
+    arrays = {
+        "embeddings": d["x"].float().numpy(),
+        "labels": d["y"].numpy(),
+        "uncertainties": d["u"].numpy(),
+        "samples": d["samples"].float().numpy(),
+        "ood_uncertainties": d["ood"].numpy(),
+    }
+    path = tmp_path / ("c.npz" if compressed else "x.npz")
+    (np.savez_compressed if compressed else np.savez)(path, **arrays)
+    return path, arrays
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_load_npz_shard_reads_each_ranks_rows(tmp_path, compressed) -> None:
+    from bayesurl.commands.evaluate import load_npz_shard
+
+    path, arrays = _npz(tmp_path, compressed)
+    for world in (1, 2, 3, 40):  # 40 > N: some ranks get no rows
+        parts = [load_npz_shard(path, r, world) for r in range(world)]
+        for k, a in arrays.items():
+            axis = 1 if k == "samples" else 0
+            got = np.concatenate([p[k] for p in parts], axis=axis)
+            assert got.dtype == a.dtype and np.array_equal(got, a), (k, world)
+            rows = [p[k].shape[axis] for p in parts]
+            n = a.shape[axis]
+            assert rows == [len(x) for x in np.array_split(np.arange(n), world)]
+
+
+def test_load_npz_shard_length_mismatch(tmp_path) -> None:
+    from bayesurl.commands.evaluate import load_npz_shard
+
+    path, arrays = _npz(tmp_path)
+    np.savez(path, **{**arrays, "labels": arrays["labels"][:-1]})
+    with pytest.raises(ValueError, match="length mismatch: `labels`"):
+        load_npz_shard(path, 0, 2)
+
+
+@pytest.mark.distributed
+def test_cli_evaluate_under_two_ranks_equals_one_process(tmp_path) -> None:
+    from _sharded_worker import cli_worker
+
+    from bayesurl.cli import main
+
+    path, _ = _npz(tmp_path)
+    assert main(["evaluate", str(path), "--json", str(tmp_path / "one.json")]) == 0
+    argv = ["evaluate", str(path), "--json", str(tmp_path / "two.json")]
+    mp.start_processes(
+        cli_worker, args=(2, argv, _free_port()), nprocs=2, join=True, start_method="fork"
+    )
+    one = json.loads((tmp_path / "one.json").read_text())
+    two = json.loads((tmp_path / "two.json").read_text())
+    assert one == two and one["ece"] is not None and one["n"] == 29
