@@ -35,6 +35,7 @@ __all__ = [
     "init_from_env",
     "is_distributed",
     "is_main_process",
+    "raise_if_any",
     "ring_chunks",
     "shard_range",
     "shard_sizes",
@@ -385,6 +386,27 @@ class RowExchange:
             out, send, self.recv_counts, self.send_counts, group=self.shards.group
         )
         return out
+
+
+def raise_if_any(error: BaseException | None, group: dist.ProcessGroup | None = None) -> None:
+    """Collective: raise on every rank when any rank of ``group`` has an ``error``.
+
+    A rank that rejected its own input raises its error; the others raise a ``ValueError``
+    naming the failing ranks, so no rank waits forever in a later collective. Not
+    distributed: raises ``error`` if given.
+    """
+    if not is_distributed(group):
+        if error is not None:
+            raise error
+        return
+    cuda = dist.get_backend(group) == "nccl"
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    flags = all_gather_tensors(torch.tensor([error is not None], device=dev), group)
+    if error is not None:
+        raise error
+    bad = flags.nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"rank(s) {bad} rejected their input (see the error on those ranks)")
 
 
 def barrier() -> None:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from bayesurl._checks import check_tensor
-from bayesurl.distributed import Shards
+from bayesurl.distributed import Shards, raise_if_any
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import sampled as Sm
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, _knn_sharded, knn
@@ -91,6 +91,33 @@ def _validate(
             ood_uncertainties, "ood_uncertainties", ndim=1, min_points=0 if local else 1
         )
     return x, y, u, s, v
+
+
+def _prepare(
+    embeddings: object | None,
+    labels: object,
+    uncertainties: object | None,
+    samples: object | None,
+    ood_uncertainties: object | None,
+    local: bool,
+) -> tuple[
+    Tensor | None, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None, str | None
+]:
+    """Validated inputs plus the draws' mean resultant and the uncertainty (and its source).
+
+    One pass over the draws: their mean resultant (and finiteness check) serves the mean
+    embedding, 1/kappa_hat, the shortlist pilot and the ECE.
+    """
+    x, y, u, s, v = _validate(embeddings, labels, uncertainties, samples, ood_uncertainties, local)
+    res_s = None if s is None else Sm._checked_resultant(s)
+    u_source = "given" if u is not None else None
+    if u is None and s is not None:
+        assert res_s is not None
+        u = Fm._u_from_length(Fm._length(res_s), s.shape[-1])
+        u_source = "1/kappa_hat from samples (Sra)"
+        if not bool(torch.isfinite(u).all()):
+            raise ValueError("`samples` give a non-finite 1/kappa_hat (mean resultant length 0)")
+    return x, y, u, s, v, res_s, u_source
 
 
 def evaluate(
@@ -197,24 +224,26 @@ def evaluate(
         raise ValueError("`group` is only used with `distributed=True`")
     if distributed and backend != "torch":
         raise ValueError(f"`distributed=True` needs backend='torch', got {backend!r}")
-    x, y, u, s, v = _validate(
-        embeddings, labels, uncertainties, samples, ood_uncertainties, local=distributed
-    )
+    try:  # this rank's input; under torch.distributed every rank learns of any rank's error
+        x, y, u, s, v, res_s, u_source = _prepare(
+            embeddings, labels, uncertainties, samples, ood_uncertainties, local=distributed
+        )
+        error = None
+    except ValueError as exc:
+        if not distributed:
+            raise
+        error = exc
+    if distributed:
+        raise_if_any(error, group)
     ks = tuple(int(k) for k in ks)
     map_ks = tuple(sorted({*ks, 5} if map_ks is None else {*(int(k) for k in map_ks), 5}))
     if not ks or min(ks) < 1 or (map_ks and min(map_ks) < 1):
         raise ValueError(f"`ks` and `map_ks` must be positive integers, got {ks}, {map_ks}")
     notes: list[str] = []
     res: dict[str, Any] = dict.fromkeys(REQUIRED_KEYS)
-
-    # One pass over the draws: their mean resultant (and finiteness check) serves the mean
-    # embedding, 1/kappa_hat, the shortlist pilot and the ECE.
-    mean_emb = res_s = None
-    if s is not None:
-        res_s = Sm._checked_resultant(s)
-        mean_emb = Fm.normalize(res_s)
-        if x is None:
-            x = mean_emb
+    mean_emb = None if res_s is None else Fm.normalize(res_s)
+    if x is None:
+        x = mean_emb
     assert x is not None
     n_loc = x.shape[0]
     sh = Shards.of(n_loc, x.device, group) if distributed else Shards.local(n_loc)
@@ -222,14 +251,6 @@ def evaluate(
     if n < 2:
         raise ValueError(f"`embeddings` needs at least 2 points over all ranks, got {n}")
     res["n"] = n
-
-    u_source = "given" if u is not None else None
-    if u is None and s is not None:
-        assert res_s is not None
-        u = Fm._u_from_length(Fm._length(res_s), s.shape[-1])
-        u_source = "1/kappa_hat from samples (Sra)"
-        if not bool(torch.isfinite(u).all()):
-            raise ValueError("`samples` give a non-finite 1/kappa_hat (mean resultant length 0)")
     res["uncertainty_source"] = u_source
 
     # One search of the point embeddings serves R@k, mAP@k and, when the samples' mean is the

@@ -93,7 +93,16 @@ def worker(
         ood_rows = slice(o, o + ood_sizes[rank])
         results = {name: run_case(name, d, rows, ood_rows, distributed=True) for name in CASES}
         nbs = {k: knn_sharded(d["x"][rows], k, chunk_size=3)[1] for k in (1, 4)}
-        torch.save({"results": results, "knn": nbs}, Path(out) / f"rank{rank}.pt")
+        # bad input on the last rank only: every rank raises (none waits in a collective)
+        bad = d["x"][rows].clone()
+        if rank == len(sizes) - 1:
+            bad[0, 0] = float("nan")
+        try:
+            evaluate(bad, d["y"][rows], distributed=True)
+            error = ""
+        except ValueError as exc:
+            error = str(exc)
+        torch.save({"results": results, "knn": nbs, "error": error}, Path(out) / f"rank{rank}.pt")
     finally:
         cleanup()
 
