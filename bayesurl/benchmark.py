@@ -415,10 +415,10 @@ def evaluate_method(
         Also return the sparsification and reliability curves.
     **evaluate_kwargs
         Passed to :func:`bayesurl.evaluation.evaluate` (``ks``, ``ece_mode``, ``shortlist``...).
-        With ``distributed=True`` (under a process group) each rank embeds its contiguous
-        rows of every set and the evaluation is sharded (issue 16); retrieval metrics equal one
-        process, the ECE draws are seeded per rank (``seed + rank``), so they differ from one
-        process's draws.
+        ``distributed`` (default: True under a process group of more than one rank, e.g.
+        ``torchrun``): each rank embeds its contiguous rows of every set and the evaluation is
+        sharded (issue 16); the retrieval metrics equal one process's, the ECE draws are
+        seeded per rank (``seed + rank``), so they differ from one process's draws.
 
     Returns
     -------
@@ -445,10 +445,12 @@ def evaluate_method(
         raise ValueError("`data` has no `test` set")
     x, y = as_tensors(data.test, transform)
     n_test = int(x.shape[0])
-    distributed = bool(evaluate_kwargs.get("distributed", False))
-    if distributed:  # this rank's contiguous rows, seeded per rank (issue 16)
-        from bayesurl.distributed import get_rank, shard_range
+    from bayesurl.distributed import get_rank, is_distributed, shard_range
 
+    distributed = evaluate_kwargs.pop("distributed", None)
+    distributed = is_distributed() if distributed is None else bool(distributed)
+    evaluate_kwargs["distributed"] = distributed
+    if distributed:  # this rank's contiguous rows, seeded per rank (issue 16)
         lo, hi = shard_range(n_test)
         x, y = x[lo:hi], y[lo:hi]
         seed = seed + get_rank()
@@ -480,7 +482,7 @@ def evaluate_method(
             xs = as_tensors(dataset, transform)[0]
             if not distributed:
                 return embed(method, xs, batch_size=batch_size, device=device).uncertainty
-            from bayesurl.distributed import all_gather_tensors, shard_range
+            from bayesurl.distributed import all_gather_tensors
 
             lo, hi = shard_range(int(xs.shape[0]))
             u = embed(method, xs[lo:hi], batch_size=batch_size, device=device).uncertainty
