@@ -289,7 +289,7 @@ def evaluate(
             res[f"recall@{k}"] = None
             notes.append(f"recall@{k}: undefined with only {n} points")
         else:
-            res[f"recall@{k}"] = _f(hit[:, :k].any(dim=1).double().mean())
+            res[f"recall@{k}"] = _f(Fm._recall_from_neighbors(y_dev, nb, k))
     for k in map_ks:
         if k > n - 1:
             res[f"map@{k}"] = None

@@ -253,8 +253,12 @@ def recall_at_k(
     """
     x = _embeddings(embeddings)
     y = _labels(labels, x.shape[0])
-    nb = _neighbors(x, k, neighbors, memory_budget)
-    return (y[nb] == y[:, None]).any(dim=1).double().mean()
+    return _recall_from_neighbors(y, _neighbors(x, k, neighbors, memory_budget), k)
+
+
+def _recall_from_neighbors(y: Tensor, nb: Tensor, k: int) -> Tensor:
+    """:func:`recall_at_k` from labels ``[N]`` and neighbour ids ``[N, >=k]``."""
+    return (y[nb[:, :k]] == y[:, None]).any(dim=1).double().mean()
 
 
 def map_at_k(
