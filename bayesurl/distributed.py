@@ -132,6 +132,13 @@ def init_from_env(backend: str | None = None, device: str | None = None) -> Dist
     return DistInfo(rank, world, local_rank, backend, dev)
 
 
+def _comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where small control tensors are communicated: this rank's GPU for NCCL, else CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def shard_range(n: int, rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """Rows ``[start, stop)`` of ``n`` that ``rank`` owns: contiguous, sizes differing by <= 1.
 
@@ -332,7 +339,7 @@ class Shards:
         """Sum of ``value`` over the ranks."""
         if not self.active:
             return value
-        t = torch.tensor([float(value)], dtype=torch.float64)
+        t = torch.tensor([float(value)], dtype=torch.float64, device=_comm_device(self.group))
         return float(self.gather(t).sum())
 
 
@@ -399,9 +406,7 @@ def raise_if_any(error: BaseException | None, group: dist.ProcessGroup | None = 
         if error is not None:
             raise error
         return
-    cuda = dist.get_backend(group) == "nccl"
-    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    flags = all_gather_tensors(torch.tensor([error is not None], device=dev), group)
+    flags = all_gather_tensors(torch.tensor([error is not None], device=_comm_device(group)), group)
     if error is not None:
         raise error
     bad = flags.nonzero().flatten().tolist()
