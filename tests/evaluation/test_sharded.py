@@ -156,3 +156,47 @@ def test_cli_evaluate_under_two_ranks_equals_one_process(tmp_path) -> None:
     one = json.loads((tmp_path / "one.json").read_text())
     two = json.loads((tmp_path / "two.json").read_text())
     assert one == two and one["ece"] is not None and one["n"] == 29
+
+
+class _Keep(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+@pytest.mark.distributed
+def test_cli_checkpoint_under_two_ranks_equals_one_process(tmp_path) -> None:
+    """Each rank embeds its rows of the test / OOD sets; metrics equal one process's."""
+    from _sharded_worker import cli_worker
+
+    from bayesurl.cli import main
+    from bayesurl.data import default_augmentation, default_zero_shot, make_loader
+    from bayesurl.methods import create
+    from bayesurl.training import fit
+
+    caps = {"max_test": 50, "max_ood": 21}
+    data = default_zero_shot(max_train=40, val_fraction=0.0, seed=0, **caps)
+    torch.manual_seed(0)
+    kwargs = {
+        "backbone": "small_convnet",
+        "embed_dim": 8,
+        "num_classes": 5,
+        "backbone_kwargs": {"width": 4, "num_features": 16},
+    }
+    method = create("mcinfonce", **kwargs)
+    loader = make_loader(data.train.with_transform(_Keep()), 20, shuffle=True, drop_last=True)
+    fit(
+        method, loader, epochs=1, optimizer="adamw", augment=default_augmentation(1),
+        checkpoint_dir=tmp_path, method_kwargs={**method.hparams, **kwargs}, progress=False,
+        seed=0,
+    )  # fmt: skip
+    common = ["--checkpoint", str(tmp_path / "last.pt"), "--dataset", "default"]
+    common += ["--n-samples", "0", "--max-test", "50", "--max-ood", "21"]
+    assert main(["evaluate", *common, "--json", str(tmp_path / "one.json")]) == 0
+    argv = ["evaluate", *common, "--json", str(tmp_path / "two.json")]
+    mp.start_processes(
+        cli_worker, args=(2, argv, _free_port()), nprocs=2, join=True, start_method="fork"
+    )
+    one = json.loads((tmp_path / "one.json").read_text())
+    two = json.loads((tmp_path / "two.json").read_text())
+    for k in ("r@1", "r_auroc", "ausc", "ause", "map@5", "recall@5", "ood_auroc", "n_test"):
+        assert one[k] == two[k] and one[k] is not None, k
