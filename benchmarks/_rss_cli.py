@@ -2,7 +2,8 @@
 
 Writes ``rank{RANK}.json`` into ``$BAYESURL_RSS_DIR`` with ``base``, the RSS once the
 evaluation modules are imported, and ``peak``, the largest RSS sampled every 2 ms while the
-command runs (import-time spikes are not counted).
+command runs (import-time spikes are not counted), and ``seconds``, the command's time after
+the imports.
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ if __name__ == "__main__":
 
     th = threading.Thread(target=poll, daemon=True)
     th.start()
+    t0 = time.perf_counter()
     code = main(sys.argv[1:])
+    seconds = time.perf_counter() - t0
     stop.set()
     th.join()
     peak = max(peak, _rss())
     out = Path(os.environ["BAYESURL_RSS_DIR"]) / f"rank{os.environ.get('RANK', '0')}.json"
-    out.write_text(json.dumps({"peak": peak, "base": base}))
+    out.write_text(json.dumps({"peak": peak, "base": base, "seconds": seconds}))
     sys.exit(code)

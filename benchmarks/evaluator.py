@@ -341,6 +341,7 @@ def distributed_main(a: argparse.Namespace) -> None:
     from pathlib import Path
 
     from bayesurl.distributed import RING_CHUNK_BYTES
+    from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET
 
     w, threads = a.distributed, a.threads or 1
     if w < 2:
@@ -393,9 +394,18 @@ def distributed_main(a: argparse.Namespace) -> None:
     print(f"  1 process  {t1:8.2f} s   (each: {', '.join(f'{o[0]:.2f}' for o in ones)})")
     print(f"  {w} ranks    {tw:8.2f} s   (each: {', '.join(f'{m[0]:.2f}' for m in many)})")
     print(f"  ratio {w} ranks / 1 process = {tw / t1:.3f}   (target <= 0.6 for W = 2)")
+    i1 = float(np.median([o[1][0]["seconds"] for o in ones]))
+    iw = float(np.median([max(r["seconds"] for r in m[1]) for m in many]))
+    print(
+        f"  after the imports: 1 process {i1:.2f} s, slowest of {w} ranks {iw:.2f} s "
+        f"(ratio {iw / i1:.3f}); the rest is interpreter start, imports and torchrun's launcher"
+    )
     emb = a.n * a.d * 4
     shard = -(-a.n // w) * a.d * 4
     bufs = 2 * min(RING_CHUNK_BYTES, shard)
+    # the [B, n] similarity block of the top-k search: half of the memory budget (two buffers
+    # are counted), the same in one process and per rank
+    sim = DEFAULT_MEMORY_BUDGET // 2
     p1 = max(m["peak"] - m["base"] for m in ones[0][1])
     print(
         f"  embeddings N x D float32 {emb / 2**20:.1f} MiB; 1 process peak above baseline "
@@ -407,9 +417,9 @@ def distributed_main(a: argparse.Namespace) -> None:
             f"(baseline {m['base'] / 2**20:.0f} MiB)"
         )
     print(
-        f"  bound: 1/W of the embeddings {shard / 2**20:.1f} MiB + ring chunk buffers "
-        f"{bufs / 2**20:.1f} MiB + 4096 x 1024 tile {4096 * 1024 * 4 / 2**20:.0f} MiB = "
-        f"{(shard + bufs + 4096 * 1024 * 4) / 2**20:.1f} MiB"
+        f"  bound: 1/W of the embeddings {shard / 2**20:.1f} MiB (x2: as read and normalised) + "
+        f"ring chunk buffers {bufs / 2**20:.1f} MiB + similarity block {sim / 2**20:.0f} MiB = "
+        f"{(2 * shard + bufs + sim) / 2**20:.1f} MiB"
     )
     ref, got = ones[0][2], many[0][2]
     diffs = [

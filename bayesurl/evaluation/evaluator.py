@@ -250,6 +250,14 @@ def evaluate(
     n = sh.n
     if n < 2:
         raise ValueError(f"`embeddings` needs at least 2 points over all ranks, got {n}")
+    if sh.active:  # the shards must describe one data set
+        dims = torch.tensor([[x.shape[1], 0 if s is None else s.shape[0]]], device=x.device)
+        every = sh.gather(dims)
+        if bool((every != every[:1]).any()):
+            raise ValueError(
+                "the ranks disagree on the embedding dimension / number of draws (rank: [D, S]):"
+                f" {every.tolist()}"
+            )
     res["n"] = n
     res["uncertainty_source"] = u_source
 
