@@ -41,8 +41,9 @@ __all__ = [
     "shard_sizes",
 ]
 
-#: Bytes of one chunk of a rank's shard sent past the other ranks by :func:`ring_chunks`.
-RING_CHUNK_BYTES = 32 * 2**20
+#: Bytes of one chunk of a rank's shard sent past the other ranks by :func:`ring_chunks`
+#: (two such receive buffers per rank).
+RING_CHUNK_BYTES = 8 * 2**20
 
 
 @dataclass(frozen=True)

@@ -281,6 +281,7 @@ def _search(
     m = qn.shape[0]
     best_v = torch.full((m, 0), -math.inf, dtype=qn.dtype, device=qn.device)
     best_i = torch.zeros((m, 0), dtype=torch.long, device=qn.device)
+    work = qn.new_empty(0)  # similarity block, reused by every gallery chunk
     for off, gn in gallery_chunks:
         n_c = gn.shape[0]
         si = None if self_index is None else self_index - off
@@ -288,7 +289,9 @@ def _search(
             v, i = _top1_tiled(qn, gn.T, self_index=si)
         else:
             rows = chunk_rows(n_c, qn.dtype, memory_budget) if chunk_size is None else chunk_size
-            v, i = _topk_chunked(qn, gn.T, min(k, n_c), rows, si)
+            if work.numel() < min(rows, m) * n_c:
+                work = qn.new_empty(min(rows, m) * n_c)
+            v, i = _topk_chunked(qn, gn.T, min(k, n_c), rows, si, work)
         i = i + off
         if best_v.shape[1] == 0:
             best_v, best_i = v, i
@@ -305,16 +308,17 @@ def _search(
 
 
 def _topk_chunked(
-    qn: Tensor, gt: Tensor, k: int, chunk_size: int, self_index: Tensor | None
+    qn: Tensor, gt: Tensor, k: int, chunk_size: int, self_index: Tensor | None, work: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Top-k of ``qn @ gt`` over ``[chunk_size, N]`` row blocks (ties to the lowest index)."""
+    """Top-k of ``qn @ gt`` over ``[chunk_size, N]`` row blocks (ties to the lowest index);
+    ``work`` holds at least ``min(chunk_size, M) * N`` elements for the similarity block."""
     m, n = qn.shape[0], gt.shape[1]
     out_v = torch.empty(m, k, dtype=qn.dtype, device=qn.device)
     out_i = torch.empty(m, k, dtype=torch.long, device=qn.device)
     # One preallocated similarity buffer reused by every chunk: a fresh ``[B, N]`` allocation
     # per chunk would page-fault its memory in again on every chunk (measured 20-40 % of the
     # pass on CPU).
-    buf = torch.empty(min(chunk_size, m), n, dtype=qn.dtype, device=qn.device)
+    buf = work[: min(chunk_size, m) * n].view(min(chunk_size, m), n)
     for start in range(0, m, chunk_size):
         stop = min(start + chunk_size, m)
         sims = torch.mm(qn[start:stop], gt, out=buf[: stop - start])
