@@ -45,8 +45,10 @@ def check_kappa(
     """Validate concentrations for the rows of ``like [N, ...]``; returns ``kappa [N]``.
 
     ``None`` reads kappa from the embedding norm ``||like||`` (the vMF duality of the ECCV22
-    nivMF paper, section 3.2). Scalars broadcast. NaN, negative values and (unless
-    ``allow_inf``) infinity raise a ValueError naming ``name``.
+    nivMF paper, section 3.2). Scalars broadcast. NaN, negative values, (unless
+    ``allow_inf``) infinity, and a positive kappa on an all-zero row of ``like`` (no mean
+    direction; :func:`~bayesurl.distributions.sample_vmf` refuses it too) raise a ValueError
+    naming ``name``.
     """
     if kappa is None:
         return like.norm(dim=-1)
@@ -67,6 +69,12 @@ def check_kappa(
         raise ValueError(f"`{name}` must be finite here")
     if bool((k < 0).any()):
         raise ValueError(f"`{name}` must be non-negative, got min {float(k.min())}")
+    zero = (like == 0).all(-1) & (k > 0)
+    if bool(zero.any()):
+        raise ValueError(
+            f"{int(zero.sum())} all-zero embedding row(s) have a positive `{name}`: a zero "
+            "vector has no direction to concentrate around"
+        )
     return k
 
 

@@ -159,3 +159,19 @@ def test_methods_check_each_tensor_once(name):
         rec = _record(lambda: m.eval()(x, n_samples=n_samples))
     assert rec.repeated() == []
     assert Counter(names[0] for _, names in rec.seen.values())["check_finite"] >= 1
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_zero_direction_is_refused_at_the_entry(name):
+    # sample_vmf refuses an all-zero mean direction; the losses, which sample through the
+    # unchecked core, refuse it once at their entry (with kappa read from the norm, a zero
+    # row has kappa = 0: uniform, no direction needed)
+    e, y, kappa = _data()
+    e[4] = 0.0
+    with pytest.raises(ValueError, match="all-zero embedding row"):
+        LOSSES[name]()(e, y, kappa=kappa)
+    assert torch.isfinite(LOSSES[name]()(e, y))
+    with pytest.raises(ValueError, match="all-zero embedding row"):
+        mcinfonce_loss(e[:6], kappa[:6], e[6:], kappa[6:])
+    with pytest.raises(ValueError, match="all-zero embedding row"):
+        hib_loss(e[6:], kappa[6:], e[:6], kappa[:6])
