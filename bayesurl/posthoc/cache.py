@@ -44,7 +44,7 @@ _DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64}
 
 
 def encoder_fingerprint(encoder: nn.Module) -> str:
-    """SHA-256 hex digest of an encoder's class, parameter / buffer names, shapes, dtypes and values.
+    """SHA-256 hex digest of an encoder's class, state names, shapes, dtypes and values.
 
     Two encoders get the same fingerprint exactly when they are of the same class and hold
     bit-identical state (device does not matter), so embeddings cached from one can stand in for
