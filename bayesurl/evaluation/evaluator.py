@@ -177,11 +177,11 @@ def evaluate(
         ECE bins.
     ece_mode : {"shortlist", "exact"}
         Per-draw 1-NN search of the ECE, see
-        :func:`~bayesurl.evaluation.functional.sampled_neighbors`.
+        :func:`~bayesurl.evaluation.sampled.sampled_neighbors`.
     shortlist : int, optional
         Shortlist length L of the sampling-aware search; ``None`` chooses it from a pilot so
         the estimated miss rate is at most ``tolerance``
-        (:func:`~bayesurl.evaluation.functional.choose_shortlist`).
+        (:func:`~bayesurl.evaluation.sampled.choose_shortlist`).
     tolerance : float
         Miss-rate target of the adaptive shortlist.
     memory_budget : int

@@ -724,9 +724,10 @@ def retrieval_ece(
     n_bins : int
         Number of confidence bins.
     mode, shortlist, candidates, tolerance, margin, memory_budget, info, progress
-        Per-draw search, see :func:`sampled_neighbors`.
+        Per-draw search, see :func:`~bayesurl.evaluation.sampled.sampled_neighbors`.
     block, cluster_iters : int
-        Query blocks of ``mode="block"``, see :func:`sampled_neighbors`.
+        Query blocks of ``mode="block"``, see
+        :func:`~bayesurl.evaluation.sampled.sampled_neighbors`.
 
     Returns
     -------

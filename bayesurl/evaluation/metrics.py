@@ -274,9 +274,10 @@ class RetrievalECE(Metric):
     n_bins : int
         Confidence bins.
     mode : {"shortlist", "exact"}
-        Per-draw search (:func:`~.functional.sampled_neighbors`).
+        Per-draw search (:func:`~bayesurl.evaluation.sampled.sampled_neighbors`).
     shortlist : int, optional
-        Shortlist length L (``None``: adaptive, see :func:`~.functional.choose_shortlist`).
+        Shortlist length L (``None``: adaptive, see
+        :func:`~bayesurl.evaluation.sampled.choose_shortlist`).
     memory_budget : int
         Bytes per chunk.
     """

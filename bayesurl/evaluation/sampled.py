@@ -554,8 +554,8 @@ def sampled_neighbors(
     ``mode="exact"`` runs one exact chunked search per draw (S full searches).
 
     ``mode="shortlist"`` (default) searches the ``L`` nearest neighbours of the mean embedding
-    (:func:`mean_from_samples`) once, then for every draw compares each query only with its
-    candidates: one sparse sampled matrix product (``torch.sparse.sampled_addmm``) per draw
+    (:func:`~bayesurl.evaluation.functional.mean_from_samples`) once, then for every draw
+    compares each query only with its candidates: one sparse sampled matrix product (``torch.sparse.sampled_addmm``) per draw
     evaluates exactly the kept (query, candidate) cosines, reading the draw in place, so S
     draws cost about ``S * nnz * D`` with ``nnz <= N * L`` and no gathered copies. Each query
     keeps those of its L candidates whose gap in mean cosine to its best candidate is at most
