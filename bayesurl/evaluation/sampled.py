@@ -555,8 +555,8 @@ def sampled_neighbors(
 
     ``mode="shortlist"`` (default) searches the ``L`` nearest neighbours of the mean embedding
     (:func:`~bayesurl.evaluation.functional.mean_from_samples`) once, then for every draw
-    compares each query only with its candidates: one sparse sampled matrix product (``torch.sparse.sampled_addmm``) per draw
-    evaluates exactly the kept (query, candidate) cosines, reading the draw in place, so S
+    compares each query only with its candidates: one sparse sampled matrix product
+    (``torch.sparse.sampled_addmm``) per draw evaluates exactly the kept (query, candidate) cosines, reading the draw in place, so S
     draws cost about ``S * nnz * D`` with ``nnz <= N * L`` and no gathered copies. Each query
     keeps those of its L candidates whose gap in mean cosine to its best candidate is at most
     ``margin`` times the pair's draw spread ``sqrt(sigma_i^2 + sigma_c^2)`` (``sigma^2 = 2 (1 -
