@@ -556,20 +556,20 @@ def sampled_neighbors(
     ``mode="shortlist"`` (default) searches the ``L`` nearest neighbours of the mean embedding
     (:func:`~bayesurl.evaluation.functional.mean_from_samples`) once, then for every draw
     compares each query only with its candidates: one sparse sampled matrix product
-    (``torch.sparse.sampled_addmm``) per draw evaluates exactly the kept (query, candidate) cosines, reading the draw in place, so S
-    draws cost about ``S * nnz * D`` with ``nnz <= N * L`` and no gathered copies. Each query
-    keeps those of its L candidates whose gap in mean cosine to its best candidate is at most
-    ``margin`` times the pair's draw spread ``sqrt(sigma_i^2 + sigma_c^2)`` (``sigma^2 = 2 (1 -
-    R)``, see :func:`choose_shortlist`): well-separated queries keep one or two candidates,
-    ambiguous ones up to L. Ties go to the lowest gallery index in every mode, so the modes
-    agree whenever a draw's true neighbour is kept. ``shortlist=None`` (default) chooses L and
-    the margin with :func:`choose_shortlist` so that the estimated fraction of (draw, query)
-    pairs whose neighbour is not kept is at most ``tolerance`` (expected agreement with the
-    exact mode about ``1 - tolerance``), and searches every draw exactly when no shortlist up
-    to the cap is that accurate; the adaptive path then needs no top-L search: one threshold
-    pass over the mean embeddings (the cost of a top-1 search) keeps every candidate within the
-    margin, at most L per query. An integer fixes L (and keeps all L unless ``margin`` is
-    given).
+    (``torch.sparse.sampled_addmm``) per draw evaluates exactly the kept (query, candidate)
+    cosines, reading the draw in place, so S draws cost about ``S * nnz * D`` with ``nnz <= N *
+    L`` and no gathered copies. Each query keeps those of its L candidates whose gap in mean
+    cosine to its best candidate is at most ``margin`` times the pair's draw spread
+    ``sqrt(sigma_i^2 + sigma_c^2)`` (``sigma^2 = 2 (1 - R)``, see :func:`choose_shortlist`):
+    well-separated queries keep one or two candidates, ambiguous ones up to L. Ties go to the
+    lowest gallery index in every mode, so the modes agree whenever a draw's true neighbour is
+    kept. ``shortlist=None`` (default) chooses L and the margin with :func:`choose_shortlist` so
+    that the estimated fraction of (draw, query) pairs whose neighbour is not kept is at most
+    ``tolerance`` (expected agreement with the exact mode about ``1 - tolerance``), and searches
+    every draw exactly when no shortlist up to the cap is that accurate; the adaptive path then
+    needs no top-L search: one threshold pass over the mean embeddings (the cost of a top-1
+    search) keeps every candidate within the margin, at most L per query. An integer fixes L
+    (and keeps all L unless ``margin`` is given).
 
     ``mode="block"`` uses the full L-shortlists but orders the queries by a few spherical
     k-means iterations on the mean embeddings (about ``N / block`` centroids), cuts them into
