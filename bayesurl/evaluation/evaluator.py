@@ -147,7 +147,7 @@ def evaluate(
     ``torchrun``) the evaluation is sharded (issue 16): every array argument holds **this
     rank's rows** (contiguous shards in rank order, e.g. :func:`bayesurl.distributed.shard_range`;
     a rank may hold none), each rank searches its queries over every rank's rows passed by in
-    bounded chunks (:func:`~bayesurl.evaluation.knn.knn_sharded`; no rank holds all ``N x D``),
+    bounded chunks (:func:`~bayesurl.evaluation.knn_sharded`; no rank holds all ``N x D``),
     the sampling-aware ECE shards its pilot, threshold pass and per-draw products the same way,
     and the per-query results (neighbour ids, labels, u) are gathered, so every rank returns
     the metrics of the single-process evaluation of the concatenated rows, ties included. One

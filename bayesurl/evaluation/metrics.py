@@ -4,7 +4,7 @@ Retrieval metrics need the whole evaluation set (each query searches every galle
 retrieval classes and :class:`RetrievalECE` keep this rank's batches and compute through the
 sharded search of the evaluator (issue 16): under ``torch.distributed`` (a process group of
 more than one rank) each rank searches its own rows over every rank's rows passed by in
-chunks (:func:`~bayesurl.evaluation.knn.knn_sharded`, the sampled search of
+chunks (:func:`~bayesurl.evaluation.knn_sharded`, the sampled search of
 :mod:`bayesurl.evaluation.sampled`), and only the per-query results (neighbour ids, labels, u)
 are gathered -- never the embeddings or draws -- so no rank holds all ``N x D``. Rows count in
 rank order; results equal the single-process functional value on the rank-order

@@ -22,7 +22,7 @@ rest:
   (:func:`~bayesurl.distributed.shard_range`) and calls
   :func:`bayesurl.evaluate` with ``distributed=True``. Every rank searches its own queries
   over every rank's rows, which pass by in bounded chunks
-  (:func:`~bayesurl.evaluation.knn.knn_sharded`), so no rank ever holds all ``N x D``
+  (:func:`~bayesurl.evaluation.knn_sharded`), so no rank ever holds all ``N x D``
   embeddings; only per-query results (neighbour ids, labels, u) are gathered, and every
   rank gets the metrics of one process, ties included. The sampling-aware ECE is sharded
   the same way. The command line does it for you::
