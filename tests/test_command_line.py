@@ -162,3 +162,17 @@ def test_rst_to_text():
     assert "Example:\n\n    bayesurl train --out ``runs``" in text  # literal kept verbatim
     assert all(len(line) <= 40 for line in text.splitlines() if not line.startswith("    "))
     assert "\n  " in text.split("- first")[1].split("- second")[0]  # hanging indent
+
+
+def test_evaluate_npz_with_misspelt_arrays_is_refused(tmp_path, capsys):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    base = {
+        "embeddings": rng.normal(size=(20, 4)).astype("float32"),
+        "labels": np.repeat(np.arange(4), 5),
+    }
+    for wrong in ("uncertainty", "sample"):
+        path = _npz(tmp_path / f"{wrong}.npz", **base, **{wrong: rng.random(20)})
+        err = _one_line_error(capsys, ["evaluate", path])
+        assert f"'{wrong}'" in err and "uncertainties" in err  # names it, lists the known ones
