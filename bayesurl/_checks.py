@@ -30,6 +30,7 @@ __all__ = [
     "check_same_length",
     "check_min_points",
     "check_tensor",
+    "match_module_dtype",
 ]
 
 
@@ -286,3 +287,18 @@ def check_input_file(path: str | os.PathLike[str], name: str) -> Path:
     if not p.is_file():
         raise FileNotFoundError(f"`{name}` {str(p)!r} does not exist")
     return p
+
+
+def match_module_dtype(x: object, module: torch.nn.Module) -> object:
+    """``x`` cast to the floating dtype of ``module``'s parameters (other inputs unchanged).
+
+    A float64 batch into a float32 model (or the reverse) would otherwise fail inside the
+    model's first matmul; a frozen model defines the precision it computes in. Integer
+    inputs (e.g. ``uint8`` images) and modules without floating parameters are left alone.
+    """
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        return x
+    for p in module.parameters():
+        if p.is_floating_point():
+            return x if p.dtype == x.dtype else x.to(p.dtype)
+    return x

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim
+from bayesurl._checks import check_finite, check_ndim, match_module_dtype
 from bayesurl.types import Output
 
 __all__ = ["FORMAT", "PosthocOutput", "PosthocWrapper", "known_embedding_dim", "load"]
@@ -170,10 +170,13 @@ class PosthocWrapper(nn.Module):
         ValueError
             If ``x`` holds NaN / inf (named ``x``, before the encoder runs), or the encoder
             returns something else than a finite ``[N, D]`` tensor.
+
+        A floating ``x`` is cast to the encoder's parameter dtype (a float64 batch into a
+        float32 encoder computes in float32, as the encoder would).
         """
         if isinstance(x, Tensor):
             check_finite(x, "x")
-        e = self.encoder(x)
+        e = self.encoder(match_module_dtype(x, self.encoder))
         if not isinstance(e, Tensor):
             raise ValueError(
                 f"the encoder must return a tensor [N, D], got {type(e).__name__}; wrap a "
