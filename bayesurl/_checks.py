@@ -201,20 +201,20 @@ def check_device(text: str | torch.device | None, name: str = "device") -> torch
     if dev.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:
-            raise ValueError(f"`{name}` is {str(dev)!r} but CUDA is not available here; use cpu")
+            raise ValueError(f"`{name}` {str(dev)!r}: CUDA is not available here; use cpu")
         if dev.index is not None and dev.index >= n:
             raise ValueError(
-                f"`{name}` is {str(dev)!r} but only {n} CUDA device(s) exist (cuda:0..{n - 1})"
+                f"`{name}` {str(dev)!r}: only {n} CUDA device(s) exist (cuda:0..{n - 1})"
             )
     elif dev.type == "mps":
         mps = getattr(torch.backends, "mps", None)
         if mps is None or not mps.is_available():
-            raise ValueError(f"`{name}` is 'mps' but MPS is not available here; use cpu")
+            raise ValueError(f"`{name}` 'mps': MPS is not available here; use cpu")
     elif dev.type not in ("cpu", "meta"):
         backend = getattr(torch, dev.type, None)
         available = getattr(backend, "is_available", None)
         if available is None or not available():
-            raise ValueError(f"`{name}` is {str(dev)!r} but that device is not available here")
+            raise ValueError(f"`{name}` {str(dev)!r}: that device is not available here")
     return dev
 
 
