@@ -207,17 +207,15 @@ def load_method_from_checkpoint(
         raise ValueError(f"checkpoint {str(path)!r}: {exc}") from None
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         raise ValueError(f"checkpoint {str(path)!r}: its method kwargs are not a dict of names")
-    import inspect
+    from bayesurl.methods.base import _constructor_options
 
-    params = inspect.signature(cls.__init__).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        unknown = sorted(set(kwargs) - set(params))
-        if unknown:  # a tampered or foreign record: name the keys, list the valid ones
-            valid = ", ".join(k for k in params if k != "self")
-            raise ValueError(
-                f"checkpoint {str(path)!r}: method {name!r} has no option(s) {unknown}; "
-                f"valid: {valid}"
-            )
+    valid = _constructor_options(cls)
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown:  # a tampered or foreign record: name the keys, list the valid ones
+        raise ValueError(
+            f"checkpoint {str(path)!r}: method {name!r} has no option(s) {unknown}; "
+            f"valid: {', '.join(valid)}"
+        )
     try:
         method = cls(**{**kwargs, **override_kwargs})
     except (TypeError, ValueError) as exc:

@@ -93,3 +93,11 @@ def test_fit_names_lr_not_min_lr():
         fit(_make("ce"), _loader(), lr=-1, progress=False)
     with pytest.raises(ValueError, match="`weight_decay`"):
         fit(_make("ce"), _loader(), weight_decay=float("nan"), progress=False)
+
+
+def test_create_names_unknown_options():
+    # `bayesurl train --method-arg typo=1` ended in a TypeError traceback
+    with pytest.raises(
+        ValueError, match=r"unknown option\(s\) \['typo'\] for method 'hib'.*n_samples"
+    ):
+        _make("hib", typo=1)
