@@ -116,7 +116,7 @@ def known_embedding_dim(encoder: nn.Module) -> int | None:
 
     Only structural facts count: an ``nn.Linear`` (its ``out_features``), an ``nn.Sequential``
     ending in one, and a registry method (its ``embed_dim``, via
-    :class:`~bayesurl.posthoc.wrap.MethodEncoder`). Attributes such as timm's
+    :class:`MethodEncoder`). Attributes such as timm's
     ``num_features`` (the width *before* the classifier head) or a ViT's ``embed_dim``
     describe internals, not the output, so everything else returns ``None`` and the wrappers
     build their head from the first embeddings the encoder actually returns (issue 15).
