@@ -2,8 +2,8 @@
 
 Writes ``rank{RANK}.json`` into ``$BAYESURL_RSS_DIR`` with ``base``, the RSS once the
 evaluation modules are imported, and ``peak``, the largest RSS sampled every 2 ms while the
-command runs (import-time spikes are not counted), and ``seconds``, the command's time after
-the imports.
+command runs (import-time spikes are not counted), ``seconds`` / ``cpu``, the command's wall
+and CPU time after the imports (the CPU time does not depend on what else the machine runs).
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ if __name__ == "__main__":
 
     th = threading.Thread(target=poll, daemon=True)
     th.start()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     code = main(sys.argv[1:])
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     stop.set()
     th.join()
     peak = max(peak, _rss())
     out = Path(os.environ["BAYESURL_RSS_DIR"]) / f"rank{os.environ.get('RANK', '0')}.json"
-    out.write_text(json.dumps({"peak": peak, "base": base, "seconds": seconds}))
+    out.write_text(json.dumps({"peak": peak, "base": base, "seconds": seconds, "cpu": cpu}))
     sys.exit(code)

@@ -400,6 +400,12 @@ def distributed_main(a: argparse.Namespace) -> None:
         f"  after the imports: 1 process {i1:.2f} s, slowest of {w} ranks {iw:.2f} s "
         f"(ratio {iw / i1:.3f}); the rest is interpreter start, imports and torchrun's launcher"
     )
+    c1 = float(np.median([o[1][0]["cpu"] for o in ones]))
+    cw = float(np.median([max(r["cpu"] for r in m[1]) for m in many]))
+    print(
+        f"  CPU time after the imports (independent of the machine's load): 1 process "
+        f"{c1:.2f} s, busiest of {w} ranks {cw:.2f} s (ratio {cw / c1:.3f})"
+    )
     emb = a.n * a.d * 4
     shard = -(-a.n // w) * a.d * 4
     bufs = 2 * min(RING_CHUNK_BYTES, shard)
