@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from bayesurl.benchmark import embed, evaluate_checkpoint, evaluate_method
+from bayesurl.runs.predict import embed, evaluate_method
+from bayesurl.runs.runner import evaluate_checkpoint
 from bayesurl.cli import main
 from bayesurl.data import (
     as_tensors,
