@@ -13,9 +13,12 @@ standard train classes. The options become a :class:`bayesurl.runs.RunConfig` an
 :func:`bayesurl.runs.runner.train` does the work (the data assembly, transforms and training of
 ``bayesurl run``, without the evaluation); this module only parses and reports.
 
-Example::
+Examples::
 
     bayesurl train --method ce --dataset default --epochs 2 --subset 2000 --out runs/ce
+    torchrun --nproc_per_node 8 -m bayesurl train --recipe imagenet/mcinfonce \
+        --set data.root=/data/imagenet --set data.downstream_root=/data/dml \
+        --set backbone.checkpoint=resnet50_imagenet.pt --out runs/imagenet/mcinfonce
 """
 
 from __future__ import annotations
@@ -48,7 +51,24 @@ def _method_arg(text: str) -> tuple[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``bayesurl train``."""
-    parser.add_argument("--method", required=True, help="registry name (bayesurl.methods)")
+    parser.add_argument(
+        "--method", default=None, help="registry name (bayesurl.methods); or give --recipe"
+    )
+    parser.add_argument(
+        "--recipe",
+        default=None,
+        help="train a recipe's method instead (<dataset>/<estimator>, see `bayesurl run "
+        "--list`); with --set / --preset, the other options are ignored",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe value (train.epochs=5), repeatable (with --recipe)",
+    )
+    parser.add_argument("--preset", default=None, help="a preset of the recipe (with --recipe)")
     parser.add_argument(
         "--dataset",
         default="default",
@@ -105,8 +125,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace) -> Any:
     """The :class:`bayesurl.runs.RunConfig` of the options (validated, naming the option)."""
     from bayesurl.methods import get
-    from bayesurl.runs import BackboneConfig, DataConfig, EstimatorConfig, RunConfig, TrainConfig
+    from bayesurl.runs import (
+        BackboneConfig,
+        DataConfig,
+        EstimatorConfig,
+        RunConfig,
+        TrainConfig,
+        load_recipe,
+    )
     from bayesurl.runs.runner import resolve_device
+
+    if args.recipe is not None:
+        if args.resume is not None and not Path(args.resume).is_file():
+            raise FileNotFoundError(f"`--resume` checkpoint {args.resume!r} does not exist")
+        overrides = list(args.overrides)
+        if args.device is not None:
+            overrides.append(("device", str(args.device)))
+        return load_recipe(args.recipe, overrides, preset=args.preset)
+    if args.method is None:
+        raise ValueError("`--method` (a registry name) or `--recipe` is required")
 
     for name in ("epochs", "batch_size", "grad_accum", "embed_dim"):
         if getattr(args, name) < 1:
@@ -186,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         summary = {
             "method": estimator.cls.name,
             "method_kwargs": estimator.method_kwargs,
-            "dataset": args.dataset,
+            "dataset": cfg.data.name if args.recipe else args.dataset,
             "n_train": len(data.sets.train),
             "epochs": result.epochs,
             "global_step": result.global_step,

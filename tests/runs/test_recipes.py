@@ -17,7 +17,7 @@ import torch
 
 from bayesurl.cli import main
 from bayesurl.runs import build_estimator, list_recipes, load_recipe
-from bayesurl.runs.config import RECIPE_DIR
+from bayesurl.runs.config import RECIPE_DIR, read_recipe_file
 
 REPO = Path(__file__).resolve().parents[2]
 FOLDER_DATASETS = ["cub", "cars", "sop"]
@@ -32,8 +32,10 @@ def test_every_dataset_and_estimator_table_resolves():
     assert {"fashion_mnist", *FOLDER_DATASETS} <= set(recipes)
     for dataset, names in recipes.items():
         assert len(names) >= 16, dataset
+        presets = list(read_recipe_file(dataset).get("presets", {}))
+        assert "smoke" in presets, dataset
         for name in names:
-            for preset in (None, "smoke", "quick", "full"):
+            for preset in (None, *presets):
                 cfg = load_recipe(f"{dataset}/{name}", preset=preset)
                 assert cfg.estimator.name == name and cfg.dataset == dataset
                 build_estimator(cfg)  # checks the method / wrapper / LAM options
@@ -218,3 +220,64 @@ def test_folder_recipe_runs_on_a_cub_layout(name, fake_cub, tmp_path):
     assert record["settings"]["data"]["channels"] == 3
     assert 0.0 <= record["metrics"]["r@1"] <= 1.0
     assert Path(record["checkpoint"]).is_file()
+
+
+def _imagenet_layout(tmp_path, fake_cub):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    for c in range(3):
+        folder = tmp_path / "imagenet" / "train" / f"n0{c}"
+        folder.mkdir(parents=True)
+        for k in range(8):
+            pixels = (rng.random((14, 14, 3)) * 255).astype("uint8")
+            Image.fromarray(pixels).save(folder / f"{k}.JPEG")
+    dml = tmp_path / "dml"
+    dml.mkdir()
+    (dml / "cub").symlink_to(fake_cub, target_is_directory=True)
+    return tmp_path / "imagenet", dml
+
+
+def test_imagenet_recipe_on_an_imagefolder_with_zero_shot_cub(fake_cub, tmp_path):
+    root, dml = _imagenet_layout(tmp_path, fake_cub)
+    out = tmp_path / "run"
+    argv = ["run", "imagenet/ce", "--preset", "smoke", "--no-progress", "--out", str(out)]
+    argv += ["--set", f"data.root={str(root)!r}", "--set", f"data.downstream_root={str(dml)!r}"]
+    argv += ["--set", "data.image_size=12"]
+    assert main(argv) == 0
+    record = json.loads((out / "result.json").read_text())
+    assert record["settings"]["data"]["sizes"]["train"] == 24
+    assert record["settings"]["data"]["upstream_classes"] == [0, 1, 2]
+    m = record["metrics"]
+    assert set(m["per_set"]) == {"cub"} and m["r@1"] == m["per_set"]["cub"]["r@1"]
+    assert 0.0 <= m["r@1"] <= 1.0
+    # without the downstream folder the run stops before training, naming the key
+    assert main(argv[:-4] + ["--set", f"data.root={str(root)!r}"]) == 2
+
+
+def test_imagenet_defaults_follow_url_appendix_b():
+    # URL appendix B: 16 x 128 accumulated to 2048, 32 epochs, 5 warm-up, LAMB, ResNet-50
+    cfg = load_recipe("imagenet/ce")
+    t = cfg.train
+    assert (t.batch_size * t.grad_accum, t.epochs, t.warmup_epochs) == (2048, 32, 5.0)
+    assert t.optimizer == "lamb" and cfg.backbone.name == "resnet50"
+    assert load_recipe("imagenet_vit/ce").backbone.name == "vit_medium_patch16_gap_256"
+    # lr-base of URL's code appendix (per 256 images) scaled to the aggregated batch
+    assert t.lr == pytest.approx(0.0027583475549166764 * 2048 / 256)
+    hib = load_recipe("imagenet_vit/hib").train
+    assert (hib.batch_size, hib.grad_accum) == (48, 43)
+    assert hib.lr == pytest.approx(0.0005920448270870512 * 48 * 43 / 256)
+    # "none" in a free-form table is None (TOML has no null)
+    assert load_recipe("imagenet/elk").estimator.kwargs["warmup_u"] is None
+
+
+def test_train_command_takes_a_recipe(tmp_path, capsys):
+    out = tmp_path / "t"
+    argv = ["train", "--recipe", "fashion_mnist/ce", "--preset", "smoke", "--no-progress"]
+    assert main([*argv, "--set", "data.max_train=96", "--out", str(out)]) == 0
+    assert "trained ce for 1 epochs" in capsys.readouterr().out
+    ck = torch.load(out / "last.pt", weights_only=True)
+    assert ck["method"]["kwargs"]["embed_dim"] == 16  # the smoke preset's backbone
+    assert main(["train", "--out", str(out)]) == 2
+    assert "--recipe" in capsys.readouterr().err
