@@ -12,9 +12,11 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from bayesurl.data.batch import unpack_batch
 from bayesurl.heads.embedding import EmbeddingNet
 from bayesurl.heads.temperature import temperature
 from bayesurl.losses.tau import _variant, tau_simclr_loss
+from bayesurl.methods._embedding import _json_backbone
 from bayesurl.methods.base import Method, register
 from bayesurl.types import Output
 
@@ -66,9 +68,8 @@ class TaU(Method):
         self.variant = _variant(variant)
         self.net = EmbeddingNet(backbone, self.embed_dim + 1, **dict(backbone_kwargs or {}))
         kw = {k: v for k, v in (backbone_kwargs or {}).items() if k != "probe_input"}
-        name = backbone if isinstance(backbone, str) else f"<module {type(backbone).__name__}>"
         self.hparams: dict[str, Any] = {
-            "backbone": name,
+            "backbone": _json_backbone(backbone),
             "embed_dim": self.embed_dim,
             "scale": self.scale,
             "variant": self.variant.value,
@@ -89,8 +90,8 @@ class TaU(Method):
 
     def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:
         """TaU-SimCLR loss of a two-view batch ``((x1, x2), y)``; labels are ignored."""
-        x, _ = batch
-        if not (isinstance(x, (tuple, list)) and len(x) == 2):
+        x, _ = unpack_batch(batch)
+        if not isinstance(x, (tuple, list)):
             raise ValueError("TaU trains on two views: `batch` must be ((x1, x2), y)")
         z1, s1 = self.encode(x[0])
         z2, s2 = self.encode(x[1])
