@@ -113,13 +113,12 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from bayesurl._checks import check_device, check_output_dir
     from bayesurl.runs.results import merge_results
-    from bayesurl.runs.runner import resolve_device
     from bayesurl.runs.sweep import resolve_estimators, run_sweep
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"`--out` {str(out)!r} exists and is not a folder")
+    out = check_output_dir(args.out, "--out")
+    device = check_device(args.device, "--device")
     if args.merge:
         merged = merge_results(args.merge)
         merged.save(out)
@@ -128,8 +127,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     names = resolve_estimators(args.methods, args.dataset)  # unknown names raise
     seeds = parse_seeds(args.seeds)
-    if args.device is not None:
-        resolve_device(args.device)
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"`--threads` must be >= 1, got {args.threads}")
@@ -145,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         preset=args.preset,
         seeds=seeds,
         overrides=overrides,
-        device=args.device,
+        device=device,
         out=out,
         checkpoint_dir=out / "checkpoints" if args.save_checkpoints else None,
         progress=not args.no_progress,

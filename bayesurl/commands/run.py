@@ -46,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
     """Run the recipe and print its metrics; 0 on success."""
     from pathlib import Path
 
+    from bayesurl._checks import check_device, check_output_dir
     from bayesurl.runs import list_recipes, load_recipe
     from bayesurl.runs import run as run_one
-    from bayesurl.runs.runner import resolve_device
 
     if args.list:
         for dataset, names in list_recipes().items():
@@ -62,11 +62,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"`--seed` must be >= 0, got {args.seed}")
         overrides.append(("seed", int(args.seed)))
     if args.device is not None:
-        resolve_device(args.device)  # names --device on a bad value
-        overrides.append(("device", str(args.device)))
-    out = Path(args.out) if args.out is not None else Path("runs") / args.recipe
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"`--out` {str(out)!r} exists and is not a folder")
+        overrides.append(("device", str(check_device(args.device, "--device"))))
+    out = check_output_dir(
+        args.out if args.out is not None else Path("runs") / args.recipe, "--out"
+    )
     cfg = load_recipe(args.recipe, overrides, preset=args.preset)
     result = run_one(cfg, out=out, progress=not args.no_progress)
     m = result.metrics

@@ -124,6 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_config(args: argparse.Namespace) -> Any:
     """The :class:`bayesurl.runs.RunConfig` of the options (validated, naming the option)."""
+    from bayesurl._checks import check_device, check_output_dir
     from bayesurl.methods import get
     from bayesurl.runs import (
         BackboneConfig,
@@ -133,14 +134,15 @@ def build_config(args: argparse.Namespace) -> Any:
         TrainConfig,
         load_recipe,
     )
-    from bayesurl.runs.runner import resolve_device
 
+    check_output_dir(args.out, "--out")
+    device = check_device(args.device, "--device")
     if args.recipe is not None:
         if args.resume is not None and not Path(args.resume).is_file():
             raise FileNotFoundError(f"`--resume` checkpoint {args.resume!r} does not exist")
         overrides = list(args.overrides)
-        if args.device is not None:
-            overrides.append(("device", str(args.device)))
+        if device is not None:
+            overrides.append(("device", str(device)))
         return load_recipe(args.recipe, overrides, preset=args.preset)
     if args.method is None:
         raise ValueError("`--method` (a registry name) or `--recipe` is required")
@@ -165,11 +167,6 @@ def build_config(args: argparse.Namespace) -> Any:
             raise ValueError(f"`--image-size` must be >= 8, got {args.image_size}")
     if args.resume is not None and not Path(args.resume).is_file():
         raise FileNotFoundError(f"`--resume` checkpoint {args.resume!r} does not exist")
-    if args.device is not None:
-        resolve_device(args.device)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"`--out` {str(out)!r} exists and is not a folder")
     return RunConfig(
         dataset=name,
         estimator=EstimatorConfig(name=cls.name, kwargs=dict(args.method_arg)),
@@ -195,7 +192,7 @@ def build_config(args: argparse.Namespace) -> Any:
             num_workers=args.num_workers,
         ),
         seed=args.seed,
-        device=args.device,
+        device=None if device is None else str(device),
     )
 
 

@@ -80,10 +80,12 @@ def _options(args: argparse.Namespace, method: Any) -> tuple[dict[str, Any], dic
 
 def run(args: argparse.Namespace) -> int:
     """Fit and save; prints a JSON summary. 0 on success."""
+    import torch
+
+    from bayesurl._checks import check_device, check_output_file
     from bayesurl.runs import BackboneConfig, DataConfig, EstimatorConfig, RunConfig, TrainConfig
     from bayesurl.runs.data import build_data
     from bayesurl.runs.estimators import MethodEstimator, PosthocEstimator
-    from bayesurl.runs.runner import resolve_device
     from bayesurl.training import load_method_from_checkpoint, seed_everything
 
     method_name = str(args.method).lower()
@@ -101,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if not Path(args.checkpoint).is_file():
         raise FileNotFoundError(f"no checkpoint at {args.checkpoint}")
-    device = resolve_device(args.device)
+    check_output_file(args.out, "--out")
+    device = check_device(args.device, "--device") or torch.device("cpu")
     method = load_method_from_checkpoint(args.checkpoint, map_location=device)
     hp = dict(getattr(method, "hparams", {}) or {})
     options, fit = _options(args, method)
