@@ -281,12 +281,9 @@ def data_config(backbone: str | nn.Module, **kwargs: Any) -> BackboneDataConfig:
     std = tuple(float(s) for s in cfg["std"])
     conv = next((m for m in module.modules() if isinstance(m, nn.Conv2d)), None)
     if conv is not None and int(conv.in_channels) != size[0]:  # e.g. timm's in_chans=1
-        c = int(conv.in_channels)
+        c = int(conv.in_channels)  # statistics averaged over the configured channels
         size = (c, size[1], size[2])
-        mean = mean[:c] if len(mean) >= c else (sum(mean) / len(mean),) * c
-        std = std[:c] if len(std) >= c else (sum(std) / len(std),) * c
-        if c == 1:
-            mean, std = (sum(cfg["mean"]) / len(cfg["mean"]),), (sum(cfg["std"]) / len(cfg["std"]),)
+        mean, std = (sum(mean) / len(mean),) * c, (sum(std) / len(std),) * c
     return BackboneDataConfig(
         in_chans=size[0], mean=mean, std=std, input_size=(size[0], size[1], size[2])
     )
