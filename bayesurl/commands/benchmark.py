@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 
+OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "train and evaluate every estimator on the same zero-shot data; print one table"
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 
+OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "train and evaluate one recipe (dataset/estimator) from the TOML configs"
 
 

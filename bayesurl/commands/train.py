@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "train one method on the upstream classes and save a checkpoint"
 
 #: the embedded zero-shot default and its two sources (28 x 28 grayscale, in memory)

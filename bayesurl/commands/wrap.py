@@ -27,6 +27,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+OUTPUT_FILES = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "fit a post-hoc u(x) (pvu, tau or laplace) on a trained checkpoint and save it"
 
 DATASETS = ("default", "fashion_mnist", "digits")
