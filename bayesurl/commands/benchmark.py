@@ -16,6 +16,13 @@ from __future__ import annotations
 
 import argparse
 
+from bayesurl.commands._protocol import (
+    add_protocol_arguments,
+    run_protocol_command,
+    smoke_notice,
+    wants_protocol,
+)
+
 HELP = "train and evaluate every method on the zero-shot default; print one table"
 
 
@@ -70,8 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset",
         default="quick",
-        choices=list(PRESETS),
-        help="quick: <= 10 min on 2 CPU cores; full: all data, longer training; smoke: tests",
+        choices=[*PRESETS, "standard"],
+        help="quick: <= 10 min on 2 CPU cores (smoke scale); full: all data, longer training; "
+        "smoke: tests; standard: the reproducible protocol (class splits x seeds, stored, "
+        "resumable; bayesurl.runs.protocol)",
     )
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: auto)")
     parser.add_argument("--out", default="runs/benchmark", help="output folder")
@@ -93,6 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="train nothing: merge the results.json of earlier runs (e.g. one seed each) "
         "into one table in --out",
     )
+    add_protocol_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,6 +113,11 @@ def run(args: argparse.Namespace) -> int:
 
     from bayesurl.benchmark import merge_results, resolve_methods, run_benchmark
 
+    if wants_protocol(args):
+        return run_protocol_command(args)
+    notice = smoke_notice(args.preset)
+    if notice and not args.merge:
+        print(notice)
     if args.merge:
         merged = merge_results(args.merge)
         merged.save(args.out)
