@@ -20,7 +20,7 @@ averaged over downstream sets and seeds). :func:`run_protocol`
    (:func:`write_results`, :mod:`bayesurl.runs.aggregate`).
 
 The run itself is a callable ``run_fn(params) -> record``; :func:`pipeline_run_fn` adapts the
-one run pipeline (:func:`bayesurl.runs.runner.run`) to the class-split data. Tests pass a cheap
+one run pipeline (``bayesurl.runs.runner.run``) to the class-split data. Tests pass a cheap
 fake.
 """
 
@@ -343,7 +343,7 @@ def pipeline_run_fn(
     device: str | None = None,
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """A ``run_fn`` for :func:`run_protocol` on the one run pipeline
-    (:func:`bayesurl.runs.runner.run`) with the class-split data.
+    (``bayesurl.runs.runner.run``) with the class-split data.
 
     The recipe ``<dataset>/<estimator>`` is loaded with the preset's recipe preset, its
     overrides, ``overrides``, the estimator's tuned overrides and the run's seed; its data are
@@ -611,7 +611,7 @@ def run_protocol(
     estimators : sequence of str or None
         Estimators of the recipe file (``None``: all of them; ignored with ``worker=True``).
     preset : str or ProtocolPreset
-        ``"standard"``, ``"quick"`` or ``"smoke"`` (:data:`PROTOCOL_PRESETS`).
+        ``"standard"``, ``"quick"`` or ``"smoke"`` (``PROTOCOL_PRESETS``).
     out : path-like, optional
         Results folder; default ``results/benchmark/<preset>``.
     storage : str, optional
