@@ -602,6 +602,7 @@ def run_protocol(
     device: str | None = None,
     poll: float = 10.0,
     heartbeat_interval: int = 30,
+    plan_timeout: float = 3600.0,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run (or join) the benchmark sweep of ``preset``; see the module docs.
@@ -630,6 +631,8 @@ def run_protocol(
     heartbeat_interval : int
         Seconds between a running run's heartbeats (a crashed worker's run is given to another
         after four missed beats).
+    plan_timeout : float
+        How long a ``worker`` waits for the first machine to enqueue the plan.
     log : callable
         Progress output.
 
@@ -694,6 +697,16 @@ def run_protocol(
                 f"OOD AUROC {record.get('ood_auroc')}, {record.get('total_time')} s"
             )
 
+    if worker:  # the first machine may still be tuning or planning: wait for the plan
+        waited = 0.0
+        while store.status()["total"] == 0 and waited < plan_timeout:
+            time.sleep(poll)
+            waited += poll
+        if store.status()["total"] == 0:
+            raise ValueError(
+                f"no runs in the storage {store.url} after {plan_timeout:.0f} s: start the first "
+                "machine (without --worker) with the same --storage and --preset"
+            )
     done = store.work(fn, poll=poll, on_done=on_done)
     status = store.status()
     paths: dict[str, Path] = {}

@@ -121,3 +121,19 @@ def test_bad_tuned_file(tmp_path):
     (tmp_path / "tuned.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="tuned"):
         load_tuned(tmp_path)
+
+
+def test_worker_joins_and_waits_for_a_plan(tmp_path):
+    run_protocol(["ce", "a", "b"], preset=PRESET, out=tmp_path, run_fn=fake_run, log=print)
+    res = run_protocol(None, preset=PRESET, out=tmp_path, worker=True, run_fn=fake_run, log=print)
+    assert res["done_here"] == 0 and res["status"]["complete"] == 24
+    with pytest.raises(ValueError, match="no runs"):
+        run_protocol(
+            None,
+            preset=PRESET,
+            out=tmp_path / "empty",
+            worker=True,
+            run_fn=fake_run,
+            poll=0.05,
+            plan_timeout=0.2,
+        )
