@@ -137,3 +137,21 @@ def test_worker_joins_and_waits_for_a_plan(tmp_path):
             poll=0.05,
             plan_timeout=0.2,
         )
+
+
+def test_pipeline_run_fn_on_a_class_split():
+    """The adapter to the one run pipeline: the run sees the split's classes and data sizes."""
+    pytest.importorskip("bayesurl.runs.runner")
+    from bayesurl.data.class_splits import class_splits
+    from bayesurl.runs.protocol import get_protocol_preset, pipeline_run_fn
+
+    preset = get_protocol_preset("smoke")
+    fn = pipeline_run_fn(preset=preset, device="cpu")
+    split = class_splits(2)[1]  # 5-9 upstream, 0-4 downstream
+    rec = fn(
+        {"estimator": "ce", "split": 1, "seed": 0, "class_split": split.to_dict(), "stage": "final"}
+    )
+    assert rec["error"] is None
+    assert (rec["method"], rec["split"], rec["seed"]) == ("ce", 1, 0)
+    assert rec["downstream"] == [0, 1, 2, 3, 4] and rec["n_test"] == preset.max_test
+    assert 0.0 <= rec["r_auroc"] <= 1.0 and 0.0 <= rec["mixed_r_auroc"] <= 1.0
