@@ -544,23 +544,35 @@ class SweepStorage:
         rec = {**dict(record), "key": claim.key}
         v = rec.get(objective)
         value = float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else -math.inf
-        _retry(lambda: self._storage.set_trial_user_attr(claim.trial_id, "record", rec), "record")
+        try:
+            _retry(
+                lambda: self._storage.set_trial_user_attr(claim.trial_id, "record", rec), "record"
+            )
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # this worker missed its heartbeats long enough for another to fail the run as
+            # stale; the run was enqueued again and will be redone, nothing to store here
+            return
         self._finish(claim.trial_id, optuna.trial.TrialState.COMPLETE, value)
 
     def fail(self, claim: Claim, error: str | None = None, *, interrupted: bool = False) -> None:
         """Mark a claimed run ``FAIL`` with its ``error`` (or as ``interrupted``: given back,
         not counted as an attempt, enqueued again by the next :meth:`add_runs`)."""
         optuna = require_optuna()
-        if error is not None:
-            _retry(
-                lambda: self._storage.set_trial_user_attr(claim.trial_id, "error", str(error)),
-                "error",
-            )
-        if interrupted:
-            _retry(
-                lambda: self._storage.set_trial_system_attr(claim.trial_id, "interrupted", True),
-                "mark",
-            )
+        try:
+            if error is not None:
+                _retry(
+                    lambda: self._storage.set_trial_user_attr(claim.trial_id, "error", str(error)),
+                    "error",
+                )
+            if interrupted:
+                _retry(
+                    lambda: self._storage.set_trial_system_attr(
+                        claim.trial_id, "interrupted", True
+                    ),
+                    "mark",
+                )
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return  # already failed as stale by another worker
         self._finish(claim.trial_id, optuna.trial.TrialState.FAIL)
 
     # ------------------------------------------------------------------ the worker loop

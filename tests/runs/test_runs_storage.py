@@ -183,3 +183,17 @@ def test_bad_arguments(tmp_path):
         run_key("a/b", 0, 0)
     with pytest.raises(ValueError, match="seed"):
         run_key("a", 0, -1)
+
+
+def test_a_run_failed_as_stale_is_not_overwritten_by_its_late_worker(tmp_path):
+    """A worker that lost its run (no heartbeat, failed as stale) finishes quietly; the run is
+    redone once by the next claim, and exactly one record is kept."""
+    store = SweepStorage(out=tmp_path, sweep="late", heartbeat_interval=1, grace_period=1)
+    store.add_runs([{"estimator": "a", "split": 0, "seed": 0}])
+    claim = store.claim()
+    store._finish(claim.trial_id, __import__("optuna").trial.TrialState.FAIL)  # as fail_stale
+    store.complete(claim, {"r_auroc": 0.6})  # the late worker: no error, nothing stored
+    assert store.records() == []
+    calls = []
+    store.work(lambda p: calls.append(p) or {"r_auroc": 0.7}, wait=False)
+    assert len(calls) == 1 and [r["r_auroc"] for r in store.records()] == [0.7]
