@@ -67,7 +67,14 @@ def measure(estimators: list[str], log: Path, n_train: int) -> None:
         print(row, flush=True)
 
 
-def estimate(log: Path, max_train: int, epochs: int, n_runs_per_estimator: int) -> float:
+def estimate(
+    log: Path,
+    max_train: int,
+    epochs: int,
+    n_runs_per_estimator: int,
+    n_estimators: int = 0,
+    n_posthoc: int = 0,
+) -> float:
     rows = [json.loads(line) for line in log.read_text().splitlines() if line]
     total = 0.0
     print(f"{'estimator':14s} {'train s/1k img-ep':>18s} {'rest CPU s':>10s} {'run CPU s':>10s}")
@@ -79,9 +86,21 @@ def estimate(log: Path, max_train: int, epochs: int, n_runs_per_estimator: int) 
         print(f"{r['estimator']:14s} {1000 * per:18.2f} {rest:10.1f} {cost:10.1f}")
     wall = total * n_runs_per_estimator / 2
     print(
-        f"sum over {len(rows)} estimators: {total:.0f} CPU s per (split, seed); "
+        f"sum over {len(rows)} measured estimators: {total:.0f} CPU s per (split, seed); "
         f"x {n_runs_per_estimator} (split, seed) pairs / 2 workers = {wall / 3600:.2f} h"
     )
+    if n_estimators > len(rows):
+        mean = total / len(rows)
+        ce = next((r for r in rows if r["estimator"] == "ce"), None)
+        base = 0.0
+        if ce is not None:  # post-hoc estimators may retrain their CE base in each worker
+            base = n_posthoc * (ce["train_cpu"] / ce["n_train"]) * max_train * epochs
+        wall = (n_estimators * mean + base) * n_runs_per_estimator / 2
+        print(
+            f"scaled to {n_estimators} estimators at the measured mean ({mean:.0f} CPU s per run)"
+            f" + {n_posthoc} CE base retrainings per (split, seed) ({base:.0f} CPU s): "
+            f"{wall / 3600:.2f} h on 2 cores with two one-thread workers"
+        )
     return wall
 
 
@@ -98,7 +117,9 @@ if __name__ == "__main__":
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--pairs", type=int, default=4, help="(split, seed) pairs of the preset")
     ap.add_argument("--estimate-only", action="store_true")
+    ap.add_argument("--n-estimators", type=int, default=17, help="estimators of the sweep")
+    ap.add_argument("--n-posthoc", type=int, default=3, help="post-hoc estimators on a CE base")
     a = ap.parse_args()
     if not a.estimate_only:
         measure(a.estimators.split(","), a.log, a.train)
-    estimate(a.log, a.max_train, a.epochs, a.pairs)
+    estimate(a.log, a.max_train, a.epochs, a.pairs, a.n_estimators, a.n_posthoc)

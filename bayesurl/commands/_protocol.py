@@ -80,6 +80,13 @@ def run_protocol_command(args: argparse.Namespace) -> int:
         raise ValueError(f"`--tune` must be >= 0, got {args.tune}")
     if args.worker and args.tune:
         raise ValueError("`--tune` runs on the first machine only; drop it with --worker")
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"`--threads` must be >= 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
     preset = get_protocol_preset(args.preset)
     out = None if args.out == LEGACY_OUT else args.out
     methods = None

@@ -33,6 +33,7 @@ def test_smoke_presets_print_how_to_get_the_real_run():
     [
         (["--preset", "standard", "--tune", "-1"], "--tune"),
         (["--worker", "--tune", "2"], "--tune"),
+        (["--preset", "standard", "--threads", "0"], "--threads"),
     ],
 )
 def test_bad_protocol_arguments(argv, match, capsys):
