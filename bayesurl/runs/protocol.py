@@ -561,7 +561,8 @@ def plot_results(
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 5.5))
-    for name, row in summary.items():
+    offsets = [(5, 5), (5, -12), (-40, 5), (-40, -12)]  # labels of nearby points apart
+    for i, (name, row) in enumerate(summary.items()):
         r1, ra = row.get("r@1", {}), row.get("r_auroc", {})
         if r1.get("mean") is None or ra.get("mean") is None:
             continue
@@ -574,7 +575,11 @@ def plot_results(
 
         ax.errorbar(ra["mean"], r1["mean"], xerr=err(ra), yerr=err(r1), fmt="o", capsize=3)
         ax.annotate(
-            name, (ra["mean"], r1["mean"]), textcoords="offset points", xytext=(4, 4), fontsize=8
+            name,
+            (ra["mean"], r1["mean"]),
+            textcoords="offset points",
+            xytext=offsets[i % len(offsets)],
+            fontsize=8,
         )
     ax.axvline(0.5, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("R-AUROC (downstream, mean and 95 % t-interval over class splits)")
