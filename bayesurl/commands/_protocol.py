@@ -9,7 +9,7 @@ into the class-split x seed sweep stored in an Optuna RDB storage:
   started again, it goes on where it stopped.
 * ``--tune N``: first N Optuna trials per estimator on the validation classes (R-AUROC, R@1 <
   0.1 discarded); the chosen settings go to ``tuned.json`` and the sweep uses them.
-* several machines / GPUs: ``--storage postgresql://user:pw@host/db`` on all of them, the
+* several machines / GPUs: ``--storage postgresql+psycopg2://user:pw@host/db`` on all of them, the
   first without ``--worker``, every further one with ``--worker`` (one per GPU:
   ``CUDA_VISIBLE_DEVICES=k bayesurl benchmark --worker --storage URL``).
 """
@@ -36,7 +36,7 @@ def add_protocol_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="URL",
         help="SQLAlchemy URL of the sweep storage (default sqlite:///OUT/sweep.db); "
-        "postgresql://... for workers on several machines",
+        "postgresql+psycopg2://... for workers on several machines",
     )
     g.add_argument(
         "--tune",

@@ -258,7 +258,7 @@ class SweepStorage:
         max_attempts: int = 2,
     ) -> None:
         optuna = require_optuna()
-        from sqlalchemy.exc import IntegrityError
+        from sqlalchemy.exc import IntegrityError, ProgrammingError
 
         if url is None:
             if out is None:
@@ -293,8 +293,9 @@ class SweepStorage:
                 )
             ),
             "open storage",
-            # two processes creating the schema at once: the loser's alembic stamp fails
-            also=(IntegrityError,),
+            # two processes creating the schema at once: the loser's alembic stamp (or, on
+            # PostgreSQL, its CREATE TABLE) fails
+            also=(IntegrityError, ProgrammingError),
         )
         if self.url.startswith("sqlite"):
             _serialise_sqlite(self._storage.engine)
