@@ -144,7 +144,7 @@ PROTOCOL_PRESETS: dict[str, ProtocolPreset] = {
         max_ood=None,
         note=(
             "all 30,000 upstream images x 5 epochs, every downstream image a query; 17 "
-            "estimators x 4 splits x 1 seed estimated at 1.9 h on 2 CPU cores with two "
+            "estimators x 4 splits x 1 seed estimated at 1.7 h on 2 CPU cores with two "
             "one-thread workers from measured per-run CPU times "
             "(benchmarks/protocol_run_costs.py)"
         ),
