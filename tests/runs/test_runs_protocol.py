@@ -155,3 +155,15 @@ def test_pipeline_run_fn_on_a_class_split():
     assert (rec["method"], rec["split"], rec["seed"]) == ("ce", 1, 0)
     assert rec["downstream"] == [0, 1, 2, 3, 4] and rec["n_test"] == preset.max_test
     assert 0.0 <= rec["r_auroc"] <= 1.0 and 0.0 <= rec["mixed_r_auroc"] <= 1.0
+
+
+def test_write_results_keeps_failed_runs_apart(tmp_path):
+    from bayesurl.runs.protocol import write_results
+
+    recs = [fake_run({"estimator": e, "split": k, "seed": 0}) for e in QUALITY for k in range(4)]
+    recs.append({"method": "a", "split": 9, "seed": 0, "error": "RuntimeError: x", "r@1": None})
+    paths = write_results(recs, tmp_path, {"preset": "t"})
+    doc = json.loads(paths["json"].read_text())
+    assert doc["summary"]["a"]["_runs"] == {"ok": 4, "failed": 1}
+    assert doc["summary"]["a"]["r_auroc"]["n"] == 4  # the failed run is not averaged
+    assert len(doc["runs"]) == 17 and paths["png"].is_file()
