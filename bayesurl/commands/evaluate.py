@@ -3,7 +3,7 @@
 ``bayesurl evaluate --checkpoint CKPT [--dataset NAME]`` rebuilds a method trained by
 ``bayesurl train`` (weights-only load) and evaluates it zero-shot on the downstream classes of
 its data set, with OOD AUROC against held-out upstream data
-(:func:`bayesurl.benchmark.evaluate_checkpoint`; URL benchmark section 3.2).
+(:func:`bayesurl.runs.runner.evaluate_checkpoint`; URL benchmark section 3.2).
 
 INPUT.npz holds ``embeddings`` [N,D] and ``labels`` [N], and optionally ``uncertainties`` [N],
 ``samples`` [S,N,D] and ``ood_uncertainties`` [M]. Prints a table of every metric; with
@@ -350,8 +350,10 @@ def _run_distributed(args: argparse.Namespace) -> int:
     device = str(info.device)
     try:
         if args.checkpoint is not None:
+            # not sharded yet: the run pipeline's scorer (bayesurl.runs.predict.score) embeds
+            # whole sets, so every rank evaluates everything (correct, W times the work) and
+            # rank 0 reports
             args.device = device
-            args.distributed = True
             return _run_checkpoint(args)
         res = evaluate_npz(
             args.input,
@@ -371,10 +373,9 @@ def _run_distributed(args: argparse.Namespace) -> int:
 
 
 def _run_checkpoint(args: argparse.Namespace) -> int:
-    from bayesurl.benchmark import evaluate_checkpoint
     from bayesurl.distributed import is_main_process
+    from bayesurl.runs.runner import evaluate_checkpoint
 
-    extra = {"distributed": True} if getattr(args, "distributed", False) else {}
     res = evaluate_checkpoint(
         args.checkpoint,
         dataset=args.dataset,
@@ -386,7 +387,6 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
         ks=tuple(args.ks),
         ece_mode=args.ece_mode,
         shortlist=args.shortlist,
-        **extra,
     )
     if not is_main_process():
         return 0

@@ -28,9 +28,8 @@ rest:
   the same way. The command line does it for you::
 
     torchrun --nproc_per_node=2 -m bayesurl evaluate embeddings.npz --json metrics.json
-    torchrun --nproc_per_node=2 -m bayesurl evaluate --checkpoint runs/mcinfonce/last.pt
 
-  (each rank reads only its rows of the ``.npz``, or embeds only its rows of the test set).
+  (each rank reads only its rows of the ``.npz``).
 
 This page runs a real two-process job with the ``gloo`` backend on CPU, on tiny data.
 """

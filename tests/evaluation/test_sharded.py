@@ -165,7 +165,8 @@ class _Keep(torch.nn.Module):
 
 @pytest.mark.distributed
 def test_cli_checkpoint_under_two_ranks_equals_one_process(tmp_path) -> None:
-    """Each rank embeds its rows of the test / OOD sets; metrics equal one process's."""
+    """Under torchrun ``--checkpoint`` gives one process's metrics (not sharded yet: the run
+    pipeline's scorer embeds whole sets on every rank)."""
     from _sharded_worker import cli_worker
 
     from bayesurl.cli import main
