@@ -70,6 +70,10 @@ def _fitted(method, enc, tmp_path):
         pytest.importorskip("bayesurl.laplace")
         w = wrap(enc, "laplace", margin=1.0)
         w.fit(_labelled(), progress=False)
+    elif method == "laplace_kron":  # Kronecker-factored (EKFAC) contrastive posterior
+        pytest.importorskip("bayesurl.laplace")
+        w = wrap(enc, "laplace", margin=1.0, hessian_structure="kron")
+        w.fit(_labelled(), progress=False)
     else:  # laplace-torch last-layer Laplace of a classifier on the embedding
         pytest.importorskip("bayesurl.laplace")
         w = wrap(enc, "laplace", classifier=_classifier())
@@ -82,7 +86,7 @@ def _classifier(seed=1):
     return nn.Linear(6, 3)
 
 
-METHODS = ["pvu", "tau", "laplace", "laplace_classifier"]
+METHODS = ["pvu", "tau", "laplace", "laplace_kron", "laplace_classifier"]
 #: modules that are not saved and go back in on load
 LOAD_OPTIONS = {"laplace_classifier": lambda: {"classifier": _classifier()}}
 
@@ -209,10 +213,12 @@ def test_posthoc_tau_trains_head_only_and_tau_above_scale():
     assert len(res["losses"]) == 1
 
 
-def test_laplace_wrapper_uncertainty_matches_metric_laplace_and_samples(tmp_path):
+@pytest.mark.parametrize("method", ["laplace", "laplace_kron"])
+def test_laplace_wrapper_uncertainty_matches_metric_laplace_and_samples(method, tmp_path):
     pytest.importorskip("bayesurl.laplace")
     enc = _encoder()
-    w = _fitted("laplace", enc, tmp_path)
+    w = _fitted(method, enc, tmp_path)
+    assert w.la.hessian_structure.value == method.split("_")[-1].replace("laplace", "diag")
     x = torch.randn(8, 1, 4, 4)
     with torch.no_grad():
         out = w(x)
