@@ -28,7 +28,8 @@ import torch
 from torch import Tensor, nn
 
 from bayesurl._checks import check_finite, check_ndim
-from bayesurl.posthoc.base import device_of, iterate, split_batch
+from bayesurl.data.batch import unpack_batch
+from bayesurl.posthoc.base import device_of, iterate
 
 __all__ = ["EmbeddingCache"]
 
@@ -166,7 +167,7 @@ class EmbeddingCache:
                 for p in range(int(passes)):
                     rows = 0
                     for batch in iterate(loader, progress, f"caching pass {p + 1}/{passes}"):
-                        x, y = split_batch(batch)
+                        x, y = unpack_batch(batch)
                         if not isinstance(x, Tensor):
                             raise ValueError(
                                 "the cache needs single-view batches x or (x, y), got a pair of "

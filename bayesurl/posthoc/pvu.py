@@ -28,12 +28,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bayesurl._checks import check_finite, check_ndim, check_same_length
+from bayesurl.data.batch import unpack_batch
 from bayesurl.posthoc.base import (
     PosthocWrapper,
     device_of,
     iterate,
     register_wrapper,
-    split_batch,
 )
 from bayesurl.posthoc.cache import EmbeddingCache
 
@@ -452,7 +452,7 @@ class PVU(PosthocWrapper):
         for epoch in range(epochs):
             vals = []
             for batch in iterate(loader, progress, f"PVU epoch {epoch + 1}/{epochs}"):
-                x, y = split_batch(batch)
+                x, y = unpack_batch(batch)
                 with torch.no_grad():
                     emb = self.embed(x.to(dev))
                 check_finite(emb, "encoder output")
