@@ -257,16 +257,25 @@ def _input_weights(inputs: Tensor, blocks: Blocks, a: Tensor) -> Tensor:
 
 
 def _input_sum(inputs: Tensor, blocks: Blocks, g: Tensor) -> Tensor:
-    """``sum_p sum_st g[p, st] abar_s abar_t^T`` (symmetric) for ``g [P, 3]``."""
-    n = inputs.shape[0]
-    rows = inputs.new_zeros(n)
-    rows.index_add_(0, blocks.i, g[:, 0])
-    rows.index_add_(0, blocks.j, g[:, 2])
-    out = inputs.T @ (inputs * rows[:, None])
+    """``sum_p sum_st g[p, st] abar_s abar_t^T`` (symmetric) for ``g [P, 3]``.
+
+    One ``[F', N] @ [N, F']`` product: the pair weights are first gathered per input row
+    (``abar^T (W abar)`` with the sparse ``N x N`` pair-weight matrix ``W``).
+    """
+    right = inputs * _row_sum(inputs.shape[0], blocks, g[:, 0], g[:, 2])[:, None]
     if blocks.cross:
-        c = (inputs[blocks.i] * g[:, 1:2]).T @ inputs[blocks.j]
-        out = out + c + c.T
-    return out
+        right = right.index_add(0, blocks.i, inputs[blocks.j] * g[:, 1:2])
+        right = right.index_add(0, blocks.j, inputs[blocks.i] * g[:, 1:2])
+    out = inputs.T @ right
+    return 0.5 * (out + out.T)
+
+
+def _row_sum(n: int, blocks: Blocks, at_i: Tensor, at_j: Tensor) -> Tensor:
+    """Per-row totals: ``at_i`` added at each pair's ``i`` row and ``at_j`` at its ``j`` row."""
+    rows = at_i.new_zeros((n, *at_i.shape[1:]))
+    rows.index_add_(0, blocks.i, at_i)
+    rows.index_add_(0, blocks.j, at_j)
+    return rows
 
 
 def kron_factors(
@@ -294,12 +303,18 @@ def kron_factors(
         Stop when the unit-norm ``G`` moves by less than ``tol`` (Frobenius) in an
         iteration; default ``1e-4`` in float32, ``1e-8`` in float64.
     init : Tensor, optional
-        ``A`` to start from (warm start; default the identity).
+        ``A`` to start from (warm start; default: see Notes).
     memory : (float, Tensor, Tensor), optional
         ``(c, G0, A0)``: an extra term ``c G0 (x) A0`` in the approximated sum (online LAM's
         decayed running curvature).
     info : dict, optional
         Receives ``n_iter`` (iterations run) and ``change`` (the last step of ``G``).
+
+    Notes
+    -----
+    Without ``init`` the ALS starts at ``A = sum_terms tr(X_st) abar_s abar_t^T`` (the
+    ``A`` step from ``G = I``), which on class-clustered features was one iteration from
+    convergence.
 
     Returns
     -------
@@ -315,13 +330,20 @@ def kron_factors(
         raise ValueError(f"`max_iter` must be >= 1, got {max_iter}")
     if tol is None:
         tol = 1e-4 if inputs.dtype in (torch.float32, torch.float16, torch.bfloat16) else 1e-8
-    f = inputs.shape[1]
-    a = (
-        torch.eye(f, dtype=inputs.dtype, device=inputs.device)
-        if init is None
-        else 0.5 * (init + init.T)
-    )
+    if init is None:
+        # half a step from G = I: A = sum_terms abar_s abar_t^T tr(X_st) -- a closer start
+        # than A = I (the G step from it is usually converged already)
+        eye = torch.eye(blocks.dim, dtype=inputs.dtype, device=inputs.device)
+        a = _input_sum(inputs, blocks, blocks.inner(eye))
+        if memory is not None:
+            a = a + memory[0] * torch.diagonal(memory[1]).sum() * memory[2]
+        if not bool(a.norm() > 0):
+            a = torch.eye(inputs.shape[1], dtype=inputs.dtype, device=inputs.device)
+    else:
+        a = 0.5 * (init + init.T)
     a = a / a.norm()
+    if float(torch.diagonal(a).sum()) < 0:
+        a = -a
 
     def g_step(a: Tensor) -> Tensor:  # least-squares G for a unit-norm A
         g = blocks.weighted_sum(_input_weights(inputs, blocks, a))
@@ -367,10 +389,11 @@ def eigencorrected_curvature(blocks: Blocks, inputs: Tensor, q_g: Tensor, q_a: T
     """
     at = inputs @ q_a
     di = blocks.rotated_diagonal(q_g)  # [P, 3, D]
-    ai, aj = at[blocks.i], at[blocks.j]
-    s = di[:, 0].T @ (ai * ai) + di[:, 2].T @ (aj * aj)
+    # the ii / jj terms share each input row's (q_f . abar)^2: gather them per row first
+    rows = _row_sum(inputs.shape[0], blocks, di[:, 0], di[:, 2])  # [N, D]
+    s = rows.T @ (at * at)
     if blocks.cross:
-        s = s + 2.0 * (di[:, 1].T @ (ai * aj))
+        s = s + 2.0 * (di[:, 1].T @ (at[blocks.i] * at[blocks.j]))
     return s
 
 
