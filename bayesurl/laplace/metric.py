@@ -128,6 +128,48 @@ def kappa_from_trace(trace: Tensor, dim: int) -> Tensor:
     return r * (dim - r2) * (1.0 + t) / t
 
 
+def _evidence_argmax(
+    h: Tensor,
+    theta2: float,
+    bounds: tuple[float, float],
+    n_iter: int,
+    clamped: float | None = None,
+) -> float:
+    """Scalar ``lambda`` maximising ``-0.5 lam theta2 + 0.5 sum log(lam / (h + lam))``.
+
+    The derivative ``0.5 (sum_i h_i / (lam (h_i + lam)) - theta2)`` decreases in ``lam``;
+    its root is found by bisection on ``log lam``, clipped to ``bounds``. ``h`` holds the
+    (clamped, scaled) curvature eigenvalues: the diagonal, or EKFAC's ``S``.
+    """
+    if not 0 < bounds[0] < bounds[1]:
+        raise ValueError(f"`bounds` must be increasing positive numbers, got {bounds}")
+    if not bool((h > 0).any()):
+        frac = "" if clamped is None else f" (clamped fraction {clamped:.3f})"
+        raise ValueError(
+            f"the clamped Hessian is zero{frac}: the posterior equals the prior and the "
+            "marginal likelihood has no maximum in `prior_precision`"
+        )
+    lo, hi = math.log(bounds[0]), math.log(bounds[1])
+
+    def grad(log_lam: float) -> float:
+        lam = math.exp(log_lam)
+        return float((h / (lam * (h + lam))).sum()) - theta2
+
+    if grad(hi) > 0:
+        best = hi
+    elif grad(lo) < 0:
+        best = lo
+    else:
+        for _ in range(n_iter):
+            mid = 0.5 * (lo + hi)
+            if grad(mid) > 0:
+                lo = mid
+            else:
+                hi = mid
+        best = 0.5 * (lo + hi)
+    return math.exp(best)
+
+
 class BaseMetricLaplace:
     """Diagonal last-layer Laplace over an embedding network (LAM section 3, eq. 3).
 
@@ -466,36 +508,11 @@ class BaseMetricLaplace:
         ValueError
             If every entry of ``H`` is clamped (the objective is then monotone).
         """
-        if not 0 < bounds[0] < bounds[1]:
-            raise ValueError(f"`bounds` must be increasing positive numbers, got {bounds}")
-        lo, hi = math.log(bounds[0]), math.log(bounds[1])
         h = (self.hessian_scale * self.hessian.clamp_min(0.0)).double()
-        if not bool((h > 0).any()):
-            raise ValueError(
-                "the clamped Hessian is zero (clamped fraction "
-                f"{self.clamped_fraction:.3f}): the posterior equals the prior and the "
-                "marginal likelihood has no maximum in `prior_precision`"
-            )
-        s = float((self.mean.double() ** 2).sum())
-
-        def grad(log_lam: float) -> float:
-            lam = math.exp(log_lam)
-            return float((h / (lam * (h + lam))).sum()) - s
-
-        if grad(hi) > 0:
-            best = hi
-        elif grad(lo) < 0:
-            best = lo
-        else:
-            for _ in range(n_iter):
-                mid = 0.5 * (lo + hi)
-                if grad(mid) > 0:
-                    lo = mid
-                else:
-                    hi = mid
-            best = 0.5 * (lo + hi)
-        self.prior_precision = math.exp(best)
-        return math.exp(best)
+        theta2 = float((self.mean.double() ** 2).sum())
+        best = _evidence_argmax(h, theta2, bounds, n_iter, self.clamped_fraction)
+        self.prior_precision = best
+        return best
 
     # ------------------------------------------------------------------ prediction
     def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
