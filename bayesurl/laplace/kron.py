@@ -285,7 +285,7 @@ def kron_factors(
     max_iter: int = 100,
     tol: float | None = None,
     init: Tensor | None = None,
-    memory: tuple[float, Tensor, Tensor] | None = None,
+    memory: tuple | None = None,
     info: dict | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Frobenius-nearest Kronecker product ``G (x) A`` of the pair GGN by ALS (Van Loan).
@@ -304,9 +304,10 @@ def kron_factors(
         iteration; default ``1e-4`` in float32, ``1e-8`` in float64.
     init : Tensor, optional
         ``A`` to start from (warm start; default: see Notes).
-    memory : (float, Tensor, Tensor), optional
-        ``(c, G0, A0)``: an extra term ``c G0 (x) A0`` in the approximated sum (online LAM's
-        decayed running curvature).
+    memory : tuple, optional
+        An extra term of the approximated sum (online LAM's decayed running curvature):
+        ``(c, G0, A0)`` for ``c G0 (x) A0``, or ``(c, Q_G, Q_A, S)`` for the EKFAC curvature
+        ``c (Q_G (x) Q_A) diag(S) (Q_G (x) Q_A)^T`` (``S [D, F']``).
     info : dict, optional
         Receives ``n_iter`` (iterations run) and ``change`` (the last step of ``G``).
 
@@ -336,7 +337,7 @@ def kron_factors(
         eye = torch.eye(blocks.dim, dtype=inputs.dtype, device=inputs.device)
         a = _input_sum(inputs, blocks, blocks.inner(eye))
         if memory is not None:
-            a = a + memory[0] * torch.diagonal(memory[1]).sum() * memory[2]
+            a = a + _memory_a(memory, torch.eye(blocks.dim, dtype=a.dtype, device=a.device))
         if not bool(a.norm() > 0):
             a = torch.eye(inputs.shape[1], dtype=inputs.dtype, device=inputs.device)
     else:
@@ -348,7 +349,7 @@ def kron_factors(
     def g_step(a: Tensor) -> Tensor:  # least-squares G for a unit-norm A
         g = blocks.weighted_sum(_input_weights(inputs, blocks, a))
         if memory is not None:
-            g = g + memory[0] * (memory[2] * a).sum() * memory[1]
+            g = g + _memory_g(memory, a)
         if not bool((g * g).sum() > 0) or not bool(torch.isfinite(g).all()):
             raise ValueError("the pair GGN is zero or not finite: no usable curvature")
         return g
@@ -359,7 +360,7 @@ def kron_factors(
     for n_done in range(1, int(max_iter) + 1):  # noqa: B007 - reported after the loop
         a = _input_sum(inputs, blocks, blocks.inner(g_unit))
         if memory is not None:
-            a = a + memory[0] * (memory[1] * g_unit).sum() * memory[2]
+            a = a + _memory_a(memory, g_unit)
         a = a / a.norm()
         if float(torch.diagonal(a).sum()) < 0:
             a = -a
@@ -373,6 +374,26 @@ def kron_factors(
     if info is not None:
         info.update(n_iter=n_done, change=change)
     return g, a
+
+
+def _memory_g(memory: tuple, a: Tensor) -> Tensor:
+    """G step of the memory term for a given ``A`` (see :func:`kron_factors`)."""
+    if len(memory) == 3:
+        c, g0, a0 = memory
+        return c * (a0 * a).sum() * g0
+    c, q_g, q_a, s = memory
+    w = torch.einsum("fk,fg,gk->k", q_a, a, q_a)  # q_f^T A q_f
+    return c * (q_g * (s @ w)) @ q_g.T
+
+
+def _memory_a(memory: tuple, g: Tensor) -> Tensor:
+    """A step of the memory term for a given ``G``."""
+    if len(memory) == 3:
+        c, g0, a0 = memory
+        return c * (g0 * g).sum() * a0
+    c, q_g, q_a, s = memory
+    w = torch.einsum("dk,de,ek->k", q_g, g, q_g)  # q_d^T G q_d
+    return c * (q_a * (s.T @ w)) @ q_a.T
 
 
 def kron_eigenbasis(g: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
@@ -569,6 +590,7 @@ class KronPosterior:
         decay: float = 0.0,
         clamp_batch: bool = False,
         warm_start: bool = True,
+        memory: str = "ekfac",
         max_iter: int = 100,
         tol: float | None = None,
     ) -> tuple[Tensor, dict]:
@@ -579,8 +601,10 @@ class KronPosterior:
         curvature is ``decay * proj(S_old) + S_new`` with ``proj`` the exact diagonal of the
         old EKFAC curvature in the new basis (:func:`rotated_diagonal_projection`).
         ``clamp_batch`` clamps ``S_new`` at 0 first (online LAM, the per-batch ReLU of
-        eq. 9). ``warm_start=False`` starts that ALS at the identity instead (the same
-        target, recomputed from scratch).
+        eq. 9). ``warm_start=False`` starts that ALS from scratch instead (the same target).
+        ``memory`` is what stands for the old curvature in the ALS: ``"ekfac"`` (default) the
+        old EKFAC curvature ``Q_old diag(S_old) Q_old^T`` itself, ``"factors"`` the old
+        Kronecker product ``G_old (x) A_old`` (a moving average of the factors).
 
         Returns
         -------
@@ -592,14 +616,22 @@ class KronPosterior:
         info: dict = {}
         if blocks.i.numel() == 0 and not keep:
             raise ValueError("no pairs contribute curvature and there is nothing to keep")
-        memory = (float(decay), self.g, self.a) if keep else None
+        if memory not in ("ekfac", "factors"):
+            raise ValueError(f"`memory` must be 'ekfac' or 'factors', got {memory!r}")
+        if not keep:
+            mem = None
+        elif memory == "factors":
+            mem = (float(decay), self.g, self.a)
+        else:
+            old_g, old_a = self.basis(inputs)
+            mem = (float(decay), old_g, old_a, s_old.reshape(self.d, self.width))
         g, a = kron_factors(
             blocks,
             inputs,
             max_iter=max_iter,
             tol=tol,
             init=self.a if keep and warm_start else None,
-            memory=memory,  # type: ignore[arg-type]
+            memory=mem,
             info=info,
         )
         q_g, q_a = kron_eigenbasis(g, a)

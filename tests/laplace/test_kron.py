@@ -254,46 +254,41 @@ def test_optimize_prior_precision_maximises_kron_evidence():
         )
 
 
-def test_online_update_is_the_nearest_kronecker_of_the_decayed_sum():
+@pytest.mark.parametrize("memory", ["ekfac", "factors"])
+@pytest.mark.parametrize("approximation,geometry", [("fixed", "arccos"), ("full", "arccos")])
+def test_online_update_is_the_nearest_kronecker_of_the_decayed_sum(memory, approximation, geometry):
     layer, phi, _, pairs = _setup(3)
-    blocks1, inputs = _blocks(layer, phi, pairs, "fixed", "arccos")
+    blocks1, inputs = _blocks(layer, phi, pairs, approximation, geometry)
     with torch.no_grad():
         layer.weight.add_(0.1)
-    blocks2, _ = _blocks(layer, phi, pairs, "fixed", "arccos")
+    blocks2, _ = _blocks(layer, phi, pairs, approximation, geometry)
+    opts = {"clamp_batch": True, "tol": 1e-14, "max_iter": 5000}
     post = KronPosterior(D, F, True)
-    s1, _ = post.update(blocks1, inputs, clamp_batch=True, tol=1e-14, max_iter=5000)
+    s1, _ = post.update(blocks1, inputs, **opts)
     g1, a1, q1 = post.g, post.a, torch.kron(post.q_g, post.q_a)
+    old = q1 @ torch.diag(s1) @ q1.T  # the EKFAC curvature after step 1
     decay = 0.7
-    s2, _ = post.update(
-        blocks2, inputs, s1, decay=decay, clamp_batch=True, tol=1e-14, max_iter=5000
-    )
-    target = decay * torch.kron(g1, a1) + dense_ggn(blocks2, inputs)
-    g_ref, a_ref = nearest_kronecker_svd(target, D, F + 1)
+    s2, _ = post.update(blocks2, inputs, s1, decay=decay, memory=memory, **opts)
+    ggn2 = dense_ggn(blocks2, inputs)
+    kept = old if memory == "ekfac" else torch.kron(g1, a1)
+    g_ref, a_ref = nearest_kronecker_svd(decay * kept + ggn2, D, F + 1)
     torch.testing.assert_close(
         torch.kron(post.g, post.a), torch.kron(g_ref, a_ref), atol=1e-10, rtol=0
     )
     q2 = torch.kron(post.q_g, post.q_a)
-    old = q1 @ torch.diag(s1) @ q1.T
-    expected = decay * torch.diagonal(q2.T @ old @ q2) + torch.diagonal(
-        q2.T @ dense_ggn(blocks2, inputs) @ q2
-    ).clamp_min(0)
+    expected = decay * torch.diagonal(q2.T @ old @ q2) + torch.diagonal(q2.T @ ggn2 @ q2).clamp_min(
+        0
+    )
     torch.testing.assert_close(s2, expected, atol=1e-10, rtol=0)
-    # recomputing the ALS from scratch (identity start) reaches the same factors
-    cold = KronPosterior(D, F, True)
-    cold.update(blocks1, inputs, clamp_batch=True, tol=1e-14, max_iter=5000)
-    cold.update(
-        blocks2,
-        inputs,
-        s1,
-        decay=decay,
-        clamp_batch=True,
-        warm_start=False,
-        tol=1e-14,
-        max_iter=5000,
-    )
+    # the ALS warm-started at the old A reaches the same factors
+    warm = KronPosterior(D, F, True)
+    warm.update(blocks1, inputs, **opts)
+    warm.update(blocks2, inputs, s1, decay=decay, memory=memory, warm_start=True, **opts)
     torch.testing.assert_close(
-        torch.kron(cold.g, cold.a), torch.kron(post.g, post.a), atol=1e-10, rtol=0
+        torch.kron(warm.g, warm.a), torch.kron(post.g, post.a), atol=1e-10, rtol=0
     )
+    with pytest.raises(ValueError, match="memory"):
+        post.update(blocks2, inputs, s2, decay=decay, memory="sum")
 
 
 def test_online_kron_training_keeps_a_finite_psd_posterior():
