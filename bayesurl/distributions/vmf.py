@@ -251,11 +251,14 @@ def vmf_log_normalizer(kappa: Tensor | float, dim: int) -> Tensor:
     dim : int
         Ambient dimension ``D >= 2``.
     """
-    d = _check_dim(dim)
-    k = _as_float_tensor(kappa, "kappa")
-    finite = torch.isfinite(k)
-    ks = torch.where(finite, k, torch.ones_like(k)).double().clamp_min(_KAPPA_TINY)
-    out = _VmfLogNormalizer.apply(ks, d, False).to(k.dtype)
+    return _vmf_log_normalizer(_as_float_tensor(kappa, "kappa"), _check_dim(dim))
+
+
+def _vmf_log_normalizer(kappa: Tensor, dim: int) -> Tensor:
+    """:func:`vmf_log_normalizer` of a float tensor ``kappa >= 0`` without input checks."""
+    finite = torch.isfinite(kappa)
+    ks = torch.where(finite, kappa, torch.ones_like(kappa)).double().clamp_min(_KAPPA_TINY)
+    out = _VmfLogNormalizer.apply(ks, dim, False).to(kappa.dtype)
     return torch.where(finite, out, torch.full_like(out, math.inf))
 
 
@@ -622,6 +625,18 @@ def sample_vmf(
     k = k.expand(n) if k.ndim == 0 else k
     if k.shape != (n,):
         raise ValueError(f"`kappa` must have shape [{n}] to match `mu`, got {tuple(k.shape)}")
+    return _sample_vmf(mu, k, int(n_samples), generator)
+
+
+def _sample_vmf(
+    mu: Tensor, k: Tensor, n_samples: int, generator: torch.Generator | None = None
+) -> Tensor:
+    """:func:`sample_vmf` without input checks, for callers that validated at their entry.
+
+    ``mu [N, D]`` finite with ``D >= 2``; ``k [N]`` non-NaN, ``>= 0``, of ``mu``'s dtype and
+    device; ``n_samples >= 1``.
+    """
+    n, dim = mu.shape
     mu = torch.nn.functional.normalize(mu, dim=-1)
     finite = torch.isfinite(k)
     k_safe = torch.where(finite, k, torch.ones_like(k)).clamp_min(1e-12)
