@@ -494,3 +494,27 @@ def test_mlp_head_rejects_bad_heads():
         KronHeadLaplace(nn.Sequential(bn), bn)
     with pytest.raises(ValueError, match="prior_precision"):
         KronHeadLaplace(model, head, prior_precision=-1.0)
+
+
+def test_diag_predictive_covariance_equals_dense_linearised_predictive():
+    layer, phi, y, pairs = _setup(5)
+    la = MetricLaplace(
+        nn.Sequential(nn.Identity(), layer),
+        approximation="full",
+        margin=MARGIN,
+        prior_precision=0.4,
+    )
+    la.fit([(phi, y)], miner=lambda e, t: pairs, progress=False)
+    var_rm = torch.zeros_like(la.posterior_variance)
+    var_rm[_perm()] = la.posterior_variance  # [W | b] row-major
+    cov = torch.diag(var_rm)
+    z = layer(phi).detach()
+    jz = torch.einsum("de,nf->ndef", torch.eye(D, dtype=phi.dtype), augment(phi, True))
+    jz = jz.reshape(N, D, -1)
+    nz = z.norm(dim=1)
+    u = z / nz[:, None]
+    proj = (torch.eye(D, dtype=phi.dtype) - u[:, :, None] * u[:, None]) / nz[:, None, None]
+    ref = proj @ jz @ cov @ jz.transpose(1, 2) @ proj
+    emb, cov_u = la.predictive_covariance(phi)
+    torch.testing.assert_close(cov_u, ref, atol=1e-12, rtol=0)
+    torch.testing.assert_close(emb, u, atol=1e-12, rtol=0)
