@@ -294,7 +294,7 @@ def kron_comparison(repeats: int, prior: float = 1.0) -> None:
     Times are the best of ``repeats`` runs with ``diag`` and ``kron`` interleaved (the
     machine is shared); the margin puts half of the candidate negatives inside it.
     """
-    from bayesurl.laplace.kron import augment, contrastive_blocks, dense_ggn
+    from bayesurl.laplace.kron import augment
 
     combos = [(a, g) for a in ("fixed", "positive", "full") for g in ("arccos", "euclidean")]
     layer, phi, ood, y, pairs = _clustered_head(512, 128, 1024, 0, torch.float32)
@@ -357,9 +357,25 @@ def kron_comparison(repeats: int, prior: float = 1.0) -> None:
     proj = (torch.eye(d_s, dtype=z.dtype) - u[:, :, None] * u[:, None]) / nz[:, None, None]
     jz = torch.einsum("de,nf->ndef", torch.eye(d_s, dtype=z.dtype), augment(x_test, True))
     ju = proj @ jz.reshape(len(x_test), d_s, -1)
+    u_all = F.normalize(layer(phi).detach(), dim=1)
+    neg_dist = (u_all[pairs[2]] - u_all[pairs[3]]).norm(dim=1)
+    for m, label in (
+        (margin, "half of the negatives inside"),
+        (0.5 * float(neg_dist.min()), "no negative inside: positives only"),
+    ):
+        _trace_error_table(layer, phi, y, pairs, x_test, ju, combos, m, label, prior)
+
+
+def _trace_error_table(layer, phi, y, pairs, x_test, ju, combos, margin, label, prior):
+    """One table of predictive-trace errors of ``diag`` and ``kron`` against the exact one."""
+    from bayesurl.laplace.kron import augment, contrastive_blocks, dense_ggn
+
+    model = nn.Sequential(nn.Identity(), layer)
+    f_s, d_s = layer.in_features, layer.out_features
     print(
         f"\npredictive trace tr Cov(u) vs the exact GGN posterior (eigenvalues clamped at 0), "
-        f"last layer {f_s} -> {d_s}, {2 * len(phi)} pairs (margin {margin:.3f}), prior {prior}, "
+        f"last layer {f_s} -> {d_s}, {2 * len(phi)} pairs (margin {margin:.3f}: {label}), prior "
+        f"{prior}, "
         f"200 inputs "
         f"(50 OOD), float64: relative error median / max"
     )
