@@ -324,3 +324,63 @@ class KronHeadLaplace:
             )
             parts.append(post.to_params(eps * var.sqrt()))
         return self.mean + torch.cat(parts, 1)
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        """Per-layer curvature, factors and eigenvectors, prior, mean and options."""
+        state: dict[str, Any] = {
+            "mean": self.mean.clone(),
+            "prior_precision": self.prior_precision,
+            "approximation": self.approximation.value,
+            "geometry": self.geometry.value,
+            "margin": self.margin,
+            "hessian_scale": self.hessian_scale,
+            "n_pairs": self.n_pairs,
+            "n_layers": len(self.posteriors),
+        }
+        for k, (post, s) in enumerate(zip(self.posteriors, self.curvature)):
+            state[f"layer{k}.curvature"] = s.clone()
+            for key, t in post.state_dict(s).items():
+                state[f"layer{k}.{key}"] = t.clone()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output for the same head (its mean must match).
+
+        Raises
+        ------
+        ValueError
+            On missing keys, another head (layer count, shapes or mean) or non-finite values.
+        """
+        if not isinstance(state, dict) or "mean" not in state or "n_layers" not in state:
+            raise ValueError("`state` is not a KronHeadLaplace state dict")
+        if int(state["n_layers"]) != len(self.posteriors):
+            raise ValueError(
+                f"`state` has {state['n_layers']} layers, the head has {len(self.posteriors)}"
+            )
+        mean = torch.as_tensor(state["mean"])
+        if mean.shape != self.mean.shape or not torch.equal(mean.to(self.mean), self.mean):
+            raise ValueError("`state` belongs to another head: its mean differs")
+        w = self.head[-1].weight
+        curvature = []
+        for k, post in enumerate(self.posteriors):
+            key = f"layer{k}.curvature"
+            if key not in state:
+                raise ValueError(f"`state` has no {key!r}")
+            s = torch.as_tensor(state[key]).to(dtype=w.dtype, device=w.device)
+            if s.numel() != post.d * post.width:
+                raise ValueError(f"`state['{key}']` has {s.numel()} entries")
+            check_finite(s, key)
+            post.load_state_dict(
+                {k2.split(".", 1)[1]: v for k2, v in state.items() if k2.startswith(f"layer{k}.")},
+                w.dtype,
+                w.device,
+            )
+            curvature.append(s.clone())
+        self.curvature = curvature
+        self.approximation = _enum(Approximation, state["approximation"], "approximation")
+        self.geometry = _enum(Geometry, state["geometry"], "geometry")
+        self.margin = float(state["margin"])
+        self.hessian_scale = float(state["hessian_scale"])
+        self.prior_precision = float(state["prior_precision"])
+        self.n_pairs = int(state.get("n_pairs", 0))

@@ -518,3 +518,22 @@ def test_diag_predictive_covariance_equals_dense_linearised_predictive():
     emb, cov_u = la.predictive_covariance(phi)
     torch.testing.assert_close(cov_u, ref, atol=1e-12, rtol=0)
     torch.testing.assert_close(emb, u, atol=1e-12, rtol=0)
+
+
+def test_mlp_head_state_dict_roundtrip_weights_only():
+    from bayesurl.laplace.kron_head import KronHeadLaplace
+
+    model, head, phi, y, pairs = _head_setup()
+    la = KronHeadLaplace(model, "head", approximation="positive", margin=MARGIN)
+    la.fit([(phi, y)], miner=lambda e, t: pairs)
+    buf = io.BytesIO()
+    torch.save(la.state_dict(), buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)
+    other = KronHeadLaplace(model, "head")
+    other.load_state_dict(state)
+    torch.testing.assert_close(other.predictive(phi).kappa, la.predictive(phi).kappa)
+    with torch.no_grad():
+        head[0].weight.add_(1.0)
+    with pytest.raises(ValueError, match="another head"):
+        KronHeadLaplace(model, "head").load_state_dict(state)
