@@ -537,3 +537,28 @@ def test_mlp_head_state_dict_roundtrip_weights_only():
         head[0].weight.add_(1.0)
     with pytest.raises(ValueError, match="another head"):
         KronHeadLaplace(model, "head").load_state_dict(state)
+
+
+def test_fit_without_reset_adds_to_the_kron_posterior():
+    layer, phi, y, pairs = _setup(6)
+    model = nn.Sequential(nn.Identity(), layer)
+    la = MetricLaplace(model, approximation="full", margin=MARGIN, hessian_structure="kron")
+    la.kron_tol = 1e-14
+    la.kron_max_iter = 5000
+    half = N // 2
+    first = tuple(t[:half] for t in pairs)
+    second = tuple(t[half:] for t in pairs)
+    la.fit([(phi, y)], miner=lambda e, t: first, progress=False)
+    q1 = torch.kron(la._kron.q_g, la._kron.q_a)
+    old = q1 @ torch.diag(la.hessian) @ q1.T
+    la.fit([(phi, y)], miner=lambda e, t: second, reset=False, progress=False)
+    blocks, inputs = _blocks(layer, phi, second, "full", "arccos")
+    ggn2 = dense_ggn(blocks, inputs)
+    g_ref, a_ref = nearest_kronecker_svd(old + ggn2, D, F + 1)
+    torch.testing.assert_close(
+        torch.kron(la._kron.g, la._kron.a), torch.kron(g_ref, a_ref), atol=1e-10, rtol=0
+    )
+    q2 = torch.kron(la._kron.q_g, la._kron.q_a)
+    torch.testing.assert_close(
+        la.hessian, torch.diagonal(q2.T @ (old + ggn2) @ q2), atol=1e-10, rtol=0
+    )
