@@ -7,6 +7,8 @@ import itertools
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch.func import hessian, jacrev
 
@@ -562,3 +564,39 @@ def test_fit_without_reset_adds_to_the_kron_posterior():
     torch.testing.assert_close(
         la.hessian, torch.diagonal(q2.T @ (old + ggn2) @ q2), atol=1e-10, rtol=0
     )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    d=st.integers(1, 4),
+    f=st.integers(1, 5),
+    combo=st.sampled_from(COMBOS),
+)
+def test_eigencorrection_in_any_kronecker_basis_is_the_rotated_diagonal(seed, d, f, combo):
+    """Property: for any orthonormal Q_G (x) Q_A, S = diag(Q^T GGN Q); and the ALS product is
+    the least-squares Kronecker fit (its residual is orthogonal to it)."""
+    approximation, geometry = combo
+    g = torch.Generator().manual_seed(seed)
+    n = 10
+    phi = torch.randn(n, f, generator=g, dtype=torch.float64)
+    z = torch.randn(n, d, generator=g, dtype=torch.float64) + 0.5
+    a1 = torch.arange(n)
+    pairs = (a1, (a1 + 1) % n, a1, (a1 + 3) % n)
+    blocks = contrastive_blocks(
+        z, pairs, approximation=approximation, geometry=geometry, margin=10.0
+    )
+    inputs = augment(phi, True)
+    ggn = dense_ggn(blocks, inputs)
+    q_g = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))[0]
+    q_a = torch.linalg.qr(torch.randn(f + 1, f + 1, generator=g, dtype=torch.float64))[0]
+    q = torch.kron(q_g, q_a)
+    s = eigencorrected_curvature(blocks, inputs, q_g, q_a).reshape(-1)
+    scale = float(ggn.abs().max())
+    atol = 1e-12 + 1e-10 * scale
+    torch.testing.assert_close(s, torch.diagonal(q.T @ ggn @ q), atol=atol, rtol=0)
+    if float(ggn.norm()) > 1e-6:
+        gk, ak = kron_factors(blocks, inputs, max_iter=20000, tol=1e-13)
+        prod = torch.kron(gk, ak)
+        resid = ggn - prod
+        assert abs(float((resid * prod).sum())) <= 1e-8 * float(ggn.norm()) ** 2
