@@ -28,10 +28,12 @@ from bayesurl._checks import (
     check_input_file,
     check_int,
     check_ints,
-    check_output_file,
 )
 
 HELP = "evaluate embeddings / uncertainties / samples from an .npz file, or a checkpoint"
+
+#: output options checked by ``bayesurl.cli`` while parsing (before any work)
+OUTPUT_FILES = ("json",)
 
 #: Arrays read from INPUT.npz (name -> required).
 ARRAYS = {
@@ -174,8 +176,6 @@ def _check_args(args: argparse.Namespace) -> None:
         value = getattr(args, opt, None)
         if value is not None:
             check_int(value, "--" + opt.replace("_", "-"), low=0 if opt == "n_samples" else 1)
-    if args.json:
-        check_output_file(args.json, "--json")
     if args.input is not None:
         check_input_file(args.input, "INPUT")
     if args.checkpoint is not None:

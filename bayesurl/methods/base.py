@@ -99,9 +99,45 @@ def get(name: str) -> type[Method]:
     return _REGISTRY[key]
 
 
+def _constructor_options(cls: type) -> list[str]:
+    """Keyword names accepted along the ``__init__`` chain of ``cls`` (``**kwargs`` followed)."""
+    import inspect
+
+    names: list[str] = []
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names += [
+            p.name
+            for p in params
+            if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+            and p.name not in names
+        ]  # fmt: skip
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
 def create(name: str, **kwargs: Any) -> Method:
-    """Instantiate the method ``name`` with ``kwargs`` (backbone, embed_dim, num_classes, ...)."""
-    return get(name)(**kwargs)
+    """Instantiate the method ``name`` with ``kwargs`` (backbone, embed_dim, num_classes, ...).
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``name`` or an option the method does not take (the message lists the
+        valid names; issue 15: ``--method-arg`` typos ended in a TypeError traceback).
+    """
+    cls = get(name)
+    valid = _constructor_options(cls)
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for method {cls.name or name!r}; valid: "
+            f"{', '.join(valid)}"
+        )
+    return cls(**kwargs)
 
 
 def resolve_backbone(backbone: str | nn.Module, **timm_kwargs: Any) -> tuple[nn.Module, int]:
