@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 from torch.nn.utils import parameters_to_vector
 
-from bayesurl._checks import check_finite
+from bayesurl._checks import check_finite, match_module_dtype
 from bayesurl.data.batch import unpack_batch
 from bayesurl.laplace.curvature import Approximation, Geometry, _enum, split_pairs
 from bayesurl.laplace.kron import (
@@ -89,6 +89,11 @@ class KronHeadLaplace:
                     f"`head` may hold nn.Linear layers and parameter-free modules only, got "
                     f"{type(m).__name__} with parameters"
                 )
+        if mods[-1].out_features < 2:
+            raise ValueError(
+                f"`head` ends in out_features={mods[-1].out_features}: the normalised embedding "
+                "needs D >= 2 to have a direction to be uncertain about"
+            )
         self.model, self.head = model, head
         self.linears = [k for k, m in enumerate(mods) if isinstance(m, nn.Linear)]
         self.approximation = _enum(Approximation, approximation, "approximation")
@@ -153,7 +158,8 @@ class KronHeadLaplace:
             store["h"] = inputs[0]
 
         if isinstance(x, Tensor):
-            x = x.to(self.head[-1].weight.device)
+            check_finite(x, "x")
+            x = match_module_dtype(x.to(self.head[-1].weight.device), self.model)
         handle = self.head.register_forward_pre_hook(hook)
         try:
             self.model(x)

@@ -496,6 +496,14 @@ def test_mlp_head_rejects_bad_heads():
         KronHeadLaplace(nn.Sequential(bn), bn)
     with pytest.raises(ValueError, match="prior_precision"):
         KronHeadLaplace(model, head, prior_precision=-1.0)
+    one = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    with pytest.raises(ValueError, match="D >= 2"):
+        KronHeadLaplace(nn.Sequential(one), one)
+    la = KronHeadLaplace(model, head)
+    bad = torch.zeros(3, F, dtype=torch.float64)
+    bad[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="x"):
+        la.predictive(bad)
 
 
 def test_diag_predictive_covariance_equals_dense_linearised_predictive():
