@@ -77,6 +77,20 @@ def _shadowed_modules() -> list[str]:
 autosummary_context = {"shadowed": _shadowed_modules()}
 
 
+def _write_recipe_page() -> None:
+    """docs/recipe_configs.rst: every dataset x estimator config, generated from the TOML
+    recipe files (bayesurl.runs.config.describe_recipes), so the page cannot drift."""
+    from bayesurl.runs.config import describe_recipes
+
+    page = Path(__file__).resolve().parent / "recipe_configs.rst"
+    text = describe_recipes()
+    if not page.is_file() or page.read_text() != text:
+        page.write_text(text)
+
+
+_write_recipe_page()
+
+
 # names that ``bayesurl/__init__.py`` exposes lazily, documented where they are defined
 _ALIASES = {
     "bayesurl.evaluate": "bayesurl.evaluation.evaluate",

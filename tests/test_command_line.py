@@ -7,7 +7,7 @@ import pytest
 
 from bayesurl.cli import _subcommands, build_parser, main
 
-EXPECTED = {"benchmark", "evaluate", "train", "wrap"}
+EXPECTED = {"benchmark", "evaluate", "run", "train", "wrap"}
 
 
 def test_expected_subcommands_exist():

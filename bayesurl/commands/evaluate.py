@@ -3,7 +3,7 @@
 ``bayesurl evaluate --checkpoint CKPT [--dataset NAME]`` rebuilds a method trained by
 ``bayesurl train`` (weights-only load) and evaluates it zero-shot on the downstream classes of
 its data set, with OOD AUROC against held-out upstream data
-(:func:`bayesurl.benchmark.evaluate_checkpoint`; URL benchmark section 3.2).
+(:func:`bayesurl.runs.runner.evaluate_checkpoint`; URL benchmark section 3.2).
 
 INPUT.npz holds ``embeddings`` [N,D] and ``labels`` [N], and optionally ``uncertainties`` [N],
 ``samples`` [S,N,D] and ``ood_uncertainties`` [M]. Prints a table of every metric; with
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_checkpoint(args: argparse.Namespace) -> int:
-    from bayesurl.benchmark import evaluate_checkpoint
+    from bayesurl.runs.runner import evaluate_checkpoint
 
     res = evaluate_checkpoint(
         args.checkpoint,

@@ -21,9 +21,9 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import torch
 from torch import Tensor, nn
 
+from bayesurl.backbones import resolve_backbone
 from bayesurl.types import Output
 
 __all__ = ["Method", "available", "create", "get", "register", "resolve_backbone"]
@@ -138,41 +138,3 @@ def create(name: str, **kwargs: Any) -> Method:
             f"{', '.join(valid)}"
         )
     return cls(**kwargs)
-
-
-def resolve_backbone(backbone: str | nn.Module, **timm_kwargs: Any) -> tuple[nn.Module, int]:
-    """Return ``(module, feature_dim)`` for a timm model name or an ``nn.Module``.
-
-    A timm name is created with ``num_classes=0`` and random weights (no hub download) unless
-    ``checkpoint_path`` is passed in ``timm_kwargs``. For a plain module the feature dimension
-    is read from a ``num_features`` / ``out_features`` attribute, or probed with one forward
-    pass of a ``probe_input`` passed in ``timm_kwargs``.
-    """
-    if isinstance(backbone, str):
-        import timm
-
-        timm_kwargs.setdefault("pretrained", False)
-        timm_kwargs.pop("probe_input", None)
-        module = timm.create_model(backbone, num_classes=0, **timm_kwargs)
-        return module, int(module.num_features)
-    if not isinstance(backbone, nn.Module):
-        raise TypeError(
-            f"`backbone` must be a timm model name or an nn.Module, got {type(backbone).__name__}"
-        )
-    for attr in ("num_features", "out_features", "feature_dim"):
-        if isinstance(getattr(backbone, attr, None), int):
-            return backbone, int(getattr(backbone, attr))
-    probe = timm_kwargs.get("probe_input")
-    if probe is None:
-        raise ValueError(
-            "`backbone` has no `num_features`/`out_features` attribute; pass `probe_input` "
-            "(one example batch) so the feature dimension can be measured"
-        )
-    was_training = backbone.training
-    backbone.eval()
-    with torch.no_grad():
-        feats = backbone(probe)
-    backbone.train(was_training)
-    if feats.ndim != 2:
-        raise ValueError(f"`backbone` must return features [N, F], got shape {tuple(feats.shape)}")
-    return backbone, int(feats.shape[1])

@@ -1,4 +1,6 @@
-"""Tests of bayesurl.benchmark and the ``bayesurl benchmark`` command.
+"""Tests of the sweep (bayesurl.runs.sweep / results) and the ``bayesurl benchmark`` command.
+
+Moved from tests/test_benchmark.py (the old bayesurl.benchmark module is now bayesurl.runs).
 
 References: metrics recomputed by brute-force loops / scikit-learn in float64 from the same
 embeddings; aggregates against numpy (mean, std with ddof 1).
@@ -15,24 +17,16 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from bayesurl.benchmark import (
-    METRICS,
-    PRESETS,
-    RECIPES,
-    BenchmarkResults,
-    Recipe,
-    embed,
-    evaluate_method,
-    get_preset,
-    input_channels,
-    merge_results,
-    resolve_methods,
-    run_benchmark,
-)
+from bayesurl.backbones import data_config
 from bayesurl.cli import main
 from bayesurl.commands.benchmark import parse_seeds
 from bayesurl.data import as_tensors, default_transform, default_zero_shot
 from bayesurl.methods import available, create
+from bayesurl.runs import load_recipe
+from bayesurl.runs.config import read_recipe_file
+from bayesurl.runs.predict import embed, evaluate_method
+from bayesurl.runs.results import METRICS, SweepResults, merge_results
+from bayesurl.runs.sweep import resolve_estimators, run_sweep
 
 SMOKE_METHODS = ["ce", "mcinfonce"]  # a scalar-u classifier and a vMF method with samples
 
@@ -40,7 +34,7 @@ SMOKE_METHODS = ["ce", "mcinfonce"]  # a scalar-u classifier and a vMF method wi
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    res = run_benchmark(
+    res = run_sweep(
         SMOKE_METHODS, seeds=(0,), preset="smoke", out=out, progress=False, raise_errors=True
     )
     return res, out
@@ -53,7 +47,7 @@ def small_data():
 
 def test_smoke_table_keys_and_ece_definedness(smoke):
     res, _ = smoke
-    assert res.methods == SMOKE_METHODS
+    assert res.estimators == SMOKE_METHODS
     summ = res.summary()
     for m in SMOKE_METHODS:
         for key, _ in METRICS:
@@ -65,12 +59,13 @@ def test_smoke_table_keys_and_ece_definedness(smoke):
         assert summ[m]["train_time"]["mean"] > 0
         assert summ[m]["r@1"]["std"] is None  # one seed: no std, not a made-up 0
     # CE has only a scalar u: ECE not available, never a number
-    assert all(r["ece"] is None for r in res.runs if r["method"] == "ce")
+    assert all(r["ece"] is None for r in res.runs if r["estimator"] == "ce")
     assert summ["ce"]["ece"] == {"mean": None, "std": None, "n": 0}
     # MCInfoNCE defines a vMF: ECE from samples
-    ece = [r["ece"] for r in res.runs if r["method"] == "mcinfonce"]
+    ece = [r["ece"] for r in res.runs if r["estimator"] == "mcinfonce"]
     assert all(isinstance(e, float) and 0.0 <= e <= 1.0 for e in ece)
-    assert all(r["n_samples"] == PRESETS["smoke"].eval_samples for r in res.runs if r["ece"])
+    smoke_samples = load_recipe("fashion_mnist/mcinfonce", preset="smoke").eval.samples
+    assert all(r["n_samples"] == smoke_samples for r in res.runs if r["ece"])
     table = res.table()
     assert "R-AUROC" in table and "OOD AUROC" in table
     ce_row = next(line for line in table.splitlines() if line.startswith("ce "))
@@ -88,7 +83,7 @@ def test_smoke_files_written(smoke):
     )
     with (out / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert [r["method"] for r in rows] == SMOKE_METHODS
+    assert [r["estimator"] for r in rows] == SMOKE_METHODS
     assert rows[0]["ece_mean"] == ""  # CE: not available
     assert float(rows[1]["ece_mean"]) == pytest.approx(data["summary"]["mcinfonce"]["ece"]["mean"])
     assert float(rows[0]["r@1_mean"]) == pytest.approx(data["summary"]["ce"]["r@1"]["mean"])
@@ -98,8 +93,8 @@ def test_smoke_files_written(smoke):
 
 def test_smoke_is_reproducible(smoke):
     res, _ = smoke
-    again = run_benchmark(["ce"], seeds=(0,), preset="smoke", progress=False, raise_errors=True)
-    a = next(r for r in res.runs if r["method"] == "ce")
+    again = run_sweep(["ce"], seeds=(0,), preset="smoke", progress=False, raise_errors=True)
+    a = next(r for r in res.runs if r["estimator"] == "ce")
     b = again.runs[0]
     for key in ("r@1", "r_auroc", "ausc", "ood_auroc", "final_loss"):
         assert a[key] == b[key], key
@@ -171,14 +166,14 @@ def test_summary_matches_numpy():
     runs = []
     for m in ("a", "b"):
         for s in range(3):
-            rec = {"method": m, "seed": s, "error": None}
+            rec = {"estimator": m, "seed": s, "error": None}
             rec.update({k: float(rng.random()) for k, _ in METRICS})
             rec["ece"] = None if m == "a" else rec["ece"]
             runs.append(rec)
-    res = BenchmarkResults(runs=runs, settings={"seeds": [0, 1, 2]})
+    res = SweepResults(runs=runs, settings={"seeds": [0, 1, 2]})
     summ = res.summary()
     for m in ("a", "b"):
-        vals = np.array([r["r_auroc"] for r in runs if r["method"] == m])
+        vals = np.array([r["r_auroc"] for r in runs if r["estimator"] == m])
         assert summ[m]["r_auroc"]["mean"] == pytest.approx(vals.mean())
         assert summ[m]["r_auroc"]["std"] == pytest.approx(vals.std(ddof=1))
         assert summ[m]["r_auroc"]["n"] == 3
@@ -187,21 +182,37 @@ def test_summary_matches_numpy():
 
 
 def test_failed_run_is_recorded_not_dropped(monkeypatch):
-    monkeypatch.setitem(RECIPES, "ce", Recipe(kwargs={"no_such_argument": 1}))
-    res = run_benchmark(["ce"], seeds=1, preset="smoke", progress=False)
+    from bayesurl.runs import estimators
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("no_such_argument")
+
+    monkeypatch.setattr(estimators.MethodEstimator, "fit", broken)
+    res = run_sweep(["ce"], seeds=1, preset="smoke", progress=False)
     (run,) = res.runs
     assert run["error"] and "no_such_argument" in run["error"]
     assert run["r@1"] is None
     assert "FAILED ce seed 0" in res.table()
     assert res.summary()["ce"]["failed"]["n"] == 1
-    with pytest.raises(TypeError, match="no_such_argument"):
-        run_benchmark(["ce"], seeds=1, preset="smoke", progress=False, raise_errors=True)
+    with pytest.raises(RuntimeError, match="no_such_argument"):
+        run_sweep(["ce"], seeds=1, preset="smoke", progress=False, raise_errors=True)
+
+
+def test_unknown_method_option_is_an_error_before_training():
+    with pytest.raises(ValueError, match=r"estimators\.ce\.kwargs\.no_such_argument"):
+        run_sweep(
+            ["ce"],
+            seeds=1,
+            preset="smoke",
+            progress=False,
+            overrides=["estimator.kwargs.no_such_argument=1"],
+        )
 
 
 def test_merge_separate_runs(smoke, tmp_path, capsys):
     res, _ = smoke
-    a = BenchmarkResults([r for r in res.runs if r["method"] == "ce"], dict(res.settings))
-    b = BenchmarkResults([r for r in res.runs if r["method"] != "ce"], dict(res.settings))
+    a = SweepResults([r for r in res.runs if r["estimator"] == "ce"], dict(res.settings))
+    b = SweepResults([r for r in res.runs if r["estimator"] != "ce"], dict(res.settings))
     a.save(tmp_path / "a")
     b.save(tmp_path / "b")
     merged = merge_results([tmp_path / "a", tmp_path / "b" / "results.json"])
@@ -219,22 +230,23 @@ def test_merge_separate_runs(smoke, tmp_path, capsys):
     assert "mcinfonce" in capsys.readouterr().out
 
 
-def test_resolve_methods_and_presets():
-    assert resolve_methods(None) == available()
-    assert resolve_methods("all") == available()
-    assert resolve_methods("CE, hetxl,ce") == ["ce", "hetxl"]
+def test_resolve_estimators_and_presets():
+    every = list(read_recipe_file("fashion_mnist")["estimators"])
+    assert resolve_estimators(None, "fashion_mnist") == every
+    assert resolve_estimators("all", "fashion_mnist") == every
+    assert resolve_estimators("CE, hetxl,ce", "fashion_mnist") == ["ce", "hetxl"]
     with pytest.raises(ValueError, match="valid names: .*ce") as err:
-        resolve_methods(["ce", "nosuch"])
+        resolve_estimators(["ce", "nosuch"], "fashion_mnist")
     assert "'nosuch'" in str(err.value)
     with pytest.raises(ValueError, match="empty"):
-        resolve_methods(",")
+        resolve_estimators(",", "fashion_mnist")
     with pytest.raises(ValueError, match="valid presets"):
-        get_preset("huge")
+        run_sweep(["ce"], preset="huge", progress=False)
     with pytest.raises(ValueError, match="seeds"):
-        run_benchmark(["ce"], seeds=[], preset="smoke", progress=False)
-    assert input_channels("small_convnet") == 1 and input_channels("resnet18") == 3
-    # every registered method has a recipe, and the recipes name no unknown method
-    assert set(RECIPES) == set(available())
+        run_sweep(["ce"], seeds=[], preset="smoke", progress=False)
+    assert data_config("small_convnet").in_chans == 1 and data_config("resnet18").in_chans == 3
+    # every registered method has a recipe table, plus the post-hoc and LAM estimators
+    assert set(available()) <= set(every) and len(every) >= 16
 
 
 def test_parse_seeds():
@@ -264,7 +276,7 @@ def test_cli_unknown_method_lists_valid_names(tmp_path, capsys):
     assert rc != 0
     err = capsys.readouterr().err
     assert "bogus" in err
-    for name in available():
+    for name in [*available(), "pvu", "lam_online"]:
         assert name in err
     assert not (tmp_path / "results.json").exists()
 
