@@ -14,7 +14,10 @@ The API (ARCHITECTURE.md, "One road for every run"):
 - :func:`build_estimator` and the :class:`Estimator` interface (``fit`` /
   ``predict(x, n_samples) -> Output``, :mod:`bayesurl.runs.estimators`);
 - :func:`bayesurl.runs.predict.predict` / :func:`score` / :func:`n_samples_for`: the one
-  embedding loop and sampling rule (:mod:`bayesurl.runs.predict`).
+  embedding loop and sampling rule (:mod:`bayesurl.runs.predict`);
+- the reproducible protocol over class splits x seeds (:mod:`bayesurl.runs.protocol`), its
+  sweep storage on Optuna's RDB storage (:mod:`bayesurl.runs.storage`, extra ``sweep``) and
+  the aggregation of run records (:mod:`bayesurl.runs.aggregate`).
 
 Example::
 
