@@ -14,7 +14,7 @@ normalisation or nothing).
 Post-hoc mode (:class:`PosthocMetricLaplace`): :meth:`fit` sums ``H`` over the training set.
 Online mode (:class:`OnlineMetricLaplace`): :meth:`~OnlineMetricLaplace.online_step` takes an
 expected gradient over weight samples from ``q`` (LAM eq. 4) and updates
-``H <- (1 - alpha) H + (N / b) H_batch`` (LAM eq. 5).
+``H <- (1 - alpha) H + (N / b) relu(H_batch)`` (LAM eq. 5, each batch clamped as in eq. 9).
 """
 
 from __future__ import annotations
@@ -601,8 +601,13 @@ class OnlineMetricLaplace(BaseMetricLaplace):
            lambda)^-1)`` by reparameterisation and average ``loss_fn(u_s, y, pairs)`` over
            them; its gradient is the expected gradient of eq. 4 (the backbone runs once;
            only the last layer is resampled).
-        3. ``H <- (1 - alpha) H + (dataset_size / batch_size) mean_s H_batch(theta_s)``
-           with ``H_batch`` the raw GGN diagonal of the mined pairs (eq. 5).
+        3. ``H <- (1 - alpha) H + (dataset_size / batch_size) relu(mean_s H_batch(theta_s))``
+           with ``H_batch`` the GGN diagonal of the mined pairs (eq. 5). Each batch's
+           Hessian is clamped at 0 before it enters the running sum (the ReLU of LAM
+           section 3, "Ensuring positive definiteness", applied per step as LAM eq. 9 and
+           the ``torch.relu`` of the authors' online model): clamping only the total would
+           let negative batch curvature (``fixed`` / ``full``) cancel earlier positive
+           curvature, so ``H`` stays entry-wise non-negative at every step.
 
         Parameters
         ----------
@@ -661,7 +666,7 @@ class OnlineMetricLaplace(BaseMetricLaplace):
             h_batch /= self.n_weight_samples
             check_finite(h_batch, "hessian")
             scale = self.dataset_size / phi.shape[0]
-            self.hessian = (1.0 - self.alpha) * self.hessian + scale * h_batch
+            self.hessian = (1.0 - self.alpha) * self.hessian + scale * h_batch.clamp_min(0.0)
             self.n_pairs = self._count_pairs(z_mean, h_tup)
         return loss
 
