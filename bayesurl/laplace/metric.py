@@ -458,7 +458,12 @@ class BaseMetricLaplace:
         return z.detach(), var
 
     def predictive(
-        self, x: Any, n_samples: int = 0, generator: torch.Generator | None = None
+        self,
+        x: Any,
+        n_samples: int = 0,
+        generator: torch.Generator | None = None,
+        *,
+        u_from: str = "trace",
     ) -> Output:
         """Mean embedding and closed-form uncertainty of a batch (no sampling).
 
@@ -468,7 +473,17 @@ class BaseMetricLaplace:
         ``u = 1 / kappa`` with ``kappa`` the moment-matched vMF concentration of
         :func:`kappa_from_trace` (spec METRICS.md: ``u = 1/kappa_hat``). ``n_samples > 0``
         also returns ``samples [S, N, D]`` from :meth:`predictive_samples` (for ECE).
+
+        ``u_from="samples"`` (needs ``n_samples >= 2``) instead fits a vMF to the draws, as
+        the LAM authors' code does (LAM section 3, "Von Mises-Fisher distribution"):
+        ``R = ||mean_s u_s||`` and Sra's ``kappa = R (D - R^2) / (1 - R^2)``. It is a Monte
+        Carlo estimate (noisy for few draws, biased towards certainty); the linearised
+        trace, the default, needs no draws and ranks inputs the same way to second order.
         """
+        if u_from not in ("trace", "samples"):
+            raise ValueError(f"`u_from` must be 'trace' or 'samples', got {u_from!r}")
+        if u_from == "samples" and int(n_samples) < 2:
+            raise ValueError(f"`u_from='samples'` needs `n_samples` >= 2, got {n_samples}")
         with self._eval(), torch.no_grad():
             phi = self.features(x)
             z, var = self._moments(phi)
@@ -483,6 +498,9 @@ class BaseMetricLaplace:
                 if b is not None:
                     zs = zs + b[:, None, :]
                 samples = F.normalize(zs, dim=-1)
+                if u_from == "samples":
+                    r2 = (samples.mean(dim=0) ** 2).sum(dim=-1).clamp(0.0, 1.0)
+                    kappa = r2.sqrt() * (z.shape[1] - r2) / (1.0 - r2)
         return Output(embedding=u, uncertainty=1.0 / kappa, samples=samples, kappa=kappa)
 
     # ------------------------------------------------------------------ persistence

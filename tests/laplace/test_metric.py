@@ -443,3 +443,31 @@ def test_online_training_keeps_running_hessian_nonnegative(approximation):
     assert float(la.hessian.min()) >= 0.0
     assert float(la.hessian.max()) > 0.0
     assert la.clamped_fraction < 1.0
+
+
+def test_predictive_u_from_samples_is_sra_of_the_draws():
+    """LAM-code u: a vMF fitted to the returned draws by Sra's approximation (numpy)."""
+    import numpy as np
+
+    x, y = _data()
+    la = MetricLaplace(_net(), prior_precision=3.0).fit(_batches(x, y, 8), progress=False)
+    out = la.predictive(
+        x, n_samples=50, generator=torch.Generator().manual_seed(2), u_from="samples"
+    )
+    s = out.samples.numpy()
+    for i in range(0, len(y), 7):
+        r = np.linalg.norm(s[:, i].mean(axis=0))
+        d = s.shape[-1]
+        assert float(out.kappa[i]) == pytest.approx(r * (d - r**2) / (1 - r**2), rel=1e-9)
+    assert torch.allclose(out.uncertainty, 1.0 / out.kappa)
+    trace = la.predictive(x, n_samples=50, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(trace.samples, out.samples)  # same draws, other u
+    rho = np.corrcoef(
+        np.argsort(np.argsort(trace.uncertainty.numpy())),
+        np.argsort(np.argsort(out.uncertainty.numpy())),
+    )[0, 1]
+    assert rho > 0.8  # same ranking to second order
+    with pytest.raises(ValueError, match="u_from"):
+        la.predictive(x, n_samples=50, u_from="sample")
+    with pytest.raises(ValueError, match="n_samples"):
+        la.predictive(x, n_samples=1, u_from="samples")
