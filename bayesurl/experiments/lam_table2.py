@@ -69,6 +69,7 @@ class Table2Config:
     latent_dim: int = 3
     dropout: float = 0.05
     ensemble_members: int = 3
+    ensemble_from_seeds: bool = False
     hib_lr: float = 1e-3
     hib_scale: float = 16.0
     hib_bias: float = -8.0
@@ -97,6 +98,8 @@ class Table2Config:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}")
         if int(self.online_epochs) < 0:
             raise ValueError(f"`online_epochs` must be >= 0, got {self.online_epochs}")
+        if self.ensemble_from_seeds and len(self.seeds) < 2:
+            raise ValueError("`ensemble_from_seeds` needs at least 2 `seeds`")
         if int(self.ensemble_members) < 2:
             raise ValueError(f"`ensemble_members` must be >= 2, got {self.ensemble_members}")
         if int(self.eval_samples) < 2:
@@ -400,6 +403,8 @@ def run_table2(cfg: Table2Config, out: str | Path, *, models: str | Path | None 
     for seed in cfg.seeds:
         for row in cfg.rows:
             path = _result_path(out, row, seed)
+            if row == "deep_ensemble" and cfg.ensemble_from_seeds and seed != cfg.seeds[-1]:
+                continue  # one ensemble of the seeds' deterministic models, at the last seed
             if path.exists():
                 _log.info("skip %s seed %d (done)", row, seed)
                 continue
@@ -430,6 +435,19 @@ def run_table2(cfg: Table2Config, out: str | Path, *, models: str | Path | None 
                 p_id = _predict_dropout(net, data["x_test"], cfg.eval_samples, cfg.chunk, g)
                 p_ood = _predict_dropout(net, data["x_ood"], cfg.eval_samples, cfg.chunk, g)
                 trained = train_time("mcd", seed)
+            elif row == "deep_ensemble" and cfg.ensemble_from_seeds:
+                # the deterministic models of every seed (all trained by now: the
+                # deterministic row of each earlier seed ran first) as one ensemble
+                nets, trained = [], 0.0
+                for sm in cfg.seeds:
+                    mnet, _, _ = cached(
+                        "det", sm, lambda s=sm: _train_deterministic(cfg, data, s, 0.0)
+                    )
+                    nets.append(mnet)
+                    trained += train_time("det", sm) or 0.0
+                extra["members"] = [f"deterministic seed {sm}" for sm in cfg.seeds]
+                p_id = _predict_ensemble(nets, data["x_test"], cfg.chunk)
+                p_ood = _predict_ensemble(nets, data["x_ood"], cfg.chunk)
             elif row == "deep_ensemble":
                 nets = [net]
                 trained = train_time("det", seed) or 0.0
@@ -569,8 +587,10 @@ def summarize(out: str | Path) -> dict[str, dict[str, Any]]:
         entry["row_wall_seconds"] = sum(d.get("row_wall_seconds", 0.0) for d in rs)
         table[row] = entry
 
-    def cell(v: Any) -> str:
-        return "—" if v is None else f"{v[0]:.3f} ± {v[1]:.3f}"
+    def cell(v: Any, n: int) -> str:
+        if v is None:
+            return "—"
+        return f"{v[0]:.3f}" if n == 1 else f"{v[0]:.3f} ± {v[1]:.3f}"
 
     head = ["row", "seeds", *(h for _, h in COLUMNS), "train [s]"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -579,7 +599,9 @@ def summarize(out: str | Path) -> dict[str, dict[str, Any]]:
         t = "—" if e["train_seconds"] is None else f"{e['train_seconds']:.0f}"
         lines.append(
             "| "
-            + " | ".join([row, str(len(e["seeds"])), *(cell(e[k]) for k, _ in COLUMNS), t])
+            + " | ".join(
+                [row, str(len(e["seeds"])), *(cell(e[k], len(e["seeds"])) for k, _ in COLUMNS), t]
+            )
             + " |"
         )
         vals = []
