@@ -60,20 +60,42 @@ def _check_samples(samples: Tensor, name: str = "samples") -> Tensor:
     return s
 
 
+#: up to this embedding dimension the 1-NN searches use a k-d tree (LAM's FashionMNIST
+#: embeddings are 3-d); above it, chunked brute force
+_KDTREE_MAX_DIM = 16
+
+
 def _nearest_other(x: Tensor, chunk: int = 2048) -> Tensor:
-    """Index of each row's nearest other row (Euclidean), chunked over queries."""
+    """Index of each row's nearest other row (Euclidean), chunked over queries.
+
+    ``argmin_j ||x_i - x_j||^2 = argmin_j (||x_j||^2 - 2 x_i^T x_j)``: one matrix product per
+    chunk, in the input's floating dtype (float64 inputs give exact float64 ranks).
+    """
     n = x.shape[0]
-    x = x.double()
+    x = x if x.is_floating_point() else x.double()
+    if x.shape[1] <= _KDTREE_MAX_DIM:
+        return _nearest_other_kdtree(x)
     sq = (x * x).sum(1)
     out = torch.empty(n, dtype=torch.long, device=x.device)
     for lo in range(0, n, chunk):
         hi = min(lo + chunk, n)
-        d = sq[lo:hi, None] - 2.0 * x[lo:hi] @ x.T + sq[None, :]
-        d[torch.arange(hi - lo, device=x.device), torch.arange(lo, hi, device=x.device)] = float(
-            "inf"
-        )
+        d = torch.addmm(sq[None, :], x[lo:hi], x.T, alpha=-2.0)
+        rows = torch.arange(hi - lo, device=x.device)
+        d[rows, rows + lo] = float("inf")
         out[lo:hi] = d.argmin(1)
     return out
+
+
+def _nearest_other_kdtree(x: Tensor) -> Tensor:
+    """Exact Euclidean nearest other row with a k-d tree (low dimensions; O(N log N))."""
+    from scipy.spatial import cKDTree
+
+    xs = x.detach().double().cpu().numpy()
+    _, idx = cKDTree(xs).query(xs, k=2)
+    idx_t = torch.from_numpy(idx).long()
+    own = torch.arange(x.shape[0])
+    # self is normally first; with an exact duplicate it may come second
+    return torch.where(idx_t[:, 0] == own, idx_t[:, 1], idx_t[:, 0]).to(x.device)
 
 
 def lam_sigma(samples: Tensor) -> Tensor:

@@ -162,3 +162,21 @@ def test_bad_input_named():
         lam_ood_scores(s.std(0), torch.empty(0, 3))
     res = evaluate(s.mean(0), y, uncertainties=torch.rand(len(y)), reference="lam")
     assert res["lam_ausc"] is None and any("lam_" in n for n in res["notes"])
+
+
+def test_kdtree_and_brute_force_searches_agree(monkeypatch):
+    """The k-d tree (low D) and the chunked matrix-product search find the same neighbours."""
+    from bayesurl.evaluation import lam_reference as lr
+
+    s, y = _data(n=300, s=4, seed=9)
+    tree = [lr._nearest_other(s[k]) for k in range(4)]
+    ece_tree = lam_ece(s, y)
+    monkeypatch.setattr(lr, "_KDTREE_MAX_DIM", 0)
+    for k in range(4):
+        torch.testing.assert_close(lr._nearest_other(s[k], chunk=64), tree[k])
+        torch.testing.assert_close(lr._nearest_other(s[k].float()), tree[k])
+    assert lam_ece(s, y) == pytest.approx(ece_tree, abs=1e-12)
+    dup = torch.tensor([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0]])  # exact duplicate rows
+    monkeypatch.undo()
+    nn_idx = lr._nearest_other(dup)
+    assert nn_idx.tolist()[:2] == [1, 0] and int(nn_idx[2]) in (0, 1)
