@@ -30,8 +30,15 @@ data:
 run: install data
 	$(VENV)/bin/bayesurl benchmark $(MAIN_ARGS)
 
+# random test order (pytest-randomly) with the seed printed; rerun one order with
+# `make test RANDOMLY_SEED=<seed>`
+ifeq ($(origin RANDOMLY_SEED), undefined)
+RANDOMLY_SEED := $(shell $(PYTHON) -c 'import random; print(random.randrange(2**32))')
+endif
+
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	@echo "pytest-randomly seed: $(RANDOMLY_SEED)"
+	$(PY) -m pytest -q -n 2 --dist loadfile -p randomly --randomly-seed=$(RANDOMLY_SEED)
 
 lint: install
 	$(VENV)/bin/ruff check bayesurl tests benchmarks recipes

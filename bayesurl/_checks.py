@@ -6,7 +6,11 @@ names the offending argument, so bad input never turns into a silent NaN or a dr
 
 from __future__ import annotations
 
+import math
+import numbers
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -14,8 +18,15 @@ from torch import Tensor
 __all__ = [
     "as_tensor",
     "check_choice",
+    "check_device",
     "check_finite",
+    "check_input_file",
+    "check_int",
+    "check_ints",
     "check_ndim",
+    "check_number",
+    "check_output_dir",
+    "check_output_file",
     "check_same_length",
     "check_min_points",
     "check_tensor",
@@ -92,3 +103,186 @@ def check_tensor(
     if min_points is not None:
         check_min_points(t, name, min_points)
     return t
+
+
+# --------------------------------------------------------------------------------------------
+# scalars
+
+
+def check_number(
+    value: object,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    """Return ``value`` as a finite float within ``[low, high]`` (ends open when asked).
+
+    Raises :class:`TypeError` for a non-number (``bool`` included) and :class:`ValueError` for
+    NaN, inf or a value out of range; the message names ``name`` and the allowed range.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a number, got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"`{name}` must be finite, got {v}")
+    if low is not None and (v <= low if low_open else v < low):
+        raise ValueError(f"`{name}` must be {'>' if low_open else '>='} {low}, got {value!r}")
+    if high is not None and (v >= high if high_open else v > high):
+        raise ValueError(f"`{name}` must be {'<' if high_open else '<='} {high}, got {value!r}")
+    return v
+
+
+def check_int(value: object, name: str, *, low: int | None = None, high: int | None = None) -> int:
+    """Return ``value`` as an ``int`` within ``[low, high]``.
+
+    Only integral values are accepted: ``2.7`` (or ``True``) raises :class:`TypeError` naming
+    ``name`` instead of being truncated to ``2``; ``3.0`` and numpy / 0-d tensor integers pass.
+    """
+    if isinstance(value, Tensor) and value.numel() == 1:
+        value = value.item()
+    integral = isinstance(value, numbers.Integral) or (
+        isinstance(value, numbers.Real)
+        and math.isfinite(float(value))
+        and float(value).is_integer()
+    )
+    if isinstance(value, bool) or not integral:
+        raise TypeError(f"`{name}` must be an integer, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if low is not None and v < low:
+        raise ValueError(f"`{name}` must be >= {low}, got {v}")
+    if high is not None and v > high:
+        raise ValueError(f"`{name}` must be <= {high}, got {v}")
+    return v
+
+
+def check_ints(
+    values: object, name: str, *, low: int | None = None, high: int | None = None
+) -> tuple[int, ...]:
+    """Return a non-empty sequence of integers as a tuple, each checked by :func:`check_int`."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        if isinstance(values, Tensor) and values.ndim == 1:
+            values = values.tolist()
+        else:
+            raise TypeError(f"`{name}` must be a sequence of integers, got {type(values).__name__}")
+    if len(values) == 0:
+        raise ValueError(f"`{name}` must not be empty")
+    return tuple(check_int(v, f"{name}[{i}]", low=low, high=high) for i, v in enumerate(values))
+
+
+# --------------------------------------------------------------------------------------------
+# devices and paths (the command line validates these before any work starts)
+
+
+def check_device(text: str | torch.device | None, name: str = "device") -> torch.device | None:
+    """Parse a device string and check that this machine has it.
+
+    ``None`` (automatic choice) is returned unchanged. ``"cpu"``, ``"cuda"``, ``"cuda:1"``,
+    ``"mps"`` ... are accepted when present; an unparsable name, or CUDA / MPS on a machine
+    without them, or a CUDA index beyond the device count, raises :class:`ValueError` naming
+    ``name``.
+    """
+    if text is None:
+        return None
+    if isinstance(text, torch.device):
+        dev = text
+    else:
+        if not isinstance(text, str):
+            raise TypeError(f"`{name}` must be a device name, got {type(text).__name__}")
+        try:
+            dev = torch.device(text.strip())
+        except (RuntimeError, ValueError):
+            raise ValueError(
+                f"`{name}` {text!r} is not a device; use cpu, cuda, cuda:N or mps"
+            ) from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ValueError(f"`{name}` is {str(dev)!r} but CUDA is not available here; use cpu")
+        if dev.index is not None and dev.index >= n:
+            raise ValueError(
+                f"`{name}` is {str(dev)!r} but only {n} CUDA device(s) exist (cuda:0..{n - 1})"
+            )
+    elif dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ValueError(f"`{name}` is 'mps' but MPS is not available here; use cpu")
+    elif dev.type not in ("cpu", "meta"):
+        backend = getattr(torch, dev.type, None)
+        available = getattr(backend, "is_available", None)
+        if available is None or not available():
+            raise ValueError(f"`{name}` is {str(dev)!r} but that device is not available here")
+    return dev
+
+
+def _writable_ancestor(p: Path, name: str) -> None:
+    """The nearest existing ancestor of ``p`` must be a writable directory."""
+    parent = p.parent
+    while not parent.exists():
+        if parent.parent == parent:
+            break
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"`{name}` {str(p)!r}: {str(parent)!r} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"`{name}` {str(p)!r}: folder {str(parent)!r} is not writable")
+
+
+def check_output_dir(path: str | os.PathLike[str], name: str, *, create: bool = False) -> Path:
+    """Check that ``path`` can be used as an output folder; returns it as a :class:`Path`.
+
+    An existing file at ``path`` (or at one of its parents), or a non-writable folder, raises
+    :class:`ValueError` naming ``name``. With ``create=True`` the folder is made.
+    """
+    p = Path(os.fspath(path)).expanduser()
+    if str(p) == "":
+        raise ValueError(f"`{name}` must not be empty")
+    if p.exists():
+        if not p.is_dir():
+            raise ValueError(f"`{name}` {str(p)!r} is a file; give a folder")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise ValueError(f"`{name}` folder {str(p)!r} is not writable")
+    else:
+        _writable_ancestor(p, name)
+        if create:
+            p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def check_output_file(
+    path: str | os.PathLike[str], name: str, *, suffix: str | Sequence[str] | None = None
+) -> Path:
+    """Check that a file can be written at ``path`` (nothing is written); returns the path.
+
+    A folder at ``path``, a file where a parent folder should be, a non-writable location or
+    (with ``suffix``) a wrong extension raises :class:`ValueError` naming ``name``. Missing
+    parent folders are fine (the writer creates them).
+    """
+    p = Path(os.fspath(path)).expanduser()
+    if str(p) in ("", "."):
+        raise ValueError(f"`{name}` must be a file name")
+    if p.is_dir():
+        raise ValueError(f"`{name}` {str(p)!r} is a folder; give a file name")
+    if suffix is not None:
+        allowed = (suffix,) if isinstance(suffix, str) else tuple(suffix)
+        if p.suffix.lower() not in allowed:
+            raise ValueError(f"`{name}` {str(p)!r} must end in {' or '.join(allowed)}")
+    if p.exists():
+        if not os.access(p, os.W_OK):
+            raise ValueError(f"`{name}` file {str(p)!r} is not writable")
+    else:
+        _writable_ancestor(p, name)
+    return p
+
+
+def check_input_file(path: str | os.PathLike[str], name: str) -> Path:
+    """Return ``path`` if it is an existing file; else :class:`FileNotFoundError` naming ``name``
+    (or :class:`ValueError` when it is a folder)."""
+    p = Path(os.fspath(path)).expanduser()
+    if p.is_dir():
+        raise ValueError(f"`{name}` {str(p)!r} is a folder, not a file")
+    if not p.is_file():
+        raise FileNotFoundError(f"`{name}` {str(p)!r} does not exist")
+    return p

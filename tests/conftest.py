@@ -1,9 +1,17 @@
-"""Suite-wide settings: one intra-op thread per test process.
+"""Suite-wide settings: one intra-op thread per test process, and no global state leaking from
+one test into another.
 
 CI runs the suite with two xdist workers on two cores; letting each worker also spawn intra-op
 threads oversubscribes the machine (tiny training steps measured 16x slower).
+
+The suite runs in random order (pytest-randomly, ``make test`` prints the seed; rerun one order
+with ``-p randomly --randomly-seed=N``). pytest-randomly reseeds ``random`` and NumPy before
+each test; :func:`_isolated_global_state` does the same for torch and restores what a test may
+change globally (torch RNG, default dtype, thread count, mpmath precision), so a test passes
+alone, in any order and on any xdist shard.
 """
 
+import mpmath
 import pytest
 import torch
 
@@ -14,3 +22,19 @@ def _one_thread_per_worker():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_global_state():
+    rng = torch.get_rng_state()
+    dtype = torch.get_default_dtype()
+    threads = torch.get_num_threads()
+    dps = mpmath.mp.dps
+    grad = torch.is_grad_enabled()
+    torch.manual_seed(0)  # the same torch RNG state at the start of every test, whatever ran before
+    yield
+    torch.set_rng_state(rng)
+    torch.set_default_dtype(dtype)
+    torch.set_num_threads(threads)
+    torch.set_grad_enabled(grad)
+    mpmath.mp.dps = dps

@@ -23,6 +23,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from bayesurl._checks import (
+    check_device,
+    check_input_file,
+    check_int,
+    check_ints,
+    check_output_file,
+)
+
 HELP = "evaluate embeddings / uncertainties / samples from an .npz file, or a checkpoint"
 
 #: Arrays read from INPUT.npz (name -> required).
@@ -72,9 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_npz(path: str | Path) -> dict[str, np.ndarray]:
     """Read the known arrays of INPUT.npz; raise naming the file or the array on problems."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"INPUT {str(p)!r} does not exist")
+    p = check_input_file(path, "INPUT")
     try:
         f = np.load(p, allow_pickle=False)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
@@ -86,6 +92,11 @@ def load_npz(path: str | Path) -> dict[str, np.ndarray]:
         missing = [k for k, req in ARRAYS.items() if req and k not in names]
         if missing:
             raise ValueError(f"{p.name}: missing array(s) {missing}; found {sorted(names)}")
+        unknown = sorted(names - set(ARRAYS))
+        if unknown:  # e.g. `uncertainty` for `uncertainties`: never ignored silently
+            raise ValueError(
+                f"{p.name}: unknown array(s) {unknown}; the known names are {', '.join(ARRAYS)}"
+            )
         out = {}
         for k in ARRAYS:
             if k in names:
@@ -150,14 +161,32 @@ def format_table(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    """Validate every option before any work (issue 15): one clear error naming the option."""
+    if args.checkpoint is not None and args.input is not None:
+        raise ValueError("give either INPUT.npz or --checkpoint, not both")
+    if args.checkpoint is None and args.input is None:
+        raise ValueError("give INPUT.npz or --checkpoint CKPT")
+    args.device = str(check_device(args.device, "--device") or "cpu")
+    args.ks = list(check_ints(args.ks, "--ks", low=1))
+    check_int(args.shortlist, "--shortlist", low=1)
+    for opt in ("n_samples", "max_test", "max_ood"):
+        value = getattr(args, opt, None)
+        if value is not None:
+            check_int(value, "--" + opt.replace("_", "-"), low=0 if opt == "n_samples" else 1)
+    if args.json:
+        check_output_file(args.json, "--json")
+    if args.input is not None:
+        check_input_file(args.input, "INPUT")
+    if args.checkpoint is not None:
+        check_input_file(args.checkpoint, "--checkpoint")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``bayesurl evaluate``."""
+    _check_args(args)
     if args.checkpoint is not None:
-        if args.input is not None:
-            raise ValueError("give either INPUT.npz or --checkpoint, not both")
         return _run_checkpoint(args)
-    if args.input is None:
-        raise ValueError("give INPUT.npz or --checkpoint CKPT")
     res = evaluate_npz(
         args.input,
         device=args.device,
@@ -174,8 +203,6 @@ def run(args: argparse.Namespace) -> int:
 def _run_checkpoint(args: argparse.Namespace) -> int:
     from bayesurl.benchmark import evaluate_checkpoint
 
-    if args.n_samples is not None and args.n_samples < 0:
-        raise ValueError(f"`--n-samples` must be >= 0, got {args.n_samples}")
     res = evaluate_checkpoint(
         args.checkpoint,
         dataset=args.dataset,

@@ -8,6 +8,8 @@
 * Transforms: :func:`default_transform`, :func:`default_augmentation`, :class:`TwoViews`.
 * Loaders: :func:`make_loader` (seeded, DistributedSampler-aware), :func:`set_epoch`,
   :func:`as_tensors` (a whole in-memory set as tensors); :func:`plot_images` to look at them.
+* Batches: :func:`unpack_batch`, the one reader of ``x`` / ``(x, y)`` / ``((x1, x2), y)`` /
+  dict loader batches.
 """
 
 from .base import (
@@ -18,6 +20,7 @@ from .base import (
     get_targets,
     subset,
 )
+from .batch import unpack_batch
 from .dml import (
     CARS_TEST_CLASSES,
     CARS_TRAIN_CLASSES,
@@ -108,6 +111,7 @@ __all__ = [
     "stratified_subsample",
     "subset",
     "synthetic_ood",
+    "unpack_batch",
     "upsample_uint8",
     "zero_shot_split",
 ]

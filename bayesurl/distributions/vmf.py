@@ -4,13 +4,18 @@ Density ``p(z | mu, kappa) = C_D(kappa) exp(kappa mu^T z)`` with
 
 ``log C_D(kappa) = (D/2 - 1) log kappa - (D/2) log(2 pi) - log I_{D/2-1}(kappa)``.
 
-Everything here is exact (no polynomial fits of the papers) and stays finite for D = 2048 and
-kappa up to 1e5 and beyond:
+Everything here is exact (no polynomial fits of the papers) and stays finite and accurate for
+every finite kappa, in float32 and float64 (computed in float64, returned in kappa's dtype;
+checked against mpmath up to kappa = 1e300, issue 15):
 
 - ``log I_v(x)`` is evaluated at a large order ``V = v + m >= 80`` with the uniform asymptotic
   (Debye) expansion of Abramowitz & Stegun 9.7.7 (relative error below 1e-10 there), then
   brought down to order ``v`` with the backward recurrence ``I_{n-1} = (2n/x) I_n + I_{n+1}``
-  in log / ratio form, which is numerically stable for the modified Bessel function I.
+  in log / ratio form, which is numerically stable for the modified Bessel function I. The
+  expansion is written with ``hypot(v, x)`` and with ``x`` subtracted analytically
+  (``log I_v(x) - x``), so no ``x * x`` overflows and the large-x (Hankel) regime keeps its
+  precision; ``1 - A_D(kappa)`` is carried separately, so the entropy and the log-density
+  ``(log C + kappa) - kappa ||z - mu||^2 / 2`` have no cancellation of O(kappa) terms.
 - The ratio ``A_D(kappa) = I_{D/2}(kappa) / I_{D/2-1}(kappa)`` (the mean resultant length)
   falls out of the same recurrence, and gives the exact gradient
   ``d/dkappa log C_D(kappa) = -A_D(kappa)``.
@@ -20,7 +25,8 @@ kappa up to 1e5 and beyond:
   reparameterisation gradient of Figurnov et al. (2018), ``dw/dkappa = -(dF/dkappa) / p(w)``,
   a one-dimensional integral taken by quadrature; it is unbiased, unlike the pathwise gradient
   through the Beta proposal without the rejection-correction term. D = 3 uses the closed-form
-  inverse CDF, and ``kappa = inf`` returns the mean direction.
+  inverse CDF, ``kappa >= 1e6`` an exact rejection sampler with a Gamma proposal for
+  ``kappa (1 - w)``, and ``kappa = inf`` returns the mean direction.
 
 References
 ----------
@@ -40,7 +46,7 @@ import math
 import torch
 from torch import Tensor
 
-from bayesurl._checks import check_finite, check_ndim
+from bayesurl._checks import check_finite, check_int, check_ndim
 
 __all__ = [
     "VonMisesFisher",
@@ -55,31 +61,31 @@ __all__ = [
 _DEBYE_MIN_ORDER = 80.0
 
 
-def _debye_log_iv(v: Tensor, x: Tensor) -> Tensor:
-    """log I_v(x) by the uniform asymptotic expansion in the order (A&S 9.7.7), v large."""
-    z = x / v
-    sq = torch.sqrt(1.0 + z * z)
-    t = 1.0 / sq
-    # eta = sqrt(1 + z^2) + log(z / (1 + sqrt(1 + z^2)))
-    eta = sq + torch.log(z) - torch.log1p(sq)
+def _debye_series(order: float, s: Tensor) -> Tensor:
+    """``log(1 + u1/v + u2/v^2 + u3/v^3 + u4/v^4)`` of A&S 9.7.7 at ``t = v / s``."""
+    t = order / s
     t2 = t * t
     u1 = t * (3.0 - 5.0 * t2) / 24.0
     u2 = t2 * (81.0 - 462.0 * t2 + 385.0 * t2 * t2) / 1152.0
     u3 = t * t2 * (30375.0 - 369603.0 * t2 + 765765.0 * t2**2 - 425425.0 * t2**3) / 414720.0
-    u4 = (
-        t2
-        * t2
-        * (
-            4465125.0
-            - 94121676.0 * t2
-            + 349922430.0 * t2**2
-            - 446185740.0 * t2**3
-            + 185910725.0 * t2**4
-        )
-        / 39813120.0
-    )
-    series = 1.0 + u1 / v + u2 / v**2 + u3 / v**3 + u4 / v**4
-    return v * eta - 0.5 * torch.log(2.0 * math.pi * v) - 0.5 * torch.log(sq) + torch.log(series)
+    p4 = 4465125.0 - 94121676.0 * t2 + 349922430.0 * t2**2 - 446185740.0 * t2**3
+    u4 = t2 * t2 * (p4 + 185910725.0 * t2**4) / 39813120.0
+    return torch.log1p(u1 / order + u2 / order**2 + u3 / order**3 + u4 / order**4)
+
+
+def _debye_log_ive(v: float, x: Tensor) -> Tensor:
+    """``log I_v(x) - x`` by the uniform asymptotic expansion in the order (A&S 9.7.7), v large.
+
+    Written with ``s = hypot(v, x)`` (no ``x * x``, which overflows float32 at x ~ 2e19 and
+    float64 at ~1e154): ``v eta(x / v) - x = v^2 / (s + x) + v log(x / (v + s))`` and the
+    prefactor ``(2 pi v)^(-1/2) (1 + (x/v)^2)^(-1/4) = (2 pi s)^(-1/2)``. Subtracting ``x``
+    analytically keeps the value O(log x) for every finite x, so it stays finite and keeps
+    its relative precision (the large-x limit is Hankel's ``-1/2 log(2 pi x)``, A&S 9.7.1).
+    """
+    s = torch.hypot(torch.full_like(x, v), x)
+    # log(x / (v + s)) = -log1p((v + s - x) / x), s - x = v^2 / (s + x): no rounding to log(1)
+    lead = v * v / (s + x) - v * torch.log1p((v + v * v / (s + x)) / x)
+    return lead - 0.5 * torch.log(2.0 * math.pi * s) + _debye_series(v, s)
 
 
 def _debye_log_ratio(v: float, x: Tensor) -> Tensor:
@@ -89,39 +95,52 @@ def _debye_log_ratio(v: float, x: Tensor) -> Tensor:
     relative error of ``1 - A_D(kappa)`` is 1e-5); here the leading terms are differenced
     analytically: with ``s_v = sqrt(v^2 + x^2)``, ``v eta(x / v) = s_v + v log(x / (v + s_v))``.
     """
-    s0 = torch.sqrt(v * v + x * x)
-    s1 = torch.sqrt((v + 1.0) ** 2 + x * x)
+    s0 = torch.hypot(torch.full_like(x, v), x)  # no x * x: finite for every finite x
+    s1 = torch.hypot(torch.full_like(x, v + 1.0), x)
     ds = (2.0 * v + 1.0) / (s0 + s1)  # s1 - s0
-    lead = ds + torch.log(x / (v + 1.0 + s1)) - v * torch.log1p((1.0 + ds) / (v + s0))
+    # log(x / (v + 1 + s1)) as -log1p(...) (s1 - x = (v + 1)^2 / (s1 + x)): for x >> v the
+    # ratio rounds to 1 and the plain log would lose 1 - A_D entirely
+    w1 = v + 1.0
+    lead = ds - torch.log1p((w1 + w1 * w1 / (s1 + x)) / x) - v * torch.log1p((1.0 + ds) / (v + s0))
     # -1/2 log(2 pi v) - 1/2 log(s_v / v): the v-dependence cancels to -1/2 log(s1 / s0)
     prefactor = -0.5 * torch.log1p(ds / s0)
 
-    def series(order: float, s: Tensor) -> Tensor:
-        t = order / s
-        t2 = t * t
-        u1 = t * (3.0 - 5.0 * t2) / 24.0
-        u2 = t2 * (81.0 - 462.0 * t2 + 385.0 * t2 * t2) / 1152.0
-        u3 = t * t2 * (30375.0 - 369603.0 * t2 + 765765.0 * t2**2 - 425425.0 * t2**3) / 414720.0
-        p4 = 4465125.0 - 94121676.0 * t2 + 349922430.0 * t2**2 - 446185740.0 * t2**3
-        u4 = t2 * t2 * (p4 + 185910725.0 * t2**4) / 39813120.0
-        return torch.log1p(u1 / order + u2 / order**2 + u3 / order**3 + u4 / order**4)
-
-    return lead + prefactor + series(v + 1.0, s1) - series(v, s0)
+    return lead + prefactor + _debye_series(v + 1.0, s1) - _debye_series(v, s0)
 
 
-def _log_iv_and_ratio(v: float, x: Tensor) -> tuple[Tensor, Tensor]:
-    """Return ``(log I_v(x), I_{v+1}(x) / I_v(x))`` for a scalar order ``v >= 0`` and x > 0."""
+def _log_ive_ratio_oma(v: float, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(log I_v(x) - x, r, 1 - r)`` with ``r = I_{v+1}(x) / I_v(x)``, scalar ``v >= 0``, x > 0.
+
+    The exponentially scaled ``log I_v(x) - x`` is finite for every finite x; ``1 - r`` is
+    carried through the recurrence on its own (``1 - r_{n-1} = (2n/x - (1 - r_n)) / step``), so
+    it keeps its relative precision where ``r`` rounds to 1 (``1 - r ~ (2v + 1) / (2x)``). ``r``
+    is clamped to ``[0, 1]``.
+    """
     m = max(0, math.ceil(_DEBYE_MIN_ORDER - v))
     top = v + m
-    vt = torch.full_like(x, top)
-    log_i = _debye_log_iv(vt, x)
-    ratio = torch.exp(_debye_log_ratio(top, x))
+    log_i = _debye_log_ive(top, x)
+    log_ratio = _debye_log_ratio(top, x)
+    ratio = torch.exp(log_ratio)
+    oma = -torch.expm1(log_ratio)
     for k in range(m):
         n = top - k  # recur from order n down to n - 1
         step = 2.0 * n / x + ratio
         log_i = log_i + torch.log(step)
         ratio = 1.0 / step
-    return log_i, ratio
+        oma = (2.0 * n / x - oma) / step
+    return log_i, ratio.clamp(0.0, 1.0), oma.clamp(0.0, 1.0)
+
+
+def _log_ive_and_ratio(v: float, x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(log I_v(x) - x, I_{v+1}(x) / I_v(x))``; see :func:`_log_ive_ratio_oma`."""
+    log_ive, ratio, _ = _log_ive_ratio_oma(v, x)
+    return log_ive, ratio
+
+
+def _log_iv_and_ratio(v: float, x: Tensor) -> tuple[Tensor, Tensor]:
+    """Return ``(log I_v(x), I_{v+1}(x) / I_v(x))`` for a scalar order ``v >= 0`` and x > 0."""
+    log_ive, ratio = _log_ive_and_ratio(v, x)
+    return log_ive + x, ratio
 
 
 class _LogBesselIv(torch.autograd.Function):
@@ -150,6 +169,19 @@ def _as_float_tensor(kappa: Tensor | float, name: str) -> Tensor:
     return k
 
 
+def _check_directions(mu: Tensor, name: str) -> None:
+    """Mean directions must be finite, non-zero rows (a zero row has no direction)."""
+    check_ndim(mu, name, 2)
+    check_finite(mu, name)
+    zero = (mu == 0).all(-1)
+    if bool(zero.any()):
+        rows = zero.nonzero().flatten()[:5].tolist()
+        raise ValueError(
+            f"`{name}` has {int(zero.sum())} all-zero row(s) (e.g. {rows}); a mean direction "
+            "must be non-zero"
+        )
+
+
 def _check_dim(dim: int) -> int:
     if int(dim) != dim or dim < 2:
         raise ValueError(f"`dim` must be an integer >= 2, got {dim}")
@@ -174,7 +206,7 @@ def log_bessel_iv(v: float, x: Tensor | float) -> Tensor:
     xt = _as_float_tensor(x, "x")
     if bool((xt <= 0).any()):
         raise ValueError("`x` must be positive")
-    return _LogBesselIv.apply(xt, float(v))
+    return _LogBesselIv.apply(xt.double(), float(v)).to(xt.dtype)
 
 
 # smallest kappa used internally; below it the normaliser equals its kappa -> 0 limit to
@@ -183,19 +215,26 @@ _KAPPA_TINY = 1e-30
 
 
 class _VmfLogNormalizer(torch.autograd.Function):
-    """log C_D(kappa) with the exact derivative -A_D(kappa) (no cancellation of v/kappa)."""
+    """log C_D(kappa) (+ kappa when ``plus_kappa``) with the exact derivative -A_D(kappa) (+ 1).
+
+    ``log C_D(kappa) + kappa = (D/2 - 1) log kappa - (D/2) log(2 pi) - (log I_v(kappa) - kappa)``
+    is O(log kappa) for every finite kappa, so the log-density ``log C + kappa + kappa (t - 1)``
+    has no cancellation of two O(kappa) terms.
+    """
 
     @staticmethod
-    def forward(ctx, kappa: Tensor, dim: int) -> Tensor:  # type: ignore[override]
+    def forward(ctx, kappa: Tensor, dim: int, plus_kappa: bool) -> Tensor:  # type: ignore[override]
         v = dim / 2.0 - 1.0
-        log_i, ratio = _log_iv_and_ratio(v, kappa)
+        log_ive, ratio = _log_ive_and_ratio(v, kappa)
         ctx.save_for_backward(ratio)
-        return v * torch.log(kappa) - (dim / 2.0) * math.log(2.0 * math.pi) - log_i
+        ctx.plus_kappa = plus_kappa
+        out = v * torch.log(kappa) - (dim / 2.0) * math.log(2.0 * math.pi) - log_ive
+        return out if plus_kappa else out - kappa
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         (ratio,) = ctx.saved_tensors
-        return -grad * ratio, None
+        return (grad * (1.0 - ratio) if ctx.plus_kappa else -grad * ratio), None, None
 
 
 def vmf_log_normalizer(kappa: Tensor | float, dim: int) -> Tensor:
@@ -212,11 +251,14 @@ def vmf_log_normalizer(kappa: Tensor | float, dim: int) -> Tensor:
     dim : int
         Ambient dimension ``D >= 2``.
     """
-    d = _check_dim(dim)
-    k = _as_float_tensor(kappa, "kappa")
-    finite = torch.isfinite(k)
-    ks = torch.where(finite, k, torch.ones_like(k)).clamp_min(_KAPPA_TINY)
-    out = _VmfLogNormalizer.apply(ks, d)
+    return _vmf_log_normalizer(_as_float_tensor(kappa, "kappa"), _check_dim(dim))
+
+
+def _vmf_log_normalizer(kappa: Tensor, dim: int) -> Tensor:
+    """:func:`vmf_log_normalizer` of a float tensor ``kappa >= 0`` without input checks."""
+    finite = torch.isfinite(kappa)
+    ks = torch.where(finite, kappa, torch.ones_like(kappa)).double().clamp_min(_KAPPA_TINY)
+    out = _VmfLogNormalizer.apply(ks, dim, False).to(kappa.dtype)
     return torch.where(finite, out, torch.full_like(out, math.inf))
 
 
@@ -228,10 +270,23 @@ def vmf_mean_resultant_length(kappa: Tensor | float, dim: int) -> Tensor:
     d = _check_dim(dim)
     k = _as_float_tensor(kappa, "kappa")
     finite = torch.isfinite(k)
-    ks = torch.where(finite, k, torch.ones_like(k)).clamp_min(_KAPPA_TINY)
-    _, ratio = _log_iv_and_ratio(d / 2.0 - 1.0, ks)
-    ratio = torch.where(k > 0, ratio, torch.zeros_like(ratio))
+    ks = torch.where(finite, k, torch.ones_like(k)).double().clamp_min(_KAPPA_TINY)
+    _, ratio = _log_ive_and_ratio(d / 2.0 - 1.0, ks)
+    ratio = torch.where(k > 0, ratio.to(k.dtype), torch.zeros_like(k))
     return torch.where(finite, ratio, torch.ones_like(ratio))
+
+
+def _vmf_one_minus_a(kappa: Tensor, dim: int) -> Tensor:
+    """``1 - A_D(kappa)`` to full relative precision (also where ``A_D`` rounds to 1).
+
+    ``kappa`` is checked by the caller; 1 at kappa = 0, 0 at kappa = inf; computed in float64,
+    returned in kappa's dtype.
+    """
+    finite = torch.isfinite(kappa)
+    ks = torch.where(finite, kappa, torch.ones_like(kappa)).double().clamp_min(_KAPPA_TINY)
+    _, _, oma = _log_ive_ratio_oma(dim / 2.0 - 1.0, ks)
+    oma = torch.where(kappa > 0, oma.to(kappa.dtype), torch.ones_like(kappa))
+    return torch.where(finite, oma, torch.zeros_like(oma))
 
 
 def kappa_from_resultant_length(r: Tensor, dim: int) -> Tensor:
@@ -417,7 +472,7 @@ def vmf_cosine_grad_kappa(w: Tensor, kappa: Tensor | float, dim: int) -> Tensor:
         raise ValueError("`kappa` must be positive and finite")
     dtype = torch.promote_types(w.dtype, k.dtype) if w.is_floating_point() else k.dtype
     k64 = k.double()
-    oma = 1.0 - vmf_mean_resultant_length(k64, d)
+    oma = _vmf_one_minus_a(k64, d)
     return _cosine_grad_kappa(w.double(), k64, oma, d).to(dtype)
 
 
@@ -438,14 +493,56 @@ def _sample_w(kappa: Tensor, dim: int, n: int, generator: torch.Generator | None
         return (1.0 + log_term / k).clamp(-1.0, 1.0)
     k_value = kappa.detach()
     with torch.no_grad():
-        w = _wood_rejection(k_value.expand(shape), dim, generator)
+        k_all = k_value.expand(shape)
+        big = k_all >= _KAPPA_GAMMA
+        if bool(big.any()):
+            w = torch.empty(shape, dtype=k_all.dtype, device=k_all.device)
+            w[~big] = _wood_rejection(k_all[~big], dim, generator)
+            w[big] = _gamma_cosine(k_all[big], dim, generator)
+        else:
+            w = _wood_rejection(k_all, dim, generator)
     if kappa.requires_grad and torch.is_grad_enabled():
         # Figurnov et al. (2018): w(kappa) at a fixed CDF level. The pathwise gradient through
         # the reparameterised Beta proposal alone (Davidson et al. 2018 without their
         # rejection-correction term) is biased, e.g. -24 % for D = 2, kappa = 5.
-        _, ratio = _log_iv_and_ratio(dim / 2.0 - 1.0, k_value)
-        dwdk = _cosine_grad_kappa(w, k_value, 1.0 - ratio, dim)
+        _, _, oma = _log_ive_ratio_oma(dim / 2.0 - 1.0, k_value)
+        dwdk = _cosine_grad_kappa(w, k_value, oma, dim)
         w = w + dwdk * (kappa - k_value)
+    return w
+
+
+# above this kappa Wood's envelope degenerates in float64 (b ~ (D-1) / (4 kappa) rounds 1 +- b)
+_KAPPA_GAMMA = 1e6
+
+
+def _gamma_cosine(k: Tensor, dim: int, generator: torch.Generator | None) -> Tensor:
+    """Exact cosine draws for large kappa (1-D ``k``), by rejection from a Gamma proposal.
+
+    ``t = kappa (1 - w)`` has density ``∝ exp(-t) t^a (1 - t / (2 kappa))^a``, ``a = (D-3)/2``,
+    on ``[0, 2 kappa]``. Propose ``t ~ Gamma((D-1)/2, 1)`` (redrawn above ``kappa``: mass
+    ``< exp(-kappa)``, i.e. zero in float64 for kappa >= 1e6) and accept with
+    ``(1 - t / (2 kappa))^a / M`` (``M = 1`` for D >= 3, ``sqrt(2)`` for D = 2), so the
+    acceptance rate is ~1. ``w = 1 - t / kappa`` rounds to 1 for kappa beyond ~1e16.
+    """
+    a = (dim - 3) / 2.0
+    log_m = 0.5 * math.log(2.0) if dim == 2 else 0.0
+    w = torch.empty_like(k)
+    todo = torch.ones(k.shape, dtype=torch.bool, device=k.device)
+    for _ in range(1000):
+        idx = todo.nonzero(as_tuple=True)[0]
+        m = idx.numel()
+        if m == 0:
+            break
+        kb = k[idx]
+        conc = torch.full((m,), (dim - 1) / 2.0, dtype=k.dtype, device=k.device)
+        t = torch._standard_gamma(conc, generator=generator)
+        u = torch.rand(m, dtype=k.dtype, device=k.device, generator=generator)
+        log_f = a * torch.log1p(-(t / (2.0 * kb)).clamp_max(0.5)) - log_m
+        accept = (t <= kb) & (torch.log(u) <= log_f)
+        w[idx[accept]] = 1.0 - t[accept] / kb[accept]
+        todo[idx[accept]] = False
+    else:  # pragma: no cover - acceptance is > 0.7
+        raise RuntimeError("vMF large-kappa sampler did not converge in 1000 rounds")
     return w
 
 
@@ -453,7 +550,7 @@ def _wood_rejection(k: Tensor, dim: int, generator: torch.Generator | None) -> T
     """Wood's (1994) rejection sampler for the cosine, one draw per entry of ``k``."""
     dm1 = dim - 1.0
     # Wood (1994), with the cancellation-free form of b
-    b = dm1 / (2.0 * k + torch.sqrt(4.0 * k * k + dm1 * dm1))
+    b = dm1 / (2.0 * k + torch.hypot(2.0 * k, torch.full_like(k, dm1)))  # no k * k overflow
     x0 = (1.0 - b) / (1.0 + b)
     c = k * x0 + dm1 * torch.log1p(-x0 * x0)
     w = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -520,16 +617,26 @@ def sample_vmf(
     generator : torch.Generator, optional
         Makes the draws reproducible.
     """
-    check_ndim(mu, "mu", 2)
-    check_finite(mu, "mu")
-    if n_samples < 1:
-        raise ValueError(f"`n_samples` must be >= 1, got {n_samples}")
+    _check_directions(mu, "mu")
+    n_samples = check_int(n_samples, "n_samples", low=1)
     n, dim = mu.shape
     _check_dim(dim)
     k = _as_float_tensor(kappa, "kappa").to(device=mu.device, dtype=mu.dtype)
     k = k.expand(n) if k.ndim == 0 else k
     if k.shape != (n,):
         raise ValueError(f"`kappa` must have shape [{n}] to match `mu`, got {tuple(k.shape)}")
+    return _sample_vmf(mu, k, int(n_samples), generator)
+
+
+def _sample_vmf(
+    mu: Tensor, k: Tensor, n_samples: int, generator: torch.Generator | None = None
+) -> Tensor:
+    """:func:`sample_vmf` without input checks, for callers that validated at their entry.
+
+    ``mu [N, D]`` finite with ``D >= 2``; ``k [N]`` non-NaN, ``>= 0``, of ``mu``'s dtype and
+    device; ``n_samples >= 1``.
+    """
+    n, dim = mu.shape
     mu = torch.nn.functional.normalize(mu, dim=-1)
     finite = torch.isfinite(k)
     k_safe = torch.where(finite, k, torch.ones_like(k)).clamp_min(1e-12)
@@ -582,8 +689,7 @@ class VonMisesFisher:
     """
 
     def __init__(self, loc: Tensor, concentration: Tensor) -> None:
-        check_ndim(loc, "loc", 2)
-        check_finite(loc, "loc")
+        _check_directions(loc, "loc")
         k = _as_float_tensor(concentration, "concentration").to(loc)
         if k.ndim == 0:
             k = k.expand(loc.shape[0])
@@ -605,13 +711,38 @@ class VonMisesFisher:
         return vmf_log_normalizer(self.concentration, self.dim)
 
     def log_prob(self, z: Tensor) -> Tensor:
-        """``log C_D(kappa) + kappa mu^T z`` for unit vectors ``z [..., N, D]``."""
-        return self.log_normalizer() + self.concentration * (z * self.loc).sum(-1)
+        """``log C_D(kappa) + kappa mu^T z`` for unit vectors ``z [..., N, D]``.
+
+        Evaluated as ``(log C_D(kappa) + kappa) - kappa ||z - mu||^2 / 2`` (equal for unit
+        ``z``): both parts are O(log kappa) near the mode, so the value stays finite and
+        accurate for every finite kappa. ``kappa = inf`` is the point mass at ``mu``:
+        ``+inf`` at ``z = mu`` (within rounding) and ``-inf`` elsewhere.
+        """
+        k = self.concentration
+        dist2 = (z - self.loc).square().sum(-1)
+        finite = torch.isfinite(k)
+        ks = torch.where(finite, k, torch.ones_like(k)).double().clamp_min(_KAPPA_TINY)
+        shifted = _VmfLogNormalizer.apply(ks, self.dim, True).to(k.dtype)
+        k_safe = torch.where(finite, k, torch.zeros_like(k))
+        out = shifted - 0.5 * k_safe * dist2
+        eps = torch.finfo(dist2.dtype).eps if dist2.is_floating_point() else 0.0
+        at_mode = dist2 <= self.dim * (8.0 * eps) ** 2
+        point = torch.where(at_mode, math.inf, -math.inf).to(out.dtype)
+        return torch.where(finite, out, point)
 
     def entropy(self) -> Tensor:
-        """``-log C_D(kappa) - kappa A_D(kappa)``."""
+        """``-log C_D(kappa) - kappa A_D(kappa)``, as ``-(log C_D + kappa) + kappa (1 - A_D)``.
+
+        Finite for every finite kappa (``1 - A_D`` is kept to full precision where ``A_D``
+        rounds to 1); ``-inf`` at ``kappa = inf`` (a point mass).
+        """
         k = self.concentration
-        return -self.log_normalizer() - k * vmf_mean_resultant_length(k, self.dim)
+        finite = torch.isfinite(k)
+        ks = torch.where(finite, k, torch.ones_like(k)).double().clamp_min(_KAPPA_TINY)
+        shifted = _VmfLogNormalizer.apply(ks, self.dim, True).to(k.dtype)
+        k_safe = torch.where(finite, k, torch.zeros_like(k))
+        out = -shifted + k_safe * _vmf_one_minus_a(k, self.dim)
+        return torch.where(finite, out, torch.full_like(out, -math.inf))
 
     def rsample(self, n_samples: int = 1, generator: torch.Generator | None = None) -> Tensor:
         """Reparameterised samples ``[S, N, D]`` (see :func:`sample_vmf`)."""

@@ -43,6 +43,8 @@ from tqdm.auto import tqdm
 
 from bayesurl._checks import check_finite, check_ndim, check_same_length, check_tensor
 from bayesurl.distributions.vmf import sample_vmf, vmf_log_normalizer
+from bayesurl.evaluation.functional import rank_correlation
+from bayesurl.training.optim import even_milestones, multistep_factor
 
 _log = logging.getLogger(__name__)
 
@@ -465,22 +467,6 @@ class ProbabilisticEncoder(nn.Module):
 # --------------------------------------------------------------------------------------------
 # metrics
 # --------------------------------------------------------------------------------------------
-def _average_ranks(x: Tensor) -> Tensor:
-    """Ranks 1..n of a 1-D tensor with ties given their average rank (float64)."""
-    vals, order = torch.sort(x)
-    n = x.numel()
-    ranks = torch.empty(n, dtype=torch.float64, device=x.device)
-    if n < 2 or bool((vals[1:] != vals[:-1]).all()):  # no ties: skip the grouping
-        ranks[order] = torch.arange(1, n + 1, dtype=torch.float64, device=x.device)
-        return ranks
-    _, counts = torch.unique_consecutive(vals, return_counts=True)
-    del vals
-    ends = torch.cumsum(counts, 0).to(torch.float64)
-    avg = ends - (counts.to(torch.float64) - 1.0) / 2.0
-    ranks[order] = torch.repeat_interleave(avg, counts)
-    return ranks
-
-
 def _mean_abs_diff(a: Tensor, b: Tensor, chunk: int = 1 << 22) -> float:
     """``mean |a - b|`` accumulated in float64, in chunks (no full-size temporaries)."""
     total = torch.zeros((), dtype=torch.float64, device=a.device)
@@ -491,22 +477,17 @@ def _mean_abs_diff(a: Tensor, b: Tensor, chunk: int = 1 << 22) -> float:
 
 
 def spearman(a: Tensor, b: Tensor) -> float:
-    """Spearman rank correlation of two 1-D tensors (Pearson correlation of average ranks).
+    """Spearman rank correlation of two 1-D tensors, as a float (MCI Table 1 / 3 "Rank Corr.").
 
-    Used for the "Rank Corr." columns of MCI Table 1 / Table 3. Ties get their average rank,
-    as in :func:`scipy.stats.spearmanr`; a constant input gives ``nan``.
+    The library's :func:`bayesurl.evaluation.rank_correlation` (Pearson correlation of average
+    ranks, ties as in :func:`scipy.stats.spearmanr`), except that a constant input gives
+    ``nan`` (undefined, as scipy) instead of an error, so that a run whose kappa network
+    collapsed to one value still reports its other metrics.
     """
-    a = check_tensor(a, "a", ndim=1, min_points=2)
-    b = check_tensor(b, "b", ndim=1, min_points=2)
-    check_same_length(("a", a), ("b", b))
-    ra = _average_ranks(a)
-    rb = _average_ranks(b)
-    ra -= ra.mean()
-    rb -= rb.mean()
-    den = torch.sqrt((ra * ra).sum() * (rb * rb).sum())
-    if float(den) == 0.0:
-        return math.nan
-    return float((ra * rb).sum() / den)
+    for x in (a, b):
+        if isinstance(x, Tensor) and x.ndim == 1 and x.numel() >= 2 and bool((x == x[0]).all()):
+            return math.nan
+    return float(rank_correlation(a, b))
 
 
 def pairwise_cosines(mu: Tensor, *, chunk: int = 1024) -> Tensor:
@@ -597,21 +578,31 @@ def posterior_recovery_metrics(
 # --------------------------------------------------------------------------------------------
 # training
 # --------------------------------------------------------------------------------------------
+def _decay_factor(step: int, n_batches: int, *, phasewise: bool, decay: float) -> float:
+    """x ``decay`` after each quarter (joint), or after the first quarter of each half
+    (phase-wise), by the library's step decay (:func:`bayesurl.training.multistep_factor`)."""
+    quarters = even_milestones(n_batches, 4)
+    if not phasewise:
+        return multistep_factor(step, quarters, decay)
+    return multistep_factor(step, quarters[:1] if step < quarters[1] else quarters[2:], decay)
+
+
 def lr_at(step: int, n_batches: int, lr: float, *, phasewise: bool, decay: float = 0.1) -> float:
     """Learning rate of ``step`` (appendix B.3: x ``decay`` after each quarter of training).
 
     Joint training: ``lr * decay^q`` in quarter ``q``. Phase-wise training (the authors'
     schedule): each half restarts Adam at ``lr * decay^(s / n_batches)`` (``s`` its first step)
     and drops it by ``decay`` after its first quarter, i.e. ``lr, lr/10`` for ``mu_hat`` and
-    ``lr/sqrt(10), lr/(10 sqrt(10))`` for ``kappa_hat``.
+    ``lr/sqrt(10), lr/(10 sqrt(10))`` for ``kappa_hat``. The drops are the library's step decay
+    (:func:`bayesurl.training.multistep_factor` at :func:`bayesurl.training.even_milestones`).
     """
     if not 0 <= step < n_batches:
         raise ValueError(f"`step` must be in [0, {n_batches}), got {step}")
-    quarter = min(4 * step // n_batches, 3)
+    factor = _decay_factor(step, n_batches, phasewise=phasewise, decay=decay)
     if not phasewise:
-        return lr * decay**quarter
-    start = 0 if quarter < 2 else n_batches // 2
-    return lr * decay ** (start / n_batches) * decay ** (quarter % 2)
+        return lr * factor
+    start = 0 if 2 * step < n_batches else n_batches // 2
+    return lr * decay ** (start / n_batches) * factor
 
 
 def _triplet_loss(
@@ -721,12 +712,13 @@ def train_encoder(
                     groups.append({"params": list(net.parameters()), "name": name})
             optim = torch.optim.Adam(groups, lr=lr)
         assert optim is not None
-        quarter = min(4 * b // n_batches, 3)
         for g in optim.param_groups:
             if g["name"] == "mu" or kappa_lr is None:
                 g["lr"] = lr_at(b, n_batches, lr, phasewise=phasewise, decay=lr_decay)
             else:  # the kappa network's own base rate, same quarter drops
-                g["lr"] = kappa_lr * lr_decay ** (quarter % 2 if phasewise else quarter)
+                g["lr"] = kappa_lr * _decay_factor(
+                    b, n_batches, phasewise=phasewise, decay=lr_decay
+                )
         m_neg = mu_negatives if phase == "mu" else n_negatives
         with torch.no_grad():
             x, x_pos, x_neg = gen.sample_triplets(

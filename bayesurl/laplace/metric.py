@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from bayesurl._checks import check_finite, check_tensor
+from bayesurl.data.batch import unpack_batch
 from bayesurl.laplace.curvature import (
     Approximation,
     Geometry,
@@ -79,12 +80,6 @@ def _find_last_linear(model: nn.Module, last_layer: str | nn.Module | None) -> n
     if not isinstance(layer, nn.Linear):
         raise ValueError(f"`last_layer` must be an nn.Linear, got {type(layer).__name__}")
     return layer
-
-
-def _batch_xy(batch: Any) -> tuple[Any, Tensor]:
-    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
-        raise ValueError("`loader` must yield (x, y) batches with labels y")
-    return batch[0], batch[1]
 
 
 def kappa_from_trace(trace: Tensor, dim: int) -> Tensor:
@@ -325,7 +320,7 @@ class BaseMetricLaplace:
         total = len(loader) if hasattr(loader, "__len__") else None
         with self._eval(), torch.no_grad():
             for batch in _progress(loader, progress, "LAM fit", total):
-                x, y = _batch_xy(batch)
+                x, y = unpack_batch(batch, labels=True)
                 phi = self.features(x)
                 y = torch.as_tensor(y).to(phi.device)
                 z = F.linear(phi, self.last_layer.weight, self.last_layer.bias)
@@ -820,7 +815,7 @@ def train_online(
         total, count = 0.0, 0
         bar = _progress(loader, progress, f"online LAM epoch {epoch + 1}/{epochs}")
         for batch in bar:
-            x, y = _batch_xy(batch)
+            x, y = unpack_batch(batch, labels=True)
             total += laplace.online_step(
                 x,
                 y,
@@ -873,7 +868,7 @@ def train_contrastive(
     for epoch in range(int(epochs)):
         total, count = 0.0, 0
         for batch in _progress(loader, progress, f"contrastive epoch {epoch + 1}/{epochs}"):
-            x, y = _batch_xy(batch)
+            x, y = unpack_batch(batch, labels=True)
             x, y = x.to(device), torch.as_tensor(y).to(device)
             emb = F.normalize(model(x), dim=1)
             tup = miner(emb.detach(), y)

@@ -24,6 +24,7 @@ from bayesurl._checks import check_finite, check_ndim, check_same_length
 
 __all__ = [
     "ExplicitKappaLoss",
+    "check_class_labels",
     "check_embeddings",
     "check_kappa",
     "check_labels",
@@ -44,8 +45,10 @@ def check_kappa(
     """Validate concentrations for the rows of ``like [N, ...]``; returns ``kappa [N]``.
 
     ``None`` reads kappa from the embedding norm ``||like||`` (the vMF duality of the ECCV22
-    nivMF paper, section 3.2). Scalars broadcast. NaN, negative values and (unless
-    ``allow_inf``) infinity raise a ValueError naming ``name``.
+    nivMF paper, section 3.2). Scalars broadcast. NaN, negative values, (unless
+    ``allow_inf``) infinity, and a positive kappa on an all-zero row of ``like`` (no mean
+    direction; :func:`~bayesurl.distributions.sample_vmf` refuses it too) raise a ValueError
+    naming ``name``.
     """
     if kappa is None:
         return like.norm(dim=-1)
@@ -66,6 +69,12 @@ def check_kappa(
         raise ValueError(f"`{name}` must be finite here")
     if bool((k < 0).any()):
         raise ValueError(f"`{name}` must be non-negative, got min {float(k.min())}")
+    zero = (like == 0).all(-1) & (k > 0)
+    if bool(zero.any()):
+        raise ValueError(
+            f"{int(zero.sum())} all-zero embedding row(s) have a positive `{name}`: a zero "
+            "vector has no direction to concentrate around"
+        )
     return k
 
 
@@ -90,6 +99,18 @@ def check_labels(labels: Tensor | None, embeddings: Tensor, name: str = "labels"
         raise TypeError(f"`{name}` must be a tensor, got {type(labels).__name__}")
     check_ndim(labels, name, 1)
     check_same_length(("embeddings" if name == "labels" else "ref_emb", embeddings), (name, labels))
+
+
+def check_class_labels(labels: Tensor, num_classes: int, name: str = "labels") -> None:
+    """Raise unless ``labels`` (already checked by :func:`check_labels`) are class indices in
+    ``[0, num_classes)``."""
+    if labels.dtype.is_floating_point:
+        raise ValueError(f"`{name}` must be integer class indices, got {labels.dtype}")
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(
+            f"`{name}` must lie in [0, {num_classes}), got [{int(labels.min())}, "
+            f"{int(labels.max())}]"
+        )
 
 
 def check_anchor_positive(
@@ -221,6 +242,14 @@ class ExplicitKappaLoss(BaseMetricLossFunction):
     norm. Subclasses implement ``compute_loss(embeddings, labels, indices_tuple, ref_emb,
     ref_labels, kappa, ref_kappa)`` and get miners, reducers and ``ref_emb`` from PML. The
     ``distance`` of PML is not used: the embeddings are compared by cosine / vMF terms.
+
+    Validation happens once, here, as in PML (``forward`` checks and converts, then calls
+    ``compute_loss``): ``forward`` checks ``embeddings`` / ``labels`` / ``kappa`` and
+    ``ref_emb`` / ``ref_labels`` / ``ref_kappa``, and ``compute_loss`` trusts them -- it
+    works with the unchecked cores (``_sample_vmf``, ``_elk_pairwise_log_kernel``, ...)
+    instead of the public functions, which validate their own inputs again. Only what
+    ``forward`` cannot know is checked there (e.g. labels in ``[0, C)`` of a proxy loss:
+    :func:`check_class_labels`).
     """
 
     allow_inf_kappa: bool = True

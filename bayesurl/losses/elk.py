@@ -20,11 +20,12 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import Tensor
 
-from bayesurl.distributions.vmf import vmf_log_normalizer
+from bayesurl.distributions.vmf import _vmf_log_normalizer
 from bayesurl.heads.proxies import VMFProxies
 from bayesurl.losses._base import (
     ExplicitKappaLoss,
     check_anchor_positive,
+    check_class_labels,
     check_embeddings,
     check_explicit_negatives,
     check_in_batch_negatives,
@@ -49,7 +50,9 @@ def _log_kernel_from_cos(k1: Tensor, k2: Tensor, cos: Tensor, dim: int) -> Tenso
     # infinite derivative there: antipodal means with equal concentrations)
     k3_sq = k1 * k1 + k2 * k2 + 2.0 * k1 * k2 * cos.clamp(-1.0, 1.0)
     k3 = torch.sqrt(k3_sq.clamp_min(1e-12))
-    return vmf_log_normalizer(k1, dim) + vmf_log_normalizer(k2, dim) - vmf_log_normalizer(k3, dim)
+    return (
+        _vmf_log_normalizer(k1, dim) + _vmf_log_normalizer(k2, dim) - _vmf_log_normalizer(k3, dim)
+    )
 
 
 def elk_log_kernel(mu1: Tensor, kappa1: Tensor, mu2: Tensor, kappa2: Tensor) -> Tensor:
@@ -75,6 +78,11 @@ def elk_log_kernel(mu1: Tensor, kappa1: Tensor, mu2: Tensor, kappa2: Tensor) -> 
     kappa1, kappa2 = torch.as_tensor(kappa1).to(mu1), torch.as_tensor(kappa2).to(mu1)
     if bool((kappa1 < 0).any()) or bool((kappa2 < 0).any()):
         raise ValueError("`kappa1` and `kappa2` must be non-negative")
+    return _elk_log_kernel(mu1, kappa1, mu2, kappa2)
+
+
+def _elk_log_kernel(mu1: Tensor, kappa1: Tensor, mu2: Tensor, kappa2: Tensor) -> Tensor:
+    """:func:`elk_log_kernel` of validated tensors (finite, ``kappa >= 0`` of ``mu1``'s dtype)."""
     cos = (F.normalize(mu1, dim=-1) * F.normalize(mu2, dim=-1)).sum(-1)
     return _log_kernel_from_cos(kappa1, kappa2, cos, mu1.shape[-1])
 
@@ -92,8 +100,16 @@ def elk_pairwise_log_kernel(mu: Tensor, kappa: Tensor, ref_mu: Tensor, ref_kappa
         )
     k = check_kappa(kappa, mu, "kappa", allow_inf=False)
     rk = check_kappa(ref_kappa, ref_mu, "ref_kappa", allow_inf=False)
+    return _elk_pairwise_log_kernel(mu, k, ref_mu, rk)
+
+
+def _elk_pairwise_log_kernel(
+    mu: Tensor, kappa: Tensor, ref_mu: Tensor, ref_kappa: Tensor
+) -> Tensor:
+    """:func:`elk_pairwise_log_kernel` of validated tensors (``kappa [N]``, ``ref_kappa [R]``
+    finite, ``>= 0``)."""
     cos = F.normalize(mu, dim=-1) @ F.normalize(ref_mu, dim=-1).T
-    return _log_kernel_from_cos(k.unsqueeze(1), rk.unsqueeze(0), cos, mu.shape[1])
+    return _log_kernel_from_cos(kappa.unsqueeze(1), ref_kappa.unsqueeze(0), cos, mu.shape[1])
 
 
 def elk_proxy_loss(
@@ -126,13 +142,7 @@ def elk_proxy_loss(
 
 def _check_class_labels(labels: Tensor, embeddings: Tensor, num_classes: int) -> None:
     check_labels(labels, embeddings)
-    if labels.dtype.is_floating_point:
-        raise ValueError(f"`labels` must be integer class indices, got {labels.dtype}")
-    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
-        raise ValueError(
-            f"`labels` must lie in [0, {num_classes}), got [{int(labels.min())}, "
-            f"{int(labels.max())}]"
-        )
+    check_class_labels(labels, num_classes)
 
 
 def elk_contrastive_loss(
@@ -162,15 +172,15 @@ def elk_contrastive_loss(
     if mu_neg is None:
         check_in_batch_negatives(b, kappa_neg)
         mu, kap = torch.cat([mu_anchor, mu_pos]), torch.cat([ka, kp])
-        sims = scale * elk_pairwise_log_kernel(mu, kap, mu, kap)
+        sims = scale * _elk_pairwise_log_kernel(mu, kap, mu, kap)
         a1, p, a2, n = lmu.get_all_pairs_indices(two_view_labels(b, mu.device))
         mask = torch.zeros_like(sims, dtype=torch.bool)
         mask[a2, n] = True
         losses = -contrastive_log_ratio(sims[a1, p], sims[a1], mask[a1], divide_positive)
     else:
         kn = check_explicit_negatives(mu_neg, kappa_neg, b, d, allow_inf=False)
-        pos = scale * elk_log_kernel(mu_anchor, ka, mu_pos, kp)
-        neg = scale * elk_log_kernel(mu_anchor.unsqueeze(1), ka.unsqueeze(1), mu_neg, kn)
+        pos = scale * _elk_log_kernel(mu_anchor, ka, mu_pos, kp)
+        neg = scale * _elk_log_kernel(mu_anchor.unsqueeze(1), ka.unsqueeze(1), mu_neg, kn)
         losses = -contrastive_log_ratio(pos, neg, None, divide_positive)
     return reduce_losses(losses, reduction)
 
@@ -227,8 +237,13 @@ class ELKLoss(ExplicitKappaLoss):
         c_f.labels_required(labels)
         c_f.indices_tuple_not_supported(indices_tuple)
         c_f.ref_not_supported(embeddings, labels, ref_emb, ref_labels)
-        _check_class_labels(labels, embeddings, self.proxies.num_classes)
-        losses = F.cross_entropy(self.logits(embeddings, kappa), labels, reduction="none")
+        # embeddings, labels and kappa were validated by forward; the proxies are parameters
+        check_class_labels(labels, self.proxies.num_classes)
+        proxy_mu, proxy_kappa = self.proxies()
+        logits = _elk_pairwise_log_kernel(
+            embeddings, kappa, proxy_mu.to(embeddings), proxy_kappa.to(embeddings)
+        )
+        losses = F.cross_entropy(logits, labels, reduction="none")
         return {
             "loss": {
                 "losses": losses,

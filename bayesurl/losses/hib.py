@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import Tensor
 
-from bayesurl.distributions.vmf import sample_vmf
+from bayesurl.distributions.vmf import _sample_vmf
 from bayesurl.losses._base import (
     ExplicitKappaLoss,
     check_anchor_positive,
@@ -108,7 +108,7 @@ def hib_loss(
     b, d = mu_anchor.shape
     if mu_neg is None:
         check_in_batch_negatives(b, kappa_neg)
-        z = sample_vmf(torch.cat([mu_anchor, mu_pos]), torch.cat([ka, kp]), k, generator=generator)
+        z = _sample_vmf(torch.cat([mu_anchor, mu_pos]), torch.cat([ka, kp]), k, generator=generator)
         n = 2 * b
         partner = torch.cat([torch.arange(b, n), torch.arange(b)]).to(z.device)
         log_p_pos = hib_log_match_probability(z, z[:, partner], scale, bias)  # [2B]
@@ -123,9 +123,9 @@ def hib_loss(
         return reduce_losses(-log_p_pos + neg_term, reduction)
     kn = check_explicit_negatives(mu_neg, kappa_neg, b, d)
     m = mu_neg.shape[1]
-    za = sample_vmf(mu_anchor, ka, k, generator=generator)
-    zp = sample_vmf(mu_pos, kp, k, generator=generator)
-    zn = sample_vmf(mu_neg.reshape(b * m, d), kn.reshape(b * m), k, generator=generator)
+    za = _sample_vmf(mu_anchor, ka, k, generator=generator)
+    zp = _sample_vmf(mu_pos, kp, k, generator=generator)
+    zn = _sample_vmf(mu_neg.reshape(b * m, d), kn.reshape(b * m), k, generator=generator)
     zn = zn.reshape(k, b, m, d)
     log_p_pos = hib_log_match_probability(za, zp, scale, bias)
     log_neg = hib_log_match_probability(
@@ -182,11 +182,11 @@ class HIBLoss(ExplicitKappaLoss):
         if labels is None and indices_tuple is None:
             raise ValueError("HIBLoss needs `labels` or `indices_tuple`")
         a1, p, a2, n = lmu.convert_to_pairs(indices_tuple, labels, ref_labels)
-        z = sample_vmf(embeddings, kappa, self.n_samples, generator=self.generator)
+        z = _sample_vmf(embeddings, kappa, self.n_samples, generator=self.generator)
         if ref_emb is embeddings:
             zr = z
         else:
-            zr = sample_vmf(ref_emb, ref_kappa, self.n_samples, generator=self.generator)
+            zr = _sample_vmf(ref_emb, ref_kappa, self.n_samples, generator=self.generator)
         out = self.zero_losses()
         if len(a1) > 0:
             lp = hib_log_match_probability(z[:, a1], zr[:, p], self.scale, self.bias)

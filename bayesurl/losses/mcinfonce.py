@@ -30,7 +30,7 @@ import torch
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import Tensor
 
-from bayesurl.distributions.vmf import sample_vmf
+from bayesurl.distributions.vmf import _sample_vmf
 from bayesurl.losses._base import (
     ExplicitKappaLoss,
     check_anchor_positive,
@@ -190,16 +190,16 @@ def mcinfonce_loss(
         check_in_batch_negatives(b, kappa_neg)
         mu = torch.cat([mu_anchor, mu_pos])
         kap = torch.cat([ka, kp])
-        z = sample_vmf(mu, kap, k, generator=generator)
+        z = _sample_vmf(mu, kap, k, generator=generator)
         pairs = lmu.get_all_pairs_indices(two_view_labels(b, mu.device))
         losses = mcinfonce_pair_losses(z, z, pairs, t, divide_positive, denominator, mc_average)
         # get_all_pairs_indices lists positives row by row: anchor i has exactly one
         return reduce_losses(losses, reduction)
     kn = check_explicit_negatives(mu_neg, kappa_neg, b, d)
     m = mu_neg.shape[1]
-    za = sample_vmf(mu_anchor, ka, k, generator=generator)
-    zp = sample_vmf(mu_pos, kp, k, generator=generator)
-    zn = sample_vmf(mu_neg.reshape(b * m, d), kn.reshape(b * m), k, generator=generator)
+    za = _sample_vmf(mu_anchor, ka, k, generator=generator)
+    zp = _sample_vmf(mu_pos, kp, k, generator=generator)
+    zn = _sample_vmf(mu_neg.reshape(b * m, d), kn.reshape(b * m), k, generator=generator)
     zn = zn.reshape(k, b, m, d)
     pos = t * (za * zp).sum(-1)  # [K, B]
     neg = t * torch.einsum("kbd,kbmd->kbm", za, zn)
@@ -256,11 +256,11 @@ class MCInfoNCELoss(ExplicitKappaLoss):
         pairs = lmu.convert_to_pairs(indices_tuple, labels, ref_labels)
         if len(pairs[0]) == 0:
             return self.zero_losses()
-        z = sample_vmf(embeddings, kappa, self.n_samples, generator=self.generator)
+        z = _sample_vmf(embeddings, kappa, self.n_samples, generator=self.generator)
         if ref_emb is embeddings:
             zr = z
         else:
-            zr = sample_vmf(ref_emb, ref_kappa, self.n_samples, generator=self.generator)
+            zr = _sample_vmf(ref_emb, ref_kappa, self.n_samples, generator=self.generator)
         losses = mcinfonce_pair_losses(
             z,
             zr,

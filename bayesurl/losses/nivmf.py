@@ -29,9 +29,14 @@ import torch.nn.functional as F
 from pytorch_metric_learning.utils import common_functions as c_f
 from torch import Tensor
 
-from bayesurl.distributions.vmf import sample_vmf, vmf_log_normalizer
+from bayesurl.distributions.vmf import _sample_vmf, _vmf_log_normalizer
 from bayesurl.heads.proxies import NonIsotropicVMFProxies
-from bayesurl.losses._base import ExplicitKappaLoss, check_embeddings, check_kappa
+from bayesurl.losses._base import (
+    ExplicitKappaLoss,
+    check_class_labels,
+    check_embeddings,
+    check_kappa,
+)
 from bayesurl.losses.elk import _check_class_labels
 from bayesurl.losses.mcinfonce import _check_n_samples
 
@@ -92,14 +97,14 @@ def nivmf_log_density(
     if density == "url":
         cos = (z @ kmu.T) / kmu_norm  # cos(z, K mu), ||z|| = 1
         log_d = torch.log(proxy_kappa).sum(-1) - 2.0 * torch.log(kmu_norm)
-        return vmf_log_normalizer(kmu_norm, mu.shape[-1]) + log_d + kmu_norm * cos
+        return _vmf_log_normalizer(kmu_norm, mu.shape[-1]) + log_d + kmu_norm * cos
     # cos(Kz, K mu) = z^T K^2 mu / (||K z|| ||K mu||), without materialising [..., C, D]
     k2 = proxy_kappa * proxy_kappa
     dot = z @ (k2 * mu).T
     kz_norm = torch.sqrt((z * z) @ k2.T)
     cos = dot / (kz_norm * kmu_norm)
     log_d = torch.log(proxy_kappa).sum(-1) - torch.log(kmu_norm)
-    return vmf_log_normalizer(kmu_norm, mu.shape[-1]) + log_d + kmu_norm * cos
+    return _vmf_log_normalizer(kmu_norm, mu.shape[-1]) + log_d + kmu_norm * cos
 
 
 def nivmf_elk_logits(
@@ -118,10 +123,24 @@ def nivmf_elk_logits(
     """
     check_embeddings(mu, "mu")
     k = check_kappa(kappa, mu, "kappa")
-    s = _check_n_samples(n_samples)
-    z = sample_vmf(mu, k, s, generator=generator)  # [S, N, D]
+    return _nivmf_elk_logits(
+        mu, k, proxy_mu, proxy_kappa, _check_n_samples(n_samples), generator, density
+    )
+
+
+def _nivmf_elk_logits(
+    mu: Tensor,
+    kappa: Tensor,
+    proxy_mu: Tensor,
+    proxy_kappa: Tensor,
+    n_samples: int,
+    generator: torch.Generator | None,
+    density: str = "url",
+) -> Tensor:
+    """:func:`nivmf_elk_logits` of validated ``mu [N, D]`` and ``kappa [N]`` (proxies checked)."""
+    z = _sample_vmf(mu, kappa, n_samples, generator)  # [S, N, D]
     logp = nivmf_log_density(z, proxy_mu, proxy_kappa, density)  # [S, N, C]
-    return torch.logsumexp(logp, dim=0) - math.log(s)
+    return torch.logsumexp(logp, dim=0) - math.log(n_samples)
 
 
 def nivmf_loss(
@@ -203,7 +222,18 @@ class NivMFLoss(ExplicitKappaLoss):
         c_f.labels_required(labels)
         c_f.indices_tuple_not_supported(indices_tuple)
         c_f.ref_not_supported(embeddings, labels, ref_emb, ref_labels)
-        _check_class_labels(labels, embeddings, self.proxies.num_classes)
-        losses = F.cross_entropy(self.logits(embeddings, kappa), labels, reduction="none")
+        # embeddings, labels and kappa were validated by forward
+        check_class_labels(labels, self.proxies.num_classes)
+        proxy_mu, proxy_kappa = self.proxies()
+        logits = _nivmf_elk_logits(
+            embeddings,
+            kappa,
+            proxy_mu.to(embeddings),
+            proxy_kappa.to(embeddings),
+            self.n_samples,
+            self.generator,
+            self.density,
+        )
+        losses = F.cross_entropy(logits, labels, reduction="none")
         idx = c_f.torch_arange_from_size(embeddings)
         return {"loss": {"losses": losses, "indices": idx, "reduction_type": "element"}}

@@ -73,5 +73,5 @@ class Ensemble(ClassifierMethod):
 
     def training_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         """Cross-entropy of the averaged softmax (URL B.10)."""
-        x, y = self._check_batch(batch)
+        x, y = self._check_labeled(batch)
         return F.nll_loss(average_log_probs(self.heads(self.embed(x))), y)

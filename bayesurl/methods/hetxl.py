@@ -85,7 +85,7 @@ class HetXL(ClassifierMethod):
 
     def training_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         """Cross-entropy of the MC-averaged tempered softmax (URL B.7, eq. 6)."""
-        x, y = self._check_batch(batch)
+        x, y = self._check_labeled(batch)
         return F.nll_loss(self.head(self.embed(x)).log_probs, y)
 
     @property

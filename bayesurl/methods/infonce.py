@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from bayesurl.losses.infonce import InfoNCELoss
-from bayesurl.methods._vmf import EmbeddingMethod
+from bayesurl.methods._embedding import EmbeddingMethod
 from bayesurl.methods.base import register
 from bayesurl.types import Output
 
@@ -26,7 +26,7 @@ class InfoNCE(EmbeddingMethod):
     Parameters
     ----------
     backbone, embed_dim, num_classes, backbone_kwargs
-        See :class:`~bayesurl.methods._vmf.EmbeddingMethod` (``num_classes`` is ignored).
+        See :class:`~bayesurl.methods._embedding.EmbeddingMethod` (``num_classes`` is ignored).
     inverse_temperature : float
         t of URL eq. 1 (tuned in [8, 64]).
     denominator : {"negatives", "all"}

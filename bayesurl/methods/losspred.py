@@ -80,7 +80,7 @@ class Losspred(ClassifierMethod):
 
     def training_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         """``CE + lam (u - CE_detached)^2`` of a batch ``(x, y)`` (URL B.9, eq. 8)."""
-        x, y = self._check_batch(batch)
+        x, y = self._check_labeled(batch)
         e = self.embed(x)
         if self.training:
             self.predictor.warmup_(e)

@@ -79,5 +79,5 @@ class MCDropout(ClassifierMethod):
 
     def training_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         """Cross-entropy of one dropout pass (dropout follows ``self.training``)."""
-        x, y = self._check_batch(batch)
+        x, y = self._check_labeled(batch)
         return F.cross_entropy(self.head(self.embed(x)), y)

@@ -118,7 +118,7 @@ class SNGP(ClassifierMethod):
 
         The precision is only updated in training mode (``self.training``).
         """
-        x, y = self._check_batch(batch)
+        x, y = self._check_labeled(batch)
         out = self.gp(self.embed(x), with_variance=False)
         if self.training:
             self.gp.accumulate(out.features)

@@ -18,6 +18,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from bayesurl.data.batch import unpack_batch
 from bayesurl.heads.embedding import EmbeddingNet
 from bayesurl.heads.temperature import temperature
 from bayesurl.losses.tau import _variant, tau_simclr_loss
@@ -103,8 +104,8 @@ class TaU(Method):
 
     def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:
         """TaU-SimCLR loss of a two-view batch ``((x1, x2), y)``; labels are ignored."""
-        x, _ = batch
-        if not (isinstance(x, (tuple, list)) and len(x) == 2):
+        x, _ = unpack_batch(batch)
+        if not isinstance(x, (tuple, list)):
             raise ValueError("TaU trains on two views: `batch` must be ((x1, x2), y)")
         z1, s1 = self.encode(x[0])
         z2, s2 = self.encode(x[1])

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from bayesurl.posthoc.base import PosthocOutput, PosthocWrapper, load
-from bayesurl.posthoc.cache import EmbeddingCache
+from bayesurl.posthoc.cache import EmbeddingCache, encoder_fingerprint
 from bayesurl.posthoc.credible import (
     credible_mask,
     credible_threshold,
@@ -47,6 +47,7 @@ __all__ = [
     "classifier_task_loss",
     "credible_mask",
     "credible_threshold",
+    "encoder_fingerprint",
     "load",
     "mse_loss",
     "ranking_loss",

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from bayesurl._checks import check_ndim
 from bayesurl.types import Output
 
-__all__ = ["FORMAT", "PosthocOutput", "PosthocWrapper", "load"]
+__all__ = ["FORMAT", "MethodEncoder", "PosthocOutput", "PosthocWrapper", "as_encoder", "load"]
 
 #: tag written into every saved wrapper
 FORMAT = "bayesurl.posthoc/1"
@@ -54,29 +54,34 @@ def device_of(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def split_batch(batch: Any) -> tuple[Any, Tensor | None]:
-    """``(x, y)`` from a loader batch: a tensor ``x``, or ``(x, y)`` / ``[x, y]``.
+class MethodEncoder(nn.Module):
+    """A :class:`~bayesurl.methods.base.Method` seen as an encoder: ``x -> method(x).embedding``.
 
-    ``x`` may itself be a pair of views ``(x1, x2)`` (two-view loaders).
+    Lets every URL method of the registry be wrapped post hoc; :func:`~bayesurl.posthoc.wrap` and
+    :func:`~bayesurl.posthoc.load` apply it to a ``Method`` automatically.
+
+    Parameters
+    ----------
+    method : Method
+        A trained method.
     """
-    if isinstance(batch, Tensor):
-        return batch, None
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        x, y = batch
-        if y is not None and not isinstance(y, Tensor):
-            y = torch.as_tensor(y)
-        if isinstance(x, Tensor) and isinstance(y, Tensor) and x.shape == y.shape and x.ndim > 1:
-            raise ValueError(
-                "ambiguous batch: two tensors of equal shape look like two views; yield "
-                "((x1, x2), y) for two views or (x, y) with labels y [N]"
-            )
-        return x, y
-    if isinstance(batch, (tuple, list)) and len(batch) == 1:
-        return batch[0], None
-    raise ValueError(
-        f"cannot read a loader batch of type {type(batch).__name__}; yield x, (x, y) or "
-        "((x1, x2), y)"
-    )
+
+    def __init__(self, method: nn.Module) -> None:
+        super().__init__()
+        self.method = method
+        dim = getattr(method, "embed_dim", None)
+        if isinstance(dim, int):
+            self.embed_dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.method(x).embedding
+
+
+def as_encoder(encoder: nn.Module) -> nn.Module:
+    """``encoder`` itself, or a :class:`MethodEncoder` around a registry method."""
+    from bayesurl.methods.base import Method
+
+    return MethodEncoder(encoder) if isinstance(encoder, Method) else encoder
 
 
 def register_wrapper(name: str):
@@ -246,8 +251,6 @@ def load(path: str | os.PathLike, encoder: nn.Module, **options: Any) -> Posthoc
     for key in ("method", "config", "state"):
         if key not in ckpt:
             raise ValueError(f"`path` {path} is corrupted: no {key!r} entry")
-    from bayesurl.posthoc.wrap import as_encoder
-
     encoder = as_encoder(encoder)
     cls = wrapper_class(ckpt["method"])
     if not isinstance(ckpt["config"], dict) or not isinstance(ckpt["state"], dict):

@@ -7,18 +7,25 @@ trained from disk. The PVU paper reports 180x faster head training on GPU.
 
 Layout of a cache directory::
 
-    meta.json        {"format", "n_items", "passes", "dim", "dtype", "has_labels"}
+    meta.json        {"format", "n_items", "passes", "dim", "dtype", "has_labels",
+                      "encoder_fingerprint"}
     embeddings.bin   raw [passes * n_items, dim] array (row r = pass r // n_items)
     labels.bin       raw int64 [passes * n_items] (only with labels)
 
 Both arrays are opened with :class:`numpy.memmap`, so the cache can be far larger than RAM:
 a batch reads only its own rows.
+
+``encoder_fingerprint`` (:func:`encoder_fingerprint`: a SHA-256 of the encoder's class and
+state dict) ties the cache to the encoder that wrote it: a PVU head is trained only from
+embeddings of its own encoder (:meth:`EmbeddingCache.check_encoder`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,12 +35,47 @@ import torch
 from torch import Tensor, nn
 
 from bayesurl._checks import check_finite, check_ndim
-from bayesurl.posthoc.base import device_of, iterate, split_batch
+from bayesurl.data.batch import unpack_batch
+from bayesurl.posthoc.base import device_of, iterate
 
-__all__ = ["EmbeddingCache"]
+__all__ = ["EmbeddingCache", "encoder_fingerprint"]
 
 _FORMAT = "bayesurl.embedding-cache/1"
 _DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64}
+
+
+def encoder_fingerprint(encoder: nn.Module) -> str:
+    """SHA-256 hex digest of an encoder's class, state names, shapes, dtypes and values.
+
+    Two encoders get the same fingerprint exactly when they are of the same class and hold
+    bit-identical state (device does not matter), so embeddings cached from one can stand in for
+    the other (PVU's "cache everything", thesis section 5.3, assumes the frozen encoder that
+    trains the head is the one that filled the cache).
+
+    Parameters
+    ----------
+    encoder : nn.Module
+        The frozen encoder.
+
+    Returns
+    -------
+    str
+        64 hex digits.
+    """
+    if not isinstance(encoder, nn.Module):
+        raise TypeError(f"`encoder` must be an nn.Module, got {type(encoder).__name__}")
+    h = hashlib.sha256()
+    cls = type(encoder)
+    h.update(f"{cls.__module__}.{cls.__qualname__}".encode())
+    for name, t in sorted(encoder.state_dict().items()):
+        if not isinstance(t, Tensor):
+            h.update(f"{name}={t!r}".encode())
+            continue
+        t = t.detach()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        # bytes of the values (bfloat16 and friends have no numpy dtype: view as raw bytes)
+        h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 class EmbeddingCache:
@@ -54,6 +96,9 @@ class EmbeddingCache:
         ``[passes * n_items, dim]`` read-only map.
     labels : numpy.memmap or None
         ``[passes * n_items]`` int64 labels.
+    encoder_fingerprint : str or None
+        :func:`encoder_fingerprint` of the encoder that wrote the cache (``None`` for a cache
+        written before fingerprints were recorded).
     """
 
     def __init__(self, directory: str | os.PathLike) -> None:
@@ -70,6 +115,10 @@ class EmbeddingCache:
             self.dim = int(meta["dim"])
             self.dtype = str(meta["dtype"])
             has_labels = bool(meta["has_labels"])
+            fp = meta.get("encoder_fingerprint")
+            if fp is not None and not isinstance(fp, str):
+                raise ValueError(f"encoder_fingerprint must be a string, got {fp!r}")
+            self.encoder_fingerprint: str | None = fp
             np_dtype = _DTYPES[self.dtype]
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"`directory` {self.directory}: corrupted meta.json ({exc})") from exc
@@ -100,6 +149,39 @@ class EmbeddingCache:
             f"EmbeddingCache({str(self.directory)!r}, passes={self.passes}, "
             f"n_items={self.n_items}, dim={self.dim}, labels={self.labels is not None})"
         )
+
+    def check_encoder(self, encoder: nn.Module) -> None:
+        """Refuse a cache written by another encoder (or by this one before it changed).
+
+        Raises
+        ------
+        ValueError
+            If ``encoder``'s :func:`encoder_fingerprint` differs from the recorded one.
+
+        Warns
+        -----
+        UserWarning
+            If the cache records no fingerprint (written by an older version): the embeddings'
+            provenance cannot be checked.
+        """
+        if self.encoder_fingerprint is None:
+            warnings.warn(
+                f"embedding cache {self.directory} records no encoder fingerprint (written by an "
+                "older bayesurl): cannot check that it holds this encoder's embeddings; rebuild "
+                "it with EmbeddingCache.build(..., overwrite=True) to record one",
+                UserWarning,
+                stacklevel=3,
+            )
+            return
+        got = encoder_fingerprint(encoder)
+        if got != self.encoder_fingerprint:
+            raise ValueError(
+                f"`cache` {self.directory} was built by a different encoder (fingerprint "
+                f"{self.encoder_fingerprint[:12]}..., this encoder: {got[:12]}...): its "
+                "embeddings are not this encoder's; rebuild it with "
+                "EmbeddingCache.build(encoder, loader, directory, overwrite=True) or fit from the "
+                "loader"
+            )
 
     @property
     def has_labels(self) -> bool:
@@ -166,7 +248,7 @@ class EmbeddingCache:
                 for p in range(int(passes)):
                     rows = 0
                     for batch in iterate(loader, progress, f"caching pass {p + 1}/{passes}"):
-                        x, y = split_batch(batch)
+                        x, y = unpack_batch(batch)
                         if not isinstance(x, Tensor):
                             raise ValueError(
                                 "the cache needs single-view batches x or (x, y), got a pair of "
@@ -210,6 +292,7 @@ class EmbeddingCache:
             "dim": dim,
             "dtype": dtype,
             "has_labels": bool(has_labels),
+            "encoder_fingerprint": encoder_fingerprint(encoder),
         }
         (directory / "meta.json").write_text(json.dumps(meta, indent=1))
         return cls(directory)

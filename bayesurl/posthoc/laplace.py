@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bayesurl.data.batch import unpack_batch
 from bayesurl.posthoc.base import PosthocOutput, PosthocWrapper, register_wrapper
 
 __all__ = ["LaplaceWrapper"]
@@ -266,10 +267,10 @@ class LaplaceWrapper(PosthocWrapper):
         if self.cla is not None:
             return self._fit_classifier(loader, optimize_prior, progress)
         if iter(loader) is not loader:  # re-iterable: check the layer on one batch first
-            from bayesurl.posthoc.base import device_of, split_batch
+            from bayesurl.posthoc.base import device_of
 
             for batch in loader:
-                x, _ = split_batch(batch)
+                x, _ = unpack_batch(batch)
                 if isinstance(x, Tensor):
                     x = x.to(device_of(self.encoder))
                     if self._auto_layer:
@@ -288,13 +289,13 @@ class LaplaceWrapper(PosthocWrapper):
     def _fit_classifier(self, loader, optimize_prior: bool, progress: bool) -> dict[str, Any]:
         from torch.utils.data import DataLoader, TensorDataset
 
-        from bayesurl.posthoc.base import device_of, iterate, split_batch
+        from bayesurl.posthoc.base import device_of, iterate
 
         dev = device_of(self.encoder)
         embs, labels, batch = [], [], 1
         with torch.no_grad():
             for b in iterate(loader, progress, "embedding for Laplace"):
-                x, y = split_batch(b)
+                x, y = unpack_batch(b)
                 if y is None or not isinstance(x, Tensor):
                     raise ValueError("method='laplace' fits on labelled batches (x, y)")
                 embs.append(self.embed(x.to(dev)).detach())

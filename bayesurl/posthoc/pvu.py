@@ -28,12 +28,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bayesurl._checks import check_finite, check_ndim, check_same_length
+from bayesurl.data.batch import unpack_batch
 from bayesurl.posthoc.base import (
     PosthocWrapper,
     device_of,
     iterate,
     register_wrapper,
-    split_batch,
 )
 from bayesurl.posthoc.cache import EmbeddingCache
 
@@ -365,8 +365,10 @@ class PVU(PosthocWrapper):
         With ``cached=True`` (default) the encoder runs once per epoch's augmentation pass to
         fill an :class:`EmbeddingCache` (in ``cache_dir``, or a temporary directory removed
         afterwards) and the head is trained from it, one pass per epoch; an existing ``cache``
-        (or a cache passed as ``loader``) skips the encoder entirely. ``cached=False`` runs the
-        encoder on every step (the uncached reference).
+        (or a cache passed as ``loader``) skips the encoder entirely; it must have been built by
+        this wrapper's encoder (its :func:`~bayesurl.posthoc.cache.encoder_fingerprint` is
+        checked, a mismatch raises ``ValueError``). ``cached=False`` runs the encoder on every
+        step (the uncached reference).
 
         Returns
         -------
@@ -385,6 +387,8 @@ class PVU(PosthocWrapper):
             cache = EmbeddingCache(cache)
         if loader is None and cache is None:
             raise ValueError("pass a `loader` or a `cache`")
+        if cache is not None:
+            cache.check_encoder(self.encoder)  # a cache of another encoder: refused
         make_opt = optimizer or (lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=weight_decay))
         if not cached and cache is None:
             return self._fit_uncached(loader, int(epochs), make_opt, progress)
@@ -452,7 +456,7 @@ class PVU(PosthocWrapper):
         for epoch in range(epochs):
             vals = []
             for batch in iterate(loader, progress, f"PVU epoch {epoch + 1}/{epochs}"):
-                x, y = split_batch(batch)
+                x, y = unpack_batch(batch)
                 with torch.no_grad():
                     emb = self.embed(x.to(dev))
                 check_finite(emb, "encoder output")

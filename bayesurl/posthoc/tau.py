@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from bayesurl._checks import check_finite
+from bayesurl.data.batch import unpack_batch
 from bayesurl.heads.temperature import TemperatureHead
 from bayesurl.losses.tau import TaUVariant, _variant, tau_simclr_loss
 from bayesurl.posthoc.base import (
@@ -22,7 +23,6 @@ from bayesurl.posthoc.base import (
     device_of,
     iterate,
     register_wrapper,
-    split_batch,
 )
 
 __all__ = ["PosthocTaU"]
@@ -144,7 +144,7 @@ class PosthocTaU(PosthocWrapper):
         for epoch in range(int(epochs)):
             vals = []
             for batch in iterate(loader, progress, f"TaU epoch {epoch + 1}/{epochs}"):
-                x, _ = split_batch(batch) if not _is_view_pair(batch) else (batch, None)
+                x, _ = unpack_batch(batch, views=True)
                 x1, x2 = two_views(x, augment)
                 with torch.no_grad():
                     e1, e2 = self.embed(x1.to(dev)), self.embed(x2.to(dev))
@@ -166,14 +166,3 @@ class PosthocTaU(PosthocWrapper):
         if self.head is not None:
             self.head.eval()
         return {"losses": losses, "train_seconds": time.perf_counter() - t0}
-
-
-def _is_view_pair(batch: Any) -> bool:
-    """``(x1, x2)`` of two same-shaped image tensors (a view pair without labels)."""
-    return (
-        isinstance(batch, (tuple, list))
-        and len(batch) == 2
-        and all(isinstance(b, Tensor) for b in batch)
-        and batch[0].shape == batch[1].shape
-        and batch[0].ndim > 1
-    )

@@ -5,41 +5,11 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
-from bayesurl.posthoc.base import PosthocWrapper, wrapper_class
+from bayesurl.posthoc.base import MethodEncoder, PosthocWrapper, as_encoder, wrapper_class
 
 __all__ = ["MethodEncoder", "as_encoder", "wrap"]
-
-
-class MethodEncoder(nn.Module):
-    """A :class:`~bayesurl.methods.base.Method` seen as an encoder: ``x -> method(x).embedding``.
-
-    Lets every URL method of the registry be wrapped post hoc; :func:`wrap` and
-    :func:`~bayesurl.posthoc.load` apply it to a ``Method`` automatically.
-
-    Parameters
-    ----------
-    method : Method
-        A trained method.
-    """
-
-    def __init__(self, method: nn.Module) -> None:
-        super().__init__()
-        self.method = method
-        dim = getattr(method, "embed_dim", None)
-        if isinstance(dim, int):
-            self.embed_dim = dim
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.method(x).embedding
-
-
-def as_encoder(encoder: nn.Module) -> nn.Module:
-    """``encoder`` itself, or a :class:`MethodEncoder` around a registry method."""
-    from bayesurl.methods.base import Method
-
-    return MethodEncoder(encoder) if isinstance(encoder, Method) else encoder
 
 
 def wrap(encoder: nn.Module, method: str = "pvu", **options: Any) -> PosthocWrapper:

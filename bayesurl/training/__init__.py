@@ -28,10 +28,13 @@ from bayesurl.training.distributed import (
 )
 from bayesurl.training.loop import AmpMode, TrainResult, fit, prepare_batch
 from bayesurl.training.optim import (
+    MultiStep,
     OptimizerName,
     WarmupCosine,
     build_optimizer,
     build_scheduler,
+    even_milestones,
+    multistep_factor,
     warmup_cosine_factor,
 )
 from bayesurl.training.seed import get_rng_state, seed_everything, set_rng_state
@@ -41,6 +44,7 @@ __all__ = [
     "CHECKPOINT_VERSION",
     "AmpMode",
     "DistInfo",
+    "MultiStep",
     "OptimizerName",
     "TrainResult",
     "WarmupCosine",
@@ -50,12 +54,14 @@ __all__ = [
     "build_scheduler",
     "cleanup",
     "distributed",
+    "even_milestones",
     "fit",
     "get_rng_state",
     "init_from_env",
     "is_main_process",
     "load_checkpoint",
     "load_method_from_checkpoint",
+    "multistep_factor",
     "prepare_batch",
     "save_checkpoint",
     "seed_everything",

@@ -13,6 +13,7 @@ Every helper degrades to the single-process behaviour when no process group is i
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -228,6 +229,18 @@ def barrier() -> None:
 
 
 def cleanup() -> None:
-    """Destroy the default process group if one is initialised."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    """Tear the default process group down in order, if one is initialised.
+
+    Every rank first waits at a barrier (no rank leaves while a peer still communicates, e.g.
+    rank 0 evaluating after a gather), then objects still holding the group -- the
+    ``DistributedDataParallel`` reducer of a finished :func:`~bayesurl.training.fit` sits in
+    a reference cycle -- are collected, and only then is the group destroyed. Without this
+    order a ``gloo`` rank that finished first could abort at exit ("terminate called without
+    an active exception", SIGABRT) while its peer was still working.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from bayesurl.data.batch import unpack_batch
 from bayesurl.methods.base import Method
 from bayesurl.training import distributed as D
 from bayesurl.training.checkpoint import (
@@ -154,8 +155,9 @@ def prepare_batch(
 
     Parameters
     ----------
-    batch : tuple or list
-        ``(x, y)`` from the data loader; ``x`` may itself be a pair of views.
+    batch : tuple, list or dict
+        ``(x, y)`` from the data loader (read by :func:`bayesurl.data.unpack_batch`); ``x``
+        may itself be a pair of views.
     method : Method
     device : torch.device
     augment : callable or None
@@ -164,16 +166,12 @@ def prepare_batch(
     Raises
     ------
     ValueError
-        If the batch is not a pair ``(x, y)``, or a two-view method gets a single view and no
-        ``augment``.
+        If the batch cannot be read (labels are required for a ``supervised`` method), or a
+        two-view method gets a single view and no ``augment``.
     """
-    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-        raise ValueError(
-            f"`batch` must be a pair (x, y) from the data loader, got {type(batch).__name__}"
-            + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
-        )
-    x, y = _to_device(batch[0], device), _to_device(batch[1], device)
-    is_pair = isinstance(x, (tuple, list)) and len(x) == 2
+    x, y = unpack_batch(batch, labels=method.supervised)
+    x, y = _to_device(x, device), _to_device(y, device)
+    is_pair = isinstance(x, (tuple, list))
     if method.two_view:
         if is_pair:
             x = (x[0], x[1])

@@ -1,14 +1,16 @@
-"""Optimisers and the warm-up + cosine learning-rate schedule used to train every method.
+"""Optimisers and the learning-rate schedules used to train every method.
 
 URL (Kirchhof et al., 2023, section 4 "Training infrastructure" and appendix B) trains all
 methods with LAMB (You et al., 2020) and a cosine schedule (Loshchilov & Hutter, 2017, SGDR
-eq. 5) after a linear warm-up. AdamW is offered as the common alternative.
+eq. 5) after a linear warm-up. AdamW is offered as the common alternative. The step decay
+(x ``decay`` at given milestones, torch's ``MultiStepLR`` rule) is the schedule of the MCI
+controlled experiment (Kirchhof et al., 2023, MCInfoNCE appendix B.3: x 0.1 after each quarter).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Any
 
@@ -18,10 +20,13 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 __all__ = [
+    "MultiStep",
     "OptimizerName",
     "WarmupCosine",
     "build_optimizer",
     "build_scheduler",
+    "even_milestones",
+    "multistep_factor",
     "warmup_cosine_factor",
 ]
 
@@ -178,3 +183,51 @@ def build_scheduler(
     torch.optim.lr_scheduler.LambdaLR
     """
     return LambdaLR(optimizer, WarmupCosine(total_steps, warmup_steps, min_factor))
+
+
+def even_milestones(total_steps: int, n_stages: int) -> list[int]:
+    """First steps of stages ``2..n`` when ``total_steps`` steps are cut into ``n`` equal stages.
+
+    Step ``t`` lies in stage ``min(n t // T, n - 1)`` (zero-based), so stage ``k`` starts at
+    ``ceil(k T / n)``; e.g. ``even_milestones(8, 4) == [2, 4, 6]`` (the quarters of MCI
+    appendix B.3).
+    """
+    if int(total_steps) != total_steps or total_steps < 1:
+        raise ValueError(f"`total_steps` must be an integer >= 1, got {total_steps}")
+    if int(n_stages) != n_stages or n_stages < 1:
+        raise ValueError(f"`n_stages` must be an integer >= 1, got {n_stages}")
+    t, n = int(total_steps), int(n_stages)
+    return [-(-k * t // n) for k in range(1, n)]
+
+
+def multistep_factor(step: int, milestones: Sequence[int], decay: float = 0.1) -> float:
+    """Learning-rate multiplier ``decay ** (number of milestones <= step)`` (step decay).
+
+    The rule of :class:`torch.optim.lr_scheduler.MultiStepLR` (``gamma = decay``) as a pure
+    function of the zero-based optimiser step.
+
+    Parameters
+    ----------
+    step : int
+        Zero-based index of the optimiser step about to be taken.
+    milestones : sequence of int
+        Steps at which the rate is multiplied by ``decay`` (repeats multiply again).
+    decay : float
+        Multiplier per milestone, ``> 0``.
+    """
+    if not decay > 0:
+        raise ValueError(f"`decay` must be positive, got {decay}")
+    return decay ** sum(1 for m in milestones if m <= step)
+
+
+class MultiStep:
+    """Step-decay multiplier for :class:`torch.optim.lr_scheduler.LambdaLR` (see
+    :func:`multistep_factor`); holds only numbers, so its state loads with ``weights_only``."""
+
+    def __init__(self, milestones: Sequence[int], decay: float = 0.1) -> None:
+        multistep_factor(0, milestones, decay)  # validates
+        self.milestones = [int(m) for m in milestones]
+        self.decay = float(decay)
+
+    def __call__(self, step: int) -> float:
+        return multistep_factor(step, self.milestones, self.decay)

@@ -76,6 +76,20 @@ def test_round_trip_matches_in_memory_method(trained):
     np.fill_diagonal(sims, -np.inf)
     r1 = np.mean(y.numpy()[sims.argmax(axis=1)] == y.numpy())
     assert got["r@1"] == pytest.approx(r1, abs=1e-12)
+    # independent uncertainty metrics: scikit-learn on u from the method's own forward pass
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    with torch.no_grad():
+        u = method(x).uncertainty.double().numpy()
+        u_id = method(as_tensors(data.id_test, default_transform(1))[0]).uncertainty
+        u_ood = method(as_tensors(data.ood, default_transform(1))[0]).uncertainty
+    correct = y.numpy()[sims.argmax(axis=1)] == y.numpy()
+    # R-AUROC: u ranks the wrong queries above the right ones (METRICS.md)
+    assert got["r_auroc"] == pytest.approx(roc_auc_score(~correct, u), abs=1e-9)
+    scores = torch.cat([u_id, u_ood]).double().numpy()
+    is_ood = np.r_[np.zeros(len(u_id)), np.ones(len(u_ood))]  # OOD = positive class
+    assert got["ood_auroc"] == pytest.approx(roc_auc_score(is_ood, scores), abs=1e-9)
+    assert got["ood_auprc"] == pytest.approx(average_precision_score(is_ood, scores), abs=1e-9)
 
 
 def test_cli_checkpoint_prints_and_writes_json(trained, tmp_path, capsys):
@@ -88,7 +102,14 @@ def test_cli_checkpoint_prints_and_writes_json(trained, tmp_path, capsys):
     assert "mcinfonce" in text and "r_auroc" in text and "ood_auroc" in text
     res = json.loads(js.read_text())
     assert res["checkpoint"] == str(ckpt) and res["n_samples"] == 4
-    assert 0.0 <= res["r@1"] <= 1.0 and res["ece"] is not None
+    # the printed/written numbers are evaluate_checkpoint's with the command's defaults (seed 0),
+    # itself checked against a brute-force R@1 and scikit-learn above
+    ref = evaluate_checkpoint(ckpt, n_samples=4, seed=0, **CAPS)
+    for key in ("r@1", "r_auroc", "ausc", "ause", "ece", "ood_auroc", "ood_auprc", "map@5"):
+        assert res[key] == pytest.approx(ref[key], rel=1e-12), key
+    assert res["ece"] is not None
+    row = next(line for line in text.splitlines() if line.split()[:1] == ["r@1"])
+    assert float(row.split()[1]) == pytest.approx(ref["r@1"], abs=5e-4)
 
 
 def test_corrupted_checkpoint_names_the_path(trained, tmp_path, capsys):

@@ -26,8 +26,8 @@ F64 = torch.float64
 
 def _ref_a(d: int, k: float) -> float:
     """A_D(kappa) by mpmath (independent of the package's Bessel code)."""
-    mpmath.mp.dps = 30
-    return float(mpmath.besseli(d / 2, k) / mpmath.besseli(d / 2 - 1, k))
+    with mpmath.workdps(30):  # restores the global precision on exit
+        return float(mpmath.besseli(d / 2, k) / mpmath.besseli(d / 2 - 1, k))
 
 
 def _ref_a_prime(d: int, k: float) -> float:

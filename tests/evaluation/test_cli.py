@@ -6,9 +6,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from bayesurl.cli import main
-from bayesurl.evaluation import REQUIRED_KEYS
+from bayesurl.evaluation import REQUIRED_KEYS, evaluate
 
 
 def write(path, **arrays) -> str:
@@ -24,13 +25,47 @@ def arrays():
     return {"embeddings": x.astype(np.float32), "labels": y}
 
 
+def brute_force_r1(x: np.ndarray, y: np.ndarray) -> float:
+    """R@1 by a loop: cosine nearest other point (ties to the lowest index), same label."""
+    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
+    hits = 0
+    for i in range(len(y)):
+        best, arg = -np.inf, -1
+        for j in range(len(y)):
+            if j != i and float(xn[i] @ xn[j]) > best:
+                best, arg = float(xn[i] @ xn[j]), j
+        hits += int(y[arg] == y[i])
+    return hits / len(y)
+
+
+def reference(arrays) -> dict:
+    """evaluate() on the same arrays, with the command's defaults (ks 1 5 10, shortlist 32)."""
+    t = {k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()}
+    return evaluate(
+        t.pop("embeddings"), t.pop("labels"), **t, ks=(1, 5, 10), ece_mode="shortlist", shortlist=32
+    )
+
+
+def check_against_reference(res: dict, arrays) -> None:
+    ref = reference(arrays)
+    assert set(REQUIRED_KEYS) <= set(res)
+    for k in REQUIRED_KEYS:
+        if ref[k] is None:
+            assert res[k] is None, k
+        else:
+            assert res[k] == pytest.approx(ref[k], rel=1e-6, abs=1e-12), k
+    assert res["r@1"] == pytest.approx(brute_force_r1(arrays["embeddings"], arrays["labels"]))
+
+
 def test_table_and_json_nulls(tmp_path, arrays, capsys) -> None:
     out = tmp_path / "m.json"
     assert main(["evaluate", write(tmp_path / "a.npz", **arrays), "--json", str(out)]) == 0
     res = json.loads(out.read_text())
-    assert set(REQUIRED_KEYS) <= set(res)
+    check_against_reference(res, arrays)
     assert res["ece"] is None and res["r_auroc"] is None and isinstance(res["r@1"], float)
-    assert "r@1" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if line.split()[:1] == ["r@1"])
+    assert float(row.split()[1]) == pytest.approx(res["r@1"], abs=5e-4)  # printed rounded
 
 
 def test_all_arrays(tmp_path, arrays) -> None:
@@ -42,6 +77,7 @@ def test_all_arrays(tmp_path, arrays) -> None:
     assert main(["evaluate", write(tmp_path / "a.npz", **arrays), "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert all(res[k] is not None for k in REQUIRED_KEYS)
+    check_against_reference(res, arrays)
 
 
 @pytest.mark.parametrize(

@@ -71,13 +71,46 @@ def test_tiny_set_recall_at_large_k_is_none() -> None:
     assert res["recall@10"] is None and res["map@5"] is None and res["r@1"] is not None
 
 
-def test_evaluate_output_draws_vmf_samples_from_kappa() -> None:
-    x, y, u, _, v = setup()
-    out = Output(embedding=x, uncertainty=u, kappa=1.0 / u)
-    ood = Output(embedding=torch.randn(20, 6, dtype=torch.float64), uncertainty=v)
-    r1 = evaluate_output(out, y, ood, n_samples=8)
-    r2 = evaluate_output(out, y, ood, n_samples=8)
-    assert r1["ece"] is not None and r1["ece"] == r2["ece"]  # fixed generator
+def test_evaluate_output_draws_vmf_samples_from_kappa(monkeypatch) -> None:
+    import numpy as np
+    import scipy.special as sp
+
+    import bayesurl.evaluation.evaluator as ev
+    from bayesurl.distributions import sample_vmf
+
+    x, y, _, _, v = setup()
+    d = x.shape[1]
+    kappa = torch.linspace(0.5, 60.0, len(y), dtype=torch.float64)  # A_D from ~0.08 to ~0.96
+    u = 1.0 / kappa
+    out = Output(embedding=x, uncertainty=u, kappa=kappa)
+    ood = Output(embedding=torch.randn(20, d, dtype=torch.float64), uncertainty=v)
+    seen = {}
+    real = ev.evaluate
+
+    def spy(*args, **kw):
+        seen["samples"] = kw["samples"]
+        return real(*args, **kw)
+
+    monkeypatch.setattr(ev, "evaluate", spy)
+    n = 2000
+    evaluate_output(out, y, ood, n_samples=n)
+    z = seen["samples"]
+    assert z.shape == (n, len(y), d)
+    # the draws are vMF(x / ||x||, kappa): mean cosine = A_D(kappa) by scipy's ive (5 SE)
+    mu = torch.nn.functional.normalize(x, dim=1)
+    w = torch.einsum("snd,nd->sn", z, mu)
+    k = kappa.numpy()
+    a = torch.from_numpy(sp.ive(d / 2, k) / sp.ive(d / 2 - 1, k))
+    var = 1 - (d - 1) * a / kappa - a * a
+    dev = (w.mean(0) - a) / (var / n).sqrt()
+    assert float(dev.abs().max()) < 5, dev
+    assert np.corrcoef(w.mean(0).numpy(), k)[0, 1] > 0.5  # more concentrated with kappa
+    # the reported ECE is the exact retrieval ECE of those draws (seed 0 generator)
+    r1 = evaluate_output(out, y, ood, n_samples=8, ece_mode="exact")
+    r2 = evaluate_output(out, y, ood, n_samples=8, ece_mode="exact")
+    assert r1["ece"] == r2["ece"]  # fixed generator
+    ref = sample_vmf(mu, kappa, 8, generator=torch.Generator().manual_seed(0))
+    assert r1["ece"] == pytest.approx(float(Fm.retrieval_ece(ref, y, mode="exact").ece))
     assert r1["ood_auroc"] == pytest.approx(float(Fm.ood_auroc(u, v)))
     assert evaluate_output(Output(x, u), y)["ece"] is None
 

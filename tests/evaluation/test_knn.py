@@ -34,7 +34,15 @@ def test_chunked_equals_unchunked(chunk: int) -> None:
 
 
 def test_memory_budget_sets_chunk() -> None:
-    assert chunk_rows(200_000, torch.float32, 256 * 2**20) == 167
+    # two [B, n_gallery] buffers per chunk (similarities + mask/copy, the documented count):
+    # 256 MiB / (2 * 4 bytes * 200k) = 167.8 -> the largest B that fits is 167
+    budget, n = 256 * 2**20, 200_000
+    for dtype in (torch.float16, torch.float32, torch.float64):
+        item = torch.empty((), dtype=dtype).element_size()
+        b = chunk_rows(n, dtype, budget)
+        assert 2 * item * n * b <= budget < 2 * item * n * (b + 1), dtype
+    assert chunk_rows(n, torch.float32, budget) == 167
+    assert chunk_rows(n, torch.float32, 1) == 1  # never 0 rows
     x = torch.randn(50, 4)
     assert torch.equal(knn(x, 2, memory_budget=1)[1], knn(x, 2)[1])
 

@@ -11,8 +11,6 @@ from bayesurl.losses.tau import tau_simclr_loss
 from bayesurl.methods import available, create
 from bayesurl.methods.tau import TaU
 
-torch.set_num_threads(1)
-
 
 class _MLP(nn.Module):
     num_features = 10

@@ -21,12 +21,11 @@ from bayesurl.posthoc import (
     PVUHead,
     check_head_trainable,
     classifier_task_loss,
+    encoder_fingerprint,
     mse_loss,
     ranking_loss,
     supcon_task_loss,
 )
-
-torch.set_num_threads(1)
 
 
 def _loop_ranking(u, L, m):
@@ -258,12 +257,109 @@ def test_cached_pvu_learns_to_rank_task_loss(tmp_path, task):
     assert rho > 0.5, rho
 
 
-def test_uncached_matches_cached_interface():
+class _Passes:
+    """Loader over fixed per-pass data ``xs[p]``: pass p yields ``xs[p]`` in order (for building
+    the cache), or, with ``seed``, in the order ``randperm(n, generator)`` of a generator seeded
+    once, the order the cached path draws its batches in (the uncached reference)."""
+
+    def __init__(self, xs, y, batch, seed=None):
+        self.xs, self.y, self.batch, self.p = xs, y, batch, 0
+        self.g = None if seed is None else torch.Generator().manual_seed(seed)
+
+    def __iter__(self):
+        x = self.xs[self.p % len(self.xs)]
+        self.p += 1
+        n = len(x)
+        order = torch.arange(n) if self.g is None else torch.randperm(n, generator=self.g)
+        for s in range(0, n, self.batch):
+            idx = order[s : s + self.batch]
+            yield x[idx], self.y[idx]
+
+
+@pytest.mark.parametrize("loss", ["ranking", "mse"])
+def test_cached_and_uncached_training_give_equal_heads(tmp_path, loss):
+    """Independent of the cache's own bookkeeping: the uncached reference runs the encoder on the
+    same per-epoch data in the same batch order; both must end with the same head weights."""
+    epochs, batch = 3, 32
+    x, y = _toy_problem(96)
+    g = torch.Generator().manual_seed(3)
+    xs = [x + 0.3 * torch.randn(x.shape, generator=g) for _ in range(epochs)]  # augmentations
+    torch.manual_seed(0)
+    enc, clf = nn.Linear(2, 4), nn.Linear(4, 2)
+
+    def fresh():
+        torch.manual_seed(1)  # same head initialisation for both
+        return PVU(enc, classifier=clf, loss=loss, hidden=16)
+
+    ref = fresh()
+    init = {k: v.clone() for k, v in ref.head.state_dict().items()}
+    out_ref = ref.fit(
+        _Passes(xs, y, batch, seed=7), cached=False, epochs=epochs, lr=1e-2, progress=False
+    )
+    assert len(out_ref["losses"]) == epochs and out_ref["cache_seconds"] == 0.0
+    cache = EmbeddingCache.build(enc, _Passes(xs, y, 64), tmp_path / "c", passes=epochs)
+    got = fresh()
+    out = got.fit(
+        cache=cache,
+        epochs=epochs,
+        batch_size=batch,
+        lr=1e-2,
+        generator=torch.Generator().manual_seed(7),
+        progress=False,
+    )
+    for k, v in ref.head.state_dict().items():
+        assert not torch.allclose(v, init[k])  # the heads did train
+        torch.testing.assert_close(got.head.state_dict()[k], v, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["losses"], out_ref["losses"], rtol=1e-5)
+
+
+def test_cache_from_another_encoder_is_refused(tmp_path):
+    x, y = _toy_problem(64)
+    torch.manual_seed(0)
+    enc, other, clf = nn.Linear(2, 4), nn.Linear(2, 4), nn.Linear(4, 2)
+    same = nn.Linear(2, 4)
+    same.load_state_dict(enc.state_dict())
+    assert encoder_fingerprint(same) == encoder_fingerprint(enc)
+    assert encoder_fingerprint(other) != encoder_fingerprint(enc)
+    cache = EmbeddingCache.build(enc, [(x, y)], tmp_path / "c", progress=False)
+    assert cache.encoder_fingerprint == encoder_fingerprint(enc)
+    with pytest.raises(ValueError, match="different encoder"):
+        PVU(other, classifier=clf, hidden=8).fit(cache=cache, progress=False)
+    with pytest.raises(ValueError, match="different encoder"):  # a cache passed as the loader
+        PVU(other, classifier=clf, hidden=8).fit(cache, progress=False)
+    with pytest.raises(ValueError, match="different encoder"):  # the cache path form
+        PVU(other, classifier=clf, hidden=8).fit(cache=str(tmp_path / "c"), progress=False)
+    PVU(same, classifier=clf, hidden=8).fit(cache=cache, progress=False)  # same weights: used
+    # the encoder changed after the cache was written: refused too
+    with torch.no_grad():
+        enc.weight.add_(1e-3)
+    with pytest.raises(ValueError, match="rebuild"):
+        PVU(enc, classifier=clf, hidden=8).fit(cache=cache, progress=False)
+    # fitting from the loader into the same directory rebuilds the cache for this encoder
+    pvu = PVU(enc, classifier=clf, hidden=8)
+    pvu.fit([(x, y)], cache_dir=tmp_path / "c", progress=False)
+    assert EmbeddingCache(tmp_path / "c").encoder_fingerprint == encoder_fingerprint(enc)
+
+
+def test_cache_without_fingerprint_warns_and_bad_fingerprint_is_corrupted(tmp_path):
+    import json
+
+    x, y = _toy_problem(32)
+    enc, clf = nn.Linear(2, 4), nn.Linear(4, 2)
+    EmbeddingCache.build(enc, [(x, y)], tmp_path / "c", progress=False)
+    meta = json.loads((tmp_path / "c" / "meta.json").read_text())
+    del meta["encoder_fingerprint"]  # written before fingerprints existed
+    (tmp_path / "c" / "meta.json").write_text(json.dumps(meta))
+    with pytest.warns(UserWarning, match="no encoder fingerprint"):
+        PVU(enc, classifier=clf, hidden=8).fit(cache=tmp_path / "c", progress=False)
+    meta["encoder_fingerprint"] = 5
+    (tmp_path / "c" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="corrupted meta.json"):
+        EmbeddingCache(tmp_path / "c")
+
+
+def test_uncached_bad_input():
     x, y = _toy_problem(128)
-    clf = nn.Linear(2, 2)
-    pvu = PVU(nn.Linear(2, 2), classifier=clf, loss="mse", hidden=16)
-    out = pvu.fit([(x, y)], cached=False, epochs=3, progress=False)
-    assert len(out["losses"]) == 3 and out["cache_seconds"] == 0.0
     with pytest.raises(ValueError, match="classifier"):
         PVU(nn.Linear(2, 2), task="classifier").fit([(x, y)], progress=False)
     with pytest.raises(ValueError, match="labels"):

@@ -11,7 +11,6 @@ import bayesurl
 from bayesurl.posthoc import PosthocOutput, PosthocTaU, load, wrap
 from bayesurl.types import Output
 
-torch.set_num_threads(1)
 # laplace-torch / BackPACK chatter on the Laplace paths
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook:UserWarning"),
@@ -67,11 +66,9 @@ def _fitted(method, enc, tmp_path):
         w = wrap(enc, "tau", embed_dim=6)
         w.fit(_views(), epochs=2, progress=False)
     elif method == "laplace":
-        pytest.importorskip("bayesurl.laplace")
         w = wrap(enc, "laplace", margin=1.0)
         w.fit(_labelled(), progress=False)
     else:  # laplace-torch last-layer Laplace of a classifier on the embedding
-        pytest.importorskip("bayesurl.laplace")
         w = wrap(enc, "laplace", classifier=_classifier())
         w.fit(_labelled(), progress=False)
     return w
@@ -209,23 +206,54 @@ def test_posthoc_tau_trains_head_only_and_tau_above_scale():
     assert len(res["losses"]) == 1
 
 
+def _closed_form_trace(enc, la, x):
+    """LAM section 3 by hand: var(z_d) = sum_f s2_df phi_f^2 + s2_b,d of the encoder's last
+    Linear(12, 6) (parameters flattened as [W, b]), pushed through z / ||z|| linearly."""
+    with torch.no_grad():
+        phi = enc[:-1](x).double()
+        z = enc[-1](phi.float()).double()
+    pv = la.posterior_variance.double()
+    var = (phi**2) @ pv[:72].reshape(6, 12).T + pv[72:]
+    norm2 = (z**2).sum(1)
+    u = z / norm2.sqrt()[:, None]
+    return (var * (1 - u**2)).sum(1) / norm2, u
+
+
+def _sra(trace, d):
+    r = (1 / (1 + trace)).sqrt()  # R^2 = 1 / (1 + trace), kappa by Sra (METRICS.md)
+    return r * (d - r**2) / (1 - r**2)
+
+
 def test_laplace_wrapper_uncertainty_matches_metric_laplace_and_samples(tmp_path):
-    pytest.importorskip("bayesurl.laplace")
     enc = _encoder()
     w = _fitted("laplace", enc, tmp_path)
     x = torch.randn(8, 1, 4, 4)
     with torch.no_grad():
         out = w(x)
-    ref = w.la.predictive(x)  # the Laplace helper's own closed-form predictive
+    trace, u = _closed_form_trace(enc, w.la, x)
+    torch.testing.assert_close(out.kappa.double(), _sra(trace, 6), rtol=1e-5, atol=0)
+    torch.testing.assert_close(out.uncertainty.double(), 1 / _sra(trace, 6), rtol=1e-5, atol=0)
+    torch.testing.assert_close(torch.nn.functional.normalize(out.embedding, dim=1).double(), u)
+    ref = w.la.predictive(x)  # and the Laplace helper's own closed-form predictive
     assert torch.allclose(out.uncertainty, ref.uncertainty, rtol=1e-5)
-    assert torch.allclose(torch.nn.functional.normalize(out.embedding, dim=1), ref.embedding)
-    s = w.sample(x, 5, generator=torch.Generator().manual_seed(0))
-    assert s.shape == (5, 8, 6)
-    assert torch.allclose(s.norm(dim=-1), torch.ones(5, 8))
+    # samples: normalised draws whose moments match the closed form where the linearisation
+    # holds (a tight posterior; the fitted one has trace ~ 0.5, outside it)
+    w.la.prior_precision = 2500.0
+    trace, u = _closed_form_trace(enc, w.la, x)
+    assert float(trace.min()) > 1e-4
+    n = 4000
+    s = w.sample(x, n, generator=torch.Generator().manual_seed(0)).double()
+    assert s.shape == (n, 8, 6)
+    assert torch.allclose(s.norm(dim=-1), torch.ones(n, 8, dtype=torch.float64))
+    torch.testing.assert_close(s.var(0).sum(1), trace, rtol=0.1, atol=0)
+    r = s.mean(0).norm(dim=1)
+    torch.testing.assert_close(r * (6 - r**2) / (1 - r**2), _sra(trace, 6), rtol=0.15, atol=0)
+    torch.testing.assert_close(s.mean(0) / r[:, None], u, rtol=0, atol=0.02)
+    with torch.no_grad():
+        torch.testing.assert_close(w(x).kappa.double(), _sra(trace, 6), rtol=1e-5, atol=0)
 
 
 def test_laplace_rejects_encoders_without_a_last_linear():
-    pytest.importorskip("bayesurl.laplace")
     conv = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten())
     with pytest.raises(ValueError, match="last nn.Linear"):
         wrap(conv, "laplace")
@@ -236,7 +264,6 @@ def test_laplace_rejects_encoders_without_a_last_linear():
 
 
 def test_classifier_laplace_matches_laplace_torch_and_needs_its_classifier(tmp_path):
-    pytest.importorskip("bayesurl.laplace")
     enc = _encoder()
     w = _fitted("laplace_classifier", enc, tmp_path)
     x = torch.randn(8, 1, 4, 4)
@@ -278,7 +305,6 @@ class _ProjAndKappa(nn.Module):
 
 
 def test_laplace_finds_the_embedding_layer_and_rejects_a_wrong_one():
-    pytest.importorskip("bayesurl.laplace")
     enc = _ProjAndKappa()
     w = wrap(enc, "laplace")
     assert w.la.last_layer is enc.kappa  # the naive choice: the last nn.Linear

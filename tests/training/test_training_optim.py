@@ -1,4 +1,4 @@
-"""Optimisers and the warm-up + cosine schedule against torch's own schedulers."""
+"""Optimisers, the warm-up + cosine schedule and the step decay against torch's schedulers."""
 
 from __future__ import annotations
 
@@ -7,9 +7,25 @@ import math
 import pytest
 import torch
 from _training_toys import LinearCE, loader
-from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.optim.lr_scheduler import (
+    CosineAnnealingLR,
+    LambdaLR,
+    LinearLR,
+    MultiStepLR,
+    SequentialLR,
+)
 
-from bayesurl.training import build_optimizer, build_scheduler, fit, warmup_cosine_factor
+from bayesurl.training import (
+    MultiStep,
+    build_optimizer,
+    build_scheduler,
+    even_milestones,
+    fit,
+    multistep_factor,
+    warmup_cosine_factor,
+)
 
 
 def _reference_lrs(lr: float, total: int, warmup: int, min_lr: float) -> list[float]:
@@ -92,3 +108,43 @@ def test_optimizer_kinds():
         build_optimizer(p, "adamw", lr=float("nan"))
     with pytest.raises(ValueError, match="total_steps"):
         warmup_cosine_factor(0, 0)
+
+
+# -- step decay (MCI appendix B.3; used by bayesurl.experiments.controlled) ------------------
+@settings(max_examples=40, deadline=None)
+@given(
+    total=st.integers(1, 60),
+    milestones=st.lists(st.integers(0, 70), max_size=5).map(sorted),
+    decay=st.sampled_from([0.1, 0.5, 0.9]),
+)
+def test_multistep_matches_torch_multisteplr(total, milestones, decay):
+    # independent reference: torch's MultiStepLR stepped once per optimiser step
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    ref_sched = MultiStepLR(opt, milestones=milestones, gamma=decay)
+    opt2 = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    ours = LambdaLR(opt2, MultiStep(milestones, decay))
+    for step in range(total):
+        want = opt.param_groups[0]["lr"]
+        assert multistep_factor(step, milestones, decay) == pytest.approx(want, rel=1e-12)
+        assert opt2.param_groups[0]["lr"] == pytest.approx(want, rel=1e-12)
+        opt.step()
+        ref_sched.step()
+        opt2.step()
+        ours.step()
+
+
+@pytest.mark.parametrize("n_stages", [1, 2, 4, 7])
+def test_even_milestones_are_the_stage_starts(n_stages):
+    for total in range(1, 50):
+        # brute force: step t is in stage min(n t // T, n - 1); a milestone starts each stage
+        stage = [min(n_stages * t // total, n_stages - 1) for t in range(total)]
+        starts = [
+            next((t for t in range(total) if stage[t] >= k), total) for k in range(1, n_stages)
+        ]
+        assert even_milestones(total, n_stages) == starts
+    assert even_milestones(8, 4) == [2, 4, 6]
+    with pytest.raises(ValueError, match="n_stages"):
+        even_milestones(8, 0)
+    with pytest.raises(ValueError, match="decay"):
+        multistep_factor(0, [1], 0.0)
