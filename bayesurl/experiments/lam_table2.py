@@ -610,4 +610,10 @@ def summarize(out: str | Path) -> dict[str, dict[str, Any]]:
         csv.append(",".join([row, str(len(e["seeds"])), *vals, t]))
     (out / "table.md").write_text("\n".join(lines) + "\n")
     (out / "table.csv").write_text("\n".join(csv) + "\n")
+    # the same cells as table.md, quoted CSV for the docs page's csv-table
+    display = ['"' + '","'.join(head) + '"']
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        display.append('"' + '","'.join(cells) + '"')
+    (out / "table_display.csv").write_text("\n".join(display) + "\n")
     return table
