@@ -565,9 +565,10 @@ def summarize(out: str | Path) -> dict[str, dict[str, Any]]:
     """
     out = Path(out)
     runs: dict[str, list[dict[str, Any]]] = {}
-    for p in sorted(out.glob("*_s*.json")):
-        d = json.loads(p.read_text())
-        runs.setdefault(d["row"], []).append(d)
+    for row in ROWS:  # only the rows' files (other JSON, e.g. sweeps, may sit beside them)
+        for p in sorted(out.glob(f"{row}_s*.json")):
+            d = json.loads(p.read_text())
+            runs.setdefault(d["row"], []).append(d)
     table: dict[str, dict[str, Any]] = {}
     for row in ROWS:
         if row not in runs:
