@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 MAIN_ARGS ?= --preset quick --out runs/benchmark
 
-.PHONY: run test install data lint docs clean
+.PHONY: run test install data mathjax lint docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,16 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check bayesurl tests benchmarks recipes
 
-docs: install
+# MathJax for offline formulas (docs/conf.py copies it into the built site); without it the
+# pages load MathJax from its CDN.
+mathjax:
+	@if [ -f /usr/share/javascript/mathjax/MathJax.js ]; then echo "MathJax present"; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && apt-get install -y -qq libjs-mathjax) \
+	  || echo "apt-get failed: formulas will need internet"; \
+	else echo "apt not usable: formulas will need internet (or set BAYESURL_MATHJAX)"; fi
+
+docs: install mathjax
 	$(MAKE) -C docs html SPHINXBUILD=$(abspath $(VENV))/bin/sphinx-build
 
 clean:

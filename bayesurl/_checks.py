@@ -30,6 +30,7 @@ __all__ = [
     "check_same_length",
     "check_min_points",
     "check_tensor",
+    "match_module_dtype",
 ]
 
 
@@ -200,20 +201,20 @@ def check_device(text: str | torch.device | None, name: str = "device") -> torch
     if dev.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:
-            raise ValueError(f"`{name}` is {str(dev)!r} but CUDA is not available here; use cpu")
+            raise ValueError(f"`{name}` {str(dev)!r}: CUDA is not available here; use cpu")
         if dev.index is not None and dev.index >= n:
             raise ValueError(
-                f"`{name}` is {str(dev)!r} but only {n} CUDA device(s) exist (cuda:0..{n - 1})"
+                f"`{name}` {str(dev)!r}: only {n} CUDA device(s) exist (cuda:0..{n - 1})"
             )
     elif dev.type == "mps":
         mps = getattr(torch.backends, "mps", None)
         if mps is None or not mps.is_available():
-            raise ValueError(f"`{name}` is 'mps' but MPS is not available here; use cpu")
+            raise ValueError(f"`{name}` 'mps': MPS is not available here; use cpu")
     elif dev.type not in ("cpu", "meta"):
         backend = getattr(torch, dev.type, None)
         available = getattr(backend, "is_available", None)
         if available is None or not available():
-            raise ValueError(f"`{name}` is {str(dev)!r} but that device is not available here")
+            raise ValueError(f"`{name}` {str(dev)!r}: that device is not available here")
     return dev
 
 
@@ -286,3 +287,18 @@ def check_input_file(path: str | os.PathLike[str], name: str) -> Path:
     if not p.is_file():
         raise FileNotFoundError(f"`{name}` {str(p)!r} does not exist")
     return p
+
+
+def match_module_dtype(x: object, module: torch.nn.Module) -> object:
+    """``x`` cast to the floating dtype of ``module``'s parameters (other inputs unchanged).
+
+    A float64 batch into a float32 model (or the reverse) would otherwise fail inside the
+    model's first matmul; a frozen model defines the precision it computes in. Integer
+    inputs (e.g. ``uint8`` images) and modules without floating parameters are left alone.
+    """
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        return x
+    for p in module.parameters():
+        if p.is_floating_point():
+            return x if p.dtype == x.dtype else x.to(p.dtype)
+    return x

@@ -32,7 +32,7 @@ import re
 import sys
 import textwrap
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import bayesurl.commands as _commands
 
@@ -158,6 +158,55 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {msg} (see {self.prog} --help)\n")
 
 
+def _device_arg(text: str) -> str:
+    """``--device`` of every subcommand: parsed and checked on this machine before any work."""
+    from bayesurl._checks import check_device
+
+    try:
+        check_device(text, "--device")
+    except (ValueError, TypeError) as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("`--device` ", "", 1)) from None
+    return text
+
+
+def _path_arg(check: Any, option: str) -> Any:
+    def convert(text: str) -> str:
+        try:
+            check(text, option)
+        except (ValueError, TypeError) as exc:
+            raise argparse.ArgumentTypeError(str(exc).replace(f"`{option}` ", "", 1)) from None
+        return text
+
+    return convert
+
+
+def _validate_common_options(parser: argparse.ArgumentParser, mod: object) -> None:
+    """Attach the shared validators while parsing, before any work starts (issue 15).
+
+    - ``--device`` (every subcommand): unparsable names and devices this machine lacks
+      (``bogus``, ``cuda`` without CUDA) are argument errors, not a traceback after the data
+      were loaded.
+    - the options a subcommand module lists in ``OUTPUT_DIRS`` / ``OUTPUT_FILES`` (argparse
+      ``dest`` names) are checked with :func:`bayesurl._checks.check_output_dir` /
+      :func:`~bayesurl._checks.check_output_file`: ``--out`` naming a file, ``--json`` naming
+      a folder or an unwritable place fail before the first epoch, not after it.
+    """
+    from bayesurl._checks import check_output_dir, check_output_file
+
+    dirs = set(getattr(mod, "OUTPUT_DIRS", ()))
+    files = set(getattr(mod, "OUTPUT_FILES", ()))
+    for action in parser._actions:
+        if action.type is not None or not action.option_strings:
+            continue
+        option = action.option_strings[-1]
+        if action.dest == "device":
+            action.type = _device_arg
+        elif action.dest in dirs:
+            action.type = _path_arg(check_output_dir, option)
+        elif action.dest in files:
+            action.type = _path_arg(check_output_file, option)
+
+
 def _subcommands() -> dict[str, object]:
     mods = {}
     for info in sorted(pkgutil.iter_modules(_commands.__path__), key=lambda i: i.name):
@@ -188,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
             name, help=mod.HELP, description=mod.__doc__, formatter_class=PlainHelpFormatter
         )
         mod.add_arguments(p)
+        _validate_common_options(p, mod)
         # also accepted after the subcommand; SUPPRESS keeps a top-level --debug
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
         p.set_defaults(_run=mod.run)

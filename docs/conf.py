@@ -77,6 +77,20 @@ def _shadowed_modules() -> list[str]:
 autosummary_context = {"shadowed": _shadowed_modules()}
 
 
+def _write_recipe_page() -> None:
+    """docs/recipe_configs.rst: every dataset x estimator config, generated from the TOML
+    recipe files (bayesurl.runs.config.describe_recipes), so the page cannot drift."""
+    from bayesurl.runs.config import describe_recipes
+
+    page = Path(__file__).resolve().parent / "recipe_configs.rst"
+    text = describe_recipes()
+    if not page.is_file() or page.read_text() != text:
+        page.write_text(text)
+
+
+_write_recipe_page()
+
+
 # names that ``bayesurl/__init__.py`` exposes lazily, documented where they are defined
 _ALIASES = {
     "bayesurl.evaluate": "bayesurl.evaluation.evaluate",
@@ -94,8 +108,69 @@ def _resolve_alias(app, env, node, contnode):  # noqa: ANN001, ANN202
     return domain.resolve_xref(env, node["refdoc"], app.builder, reftype, target, node, contnode)
 
 
+# ---- MathJax, offline -----------------------------------------------------------------------
+# The formulas must render without internet (issue 15): MathJax 2 from Debian's libjs-mathjax
+# (``apt-get install libjs-mathjax``; or set BAYESURL_MATHJAX to a MathJax 2 folder) is copied
+# into ``_static/mathjax`` of the built site -- only the SVG output with the TeX fonts (~2.5 MB,
+# no web fonts, so it also renders from ``file://``). Nothing is committed to the repository.
+_MATHJAX_CANDIDATES = [
+    os.environ.get("BAYESURL_MATHJAX", ""),
+    "/usr/share/javascript/mathjax",
+    "/usr/share/mathjax",
+]
+_MATHJAX_PARTS = [
+    "MathJax.js",
+    "config/TeX-AMS_SVG-full.js",
+    "extensions",
+    "jax/input/TeX",
+    "jax/element",
+    "jax/output/SVG/jax.js",
+    "jax/output/SVG/config.js",
+    "jax/output/SVG/autoload",
+    "jax/output/SVG/fonts/TeX",
+    "localization/en",
+]
+
+
+def _mathjax_source() -> Path | None:
+    for cand in _MATHJAX_CANDIDATES:
+        if cand and (Path(cand) / "MathJax.js").is_file():
+            return Path(cand)
+    return None
+
+
+_MATHJAX = _mathjax_source()
+if _MATHJAX is not None:
+    mathjax_path = "mathjax/MathJax.js?config=TeX-AMS_SVG-full"
+    mathjax2_config = {"SVG": {"font": "TeX"}, "showMathMenu": False, "messageStyle": "none"}
+
+
+def _copy_mathjax(app, exc):  # noqa: ANN001, ANN202
+    """After an html build: the MathJax subset into ``_static/mathjax``."""
+    import shutil
+
+    if exc is not None or _MATHJAX is None or app.builder.format != "html":
+        return
+    dest = Path(app.outdir) / "_static" / "mathjax"
+    for part in _MATHJAX_PARTS:
+        src = _MATHJAX / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part, dirs_exist_ok=True)
+        elif src.is_file():
+            (dest / part).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / part)
+
+
 def setup(app):  # noqa: ANN001, ANN201
     app.connect("missing-reference", _resolve_alias)
+    app.connect("build-finished", _copy_mathjax)
+    if _MATHJAX is None:
+        from sphinx.util import logging
+
+        logging.getLogger(__name__).info(
+            "libjs-mathjax not found (apt-get install libjs-mathjax, or set BAYESURL_MATHJAX): "
+            "formulas load MathJax from its CDN and need internet"
+        )
 
 
 sphinx_gallery_conf = {

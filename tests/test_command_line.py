@@ -7,7 +7,7 @@ import pytest
 
 from bayesurl.cli import _subcommands, build_parser, main
 
-EXPECTED = {"benchmark", "evaluate", "train", "wrap"}
+EXPECTED = {"benchmark", "evaluate", "run", "train", "wrap"}
 
 
 def test_expected_subcommands_exist():
@@ -60,7 +60,10 @@ def _good_npz(tmp_path):
 
 
 def _one_line_error(capsys, argv):
-    code = main(argv)
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argument errors (e.g. --device) exit from argparse
+        code = exc.code
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and "Traceback" not in err, err
@@ -110,6 +113,21 @@ def test_main_catches_every_user_error_kind(monkeypatch, capsys):
     monkeypatch.setattr(ev, "run", lambda args: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         main(["evaluate", "x.npz"])
+
+
+def _with_device():
+    parser = build_parser()
+    sub = next(
+        a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction)
+    )
+    return sorted(n for n, p in sub.choices.items() if any(a.dest == "device" for a in p._actions))
+
+
+@pytest.mark.parametrize("name", _with_device())
+def test_every_subcommand_checks_its_device_first(name, capsys):
+    # validated while parsing, before any data are loaded or anything is trained
+    err = _one_line_error(capsys, [name, "--device", "bogus"])
+    assert "argument --device: 'bogus' is not a device" in err
 
 
 def test_evaluate_bad_device_is_one_line(tmp_path, capsys):
@@ -162,3 +180,33 @@ def test_rst_to_text():
     assert "Example:\n\n    bayesurl train --out ``runs``" in text  # literal kept verbatim
     assert all(len(line) <= 40 for line in text.splitlines() if not line.startswith("    "))
     assert "\n  " in text.split("- first")[1].split("- second")[0]  # hanging indent
+
+
+def test_evaluate_npz_with_misspelt_arrays_is_refused(tmp_path, capsys):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    base = {
+        "embeddings": rng.normal(size=(20, 4)).astype("float32"),
+        "labels": np.repeat(np.arange(4), 5),
+    }
+    for wrong in ("uncertainty", "sample"):
+        path = _npz(tmp_path / f"{wrong}.npz", **base, **{wrong: rng.random(20)})
+        err = _one_line_error(capsys, ["evaluate", path])
+        assert f"'{wrong}'" in err and "uncertainties" in err  # names it, lists the known ones
+
+
+def test_output_options_declared_by_a_subcommand_are_checked_while_parsing(
+    tmp_path, monkeypatch, capsys
+):
+    # the mechanism train / benchmark / wrap use: OUTPUT_DIRS / OUTPUT_FILES in the module
+    import bayesurl.commands.train as train
+
+    monkeypatch.setattr(train, "OUTPUT_DIRS", ("out",), raising=False)
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    ran = []
+    monkeypatch.setattr(train, "run", lambda args: ran.append(args) or 0)
+    err = _one_line_error(capsys, ["train", "--method", "ce", "--out", str(a_file)])
+    assert "argument --out:" in err and "is a file" in err and not ran
+    assert main(["train", "--method", "ce", "--out", str(tmp_path / "new")]) == 0 and ran

@@ -70,6 +70,13 @@ def test_docs_build_with_warnings_as_errors(tmp_path: Path) -> None:
             pages.append(extra)
     for page in pages:
         assert (out / f"{page}.html").exists(), page
+    # issue 15: formulas render offline -- MathJax is served from _static, not a CDN, when
+    # Debian's libjs-mathjax (or BAYESURL_MATHJAX) is there
+    if Path(os.environ.get("BAYESURL_MATHJAX", "/usr/share/javascript/mathjax")).is_dir():
+        assert (out / "_static" / "mathjax" / "MathJax.js").is_file()
+        assert (out / "_static" / "mathjax" / "config" / "TeX-AMS_SVG-full.js").is_file()
+        metrics = (out / "concepts" / "metrics.html").read_text()
+        assert "_static/mathjax/MathJax.js" in metrics and "cdn." not in metrics
     # every public subpackage has an API page
     for sub in ("evaluation", "laplace", "methods", "posthoc", "training", "data", "losses"):
         assert (out / "generated" / f"bayesurl.{sub}.html").exists(), sub

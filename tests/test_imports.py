@@ -24,8 +24,6 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "bayesurl"
 
@@ -57,12 +55,7 @@ LAYERS: dict[str, int] = {
 #: the drivers: no library module below them may import these, not even lazily
 DRIVERS = ("runs", "benchmark", "recipes", "commands", "cli", "__main__")
 #: known upward imports, each with the change that removes it
-KNOWN_UPWARD = {
-    ("bayesurl.heads.embedding", "bayesurl.methods.base"): (
-        "heads/embedding.py imports resolve_backbone from methods/base.py; the `pipeline` "
-        "change moves backbone construction into bayesurl/backbones.py"
-    ),
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 
 def _modules() -> dict[str, Path]:
@@ -213,11 +206,6 @@ def test_no_upward_import():
     assert bad == set(), "upward imports: " + ", ".join(f"{a} -> {b}" for a, b in sorted(bad))
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known upward import heads.embedding -> methods.base (resolve_backbone); removed "
-    "when backbone construction moves into bayesurl/backbones.py (`pipeline`)",
-)
 def test_known_upward_imports_are_gone():
     left = _upward(_edges(_modules())) & set(KNOWN_UPWARD)
     assert not left, "; ".join(KNOWN_UPWARD[e] for e in sorted(left))

@@ -1,22 +1,25 @@
-"""Train every URL method on the embedded zero-shot default and print one comparison table.
+"""Train every estimator of a recipe file on the same data and print one comparison table.
 
-FashionMNIST zero-shot (upstream classes 0-4, downstream 5-9, OOD = scikit-learn digits;
-digits alone if FashionMNIST is absent), the protocol of the URL benchmark (Kirchhof et al.,
-2023, section 3). Columns: R@1, R-AUROC, AUSC, ECE (methods with a distribution), OOD AUROC,
-training time; mean +- std over seeds. Writes ``results.json``, ``results.csv`` and
-``recall_vs_rauroc.png`` (URL Fig. 2) into ``--out``. See :func:`bayesurl.benchmark.run_benchmark`.
+A sweep of ``bayesurl run`` (:func:`bayesurl.runs.run_sweep`): every estimator table of the
+data set's TOML recipe (default FashionMNIST zero-shot, upstream classes 0-4, downstream 5-9,
+OOD = scikit-learn digits; URL benchmark, Kirchhof et al., 2023, section 3) -- the twelve
+registry methods, PVU, post-hoc TaU and laplace-torch Laplace on the CE base, LAM post-hoc and
+LAM online -- with the preset's data sizes and training length. Columns: R@1, R-AUROC, AUSC,
+ECE (estimators with a distribution), OOD AUROC, training time; mean +- std over seeds.
+Writes ``results.json``, ``results.csv`` and ``recall_vs_rauroc.png`` (URL Fig. 2) to ``--out``.
 
 Examples::
 
     bayesurl benchmark --preset quick --out runs/benchmark
-    bayesurl benchmark --methods ce,mcinfonce,hetxl --seeds 0,1,2
+    bayesurl benchmark --methods ce,mcinfonce,pvu --seeds 0,1,2 --set train.epochs=5
 """
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "train and evaluate every method on the zero-shot default; print one table"
+OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
+HELP = "train and evaluate every estimator on the same zero-shot data; print one table"
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -54,12 +57,15 @@ def parse_seeds(text: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``bayesurl benchmark``."""
-    from bayesurl.benchmark import PRESETS
-
     parser.add_argument(
         "--methods",
+        "--estimators",
+        dest="methods",
         default=None,
-        help="comma-separated registry names (default: every registered method)",
+        help="comma-separated estimator names of the recipe file (default: all of them)",
+    )
+    parser.add_argument(
+        "--dataset", default="fashion_mnist", help="recipe file (default: fashion_mnist)"
     )
     parser.add_argument(
         "--seeds",
@@ -70,19 +76,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset",
         default="quick",
-        choices=list(PRESETS),
-        help="quick: <= 10 min on 2 CPU cores; full: all data, longer training; smoke: tests",
+        help="a preset of the recipe file: quick (minutes on 2 CPU cores), full, smoke (tests)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value of every run (train.epochs=5), repeatable",
     )
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: auto)")
     parser.add_argument("--out", default="runs/benchmark", help="output folder")
-    parser.add_argument("--root", default=None, help="FashionMNIST folder (default: system path)")
+    parser.add_argument("--root", default=None, help="data folder (= --set data.root=DIR)")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
     )
     parser.add_argument(
         "--save-checkpoints",
         action="store_true",
-        help="keep each run's checkpoint in OUT/checkpoints/<method>_s<seed>/last.pt",
+        help="keep each run's checkpoint in OUT/checkpoints/<estimator>_s<seed>/",
     )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument(
@@ -101,32 +114,39 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from bayesurl.benchmark import merge_results, resolve_methods, run_benchmark
+    from bayesurl._checks import check_device, check_output_dir
+    from bayesurl.runs.results import merge_results
+    from bayesurl.runs.sweep import resolve_estimators, run_sweep
 
+    out = check_output_dir(args.out, "--out")
+    device = check_device(args.device, "--device")
     if args.merge:
         merged = merge_results(args.merge)
-        merged.save(args.out)
+        merged.save(out)
         print(merged.table())
-        print(f"merged {len(args.merge)} results into {Path(args.out) / 'results.json'}")
+        print(f"merged {len(args.merge)} results into {out / 'results.json'}")
         return 0
-    methods = resolve_methods(args.methods)  # unknown names raise, listing the valid ones
+    names = resolve_estimators(args.methods, args.dataset)  # unknown names raise
     seeds = parse_seeds(args.seeds)
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"`--threads` must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    if args.root is not None and not Path(args.root).exists():
-        raise FileNotFoundError(f"`--root` {args.root!r} does not exist")
-    out = Path(args.out)
-    results = run_benchmark(
-        methods,
-        seeds=seeds,
+    overrides = list(args.overrides)
+    if args.root is not None:
+        if not Path(args.root).exists():
+            raise FileNotFoundError(f"`--root` {args.root!r} does not exist")
+        overrides.append(("data.root", str(args.root)))
+    results = run_sweep(
+        names,
+        dataset=args.dataset,
         preset=args.preset,
-        device=args.device,
+        seeds=seeds,
+        overrides=overrides,
+        device=device,
         out=out,
-        progress=not args.no_progress,
-        root=args.root,
         checkpoint_dir=out / "checkpoints" if args.save_checkpoints else None,
+        progress=not args.no_progress,
     )
     print(results.table())
     total = results.settings["total_time"]

@@ -3,7 +3,7 @@
 ``bayesurl evaluate --checkpoint CKPT [--dataset NAME]`` rebuilds a method trained by
 ``bayesurl train`` (weights-only load) and evaluates it zero-shot on the downstream classes of
 its data set, with OOD AUROC against held-out upstream data
-(:func:`bayesurl.benchmark.evaluate_checkpoint`; URL benchmark section 3.2).
+(:func:`bayesurl.runs.runner.evaluate_checkpoint`; URL benchmark section 3.2).
 
 INPUT.npz holds ``embeddings`` [N,D] and ``labels`` [N], and optionally ``uncertainties`` [N],
 ``samples`` [S,N,D] and ``ood_uncertainties`` [M]. Prints a table of every metric; with
@@ -28,10 +28,12 @@ from bayesurl._checks import (
     check_input_file,
     check_int,
     check_ints,
-    check_output_file,
 )
 
 HELP = "evaluate embeddings / uncertainties / samples from an .npz file, or a checkpoint"
+
+#: output options checked by ``bayesurl.cli`` while parsing (before any work)
+OUTPUT_FILES = ("json",)
 
 #: Arrays read from INPUT.npz (name -> required).
 ARRAYS = {
@@ -174,8 +176,6 @@ def _check_args(args: argparse.Namespace) -> None:
         value = getattr(args, opt, None)
         if value is not None:
             check_int(value, "--" + opt.replace("_", "-"), low=0 if opt == "n_samples" else 1)
-    if args.json:
-        check_output_file(args.json, "--json")
     if args.input is not None:
         check_input_file(args.input, "INPUT")
     if args.checkpoint is not None:
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_checkpoint(args: argparse.Namespace) -> int:
-    from bayesurl.benchmark import evaluate_checkpoint
+    from bayesurl.runs.runner import evaluate_checkpoint
 
     res = evaluate_checkpoint(
         args.checkpoint,

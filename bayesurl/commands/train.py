@@ -9,13 +9,16 @@ and cosine annealing, two augmented views for the self-supervised methods. The c
 
 Data: ``default`` (FashionMNIST classes 0-4, or the digits when FashionMNIST is absent),
 ``fashion_mnist``, ``digits``, or ``cub`` / ``cars`` / ``sop`` read from ``--root`` with their
-standard train classes. Images are batched as ``uint8`` and transformed per batch on the
-training device: a deterministic normalisation for supervised methods, two independent draws of
-:func:`bayesurl.data.default_augmentation` for the two-view methods (InfoNCE, MCInfoNCE).
+standard train classes. The options become a :class:`bayesurl.runs.RunConfig` and
+:func:`bayesurl.runs.runner.train` does the work (the data assembly, transforms and training of
+``bayesurl run``, without the evaluation); this module only parses and reports.
 
-Example::
+Examples::
 
     bayesurl train --method ce --dataset default --epochs 2 --subset 2000 --out runs/ce
+    torchrun --nproc_per_node 8 -m bayesurl train --recipe imagenet/mcinfonce \
+        --set data.root=/data/imagenet --set data.downstream_root=/data/dml \
+        --set backbone.checkpoint=resnet50_imagenet.pt --out runs/imagenet/mcinfonce
 """
 
 from __future__ import annotations
@@ -26,9 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import Tensor, nn
-
+OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "train one method on the upstream classes and save a checkpoint"
 
 #: the embedded zero-shot default and its two sources (28 x 28 grayscale, in memory)
@@ -36,28 +37,6 @@ EMBEDDED = ("default", "fashion_mnist", "digits")
 #: folder data sets read from ``--root`` with their standard zero-shot class splits
 FOLDER = ("cub", "cars", "sop")
 DATASETS = EMBEDDED + FOLDER
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-class _KeepUint8(nn.Module):
-    """Per-item transform that keeps the stored ``uint8`` image (batches are augmented later)."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x
-
-
-class _PilToUint8:
-    """Per-item transform of a folder image: shorter side to ``size``, centre crop, ``uint8``."""
-
-    def __init__(self, size: int) -> None:
-        self.size = int(size)
-
-    def __call__(self, img: Any) -> Tensor:
-        from torchvision.transforms import functional as TF
-
-        img = TF.center_crop(TF.resize(img, self.size), [self.size, self.size])
-        return TF.pil_to_tensor(img.convert("RGB"))
 
 
 def _method_arg(text: str) -> tuple[str, Any]:
@@ -73,7 +52,24 @@ def _method_arg(text: str) -> tuple[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``bayesurl train``."""
-    parser.add_argument("--method", required=True, help="registry name (bayesurl.methods)")
+    parser.add_argument(
+        "--method", default=None, help="registry name (bayesurl.methods); or give --recipe"
+    )
+    parser.add_argument(
+        "--recipe",
+        default=None,
+        help="train a recipe's method instead (<dataset>/<estimator>, see `bayesurl run "
+        "--list`); with --set / --preset, the other options are ignored",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe value (train.epochs=5), repeatable (with --recipe)",
+    )
+    parser.add_argument("--preset", default=None, help="a preset of the recipe (with --recipe)")
     parser.add_argument(
         "--dataset",
         default="default",
@@ -91,6 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--backbone",
         default="small_convnet",
         help="'small_convnet' or a timm model name (random init, no download)",
+    )
+    parser.add_argument(
+        "--backbone-checkpoint",
+        default=None,
+        help="local backbone weights (loaded with weights_only=True; works offline)",
     )
     parser.add_argument("--embed-dim", type=int, default=64, help="embedding dimension D")
     parser.add_argument(
@@ -122,156 +123,121 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def _channels(args: argparse.Namespace) -> int:
-    folder = str(args.dataset).lower() in FOLDER
-    return 3 if folder or args.backbone.lower() != "small_convnet" else 1
-
-
-def build_train_data(args: argparse.Namespace) -> tuple[Any, int]:
-    """The upstream training set (``uint8`` image tensors) and its number of classes.
-
-    Embedded sets: the ``train`` split of :func:`bayesurl.data.default_zero_shot` (URL
-    section 3.2 protocol on FashionMNIST 0-4, or digits). Folder sets: the train classes of
-    :func:`bayesurl.data.dml_zero_shot`, resized and centre-cropped to ``--image-size``.
-    ``--subset`` keeps a seeded class-balanced sample.
-    """
-    from bayesurl import data as bd
-
-    name = str(args.dataset).lower().replace("-", "_")
-    if name not in DATASETS:
-        raise ValueError(
-            f"unknown `--dataset` {args.dataset!r}; valid names: {', '.join(DATASETS)}"
-        )
-    if args.subset is not None and args.subset < 1:
-        raise ValueError(f"`--subset` must be >= 1, got {args.subset}")
-    if name in FOLDER:
-        if args.root is None:
-            raise ValueError(f"`--root` is required for --dataset {name}")
-        if args.image_size < 8:
-            raise ValueError(f"`--image-size` must be >= 8, got {args.image_size}")
-        zs = bd.dml_zero_shot(name, args.root, train_transform=_PilToUint8(args.image_size))
-        train = zs.train
-        if args.subset is not None:
-            train = bd.subset(train, bd.stratified_subsample(train, args.subset, seed=args.seed))
-        return train, int(zs.num_train_classes)
-    root = args.root
-    if name == "fashion_mnist" and root is None:
-        root = bd.find_fashion_mnist()
-    zs = bd.default_zero_shot(
-        root,
-        force_digits=name == "digits",
-        max_train=args.subset,
-        val_fraction=0.0,
-        seed=args.seed,
-    )
-    return zs.train.with_transform(_KeepUint8()), int(zs.num_train_classes)
-
-
-def _batch_transforms(args: argparse.Namespace, two_view: bool) -> nn.Module:
-    from bayesurl.data import default_augmentation, default_transform
-
-    channels = _channels(args)
-    stats = (
-        {"mean": IMAGENET_MEAN, "std": IMAGENET_STD} if str(args.dataset).lower() in FOLDER else {}
-    )
-    if two_view:
-        return default_augmentation(channels, **stats)
-    return default_transform(channels, **stats)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Train, checkpoint every epoch, write ``train.json`` and ``loss.png``; 0 on success."""
+def build_config(args: argparse.Namespace) -> Any:
+    """The :class:`bayesurl.runs.RunConfig` of the options (validated, naming the option)."""
+    from bayesurl._checks import check_device, check_output_dir
     from bayesurl.methods import get
-    from bayesurl.training import distributed as D
-    from bayesurl.training import fit
+    from bayesurl.runs import (
+        BackboneConfig,
+        DataConfig,
+        EstimatorConfig,
+        RunConfig,
+        TrainConfig,
+        load_recipe,
+    )
+
+    check_output_dir(args.out, "--out")
+    device = check_device(args.device, "--device")
+    if args.recipe is not None:
+        if args.resume is not None and not Path(args.resume).is_file():
+            raise FileNotFoundError(f"`--resume` checkpoint {args.resume!r} does not exist")
+        overrides = list(args.overrides)
+        if device is not None:
+            overrides.append(("device", str(device)))
+        return load_recipe(args.recipe, overrides, preset=args.preset)
+    if args.method is None:
+        raise ValueError("`--method` (a registry name) or `--recipe` is required")
 
     for name in ("epochs", "batch_size", "grad_accum", "embed_dim"):
         if getattr(args, name) < 1:
             raise ValueError(
                 f"`--{name.replace('_', '-')}` must be >= 1, got {getattr(args, name)}"
             )
+    if args.subset is not None and args.subset < 1:
+        raise ValueError(f"`--subset` must be >= 1, got {args.subset}")
+    cls = get(args.method)  # unknown names raise, listing the valid ones
+    name = str(args.dataset).lower().replace("-", "_")
+    if name not in DATASETS:
+        raise ValueError(
+            f"unknown `--dataset` {args.dataset!r}; valid names: {', '.join(DATASETS)}"
+        )
+    if name in FOLDER:
+        if args.root is None:
+            raise ValueError(f"`--root` is required for --dataset {name}")
+        if args.image_size < 8:
+            raise ValueError(f"`--image-size` must be >= 8, got {args.image_size}")
+    if args.resume is not None and not Path(args.resume).is_file():
+        raise FileNotFoundError(f"`--resume` checkpoint {args.resume!r} does not exist")
+    return RunConfig(
+        dataset=name,
+        estimator=EstimatorConfig(name=cls.name, kwargs=dict(args.method_arg)),
+        data=DataConfig(
+            name=name,
+            root=args.root,
+            image_size=args.image_size if name in FOLDER else 28,
+            max_train=args.subset,
+            seed=args.seed,
+        ),
+        backbone=BackboneConfig(
+            name=args.backbone, checkpoint=args.backbone_checkpoint, embed_dim=args.embed_dim
+        ),
+        train=TrainConfig(
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            grad_accum=args.grad_accum,
+            lr=args.lr,
+            weight_decay=args.weight_decay,
+            optimizer=args.optimizer,
+            warmup_epochs=args.warmup_epochs,
+            amp=args.amp,
+            num_workers=args.num_workers,
+        ),
+        seed=args.seed,
+        device=None if device is None else str(device),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train, checkpoint every epoch, write ``train.json`` and ``loss.png``; 0 on success."""
+    import torch
+
+    from bayesurl.runs.runner import train
+
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"`--threads` must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    cls = get(args.method)  # unknown names raise, listing the valid ones
-    if args.resume is not None and not Path(args.resume).is_file():
-        raise FileNotFoundError(f"`--resume` checkpoint {args.resume!r} does not exist")
-    if str(args.dataset).lower().replace("-", "_") not in DATASETS:
-        raise ValueError(
-            f"unknown `--dataset` {args.dataset!r}; valid names: {', '.join(DATASETS)}"
-        )
-    from bayesurl.data import make_loader
-
-    info = D.init_from_env(device=args.device)
-    try:
-        device = torch.device(args.device) if args.device else info.device
-        train_set, num_classes = build_train_data(args)
-        kwargs: dict[str, Any] = {
-            "backbone": args.backbone,
-            "embed_dim": args.embed_dim,
-            "num_classes": num_classes,
-            **dict(args.method_arg),
+    cfg = build_config(args)
+    out = Path(args.out)
+    estimator, data = train(
+        cfg,
+        out=out,
+        resume=args.resume,
+        keep_epoch_checkpoints=args.keep_epoch_checkpoints,
+        progress=not args.no_progress,
+    )
+    result = estimator.result
+    if estimator.main_process:
+        summary = {
+            "method": estimator.cls.name,
+            "method_kwargs": estimator.method_kwargs,
+            "dataset": cfg.data.name if args.recipe else args.dataset,
+            "n_train": len(data.sets.train),
+            "epochs": result.epochs,
+            "global_step": result.global_step,
+            "train_time_s": result.train_time,
+            "final_loss": result.final_loss,
+            "history": result.history,
+            "checkpoint": os.fspath(result.checkpoint) if result.checkpoint else None,
         }
-        torch.manual_seed(args.seed)
-        method = cls(**kwargs)
-        # the method's own record also holds its defaults, so later default changes cannot
-        # alter what the checkpoint rebuilds
-        record = getattr(method, "hparams", None)
-        if isinstance(record, dict):
-            kwargs = {**dict(record), **kwargs}
-        augment = _batch_transforms(args, cls.two_view).to(device)
-        loader = make_loader(
-            train_set,
-            args.batch_size,
-            shuffle=True,
-            num_workers=args.num_workers,
-            seed=args.seed,
-            drop_last=cls.two_view,
-        )
-        out = Path(args.out)
-        result = fit(
-            method,
-            loader,
-            epochs=args.epochs,
-            optimizer=args.optimizer,
-            lr=args.lr,
-            weight_decay=args.weight_decay,
-            warmup_epochs=args.warmup_epochs,
-            grad_accum=args.grad_accum,
-            amp=args.amp,
-            seed=args.seed,
-            augment=augment,
-            checkpoint_dir=out,
-            keep_epoch_checkpoints=args.keep_epoch_checkpoints,
-            resume=args.resume,
-            method_kwargs=kwargs,
-            device=device,
-            progress=not args.no_progress,
-        )
-        if D.is_main_process():
-            summary = {
-                "method": cls.name,
-                "method_kwargs": kwargs,
-                "dataset": args.dataset,
-                "n_train": len(train_set),
-                "epochs": result.epochs,
-                "global_step": result.global_step,
-                "train_time_s": result.train_time,
-                "final_loss": result.final_loss,
-                "history": result.history,
-                "checkpoint": os.fspath(result.checkpoint) if result.checkpoint else None,
-            }
-            (out / "train.json").write_text(json.dumps(summary, indent=2, default=str))
-            if result.losses:
-                import matplotlib.pyplot as plt
+        (out / "train.json").write_text(json.dumps(summary, indent=2, default=str))
+        if result.losses:
+            import matplotlib.pyplot as plt
 
-                plt.close(result.plot(out / "loss.png"))
-            print(
-                f"trained {cls.name} for {result.epochs} epochs ({result.global_step} steps, "
-                f"{result.train_time:.1f} s), final loss {result.final_loss:.4f}; "
-                f"checkpoint {result.checkpoint}"
-            )
-        return 0
-    finally:
-        D.cleanup()
+            plt.close(result.plot(out / "loss.png"))
+        print(
+            f"trained {estimator.cls.name} for {result.epochs} epochs ({result.global_step} "
+            f"steps, {result.train_time:.1f} s), final loss {result.final_loss:.4f}; "
+            f"checkpoint {result.checkpoint}"
+        )
+    return 0

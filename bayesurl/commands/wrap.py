@@ -2,7 +2,9 @@
 
 Loads the method of a ``bayesurl train`` checkpoint, freezes it, fits one post-hoc method on
 the upstream training data of the same zero-shot split and saves the wrapper
-(:meth:`bayesurl.posthoc.PosthocWrapper.save`, loads with ``weights_only=True``):
+(:meth:`bayesurl.posthoc.PosthocWrapper.save`, loads with ``weights_only=True``). The options
+become a :class:`bayesurl.runs.RunConfig`; the data, batch transforms and the fit are those of
+the post-hoc estimators of ``bayesurl run`` (:class:`bayesurl.runs.estimators.PosthocEstimator`):
 
 - ``pvu``: pretrained visual uncertainties, loss-prediction head on cached embeddings with the
   ranking loss (thesis section 5.3), supervised contrastive task loss from the labels;
@@ -25,6 +27,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+OUTPUT_FILES = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "fit a post-hoc u(x) (pvu, tau or laplace) on a trained checkpoint and save it"
 
 DATASETS = ("default", "fashion_mnist", "digits")
@@ -52,38 +55,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--margin", type=float, default=0.2, help="laplace: contrastive margin")
     parser.add_argument("--cache-dir", default=None, help="pvu: keep the embedding cache here")
+    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
-def _train_set(args: argparse.Namespace, transform: Any) -> Any:
-    from bayesurl.data import default_zero_shot, find_fashion_mnist
+def _options(args: argparse.Namespace, method: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Wrapper constructor options and fit options of ``--method``."""
+    import torch
 
-    name = str(args.dataset).lower().replace("-", "_")
-    if name not in DATASETS:
-        raise ValueError(
-            f"unknown `--dataset` {args.dataset!r}; valid names: {', '.join(DATASETS)}"
-        )
-    root = args.root
-    if name == "fashion_mnist" and root is None:
-        root = find_fashion_mnist()
-    data = default_zero_shot(
-        root,
-        force_digits=name == "digits",
-        max_train=args.subset,
-        val_fraction=0.0,
-        seed=args.seed,
-    )
-    return data.train.with_transform(transform)
+    name = args.method.lower()
+    if name == "tau":
+        return {"scale": args.scale}, {"epochs": args.epochs, "lr": args.lr}
+    if name == "pvu":
+        fit = {"epochs": args.epochs, "lr": args.lr}
+        if args.cache_dir is not None:
+            fit["cache_dir"] = args.cache_dir
+        return {"loss": args.loss}, fit
+    last = args.last_layer
+    proj = getattr(getattr(method, "net", None), "proj", None)
+    if last is None and isinstance(proj, torch.nn.Linear):
+        last = "method.net.proj"
+    return {"last_layer": last, "margin": args.margin}, {}
 
 
 def run(args: argparse.Namespace) -> int:
     """Fit and save; prints a JSON summary. 0 on success."""
     import torch
 
-    from bayesurl.data import TwoViews, default_augmentation, default_transform, make_loader
-    from bayesurl.posthoc import MethodEncoder, wrap
-    from bayesurl.training import load_method_from_checkpoint
+    from bayesurl._checks import check_device, check_output_file
+    from bayesurl.runs import BackboneConfig, DataConfig, EstimatorConfig, RunConfig, TrainConfig
+    from bayesurl.runs.data import build_data
+    from bayesurl.runs.estimators import MethodEstimator, PosthocEstimator
+    from bayesurl.training import load_method_from_checkpoint, seed_everything
 
     method_name = str(args.method).lower()
     if method_name not in METHODS:
@@ -91,38 +95,53 @@ def run(args: argparse.Namespace) -> int:
     for name in ("epochs", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"`--{name.replace('_', '-')}` must be >= 1")
+    if args.subset is not None and args.subset < 1:
+        raise ValueError(f"`--subset` must be >= 1, got {args.subset}")
+    dataset = str(args.dataset).lower().replace("-", "_")
+    if dataset not in DATASETS:
+        raise ValueError(
+            f"unknown `--dataset` {args.dataset!r}; valid names: {', '.join(DATASETS)}"
+        )
     if not Path(args.checkpoint).is_file():
         raise FileNotFoundError(f"no checkpoint at {args.checkpoint}")
-    torch.manual_seed(args.seed)
-    encoder = MethodEncoder(load_method_from_checkpoint(args.checkpoint))
-    progress = not args.no_progress
-    if method_name == "tau":
-        train = _train_set(args, TwoViews(default_augmentation()))
-        wrapped = wrap(encoder, "tau", scale=args.scale)
-        fit_kw: dict[str, Any] = {"epochs": args.epochs, "lr": args.lr}
-    elif method_name == "pvu":
-        train = _train_set(args, default_augmentation())
-        wrapped = wrap(encoder, "pvu", loss=args.loss)
-        fit_kw = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size}
-        if args.cache_dir is not None:
-            fit_kw["cache_dir"] = args.cache_dir
-    else:
-        train = _train_set(args, default_transform())
-        last = args.last_layer
-        proj = getattr(getattr(encoder.method, "net", None), "proj", None)
-        if last is None and isinstance(proj, torch.nn.Linear):
-            last = "method.net.proj"
-        wrapped = wrap(encoder, "laplace", last_layer=last, margin=args.margin)
-        fit_kw = {}
-    loader = make_loader(train, args.batch_size, shuffle=True, seed=args.seed)
-    report = wrapped.fit(loader, progress=progress, **fit_kw)
+    check_output_file(args.out, "--out")
+    device = check_device(args.device, "--device") or torch.device("cpu")
+    method = load_method_from_checkpoint(args.checkpoint, map_location=device)
+    hp = dict(getattr(method, "hparams", {}) or {})
+    options, fit = _options(args, method)
+    backbone = hp.get("backbone", "small_convnet")
+    cfg = RunConfig(
+        dataset=dataset,
+        estimator=EstimatorConfig(
+            name=method_name,
+            kind="posthoc",
+            base=method.name,
+            wrapper=method_name,
+            kwargs=options,
+            fit=fit,
+        ),
+        data=DataConfig(name=dataset, root=args.root, max_train=args.subset, seed=args.seed),
+        backbone=BackboneConfig(
+            name=backbone if isinstance(backbone, str) else "small_convnet",
+            kwargs=dict(hp.get("backbone_kwargs") or {}),
+        ),
+        train=TrainConfig(batch_size=args.batch_size),
+        seed=args.seed,
+        device=str(device),
+    )
+    base_cfg = RunConfig(**{**cfg.__dict__, "estimator": EstimatorConfig(name=method.name)})
+    base = MethodEstimator.from_trained(base_cfg, method)
+    estimator = PosthocEstimator(cfg)
+    data = build_data(cfg)
+    seed_everything(args.seed)
+    report = estimator.fit(data, device=device, progress=not args.no_progress, base=base)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    wrapped.save(args.out)
+    estimator.wrapped.save(args.out)
     summary = {
         "checkpoint": str(args.checkpoint),
         "method": method_name,
         "out": str(args.out),
-        "fit": {k: v for k, v in report.items() if isinstance(v, (int, float, str, list))},
+        "fit": report["fit"],
     }
     print(json.dumps(summary, indent=1))
     return 0

@@ -30,6 +30,7 @@ __all__ = [
     "RandomResizedCropFlip",
     "GaussianNoise",
     "TwoViews",
+    "PilToUint8",
     "default_transform",
     "default_augmentation",
 ]
@@ -235,6 +236,35 @@ class TwoViews:
 
     def __repr__(self) -> str:
         return f"TwoViews({self.transform!r})"
+
+
+class PilToUint8:
+    """Per-item transform of a folder image: RGB, shorter side to ``size``, centre crop, ``uint8``.
+
+    The one PIL-to-tensor step of the folder data sets (CUB, CARS, SOP, ImageNet): batches stay
+    ``uint8`` ``[3, size, size]`` and are normalised / augmented per batch on the training
+    device (:func:`default_transform`, :func:`default_augmentation`). The image is converted to
+    RGB first, so grayscale and palette images are resized like colour ones.
+
+    Parameters
+    ----------
+    size : int
+        Side of the square output (>= 8).
+    """
+
+    def __init__(self, size: int) -> None:
+        if int(size) != size or size < 8:
+            raise ValueError(f"`size` must be an integer >= 8, got {size}")
+        self.size = int(size)
+
+    def __call__(self, img: Any) -> Tensor:
+        from torchvision.transforms import functional as TF
+
+        img = TF.center_crop(TF.resize(img.convert("RGB"), self.size), [self.size, self.size])
+        return TF.pil_to_tensor(img)
+
+    def __repr__(self) -> str:
+        return f"PilToUint8({self.size})"
 
 
 def default_transform(

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bayesurl._checks import check_tensor
+from bayesurl._checks import check_choice, check_int, check_ints, check_tensor
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn
 from bayesurl.types import Output
@@ -36,6 +36,12 @@ REQUIRED_KEYS = ("r@1", "r_auroc", "ausc", "ause", "ece", "ood_auroc", "ood_aupr
 
 def _f(x: Tensor) -> float:
     return float(x.detach().cpu())
+
+
+def _at_least_float32(t: Tensor) -> Tensor:
+    """Half / bfloat16 inputs are evaluated in float32 (the sparse and BLAS kernels of the
+    search have no half-precision CPU path, and 1/kappa_hat needs the precision)."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
 def _validate(
@@ -52,11 +58,13 @@ def _validate(
             raise ValueError("`samples` needs at least 1 draw, got 0")
         if not s.is_floating_point():
             raise ValueError(f"`samples` must be floating point, got {s.dtype}")
+        s = _at_least_float32(s)
     x = None
     if embeddings is not None:
         x = check_tensor(embeddings, "embeddings", ndim=2, min_points=2)
         if not x.is_floating_point():
             raise ValueError(f"`embeddings` must be floating point, got {x.dtype}")
+        x = _at_least_float32(x)
     elif s is None:
         raise ValueError("`embeddings` is required (or give `samples` to use their mean)")
     n = x.shape[0] if x is not None else s.shape[1]
@@ -172,10 +180,14 @@ def evaluate(
     if reference not in (None, "lam"):
         raise ValueError(f"`reference` must be None or 'lam', got {reference!r}")
     x, y, u, s, v = _validate(embeddings, labels, uncertainties, samples, ood_uncertainties)
-    ks = tuple(int(k) for k in ks)
-    map_ks = tuple(sorted({*ks, 5} if map_ks is None else {*(int(k) for k in map_ks), 5}))
-    if not ks or min(ks) < 1 or (map_ks and min(map_ks) < 1):
-        raise ValueError(f"`ks` and `map_ks` must be positive integers, got {ks}, {map_ks}")
+    # integers only: ks=(2.7,) used to report recall@2
+    ks = check_ints(ks, "ks", low=1)
+    map_ks = tuple(
+        sorted({*ks, 5} if map_ks is None else {*check_ints(map_ks, "map_ks", low=1), 5})
+    )
+    check_choice(ece_mode, "ece_mode", ("shortlist", "exact"))
+    if shortlist is not None:
+        shortlist = check_int(shortlist, "shortlist", low=1)
     notes: list[str] = []
     res: dict[str, Any] = dict.fromkeys(REQUIRED_KEYS)
 

@@ -13,36 +13,9 @@ from typing import Any
 from torch import Tensor, nn
 
 from bayesurl._checks import check_finite, check_ndim
-from bayesurl.methods.base import resolve_backbone
+from bayesurl.backbones import build_backbone
 
 __all__ = ["EmbeddingNet", "build_backbone"]
-
-#: backbone names resolved by bayesurl itself (anything else is passed to timm)
-_LOCAL_BACKBONES = ("small_convnet",)
-
-
-def build_backbone(backbone: str | nn.Module, **kwargs: Any) -> tuple[nn.Module, int]:
-    """Return ``(module, feature_dim)`` for a backbone spec.
-
-    ``"small_convnet"`` builds :class:`bayesurl.backbones.SmallConvNet` (``kwargs`` go to its
-    constructor); any other string is a timm model name and every ``nn.Module`` is used as it is
-    (both through :func:`bayesurl.methods.base.resolve_backbone`).
-
-    Parameters
-    ----------
-    backbone : str or nn.Module
-        The backbone or its name.
-    **kwargs
-        Constructor arguments of ``SmallConvNet``, or timm / ``probe_input`` arguments of
-        :func:`~bayesurl.methods.base.resolve_backbone`.
-    """
-    if isinstance(backbone, str) and backbone.lower() in _LOCAL_BACKBONES:
-        from bayesurl.backbones import SmallConvNet
-
-        kwargs.pop("probe_input", None)
-        module = SmallConvNet(**kwargs)
-        return module, module.num_features
-    return resolve_backbone(backbone, **kwargs)
 
 
 class EmbeddingNet(nn.Module):

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from bayesurl._checks import check_finite, check_tensor
+from bayesurl._checks import check_finite, check_tensor, match_module_dtype
 from bayesurl.data.batch import unpack_batch
 from bayesurl.laplace.curvature import (
     Approximation,
@@ -195,6 +195,17 @@ class BaseMetricLaplace:
         b = theta[..., d * f :] if self.last_layer.bias is not None else None
         return w, b
 
+    def _check_embedding_dim(self) -> None:
+        """D = 1 has no direction to be uncertain about (issue 15: u was NaN)."""
+        d = self.last_layer.out_features
+        if d < 2:
+            raise ValueError(
+                f"`last_layer` has out_features={d}: the normalised embedding lives on "
+                "S^0 = {-1, +1}, which has no direction to be uncertain about (u would be "
+                "NaN); MetricLaplace needs an embedding dimension D >= 2 (pick the embedding "
+                "layer with `last_layer=`)"
+            )
+
     # ------------------------------------------------------------------ features
     @contextlib.contextmanager
     def _capture(self) -> Iterator[dict[str, Tensor]]:
@@ -212,10 +223,13 @@ class BaseMetricLaplace:
     def features(self, x: Any) -> Tensor:
         """Input ``phi [N, F]`` of the last layer for a batch ``x`` (one model forward pass).
 
-        ``x`` is moved to the device of the last layer's weight (the model's device).
+        ``x`` is moved to the device of the last layer's weight (the model's device) and a
+        floating ``x`` to the model's dtype (float64 batches into a float32 model work); NaN /
+        inf in ``x`` raise naming ``x``.
         """
         if isinstance(x, Tensor):
-            x = x.to(self.last_layer.weight.device)
+            check_finite(x, "x")
+            x = match_module_dtype(x.to(self.last_layer.weight.device), self.model)
         with self._capture() as store:
             self.model(x)
         if "phi" not in store:
@@ -313,6 +327,7 @@ class BaseMetricLaplace:
         ValueError
             If no batch gave a pair, or the Hessian is not finite.
         """
+        self._check_embedding_dim()
         miner = miner if miner is not None else self._default_miner()
         h = torch.zeros_like(self.hessian) if reset else self.hessian.clone()
         n_pairs = 0
@@ -479,6 +494,7 @@ class BaseMetricLaplace:
             raise ValueError(f"`u_from` must be 'trace' or 'samples', got {u_from!r}")
         if u_from == "samples" and int(n_samples) < 2:
             raise ValueError(f"`u_from='samples'` needs `n_samples` >= 2, got {n_samples}")
+        self._check_embedding_dim()
         with self._eval(), torch.no_grad():
             phi = self.features(x)
             z, var = self._moments(phi)
@@ -641,6 +657,7 @@ class OnlineMetricLaplace(BaseMetricLaplace):
         Tensor
             Scalar loss averaged over weight samples, with its autograd graph.
         """
+        self._check_embedding_dim()
         if self.dataset_size is None:
             raise ValueError("`dataset_size` must be set for online LAM (H_batch is scaled N/b)")
         miner = miner if miner is not None else self._loss_miner(self.margin)

@@ -21,9 +21,9 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import torch
 from torch import Tensor, nn
 
+from bayesurl.backbones import resolve_backbone
 from bayesurl.types import Output
 
 __all__ = ["Method", "available", "create", "get", "register", "resolve_backbone"]
@@ -99,44 +99,42 @@ def get(name: str) -> type[Method]:
     return _REGISTRY[key]
 
 
+def _constructor_options(cls: type) -> list[str]:
+    """Keyword names accepted along the ``__init__`` chain of ``cls`` (``**kwargs`` followed)."""
+    import inspect
+
+    names: list[str] = []
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names += [
+            p.name
+            for p in params
+            if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+            and p.name not in names
+        ]  # fmt: skip
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
 def create(name: str, **kwargs: Any) -> Method:
-    """Instantiate the method ``name`` with ``kwargs`` (backbone, embed_dim, num_classes, ...)."""
-    return get(name)(**kwargs)
+    """Instantiate the method ``name`` with ``kwargs`` (backbone, embed_dim, num_classes, ...).
 
-
-def resolve_backbone(backbone: str | nn.Module, **timm_kwargs: Any) -> tuple[nn.Module, int]:
-    """Return ``(module, feature_dim)`` for a timm model name or an ``nn.Module``.
-
-    A timm name is created with ``num_classes=0`` and random weights (no hub download) unless
-    ``checkpoint_path`` is passed in ``timm_kwargs``. For a plain module the feature dimension
-    is read from a ``num_features`` / ``out_features`` attribute, or probed with one forward
-    pass of a ``probe_input`` passed in ``timm_kwargs``.
+    Raises
+    ------
+    ValueError
+        For an unknown ``name`` or an option the method does not take (the message lists the
+        valid names; issue 15: ``--method-arg`` typos ended in a TypeError traceback).
     """
-    if isinstance(backbone, str):
-        import timm
-
-        timm_kwargs.setdefault("pretrained", False)
-        timm_kwargs.pop("probe_input", None)
-        module = timm.create_model(backbone, num_classes=0, **timm_kwargs)
-        return module, int(module.num_features)
-    if not isinstance(backbone, nn.Module):
-        raise TypeError(
-            f"`backbone` must be a timm model name or an nn.Module, got {type(backbone).__name__}"
-        )
-    for attr in ("num_features", "out_features", "feature_dim"):
-        if isinstance(getattr(backbone, attr, None), int):
-            return backbone, int(getattr(backbone, attr))
-    probe = timm_kwargs.get("probe_input")
-    if probe is None:
+    cls = get(name)
+    valid = _constructor_options(cls)
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown:
         raise ValueError(
-            "`backbone` has no `num_features`/`out_features` attribute; pass `probe_input` "
-            "(one example batch) so the feature dimension can be measured"
+            f"unknown option(s) {unknown} for method {cls.name or name!r}; valid: "
+            f"{', '.join(valid)}"
         )
-    was_training = backbone.training
-    backbone.eval()
-    with torch.no_grad():
-        feats = backbone(probe)
-    backbone.train(was_training)
-    if feats.ndim != 2:
-        raise ValueError(f"`backbone` must return features [N, F], got shape {tuple(feats.shape)}")
-    return backbone, int(feats.shape[1])
+    return cls(**kwargs)

@@ -22,6 +22,7 @@ from bayesurl.data.batch import unpack_batch
 from bayesurl.heads.embedding import EmbeddingNet
 from bayesurl.heads.temperature import temperature
 from bayesurl.losses.tau import _variant, tau_simclr_loss
+from bayesurl.methods._embedding import _json_backbone
 from bayesurl.methods.base import Method, register
 from bayesurl.types import Output
 
@@ -79,9 +80,8 @@ class TaU(Method):
         self.variant = _variant(variant)
         self.net = EmbeddingNet(backbone, self.embed_dim + 1, **dict(backbone_kwargs or {}))
         kw = {k: v for k, v in (backbone_kwargs or {}).items() if k != "probe_input"}
-        name = backbone if isinstance(backbone, str) else f"<module {type(backbone).__name__}>"
         self.hparams: dict[str, Any] = {
-            "backbone": name,
+            "backbone": _json_backbone(backbone),
             "embed_dim": self.embed_dim,
             "scale": self.scale,
             "variant": self.variant.value,

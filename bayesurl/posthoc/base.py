@@ -14,10 +14,18 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import check_ndim
+from bayesurl._checks import check_finite, check_ndim, match_module_dtype
 from bayesurl.types import Output
 
-__all__ = ["FORMAT", "MethodEncoder", "PosthocOutput", "PosthocWrapper", "as_encoder", "load"]
+__all__ = [
+    "FORMAT",
+    "MethodEncoder",
+    "PosthocOutput",
+    "PosthocWrapper",
+    "as_encoder",
+    "known_embedding_dim",
+    "load",
+]
 
 #: tag written into every saved wrapper
 FORMAT = "bayesurl.posthoc/1"
@@ -103,6 +111,34 @@ def wrapper_class(name: str) -> type[PosthocWrapper]:
     return _WRAPPERS[key]
 
 
+def known_embedding_dim(encoder: nn.Module) -> int | None:
+    """The embedding width ``encoder`` returns, where its type says so without a forward pass.
+
+    Only structural facts count: an ``nn.Linear`` (its ``out_features``), an ``nn.Sequential``
+    ending in one, and a registry method (its ``embed_dim``, via
+    :class:`MethodEncoder`). Attributes such as timm's
+    ``num_features`` (the width *before* the classifier head) or a ViT's ``embed_dim``
+    describe internals, not the output, so everything else returns ``None`` and the wrappers
+    build their head from the first embeddings the encoder actually returns (issue 15).
+    """
+    if isinstance(encoder, nn.Linear):
+        return int(encoder.out_features)
+    if isinstance(encoder, nn.Sequential) and len(encoder) > 0:
+        return known_embedding_dim(encoder[-1]) if isinstance(encoder[-1], nn.Linear) else None
+    if isinstance(encoder, MethodEncoder) and isinstance(getattr(encoder, "embed_dim", None), int):
+        return int(encoder.embed_dim)
+    return None
+
+
+def check_embedding_width(embedding: Tensor, expected: int, what: str) -> None:
+    """Raise if the encoder's embeddings do not have the width the ``what`` was built for."""
+    if embedding.shape[1] != expected:
+        raise ValueError(
+            f"the encoder returns {embedding.shape[1]}-dim embeddings, but the {what} was "
+            f"built for {expected} (`embed_dim`); wrap / load with the encoder it was fitted on"
+        )
+
+
 class PosthocWrapper(nn.Module):
     """Base class: ``encoder`` (frozen, kept in eval mode) + the trainable uncertainty part.
 
@@ -127,6 +163,8 @@ class PosthocWrapper(nn.Module):
             raise TypeError(f"`encoder` must be an nn.Module, got {type(encoder).__name__}")
         self.encoder = encoder
         self.encoder.eval()
+        #: set by a successful ``fit`` (saved with the state): predicting before raises
+        self.fitted = False
 
     # -- frozen encoder -----------------------------------------------------------------------
     def train(self, mode: bool = True) -> PosthocWrapper:
@@ -136,15 +174,36 @@ class PosthocWrapper(nn.Module):
         return self
 
     def embed(self, x: Tensor) -> Tensor:
-        """The encoder's embedding ``[N, D]``, exactly as the encoder returns it."""
-        e = self.encoder(x)
+        """The encoder's embedding ``[N, D]``, exactly as the encoder returns it.
+
+        Raises
+        ------
+        ValueError
+            If ``x`` holds NaN / inf (named ``x``, before the encoder runs), or the encoder
+            returns something else than a finite ``[N, D]`` tensor.
+
+        A floating ``x`` is cast to the encoder's parameter dtype (a float64 batch into a
+        float32 encoder computes in float32, as the encoder would).
+        """
+        if isinstance(x, Tensor):
+            check_finite(x, "x")
+        e = self.encoder(match_module_dtype(x, self.encoder))
         if not isinstance(e, Tensor):
             raise ValueError(
                 f"the encoder must return a tensor [N, D], got {type(e).__name__}; wrap a "
                 "module whose forward returns the embedding"
             )
         check_ndim(e, "encoder output", 2)
+        check_finite(e, "encoder output")
         return e
+
+    def check_fitted(self) -> None:
+        """Raise unless :meth:`fit` ran (or a fitted state was loaded)."""
+        if not self.fitted:
+            raise ValueError(
+                f"the {self.method!r} wrapper is not fitted: call `fit(loader)` (or load a "
+                "fitted one) before predicting; its u(x) would come from an untrained part"
+            )
 
     def uncertainty_from(self, embedding: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -152,7 +211,12 @@ class PosthocWrapper(nn.Module):
     def forward(self, x: Tensor) -> PosthocOutput:
         """``(embedding, uncertainty)``: the encoder's embedding and u(x) (higher = less sure)."""
         e = self.embed(x)
+        self.check_embedding(e)
+        self.check_fitted()
         return PosthocOutput(embedding=e, uncertainty=self.uncertainty_from(e.detach()))
+
+    def check_embedding(self, embedding: Tensor) -> None:
+        """Raise if the encoder's embeddings do not fit the trained part (default: no check)."""
 
     def sample(self, x: Tensor, n: int) -> Tensor:
         """``[n, N, D]`` draws of the embedding distribution (only where one is defined)."""
@@ -165,6 +229,15 @@ class PosthocWrapper(nn.Module):
     def config(self) -> dict[str, Any]:
         """Constructor options (plain Python values) needed to rebuild this wrapper."""
         return {}
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """Saved with the state: whether the wrapper was fitted."""
+        return {"fitted": bool(self.fitted)}
+
+    def set_extra_state(self, state: Any) -> None:
+        if not isinstance(state, dict) or not isinstance(state.get("fitted"), bool):
+            raise ValueError(f"saved {self.method!r} wrapper state is corrupted (`fitted`)")
+        self.fitted = state["fitted"]
 
     def head_state_dict(self) -> dict[str, Tensor]:
         """State of everything but the encoder (what :meth:`save` writes)."""
@@ -199,13 +272,12 @@ class PosthocWrapper(nn.Module):
     ) -> PosthocWrapper:
         """Rebuild from :meth:`config` and :meth:`head_state_dict` (used by :func:`load`)."""
         want = config.get("embed_dim")
-        for attr in ("embed_dim", "num_features", "out_features"):
-            have = getattr(encoder, attr, None)
-            if isinstance(have, int) and want is not None and have != want:
-                raise ValueError(
-                    f"saved state does not fit the encoder: it was fitted on {want}-dim "
-                    f"embeddings, the encoder's {attr} is {have}"
-                )
+        have = known_embedding_dim(encoder)
+        if have is not None and want is not None and have != want:
+            raise ValueError(
+                f"saved state does not fit the encoder: it was fitted on {want}-dim "
+                f"embeddings, the encoder returns {have}"
+            )
         obj = cls(encoder, **config)
         obj._load_head_state(state)
         return obj.to(device_of(encoder))
@@ -218,6 +290,8 @@ class PosthocWrapper(nn.Module):
                 f"saved state does not fit the {self.method!r} wrapper: {exc}"
             ) from exc
         missing = [k for k in missing if not k.startswith("encoder.")]
+        if missing == ["_extra_state"]:  # saved before issue 15: it was saved after `fit`
+            missing, self.fitted = [], True
         if missing or unexpected:
             raise ValueError(
                 f"saved state does not fit the {self.method!r} wrapper: missing {missing}, "

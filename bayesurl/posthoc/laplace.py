@@ -230,6 +230,7 @@ class LaplaceWrapper(PosthocWrapper):
                 embedding=e, uncertainty=p.entropy.to(e.dtype), logits=p.logits.to(e.dtype)
             )
         e, phi = self._forward_with_features(x)
+        self.check_fitted()  # else u would be the prior's alone (issue 15)
         u, kappa = self._uncertainty(phi)
         return PosthocOutput(embedding=e, uncertainty=u.to(e.dtype), kappa=kappa.to(e.dtype))
 
@@ -240,6 +241,7 @@ class LaplaceWrapper(PosthocWrapper):
                 "the classifier Laplace posterior is over logits, not embeddings; `sample` "
                 "needs the embedding-network path (no `classifier`)"
             )
+        self.check_fitted()
         return self.la.predictive_samples(x, int(n), generator)
 
     # -- fitting ----------------------------------------------------------------------------

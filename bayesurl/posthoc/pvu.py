@@ -27,12 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim, check_same_length
+from bayesurl._checks import check_finite, check_int, check_ndim, check_same_length
 from bayesurl.data.batch import unpack_batch
 from bayesurl.posthoc.base import (
     PosthocWrapper,
+    check_embedding_width,
     device_of,
     iterate,
+    known_embedding_dim,
     register_wrapper,
 )
 from bayesurl.posthoc.cache import EmbeddingCache
@@ -265,8 +267,10 @@ class PVU(PosthocWrapper):
     hidden : int
         Head width.
     embed_dim : int, optional
-        D; read from ``encoder.num_features`` / ``out_features`` / ``embed_dim`` when omitted,
-        else the head is built on the first batch.
+        D. When omitted it is known only for an ``nn.Linear`` encoder (or a Sequential ending
+        in one) and a registry method; otherwise the head is built from the first embeddings
+        the encoder returns in :meth:`fit` (never from attributes such as timm's
+        ``num_features``, the width before a classifier head).
     temperature : float
         Temperature of the supervised contrastive task.
     """
@@ -294,12 +298,11 @@ class PVU(PosthocWrapper):
         self.hidden = int(hidden)
         self.temperature = float(temperature)
         object.__setattr__(self, "classifier", classifier)  # not a submodule: not saved
-        dim = embed_dim
-        if dim is None:
-            for attr in ("embed_dim", "num_features", "out_features"):
-                if isinstance(getattr(encoder, attr, None), int):
-                    dim = int(getattr(encoder, attr))
-                    break
+        if not self.temperature > 0 or not math.isfinite(self.temperature):
+            raise ValueError(f"`temperature` must be a positive number, got {temperature}")
+        if embed_dim is not None:
+            check_int(embed_dim, "embed_dim", low=1)
+        dim = embed_dim if embed_dim is not None else known_embedding_dim(encoder)
         self.head: PVUHead | None = None
         if dim is not None:
             self._build_head(int(dim))
@@ -317,10 +320,20 @@ class PVU(PosthocWrapper):
             "temperature": self.temperature,
         }
 
+    def _head_dtype(self) -> torch.dtype:
+        return next(self.head.parameters()).dtype
+
+    def check_embedding(self, embedding: Tensor) -> None:
+        if self.head is not None:
+            check_embedding_width(embedding, self.head.in_features, "PVU head")
+
     def uncertainty_from(self, embedding: Tensor) -> Tensor:
         if self.head is None:
             raise ValueError("the PVU head is not built yet: call `fit` (or pass `embed_dim`)")
-        return self.head(embedding.detach())
+        check_embedding_width(embedding, self.head.in_features, "PVU head")
+        # the head keeps its dtype; u follows the embedding's (float64 batches work)
+        u = self.head(embedding.detach().to(self._head_dtype()))
+        return u.to(embedding.dtype) if embedding.is_floating_point() else u
 
     # -- training -----------------------------------------------------------------------------
     def task_loss(self, embedding: Tensor, labels: Tensor | None) -> Tensor:
@@ -336,6 +349,7 @@ class PVU(PosthocWrapper):
         return mse_loss(u, task_loss)
 
     def _step(self, opt: torch.optim.Optimizer, emb: Tensor, labels: Tensor | None) -> float:
+        emb = emb.to(self._head_dtype())
         task = self.task_loss(emb, labels)
         if int((~torch.isnan(task)).sum()) < 2:
             return math.nan  # no comparable pair in this batch (e.g. SupCon without positives)
@@ -421,12 +435,8 @@ class PVU(PosthocWrapper):
     def _prepare_head(self, probe: Tensor) -> torch.optim.Optimizer:
         if self.head is None:
             self._build_head(int(probe.shape[1]))
-        if probe.shape[1] != self.head.in_features:
-            raise ValueError(
-                f"embeddings have {probe.shape[1]} features, the head expects "
-                f"{self.head.in_features}"
-            )
-        check_head_trainable(self.head, probe)
+        check_embedding_width(probe, self.head.in_features, "PVU head")
+        check_head_trainable(self.head, probe.to(self._head_dtype()))
         return self.head.parameters()
 
     def _fit_cache(self, cache, epochs, batch_size, make_opt, generator, progress):
@@ -446,6 +456,7 @@ class PVU(PosthocWrapper):
                 vals.append(self._step(opt, emb, None if lab is None else lab.to(dev)))
             losses.append(_nanmean(vals))
         self.head.eval()
+        self._finish_fit(losses)
         return {"losses": losses, "train_seconds": time.perf_counter() - t0}
 
     def _fit_uncached(self, loader, epochs, make_opt, progress):
@@ -467,7 +478,24 @@ class PVU(PosthocWrapper):
             losses.append(_nanmean(vals))
         if self.head is not None:
             self.head.eval()
+        self._finish_fit(losses)
         return {"losses": losses, "train_seconds": time.perf_counter() - t0, "cache_seconds": 0.0}
+
+    def _finish_fit(self, losses: list[float]) -> None:
+        """Mark fitted, or raise when no epoch had a single usable step (issue 15)."""
+        if self.head is None:
+            raise ValueError("`loader` yielded no data: the PVU head was not trained")
+        if not any(math.isfinite(v) for v in losses):
+            need = (
+                "labelled batches with a repeated label (a positive pair) and >= 2 images"
+                if self.task is PVUTask.SUPCON
+                else "batches of >= 2 labelled images with finite classifier losses"
+            )
+            raise ValueError(
+                f"PVU could not train: no batch gave a finite loss (losses={losses}); the "
+                f"{self.task.value!r} task needs {need}"
+            )
+        self.fitted = True
 
 
 def _nanmean(vals: list[float]) -> float:

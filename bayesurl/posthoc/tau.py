@@ -7,6 +7,7 @@ stays the encoder's; only the per-input temperature is learned.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -14,14 +15,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite
+from bayesurl._checks import check_int
 from bayesurl.data.batch import unpack_batch
 from bayesurl.heads.temperature import TemperatureHead
 from bayesurl.losses.tau import TaUVariant, _variant, tau_simclr_loss
 from bayesurl.posthoc.base import (
     PosthocWrapper,
+    check_embedding_width,
     device_of,
     iterate,
+    known_embedding_dim,
     register_wrapper,
 )
 
@@ -55,8 +58,10 @@ class PosthocTaU(PosthocWrapper):
     hidden : int
         Hidden width of the head (0: linear, the paper's post-hoc head).
     embed_dim : int, optional
-        D; read from the encoder's ``embed_dim`` / ``num_features`` / ``out_features`` when
-        omitted, else the head is built on the first batch.
+        D. When omitted it is known only for an ``nn.Linear`` encoder (or a Sequential ending
+        in one) and a registry method; otherwise the head is built from the first embeddings
+        the encoder returns in :meth:`fit` (never from attributes such as timm's
+        ``num_features``, the width before a classifier head).
     """
 
     def __init__(
@@ -73,12 +78,9 @@ class PosthocTaU(PosthocWrapper):
         self.variant = _variant(variant)
         self.hidden = int(hidden)
         TemperatureHead(1, self.scale, self.hidden)  # validates the options early
-        dim = embed_dim
-        if dim is None:
-            for attr in ("embed_dim", "num_features", "out_features"):
-                if isinstance(getattr(encoder, attr, None), int):
-                    dim = int(getattr(encoder, attr))
-                    break
+        if embed_dim is not None:
+            check_int(embed_dim, "embed_dim", low=1)
+        dim = embed_dim if embed_dim is not None else known_embedding_dim(encoder)
         self.head: TemperatureHead | None = None
         if dim is not None:
             self._build_head(int(dim))
@@ -99,7 +101,14 @@ class PosthocTaU(PosthocWrapper):
         ``-s`` ranks inputs like ``tau`` but keeps float32 resolution)."""
         if self.head is None:
             raise ValueError("the TaU head is not built yet: call `fit` (or pass `embed_dim`)")
-        return self.head(embedding.detach())
+        check_embedding_width(embedding, self.head.in_features, "TaU head")
+        dtype = next(self.head.parameters()).dtype
+        s = self.head(embedding.detach().to(dtype))
+        return s.to(embedding.dtype) if embedding.is_floating_point() else s
+
+    def check_embedding(self, embedding: Tensor) -> None:
+        if self.head is not None:
+            check_embedding_width(embedding, self.head.in_features, "TaU head")
 
     def uncertainty_from(self, embedding: Tensor) -> Tensor:
         return self.head.temperature(self.logit(embedding))
@@ -141,6 +150,7 @@ class PosthocTaU(PosthocWrapper):
         opt = None
         losses: list[float] = []
         t0 = time.perf_counter()
+        skipped = 0
         for epoch in range(int(epochs)):
             vals = []
             for batch in iterate(loader, progress, f"TaU epoch {epoch + 1}/{epochs}"):
@@ -148,21 +158,38 @@ class PosthocTaU(PosthocWrapper):
                 x1, x2 = two_views(x, augment)
                 with torch.no_grad():
                     e1, e2 = self.embed(x1.to(dev)), self.embed(x2.to(dev))
-                check_finite(e1, "encoder output")
-                check_finite(e2, "encoder output")
                 if self.head is None:
                     self._build_head(int(e1.shape[1]))
+                check_embedding_width(e1, self.head.in_features, "TaU head")
+                if e1.shape[0] < 2:  # SimCLR needs a negative: a batch of one trains nothing
+                    skipped += 1
+                    continue
                 if opt is None:
                     opt = make_opt(self.head.parameters())
                     self.head.train()
+                dtype = next(self.head.parameters()).dtype
+                e1, e2 = e1.to(dtype), e2.to(dtype)
                 loss = tau_simclr_loss(
                     e1, e2, self.head(e1), self.head(e2), scale=self.scale, variant=self.variant
                 )
+                if not torch.isfinite(loss):
+                    raise ValueError(
+                        f"TaU loss is not finite ({float(loss)}) in epoch {epoch + 1}; check the "
+                        "encoder's embeddings and `scale`"
+                    )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
                 vals.append(float(loss.detach()))
-            losses.append(sum(vals) / max(len(vals), 1))
+            losses.append(sum(vals) / len(vals) if vals else math.nan)
         if self.head is not None:
             self.head.eval()
+        if opt is None:
+            why = (
+                f"all {skipped} batch(es) held a single image (SimCLR needs >= 2 per batch)"
+                if skipped
+                else "`loader` yielded no data"
+            )
+            raise ValueError(f"post-hoc TaU could not train: {why}")
+        self.fitted = True
         return {"losses": losses, "train_seconds": time.perf_counter() - t0}

@@ -205,7 +205,23 @@ def load_method_from_checkpoint(
         cls = get(name)
     except ValueError as exc:
         raise ValueError(f"checkpoint {str(path)!r}: {exc}") from None
-    method = cls(**{**kwargs, **override_kwargs})
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ValueError(f"checkpoint {str(path)!r}: its method kwargs are not a dict of names")
+    from bayesurl.methods.base import _constructor_options
+
+    valid = _constructor_options(cls)
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown:  # a tampered or foreign record: name the keys, list the valid ones
+        raise ValueError(
+            f"checkpoint {str(path)!r}: method {name!r} has no option(s) {unknown}; "
+            f"valid: {', '.join(valid)}"
+        )
+    try:
+        method = cls(**{**kwargs, **override_kwargs})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"checkpoint {str(path)!r}: its constructor options do not build method {name!r}: {exc}"
+        ) from None
     try:
         method.load_state_dict(ckpt["model"])
     except RuntimeError as exc:

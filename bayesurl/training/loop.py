@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from bayesurl._checks import check_number
 from bayesurl.data.batch import unpack_batch
 from bayesurl.methods.base import Method
 from bayesurl.training import distributed as D
@@ -255,6 +256,73 @@ def _recorded_kwargs(method: Method) -> dict[str, Any] | None:
     return None
 
 
+#: fit arguments that plan the run: resuming with other values would silently re-plan it
+_RESUME_PLAN_KEYS = (
+    "epochs",
+    "optimizer",
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "grad_accum",
+    "steps_per_epoch",
+)
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, recursively: how a value reads back from a checkpoint."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _check_resume_matches(
+    ckpt: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    method: Method,
+    method_kwargs: Mapping[str, Any] | None,
+    config: Mapping[str, Any],
+) -> None:
+    """Refuse to resume a checkpoint of another method, other constructor options or another
+    plan (issue 15): each would train on silently, e.g. ``hib`` weights into ``mcinfonce``
+    (same layout), or a cosine schedule re-planned for a new ``epochs``."""
+    where = f"checkpoint {str(path)!r} does not fit this run"
+    spec = ckpt.get("method")
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{where}: it records no method")
+    have = method.name or type(method).__name__
+    if spec.get("name") != have:
+        raise ValueError(f"{where}: it was written by method {spec.get('name')!r}, not {have!r}")
+    saved = spec.get("kwargs")
+    if isinstance(saved, Mapping) and method_kwargs is not None:
+        now = _plain(dict(method_kwargs))
+        saved = _plain(dict(saved))
+        diff = sorted(
+            k for k in set(saved) | set(now) if saved.get(k, "<unset>") != now.get(k, "<unset>")
+        )
+        if diff:
+            desc = ", ".join(
+                f"{k}: saved {saved.get(k, '<unset>')!r}, now {now.get(k, '<unset>')!r}"
+                for k in diff
+            )
+            raise ValueError(f"{where}: the method's constructor options differ ({desc})")
+    saved_cfg = ckpt.get("config")
+    if isinstance(saved_cfg, Mapping):
+        diff = [
+            k
+            for k in _RESUME_PLAN_KEYS
+            if k in saved_cfg and _plain(saved_cfg[k]) != _plain(config.get(k))
+        ]
+        if diff:
+            desc = ", ".join(f"{k}: saved {saved_cfg[k]!r}, now {config.get(k)!r}" for k in diff)
+            raise ValueError(
+                f"{where}: resume continues the saved plan, but {desc}; pass the saved values "
+                "(to train longer, start a new run from its weights with "
+                "`load_method_from_checkpoint`)"
+            )
+
+
 def _check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
@@ -376,6 +444,8 @@ def fit(
         raise ValueError(f"`warmup_epochs` must be a finite number >= 0, got {warmup_epochs}")
     if clip_grad is not None and not (math.isfinite(clip_grad) and clip_grad > 0):
         raise ValueError(f"`clip_grad` must be a positive number or None, got {clip_grad}")
+    check_number(lr, "lr", low=0.0)
+    check_number(weight_decay, "weight_decay", low=0.0)
     if not (math.isfinite(min_lr) and 0 <= min_lr <= lr):
         raise ValueError(f"`min_lr` must lie in [0, lr={lr}], got {min_lr}")
     if method_kwargs is not None:
@@ -440,6 +510,7 @@ def fit(
         # CPU first: RNG and generator states must stay on the CPU; the optimiser moves its
         # state to the parameters' device itself
         ckpt = load_checkpoint(resume, map_location="cpu", require=RESUME_KEYS)
+        _check_resume_matches(ckpt, resume, method, method_kwargs, config)
         try:
             method.load_state_dict(ckpt["model"])
             opt.load_state_dict(ckpt["optimizer"])

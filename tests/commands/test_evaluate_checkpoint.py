@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from bayesurl.benchmark import embed, evaluate_checkpoint, evaluate_method
 from bayesurl.cli import main
 from bayesurl.data import (
     as_tensors,
@@ -22,6 +21,8 @@ from bayesurl.data import (
     make_loader,
 )
 from bayesurl.methods import create
+from bayesurl.runs.predict import embed, evaluate_method
+from bayesurl.runs.runner import evaluate_checkpoint
 from bayesurl.training import fit
 
 CAPS = {"max_test": 60, "max_ood": 30}

@@ -37,6 +37,19 @@ def _encoder(dim=6, seed=0):
     return enc
 
 
+class _Opaque(nn.Module):
+    """An encoder whose attributes say nothing about its output width (like a timm model)."""
+
+    def __init__(self, inner, num_features=512):
+        super().__init__()
+        self.inner = inner
+        self.num_features = num_features  # timm: the width before the head, not the output
+        self.embed_dim = num_features  # a ViT's token width: not the output either
+
+    def forward(self, x):
+        return self.inner(x)
+
+
 def _labelled(n_batches=4, batch=32, seed=0):
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -139,8 +152,11 @@ def test_load_rejects_bad_files_and_mismatched_encoders(tmp_path):
     w.save(path)
     with pytest.raises(ValueError, match="does not fit"):
         load(path, nn.Linear(16, 5))  # its out_features says 5
-    other = load(path, _encoder(dim=5))  # no size attribute: caught on the first batch
-    with pytest.raises(ValueError, match="features"):
+    with pytest.raises(ValueError, match="does not fit"):
+        load(path, _encoder(dim=5))  # a Sequential ending in Linear(12, 5)
+    # a module whose width only a forward pass shows: caught on the first batch
+    other = load(path, _Opaque(_encoder(dim=5)))
+    with pytest.raises(ValueError, match="returns 5-dim embeddings.*built for 6"):
         other(torch.randn(3, 1, 4, 4))
     with pytest.raises(FileNotFoundError):
         load(tmp_path / "missing.pt", enc)
@@ -167,9 +183,9 @@ def test_bad_input():
         wrap(lambda x: x, "pvu")
     # mismatched shapes: a head for 5 features on a 6-dim encoder
     w = wrap(enc, "pvu", embed_dim=5)
-    with pytest.raises(ValueError, match="features"):
+    with pytest.raises(ValueError, match="returns 6-dim embeddings"):
         w(torch.randn(3, 1, 4, 4))
-    with pytest.raises(ValueError, match="not built"):
+    with pytest.raises(ValueError, match="not fitted"):
         wrap(nn.Flatten(), "pvu")(torch.randn(3, 1, 4, 4))
     with pytest.raises(ValueError, match="encoder output"):
         wrap(nn.Identity(), "pvu", embed_dim=4)(torch.randn(3, 1, 4, 4))

@@ -89,24 +89,15 @@ def test_train_saves_checkpoint_and_resumes(tmp_path, toy_registered, capsys):
     assert isinstance(m, ToyImageCE) and m.scale == 2.0
     assert torch.equal(m.cls.weight, ck["model"]["cls.weight"])
 
-    assert (
-        main(
-            [
-                *argv[:-5],
-                "--epochs",
-                "3",
-                "--out",
-                str(out),
-                "--resume",
-                str(out / "last.pt"),
-                "--no-progress",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
-    assert torch.load(out / "last.pt", weights_only=True)["epoch"] == 3
+    resume = [*argv[:-5], "--out", str(out), "--resume", str(out / "last.pt"), "--no-progress"]
+    # issue 15: another `epochs` would silently re-plan the schedule: one clear line, exit 2
+    capsys.readouterr()
+    assert main([*resume, "--epochs", "3", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "epochs: saved 2, now 3" in err
+    # the same plan resumes (nothing left to do after 2 of 2 epochs)
+    assert main([*resume, "--epochs", "2", "--device", "cpu"]) == 0
+    assert torch.load(out / "last.pt", weights_only=True)["epoch"] == 2
 
 
 def test_bad_input_exits_2_with_a_clear_message(tmp_path, toy_registered, capsys):

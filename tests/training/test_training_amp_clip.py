@@ -49,7 +49,7 @@ def _forced_fp16(monkeypatch):
     monkeypatch.setattr(loop, "_resolve_amp", lambda amp, device: torch.float16)
 
 
-def _run(tmp, epochs, resume=None):
+def _run(tmp, epochs, resume=None, keep=False):
     torch.manual_seed(0)
     m = LinearCE(dtype="float32")
     x, y = blobs(64)
@@ -60,11 +60,12 @@ def _run(tmp, epochs, resume=None):
         epochs=epochs,
         optimizer="adamw",
         lr=5e-2,
-        min_lr=5e-2,  # constant rate: 2 epochs + resume to 4 is the 4-epoch run step by step
+        min_lr=5e-2,
         clip_grad=1.0,
         amp="fp16",
         seed=0,
         checkpoint_dir=tmp,
+        keep_epoch_checkpoints=keep,
         resume=resume,
         progress=False,
     )
@@ -73,16 +74,17 @@ def _run(tmp, epochs, resume=None):
 
 def test_fp16_grad_scaler_state_checkpoints_and_resumes_on_cpu(tmp_path, monkeypatch):
     _forced_fp16(monkeypatch)
-    straight, res = _run(tmp_path / "a", 4)
+    straight, res = _run(tmp_path / "a", 4, keep=True)
     assert res.history[-1]["loss"] < res.history[0]["loss"]
     ck = load_checkpoint(tmp_path / "a" / "last.pt")
     assert ck["scaler"], "an enabled scaler must be saved"
     # fp16 overflows at the initial scale 2^16 here: the scaler backed off (its state matters)
     assert 0 < float(ck["scaler"]["scale"]) < 2.0**16
-    first, _ = _run(tmp_path / "b", 2)
-    half = load_checkpoint(tmp_path / "b" / "last.pt")
+    half = load_checkpoint(tmp_path / "a" / "epoch_2.pt")
     assert float(half["scaler"]["scale"]) < 2.0**16
-    resumed, again = _run(tmp_path / "b", 4, resume=tmp_path / "b" / "last.pt")
+    # resume the same 4-epoch plan from its epoch-2 checkpoint (issue 15: a resume must keep
+    # the saved plan, so the run is not "2 epochs, then extended to 4")
+    resumed, again = _run(tmp_path / "b", 4, resume=tmp_path / "a" / "epoch_2.pt")
     assert again.epochs == 4
     for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
         assert torch.equal(a, b)  # bit-identical: the scaler's scale and tracker were restored
