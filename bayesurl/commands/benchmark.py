@@ -18,6 +18,13 @@ from __future__ import annotations
 
 import argparse
 
+from bayesurl.commands._protocol import (
+    add_protocol_arguments,
+    run_protocol_command,
+    smoke_notice,
+    wants_protocol,
+)
+
 OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "train and evaluate every estimator on the same zero-shot data; print one table"
 
@@ -76,7 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset",
         default="quick",
-        help="a preset of the recipe file: quick (minutes on 2 CPU cores), full, smoke (tests)",
+        help="a preset of the recipe file: quick (minutes on 2 CPU cores, smoke scale), full, "
+        "smoke (tests); standard: the reproducible protocol (class splits x seeds, stored, "
+        "resumable; bayesurl.runs.protocol)",
     )
     parser.add_argument(
         "--set",
@@ -106,10 +115,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="train nothing: merge the results.json of earlier runs (e.g. one seed each) "
         "into one table in --out",
     )
+    add_protocol_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``bayesurl benchmark``; 0 when every run succeeded, 1 if some failed."""
+    if wants_protocol(args):  # the stored class-split protocol (bayesurl.runs.protocol)
+        return run_protocol_command(args)
+    notice = smoke_notice(args.preset)
+    if notice and not args.merge:
+        print(notice)
     from pathlib import Path
 
     import torch

@@ -1,0 +1,692 @@
+"""Run configurations: typed dataclasses read from one TOML file per data set.
+
+A recipe file ``bayesurl/runs/recipes/<dataset>.toml`` holds
+
+- the data set's defaults: ``[data]``, ``[backbone]``, ``[train]``, ``[eval]`` (the
+  :class:`DataConfig`, :class:`BackboneConfig`, :class:`TrainConfig`, :class:`EvalConfig`
+  fields) and an optional top-level ``seed``;
+- presets, ``[presets.<name>.<section>]``: the benchmark scales (``smoke``, ``quick``,
+  ``full``) as overrides of those defaults;
+- one table per estimator, ``[estimators.<name>]`` (the :class:`EstimatorConfig` fields, plus
+  optional ``train`` / ``eval`` / ``backbone`` / ``data`` sub-tables that override the
+  defaults for that estimator only).
+
+:func:`load_recipe` resolves ``"<dataset>/<estimator>"`` to a :class:`RunConfig`: defaults,
+then the preset, then the estimator's own sub-tables, then ``--set`` style overrides
+(``"train.epochs=5"``, ``"estimator.kwargs.inverse_temperature=8"``). Every key is checked:
+an unknown key is a :class:`ValueError` naming it and the valid keys. Values are TOML literals
+(``5``, ``1e-3``, ``"adamw"``, ``true``, ``{width = 8}``); ``none`` clears an optional value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "ESTIMATOR_KINDS",
+    "RECIPE_DIR",
+    "BackboneConfig",
+    "DataConfig",
+    "EstimatorConfig",
+    "EvalConfig",
+    "RunConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "describe_recipes",
+    "list_recipes",
+    "load_recipe",
+    "read_recipe_file",
+    "recipe_path",
+]
+
+#: Folder of the shipped recipe files (one per data set).
+RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
+
+#: Estimator kinds (see :mod:`bayesurl.runs.estimators`).
+ESTIMATOR_KINDS = ("method", "posthoc", "lam")
+
+
+@dataclass
+class DataConfig:
+    """Which zero-shot data and how much of it (URL section 3.2; spec DATA.md).
+
+    Attributes
+    ----------
+    name : str
+        ``"fashion_mnist"`` (digits if it is absent), ``"digits"``, ``"cub"``, ``"cars"``,
+        ``"sop"`` or ``"imagenet"`` (an ImageFolder ``root/train``, upstream only).
+    root : str or None
+        Data folder (required for the folder data sets; FashionMNIST is found on its own).
+    image_size : int
+        Side of the centre crop of folder images (the embedded sets are 28 x 28).
+    max_train, max_test, max_ood : int or None
+        Class-balanced caps on the upstream training set, the downstream test set (and the
+        held-out upstream set), and the OOD set.
+    seed : int
+        Seed of the subsampling; fixed across training seeds so every seed sees the same
+        images.
+    how_to_get : str
+        Where to get the data (printed when ``root`` is missing).
+    downstream_root : str or None
+        ``"imagenet"`` only: folder with ``cub/``, ``cars/``, ``sop/`` whose test classes are
+        the zero-shot evaluation sets (URL section 3.2).
+    """
+
+    name: str = "fashion_mnist"
+    root: str | None = None
+    image_size: int = 28
+    max_train: int | None = None
+    max_test: int | None = None
+    max_ood: int | None = None
+    seed: int = 0
+    how_to_get: str = ""
+    downstream_root: str | None = None
+
+
+@dataclass
+class BackboneConfig:
+    """The backbone (:func:`bayesurl.backbones.build_backbone`) and embedding size.
+
+    Attributes
+    ----------
+    name : str
+        ``"small_convnet"`` or a timm model name (random weights).
+    kwargs : dict
+        Constructor arguments (``width`` of the small conv net, timm options).
+    checkpoint : str or None
+        Local weights file loaded with ``weights_only=True`` (works offline).
+    embed_dim : int or None
+        Embedding dimension D of the linear projection (``None``: the backbone's features).
+    """
+
+    name: str = "small_convnet"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    checkpoint: str | None = None
+    embed_dim: int | None = 64
+
+
+@dataclass
+class TrainConfig:
+    """Training of a method or an embedding net (URL section 4, appendix B).
+
+    Attributes
+    ----------
+    epochs : int
+        Epochs (times ``epochs_mult``, at least one).
+    epochs_mult : float
+        Per-estimator multiplier of ``epochs``.
+    batch_size, grad_accum : int
+        Micro-batch and micro-batches per optimiser step.
+    lr, weight_decay : float
+        Peak learning rate and weight decay.
+    optimizer : str
+        ``"adamw"``, ``"lamb"`` or ``"sgd"`` (:func:`bayesurl.training.fit`).
+    warmup_epochs : float
+        Linear warm-up before the cosine schedule.
+    amp : str
+        ``"auto"``, ``"off"``, ``"bf16"`` or ``"fp16"``.
+    num_workers : int
+        Data-loader worker processes.
+    """
+
+    epochs: int = 10
+    epochs_mult: float = 1.0
+    batch_size: int = 128
+    grad_accum: int = 1
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    optimizer: str = "adamw"
+    warmup_epochs: float = 0.0
+    amp: str = "auto"
+    num_workers: int = 0
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation settings (spec METRICS.md).
+
+    Attributes
+    ----------
+    samples : int
+        Draws ``S`` per input for the ECE of estimators with an embedding distribution (one
+        sampling rule for all: estimators without one always get 0).
+    batch_size : int
+        Inputs per forward pass.
+    """
+
+    samples: int = 10
+    batch_size: int = 500
+
+
+@dataclass
+class EstimatorConfig:
+    """One estimator table ``[estimators.<name>]``.
+
+    Attributes
+    ----------
+    name : str
+        The table's name (the estimator's name in results).
+    kind : {"method", "posthoc", "lam"}
+        A registry method trained by :func:`bayesurl.training.fit`; a post-hoc wrapper
+        (:func:`bayesurl.wrap`) on a trained ``base``; LAM (:mod:`bayesurl.laplace`).
+    method : str or None
+        Registry name of a ``method`` estimator (default: ``name``).
+    base : str or None
+        The estimator table a ``posthoc`` estimator wraps (trained or reused by the runner).
+    wrapper : str or None
+        ``"pvu"``, ``"tau"`` or ``"laplace"`` for ``posthoc``.
+    use_base_classifier : bool
+        ``posthoc`` Laplace over the base's classifier (laplace-torch last-layer Laplace).
+    mode : str
+        ``"posthoc"`` or ``"online"`` for ``lam`` (LAM section 3 / eqs. 4-5).
+    kwargs : dict
+        Constructor options: of the method, of the wrapper, or of
+        :func:`bayesurl.laplace.MetricLaplace` (``margin``, ``approximation``, ... and any
+        option it accepts, e.g. ``hessian_structure``).
+    fit : dict
+        Options of the post-hoc fit (``epochs``, ``lr``, ``batch_size``).
+    paper : dict
+        Reference figures of the papers, stored next to the measured metrics.
+    note : str
+        One line on where the settings come from.
+    """
+
+    name: str = ""
+    kind: str = "method"
+    method: str | None = None
+    base: str | None = None
+    wrapper: str | None = None
+    use_base_classifier: bool = False
+    mode: str = "posthoc"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    fit: dict[str, Any] = field(default_factory=dict)
+    paper: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+@dataclass
+class RunConfig:
+    """Everything one run needs: data, backbone, training, evaluation, estimator, seed.
+
+    Attributes
+    ----------
+    dataset : str
+        The recipe file's name.
+    estimator : EstimatorConfig
+    data : DataConfig
+    backbone : BackboneConfig
+    train : TrainConfig
+    eval : EvalConfig
+    seed : int
+        Training seed (initialisation, batch order, augmentation, ECE draws).
+    device : str or None
+        ``"cpu"``, ``"cuda"``, ... (``None``: CUDA if available).
+    preset : str or None
+        Preset applied.
+    base : RunConfig or None
+        The resolved run of a ``posthoc`` estimator's base (same data, seed, overrides).
+    source : str
+        The recipe file.
+    """
+
+    dataset: str
+    estimator: EstimatorConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = 0
+    device: str | None = None
+    preset: str | None = None
+    base: RunConfig | None = None
+    source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python (JSON-ready) settings."""
+        return dataclasses.asdict(self)
+
+    @property
+    def name(self) -> str:
+        """``"<dataset>/<estimator>"``."""
+        return f"{self.dataset}/{self.estimator.name}"
+
+
+_SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "backbone": BackboneConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "estimator": EstimatorConfig,
+}
+_TOP = ("seed", "device")
+_FILE_KEYS = ("description", "seed", "data", "backbone", "train", "eval", "presets", "estimators")
+
+
+# -- typed construction -----------------------------------------------------------------------
+def _check_value(value: Any, hint: Any, where: str) -> Any:
+    """``value`` checked against a field annotation (int, float, str, bool, dict, optional)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if type(None) in args and (
+            value is None or (isinstance(value, str) and value.lower() == "none")
+        ):
+            return None  # TOML has no null: "none" clears an optional value
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _check_value(value, a, where)
+            except ValueError as exc:
+                errors.append(str(exc))
+        raise ValueError(errors[0])
+    if origin is dict or hint is dict:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"`{where}` must be a table, got {value!r}")
+        return {k: _none(v) for k, v in value.items()}
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"`{where}` must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"`{where}` must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"`{where}` must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ValueError(f"`{where}` must be a string, got {value!r}")
+        return value
+    return value
+
+
+def _none(value: Any) -> Any:
+    """``"none"`` (TOML has no null) -> ``None``, inside free-form tables too."""
+    if isinstance(value, str) and value.lower() == "none":
+        return None
+    if isinstance(value, Mapping):
+        return {k: _none(v) for k, v in value.items()}
+    return value
+
+
+def _build(cls: type, values: Mapping[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in values if k not in valid]
+    if unknown:
+        raise ValueError(
+            f"unknown key `{where}.{unknown[0]}`; valid keys of [{where}]: {', '.join(valid)}"
+        )
+    kw = {k: _check_value(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+    return cls(**kw)
+
+
+def _merge(dst: dict[str, Any], src: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep merge of tables; ``dict`` values (``kwargs``) merge key by key."""
+    for k, v in src.items():
+        if isinstance(v, Mapping) and isinstance(dst.get(k), dict):
+            dst[k] = _merge(dict(dst[k]), v)
+        else:
+            dst[k] = dict(v) if isinstance(v, Mapping) else v
+    return dst
+
+
+# -- overrides --------------------------------------------------------------------------------
+def _parse_value(raw: str) -> Any:
+    text = raw.strip()
+    if text.lower() in ("none", "null"):
+        return None
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word is a string: optimizer=lamb
+
+
+def _split_override(item: str | tuple[str, Any]) -> tuple[list[str], Any]:
+    if isinstance(item, tuple):
+        key, value = item
+    else:
+        if "=" not in item:
+            raise ValueError(f"`--set` expects KEY=VALUE (e.g. train.epochs=5), got {item!r}")
+        key, raw = item.split("=", 1)
+        value = _parse_value(raw)
+    parts = [p.strip() for p in str(key).split(".") if p.strip()]
+    if not parts:
+        raise ValueError(f"`--set` has an empty key in {item!r}")
+    return parts, value
+
+
+def apply_overrides(
+    tables: dict[str, Any], overrides: Iterable[str | tuple[str, Any]]
+) -> dict[str, Any]:
+    """Apply ``"a.b=v"`` overrides to a ``{section: table}`` dict (checked later by type).
+
+    Raises
+    ------
+    ValueError
+        For a malformed item or an unknown section / key (naming it and the valid ones).
+    """
+    for item in overrides:
+        parts, value = _split_override(item)
+        head = parts[0]
+        if len(parts) == 1:
+            if head not in _TOP:
+                valid = [*_TOP, *(f"{s}.<key>" for s in _SECTIONS)]
+                raise ValueError(f"unknown key `{head}` in --set; valid keys: {', '.join(valid)}")
+            tables[head] = value
+            continue
+        if head not in _SECTIONS:
+            raise ValueError(
+                f"unknown section `{head}` in --set {'.'.join(parts)}; valid: "
+                f"{', '.join([*_TOP, *_SECTIONS])}"
+            )
+        cls = _SECTIONS[head]
+        valid = [f.name for f in dataclasses.fields(cls)]
+        if parts[1] not in valid:
+            raise ValueError(
+                f"unknown key `{head}.{parts[1]}`; valid keys of [{head}]: {', '.join(valid)}"
+            )
+        node = tables.setdefault(head, {})
+        for p in parts[1:-1]:
+            nxt = node.get(p)
+            if not isinstance(nxt, dict):
+                nxt = {}
+                node[p] = nxt
+            node = nxt
+        node[parts[-1]] = value
+    return tables
+
+
+# -- files ------------------------------------------------------------------------------------
+def recipe_path(dataset: str | Path) -> Path:
+    """The TOML file of ``dataset`` (a shipped name or a path to a ``.toml`` file).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name (the message lists the shipped ones).
+    FileNotFoundError
+        For a ``.toml`` path that does not exist.
+    """
+    text = str(dataset)
+    if text.endswith(".toml"):
+        p = Path(text)
+        if not p.is_file():
+            raise FileNotFoundError(f"recipe file {text!r} does not exist")
+        return p
+    p = RECIPE_DIR / f"{text.lower().replace('-', '_')}.toml"
+    if not p.is_file():
+        names = sorted(f.stem for f in RECIPE_DIR.glob("*.toml"))
+        raise ValueError(f"unknown dataset {text!r} in the recipe; valid: {', '.join(names)}")
+    return p
+
+
+def read_recipe_file(dataset: str | Path) -> dict[str, Any]:
+    """The raw tables of a recipe file, with its top-level keys checked.
+
+    Raises
+    ------
+    ValueError
+        For a file that is not valid TOML or holds an unknown top-level key.
+    """
+    p = recipe_path(dataset)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"recipe file {str(p)!r} is not valid TOML: {exc}") from None
+    unknown = [k for k in raw if k not in _FILE_KEYS]
+    if unknown:
+        raise ValueError(
+            f"unknown key `{unknown[0]}` in {p.name}; valid top-level keys: {', '.join(_FILE_KEYS)}"
+        )
+    if not isinstance(raw.get("estimators"), dict) or not raw["estimators"]:
+        raise ValueError(f"recipe file {p.name} has no [estimators.<name>] table")
+    return raw
+
+
+def list_recipes() -> dict[str, list[str]]:
+    """``{dataset: [estimator, ...]}`` of every shipped recipe file."""
+    return {
+        f.stem: list(read_recipe_file(f.stem)["estimators"])
+        for f in sorted(RECIPE_DIR.glob("*.toml"))
+    }
+
+
+def _split_name(name: str) -> tuple[str, str]:
+    text = str(name).strip()
+    if text.count("/") < 1:
+        raise ValueError(f"a recipe is named `<dataset>/<estimator>`, got {name!r}")
+    dataset, estimator = text.rsplit("/", 1)
+    return dataset, estimator.lower()
+
+
+def _resolve(
+    raw: dict[str, Any],
+    dataset: str,
+    estimator: str,
+    preset: str | None,
+    overrides: list[str | tuple[str, Any]],
+    source: str,
+    *,
+    base_of: str | None = None,
+) -> RunConfig:
+    estimators = raw["estimators"]
+    if estimator not in estimators:
+        what = f"`estimator.base` of {base_of!r}" if base_of else "estimator"
+        raise ValueError(
+            f"unknown {what} {estimator!r} in {dataset}; valid: {', '.join(estimators)}"
+        )
+    tables: dict[str, Any] = {
+        s: dict(raw.get(s, {})) for s in ("data", "backbone", "train", "eval")
+    }
+    if "seed" in raw:
+        tables["seed"] = raw["seed"]
+    if preset is not None:
+        presets = raw.get("presets", {})
+        if preset not in presets:
+            raise ValueError(
+                f"unknown `preset` {preset!r} for {dataset}; valid presets: {', '.join(presets)}"
+            )
+        for section, table in presets[preset].items():
+            if section not in ("data", "backbone", "train", "eval"):
+                raise ValueError(
+                    f"unknown section `presets.{preset}.{section}`; valid: data, backbone, "
+                    "train, eval"
+                )
+            tables[section] = _merge(tables[section], table)
+    est = dict(estimators[estimator])
+    for section in ("data", "backbone", "train", "eval"):
+        if section in est:
+            tables[section] = _merge(tables[section], est.pop(section))
+    est["name"] = estimator
+    tables["estimator"] = est
+    own = [o for o in overrides if not _split_override(o)[0][0] == "estimator"]
+    apply_overrides(tables, overrides if base_of is None else own)
+    where = f"estimators.{estimator}"
+    est_cfg: EstimatorConfig = _build(EstimatorConfig, tables["estimator"], where)
+    kind = est_cfg.kind.lower()
+    if kind not in ESTIMATOR_KINDS:
+        raise ValueError(
+            f"unknown `{where}.kind` {est_cfg.kind!r}; valid: {', '.join(ESTIMATOR_KINDS)}"
+        )
+    est_cfg.kind = kind
+    cfg = RunConfig(
+        dataset=dataset,
+        estimator=est_cfg,
+        data=_build(DataConfig, tables["data"], "data"),
+        backbone=_build(BackboneConfig, tables["backbone"], "backbone"),
+        train=_build(TrainConfig, tables["train"], "train"),
+        eval=_build(EvalConfig, tables["eval"], "eval"),
+        seed=_check_value(tables.get("seed", 0), int, "seed"),
+        device=_check_value(tables.get("device"), str | None, "device"),
+        preset=preset,
+        source=source,
+    )
+    _validate(cfg)
+    if kind == "posthoc":
+        if not est_cfg.base or not est_cfg.wrapper:
+            raise ValueError(f"[{where}] of kind 'posthoc' needs `base` and `wrapper`")
+        if base_of is not None:
+            raise ValueError(f"[{where}] is the base of {base_of!r} and cannot be post-hoc itself")
+        cfg.base = _resolve(
+            raw, dataset, est_cfg.base, preset, overrides, source, base_of=estimator
+        )
+        if cfg.base.estimator.kind != "method":
+            raise ValueError(f"`{where}.base` {est_cfg.base!r} must be of kind 'method'")
+    return cfg
+
+
+_OPTIMIZERS = ("adamw", "lamb", "sgd")
+_AMP = ("auto", "off", "bf16", "fp16")
+
+
+def _validate(cfg: RunConfig) -> None:
+    """Range checks of the typed values, once, where the config is made."""
+    t, e, b = cfg.train, cfg.eval, cfg.backbone
+    for where, value in (
+        ("train.epochs", t.epochs),
+        ("train.batch_size", t.batch_size),
+        ("train.grad_accum", t.grad_accum),
+        ("eval.batch_size", e.batch_size),
+        ("data.image_size", cfg.data.image_size),
+    ):
+        if value < 1:
+            raise ValueError(f"`{where}` must be >= 1, got {value}")
+    for where, value in (("train.lr", t.lr), ("train.epochs_mult", t.epochs_mult)):
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"`{where}` must be a positive number, got {value}")
+    for where, value in (
+        ("train.weight_decay", t.weight_decay),
+        ("train.warmup_epochs", t.warmup_epochs),
+    ):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"`{where}` must be >= 0, got {value}")
+    if t.num_workers < 0:
+        raise ValueError(f"`train.num_workers` must be >= 0, got {t.num_workers}")
+    if e.samples < 0:
+        raise ValueError(f"`eval.samples` must be >= 0, got {e.samples}")
+    if b.embed_dim is not None and b.embed_dim < 1:
+        raise ValueError(f"`backbone.embed_dim` must be >= 1 or none, got {b.embed_dim}")
+    if t.optimizer.lower() not in _OPTIMIZERS:
+        raise ValueError(
+            f"unknown `train.optimizer` {t.optimizer!r}; valid: {', '.join(_OPTIMIZERS)}"
+        )
+    if t.amp.lower() not in _AMP:
+        raise ValueError(f"unknown `train.amp` {t.amp!r}; valid: {', '.join(_AMP)}")
+    if cfg.seed < 0:
+        raise ValueError(f"`seed` must be >= 0, got {cfg.seed}")
+
+
+def load_recipe(
+    name: str,
+    overrides: Iterable[str | tuple[str, Any]] = (),
+    *,
+    preset: str | None = None,
+) -> RunConfig:
+    """Read ``"<dataset>/<estimator>"`` into a :class:`RunConfig`.
+
+    Parameters
+    ----------
+    name : str
+        ``"fashion_mnist/elk"``; the dataset part may be a path to a ``.toml`` file
+        (``"my/recipes.toml/elk"``).
+    overrides : iterable of str or (key, value)
+        ``"train.epochs=5"`` style, applied last. ``estimator.*`` keys change only the named
+        estimator, the others also its post-hoc base.
+    preset : str, optional
+        A ``[presets.<name>]`` of the file (``"smoke"``, ``"quick"``, ``"full"``).
+
+    Returns
+    -------
+    RunConfig
+
+    Raises
+    ------
+    ValueError
+        For an unknown dataset, estimator, preset, section or key (the message names it and
+        lists the valid ones) or a value of the wrong type.
+    """
+    dataset, estimator = _split_name(name)
+    raw = read_recipe_file(dataset)
+    path = recipe_path(dataset)
+    ds_name = path.stem if str(dataset).endswith(".toml") else str(dataset).lower()
+    return _resolve(raw, ds_name, estimator, preset, list(overrides), str(path))
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_fmt_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return repr(v)
+
+
+def _table_line(table: Mapping[str, Any]) -> str:
+    return ", ".join(f"``{k} = {_fmt_value(v)}``" for k, v in table.items()) or "--"
+
+
+def describe_recipes() -> str:
+    """reStructuredText listing every dataset x estimator config of the recipe files.
+
+    Generated from the TOML files (the docs build calls it), so the page cannot drift from
+    the configs: per data set its defaults and presets, and one row per estimator table.
+    """
+    lines = [
+        ".. This file is generated from bayesurl/runs/recipes/*.toml by docs/conf.py.",
+        "",
+        "Every recipe config",
+        "===================",
+        "",
+        "Generated from the recipe files ``bayesurl/runs/recipes/<dataset>.toml``; run any row "
+        "with ``bayesurl run <dataset>/<estimator>`` (add ``--preset`` and ``--set``).",
+        "",
+    ]
+    for dataset in list_recipes():
+        raw = read_recipe_file(dataset)
+        title = f"``{dataset}``"
+        lines += [title, "-" * len(title), "", str(raw.get("description", "")), ""]
+        lines += [".. list-table::", "   :header-rows: 1", "   :widths: 14 86", ""]
+        lines += ["   * - section", "     - defaults"]
+        for section in ("data", "backbone", "train", "eval"):
+            lines += [f"   * - ``[{section}]``", f"     - {_table_line(raw.get(section, {}))}"]
+        for name, preset in raw.get("presets", {}).items():
+            parts = "; ".join(f"{k}: {_table_line(v)}" for k, v in preset.items())
+            lines += [f"   * - preset ``{name}``", f"     - {parts}"]
+        lines += ["", ".. list-table::", "   :header-rows: 1", "   :widths: 16 12 36 36", ""]
+        lines += ["   * - estimator", "     - kind", "     - settings", "     - note"]
+        for name, table in raw["estimators"].items():
+            t = dict(table)
+            kind = t.pop("kind", "method")
+            note = t.pop("note", "")
+            paper = t.pop("paper", None)
+            if paper:
+                src = paper.get("source", "paper")
+                figs = ", ".join(f"{k} {v}" for k, v in paper.items() if k != "source")
+                note = f"{note} (reference: {src}: {figs})"
+            lines += [
+                f"   * - ``{dataset}/{name}``",
+                f"     - {kind}",
+                f"     - {_table_line(t)}",
+                f"     - {note or '--'}",
+            ]
+        lines.append("")
+    return "\n".join(lines) + "\n"

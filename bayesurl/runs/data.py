@@ -1,0 +1,243 @@
+"""Data assembly of a run: the zero-shot sets and the batch transforms of the backbone.
+
+One function, :func:`build_data`, turns a :class:`~bayesurl.runs.config.RunConfig` into a
+:class:`RunData`: the upstream training set, the downstream test set, the held-out upstream
+set and the OOD set of the URL zero-shot protocol (Kirchhof et al., 2023, section 3.2; spec
+DATA.md), all stored as ``uint8`` images, and the per-batch transforms that the backbone's
+data configuration asks for (:func:`bayesurl.backbones.data_config`: channels, mean / std).
+Grayscale images are normalised with their data set's statistics and repeated to the
+backbone's channels; folder images (CUB, CARS, SOP) are RGB crops normalised with the
+backbone's statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from bayesurl.runs.config import RunConfig
+
+__all__ = ["EMBEDDED", "FOLDER", "UPSTREAM", "RunData", "backbone_kwargs", "build_data", "data_key"]
+
+#: in-memory 28 x 28 grayscale sets (:func:`bayesurl.data.default_zero_shot`)
+EMBEDDED = ("fashion_mnist", "digits", "default")
+#: folder sets with their standard zero-shot class splits (:func:`bayesurl.data.dml_zero_shot`)
+FOLDER = ("cub", "cars", "sop")
+#: upstream-only sets (an ImageFolder ``root/train``), evaluated zero-shot on the test classes
+#: of the folder sets found under ``data.downstream_root`` (URL section 3.2 / appendix B)
+UPSTREAM = ("imagenet",)
+
+
+@dataclass
+class RunData:
+    """The sets and transforms of one run.
+
+    Attributes
+    ----------
+    name : str
+        Data set name (``"digits"`` when FashionMNIST was absent).
+    sets : ZeroShotData
+        ``train`` (upstream, labels ``0..K-1``), ``test`` (downstream), ``id_test`` and
+        ``ood`` (``None`` where the data set has none); per-item transforms keep ``uint8``.
+    num_classes : int
+        Upstream classes (the classifier width).
+    channels : int
+        Channels the backbone expects.
+    transform : nn.Module
+        Deterministic batch transform (``uint8`` -> normalised float).
+    augment : nn.Module
+        Random batch augmentation (two draws give the two views of two-view methods).
+    info : dict
+        Sizes and settings for the result record.
+    tests : dict
+        Several downstream test sets by name (ImageNet upstream: CUB, CARS, SOP); the runner
+        scores each and reports their mean. Empty: ``sets.test`` is the one test set.
+    """
+
+    name: str
+    sets: Any
+    num_classes: int
+    channels: int
+    transform: nn.Module
+    augment: nn.Module
+    info: dict[str, Any] = field(default_factory=dict)
+    tests: dict[str, Any] = field(default_factory=dict)
+
+
+class _Keep(nn.Module):
+    """Per-item transform that keeps the stored ``uint8`` image (batches are transformed later,
+    much faster than item by item)."""
+
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+def data_key(cfg: RunConfig) -> tuple[Any, ...]:
+    """What the assembled data depend on (runs with equal keys share one :class:`RunData`)."""
+    d, b = cfg.data, cfg.backbone
+    return (
+        d.name,
+        d.root,
+        d.image_size,
+        d.max_train,
+        d.max_test,
+        d.max_ood,
+        d.seed,
+        d.downstream_root,
+        b.name,
+        tuple(sorted((k, repr(v)) for k, v in b.kwargs.items())),
+    )
+
+
+def _cap(ds: Any, n: int | None, seed: int) -> Any:
+    from bayesurl import data as bd
+
+    if n is None or n >= len(ds):
+        return ds
+    return bd.subset(ds, bd.stratified_subsample(ds, n, seed=seed))
+
+
+def build_data(cfg: RunConfig) -> RunData:
+    """Assemble the zero-shot sets and batch transforms of ``cfg``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``data.name``, a missing ``data.root`` of a folder data set (the
+        message says where to get the data) or bad caps.
+    FileNotFoundError
+        If ``data.root`` does not exist.
+    """
+    from bayesurl import data as bd
+    from bayesurl.backbones import data_config
+
+    d = cfg.data
+    name = d.name.lower().replace("-", "_")
+    valid = EMBEDDED + FOLDER + UPSTREAM
+    if name not in valid:
+        raise ValueError(f"unknown `data.name` {d.name!r}; valid: {', '.join(valid)}")
+    for key in ("max_train", "max_test", "max_ood"):
+        v = getattr(d, key)
+        if v is not None and v < 1:
+            raise ValueError(f"`data.{key}` must be a positive size or none, got {v}")
+    if d.root is not None and not Path(d.root).exists():
+        raise FileNotFoundError(f"`data.root` {d.root!r} does not exist")
+    tests: dict[str, Any] = {}
+    if name in UPSTREAM:
+        zs, tests = _upstream(cfg)
+        bcfg = data_config(cfg.backbone.name, **backbone_kwargs(cfg, 3))
+        channels = 3
+        stats: dict[str, Any] = {"mean": bcfg.mean, "std": bcfg.std}
+    elif name in FOLDER:
+        if d.root is None:
+            how = f": {d.how_to_get}" if d.how_to_get else ""
+            raise ValueError(f"`data.root` is required for {name}{how}; then --set data.root=DIR")
+        to_uint8 = bd.PilToUint8(d.image_size)
+        zs = bd.dml_zero_shot(name, d.root, transform=to_uint8, train_transform=to_uint8)
+        zs.train = _cap(zs.train, d.max_train, d.seed)
+        zs.test = _cap(zs.test, d.max_test, d.seed)
+        bcfg = data_config(cfg.backbone.name, **backbone_kwargs(cfg, 3))
+        channels = 3
+        stats = {"mean": bcfg.mean, "std": bcfg.std}
+    else:
+        root = d.root
+        if name == "fashion_mnist" and root is None:
+            try:
+                root = bd.find_fashion_mnist()
+            except (FileNotFoundError, ValueError):
+                root = None  # default_zero_shot falls back to the digits (with a warning)
+        zs = bd.default_zero_shot(
+            root,
+            force_digits=name == "digits",
+            max_train=d.max_train,
+            max_test=d.max_test,
+            max_ood=d.max_ood,
+            val_fraction=0.0,
+            seed=d.seed,
+        )
+        zs = zs.with_transform(_Keep())
+        channels = data_config(cfg.backbone.name, **backbone_kwargs(cfg, None)).in_chans
+        stats = {}  # grayscale: the data set's own statistics, repeated to the channels
+    transform = bd.default_transform(channels, **stats)
+    augment = bd.default_augmentation(channels, **stats)
+    info = {
+        "dataset": zs.name,
+        "ood": zs.ood_name,
+        "upstream_classes": list(zs.upstream_classes),
+        "downstream_classes": list(zs.downstream_classes),
+        "sizes": {
+            k: (None if getattr(zs, k) is None else len(getattr(zs, k)))
+            for k in ("train", "test", "id_test", "ood")
+        },
+        "channels": channels,
+        "data_seed": d.seed,
+    }
+    if tests:
+        info["sizes"].update({f"test_{k}": len(v) for k, v in tests.items()})
+    return RunData(
+        zs.name, zs, int(zs.num_train_classes), channels, transform, augment, info, tests
+    )
+
+
+def _upstream(cfg: RunConfig) -> tuple[Any, dict[str, Any]]:
+    """ImageNet-style upstream data: ``root/train/<class>/*`` and the downstream test sets."""
+    from torchvision.datasets import ImageFolder
+
+    from bayesurl import data as bd
+
+    d = cfg.data
+    if d.root is None:
+        how = f": {d.how_to_get}" if d.how_to_get else ""
+        raise ValueError(f"`data.root` is required for {d.name}{how}; then --set data.root=DIR")
+    folder = Path(d.root) / "train"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"`data.root` has no training folder {str(folder)!r}")
+    if d.downstream_root is None:
+        raise ValueError(
+            f"`data.downstream_root` is required for {d.name}: a folder holding cub/, cars/ "
+            "and / or sop/ for the zero-shot evaluation"
+        )
+    droot = Path(d.downstream_root)
+    if not droot.is_dir():
+        raise FileNotFoundError(f"`data.downstream_root` {str(droot)!r} does not exist")
+    to_uint8 = bd.PilToUint8(d.image_size)
+    train = ImageFolder(str(folder), transform=to_uint8)
+    num_classes = len(train.classes)
+    train = _cap(train, d.max_train, d.seed)
+    tests = {
+        n: _cap(bd.dml_zero_shot(n, droot / n, transform=to_uint8).test, d.max_test, d.seed)
+        for n in FOLDER
+        if (droot / n).is_dir()
+    }
+    if not tests:
+        raise FileNotFoundError(
+            f"`data.downstream_root` {str(droot)!r} holds none of {', '.join(FOLDER)}"
+        )
+    first = next(iter(tests.values()))
+    zs = bd.ZeroShotData(
+        name=d.name,
+        train=train,
+        val=None,
+        test=first,
+        id_test=None,
+        ood=None,
+        ood_name=None,
+        upstream_classes=list(range(num_classes)),
+        downstream_classes=[],
+        num_train_classes=num_classes,
+        image_shape=None,
+    )
+    return zs, tests
+
+
+def backbone_kwargs(cfg: RunConfig, channels: int | None) -> dict[str, Any]:
+    """Constructor arguments of the backbone: the config's, its checkpoint, the channels."""
+    kw = dict(cfg.backbone.kwargs)
+    if cfg.backbone.checkpoint:
+        kw["checkpoint"] = cfg.backbone.checkpoint
+    if channels is not None:
+        kw.setdefault("in_chans", channels)
+    return kw

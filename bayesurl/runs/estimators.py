@@ -1,0 +1,436 @@
+"""Estimators: every way of getting u(x) behind one small interface.
+
+An :class:`Estimator` is built from a :class:`~bayesurl.runs.config.RunConfig` and has
+
+- ``fit(data, device=..., progress=..., base=..., out=...) -> dict``: train on the upstream
+  data (:class:`~bayesurl.runs.data.RunData`), return a fit report (``train_time`` ...);
+- ``predict(x, n_samples) -> Output``: one batch of transformed inputs to an
+  :class:`~bayesurl.types.Output`, with ``samples [S, N, D]`` when ``n_samples > 0``;
+- ``has_distribution``: whether it defines an embedding distribution. The sampling rule is
+  the runner's, the same for all: ``S = eval.samples`` draws where there is a distribution,
+  none otherwise (:func:`bayesurl.runs.predict.n_samples_for`).
+
+Kinds (:data:`ESTIMATORS`):
+
+- ``method``: a registry :class:`~bayesurl.methods.Method` trained by
+  :func:`bayesurl.training.fit` (URL section 4, appendix B);
+- ``posthoc``: :func:`bayesurl.wrap` (PVU, thesis section 5.3; post-hoc TaU, TaU section 4;
+  last-layer Laplace, LAM section 3, with laplace-torch on a classifier) around a trained base
+  method that the runner trains or reuses;
+- ``lam``: an embedding net trained with the contrastive loss and a post-hoc last-layer
+  Laplace (LAM section 3), or trained with online LAM (LAM eqs. 4-5), via
+  :mod:`bayesurl.laplace`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from bayesurl.runs.config import RunConfig
+from bayesurl.runs.data import RunData, backbone_kwargs
+from bayesurl.types import Output
+
+__all__ = [
+    "ESTIMATORS",
+    "Estimator",
+    "LamEstimator",
+    "MethodEstimator",
+    "PosthocEstimator",
+    "build_estimator",
+]
+
+
+class _Batches:
+    """A loader whose ``(x, y)`` batches are moved to ``device`` and transformed there."""
+
+    def __init__(self, loader: Any, transform: nn.Module, device: torch.device) -> None:
+        self.loader, self.transform, self.device = loader, transform.to(device), device
+        self.dataset = getattr(loader, "dataset", None)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        # the loader's iterator starts here, as ``iter(DataLoader)`` does (it draws the
+        # workers' base seed from the loader's generator), so a consumer that calls ``iter``
+        # sees the batches a plain DataLoader would give it
+        batches = iter(self.loader)
+        return (
+            (self.transform(x.to(self.device)), torch.as_tensor(y).to(self.device))
+            for x, y in batches
+        )
+
+
+def _epochs(cfg: RunConfig) -> int:
+    return max(1, round(cfg.train.epochs * cfg.train.epochs_mult))
+
+
+def _check_kwargs(fn: Any, kwargs: dict[str, Any], where: str, skip: tuple[str, ...]) -> None:
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    valid = [k for k in params if k not in ("self", *skip)]
+    unknown = [k for k in kwargs if k not in valid]
+    if unknown:
+        raise ValueError(f"unknown key `{where}.{unknown[0]}`; valid: {', '.join(valid)}")
+
+
+class Estimator:
+    """Base class (see module docstring)."""
+
+    kind: ClassVar[str] = ""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.checkpoint: Path | None = None
+        #: set by :func:`bayesurl.runs.runner.train`: this process is rank 0
+        self.main_process = True
+
+    @property
+    def has_distribution(self) -> bool:
+        """``predict(x, n_samples > 0)`` returns samples."""
+        return False
+
+    def fit(
+        self,
+        data: RunData,
+        *,
+        device: torch.device,
+        progress: bool = False,
+        base: Estimator | None = None,
+        out: Path | None = None,
+    ) -> dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def predict(self, x: Tensor, n_samples: int = 0) -> Output:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class MethodEstimator(Estimator):
+    """A registry method trained with :func:`bayesurl.training.fit` (URL section 4)."""
+
+    kind = "method"
+
+    def __init__(self, cfg: RunConfig) -> None:
+        from bayesurl.methods import get
+
+        super().__init__(cfg)
+        name = cfg.estimator.method or cfg.estimator.name
+        try:
+            self.cls = get(name)
+        except ValueError as exc:
+            raise ValueError(f"`estimators.{cfg.estimator.name}.method`: {exc}") from None
+        _check_kwargs(
+            self.cls.__init__,
+            cfg.estimator.kwargs,
+            f"estimators.{cfg.estimator.name}.kwargs",
+            ("backbone", "embed_dim", "num_classes", "backbone_kwargs"),
+        )
+        self.method: nn.Module | None = None
+
+    @classmethod
+    def from_trained(cls, cfg: RunConfig, method: nn.Module) -> MethodEstimator:
+        """An estimator around an already trained method (e.g. loaded from a checkpoint)."""
+        est = cls(cfg)
+        est.method = method
+        return est
+
+    @property
+    def has_distribution(self) -> bool:
+        return bool(self.cls.has_distribution)
+
+    def build(self, data: RunData) -> nn.Module:
+        """The untrained method with the config's backbone and constructor arguments."""
+        cfg = self.cfg
+        self.kwargs = {
+            "backbone": cfg.backbone.name,
+            "embed_dim": cfg.backbone.embed_dim,
+            "num_classes": data.num_classes,
+            "backbone_kwargs": backbone_kwargs(cfg, data.channels),
+            **cfg.estimator.kwargs,
+        }
+        params = inspect.signature(self.cls.__init__).parameters
+        if "backbone_kwargs" not in params and not any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+        ):  # a method built on its own backbone (no backbone options to pass)
+            del self.kwargs["backbone_kwargs"]
+        self.method = self.cls(**self.kwargs)
+        return self.method
+
+    def fit(
+        self,
+        data: RunData,
+        *,
+        device: torch.device,
+        progress: bool = False,
+        base: Estimator | None = None,
+        out: Path | None = None,
+        resume: str | Path | None = None,
+        keep_epoch_checkpoints: bool = False,
+    ) -> dict[str, Any]:
+        """Build and train the method (``resume`` / ``keep_epoch_checkpoints``: see
+        :func:`bayesurl.training.fit`)."""
+        from bayesurl.data import make_loader
+        from bayesurl.training import fit
+
+        cfg, t = self.cfg, self.cfg.train
+        method = self.build(data)
+        record = getattr(method, "hparams", None)
+        method_kwargs = {**dict(record), **self.kwargs} if isinstance(record, dict) else self.kwargs
+        two_view = bool(self.cls.two_view)
+        loader = make_loader(
+            data.sets.train,
+            t.batch_size,
+            shuffle=True,
+            num_workers=t.num_workers,
+            seed=cfg.seed,
+            drop_last=two_view and len(data.sets.train) > t.batch_size,
+        )
+        augment = (data.augment if two_view else data.transform).to(device)
+        # under torchrun the micro-batch is per process: divide the accumulation by the number
+        # of processes so the aggregated batch stays (URL: about 2048)
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        accum = max(1, round(t.grad_accum / world))
+        cpu0 = time.process_time()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*cannot rebuild the method.*")
+            result = fit(
+                method,
+                loader,
+                epochs=_epochs(cfg),
+                optimizer=t.optimizer,
+                lr=t.lr,
+                weight_decay=t.weight_decay,
+                warmup_epochs=t.warmup_epochs,
+                grad_accum=accum,
+                amp=t.amp,
+                seed=cfg.seed,
+                augment=augment,
+                device=device,
+                progress=progress,
+                checkpoint_dir=out,
+                keep_epoch_checkpoints=keep_epoch_checkpoints,
+                resume=resume,
+                method_kwargs=method_kwargs if out is not None else None,
+            )
+        self.checkpoint = result.checkpoint
+        self.result = result
+        self.method_kwargs = method_kwargs
+        return {
+            "train_time": float(result.train_time),
+            "train_cpu_time": time.process_time() - cpu0,
+            "final_loss": float(result.final_loss),
+            "steps": int(result.global_step),
+            "epochs": int(result.epochs),
+        }
+
+    def predict(self, x: Tensor, n_samples: int = 0) -> Output:
+        assert self.method is not None, "fit first"
+        self.method.eval()
+        return self.method(x, n_samples=n_samples)
+
+
+class PosthocEstimator(Estimator):
+    """:func:`bayesurl.wrap` around a trained base method (PVU, post-hoc TaU, Laplace)."""
+
+    kind = "posthoc"
+    WRAPPERS: ClassVar[tuple[str, ...]] = ("pvu", "tau", "laplace")
+
+    def __init__(self, cfg: RunConfig) -> None:
+        from bayesurl.posthoc.base import wrapper_class
+
+        super().__init__(cfg)
+        e = cfg.estimator
+        where = f"estimators.{e.name}"
+        if str(e.wrapper).lower() not in self.WRAPPERS:
+            raise ValueError(
+                f"unknown `{where}.wrapper` {e.wrapper!r}; valid: {', '.join(self.WRAPPERS)}"
+            )
+        self.wrapper_name = str(e.wrapper).lower()
+        cls = wrapper_class(self.wrapper_name)
+        _check_kwargs(cls.__init__, e.kwargs, f"{where}.kwargs", ("encoder", "classifier"))
+        _check_kwargs(cls.fit, e.fit, f"{where}.fit", ("loader", "progress", "augment"))
+        self.wrapped: Any = None
+
+    @property
+    def has_distribution(self) -> bool:
+        if self.wrapped is not None:
+            return bool(self.wrapped.has_distribution)
+        return self.wrapper_name == "laplace" and not self.cfg.estimator.use_base_classifier
+
+    def fit(
+        self,
+        data: RunData,
+        *,
+        device: torch.device,
+        progress: bool = False,
+        base: Estimator | None = None,
+        out: Path | None = None,
+    ) -> dict[str, Any]:
+        from bayesurl.data import make_loader
+        from bayesurl.posthoc import wrap
+
+        if not isinstance(base, MethodEstimator) or base.method is None:
+            raise ValueError(f"post-hoc estimator {self.cfg.estimator.name!r} needs a fitted base")
+        e, cfg = self.cfg.estimator, self.cfg
+        method = base.method.to(device)
+        options = dict(e.kwargs)
+        if e.use_base_classifier:
+            head = getattr(method, "classifier", None)
+            if not isinstance(head, nn.Module):
+                raise ValueError(
+                    f"`estimators.{e.name}.use_base_classifier`: base {cfg.estimator.base!r} "
+                    "has no `classifier`"
+                )
+            if isinstance(head, nn.Linear) and type(head) is not nn.Linear:
+                # BackPACK (laplace-torch's backend) knows nn.Linear, not its subclasses such
+                # as LinearClassifier: hand it a plain copy of the same weights
+                plain = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
+                head = plain.to(head.weight.device, head.weight.dtype)
+                head.load_state_dict(method.classifier.state_dict())
+            options["classifier"] = head
+        self.wrapped = wrap(method, self.wrapper_name, **options).to(device)
+        fit_kw = dict(e.fit)
+        batch = int(fit_kw.pop("batch_size", cfg.train.batch_size))
+        loader = make_loader(data.sets.train, batch, shuffle=True, seed=cfg.seed)
+        if self.wrapper_name == "pvu":
+            batches: Any = _Batches(loader, data.augment, device)
+            fit_kw["batch_size"] = batch
+        elif self.wrapper_name == "tau":
+            batches = _Batches(loader, nn.Identity(), device)
+            fit_kw["augment"] = data.augment.to(device)
+        else:
+            batches = _Batches(loader, data.transform, device)
+        t0 = time.perf_counter()
+        report = self.wrapped.fit(batches, progress=progress, **fit_kw)
+        train_time = time.perf_counter() - t0
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            self.checkpoint = out / f"{self.wrapper_name}.pt"
+            self.wrapped.save(self.checkpoint)
+        clean = {k: v for k, v in report.items() if isinstance(v, (int, float, str))}
+        return {"train_time": train_time, "fit": clean}
+
+    def predict(self, x: Tensor, n_samples: int = 0) -> Output:
+        self.wrapped.eval()
+        out = self.wrapped(x)
+        samples = self.wrapped.sample(x, n_samples) if n_samples > 0 else None
+        return Output(
+            embedding=out.embedding,
+            uncertainty=out.uncertainty,
+            logits=getattr(out, "logits", None),
+            samples=samples,
+        )
+
+
+class LamEstimator(Estimator):
+    """LAM (Warburg et al., 2023): post-hoc (section 3) or online (eqs. 4-5) last-layer Laplace
+    of an embedding net ending in a linear projection, trained with the contrastive loss."""
+
+    kind = "lam"
+    MODES: ClassVar[tuple[str, ...]] = ("posthoc", "online")
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__(cfg)
+        e = cfg.estimator
+        if e.mode not in self.MODES:
+            raise ValueError(
+                f"unknown `estimators.{e.name}.mode` {e.mode!r}; valid: {', '.join(self.MODES)}"
+            )
+        if cfg.backbone.embed_dim is None:
+            raise ValueError("`backbone.embed_dim` must be set for LAM (its last linear layer)")
+        self.la: Any = None
+
+    @property
+    def has_distribution(self) -> bool:
+        return True
+
+    def fit(
+        self,
+        data: RunData,
+        *,
+        device: torch.device,
+        progress: bool = False,
+        base: Estimator | None = None,
+        out: Path | None = None,
+    ) -> dict[str, Any]:
+        from bayesurl.data import make_loader
+        from bayesurl.heads.embedding import EmbeddingNet
+        from bayesurl.laplace import MetricLaplace, train_contrastive, train_online
+
+        cfg, e = self.cfg, self.cfg.estimator
+        net = EmbeddingNet(
+            cfg.backbone.name, cfg.backbone.embed_dim, **backbone_kwargs(cfg, data.channels)
+        ).to(device)
+        train = data.sets.train
+        loader = _Batches(
+            make_loader(train, cfg.train.batch_size, shuffle=True, seed=cfg.seed),
+            data.transform,
+            device,
+        )
+        opt = torch.optim.Adam(
+            net.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+        )
+        kwargs = dict(e.kwargs)
+        t0 = time.perf_counter()
+        if e.mode == "posthoc":
+            margin = kwargs.get("margin", 0.2)
+            losses = train_contrastive(
+                net, loader, opt, _epochs(cfg), margin=margin, progress=progress
+            )
+            la = MetricLaplace(net, **kwargs)
+            la.fit(loader, progress=progress)
+        else:
+            kwargs.setdefault("dataset_size", len(train))
+            la = MetricLaplace(net, mode="online", **kwargs)
+            gen = torch.Generator(device=device).manual_seed(cfg.seed)
+            losses = train_online(la, loader, opt, _epochs(cfg), generator=gen, progress=progress)
+        with contextlib.suppress(ValueError):  # every Hessian entry clamped: keep the prior
+            la.optimize_prior_precision()
+        train_time = time.perf_counter() - t0
+        self.la, self.net = la, net
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            self.checkpoint = out / "laplace.pt"
+            torch.save(
+                {"model": net.state_dict(), "laplace": la.state_dict(), "config": cfg.to_dict()},
+                self.checkpoint,
+            )
+        return {
+            "train_time": train_time,
+            "final_loss": float(losses[-1]) if losses else None,
+            "prior_precision": float(torch.as_tensor(la.prior_precision).mean()),
+            "clamped_fraction": float(la.clamped_fraction),
+        }
+
+    def predict(self, x: Tensor, n_samples: int = 0) -> Output:
+        return self.la.predictive(x, n_samples=n_samples)
+
+
+#: Estimator classes by ``kind``.
+ESTIMATORS: dict[str, type[Estimator]] = {
+    "method": MethodEstimator,
+    "posthoc": PosthocEstimator,
+    "lam": LamEstimator,
+}
+
+
+def build_estimator(cfg: RunConfig) -> Estimator:
+    """The (unfitted) estimator of ``cfg`` by its ``kind``; options are checked here.
+
+    Raises
+    ------
+    ValueError
+        For an unknown method, wrapper, mode or option (naming the config key).
+    """
+    return ESTIMATORS[cfg.estimator.kind](cfg)

@@ -1,0 +1,495 @@
+"""One run: config -> data -> estimator -> predict -> evaluate -> result record.
+
+:func:`run` is the road every command and the benchmark take (ARCHITECTURE.md): it builds
+(or reuses) the data of a :class:`~bayesurl.runs.config.RunConfig`, seeds everything with the
+run's seed, fits the estimator (training or reusing a post-hoc estimator's base first),
+predicts the evaluation sets with the one sampling rule and scores them with
+:func:`bayesurl.evaluation.evaluate` (URL section 3.2 zero-shot protocol; METRICS.md). The same
+config and seed give the same metrics whichever caller runs it.
+
+A :class:`RunCache` shared by several runs (a sweep) keeps the assembled data and the fitted
+base methods, so PVU, post-hoc TaU and Laplace-on-CE wrap the CE run of the same seed instead
+of training it again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from bayesurl.runs.config import RunConfig
+from bayesurl.runs.data import RunData, build_data, data_key
+from bayesurl.runs.estimators import Estimator, build_estimator
+from bayesurl.runs.predict import n_samples_for, score
+
+__all__ = [
+    "CHECKPOINT_DATASETS",
+    "RunCache",
+    "RunResult",
+    "evaluate_checkpoint",
+    "resolve_device",
+    "run",
+    "train",
+]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a :class:`torch.device` (``None``: CUDA if available, else CPU).
+
+    Raises
+    ------
+    ValueError
+        If ``device`` is not a torch device string.
+    """
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"`device` {device!r} is not a torch device: {exc}") from None
+
+
+@dataclass
+class RunCache:
+    """Assembled data and fitted base estimators shared by the runs of a sweep.
+
+    Attributes
+    ----------
+    data : dict
+        :class:`~bayesurl.runs.data.RunData` by :func:`~bayesurl.runs.data.data_key`.
+    bases : dict
+        ``(estimator, fit report)`` of base runs by their full settings (seed included).
+    """
+
+    data: dict[Any, RunData] = field(default_factory=dict)
+    bases: dict[str, tuple[Estimator, dict[str, Any]]] = field(default_factory=dict)
+
+    def get_data(self, cfg: RunConfig) -> RunData:
+        """The data of ``cfg``, built once per :func:`data_key`."""
+        key = data_key(cfg)
+        if key not in self.data:
+            self.data[key] = build_data(cfg)
+        return self.data[key]
+
+
+@dataclass
+class RunResult:
+    """The record of one run.
+
+    Attributes
+    ----------
+    estimator, dataset : str
+        Estimator table and recipe file names.
+    split : str
+        ``"zero_shot"`` (URL section 3.2: upstream train, downstream test classes).
+    seed : int
+    preset : str or None
+    metrics : dict
+        Evaluator result: ``r@1``, ``r_auroc``, ``ausc``, ``ause``, ``ece`` (``None`` without
+        a distribution), ``map@5``, ``ood_auroc``, ``ood_auprc``, sizes, notes.
+    settings : dict
+        The resolved :class:`RunConfig` and the data description.
+    timings : dict
+        ``fit`` (estimator's own fit), ``train_time`` (including a base's training),
+        ``eval``, ``total`` in seconds.
+    fit : dict
+        The estimator's fit report (losses, steps, prior precision, ...).
+    paper : dict or None
+        Reference figures of the recipe table.
+    checkpoint : str or None
+    error : str or None
+        Exception text of a failed run (then ``metrics`` is empty).
+    outputs : dict or None
+        The predicted ``(Output, labels)`` per evaluation set with ``keep_outputs=True``
+        (not serialised).
+    """
+
+    estimator: str
+    dataset: str
+    split: str
+    seed: int
+    preset: str | None
+    metrics: dict[str, Any]
+    settings: dict[str, Any]
+    timings: dict[str, float]
+    fit: dict[str, Any] = field(default_factory=dict)
+    paper: dict[str, Any] | None = None
+    checkpoint: str | None = None
+    error: str | None = None
+    outputs: dict[str, Any] | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready record (without ``outputs``)."""
+        return {
+            "estimator": self.estimator,
+            "dataset": self.dataset,
+            "split": self.split,
+            "seed": self.seed,
+            "preset": self.preset,
+            "metrics": self.metrics,
+            "settings": self.settings,
+            "timings": self.timings,
+            "fit": self.fit,
+            "paper": self.paper,
+            "checkpoint": self.checkpoint,
+            "error": self.error,
+        }
+
+    def record(self) -> dict[str, Any]:
+        """One flat row for sweep tables: ``estimator``, ``seed``, ``error``, metrics, times."""
+        row: dict[str, Any] = {"estimator": self.estimator, "seed": self.seed, "error": self.error}
+        row.update({k: v for k, v in self.metrics.items() if k not in ("notes",)})
+        row.update(
+            train_time=self.timings.get("train_time"),
+            eval_time=self.timings.get("eval"),
+            train_cpu_time=self.fit.get("train_cpu_time"),
+            final_loss=self.fit.get("final_loss"),
+            steps=self.fit.get("steps"),
+        )
+        if self.error:
+            row["traceback"] = self.settings.get("traceback")
+        return row
+
+    def write_json(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`to_dict` as JSON (``null`` where a metric is undefined)."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), indent=2, default=_json_default))
+        return p
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return str(obj)
+
+
+def _mean_of(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Mean of the numeric metrics over several test sets, the sets under ``per_set``."""
+    first = next(iter(per.values()))
+    out: dict[str, Any] = {}
+    for key, value in first.items():
+        vals = [r.get(key) for r in per.values()]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            out[key] = sum(float(v) for v in vals) / len(vals)
+        elif all(v is None for v in vals):
+            out[key] = None
+    out["notes"] = [f"mean over the downstream sets {', '.join(per)}"]
+    out["eval_time"] = sum(float(r["eval_time"]) for r in per.values())
+    out["per_set"] = {k: {x: y for x, y in r.items() if x != "outputs"} for k, r in per.items()}
+    if any("outputs" in r for r in per.values()):
+        out["outputs"] = {k: r["outputs"]["test"] for k, r in per.items()}
+    return out
+
+
+def _base_key(cfg: RunConfig, device: torch.device) -> str:
+    return json.dumps({**cfg.to_dict(), "device": str(device)}, sort_keys=True, default=str)
+
+
+def _say(enabled: bool, text: str) -> None:
+    if enabled:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _fit_base(
+    cfg: RunConfig, data: RunData, cache: RunCache, device: torch.device
+) -> tuple[Estimator, dict[str, Any]]:
+    from bayesurl.training import seed_everything
+
+    key = _base_key(cfg, device)
+    if key not in cache.bases:
+        seed_everything(cfg.seed)
+        est = build_estimator(cfg)
+        report = est.fit(data, device=device, progress=False)
+        cache.bases[key] = (est, report)
+    return cache.bases[key]
+
+
+def run(
+    cfg: RunConfig,
+    *,
+    cache: RunCache | None = None,
+    out: str | os.PathLike[str] | None = None,
+    progress: bool = False,
+    keep_outputs: bool = False,
+    raise_errors: bool = True,
+    **evaluate_kwargs: Any,
+) -> RunResult:
+    """Fit and evaluate the estimator of ``cfg`` zero-shot; return its :class:`RunResult`.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        From :func:`bayesurl.runs.config.load_recipe`.
+    cache : RunCache, optional
+        Shared data and base estimators (a sweep passes one; default: a fresh one).
+    out : path-like, optional
+        Folder for the checkpoint(s) and ``result.json``.
+    progress : bool
+        Print one line per phase (fit, evaluation) on stderr. The training loops run without
+        per-batch bars either way: a live tqdm bar changed the float results of CPU training
+        (CE smoke preset: R@1 0.687 without, 0.680 with a bar, both reproducible), and a run
+        must give the same metrics whichever command starts it.
+    keep_outputs : bool
+        Keep the predicted outputs in ``RunResult.outputs``.
+    raise_errors : bool
+        Re-raise an exception of the estimator instead of recording it in ``error``.
+    **evaluate_kwargs
+        Passed to :func:`bayesurl.evaluation.evaluate`.
+
+    Returns
+    -------
+    RunResult
+
+    Raises
+    ------
+    ValueError, FileNotFoundError
+        On a bad config or missing data (always raised, even with ``raise_errors=False``:
+        nothing was run).
+    """
+    from bayesurl.training import seed_everything
+
+    t0 = time.perf_counter()
+    cache = cache if cache is not None else RunCache()
+    device = resolve_device(cfg.device)
+    out_dir = None if out is None else Path(out)
+    data = cache.get_data(cfg)
+    estimator = build_estimator(cfg)  # validates the options before anything trains
+    base_cfg = cfg.base
+    settings: dict[str, Any] = {
+        "config": cfg.to_dict(),
+        "data": data.info,
+        "device": str(device),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+    result = RunResult(
+        estimator=cfg.estimator.name,
+        dataset=cfg.dataset,
+        split="zero_shot",
+        seed=cfg.seed,
+        preset=cfg.preset,
+        metrics={},
+        settings=settings,
+        timings={},
+        paper=dict(cfg.estimator.paper) or None,
+    )
+    try:
+        base, base_time = None, 0.0
+        if base_cfg is not None:
+            _say(progress, f"{cfg.name}: base {base_cfg.estimator.name} (seed {cfg.seed})")
+            base, base_report = _fit_base(base_cfg, data, cache, device)
+            base_time = float(base_report.get("train_time", 0.0))
+        seed_everything(cfg.seed)
+        _say(progress, f"{cfg.name}: fitting (seed {cfg.seed}, device {device})")
+        fit_report = estimator.fit(data, device=device, progress=False, base=base, out=out_dir)
+        _say(
+            progress, f"{cfg.name}: fitted in {fit_report.get('train_time', 0.0):.1f} s; evaluating"
+        )
+        fit_time = float(fit_report.get("train_time", 0.0))
+        n = n_samples_for(estimator.has_distribution, cfg.eval.samples)
+        kw = {
+            "n_samples": n,
+            "batch_size": cfg.eval.batch_size,
+            "device": device,
+            "seed": cfg.seed,
+            "return_outputs": keep_outputs,
+            **evaluate_kwargs,
+        }
+        if data.tests:  # several downstream sets: each scored, their mean reported
+            per = {
+                k: score(estimator.predict, SimpleNamespace(test=v), data.transform, **kw)
+                for k, v in data.tests.items()
+            }
+            res = _mean_of(per)
+        else:
+            res = score(estimator.predict, data.sets, data.transform, **kw)
+        result.outputs = res.pop("outputs", None)
+        result.metrics = res
+        result.fit = fit_report
+        result.checkpoint = None if estimator.checkpoint is None else str(estimator.checkpoint)
+        result.timings = {
+            "fit": fit_time,
+            "base_fit": base_time,
+            "train_time": fit_time + base_time,
+            "eval": float(res["eval_time"]),
+        }
+    except Exception as exc:
+        if raise_errors:
+            raise
+        result.error = f"{type(exc).__name__}: {exc}"
+        settings["traceback"] = traceback.format_exc(limit=4)
+    result.timings["total"] = time.perf_counter() - t0
+    if out_dir is not None:
+        result.write_json(out_dir / "result.json")
+    return result
+
+
+#: Data sets :func:`evaluate_checkpoint` can build (those of ``bayesurl train``).
+CHECKPOINT_DATASETS = ("default", "fashion_mnist", "digits")
+
+
+def evaluate_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    dataset: str | None = None,
+    root: str | os.PathLike[str] | None = None,
+    n_samples: int | None = None,
+    max_test: int | None = None,
+    max_ood: int | None = None,
+    device: str | torch.device | None = "cpu",
+    batch_size: int = 500,
+    seed: int = 0,
+    **evaluate_kwargs: Any,
+) -> dict[str, Any]:
+    """Evaluate a trained method checkpoint zero-shot (URL section 3.2).
+
+    Rebuilds the method with :func:`bayesurl.training.load_method_from_checkpoint`
+    (weights-only load), assembles the zero-shot sets of its data set with
+    :func:`bayesurl.runs.data.build_data` and scores it with
+    :func:`bayesurl.runs.predict.evaluate_method`.
+
+    Parameters
+    ----------
+    path : path-like
+        ``last.pt`` written by ``bayesurl train`` / ``bayesurl run`` / :func:`bayesurl.training.fit`.
+    dataset : {"default", "fashion_mnist", "digits"}, optional
+        Default: the ``dataset`` in ``train.json`` next to the checkpoint, else ``"default"``
+        (FashionMNIST, digits if absent).
+    root : path-like, optional
+        FashionMNIST location.
+    n_samples : int, optional
+        Draws for the ECE (default 10 where the method has a distribution).
+    max_test, max_ood : int, optional
+        Caps on the downstream test / held-out upstream sets and on the OOD set.
+    device : str or torch.device, optional
+        CPU by default; ``None``: CUDA if available.
+    batch_size, seed, **evaluate_kwargs
+        As for :func:`bayesurl.runs.predict.score`.
+
+    Returns
+    -------
+    dict
+        The scores plus ``method``, ``checkpoint`` and ``dataset``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If the checkpoint is corrupted or not a method checkpoint (naming ``path``), or
+        ``dataset`` / a cap is invalid.
+    """
+    from bayesurl.runs.config import BackboneConfig, DataConfig, EstimatorConfig
+    from bayesurl.runs.predict import evaluate_method
+    from bayesurl.training import load_method_from_checkpoint
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"checkpoint {str(p)!r} does not exist")
+    if dataset is None:
+        dataset = "default"
+        info = p.parent / "train.json"
+        if info.is_file():
+            try:
+                dataset = str(json.loads(info.read_text()).get("dataset") or "default")
+            except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+                dataset = "default"
+    name = str(dataset).lower().replace("-", "_")
+    if name not in CHECKPOINT_DATASETS:
+        raise ValueError(
+            f"unknown `dataset` {dataset!r}; valid names: {', '.join(CHECKPOINT_DATASETS)}"
+        )
+    for arg, value in (("max_test", max_test), ("max_ood", max_ood)):
+        if value is not None and int(value) < 1:
+            raise ValueError(f"`{arg}` must be a positive size or None, got {value}")
+    dev = resolve_device(device)
+    method = load_method_from_checkpoint(p, map_location=dev)
+    hp = dict(getattr(method, "hparams", {}) or {})
+    backbone = hp.get("backbone", "small_convnet")
+    cfg = RunConfig(
+        dataset=name,
+        estimator=EstimatorConfig(name=method.name),
+        data=DataConfig(
+            name=name, root=None if root is None else str(root), max_test=max_test, max_ood=max_ood
+        ),
+        backbone=BackboneConfig(
+            name=backbone if isinstance(backbone, str) else "small_convnet",
+            kwargs=dict(hp.get("backbone_kwargs") or {}),
+        ),
+    )
+    data = build_data(cfg)
+    res = evaluate_method(
+        method,
+        data.sets,
+        n_samples=n_samples,
+        transform=data.transform,
+        batch_size=batch_size,
+        device=dev,
+        seed=seed,
+        **evaluate_kwargs,
+    )
+    return {"method": method.name, "checkpoint": str(p), "dataset": data.name, **res}
+
+
+def train(
+    cfg: RunConfig,
+    *,
+    out: str | os.PathLike[str],
+    resume: str | os.PathLike[str] | None = None,
+    keep_epoch_checkpoints: bool = False,
+    progress: bool = True,
+) -> tuple[Any, Any]:
+    """Train the registry method of ``cfg`` and checkpoint it (no evaluation).
+
+    The training half of :func:`run` for ``bayesurl train``: the same data assembly, seeding
+    and :class:`~bayesurl.runs.estimators.MethodEstimator`. Runs under ``torchrun`` too (DDP
+    with one process per rank, :func:`bayesurl.training.distributed.init_from_env`).
+
+    Returns
+    -------
+    (MethodEstimator, RunData)
+        The fitted estimator (``.method``, ``.result``: the
+        :class:`~bayesurl.training.TrainResult`, ``.method_kwargs``, ``.main_process``: rank 0
+        under torchrun) and the data.
+
+    Raises
+    ------
+    ValueError
+        If the estimator is not of kind ``method``, or on bad options.
+    """
+    from bayesurl.runs.estimators import MethodEstimator
+    from bayesurl.training import distributed as D
+    from bayesurl.training import seed_everything
+
+    if cfg.estimator.kind != "method":
+        raise ValueError(f"`train` trains registry methods, not kind {cfg.estimator.kind!r}")
+    estimator = build_estimator(cfg)
+    assert isinstance(estimator, MethodEstimator)
+    info = D.init_from_env(device=cfg.device)
+    try:
+        device = torch.device(cfg.device) if cfg.device else info.device
+        data = build_data(cfg)
+        seed_everything(cfg.seed)
+        estimator.fit(
+            data,
+            device=device,
+            progress=progress,
+            out=Path(out),
+            resume=resume,
+            keep_epoch_checkpoints=keep_epoch_checkpoints,
+        )
+        estimator.main_process = D.is_main_process()  # rank 0 reports (before cleanup)
+        return estimator, data
+    finally:
+        D.cleanup()

@@ -1,0 +1,650 @@
+"""Sweep storage on Optuna's RDB storage: claim-a-run semantics for resumable, multi-worker sweeps.
+
+A benchmark sweep is a fixed plan of runs, one per (estimator, class split, seed) (URL,
+Kirchhof et al., 2023, section 3: every model is replicated over seeds and downstream sets and
+averaged). :class:`SweepStorage` keeps that plan, each run's state and each finished run's
+record in an Optuna RDB storage (:class:`optuna.storages.RDBStorage`):
+
+* a SQLite file ``<out>/sweep.db`` by default (kill the sweep and start it again: finished runs
+  are not repeated), or any SQLAlchemy URL, e.g. ``postgresql://user:pw@host/db``, shared by
+  workers on several machines (one ``bayesurl benchmark --worker`` per machine or GPU);
+* one Optuna study per sweep (``"sweep:<name>"``); every run is an Optuna trial whose user
+  attributes hold the run's key (``"<estimator>/split<k>/seed<s>"``), its parameters and, once
+  finished, its record (metrics, settings, timings). Hyper-parameter searches
+  (:meth:`SweepStorage.tuning_study`) are further studies in the same storage, so runs and
+  trials live in one database that ``optuna-dashboard <url>`` can show.
+
+**Claiming.** A run is enqueued as a ``WAITING`` trial. A worker claims it by the storage's
+atomic ``WAITING -> RUNNING`` transition (:meth:`optuna.storages.RDBStorage.set_trial_state_values`
+reads the row ``FOR UPDATE`` on PostgreSQL; on SQLite every transaction begins with
+``BEGIN IMMEDIATE``, so the read and the write hold the lock together), so two workers never
+get the same trial. Enqueueing is idempotent:
+every worker adds the plan's missing keys at start. Two workers starting at once may both
+enqueue a key; then the key's **canonical** trial is the one with the smallest trial id among
+its ``WAITING`` / ``RUNNING`` / ``COMPLETE`` trials, and a worker that claims any other trial of
+that key (checked again after its claim is committed) retires it as a duplicate without running
+it. A run is done once its canonical trial is ``COMPLETE``.
+
+**Crashes.** While a run executes, a thread records Optuna heartbeats; a ``RUNNING`` trial
+whose heartbeat is older than ``grace_period`` (the worker was killed, the machine lost) is
+failed by the next worker that looks (:func:`optuna.storages.fail_stale_trials`) and its key is
+enqueued again. A run whose function raises is recorded as ``FAIL`` with the error and tried
+again; crashes and errors together get ``max_attempts`` attempts per run, after which the run is
+reported as failed (:meth:`SweepStorage.failures`; ``add_runs(..., retry_failed=True)`` gives
+it one more). Ctrl-C or SIGTERM gives the claimed run back at once (``FAIL`` marked
+``interrupted``, not counted as an attempt).
+
+Optuna is an optional dependency: ``pip install bayesurl[sweep]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import signal
+import sqlite3
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Claim", "SweepStorage", "default_storage_url", "run_key", "require_optuna"]
+
+#: Default file name of the SQLite storage inside the output folder.
+DEFAULT_DB = "sweep.db"
+
+
+def require_optuna() -> Any:
+    """Import Optuna or raise an :class:`ImportError` that says how to install it."""
+    try:
+        import optuna
+    except ImportError as exc:  # pragma: no cover - exercised only without optuna
+        raise ImportError(
+            "sweep storage and --tune need Optuna and SQLAlchemy: pip install 'bayesurl[sweep]'"
+        ) from exc
+    return optuna
+
+
+def run_key(estimator: str, split: int, seed: int) -> str:
+    """The key of one run, ``"<estimator>/split<split>/seed<seed>"``.
+
+    Raises
+    ------
+    ValueError
+        If ``estimator`` is empty or contains ``/``, or ``split`` / ``seed`` is negative.
+    """
+    est = str(estimator).strip()
+    if not est or "/" in est:
+        raise ValueError(f"`estimator` must be a non-empty name without '/', got {estimator!r}")
+    for arg, v in (("split", split), ("seed", seed)):
+        if isinstance(v, bool) or int(v) != v or int(v) < 0:
+            raise ValueError(f"`{arg}` must be a non-negative integer, got {v!r}")
+    return f"{est}/split{int(split)}/seed{int(seed)}"
+
+
+def default_storage_url(out: str | os.PathLike[str]) -> str:
+    """``sqlite:///<out>/sweep.db`` (absolute path; the folder is created)."""
+    folder = Path(out).expanduser().resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / DEFAULT_DB}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A run claimed by this worker: its key, parameters and the Optuna trial holding it."""
+
+    key: str
+    params: dict[str, Any]
+    trial_id: int
+    attempt: int
+
+
+def _retry(
+    fn: Callable[[], Any], what: str, tries: int = 60, also: tuple[type[BaseException], ...] = ()
+) -> Any:
+    """Call ``fn``, retrying on lock contention (SQLite ``database is locked``, serialisation
+    failures; plus the exception types ``also``) with a short random back-off; other errors
+    propagate."""
+    optuna = require_optuna()
+    from sqlalchemy.exc import OperationalError
+
+    for i in range(tries):
+        try:
+            return fn()
+        except (optuna.exceptions.StorageInternalError, OperationalError, *also):
+            if i == tries - 1:
+                raise
+            time.sleep(0.02 + random.random() * min(1.0, 0.05 * (i + 1)))
+    raise RuntimeError(f"unreachable: {what}")  # pragma: no cover
+
+
+def _quiet(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` without Optuna's ExperimentalWarning (heartbeats are 'experimental' since 2.9)."""
+    optuna = require_optuna()
+
+    def go() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return fn()
+
+    return go
+
+
+def _enable_wal(url: str) -> None:
+    """Put a local SQLite file in WAL mode (readers do not block the writer); persistent."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or url == "sqlite:///:memory:":
+        return
+    path = url[len(prefix) :].split("?", 1)[0]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(50):
+        try:
+            with contextlib.closing(sqlite3.connect(path, timeout=30)) as con:
+                con.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError:
+            time.sleep(0.05 + random.random() * 0.1)
+
+
+def _serialise_sqlite(engine: Any) -> None:
+    """Open every SQLite transaction with ``BEGIN IMMEDIATE`` (SQLAlchemy's pysqlite recipe).
+
+    The Python driver starts a transaction only at the first write, so Optuna's read-then-write
+    ``WAITING -> RUNNING`` check would not be atomic between processes: two workers could both
+    read ``WAITING`` and both claim the trial (the two-process test caught this). With
+    ``BEGIN IMMEDIATE`` the write lock is taken before the read.
+    """
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _no_driver_begin(dbapi_connection: Any, record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # drop connections opened before the listeners
+
+
+class _Heartbeat:
+    """Background thread recording Optuna heartbeats of one trial until stopped."""
+
+    def __init__(self, storage: Any, trial_id: int, interval: float) -> None:
+        self._storage, self._trial_id, self._interval = storage, trial_id, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._interval):
+            with contextlib.suppress(Exception):  # a missed beat only ages the trial
+                self._storage.record_heartbeat(self._trial_id)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into :class:`KeyboardInterrupt` (main thread only) so a killed worker
+    gives its run back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class SweepStorage:
+    """A sweep's plan, claims and records in an Optuna RDB storage (see module docs).
+
+    Parameters
+    ----------
+    url : str, optional
+        SQLAlchemy URL of the storage (``sqlite:///path.db``, ``postgresql://...``). Default:
+        ``sqlite:///<out>/sweep.db``.
+    out : path-like, optional
+        Output folder of the default SQLite file; required when ``url`` is ``None``.
+    sweep : str
+        Sweep name; the runs live in the Optuna study ``"sweep:<sweep>"``.
+    heartbeat_interval : int
+        Seconds between heartbeats of a running run.
+    grace_period : int, optional
+        Seconds without a heartbeat after which a running run counts as crashed and is given
+        to another worker. Default ``4 * heartbeat_interval``.
+    max_attempts : int
+        Attempts per run (crashes and errors) before the sweep gives up on it.
+
+    Raises
+    ------
+    ValueError
+        If neither ``url`` nor ``out`` is given, ``sweep`` is empty, or a number is not
+        positive.
+    ImportError
+        If Optuna is not installed.
+
+    Examples
+    --------
+    >>> store = SweepStorage(out="results/benchmark/standard")  # doctest: +SKIP
+    >>> store.add_runs([{"estimator": "ce", "split": 0, "seed": 0}])  # doctest: +SKIP
+    >>> store.work(lambda params: {"r_auroc": 0.6})  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        out: str | os.PathLike[str] | None = None,
+        sweep: str = "benchmark",
+        heartbeat_interval: int = 30,
+        grace_period: int | None = None,
+        max_attempts: int = 2,
+    ) -> None:
+        optuna = require_optuna()
+        from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+        if url is None:
+            if out is None:
+                raise ValueError("give `url` (SQLAlchemy URL) or `out` (folder of sweep.db)")
+            url = default_storage_url(out)
+        if not str(url).strip():
+            raise ValueError("`url` must be a non-empty SQLAlchemy URL")
+        if not str(sweep).strip():
+            raise ValueError("`sweep` must be a non-empty name")
+        for arg, v in (("heartbeat_interval", heartbeat_interval), ("max_attempts", max_attempts)):
+            if int(v) < 1:
+                raise ValueError(f"`{arg}` must be a positive integer, got {v}")
+        grace = 4 * int(heartbeat_interval) if grace_period is None else int(grace_period)
+        if grace < 1:
+            raise ValueError(f"`grace_period` must be a positive integer, got {grace_period}")
+        self.url = str(url)
+        self.sweep = str(sweep)
+        self.max_attempts = int(max_attempts)
+        self.heartbeat_interval = int(heartbeat_interval)
+        self.grace_period = grace
+        _enable_wal(self.url)
+        engine_kwargs: dict[str, Any] = {}
+        if self.url.startswith("sqlite"):
+            engine_kwargs["connect_args"] = {"timeout": 60}
+        self._storage = _retry(
+            _quiet(
+                lambda: optuna.storages.RDBStorage(
+                    self.url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=self.heartbeat_interval,
+                    grace_period=self.grace_period,
+                )
+            ),
+            "open storage",
+            # two processes creating the schema at once: the loser's alembic stamp (or, on
+            # PostgreSQL, its CREATE TABLE) fails
+            also=(IntegrityError, ProgrammingError),
+        )
+        if self.url.startswith("sqlite"):
+            _serialise_sqlite(self._storage.engine)
+        self._study = _retry(
+            lambda: optuna.create_study(
+                study_name=f"sweep:{self.sweep}",
+                storage=self._storage,
+                direction="maximize",
+                load_if_exists=True,
+            ),
+            "create study",
+        )
+        self._study_id = self._study._study_id
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def storage(self) -> Any:
+        """The :class:`optuna.storages.RDBStorage`."""
+        return self._storage
+
+    def _trials(self) -> list[Any]:
+        return _retry(
+            lambda: self._storage.get_all_trials(self._study_id, deepcopy=False), "read trials"
+        )
+
+    def _by_key(self) -> dict[str, list[Any]]:
+        groups: dict[str, list[Any]] = {}
+        for t in self._trials():
+            key = t.user_attrs.get("key")
+            if key is not None:
+                groups.setdefault(key, []).append(t)
+        for ts in groups.values():
+            ts.sort(key=lambda t: t._trial_id)
+        return groups
+
+    @staticmethod
+    def _live(trials: Iterable[Any]) -> list[Any]:
+        optuna = require_optuna()
+        live = (
+            optuna.trial.TrialState.WAITING,
+            optuna.trial.TrialState.RUNNING,
+            optuna.trial.TrialState.COMPLETE,
+        )
+        return [t for t in trials if t.state in live]
+
+    @staticmethod
+    def _attempts(trials: Iterable[Any]) -> int:
+        optuna = require_optuna()
+        return sum(
+            1
+            for t in trials
+            if t.state == optuna.trial.TrialState.FAIL
+            and not t.system_attrs.get("duplicate")
+            and not t.system_attrs.get("interrupted")
+        )
+
+    def status(self) -> dict[str, int]:
+        """Counts of the plan's runs: ``waiting``, ``running``, ``complete``, ``failed``
+        (given up: no live trial and ``max_attempts`` used), ``total``."""
+        optuna = require_optuna()
+        st = optuna.trial.TrialState
+        out = {"waiting": 0, "running": 0, "complete": 0, "failed": 0, "total": 0}
+        for ts in self._by_key().values():
+            out["total"] += 1
+            live = self._live(ts)
+            if not live:
+                out["failed"] += 1
+                continue
+            state = live[0].state
+            name = {st.WAITING: "waiting", st.RUNNING: "running", st.COMPLETE: "complete"}[state]
+            out[name] += 1
+        return out
+
+    def records(self) -> list[dict[str, Any]]:
+        """The records of the finished runs (one per key, the canonical trial's), in the
+        plan's order."""
+        optuna = require_optuna()
+        out = []
+        for ts in self._by_key().values():
+            live = self._live(ts)
+            if live and live[0].state == optuna.trial.TrialState.COMPLETE:
+                out.append(dict(live[0].user_attrs.get("record", {})))
+        return out
+
+    def failures(self) -> list[dict[str, Any]]:
+        """``{"key", "params", "error"}`` of every failed attempt (errors and crashes)."""
+        optuna = require_optuna()
+        out = []
+        for key, ts in self._by_key().items():
+            for t in ts:
+                if t.state != optuna.trial.TrialState.FAIL or t.system_attrs.get("duplicate"):
+                    continue
+                out.append(
+                    {
+                        "key": key,
+                        "params": dict(t.user_attrs.get("params", {})),
+                        "error": t.user_attrs.get("error")
+                        or ("interrupted" if t.system_attrs.get("interrupted") else "crashed"),
+                    }
+                )
+        return out
+
+    # ------------------------------------------------------------------ writing
+    def add_runs(self, runs: Iterable[Mapping[str, Any]], *, retry_failed: bool = False) -> int:
+        """Enqueue the runs of the plan that are not yet in the storage (idempotent).
+
+        Parameters
+        ----------
+        runs : iterable of mapping
+            Each with ``"estimator"``, ``"split"``, ``"seed"`` and any further JSON-able
+            parameters the run function needs (they are stored with the run).
+        retry_failed : bool
+            Also enqueue runs that failed ``max_attempts`` times (one more attempt).
+
+        Returns
+        -------
+        int
+            Number of runs enqueued.
+
+        Raises
+        ------
+        ValueError
+            If a run lacks ``estimator`` / ``split`` / ``seed`` or a key appears twice.
+        """
+        optuna = require_optuna()
+        plan: dict[str, dict[str, Any]] = {}
+        for r in runs:
+            missing = [k for k in ("estimator", "split", "seed") if k not in r]
+            if missing:
+                raise ValueError(f"a run in `runs` lacks {missing}: {dict(r)!r}")
+            key = run_key(r["estimator"], r["split"], r["seed"])
+            if key in plan:
+                raise ValueError(f"run {key!r} appears twice in `runs`")
+            plan[key] = dict(r)
+        groups = self._by_key()
+        added = 0
+        for key, params in plan.items():
+            ts = groups.get(key, [])
+            if self._live(ts):
+                continue
+            attempts = self._attempts(ts)
+            if attempts >= self.max_attempts and not retry_failed:
+                continue
+            template = optuna.trial.create_trial(
+                state=optuna.trial.TrialState.WAITING,
+                user_attrs={"key": key, "params": params, "attempt": attempts + 1},
+            )
+            _retry(lambda t=template: self._storage.create_new_trial(self._study_id, t), "enqueue")
+            added += 1
+        return added
+
+    def fail_stale(self) -> None:
+        """Fail running trials whose heartbeat is older than ``grace_period`` (crashed
+        workers) and enqueue their keys again (up to ``max_attempts``)."""
+        optuna = require_optuna()
+        _retry(_quiet(lambda: optuna.storages.fail_stale_trials(self._study)), "fail stale")
+        self.add_runs(
+            [
+                dict(ts[-1].user_attrs["params"])
+                for ts in self._by_key().values()
+                if not self._live(ts) and self._attempts(ts) < self.max_attempts
+            ]
+        )
+
+    def claim(self) -> Claim | None:
+        """Claim one waiting run for this worker (``WAITING -> RUNNING``), or ``None``.
+
+        Returns
+        -------
+        Claim or None
+            ``None`` when no run is waiting (others may still be running).
+        """
+        optuna = require_optuna()
+        st = optuna.trial.TrialState
+        while True:
+            groups = self._by_key()
+            waiting = [
+                ts_live[0]
+                for ts_live in (self._live(ts) for ts in groups.values())
+                if ts_live and ts_live[0].state == st.WAITING
+            ]
+            dupes = [
+                t for ts in groups.values() for t in self._live(ts)[1:] if t.state == st.WAITING
+            ]
+            for t in dupes:  # enqueued twice by racing workers: retire the copies
+                if self._take(t._trial_id):
+                    self._retire(t._trial_id, "duplicate")
+            if not waiting:
+                return None
+            for t in waiting:
+                if not self._take(t._trial_id):
+                    continue  # another worker was faster
+                _retry(lambda t=t: self._storage.record_heartbeat(t._trial_id), "heartbeat")
+                key = t.user_attrs["key"]
+                # re-check after the commit: is this trial still the key's canonical one?
+                live = self._live(self._by_key().get(key, []))
+                if not live or live[0]._trial_id != t._trial_id:
+                    self._retire(t._trial_id, "duplicate")
+                    continue
+                return Claim(
+                    key=key,
+                    params=dict(t.user_attrs["params"]),
+                    trial_id=t._trial_id,
+                    attempt=int(t.user_attrs.get("attempt", 1)),
+                )
+
+    def _take(self, trial_id: int) -> bool:
+        optuna = require_optuna()
+
+        def go() -> bool:
+            try:
+                return bool(
+                    self._storage.set_trial_state_values(
+                        trial_id, state=optuna.trial.TrialState.RUNNING
+                    )
+                )
+            except optuna.exceptions.UpdateFinishedTrialError:
+                return False
+
+        return bool(_retry(go, "claim"))
+
+    def _retire(self, trial_id: int, why: str) -> None:
+        optuna = require_optuna()
+        _retry(lambda: self._storage.set_trial_system_attr(trial_id, why, True), "mark")
+        self._finish(trial_id, optuna.trial.TrialState.FAIL)
+
+    def _finish(self, trial_id: int, state: Any, value: float | None = None) -> None:
+        optuna = require_optuna()
+
+        def go() -> None:
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                self._storage.set_trial_state_values(
+                    trial_id, state=state, values=None if value is None else [value]
+                )
+
+        _retry(go, "finish")
+
+    def complete(
+        self, claim: Claim, record: Mapping[str, Any], *, objective: str = "r_auroc"
+    ) -> None:
+        """Store a finished run's record and mark it ``COMPLETE``.
+
+        The trial's value is ``record[objective]`` (``-inf`` when missing or not finite), so
+        Optuna tools can sort the runs.
+        """
+        optuna = require_optuna()
+        rec = {**dict(record), "key": claim.key}
+        v = rec.get(objective)
+        value = float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else -math.inf
+        try:
+            _retry(
+                lambda: self._storage.set_trial_user_attr(claim.trial_id, "record", rec), "record"
+            )
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # this worker missed its heartbeats long enough for another to fail the run as
+            # stale; the run was enqueued again and will be redone, nothing to store here
+            return
+        self._finish(claim.trial_id, optuna.trial.TrialState.COMPLETE, value)
+
+    def fail(self, claim: Claim, error: str | None = None, *, interrupted: bool = False) -> None:
+        """Mark a claimed run ``FAIL`` with its ``error`` (or as ``interrupted``: given back,
+        not counted as an attempt, enqueued again by the next :meth:`add_runs`)."""
+        optuna = require_optuna()
+        try:
+            if error is not None:
+                _retry(
+                    lambda: self._storage.set_trial_user_attr(claim.trial_id, "error", str(error)),
+                    "error",
+                )
+            if interrupted:
+                _retry(
+                    lambda: self._storage.set_trial_system_attr(
+                        claim.trial_id, "interrupted", True
+                    ),
+                    "mark",
+                )
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return  # already failed as stale by another worker
+        self._finish(claim.trial_id, optuna.trial.TrialState.FAIL)
+
+    # ------------------------------------------------------------------ the worker loop
+    def work(
+        self,
+        fn: Callable[[dict[str, Any]], Mapping[str, Any]],
+        *,
+        wait: bool = True,
+        poll: float = 5.0,
+        max_runs: int | None = None,
+        on_done: Callable[[Claim, Mapping[str, Any] | None, str | None], None] | None = None,
+    ) -> int:
+        """Claim and execute runs until none is left; return how many this worker finished.
+
+        Parameters
+        ----------
+        fn : callable
+            ``fn(params) -> record``: executes one run. An exception is recorded as the run's
+            error (``FAIL``; tried again up to ``max_attempts``) and the worker goes on.
+        wait : bool
+            When nothing is waiting but other workers still run, wait (``poll`` seconds at a
+            time) for them: a crashed worker's run comes back after ``grace_period``.
+        poll : float
+            Seconds between looks while waiting.
+        max_runs : int, optional
+            Stop after this many runs.
+        on_done : callable, optional
+            ``on_done(claim, record, error)`` after each run (progress output).
+        """
+        done = 0
+        with _sigterm_as_interrupt():
+            while max_runs is None or done < max_runs:
+                self.fail_stale()
+                claim = self.claim()
+                if claim is None:
+                    if wait and self.status()["running"] > 0:
+                        time.sleep(poll)
+                        continue
+                    break
+                try:
+                    with _Heartbeat(self._storage, claim.trial_id, self.heartbeat_interval):
+                        record = fn(dict(claim.params))
+                except KeyboardInterrupt:
+                    self.fail(claim, interrupted=True)
+                    raise
+                except Exception as exc:  # recorded, the sweep goes on
+                    err = f"{type(exc).__name__}: {exc}"
+                    self.fail(claim, err)
+                    if on_done is not None:
+                        on_done(claim, None, err)
+                    done += 1
+                    continue
+                self.complete(claim, record)
+                if on_done is not None:
+                    on_done(claim, record, None)
+                done += 1
+        return done
+
+    def tuning_study(self, name: str, *, sampler: Any = None) -> Any:
+        """An Optuna study ``"tune:<sweep>:<name>"`` (maximise) in the same storage, for a
+        hyper-parameter search whose trials several workers can share."""
+        optuna = require_optuna()
+        if not str(name).strip():
+            raise ValueError("`name` must be a non-empty study name")
+        return _retry(
+            lambda: optuna.create_study(
+                study_name=f"tune:{self.sweep}:{name}",
+                storage=self._storage,
+                direction="maximize",
+                sampler=sampler,
+                load_if_exists=True,
+            ),
+            "create tuning study",
+        )

@@ -1,0 +1,169 @@
+"""The protocol sweep with a cheap fake run function: plan, storage, tuning, results files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("optuna")
+
+from bayesurl.runs.protocol import (  # noqa: E402
+    ProtocolPreset,
+    get_protocol_preset,
+    load_tuned,
+    plan_runs,
+    run_protocol,
+)
+
+PRESET = ProtocolPreset("t", recipe_preset=None, n_splits=4, seeds=(0, 1))
+QUALITY = {"ce": 0.0, "a": 0.02, "b": 0.05, "c": 0.10}
+
+
+def fake_run(params):
+    """R-AUROC = 0.55 + the estimator's quality + a split effect; with ``train.lr`` in the
+    overrides the R-AUROC peaks at lr = 1e-3 and R@1 falls below 0.1 for lr > 5e-3."""
+    est, k, s = params["estimator"], params["split"], params["seed"]
+    lr = 1e-3
+    for o in params.get("overrides") or []:
+        if o.startswith("train.lr="):
+            lr = float(o.split("=", 1)[1])
+    noise = 0.003 * math.sin(7 * k + 3 * s + len(est))
+    penalty = 0.05 * abs(math.log10(lr) + 3)
+    return {
+        "method": est,
+        "split": k,
+        "seed": s,
+        "r@1": 0.05 if lr > 5e-3 else 0.6 + 0.01 * k,
+        "r_auroc": 0.55 + QUALITY.get(est, 0.0) + 0.01 * k + noise - penalty,
+        "ood_auroc": 0.7 + QUALITY.get(est, 0.0) + noise,
+        "ece": None,
+        "total_time": 0.01,
+        "seen_overrides": list(params.get("overrides") or []),
+    }
+
+
+def test_plan_runs_is_estimators_x_splits_x_seeds():
+    plan = plan_runs(["ce", "a"], PRESET)
+    assert len(plan) == 2 * 4 * 2
+    keys = {(r["estimator"], r["split"], r["seed"]) for r in plan}
+    assert len(keys) == 16
+    assert plan[0]["class_split"]["upstream"] == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="estimators"):
+        plan_runs([], PRESET)
+    with pytest.raises(ValueError, match="preset"):
+        get_protocol_preset("huge")
+
+
+def test_run_protocol_writes_results_and_resumes(tmp_path):
+    logs = []
+    res = run_protocol(
+        list(QUALITY), preset=PRESET, out=tmp_path, run_fn=fake_run, log=logs.append, poll=0.1
+    )
+    assert res["status"]["complete"] == 32 and res["done_here"] == 32
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert len(doc["runs"]) == 32
+    assert all({"method", "split", "seed", "r_auroc"} <= set(r) for r in doc["runs"])
+    summ = doc["summary"]
+    assert summ["c"]["r_auroc"]["n"] == 4  # interval over the 4 splits' seed means
+    assert summ["c"]["r_auroc"]["mean"] > summ["ce"]["r_auroc"]["mean"]
+    paired = doc["paired_vs_ce"]["r_auroc"]
+    assert paired["c"]["verdict"] == "better" and paired["c"]["n"] == 8
+    rep = doc["reproducibility"]["r_auroc"]
+    assert rep["mean"] == pytest.approx(1.0)  # the fake's ranking is split-independent
+    assert "note" in doc["reproducibility"]["r@1"] or doc["reproducibility"]["r@1"]["mean"] is None
+    csv_lines = (tmp_path / "results.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("method,split,seed,error,r@1,r_auroc") and len(csv_lines) == 33
+    assert (tmp_path / "recall_vs_rauroc.png").stat().st_size > 10_000
+    # starting again runs nothing: every run is finished
+    calls = []
+    again = run_protocol(
+        list(QUALITY),
+        preset=PRESET,
+        out=tmp_path,
+        run_fn=lambda p: calls.append(p) or fake_run(p),
+        log=logs.append,
+    )
+    assert calls == [] and again["done_here"] == 0
+
+
+def test_smoke_presets_say_so(tmp_path):
+    logs = []
+    p = ProtocolPreset("s", recipe_preset=None, n_splits=2, smoke=True, note="tiny")
+    run_protocol(["ce", "a", "b"], preset=p, out=tmp_path, run_fn=fake_run, log=logs.append)
+    assert "smoke-scale" in logs[0] and "--preset standard" in logs[0]
+    assert get_protocol_preset("quick").smoke and not get_protocol_preset("standard").smoke
+
+
+def test_tune_two_estimators_and_reuse(tmp_path):
+    logs = []
+    p = ProtocolPreset("tn", recipe_preset=None, n_splits=2, seeds=(0,))
+    run_protocol(["ce", "a"], preset=p, out=tmp_path, run_fn=fake_run, tune=12, log=logs.append)
+    tuned = json.loads((tmp_path / "tuned.json").read_text())
+    for est in ("ce", "a"):
+        t = tuned[est]
+        assert t["trials"] == 12
+        lr = t["params"]["train.lr"]
+        assert 1e-4 <= lr <= 5e-3  # a discarded (R@1 < 0.1) setting is never chosen
+        assert t["r@1"] >= 0.1
+    assert tuned["a"]["discarded"] + tuned["ce"]["discarded"] >= 1  # lr > 5e-3 was tried
+    doc = json.loads((tmp_path / "results.json").read_text())
+    for r in doc["runs"]:  # the sweep reused the chosen settings
+        assert r["seen_overrides"] == load_tuned(tmp_path)[r["method"]]
+    # a second --tune with the same N runs no further trials
+    n_logs = len(logs)
+    run_protocol(["ce", "a"], preset=p, out=tmp_path, run_fn=fake_run, tune=12, log=logs.append)
+    assert not any("tune " in line for line in logs[n_logs:])
+
+
+def test_bad_tuned_file(tmp_path):
+    (tmp_path / "tuned.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="tuned"):
+        load_tuned(tmp_path)
+
+
+def test_worker_joins_and_waits_for_a_plan(tmp_path):
+    run_protocol(["ce", "a", "b"], preset=PRESET, out=tmp_path, run_fn=fake_run, log=print)
+    res = run_protocol(None, preset=PRESET, out=tmp_path, worker=True, run_fn=fake_run, log=print)
+    assert res["done_here"] == 0 and res["status"]["complete"] == 24
+    with pytest.raises(ValueError, match="no runs"):
+        run_protocol(
+            None,
+            preset=PRESET,
+            out=tmp_path / "empty",
+            worker=True,
+            run_fn=fake_run,
+            poll=0.05,
+            plan_timeout=0.2,
+        )
+
+
+def test_pipeline_run_fn_on_a_class_split():
+    """The adapter to the one run pipeline: the run sees the split's classes and data sizes."""
+    pytest.importorskip("bayesurl.runs.runner")
+    from bayesurl.data.class_splits import class_splits
+    from bayesurl.runs.protocol import get_protocol_preset, pipeline_run_fn
+
+    preset = get_protocol_preset("smoke")
+    fn = pipeline_run_fn(preset=preset, device="cpu")
+    split = class_splits(2)[1]  # 5-9 upstream, 0-4 downstream
+    rec = fn(
+        {"estimator": "ce", "split": 1, "seed": 0, "class_split": split.to_dict(), "stage": "final"}
+    )
+    assert rec["error"] is None
+    assert (rec["method"], rec["split"], rec["seed"]) == ("ce", 1, 0)
+    assert rec["downstream"] == [0, 1, 2, 3, 4] and rec["n_test"] == preset.max_test
+    assert 0.0 <= rec["r_auroc"] <= 1.0 and 0.0 <= rec["mixed_r_auroc"] <= 1.0
+
+
+def test_write_results_keeps_failed_runs_apart(tmp_path):
+    from bayesurl.runs.protocol import write_results
+
+    recs = [fake_run({"estimator": e, "split": k, "seed": 0}) for e in QUALITY for k in range(4)]
+    recs.append({"method": "a", "split": 9, "seed": 0, "error": "RuntimeError: x", "r@1": None})
+    paths = write_results(recs, tmp_path, {"preset": "t"})
+    doc = json.loads(paths["json"].read_text())
+    assert doc["summary"]["a"]["_runs"] == {"ok": 4, "failed": 1}
+    assert doc["summary"]["a"]["r_auroc"]["n"] == 4  # the failed run is not averaged
+    assert len(doc["runs"]) == 17 and paths["png"].is_file()

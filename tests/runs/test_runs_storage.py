@@ -1,0 +1,230 @@
+"""Sweep storage: claim-a-run semantics on a shared Optuna RDB (SQLite) storage.
+
+The reference is an execution log written by the fake run function itself (one line per
+execution, appended by each worker process): every planned run must appear in it exactly once
+and have exactly one stored record.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("optuna")
+
+from bayesurl.runs.storage import SweepStorage, default_storage_url, run_key  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+WORKER = textwrap.dedent(
+    """
+    import os, sys, time
+    from bayesurl.runs.storage import SweepStorage
+
+    url, log, n_est, n_split, n_seed, sleep = sys.argv[1:7]
+    plan = [
+        {"estimator": f"m{e}", "split": k, "seed": s}
+        for e in range(int(n_est)) for k in range(int(n_split)) for s in range(int(n_seed))
+    ]
+    store = SweepStorage(url, sweep="test", heartbeat_interval=1, grace_period=3)
+    store.add_runs(plan)
+
+    def fn(params):
+        key = f"{params['estimator']}/split{params['split']}/seed{params['seed']}"
+        with open(log, "a") as fh:          # one O_APPEND write per started run
+            fh.write(f"start {key} {os.getpid()}\\n")
+        time.sleep(float(sleep))
+        with open(log, "a") as fh:
+            fh.write(f"end {key} {os.getpid()}\\n")
+        return {"value": params["split"] * 10 + params["seed"], "pid": os.getpid()}
+
+    n = store.work(fn, poll=0.2)
+    print("DONE", n, flush=True)
+    """
+)
+
+
+def _spawn(tmp_path: Path, url: str, log: Path, sizes: tuple[int, int, int], sleep: float):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, str(script), url, str(log), *map(str, sizes), str(sleep)]
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _log(log: Path) -> tuple[Counter, Counter, set[str]]:
+    starts, ends, pids = Counter(), Counter(), set()
+    for line in log.read_text().splitlines():
+        what, key, pid = line.split()
+        (starts if what == "start" else ends)[key] += 1
+        pids.add(pid)
+    return starts, ends, pids
+
+
+#: A PostgreSQL database for the multi-machine variant, e.g.
+#: ``postgresql+psycopg2://user:pw@localhost/db`` (its tables are dropped first).
+PG_URL = os.environ.get("BAYESURL_TEST_POSTGRES_URL")
+
+
+def _fresh_postgres(url: str) -> str:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    meta = sa.MetaData()
+    meta.reflect(engine)
+    meta.drop_all(engine)
+    engine.dispose()
+    return url
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "sqlite",
+        pytest.param(
+            "postgresql",
+            marks=pytest.mark.skipif(
+                PG_URL is None, reason="set BAYESURL_TEST_POSTGRES_URL to a PostgreSQL database"
+            ),
+        ),
+    ],
+)
+def test_two_worker_processes_share_one_storage(tmp_path, backend):
+    if backend == "sqlite":
+        url = default_storage_url(tmp_path / "out")
+    else:
+        url = _fresh_postgres(PG_URL)
+    log = tmp_path / "log.txt"
+    sizes = (3, 2, 3)  # 18 runs
+    procs = [_spawn(tmp_path, url, log, sizes, 0.05) for _ in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (_out, err) in zip(procs, outs):
+        assert p.returncode == 0, err.decode()[-3000:]
+    done = [int(o.decode().split()[-1]) for o, _ in outs]
+    planned = {run_key(f"m{e}", k, s) for e in range(3) for k in range(2) for s in range(3)}
+    starts, ends, pids = _log(log)
+    assert set(starts) == planned  # none lost
+    assert max(starts.values()) == 1  # none done twice
+    assert starts == ends
+    assert sum(done) == len(planned)
+    assert len(pids) == 2 and min(done) >= 1  # both workers did work
+    store = SweepStorage(url, sweep="test")
+    recs = store.records()
+    assert sorted(r["key"] for r in recs) == sorted(planned)
+    for r in recs:
+        _, split, seed = r["key"].split("/")
+        assert r["value"] == int(split[5:]) * 10 + int(seed[4:])
+    assert store.status() == {
+        "waiting": 0,
+        "running": 0,
+        "complete": len(planned),
+        "failed": 0,
+        "total": len(planned),
+    }
+
+
+def test_killed_sweep_restarts_without_repeating_finished_runs(tmp_path):
+    url = default_storage_url(tmp_path)
+    log = tmp_path / "log.txt"
+    sizes = (1, 2, 3)  # 6 runs of 0.6 s
+    p = _spawn(tmp_path, url, log, sizes, 0.6)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # kill it hard in the middle of a run
+        if log.exists():
+            starts, ends, _ = _log(log)
+            if len(ends) >= 2 and len(starts) > len(ends):
+                break
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    finished_before = set(_log(log)[1])
+    assert 2 <= len(finished_before) < 6
+    q = _spawn(tmp_path, url, log, sizes, 0.05)  # the restarted sweep
+    out, err = q.communicate(timeout=240)
+    assert q.returncode == 0, err.decode()[-3000:]
+    starts, ends, _ = _log(log)
+    planned = {run_key("m0", k, s) for k in range(2) for s in range(3)}
+    assert set(ends) == planned and max(ends.values()) == 1
+    for key in finished_before:
+        assert starts[key] == 1  # finished runs were not repeated
+    # the run killed mid-way was started twice and finished once
+    assert sum(starts.values()) == len(planned) + 1
+    assert len(SweepStorage(url, sweep="test").records()) == len(planned)
+
+
+def test_errors_are_recorded_and_retried_up_to_max_attempts(tmp_path):
+    store = SweepStorage(out=tmp_path, sweep="err", max_attempts=2, heartbeat_interval=1)
+    plan = [{"estimator": "ok", "split": 0, "seed": 0}, {"estimator": "bad", "split": 0, "seed": 0}]
+    assert store.add_runs(plan) == 2
+    assert store.add_runs(plan) == 0  # idempotent
+    calls: Counter = Counter()
+
+    def fn(params):
+        calls[params["estimator"]] += 1
+        if params["estimator"] == "bad":
+            raise RuntimeError("boom")
+        return {"r_auroc": 0.7}
+
+    store.work(fn, wait=False)
+    assert calls == {"ok": 1, "bad": 2}
+    assert [r["key"] for r in store.records()] == ["ok/split0/seed0"]
+    fails = store.failures()
+    assert len(fails) == 2 and all("RuntimeError: boom" in f["error"] for f in fails)
+    assert store.status()["failed"] == 1
+    assert store.add_runs(plan) == 0
+    assert store.add_runs(plan, retry_failed=True) == 1
+
+
+def test_duplicate_enqueue_runs_once(tmp_path):
+    """Two workers racing on the enqueue: the second copy of a key is never executed."""
+    import optuna
+
+    store = SweepStorage(out=tmp_path, sweep="dup")
+    store.add_runs([{"estimator": "a", "split": 0, "seed": 0}])
+    dup = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.WAITING,
+        user_attrs={"key": "a/split0/seed0", "params": {"estimator": "a", "split": 0, "seed": 0}},
+    )
+    store.storage.create_new_trial(store._study_id, dup)
+    calls: list = []
+    store.work(lambda p: calls.append(p) or {}, wait=False)
+    assert len(calls) == 1
+    assert store.status()["complete"] == 1
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="url"):
+        SweepStorage()
+    with pytest.raises(ValueError, match="max_attempts"):
+        SweepStorage(out=tmp_path, max_attempts=0)
+    store = SweepStorage(out=tmp_path)
+    with pytest.raises(ValueError, match="lacks"):
+        store.add_runs([{"estimator": "a", "split": 0}])
+    with pytest.raises(ValueError, match="twice"):
+        store.add_runs([{"estimator": "a", "split": 0, "seed": 1}] * 2)
+    with pytest.raises(ValueError, match="estimator"):
+        run_key("a/b", 0, 0)
+    with pytest.raises(ValueError, match="seed"):
+        run_key("a", 0, -1)
+
+
+def test_a_run_failed_as_stale_is_not_overwritten_by_its_late_worker(tmp_path):
+    """A worker that lost its run (no heartbeat, failed as stale) finishes quietly; the run is
+    redone once by the next claim, and exactly one record is kept."""
+    store = SweepStorage(out=tmp_path, sweep="late", heartbeat_interval=1, grace_period=1)
+    store.add_runs([{"estimator": "a", "split": 0, "seed": 0}])
+    claim = store.claim()
+    store._finish(claim.trial_id, __import__("optuna").trial.TrialState.FAIL)  # as fail_stale
+    store.complete(claim, {"r_auroc": 0.6})  # the late worker: no error, nothing stored
+    assert store.records() == []
+    calls = []
+    store.work(lambda p: calls.append(p) or {"r_auroc": 0.7}, wait=False)
+    assert len(calls) == 1 and [r["r_auroc"] for r in store.records()] == [0.7]
