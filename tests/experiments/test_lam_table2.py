@@ -70,3 +70,8 @@ def test_tiny_run_is_resumable_and_summarised(tmp_path, monkeypatch):
     md = (tmp_path / "table.md").read_text()
     assert "lam_posthoc" in md and "AUSC (LAM code)" in md
     assert len((tmp_path / "table.csv").read_text().splitlines()) == 1 + 6
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text("[table2]\nseeds = [0, 1]\n")
+    (tmp_path / "table.md").unlink()
+    t2.main([str(cfg_file), "--out", str(tmp_path), "--summarize"])  # command line, no training
+    assert "lam_online" in (tmp_path / "table.md").read_text()
