@@ -147,9 +147,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "pipeline_ood_swapped",
         "pipeline output (evaluate_method)",
-        "bayesurl/benchmark.py",
-        'res["ood_auroc"] = float(Fm.ood_auroc(u_id.uncertainty, u_ood.uncertainty))',
-        'res["ood_auroc"] = float(Fm.ood_auroc(u_ood.uncertainty, u_id.uncertainty))',
+        "bayesurl/runs/predict.py",
+        'res["ood_auroc"] = float(Fm.ood_auroc(o_id.uncertainty, o_ood.uncertainty))',
+        'res["ood_auroc"] = float(Fm.ood_auroc(o_ood.uncertainty, o_id.uncertainty))',
         ("tests/commands/test_evaluate_checkpoint.py",),
         "the pipeline's OOD AUROC treats the in-distribution set as OOD",
     ),

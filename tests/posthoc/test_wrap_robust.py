@@ -107,7 +107,6 @@ def test_tau_fit_that_cannot_train_raises():
 
 
 def test_laplace_before_fit_and_nan_images():
-    pytest.importorskip("bayesurl.laplace")
     w = wrap(_enc(), "laplace")
     x = torch.randn(4, 1, 4, 4)
     with pytest.raises(ValueError, match="not fitted"):

@@ -6,9 +6,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+import bayesurl.methods as methods
 from bayesurl.training import fit, load_method_from_checkpoint
-
-methods = pytest.importorskip("bayesurl.methods")
 
 
 def _make(name, **kw):
