@@ -3,6 +3,9 @@
 - :func:`ggn_diagonal` -- closed-form diagonal GGN of the contrastive loss (LAM eqs. 6-9)
 - :class:`MetricLaplace` -- post-hoc and online last-layer Laplace for embeddings (LAM sec. 3)
 - :class:`ClassifierLaplace` -- laplace-torch last-layer fit with a closed-form predictive
+- :mod:`bayesurl.laplace.kron` -- Kronecker-factored (EKFAC) contrastive GGN
+  (``MetricLaplace(..., hessian_structure="kron")``); :class:`KronHeadLaplace` -- the same per
+  layer of an MLP head (block-diagonal)
 """
 
 from __future__ import annotations
@@ -11,12 +14,14 @@ from bayesurl.laplace.classifier import ClassifierLaplace, ClassifierPredictive
 from bayesurl.laplace.curvature import (
     Approximation,
     Geometry,
+    HessianStructure,
     clamped_fraction,
     ggn_diagonal,
     ggn_diagonal_linear,
     output_hessian_diagonals,
     split_pairs,
 )
+from bayesurl.laplace.kron_head import KronHeadLaplace
 from bayesurl.laplace.metric import (
     BaseMetricLaplace,
     MetricLaplace,
@@ -32,6 +37,8 @@ __all__ = [
     "BaseMetricLaplace",
     "ClassifierLaplace",
     "ClassifierPredictive",
+    "HessianStructure",
+    "KronHeadLaplace",
     "MetricLaplace",
     "OnlineMetricLaplace",
     "PosthocMetricLaplace",

@@ -58,6 +58,7 @@ from bayesurl._checks import check_tensor
 __all__ = [
     "Approximation",
     "Geometry",
+    "HessianStructure",
     "clamped_fraction",
     "ggn_diagonal",
     "ggn_diagonal_linear",
@@ -81,6 +82,13 @@ class Geometry(str, Enum):
 
     EUCLIDEAN = "euclidean"
     ARCCOS = "arccos"
+
+
+class HessianStructure(str, Enum):
+    """Posterior curvature structure (laplace-torch's word): diagonal or Kronecker (EKFAC)."""
+
+    DIAG = "diag"
+    KRON = "kron"
 
 
 def _enum(cls: type[Enum], value: object, name: str) -> Enum:
@@ -167,6 +175,31 @@ def output_hessian_diagonals(
     return a, b, cc
 
 
+def contributing_pairs(
+    z: Tensor,
+    pairs: tuple[Tensor, Tensor, Tensor, Tensor],
+    approximation: Approximation,
+    margin: float,
+) -> list[tuple[Tensor, Tensor, float]]:
+    """The pair sets with a non-zero GGN and their signs (LAM eqs. 6-9).
+
+    Positive pairs ``(a1, p)`` with sign ``+1``; unless ``approximation`` is ``positive``,
+    the negative pairs ``(a2, n)`` inside the margin (``||u_a - u_n|| < margin``) with sign
+    ``-1``. Empty sets are left out. Shared by :func:`ggn_diagonal_linear` and the
+    Kronecker curvature of :mod:`bayesurl.laplace.kron`.
+    """
+    a1, p, a2, ng = pairs
+    out: list[tuple[Tensor, Tensor, float]] = []
+    if a1.numel():
+        out.append((a1, p, 1.0))
+    if approximation is not Approximation.POSITIVE and a2.numel():
+        u = z / z.norm(dim=1, keepdim=True).clamp_min(_EPS)
+        inside = (u[a2] - u[ng]).norm(dim=1) < float(margin)
+        if bool(inside.any()):
+            out.append((a2[inside], ng[inside], -1.0))
+    return out
+
+
 def _pair_terms(
     z: Tensor,
     phi: Tensor,
@@ -224,15 +257,9 @@ def ggn_diagonal_linear(
         hw = torch.zeros_like(weight)
         hb = torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
         cross = approximation is not Approximation.FIXED
-        if a1.numel():
-            w, b = _pair_terms(z, phi, a1, p, 1.0, geometry, cross)
+        for i, j, sign in contributing_pairs(z, (a1, p, a2, ng), approximation, margin):
+            w, b = _pair_terms(z, phi, i, j, sign, geometry, cross)
             hw, hb = hw + w, hb + b
-        if approximation is not Approximation.POSITIVE and a2.numel():
-            u = z / z.norm(dim=1, keepdim=True).clamp_min(_EPS)
-            inside = (u[a2] - u[ng]).norm(dim=1) < float(margin)
-            if bool(inside.any()):
-                w, b = _pair_terms(z, phi, a2[inside], ng[inside], -1.0, geometry, cross)
-                hw, hb = hw + w, hb + b
         out = hw.reshape(-1) if bias is None else torch.cat([hw.reshape(-1), hb])
         return out.clamp_min(0.0) if clamp else out
 

@@ -54,8 +54,12 @@ class LaplaceWrapper(PosthocWrapper):
     classifier : nn.Module, optional
         A classification head on the embedding (ending in ``nn.Linear``); selects the
         classifier path. It is needed again to :func:`~bayesurl.posthoc.load` the wrapper.
-    hessian_structure, backend : str
-        laplace-torch options of the classifier path (``"diag"`` / ``"kron"``; BackPACK).
+    hessian_structure : {"diag", "kron"}
+        Posterior structure. Embedding path: :func:`bayesurl.laplace.MetricLaplace`'s
+        (``"kron"``: Kronecker-factored EKFAC contrastive GGN, :mod:`bayesurl.laplace.kron`).
+        Classifier path: laplace-torch's.
+    backend : str
+        laplace-torch curvature backend of the classifier path (BackPACK).
 
     Raises
     ------
@@ -90,6 +94,7 @@ class LaplaceWrapper(PosthocWrapper):
             "prior_precision": prior_precision,
             "margin": margin,
             "hessian_scale": hessian_scale,
+            "hessian_structure": hessian_structure,
         }
         self.cla = None
         if classifier is not None:
@@ -122,8 +127,11 @@ class LaplaceWrapper(PosthocWrapper):
                 prior_precision=prior_precision,
                 margin=margin,
                 hessian_scale=hessian_scale,
+                hessian_structure=hessian_structure,
             )
         except ValueError as exc:
+            if "hessian_structure" in str(exc):
+                raise
             raise ValueError(
                 f"method='laplace' needs an encoder whose output comes from a last nn.Linear "
                 f"layer ({exc}); use method='pvu' or 'tau' for other encoders"
@@ -202,21 +210,9 @@ class LaplaceWrapper(PosthocWrapper):
         """``(u, kappa)`` in closed form from last-layer inputs ``phi`` (LAM section 3)."""
         from bayesurl.laplace import kappa_from_trace
 
-        layer = self.la.last_layer
-        d, f = layer.out_features, layer.in_features
-        var = self.la.posterior_variance  # weight row-major, then bias
-        w_var = var[: d * f].reshape(d, f)
-        phi = phi.detach().to(w_var.dtype)
-        z = F.linear(phi, layer.weight.detach().to(w_var.dtype), None)
-        if layer.bias is not None:
-            z = z + layer.bias.detach().to(w_var.dtype)
-        out_var = (phi * phi) @ w_var.T
-        if layer.bias is not None:
-            out_var = out_var + var[d * f :]
-        norm2 = (z * z).sum(1).clamp_min(torch.finfo(z.dtype).tiny)
-        u = z / norm2.sqrt()[:, None]
-        trace = (out_var * (1.0 - u * u)).sum(1) / norm2
-        kappa = kappa_from_trace(trace, d)
+        with torch.no_grad():
+            _, trace = self.la._closed_form(phi.detach())
+        kappa = kappa_from_trace(trace, self.la.last_layer.out_features)
         return 1.0 / kappa, kappa
 
     def forward(self, x: Tensor) -> PosthocOutput:
@@ -332,6 +328,7 @@ class LaplaceWrapper(PosthocWrapper):
             "geometry": self.la.geometry.value,
             "margin": self.la.margin,
             "hessian_scale": self.la.hessian_scale,
+            "hessian_structure": self.la.hessian_structure.value,
         }
 
     @classmethod
@@ -399,6 +396,8 @@ class LaplaceWrapper(PosthocWrapper):
             return self
         self.la.hessian = fn(self.la.hessian)
         self.la.prior_precision = fn(self.la.prior_precision)
+        if self.la._kron is not None:
+            self.la._kron.apply(fn)
         return self
 
 

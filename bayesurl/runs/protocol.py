@@ -699,6 +699,9 @@ def run_protocol(
         if error:
             log(f"{head}: FAILED {error}")
         else:
+            # the finished runs so far, readable (and committable) before the sweep ends
+            done_so_far = {"preset": p.name, "status": st, "runs": store.records()}
+            _write_text(folder / "partial_runs.json", json.dumps(_jsonable(done_so_far), indent=2))
             log(
                 f"{head}: R@1 {record.get('r@1')}, R-AUROC {record.get('r_auroc')}, "
                 f"OOD AUROC {record.get('ood_auroc')}, {record.get('total_time')} s"

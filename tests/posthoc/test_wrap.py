@@ -81,6 +81,9 @@ def _fitted(method, enc, tmp_path):
     elif method == "laplace":
         w = wrap(enc, "laplace", margin=1.0)
         w.fit(_labelled(), progress=False)
+    elif method == "laplace_kron":  # Kronecker-factored (EKFAC) contrastive posterior
+        w = wrap(enc, "laplace", margin=1.0, hessian_structure="kron")
+        w.fit(_labelled(), progress=False)
     else:  # laplace-torch last-layer Laplace of a classifier on the embedding
         w = wrap(enc, "laplace", classifier=_classifier())
         w.fit(_labelled(), progress=False)
@@ -92,7 +95,7 @@ def _classifier(seed=1):
     return nn.Linear(6, 3)
 
 
-METHODS = ["pvu", "tau", "laplace", "laplace_classifier"]
+METHODS = ["pvu", "tau", "laplace", "laplace_kron", "laplace_classifier"]
 #: modules that are not saved and go back in on load
 LOAD_OPTIONS = {"laplace_classifier": lambda: {"classifier": _classifier()}}
 
@@ -267,6 +270,36 @@ def test_laplace_wrapper_uncertainty_matches_metric_laplace_and_samples(tmp_path
     torch.testing.assert_close(s.mean(0) / r[:, None], u, rtol=0, atol=0.02)
     with torch.no_grad():
         torch.testing.assert_close(w(x).kappa.double(), _sra(trace, 6), rtol=1e-5, atol=0)
+
+
+def test_laplace_kron_wrapper_matches_the_dense_posterior(tmp_path):
+    enc = _encoder()
+    w = _fitted("laplace_kron", enc, tmp_path)
+    assert w.la.hessian_structure.value == "kron"
+    x = torch.randn(8, 1, 4, 4)
+    with torch.no_grad():
+        out = w(x)
+        phi = enc[:-1](x).double()
+        z = enc[-1](phi.float()).double()
+    # the posterior covariance in parameter order ([W, b]) from the basis and variances
+    lmat = w.la._to_params(torch.diag(w.la.posterior_variance.sqrt())).double()
+    cov = lmat.T @ lmat
+    jz = torch.zeros(8, 6, 78, dtype=torch.float64)  # dz_d / d(W_df, b_d)
+    for d in range(6):
+        jz[:, d, d * 12 : (d + 1) * 12] = phi
+        jz[:, d, 72 + d] = 1.0
+    norm2 = (z**2).sum(1)
+    u = z / norm2.sqrt()[:, None]
+    proj = (torch.eye(6, dtype=torch.float64) - u[:, :, None] * u[:, None]) / norm2.sqrt()[
+        :, None, None
+    ]
+    ju = proj @ jz
+    trace = torch.einsum("ndp,pq,ndq->n", ju, cov, ju)
+    torch.testing.assert_close(out.kappa.double(), _sra(trace, 6), rtol=1e-5, atol=0)
+    ref = w.la.predictive(x)
+    assert torch.allclose(out.uncertainty, ref.uncertainty, rtol=1e-5)
+    s = w.sample(x, 5, generator=torch.Generator().manual_seed(0))
+    assert s.shape == (5, 8, 6)
 
 
 def test_laplace_rejects_encoders_without_a_last_linear():
