@@ -13,11 +13,21 @@ Prints, in one run and against references measured in the same run:
 
 Targets (issue 2): exact pass <= 1.05x faiss; S=100 ECE <= 3x one pass at >= 99.5 % agreement.
 
+``--distributed W`` (issue 16) instead times the whole ``bayesurl evaluate X.npz`` command
+(process start, reading, search, metrics) in one process and under ``torchrun
+--nproc_per_node W`` with the same threads per process (``--threads``, default 1 here),
+alternating ``--repeats`` times, and prints the W-rank / 1-rank time ratio (median), the peak
+resident memory of each rank above its post-import baseline against the bound ``N D / W``
+(embeddings) plus the ring's chunk buffers, and the largest metric difference. Target: 2 ranks
+<= 0.6x at N = 60k, D = 256, one thread per process; peak per rank <= 1/W of the embeddings
+plus the chunk buffers.
+
 Usage::
 
     python benchmarks/evaluator.py            # N=60k, D=512
     python benchmarks/evaluator.py --quick    # N=8k, D=128
     python benchmarks/evaluator.py --device cuda
+    python benchmarks/evaluator.py --distributed 2 --n 60000 --d 256   # sharded evaluate
 """
 
 from __future__ import annotations
@@ -187,11 +197,27 @@ def main(argv: list[str] | None = None) -> None:
         help="alternating repetitions of the exact pass and faiss; medians are compared",
     )
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None, help="default 2 (1 with --distributed)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--distributed",
+        type=int,
+        default=None,
+        metavar="W",
+        help="time `bayesurl evaluate` under torchrun with W ranks against 1 process",
+    )
+    p.add_argument(
+        "--ece-draws",
+        type=int,
+        default=0,
+        help="with --distributed: S posterior draws in the npz (the ECE is timed too)",
+    )
     a = p.parse_args(argv)
     if a.quick:
         a.n, a.d = 8000, 128
+    if a.distributed is not None:
+        return distributed_main(a)
+    a.threads = 2 if a.threads is None else a.threads
     device = torch.device(a.device)
     torch.set_num_threads(a.threads)
     try:
@@ -304,6 +330,114 @@ def main(argv: list[str] | None = None) -> None:
         f"{t_nn / t_pass:.2f} passes)"
     )
     print(f"    mean confidence {float(res.confidence.mean()):.3f}")
+
+
+def distributed_main(a: argparse.Namespace) -> None:
+    """``bayesurl evaluate`` on one process vs ``torchrun --nproc_per_node W`` (issue 16)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from bayesurl.distributed import RING_CHUNK_BYTES
+    from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET
+
+    w, threads = a.distributed, a.threads or 1
+    if w < 2:
+        raise SystemExit("--distributed needs W >= 2")
+    load = os.getloadavg()
+    print(
+        f"bayesurl evaluate: 1 process vs {w} ranks (gloo), {threads} thread(s) per process, "
+        f"N={a.n} D={a.d} S={a.ece_draws} torch={torch.__version__} cpus={os.cpu_count()} "
+        f"load={load[0]:.2f},{load[1]:.2f},{load[2]:.2f}"
+    )
+    root = Path(tempfile.mkdtemp(prefix="bayesurl_dist_bench_"))
+    x, y, u = make_data(a.n, a.d, max(a.n // 30, 2), a.seed, torch.device("cpu"))
+    arrays = {"embeddings": x.numpy(), "labels": y.numpy(), "uncertainties": u.numpy()}
+    if a.ece_draws:
+        g = torch.Generator().manual_seed(a.seed)
+        eps = torch.randn(a.ece_draws, a.n, a.d, generator=g) / a.d**0.5
+        arrays["samples"] = (x + a.noise * eps).numpy()
+        del arrays["uncertainties"]  # 1/kappa_hat from the draws
+    npz = root / "x.npz"
+    np.savez(npz, **arrays)
+    del x, y, u, arrays
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    wrapper = str(Path(__file__).with_name("_rss_cli.py"))
+    extra = ["--ece-mode", "shortlist"] if a.ece_draws else []
+
+    def run(ranks: int, tag: str) -> tuple[float, list[dict[str, int]], dict[str, Any]]:
+        rss = root / f"rss_{tag}"
+        rss.mkdir(exist_ok=True)
+        out = root / f"{tag}.json"
+        cmd = [wrapper, "evaluate", str(npz), "--json", str(out), *extra]
+        if ranks > 1:
+            cmd = ["-m", "torch.distributed.run", "--nproc_per_node", str(ranks), *cmd]
+        t0 = time.perf_counter()
+        subprocess.run(
+            [sys.executable, *cmd],
+            env={**env, "BAYESURL_RSS_DIR": str(rss)},
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        dt = time.perf_counter() - t0
+        mem = [json.loads((rss / f"rank{r}.json").read_text()) for r in range(ranks)]
+        return dt, mem, json.loads(out.read_text())
+
+    ones, many = [], []
+    for i in range(a.repeats):  # alternate: the machine drifts
+        ones.append(run(1, f"one{i}"))
+        many.append(run(w, f"w{i}"))
+    t1 = float(np.median([o[0] for o in ones]))
+    tw = float(np.median([m[0] for m in many]))
+    print(f"  1 process  {t1:8.2f} s   (each: {', '.join(f'{o[0]:.2f}' for o in ones)})")
+    print(f"  {w} ranks    {tw:8.2f} s   (each: {', '.join(f'{m[0]:.2f}' for m in many)})")
+    print(f"  ratio {w} ranks / 1 process = {tw / t1:.3f}   (target <= 0.6 for W = 2)")
+    i1 = float(np.median([o[1][0]["seconds"] for o in ones]))
+    iw = float(np.median([max(r["seconds"] for r in m[1]) for m in many]))
+    print(
+        f"  after the imports: 1 process {i1:.2f} s, slowest of {w} ranks {iw:.2f} s "
+        f"(ratio {iw / i1:.3f}); the rest is interpreter start, imports and torchrun's launcher"
+    )
+    c1 = float(np.median([o[1][0]["cpu"] for o in ones]))
+    cw = float(np.median([max(r["cpu"] for r in m[1]) for m in many]))
+    print(
+        f"  CPU time after the imports (independent of the machine's load): 1 process "
+        f"{c1:.2f} s, busiest of {w} ranks {cw:.2f} s (ratio {cw / c1:.3f})"
+    )
+    emb = a.n * a.d * 4
+    shard = -(-a.n // w) * a.d * 4
+    bufs = 2 * min(RING_CHUNK_BYTES, shard)
+    # the [B, n] similarity block of the top-k search: half of the memory budget (two buffers
+    # are counted), the same in one process and per rank
+    sim = DEFAULT_MEMORY_BUDGET // 2
+    p1 = max(m["peak"] - m["base"] for m in ones[0][1])
+    print(
+        f"  embeddings N x D float32 {emb / 2**20:.1f} MiB; 1 process peak above baseline "
+        f"{p1 / 2**20:.1f} MiB"
+    )
+    for r, m in enumerate(many[0][1]):
+        print(
+            f"  rank {r}: peak above baseline {(m['peak'] - m['base']) / 2**20:7.1f} MiB "
+            f"(baseline {m['base'] / 2**20:.0f} MiB)"
+        )
+    print(
+        f"  bound: 1/W of the embeddings {shard / 2**20:.1f} MiB (x2: as read and normalised) + "
+        f"ring chunk buffers {bufs / 2**20:.1f} MiB + similarity block {sim / 2**20:.0f} MiB = "
+        f"{(2 * shard + bufs + sim) / 2**20:.1f} MiB"
+    )
+    ref, got = ones[0][2], many[0][2]
+    diffs = [
+        abs(float(ref[k]) - float(got[k]))
+        for k in ref
+        if isinstance(ref[k], (int, float)) and isinstance(got.get(k), (int, float))
+    ]
+    same = all(ref[k] == got.get(k) for k in ref if k != "notes")
+    print(
+        f"  largest metric difference {max(diffs):.3g} (identical: {same}); "
+        f"R@1 {ref['r@1']:.4f} R-AUROC {ref['r_auroc']:.4f} ECE {ref['ece']}"
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import struct
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -109,6 +111,126 @@ def load_npz(path: str | Path) -> dict[str, np.ndarray]:
         return out
 
 
+#: Axis of the N rows in each array (``samples`` is ``[S, N, D]``); ``ood_uncertainties`` is
+#: split over the ranks on its own length.
+_ROW_AXIS = {"embeddings": 0, "labels": 0, "uncertainties": 0, "samples": 1}
+
+
+def load_npz_shard(
+    path: str | Path, rank: int | None = None, world_size: int | None = None
+) -> dict[str, np.ndarray]:
+    """This rank's contiguous rows of every array of INPUT.npz (sharded evaluation, issue 16).
+
+    Rank ``r`` of ``W`` reads rows :func:`bayesurl.distributed.shard_range` ``(N, r, W)`` of
+    ``embeddings``, ``labels``, ``uncertainties`` and ``samples`` (along its N axis) and its
+    share of ``ood_uncertainties``. Arrays stored uncompressed (``numpy.savez``) are read in
+    place from the archive (``S`` strided reads for ``samples``), so no rank loads all ``N x D``;
+    compressed members (``numpy.savez_compressed``) are decompressed whole and sliced.
+
+    Parameters
+    ----------
+    path : str or Path
+        INPUT.npz.
+    rank, world_size : int, optional
+        Default: this process's rank and the world size of the default process group.
+
+    Returns
+    -------
+    dict
+        The arrays' row slices.
+    """
+    from bayesurl.distributed import get_rank, get_world_size, shard_range
+
+    rank = get_rank() if rank is None else rank
+    world_size = get_world_size() if world_size is None else world_size
+    p = check_input_file(path, "INPUT")
+    try:
+        zf = zipfile.ZipFile(p)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ValueError(f"{p.name}: not a readable .npz file ({exc})") from exc
+    with zf, open(p, "rb") as fh:
+        members = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
+        names = set(members)
+        missing = [k for k, req in ARRAYS.items() if req and k not in names]
+        if missing:
+            raise ValueError(f"{p.name}: missing array(s) {missing}; found {sorted(names)}")
+        unknown = sorted(names - set(ARRAYS))
+        if unknown:
+            raise ValueError(
+                f"{p.name}: unknown array(s) {unknown}; the known names are {', '.join(ARRAYS)}"
+            )
+        shapes = {k: _npy_member(p, zf, fh, members[k])[0] for k in ARRAYS if k in names}
+        n = shapes["embeddings"][0] if shapes["embeddings"] else 0
+        out = {}
+        for k in ARRAYS:
+            if k not in names:
+                continue
+            axis = _ROW_AXIS.get(k, 0)
+            length = shapes[k][axis] if len(shapes[k]) > axis else -1
+            if k in _ROW_AXIS and length != n:
+                raise ValueError(
+                    f"{p.name}: length mismatch: `{k}` has {length} rows, `embeddings` has {n}"
+                )
+            lo, hi = shard_range(length, rank, world_size)
+            out[k] = _read_rows(p, zf, fh, members[k], lo, hi, axis)
+        return out
+
+
+def _npy_member(
+    p: Path, zf: zipfile.ZipFile, fh: Any, member: str
+) -> tuple[tuple[int, ...], np.dtype | None, int | None]:
+    """Shape, dtype and absolute data offset of an uncompressed C-order ``.npy`` member
+    (dtype and offset None when it must be read whole: compressed or Fortran order)."""
+    info = zf.getinfo(member)
+    if info.compress_type != zipfile.ZIP_STORED:
+        with zf.open(member) as f:
+            shape, _, dtype = _npy_header(p, f, member)
+        return shape, None, None
+    fh.seek(info.header_offset)
+    local = fh.read(30)
+    if len(local) != 30 or local[:4] != b"PK\x03\x04":
+        raise ValueError(f"{p.name}: array `{member[:-4]}` cannot be read (bad zip entry)")
+    name_len, extra_len = struct.unpack("<HH", local[26:30])
+    fh.seek(info.header_offset + 30 + name_len + extra_len)
+    shape, fortran, dtype = _npy_header(p, fh, member)
+    if fortran or dtype.hasobject:
+        return shape, None, None
+    return shape, dtype, fh.tell()
+
+
+def _npy_header(p: Path, f: Any, member: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            return np.lib.format.read_array_header_1_0(f)
+        return np.lib.format.read_array_header_2_0(f)
+    except ValueError as exc:
+        raise ValueError(f"{p.name}: array `{member[:-4]}` cannot be read ({exc})") from exc
+
+
+def _read_rows(
+    p: Path, zf: zipfile.ZipFile, fh: Any, member: str, lo: int, hi: int, axis: int
+) -> np.ndarray:
+    """Rows ``lo:hi`` along ``axis`` (0 or 1) of one array of the archive."""
+    shape, dtype, start = _npy_member(p, zf, fh, member)
+    if dtype is None or start is None:  # compressed or Fortran order: read whole, slice
+        with np.load(p, allow_pickle=False) as f:
+            whole = f[member[:-4]]
+        return np.ascontiguousarray(np.take(whole, np.arange(lo, hi), axis=axis))
+    inner = int(np.prod(shape[axis + 1 :], dtype=np.int64))
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    n = shape[axis] if shape else 1
+    out = np.empty((*shape[:axis], hi - lo, *shape[axis + 1 :]), dtype=dtype)
+    flat = out.reshape(outer, (hi - lo) * inner)
+    for o in range(outer):
+        fh.seek(start + (o * n + lo) * inner * dtype.itemsize)
+        got = np.fromfile(fh, dtype=dtype, count=(hi - lo) * inner)
+        if got.size != flat.shape[1]:
+            raise ValueError(f"{p.name}: array `{member[:-4]}` is truncated")
+        flat[o] = got
+    return out
+
+
 def _tensor(name: str, a: np.ndarray, device: str) -> torch.Tensor:
     if a.dtype.kind not in "fiub":
         raise ValueError(f"array `{name}` has unsupported dtype {a.dtype}")
@@ -118,7 +240,9 @@ def _tensor(name: str, a: np.ndarray, device: str) -> torch.Tensor:
     return t.to(device=device, dtype=torch.float64 if a.dtype == np.float64 else torch.float32)
 
 
-def evaluate_npz(path: str | Path, *, device: str = "cpu", **kwargs: Any) -> dict[str, Any]:
+def evaluate_npz(
+    path: str | Path, *, device: str = "cpu", distributed: bool = False, **kwargs: Any
+) -> dict[str, Any]:
     """:func:`bayesurl.evaluation.evaluate` on the arrays of an .npz file.
 
     Parameters
@@ -127,6 +251,10 @@ def evaluate_npz(path: str | Path, *, device: str = "cpu", **kwargs: Any) -> dic
         INPUT.npz.
     device : str
         Torch device to evaluate on.
+    distributed : bool
+        Under an initialised process group: each rank reads its rows
+        (:func:`load_npz_shard`) and the evaluation is sharded (issue 16); every rank gets
+        the metrics.
     **kwargs
         Passed to :func:`~bayesurl.evaluation.evaluate`.
 
@@ -137,7 +265,10 @@ def evaluate_npz(path: str | Path, *, device: str = "cpu", **kwargs: Any) -> dic
     """
     from bayesurl.evaluation import evaluate
 
-    arrays = {k: _tensor(k, v, device) for k, v in load_npz(path).items()}
+    loaded = load_npz_shard(path) if distributed else load_npz(path)
+    arrays = {k: _tensor(k, v, device) for k, v in loaded.items()}
+    if distributed:
+        kwargs["distributed"] = True
     return evaluate(
         arrays.pop("embeddings"),
         arrays.pop("labels"),
@@ -185,6 +316,8 @@ def _check_args(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``bayesurl evaluate``."""
     _check_args(args)
+    if _under_torchrun():
+        return _run_distributed(args)
     if args.checkpoint is not None:
         return _run_checkpoint(args)
     res = evaluate_npz(
@@ -200,7 +333,47 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _under_torchrun() -> bool:
+    """True when launched by torchrun with more than one process (``WORLD_SIZE > 1``)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return True  # init_from_env names the bad variable
+
+
+def _run_distributed(args: argparse.Namespace) -> int:
+    """Sharded evaluation under torchrun (issue 16): every rank reads / embeds its rows,
+    rank 0 prints and writes the JSON."""
+    from bayesurl.distributed import cleanup, init_from_env, is_main_process
+
+    info = init_from_env(device="cpu" if str(args.device) == "cpu" else None)
+    device = str(info.device)
+    try:
+        if args.checkpoint is not None:
+            # not sharded yet: the run pipeline's scorer (bayesurl.runs.predict.score) embeds
+            # whole sets, so every rank evaluates everything (correct, W times the work) and
+            # rank 0 reports
+            args.device = device
+            return _run_checkpoint(args)
+        res = evaluate_npz(
+            args.input,
+            device=device,
+            distributed=True,
+            ks=tuple(args.ks),
+            ece_mode=args.ece_mode,
+            shortlist=args.shortlist,
+        )
+        if is_main_process():
+            print(format_table(res))
+            if args.json:
+                Path(args.json).write_text(json.dumps(res, indent=2))
+        return 0
+    finally:
+        cleanup()
+
+
 def _run_checkpoint(args: argparse.Namespace) -> int:
+    from bayesurl.distributed import is_main_process
     from bayesurl.runs.runner import evaluate_checkpoint
 
     res = evaluate_checkpoint(
@@ -215,6 +388,8 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
         ece_mode=args.ece_mode,
         shortlist=args.shortlist,
     )
+    if not is_main_process():
+        return 0
     print(f"{res['method']} ({res['checkpoint']}) zero-shot on {res['dataset']}")
     print(format_table(res))
     if args.json:

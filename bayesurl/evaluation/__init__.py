@@ -29,7 +29,7 @@ from bayesurl.evaluation.functional import (
     sparsification_curve,
     uncertainty_from_samples,
 )
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, knn_query, normalize
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, knn_query, knn_sharded, normalize
 from bayesurl.evaluation.metrics import (
     AUSC,
     AUSE,
@@ -81,6 +81,7 @@ __all__ = [
     "kappa_from_samples",
     "knn",
     "knn_query",
+    "knn_sharded",
     "map_at_k",
     "mean_from_samples",
     "modal_labels",

@@ -21,11 +21,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from bayesurl._checks import check_choice, check_int, check_ints, check_tensor
+from bayesurl.distributed import Shards, raise_if_any
 from bayesurl.evaluation import functional as Fm
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn
+from bayesurl.evaluation import sampled as Sm
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, _knn_sharded, knn
 from bayesurl.types import Output
 
 __all__ = ["REQUIRED_KEYS", "evaluate", "evaluate_output"]
@@ -50,7 +53,10 @@ def _validate(
     uncertainties: object | None,
     samples: object | None,
     ood_uncertainties: object | None,
+    local: bool = False,
 ) -> tuple[Tensor | None, Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    """Checked inputs; ``local``: this rank's rows of a sharded evaluation (any count, even 0;
+    the global count is checked once the shard sizes are known)."""
     s = None
     if samples is not None:
         s = check_tensor(samples, "samples", ndim=3, finite=False)  # checked with the mean
@@ -61,14 +67,14 @@ def _validate(
         s = _at_least_float32(s)
     x = None
     if embeddings is not None:
-        x = check_tensor(embeddings, "embeddings", ndim=2, min_points=2)
+        x = check_tensor(embeddings, "embeddings", ndim=2, min_points=0 if local else 2)
         if not x.is_floating_point():
             raise ValueError(f"`embeddings` must be floating point, got {x.dtype}")
         x = _at_least_float32(x)
     elif s is None:
         raise ValueError("`embeddings` is required (or give `samples` to use their mean)")
     n = x.shape[0] if x is not None else s.shape[1]
-    if n < 2:
+    if n < 2 and not local:
         raise ValueError(f"`samples` needs at least 2 points, got {n}")
     y = check_tensor(labels, "labels", ndim=1)
     if y.shape[0] != n:
@@ -89,8 +95,37 @@ def _validate(
             )
     v = None
     if ood_uncertainties is not None:
-        v = check_tensor(ood_uncertainties, "ood_uncertainties", ndim=1, min_points=1)
+        v = check_tensor(
+            ood_uncertainties, "ood_uncertainties", ndim=1, min_points=0 if local else 1
+        )
     return x, y, u, s, v
+
+
+def _prepare(
+    embeddings: object | None,
+    labels: object,
+    uncertainties: object | None,
+    samples: object | None,
+    ood_uncertainties: object | None,
+    local: bool,
+) -> tuple[
+    Tensor | None, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None, str | None
+]:
+    """Validated inputs plus the draws' mean resultant and the uncertainty (and its source).
+
+    One pass over the draws: their mean resultant (and finiteness check) serves the mean
+    embedding, 1/kappa_hat, the shortlist pilot and the ECE.
+    """
+    x, y, u, s, v = _validate(embeddings, labels, uncertainties, samples, ood_uncertainties, local)
+    res_s = None if s is None else Sm._checked_resultant(s)
+    u_source = "given" if u is not None else None
+    if u is None and s is not None:
+        assert res_s is not None
+        u = Fm._u_from_length(Fm._length(res_s), s.shape[-1])
+        u_source = "1/kappa_hat from samples (Sra)"
+        if not bool(torch.isfinite(u).all()):
+            raise ValueError("`samples` give a non-finite 1/kappa_hat (mean resultant length 0)")
+    return x, y, u, s, v, res_s, u_source
 
 
 def evaluate(
@@ -111,8 +146,20 @@ def evaluate(
     backend: str = "torch",
     return_curves: bool = False,
     progress: bool = False,
+    distributed: bool = False,
+    group: dist.ProcessGroup | None = None,
 ) -> dict[str, Any]:
     """Every retrieval and uncertainty metric defined for the input, from one kNN search.
+
+    With ``distributed=True`` (under an initialised ``torch.distributed`` process group, e.g.
+    ``torchrun``) the evaluation is sharded (issue 16): every array argument holds **this
+    rank's rows** (contiguous shards in rank order, e.g. :func:`bayesurl.distributed.shard_range`;
+    a rank may hold none), each rank searches its queries over every rank's rows passed by in
+    bounded chunks (:func:`~bayesurl.evaluation.knn_sharded`; no rank holds all ``N x D``),
+    the sampling-aware ECE shards its pilot, threshold pass and per-draw products the same way,
+    and the per-query results (neighbour ids, labels, u) are gathered, so every rank returns
+    the metrics of the single-process evaluation of the concatenated rows, ties included. One
+    process is the ``W = 1`` case of the same code.
 
     Parameters
     ----------
@@ -138,11 +185,11 @@ def evaluate(
         ECE bins.
     ece_mode : {"shortlist", "exact"}
         Per-draw 1-NN search of the ECE, see
-        :func:`~bayesurl.evaluation.functional.sampled_neighbors`.
+        :func:`~bayesurl.evaluation.sampled.sampled_neighbors`.
     shortlist : int, optional
         Shortlist length L of the sampling-aware search; ``None`` chooses it from a pilot so
         the estimated miss rate is at most ``tolerance``
-        (:func:`~bayesurl.evaluation.functional.choose_shortlist`).
+        (:func:`~bayesurl.evaluation.sampled.choose_shortlist`).
     tolerance : float
         Miss-rate target of the adaptive shortlist.
     memory_budget : int
@@ -154,6 +201,12 @@ def evaluate(
         ``reliability`` (bin edges, confidence, accuracy, count) as lists.
     progress : bool
         Show tqdm bars over the ECE draws.
+    distributed : bool
+        Shard over the ranks of ``group`` (collective: every rank must call). Needs
+        ``backend="torch"``; ``ood_uncertainties`` and ``reference_uncertainties`` are per-rank
+        shards too.
+    group : ProcessGroup, optional
+        Process group of ``distributed`` (default: the default group).
 
     Returns
     -------
@@ -170,7 +223,15 @@ def evaluate(
     >>> sorted(k for k in res if k in REQUIRED_KEYS) == sorted(REQUIRED_KEYS)
     True
     """
-    x, y, u, s, v = _validate(embeddings, labels, uncertainties, samples, ood_uncertainties)
+    if distributed and not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "`distributed=True` needs an initialised torch.distributed process group "
+            "(run under torchrun, or call bayesurl.distributed.init_from_env())"
+        )
+    if group is not None and not distributed:
+        raise ValueError("`group` is only used with `distributed=True`")
+    if distributed and backend != "torch":
+        raise ValueError(f"`distributed=True` needs backend='torch', got {backend!r}")
     # integers only: ks=(2.7,) used to report recall@2
     ks = check_ints(ks, "ks", low=1)
     map_ks = tuple(
@@ -179,28 +240,37 @@ def evaluate(
     check_choice(ece_mode, "ece_mode", ("shortlist", "exact"))
     if shortlist is not None:
         shortlist = check_int(shortlist, "shortlist", low=1)
+    try:  # this rank's input; under torch.distributed every rank learns of any rank's error
+        x, y, u, s, v, res_s, u_source = _prepare(
+            embeddings, labels, uncertainties, samples, ood_uncertainties, local=distributed
+        )
+        error = None
+    except ValueError as exc:
+        if not distributed:
+            raise
+        error = exc
+    if distributed:
+        raise_if_any(error, group)
     notes: list[str] = []
     res: dict[str, Any] = dict.fromkeys(REQUIRED_KEYS)
-
-    # One pass over the draws: their mean resultant (and finiteness check) serves the mean
-    # embedding, 1/kappa_hat, the shortlist pilot and the ECE.
-    mean_emb = res_s = None
-    if s is not None:
-        res_s = Fm._checked_resultant(s)
-        mean_emb = Fm.normalize(res_s)
-        if x is None:
-            x = mean_emb
+    mean_emb = None if res_s is None else Fm.normalize(res_s)
+    if x is None:
+        x = mean_emb
     assert x is not None
-    n = x.shape[0]
+    n_loc = x.shape[0]
+    sh = Shards.of(n_loc, x.device, group) if distributed else Shards.local(n_loc)
+    n = sh.n
+    if n < 2:
+        raise ValueError(f"`embeddings` needs at least 2 points over all ranks, got {n}")
+    if sh.active:  # the shards must describe one data set
+        dims = torch.tensor([[x.shape[1], 0 if s is None else s.shape[0]]], device=x.device)
+        every = sh.gather(dims)
+        if bool((every != every[:1]).any()):
+            raise ValueError(
+                "the ranks disagree on the embedding dimension / number of draws (rank: [D, S]):"
+                f" {every.tolist()}"
+            )
     res["n"] = n
-
-    u_source = "given" if u is not None else None
-    if u is None and s is not None:
-        assert res_s is not None
-        u = Fm._u_from_length(Fm._length(res_s), s.shape[-1])
-        u_source = "1/kappa_hat from samples (Sra)"
-        if not bool(torch.isfinite(u).all()):
-            raise ValueError("`samples` give a non-finite 1/kappa_hat (mean resultant length 0)")
     res["uncertainty_source"] = u_source
 
     # One search of the point embeddings serves R@k, mAP@k and, when the samples' mean is the
@@ -209,8 +279,8 @@ def evaluate(
     ece_info: dict[str, float] = {}
     if share and shortlist is None:
         assert s is not None and res_s is not None
-        shortlist, ece_info = Fm._choose_shortlist(
-            s, res_s, tolerance=tolerance, memory_budget=memory_budget
+        shortlist, ece_info = Sm._choose_shortlist(
+            s, res_s, tolerance=tolerance, memory_budget=memory_budget, shards=sh
         )
         if ece_info["miss_rate"] > tolerance:
             # no affordable shortlist keeps the per-draw neighbours exact enough: search each
@@ -222,8 +292,15 @@ def evaluate(
             )
             ece_mode, share, shortlist, ece_info = "exact", False, None, {}
     k_search = min(max([*ks, *map_ks, 1] + ([shortlist] if share and shortlist else [])), n - 1)
-    _, nb = knn(x, k_search, memory_budget=memory_budget, backend=backend)
-    y_dev = y.to(nb.device)
+    if backend == "torch":  # this rank's queries over every rank's rows (global ids)
+        _, nb_loc = _knn_sharded(x, k_search, sh, memory_budget, None)
+    else:
+        _, nb_loc = knn(x, k_search, memory_budget=memory_budget, backend=backend)
+    # per-query results of every rank (the identity in one process)
+    nb = sh.gather(nb_loc)
+    y_dev = sh.gather(y.to(nb.device))
+    if u is not None:
+        u = sh.gather(u.to(nb.device))
     hit = y_dev[nb] == y_dev[:, None]
     correct = hit[:, 0]
     res["r@1"] = _f(correct.double().mean())
@@ -232,13 +309,13 @@ def evaluate(
             res[f"recall@{k}"] = None
             notes.append(f"recall@{k}: undefined with only {n} points")
         else:
-            res[f"recall@{k}"] = _f(hit[:, :k].any(dim=1).double().mean())
+            res[f"recall@{k}"] = _f(Fm._recall_from_neighbors(y_dev, nb, k))
     for k in map_ks:
         if k > n - 1:
             res[f"map@{k}"] = None
             notes.append(f"map@{k}: undefined with only {n} points")
         else:
-            res[f"map@{k}"] = _f(Fm.map_at_k(x, y_dev, k, neighbors=nb))
+            res[f"map@{k}"] = _f(Fm._map_from_neighbors(y_dev, nb, k))
     if u is None:
         notes.append("r_auroc, ausc, ause: no uncertainties (give `uncertainties` or `samples`)")
     else:
@@ -258,19 +335,21 @@ def evaluate(
                 "oracle": oracle.tolist(),
             }
         if reference_uncertainties is not None:
-            res["rank_correlation"] = _f(Fm.rank_correlation(u, reference_uncertainties))
+            ref = check_tensor(reference_uncertainties, "reference_uncertainties", ndim=1)
+            res["rank_correlation"] = _f(Fm.rank_correlation(u, sh.gather(ref.to(u.device))))
 
     if s is None:
         notes.append("ece: no samples (ECE needs posterior draws, METRICS.md)")
     else:
         Fm._check_n_bins(n_bins)  # before the search, not after it
-        nb_draws = Fm._sampled_neighbors(
+        nb_draws = Sm._sampled_neighbors(
             s, mode=ece_mode, shortlist=shortlist, candidates=nb if share else None,
             tolerance=tolerance, margin=ece_info.get("margin") if share else None,
             memory_budget=memory_budget, info=ece_info, progress=progress, block=32,
-            cluster_iters=4, resultant=res_s,
+            cluster_iters=4, resultant=res_s, shards=sh,
         )  # fmt: skip
-        ece = Fm._ece_from_neighbors(nb_draws, y.to(s.device), s.shape[0], n_bins)
+        nb_draws = sh.gather(nb_draws.T.contiguous()).T  # [S, N] global ids
+        ece = Fm._ece_from_neighbors(nb_draws, y_dev.to(s.device), s.shape[0], n_bins)
         res["ece"] = _f(ece.ece)
         if ece_mode == "shortlist":
             res["ece_shortlist"] = int(ece_info["shortlist"])
@@ -291,7 +370,9 @@ def evaluate(
     elif u is None:
         notes.append("ood_auroc, ood_auprc: in-distribution uncertainties missing")
     else:
-        v = v.to(u.device)
+        v = sh.gather(v.to(u.device))
+        if v.numel() == 0:
+            raise ValueError("`ood_uncertainties` is empty on every rank")
         res["ood_auroc"] = _f(Fm.ood_auroc(u, v))
         res["ood_auprc"] = _f(Fm.ood_auprc(u, v))
     res.setdefault("rank_correlation", None)

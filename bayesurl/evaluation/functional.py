@@ -19,22 +19,19 @@ All scalars are returned as 0-d float64 tensors on the device of the inputs.
 
 from __future__ import annotations
 
-import warnings
-from functools import partial
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from bayesurl._checks import check_same_length, check_tensor
-from bayesurl.evaluation.knn import (
-    DEFAULT_MEMORY_BUDGET,
-    _sim_tiles,
-    _top1_tiled,
-    chunk_rows,
-    knn,
-    normalize,
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, normalize
+from bayesurl.evaluation.sampled import (  # the search behind the ECE (re-exported)
+    _resultant,
+    _sampled_neighbors,
+    _samples,
+    choose_shortlist,
+    sampled_neighbors,
 )
 
 __all__ = [
@@ -256,8 +253,12 @@ def recall_at_k(
     """
     x = _embeddings(embeddings)
     y = _labels(labels, x.shape[0])
-    nb = _neighbors(x, k, neighbors, memory_budget)
-    return (y[nb] == y[:, None]).any(dim=1).double().mean()
+    return _recall_from_neighbors(y, _neighbors(x, k, neighbors, memory_budget), k)
+
+
+def _recall_from_neighbors(y: Tensor, nb: Tensor, k: int) -> Tensor:
+    """:func:`recall_at_k` from labels ``[N]`` and neighbour ids ``[N, >=k]``."""
+    return (y[nb[:, :k]] == y[:, None]).any(dim=1).double().mean()
 
 
 def map_at_k(
@@ -296,7 +297,12 @@ def map_at_k(
     """
     x = _embeddings(embeddings)
     y = _labels(labels, x.shape[0])
-    nb = _neighbors(x, k, neighbors, memory_budget)
+    return _map_from_neighbors(y, _neighbors(x, k, neighbors, memory_budget), k)
+
+
+def _map_from_neighbors(y: Tensor, nb: Tensor, k: int) -> Tensor:
+    """:func:`map_at_k` from labels ``[N]`` and neighbour ids ``[N, >=k]``."""
+    nb = nb[:, :k]
     rel = (y[nb] == y[:, None]).double()
     prec = rel.cumsum(dim=1) / torch.arange(1, k + 1, device=rel.device, dtype=torch.float64)
     _, inv, counts = torch.unique(y, return_inverse=True, return_counts=True)
@@ -513,33 +519,6 @@ def rank_correlation(uncertainties: Tensor, reference: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------- samples
-def _samples(samples: object, check_values: bool = True) -> Tensor:
-    """Validated ``[S, N, D]`` draws; ``check_values=False`` leaves the finiteness check to
-    :func:`_checked_resultant` (one pass over the draws instead of two)."""
-    s = check_tensor(samples, "samples", ndim=3, finite=False)
-    if s.shape[0] < 1:
-        raise ValueError("`samples` needs at least 1 draw, got 0")
-    if not s.is_floating_point():
-        raise ValueError(f"`samples` must be floating point, got {s.dtype}")
-    if check_values and not all(bool(torch.isfinite(z).all()) for z in s):
-        _raise_non_finite(s)
-    return s
-
-
-def _raise_non_finite(s: Tensor) -> None:
-    bad = sum(int((~torch.isfinite(z)).sum()) for z in s)  # per draw: no [S, N, D] temporary
-    raise ValueError(f"`samples` contains {bad} non-finite values of {s.numel()} entries")
-
-
-def _checked_resultant(s: Tensor) -> Tensor:
-    """Mean resultant of the normalised draws; raises if a draw has a non-finite entry
-    (a NaN or inf entry makes its row's normalised draw, hence the resultant, non-finite)."""
-    res = _resultant(s)
-    if not bool(torch.isfinite(res).all()):
-        _raise_non_finite(s)
-    return res
-
-
 def mean_from_samples(samples: Tensor) -> Tensor:
     """Point embedding from draws: the normalised mean of the normalised samples.
 
@@ -557,13 +536,6 @@ def mean_from_samples(samples: Tensor) -> Tensor:
         ``[N, D]`` unit vectors (zero where the mean resultant vanishes).
     """
     return normalize(_resultant(_samples(samples)))
-
-
-def _resultant(s: Tensor) -> Tensor:
-    acc = torch.zeros_like(s[0])
-    for z in s:
-        acc += normalize(z)
-    return acc / s.shape[0]
 
 
 def _mean_length(samples: Tensor) -> tuple[Tensor, int]:
@@ -618,554 +590,6 @@ def uncertainty_from_samples(samples: Tensor) -> Tensor:
 def _u_from_length(r: Tensor, d: int) -> Tensor:
     """``1 / kappa_hat = (1 - R^2) / (R (D - R^2))`` (Sra) from float64 lengths ``R``."""
     return (1.0 - r**2) / (r * (d - r**2))
-
-
-def _gather(z: Tensor, idx: Tensor) -> Tensor:
-    """Rows ``z[idx]`` for a 2-D index, via ``index_select`` (faster than advanced indexing)."""
-    return z.index_select(0, idx.reshape(-1)).view(*idx.shape, z.shape[1])
-
-
-def _cluster_order(mean: Tensor, block: int, iters: int, memory_budget: int) -> Tensor:
-    """Query order that puts queries with similar mean embeddings next to each other.
-
-    A few spherical k-means iterations with about ``N / block`` centroids (cost about
-    ``iters / block`` exact passes), then a stable sort by cluster id.
-    """
-    n = mean.shape[0]
-    k = max(1, n // block)
-    gen = torch.Generator().manual_seed(0)
-    cent = mean[torch.randperm(n, generator=gen)[:k].to(mean.device)]
-    rows = max(1, int(memory_budget // (2 * mean.element_size() * k)))
-    assign = torch.empty(n, dtype=torch.long, device=mean.device)
-    for it in range(iters + 1):
-        for start in range(0, n, rows):
-            assign[start : start + rows] = (mean[start : start + rows] @ cent.T).argmax(dim=1)
-        if it == iters:
-            break
-        acc = torch.zeros_like(cent).index_add_(0, assign, mean)
-        cent = torch.where(acc.norm(dim=1, keepdim=True) > 0, normalize(acc), cent)
-    return torch.argsort(assign, stable=True)
-
-
-def _nn_in_blocks(
-    s: Tensor,
-    cand: Tensor,
-    order: Tensor,
-    block: int,
-    memory_budget: int,
-    progress: bool,
-) -> Tensor:
-    """1-NN per draw of every query among the union of its block's shortlists.
-
-    Queries are taken ``block`` at a time in ``order``; each block is searched with one dense
-    batched GEMM ``[S', B, D] x [S', D, |U|]`` against the union ``U`` (sorted ascending) of
-    its members' shortlists, so ties go to the lowest gallery index through ``max``'s
-    first-maximum rule. Similarities are ``<z_q, z_u> / ||z_u||``: the query norm is
-    constant along the argmax, so no normalised copy of the draws is made.
-    """
-    n_draws, n, d = s.shape
-    dev, item = s.device, s.element_size()
-    eps = torch.finfo(s.dtype).tiny ** 0.5
-    inv = torch.empty(n_draws, n, dtype=s.dtype, device=dev)
-    for t in range(n_draws):
-        inv[t] = s[t].norm(dim=1).clamp_min(eps).reciprocal()
-    out = torch.empty(n_draws, n, dtype=torch.long, device=dev)
-    # Flat scratch buffers reused by every block (no per-block page faults on CPU).
-    m_max = min(n, block * cand.shape[1])
-    per_draw_max = (block + m_max) * d + block * m_max
-    size = min(n_draws * per_draw_max, max(per_draw_max, memory_budget // item))
-    buf = torch.empty(size, dtype=s.dtype, device=dev)
-    starts = range(0, n, block)
-    for start in tqdm(starts, disable=not progress, desc="1-NN per block", leave=False):
-        q = order[start : start + block]
-        b = q.numel()
-        u = torch.unique(cand[q])  # sorted ascending
-        m = u.numel()
-        self_mask = q[:, None] == u[None, :]
-        sc = min(n_draws, buf.numel() // ((b + m) * d + b * m))
-        for t0 in range(0, n_draws, sc):
-            t1 = min(t0 + sc, n_draws)
-            w = t1 - t0
-            qq = buf[: w * b * d].view(w, b, d)
-            gg = buf[w * b * d : w * (b + m) * d].view(w, m, d)
-            ss = buf[w * (b + m) * d : w * ((b + m) * d + b * m)].view(w, b, m)
-            torch.index_select(s[t0:t1], 1, q, out=qq)
-            torch.index_select(s[t0:t1], 1, u, out=gg)
-            torch.bmm(qq, gg.transpose(1, 2), out=ss)
-            ss.mul_(inv[t0:t1, u][:, None, :])
-            ss.masked_fill_(self_mask, -torch.inf)
-            out[t0:t1, q] = u[ss.max(dim=2).indices]
-    return out
-
-
-def _spread(resultant: Tensor) -> Tensor:
-    """Per-point draw spread ``sigma_i^2 = mean_s ||z_si - m_i||^2 = 2 (1 - R_i)`` (unit draws
-    ``z_si``, unit mean ``m_i``, mean resultant length ``R_i``), as a float32/64 vector."""
-    return (2.0 * (1.0 - resultant.norm(dim=-1).clamp(0.0, 1.0))).sqrt()
-
-
-def choose_shortlist(
-    samples: Tensor,
-    *,
-    tolerance: float = 1e-3,
-    max_shortlist: int = 256,
-    pilot_draws: int = 8,
-    pilot_queries: int | None = None,
-    seed: int = 0,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
-) -> tuple[int, dict[str, float]]:
-    """Shortlist length L and per-query margin whose estimated miss rate is at most ``tolerance``.
-
-    A pilot searches ``pilot_queries`` random queries exactly in ``pilot_draws`` draws (cost
-    ``pilot_draws * pilot_queries / N`` exact passes, about an eighth of a pass for large N) and
-    records, for each draw's true 1-NN ``w`` of query ``i``, its rank in the query's
-    mean-embedding ordering and its margin ``(m_i1 - m_iw) / sqrt(sigma_i^2 + sigma_w^2)``:
-    the gap in mean cosine to the query's best candidate, in units of the two points' draw
-    spread (``sigma^2 = 2 (1 - R)``, R the mean resultant length).
-
-    L is the smallest power of two with ``P(rank >= L) <= tolerance / 2`` (capped at
-    ``max_shortlist``); the margin ``info["margin"]`` is the smallest value that keeps all but
-    a ``tolerance`` fraction of the pilot's winners (those ranked below L count as lost).
-    :func:`sampled_neighbors` then compares each query, in every draw, only with those of its L
-    mean-space neighbours whose margin is at most that value: easy queries keep one or two
-    candidates, ambiguous ones many. The expected agreement with the exact mode is about
-    ``1 - tolerance``.
-
-    Parameters
-    ----------
-    samples : Tensor
-        ``[S, N, D]`` draws.
-    tolerance : float
-        Allowed fraction of (draw, query) pairs whose 1-NN falls outside the shortlist.
-    max_shortlist : int
-        Upper bound on L.
-    pilot_draws : int
-        Draws of the pilot.
-    pilot_queries : int, optional
-        Queries of the pilot (default ``min(N, max(1024, N // 64))``).
-    seed : int
-        Seed of the pilot's query subset.
-    memory_budget : int
-        Bytes per similarity chunk.
-
-    Returns
-    -------
-    L : int
-        Chosen shortlist length.
-    info : dict
-        ``miss_rate`` (pilot estimate with both cuts), ``margin``, ``pilot_pairs``,
-        ``rank_q999``.
-    """
-    s = _samples(samples, check_values=False)
-    return _choose_shortlist(
-        s, _checked_resultant(s), tolerance=tolerance, max_shortlist=max_shortlist,
-        pilot_draws=pilot_draws, pilot_queries=pilot_queries, seed=seed,
-        memory_budget=memory_budget,
-    )  # fmt: skip
-
-
-def _choose_shortlist(
-    s: Tensor,
-    res: Tensor,
-    *,
-    tolerance: float = 1e-3,
-    max_shortlist: int = 256,
-    pilot_draws: int = 8,
-    pilot_queries: int | None = None,
-    seed: int = 0,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
-) -> tuple[int, dict[str, float]]:
-    """:func:`choose_shortlist` on validated draws with their mean resultant ``res``."""
-    n_draws, n, _ = s.shape
-    if not 0.0 <= tolerance < 1.0:
-        raise ValueError(f"`tolerance` must lie in [0, 1), got {tolerance}")
-    q_n = min(n, max(1024, n // 64)) if pilot_queries is None else min(n, pilot_queries)
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randperm(n, generator=gen)[:q_n].to(s.device)
-    mean = normalize(res)
-    sigma = _spread(res)
-    rows = chunk_rows_for(n, s, memory_budget)
-    eps = torch.finfo(s.dtype).tiny ** 0.5
-    draws = [s[t] for t in range(min(pilot_draws, n_draws))]
-    inv = [z.norm(dim=1).clamp_min(eps).reciprocal() for z in draws]  # no normalised copies
-    ranks, margins = [], []
-    for start in range(0, q_n, rows):
-        qq = q[start : start + rows]
-        r = torch.arange(qq.numel(), device=s.device)
-        m_sims = mean[qq] @ mean.T
-        m_sims[r, qq] = -torch.inf
-        top = m_sims.amax(dim=1)
-        for z, iz in zip(draws, inv):
-            if s.device.type == "cpu":  # cache-sized tiles, as the exact top-1 search
-                win = _top1_tiled(normalize(z[qq]), z.T, self_index=qq, col_scale=iz)[1][:, 0]
-            else:
-                sims = (normalize(z[qq]) @ z.T).mul_(iz)
-                sims[r, qq] = -torch.inf
-                win = sims.argmax(dim=1)  # first maximal index: ties to lowest
-            m_win = m_sims[r, win]
-            ranks.append((m_sims > m_win[:, None]).sum(dim=1))
-            scale = (sigma[qq] ** 2 + sigma[win] ** 2).sqrt()
-            margins.append(_margin(top - m_win, scale))
-    rank = torch.cat(ranks)
-    margin = torch.cat(margins).double()
-    cap = min(max_shortlist, n - 1)
-    L = 1
-    while L < cap and float((rank >= L).double().mean()) > tolerance / 2:
-        L *= 2
-    L = min(L, cap)
-    margin = torch.where(rank >= L, torch.inf, margin)
-    lost = int(tolerance * margin.numel())  # pilot winners the margin may lose
-    kept = torch.sort(margin).values[: margin.numel() - lost]
-    k = float(kept[-1]) if kept.numel() else 0.0
-    if not k < torch.inf:  # the cap loses too many: keep all L (the miss rate shows it)
-        k = torch.inf
-    info = {
-        "miss_rate": float(((rank >= L) | (margin > k)).double().mean()),
-        "margin": k,
-        "pilot_pairs": float(rank.numel()),
-        "rank_q999": float(torch.quantile(rank.double(), 0.999)),
-    }
-    return L, info
-
-
-def _margin(gap: Tensor, scale: Tensor) -> Tensor:
-    """``gap / scale`` with ``0 / 0 = 0`` and ``gap / 0 = inf`` (identical draws)."""
-    safe = scale.clamp_min(torch.finfo(scale.dtype).tiny)
-    out = gap.clamp_min(0.0) / safe
-    return torch.where(scale > 0, out, torch.where(gap > 0, torch.inf, 0.0))
-
-
-def _sparse_pattern(cand: Tensor, keep: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """CSR ``(crow, col, row)`` of the kept candidates, columns ascending within each row."""
-    n = cand.shape[0]
-    col_sorted, perm = cand.sort(dim=1)
-    k = keep.gather(1, perm)
-    lengths = k.sum(dim=1)
-    crow = torch.zeros(n + 1, dtype=torch.long, device=cand.device)
-    crow[1:] = lengths.cumsum(0)
-    row = torch.repeat_interleave(torch.arange(n, device=cand.device), lengths)
-    return crow, col_sorted[k], row
-
-
-def _sddmm(crow: Tensor, col: Tensor, a: Tensor, b: Tensor) -> Tensor:
-    """``(a @ b.T)[row, col]`` at the CSR pattern only (``torch.sparse.sampled_addmm``)."""
-    n = crow.numel() - 1
-    with warnings.catch_warnings():  # "sparse CSR support is in beta state"
-        warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta")
-        pattern = torch.sparse_csr_tensor(
-            crow, col, torch.zeros(col.numel(), dtype=a.dtype, device=a.device),
-            (n, b.shape[0]), check_invariants=False,
-        )  # fmt: skip
-    return torch.sparse.sampled_addmm(pattern, a, b.mT, beta=0.0).values()
-
-
-def _margin_pattern(
-    mean: Tensor,
-    sigma: Tensor,
-    margin: float,
-    cap: int,
-    memory_budget: int,
-    tile: tuple[int, int] | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """CSR ``(crow, col, row)`` of every candidate within ``margin`` of its query's best.
-
-    One exact pass over the mean embeddings (as the top-1 search, no top-L selection):
-    candidate ``c`` of query ``i`` is kept when ``(m_i1 - m_ic) / sqrt(sigma_i^2 +
-    sigma_c^2) <= margin``, self excluded; a row with more than ``cap`` such candidates keeps
-    the ``cap`` most similar of them (the pilot's L). Columns ascend within each row.
-
-    On CPU (or with ``tile``) the pass runs over cache-sized ``[rows, cols]`` tiles with a
-    running row maximum, like the tiled top-1 of :mod:`bayesurl.evaluation.knn`: each tile
-    keeps the pairs above the running maximum minus the largest possible slack (a superset,
-    since the running maximum only grows), and the exact per-pair test runs once the row's
-    true best is known. Elsewhere whole ``[B, N]`` blocks within ``memory_budget``.
-    """
-    n = mean.shape[0]
-    if tile is None and mean.device.type == "cpu":
-        tile = (4096, 1024)
-    rows, cols = (chunk_rows(n, mean.dtype, memory_budget), n) if tile is None else tile
-    buf = torch.empty(min(rows, n), min(cols, n), dtype=mean.dtype, device=mean.device)
-    own = torch.arange(n, device=mean.device)  # self excluded by index
-    sig_max = sigma.max()
-    all_cols, all_rows = [], []
-    for r0 in range(0, n, rows):
-        r1 = min(r0 + rows, n)
-        best = torch.full((r1 - r0,), -torch.inf, dtype=mean.dtype, device=mean.device)
-        sq = sigma[r0:r1] ** 2
-        slack = margin * (sq + sig_max**2).sqrt()  # largest allowed gap of each row
-        parts = []
-        for c0, sims in _sim_tiles(mean, mean.T, r0, r1, cols, buf, self_index=own):
-            top = sims.amax(dim=1)  # values only: about 3x faster than max with indices
-            torch.maximum(best, top, out=best)
-            thr = best - slack
-            hit = (top >= thr).nonzero().squeeze(1)  # rows with a pair to keep in this tile
-            sub = sims.index_select(0, hit)
-            rr, cc = (sub >= thr[hit, None]).nonzero(as_tuple=True)
-            parts.append((hit[rr], cc + c0, sub[rr, cc]))
-        rr = torch.cat([p[0] for p in parts])
-        cc = torch.cat([p[1] for p in parts])
-        vals = torch.cat([p[2] for p in parts])
-        ok = _margin(best[rr] - vals, (sq[rr] + sigma[cc] ** 2).sqrt()) <= margin
-        rr, cc, vals = rr[ok], cc[ok], vals[ok]
-        # row-major, columns ascending (tiles arrive column block by column block)
-        o = torch.argsort(rr * n + cc)
-        rr, cc, vals = rr[o], cc[o], vals[o]
-        counts = torch.bincount(rr, minlength=r1 - r0)
-        if bool((counts > cap).any()):  # the cap most similar (ties to lower index)
-            over = (counts[rr] > cap).nonzero().squeeze(1)  # entries of over-full rows only
-            o = torch.argsort(-vals[over], stable=True)  # (rr, cc) ascend: ties keep lower
-            o = o[torch.argsort(rr[over][o], stable=True)]
-            ro = rr[over][o]  # ascending: each row's first entry is found by searchsorted
-            rank = torch.arange(ro.numel(), device=rr.device) - torch.searchsorted(ro, ro)
-            keep = torch.ones_like(rr, dtype=torch.bool)
-            keep[over[o[rank >= cap]]] = False  # order kept: row-major, ascending columns
-            rr, cc = rr[keep], cc[keep]
-        all_rows.append(rr + r0)
-        all_cols.append(cc)
-    row = torch.cat(all_rows)
-    crow = torch.zeros(n + 1, dtype=torch.long, device=mean.device)
-    crow[1:] = torch.bincount(row, minlength=n).cumsum(0)
-    return crow, torch.cat(all_cols), row
-
-
-def _query_blocks(
-    pattern: tuple[Tensor, Tensor, Tensor], n: int, block: int
-) -> list[tuple[int, int, Tensor, Tensor, Tensor, Tensor]]:
-    """The kept pairs cut into query blocks ``[q0, q1)``, each as the CSR of its transpose
-    (rows = candidates ascending, columns = the block's queries): ``(q0, q1, crow_t,
-    local query, query, candidate)`` per stored pair (local: ``query - q0``)."""
-    crow, col, row = pattern
-    out = []
-    for q0 in range(0, n, block):
-        q1 = min(q0 + block, n)
-        lo, hi = int(crow[q0]), int(crow[q1])  # rows are contiguous in CSR order
-        r, c = row[lo:hi], col[lo:hi]
-        o = torch.argsort(c * (q1 - q0) + (r - q0))  # candidate-major, queries ascending
-        c, r = c[o], r[o]
-        crow_t = torch.zeros(n + 1, dtype=torch.long, device=col.device)
-        crow_t[1:] = torch.bincount(c, minlength=n).cumsum(0)
-        out.append((q0, q1, crow_t, r - q0, r, c))
-    return out
-
-
-def _nn_sparse(
-    s: Tensor,
-    pattern: tuple[Tensor, Tensor, Tensor],
-    progress: bool,
-    query_block: int | None = None,
-) -> Tensor:
-    """1-NN per draw of every query among its kept candidates (sparse SDDMMs per draw).
-
-    Per draw ``z``, the kept (query, candidate) similarities ``<z_i, z_c> / ||z_c||`` are
-    computed without gathering candidate rows (``sampled_addmm`` reads ``z`` in place), the
-    maximum per query taken with ``scatter_reduce``; ties go to the lowest index. ``pattern``
-    is the CSR ``(crow, col, row)`` of the kept pairs (:func:`_sparse_pattern`,
-    :func:`_margin_pattern`).
-
-    On CPU the queries are cut into blocks of ``query_block`` rows (default: 8 MiB of the
-    draw, 4096 rows at D = 512 in float32) that stay in the last-level cache, and each block's
-    product runs candidate-major (the transposed pattern), so the draw's rows are read in
-    ascending order instead of at random: 2.3x faster per draw at N = 56k, D = 512 with about
-    40 candidates per query (``benchmarks/evaluator.py``).
-    """
-    n_draws, n, d = s.shape
-    if query_block is None:
-        query_block = max(1, (8 * 2**20) // (d * s.element_size())) if s.is_cpu else n
-    blocks = _query_blocks(pattern, n, query_block)
-    query = torch.cat([b[4] for b in blocks])
-    cand = torch.cat([b[5] for b in blocks])
-    eps = torch.finfo(s.dtype).tiny ** 0.5
-    out = torch.empty(n_draws, n, dtype=torch.long, device=s.device)
-    big = torch.full((n,), n, dtype=torch.long, device=s.device)
-    for t in tqdm(range(n_draws), disable=not progress, desc="1-NN per draw", leave=False):
-        z = s[t]
-        inv = z.norm(dim=1).clamp_min(eps).reciprocal()
-        parts = [_sddmm(crow_t, loc, z, z[q0:q1]) for q0, q1, crow_t, loc, _, _ in blocks]
-        v = torch.cat(parts).mul_(inv[cand])
-        best = torch.full((n,), -torch.inf, dtype=v.dtype, device=v.device)
-        best = best.scatter_reduce(0, query, v, reduce="amax")
-        win = torch.where(v == best[query], cand, n)
-        out[t] = big.scatter_reduce(0, query, win, reduce="amin")
-    return out
-
-
-def chunk_rows_for(n: int, s: Tensor, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> int:
-    """Rows of a ``[B, n]`` similarity chunk (two buffers) within ``memory_budget``."""
-    return chunk_rows(n, s.dtype, memory_budget)
-
-
-def sampled_neighbors(
-    samples: Tensor,
-    *,
-    mode: str = "shortlist",
-    shortlist: int | None = None,
-    candidates: Tensor | None = None,
-    tolerance: float = 1e-3,
-    margin: float | None = None,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    info: dict[str, float] | None = None,
-    progress: bool = False,
-    block: int = 32,
-    cluster_iters: int = 4,
-) -> Tensor:
-    """1-NN index of every query within each posterior draw, self excluded by index.
-
-    ``mode="exact"`` runs one exact chunked search per draw (S full searches).
-
-    ``mode="shortlist"`` (default) searches the ``L`` nearest neighbours of the mean embedding
-    (:func:`mean_from_samples`) once, then for every draw compares each query only with its
-    candidates: one sparse sampled matrix product (``torch.sparse.sampled_addmm``) per draw
-    evaluates exactly the kept (query, candidate) cosines, reading the draw in place, so S
-    draws cost about ``S * nnz * D`` with ``nnz <= N * L`` and no gathered copies. Each query
-    keeps those of its L candidates whose gap in mean cosine to its best candidate is at most
-    ``margin`` times the pair's draw spread ``sqrt(sigma_i^2 + sigma_c^2)`` (``sigma^2 = 2 (1 -
-    R)``, see :func:`choose_shortlist`): well-separated queries keep one or two candidates,
-    ambiguous ones up to L. Ties go to the lowest gallery index in every mode, so the modes
-    agree whenever a draw's true neighbour is kept. ``shortlist=None`` (default) chooses L and
-    the margin with :func:`choose_shortlist` so that the estimated fraction of (draw, query)
-    pairs whose neighbour is not kept is at most ``tolerance`` (expected agreement with the
-    exact mode about ``1 - tolerance``), and searches every draw exactly when no shortlist up
-    to the cap is that accurate; the adaptive path then needs no top-L search: one threshold
-    pass over the mean embeddings (the cost of a top-1 search) keeps every candidate within the
-    margin, at most L per query. An integer fixes L (and keeps all L unless ``margin`` is
-    given).
-
-    ``mode="block"`` uses the full L-shortlists but orders the queries by a few spherical
-    k-means iterations on the mean embeddings (about ``N / block`` centroids), cuts them into
-    blocks of ``block`` queries and searches each block, for all draws at once, with one dense
-    batched GEMM against the union of its members' shortlists. With ``L = N - 1`` it equals the
-    exact mode. It only pays off when the shortlists of nearby queries overlap strongly.
-
-    Cost (``benchmarks/evaluator.py``, CPU, 2 threads): the threshold pass costs about one
-    exact pass, the pilot about 0.2, and the S sparse products grow as ``S * N * kept * D``
-    against ``N^2 * D`` for a pass, so the ratio to one pass falls with N: at N = 55k, D = 512,
-    S = 100 and about 38 kept candidates per query the whole ECE is 2.3-2.8 exact passes; at
-    N = 8k, D = 128 it is about 20.
-
-    Parameters
-    ----------
-    samples : Tensor
-        ``[S, N, D]`` draws (LAM, section 4: embeddings sampled from the weight posterior).
-    mode : {"shortlist", "block", "exact"}
-        Search strategy.
-    shortlist : int, optional
-        Shortlist length L (clipped to ``N - 1``); ``None`` chooses it (and the margin)
-        adaptively.
-    candidates : Tensor, optional
-        ``[N, >=L]`` precomputed kNN of the mean embedding (e.g. the one already computed for
-        R@1); used when it has at least L columns.
-    tolerance : float
-        Miss-rate target of the adaptive choice.
-    margin : float, optional
-        Per-query cut of the shortlist mode (see above); ``None``: the adaptive choice's when
-        ``shortlist`` is None, else no cut. ``inf`` keeps all L.
-    memory_budget : int
-        Bytes per chunk of similarities (exact mode, kNN of the mean, pilot).
-    info : dict, optional
-        Filled with ``shortlist`` (the L used), ``margin``, ``kept_per_query`` (mean number of
-        candidates compared per query and draw) and the pilot's estimates.
-    progress : bool
-        Show a tqdm bar over the draws (over the query blocks in block mode).
-    block : int
-        Queries per block of ``mode="block"``.
-    cluster_iters : int
-        k-means iterations that order the queries in ``mode="block"``.
-
-    Returns
-    -------
-    Tensor
-        ``[S, N]`` int64 neighbour indices.
-    """
-    s = _samples(samples, check_values=mode == "exact")
-    return _sampled_neighbors(
-        s, mode=mode, shortlist=shortlist, candidates=candidates,
-        tolerance=tolerance, margin=margin, memory_budget=memory_budget, info=info,
-        progress=progress, block=block, cluster_iters=cluster_iters,
-    )  # fmt: skip
-
-
-def _sampled_neighbors(
-    s: Tensor,
-    *,
-    mode: str,
-    shortlist: int | None,
-    candidates: Tensor | None,
-    tolerance: float,
-    margin: float | None,
-    memory_budget: int,
-    info: dict[str, float] | None,
-    progress: bool,
-    block: int,
-    cluster_iters: int,
-    resultant: Tensor | None = None,
-) -> Tensor:
-    """:func:`sampled_neighbors` on validated draws (``resultant``: their checked mean
-    resultant, when the caller already has it)."""
-    n_draws, n, d = s.shape
-    if n < 2:
-        raise ValueError(f"`samples` needs at least 2 points, got {n}")
-    if mode == "exact":
-        bar = partial(tqdm, total=n_draws, disable=not progress, desc="1-NN per draw", leave=False)
-        return torch.stack([knn(z, 1, memory_budget=memory_budget)[1][:, 0] for z in bar(s)])
-    if mode not in ("block", "shortlist"):
-        raise ValueError(f"`mode` must be 'shortlist', 'block' or 'exact', got {mode!r}")
-    if margin is not None and not margin >= 0.0:
-        raise ValueError(f"`margin` must be >= 0 or None, got {margin!r}")
-    res = _checked_resultant(s) if resultant is None else resultant
-    if shortlist is None:
-        L, pilot = _choose_shortlist(s, res, tolerance=tolerance, memory_budget=memory_budget)
-        if pilot["miss_rate"] > tolerance:
-            # no shortlist up to the cap is accurate enough: fall back to exact searches
-            if info is not None:
-                info.update(pilot, shortlist=float(n - 1), fallback_exact=1.0)
-            return _sampled_neighbors(
-                s, mode="exact", shortlist=None, candidates=None, tolerance=tolerance,
-                margin=None, memory_budget=memory_budget, info=None, progress=progress,
-                block=block, cluster_iters=cluster_iters,
-            )  # fmt: skip
-        if margin is None:
-            margin = pilot["margin"]
-    elif not isinstance(shortlist, int) or shortlist < 1:
-        raise ValueError(f"`shortlist` must be a positive integer or None, got {shortlist!r}")
-    else:
-        L, pilot = min(shortlist, n - 1), {}
-    if info is not None:
-        info.update(pilot, shortlist=float(L))
-    mean = normalize(res)
-    if mode == "shortlist" and candidates is None and margin is not None and margin < torch.inf:
-        # no top-L search: one threshold pass keeps each query's candidates within the margin
-        pattern = _margin_pattern(mean, _spread(res), margin, L, memory_budget)
-        if info is not None:
-            info.update(margin=float(margin), kept_per_query=pattern[1].numel() / n)
-        return _nn_sparse(s, pattern, progress)
-    cand = m_sims = None
-    if candidates is not None:
-        c = check_tensor(candidates, "candidates", ndim=2).long()
-        if c.shape[0] != n:
-            raise ValueError(f"`candidates` must have {n} rows, got {tuple(c.shape)}")
-        if c.shape[1] >= L:
-            cand = c[:, :L].to(s.device)
-    if cand is None:
-        m_sims, cand = knn(mean, L, memory_budget=memory_budget)
-    if mode == "block":
-        if not isinstance(block, int) or block < 1:
-            raise ValueError(f"`block` must be a positive integer, got {block!r}")
-        order = _cluster_order(mean, block, cluster_iters, memory_budget)
-        return _nn_in_blocks(s, cand, order, block, memory_budget, progress)
-    keep = torch.ones(cand.shape, dtype=torch.bool, device=cand.device)
-    if margin is not None and margin < torch.inf:
-        if m_sims is None:  # given candidates: their mean cosines, one sparse pass
-            crow, col, _ = _sparse_pattern(cand, keep)
-            cand = col.view(n, -1)  # ascending per row; the order does not matter below
-            m_sims = _sddmm(crow, col, mean, mean).view(n, -1)
-        sigma = _spread(res)
-        scale = (sigma[:, None] ** 2 + sigma[cand] ** 2).sqrt()
-        gap = m_sims.max(dim=1, keepdim=True).values - m_sims
-        keep = _margin(gap, scale) <= margin
-    if info is not None:
-        info.update(margin=float(torch.inf if margin is None else margin))
-        info.update(kept_per_query=float(keep.sum()) / n)
-    return _nn_sparse(s, _sparse_pattern(cand, keep), progress)
 
 
 def modal_labels(neighbor_labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -1300,9 +724,10 @@ def retrieval_ece(
     n_bins : int
         Number of confidence bins.
     mode, shortlist, candidates, tolerance, margin, memory_budget, info, progress
-        Per-draw search, see :func:`sampled_neighbors`.
+        Per-draw search, see :func:`~bayesurl.evaluation.sampled.sampled_neighbors`.
     block, cluster_iters : int
-        Query blocks of ``mode="block"``, see :func:`sampled_neighbors`.
+        Query blocks of ``mode="block"``, see
+        :func:`~bayesurl.evaluation.sampled.sampled_neighbors`.
 
     Returns
     -------

@@ -15,15 +15,24 @@ Decisions fixed by METRICS.md:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
 from bayesurl._checks import check_tensor
+from bayesurl.distributed import Shards
 
-__all__ = ["DEFAULT_MEMORY_BUDGET", "chunk_rows", "knn", "knn_query", "normalize"]
+__all__ = [
+    "DEFAULT_MEMORY_BUDGET",
+    "chunk_rows",
+    "knn",
+    "knn_query",
+    "knn_sharded",
+    "normalize",
+]
 
 #: Default bytes allowed for one chunk of the query-gallery similarity matrix (256 MiB).
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
@@ -244,31 +253,141 @@ def _knn(
         )
     if backend == "faiss":
         return _faiss_knn(q, g, k, exclude_self)
-    qn = normalize(q)
-    gt = (qn if g is q else normalize(g)).T  # a transposed view: BLAS reads it, no copy
-    if chunk_size is None:
-        chunk_size = chunk_rows(n, q.dtype, memory_budget)
-    if chunk_size < 1:
+    if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"`chunk_size` must be positive, got {chunk_size}")
-    m = q.shape[0]
-    if k == 1 and q.device.type == "cpu":
-        return _top1_tiled(qn, gt, self_index=torch.arange(m) if exclude_self else None)
-    out_v = torch.empty(m, k, dtype=q.dtype, device=q.device)
-    out_i = torch.empty(m, k, dtype=torch.long, device=q.device)
+    qn = normalize(q)
+    gn = qn if g is q else normalize(g)
+    self_index = torch.arange(q.shape[0], device=q.device) if exclude_self else None
+    return _search(qn, [(0, gn)], k, memory_budget, chunk_size, self_index)
+
+
+def _search(
+    qn: Tensor,
+    gallery_chunks: Iterable[tuple[int, Tensor]],
+    k: int,
+    memory_budget: int,
+    chunk_size: int | None,
+    self_index: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """Exact top-k of the normalised queries ``qn`` over normalised gallery chunks.
+
+    ``gallery_chunks`` yields ``(global offset, rows)`` in ascending offset order (one chunk
+    ``(0, gallery)`` in one process; every rank's shard in turn under
+    :func:`bayesurl.distributed.ring_chunks`); ``self_index`` ``[M]`` holds the queries'
+    own global ids, excluded by index. Each chunk's top-k is merged into the running one in
+    the order (similarity descending, global index ascending), so the result, ties included,
+    does not depend on how the gallery is cut.
+    """
+    m = qn.shape[0]
+    best_v = torch.full((m, 0), -math.inf, dtype=qn.dtype, device=qn.device)
+    best_i = torch.zeros((m, 0), dtype=torch.long, device=qn.device)
+    work = qn.new_empty(0)  # similarity block, reused by every gallery chunk
+    for off, gn in gallery_chunks:
+        n_c = gn.shape[0]
+        si = None if self_index is None else self_index - off
+        if k == 1 and qn.device.type == "cpu":
+            v, i = _top1_tiled(qn, gn.T, self_index=si)
+        else:
+            rows = chunk_rows(n_c, qn.dtype, memory_budget) if chunk_size is None else chunk_size
+            if work.numel() < min(rows, m) * n_c:
+                work = qn.new_empty(min(rows, m) * n_c)
+            v, i = _topk_chunked(qn, gn.T, min(k, n_c), rows, si, work)
+        i = i + off
+        if best_v.shape[1] == 0:
+            best_v, best_i = v, i
+        elif k == 1:  # later chunks hold larger indices: only a strictly better one wins
+            up = v > best_v
+            best_v, best_i = torch.where(up, v, best_v), torch.where(up, i, best_i)
+        else:
+            cv, ci = torch.cat([best_v, v], dim=1), torch.cat([best_i, i], dim=1)
+            order = ci.argsort(dim=1)
+            cv, ci = cv.gather(1, order), ci.gather(1, order)
+            order = cv.argsort(dim=1, descending=True, stable=True)[:, :k]
+            best_v, best_i = cv.gather(1, order), ci.gather(1, order)
+    return best_v, best_i
+
+
+def _topk_chunked(
+    qn: Tensor, gt: Tensor, k: int, chunk_size: int, self_index: Tensor | None, work: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Top-k of ``qn @ gt`` over ``[chunk_size, N]`` row blocks (ties to the lowest index);
+    ``work`` holds at least ``min(chunk_size, M) * N`` elements for the similarity block."""
+    m, n = qn.shape[0], gt.shape[1]
+    out_v = torch.empty(m, k, dtype=qn.dtype, device=qn.device)
+    out_i = torch.empty(m, k, dtype=torch.long, device=qn.device)
     # One preallocated similarity buffer reused by every chunk: a fresh ``[B, N]`` allocation
     # per chunk would page-fault its memory in again on every chunk (measured 20-40 % of the
     # pass on CPU).
-    buf = torch.empty(min(chunk_size, m), n, dtype=q.dtype, device=q.device)
+    buf = work[: min(chunk_size, m) * n].view(min(chunk_size, m), n)
     for start in range(0, m, chunk_size):
         stop = min(start + chunk_size, m)
         sims = torch.mm(qn[start:stop], gt, out=buf[: stop - start])
-        if exclude_self:
-            r = torch.arange(stop - start, device=q.device)
-            sims[r, r + start] = -math.inf
+        if self_index is not None:
+            si = self_index[start:stop]
+            own = ((si >= 0) & (si < n)).nonzero().squeeze(1)
+            sims[own, si[own]] = -math.inf
         v, i = _stable_topk(sims, k)
         out_v[start:stop] = v
         out_i[start:stop] = i
     return out_v, out_i
+
+
+def knn_sharded(
+    embeddings: Tensor,
+    k: int = 1,
+    *,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    chunk_size: int | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Exact cosine kNN of this rank's items among every rank's items, self excluded by index.
+
+    Collective over ``group`` (the default process group when None): each rank passes its
+    contiguous shard of the ``[N, D]`` embeddings (rank ``r`` holds rows ``offset_r ..
+    offset_r + n_r``, ``n_r`` may be 0) and gets its queries' neighbours as **global** row
+    ids. The shards travel past every rank in bounded chunks
+    (:func:`bayesurl.distributed.ring_chunks`), so no rank holds all ``N x D``; the
+    per-chunk results are merged with the single-process tie rule (similarity descending,
+    lowest global index first). Without an initialised group it is :func:`knn` itself (one
+    chunk, the ``W = 1`` case of the same code). Issue 16; conventions of METRICS.md.
+
+    Parameters
+    ----------
+    embeddings : Tensor
+        ``[n_r, D]`` this rank's rows (floating point, same D and dtype on every rank).
+    k : int
+        Neighbours, ``1 <= k <= N - 1`` for the global ``N``.
+    memory_budget, chunk_size
+        See :func:`knn`.
+    group : ProcessGroup, optional
+        Process group of the shards.
+
+    Returns
+    -------
+    similarities : Tensor
+        ``[n_r, k]`` cosine similarities, descending.
+    indices : Tensor
+        ``[n_r, k]`` int64 global neighbour ids; ties go to the lowest id.
+    """
+    x = check_tensor(embeddings, "embeddings", ndim=2, min_points=0)
+    if not x.is_floating_point():
+        raise ValueError(f"embeddings must be floating point, got {x.dtype}")
+    return _knn_sharded(x, k, Shards.of(x.shape[0], x.device, group), memory_budget, chunk_size)
+
+
+def _knn_sharded(
+    x: Tensor, k: int, sh: Shards, memory_budget: int, chunk_size: int | None
+) -> tuple[Tensor, Tensor]:
+    """:func:`knn_sharded` on validated rows ``x`` with the row layout ``sh``."""
+    n = sh.n
+    if n < 2:
+        raise ValueError(f"`embeddings` needs at least 2 points over all ranks, got {n}")
+    if not isinstance(k, int) or k < 1 or k > n - 1:
+        raise ValueError(f"`k` must be an integer in [1, {n - 1}], got {k!r}")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"`chunk_size` must be positive, got {chunk_size}")
+    qn = normalize(x)
+    return _search(qn, sh.chunks(qn), k, memory_budget, chunk_size, sh.global_ids(x.device))
 
 
 def _sim_tiles(

@@ -1,10 +1,16 @@
 """torchmetrics ``Metric`` classes for the evaluator's metrics.
 
-Retrieval metrics need the whole evaluation set (each query searches every gallery item), so
-the classes keep the raw batches as list states with ``dist_reduce_fx="cat"``: under
-``torch.distributed`` torchmetrics gathers them from every process before :meth:`compute`,
-which then calls the functional metric of :mod:`bayesurl.evaluation.functional` once on the
-full set. Results equal the single-process functional value exactly.
+Retrieval metrics need the whole evaluation set (each query searches every gallery item). The
+retrieval classes and :class:`RetrievalECE` keep this rank's batches and compute through the
+sharded search of the evaluator (issue 16): under ``torch.distributed`` (a process group of
+more than one rank) each rank searches its own rows over every rank's rows passed by in
+chunks (:func:`~bayesurl.evaluation.knn_sharded`, the sampled search of
+:mod:`bayesurl.evaluation.sampled`), and only the per-query results (neighbour ids, labels, u)
+are gathered -- never the embeddings or draws -- so no rank holds all ``N x D``. Rows count in
+rank order; results equal the single-process functional value on the rank-order
+concatenation (what torchmetrics' ``cat`` gather gave before). Their ``sync_on_compute`` is
+therefore off; every rank must call :meth:`compute` (collective) after at least one
+``update``. The OOD classes hold only scalars per input and keep torchmetrics' gather.
 
 Each class has ``plot()`` drawing the matching figure of :mod:`bayesurl.evaluation.plots`
 (sparsification curve, reliability diagram or ROC) and returning ``(fig, ax)``.
@@ -21,8 +27,10 @@ from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
 from bayesurl._checks import check_same_length, check_tensor
+from bayesurl.distributed import Shards, is_distributed, raise_if_any
 from bayesurl.evaluation import functional as Fm
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET
+from bayesurl.evaluation import sampled as Sm
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, _knn_sharded, knn
 
 if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
     from matplotlib.axes import Axes
@@ -45,6 +53,31 @@ def _empty(state: list[Tensor] | Tensor) -> bool:
     return isinstance(state, list) and len(state) == 0
 
 
+def _sharded_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The search is sharded, so torchmetrics must not gather the embeddings first."""
+    if kwargs.get("sync_on_compute"):
+        raise ValueError(
+            "`sync_on_compute=True` would gather every embedding to every rank; the retrieval "
+            "metrics compute through the sharded search instead"
+        )
+    return {**kwargs, "sync_on_compute": False}
+
+
+def _check_updated(metric: Metric, state: list[Tensor] | Tensor) -> bool | None:
+    """Raise (on every rank when distributed) if some rank saw no batch; True when sharded."""
+    sharded = is_distributed(metric.process_group)
+    error = None
+    if _empty(state):
+        where = " on this rank" if sharded else ""
+        error = ValueError(f"{type(metric).__name__}: compute() called before update(){where}")
+    if sharded:
+        raise_if_any(error, metric.process_group)
+        return True
+    if error is not None:
+        raise error
+    return None
+
+
 def _plots() -> ModuleType:
     # Lazy import keeps `import bayesurl.evaluation` free of matplotlib.
     from bayesurl.evaluation import plots
@@ -60,7 +93,7 @@ class _RetrievalMetric(Metric):
     needs_uncertainty = False
 
     def __init__(self, memory_budget: int = DEFAULT_MEMORY_BUDGET, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**_sharded_kwargs(kwargs))
         self.memory_budget = memory_budget
         self.add_state("embeddings", default=[], dist_reduce_fx="cat")
         self.add_state("labels", default=[], dist_reduce_fx="cat")
@@ -83,14 +116,26 @@ class _RetrievalMetric(Metric):
             check_same_length(("embeddings", x), ("uncertainties", u))
             self.uncertainties.append(u.detach())
 
-    def _data(self) -> tuple[Tensor, Tensor]:
-        if _empty(self.embeddings):
-            raise ValueError(f"{type(self).__name__}: compute() called before update()")
-        return dim_zero_cat(self.embeddings), dim_zero_cat(self.labels)
+    def _search(self, k: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Neighbour ids ``[N, k]``, labels ``[N]`` and u ``[N]`` of every rank's rows."""
+        sh = _check_updated(self, self.embeddings)
+        x, y = dim_zero_cat(self.embeddings), dim_zero_cat(self.labels)
+        u = dim_zero_cat(self.uncertainties) if self.needs_uncertainty else None
+        if sh is None:
+            _, nb = knn(x, k, memory_budget=self.memory_budget)
+            return nb, y, u
+        sh = Shards.of(x.shape[0], x.device, self.process_group)
+        _, nb = _knn_sharded(x, k, sh, self.memory_budget, None)
+        return sh.gather(nb), sh.gather(y), None if u is None else sh.gather(u)
 
     def _correct(self) -> Tensor:
-        x, y = self._data()
-        return Fm.r_at_1(x, y, memory_budget=self.memory_budget)[1]
+        nb, y, _ = self._search(1)
+        return y[nb[:, 0]] == y
+
+    def _u_correct(self) -> tuple[Tensor, Tensor]:
+        nb, y, u = self._search(1)
+        assert u is not None
+        return u, y[nb[:, 0]] == y
 
 
 class _AtKMetric(_RetrievalMetric):
@@ -104,13 +149,13 @@ class _AtKMetric(_RetrievalMetric):
         self.k = k
 
     @staticmethod
-    def _score(x: Tensor, y: Tensor, k: int, memory_budget: int) -> Tensor:  # pragma: no cover
+    def _score(y: Tensor, nb: Tensor, k: int) -> Tensor:  # pragma: no cover
         raise NotImplementedError
 
     def compute(self) -> Tensor:
-        """The score of the gathered set."""
-        x, y = self._data()
-        return self._score(x, y, self.k, self.memory_budget)
+        """The score of every rank's rows (collective under torch.distributed)."""
+        nb, y, _ = self._search(self.k)
+        return self._score(y, nb, self.k)
 
     def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
         """Bar of the score."""
@@ -137,8 +182,8 @@ class RecallAtK(_AtKMetric):
         super().__init__(k, **kwargs)
 
     @staticmethod
-    def _score(x: Tensor, y: Tensor, k: int, memory_budget: int) -> Tensor:
-        return Fm.recall_at_k(x, y, k, memory_budget=memory_budget)
+    def _score(y: Tensor, nb: Tensor, k: int) -> Tensor:
+        return Fm._recall_from_neighbors(y, nb, k)
 
 
 class MAPAtK(_AtKMetric):
@@ -158,8 +203,8 @@ class MAPAtK(_AtKMetric):
         super().__init__(k, **kwargs)
 
     @staticmethod
-    def _score(x: Tensor, y: Tensor, k: int, memory_budget: int) -> Tensor:
-        return Fm.map_at_k(x, y, k, memory_budget=memory_budget)
+    def _score(y: Tensor, nb: Tensor, k: int) -> Tensor:
+        return Fm._map_from_neighbors(y, nb, k)
 
 
 class RAUROC(_RetrievalMetric):
@@ -169,12 +214,13 @@ class RAUROC(_RetrievalMetric):
     needs_uncertainty = True
 
     def compute(self) -> Tensor:
-        """R-AUROC of the gathered set (raises when all R@1-correct or all wrong)."""
-        return Fm.r_auroc(dim_zero_cat(self.uncertainties), self._correct())
+        """R-AUROC of every rank's rows (raises when all R@1-correct or all wrong)."""
+        return Fm.r_auroc(*self._u_correct())
 
     def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
         """ROC curve of u for "R@1 wrong"."""
-        fig = _plots().plot_roc(dim_zero_cat(self.uncertainties), ~self._correct(), ax=ax)
+        u, correct = self._u_correct()
+        fig = _plots().plot_roc(u, ~correct, ax=ax)
         return fig, ax or fig.axes[0]
 
 
@@ -187,10 +233,8 @@ class _Sparsification(_RetrievalMetric):
 
     def curves(self) -> tuple[Tensor, Tensor, Tensor]:
         """Removed fraction, sparsification curve of u, oracle curve."""
-        correct = self._correct()
-        removed, curve = Fm.sparsification_curve(
-            dim_zero_cat(self.uncertainties), correct, self.n_levels
-        )
+        u, correct = self._u_correct()
+        removed, curve = Fm.sparsification_curve(u, correct, self.n_levels)
         return removed, curve, Fm.oracle_curve(correct, self.n_levels)
 
     def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
@@ -230,9 +274,10 @@ class RetrievalECE(Metric):
     n_bins : int
         Confidence bins.
     mode : {"shortlist", "exact"}
-        Per-draw search (:func:`~.functional.sampled_neighbors`).
+        Per-draw search (:func:`~bayesurl.evaluation.sampled.sampled_neighbors`).
     shortlist : int, optional
-        Shortlist length L (``None``: adaptive, see :func:`~.functional.choose_shortlist`).
+        Shortlist length L (``None``: adaptive, see
+        :func:`~bayesurl.evaluation.sampled.choose_shortlist`).
     memory_budget : int
         Bytes per chunk.
     """
@@ -249,7 +294,7 @@ class RetrievalECE(Metric):
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**_sharded_kwargs(kwargs))
         self.n_bins, self.mode, self.shortlist = n_bins, mode, shortlist
         self.memory_budget = memory_budget
         self.add_state("samples", default=[], dist_reduce_fx="cat")
@@ -267,21 +312,28 @@ class RetrievalECE(Metric):
         self.labels.append(y.detach())
 
     def result(self) -> Fm.ECEResult:
-        """ECE with the reliability-diagram data of the gathered set."""
-        if _empty(self.samples):
-            raise ValueError("RetrievalECE: compute() called before update()")
+        """ECE with the reliability-diagram data of every rank's rows (collective)."""
+        sharded = _check_updated(self, self.samples)
         s = dim_zero_cat(self.samples).transpose(0, 1)
-        return Fm.retrieval_ece(
-            s,
-            dim_zero_cat(self.labels),
-            n_bins=self.n_bins,
-            mode=self.mode,
-            shortlist=self.shortlist,
-            memory_budget=self.memory_budget,
-        )
+        y = dim_zero_cat(self.labels)
+        if sharded is None:
+            return Fm.retrieval_ece(
+                s, y, n_bins=self.n_bins, mode=self.mode, shortlist=self.shortlist,
+                memory_budget=self.memory_budget,
+            )  # fmt: skip
+        Fm._check_n_bins(self.n_bins)
+        sh = Shards.of(s.shape[1], s.device, self.process_group)
+        nb = Sm._sampled_neighbors(
+            Sm._samples(s, check_values=self.mode == "exact"), mode=self.mode,
+            shortlist=self.shortlist, candidates=None, tolerance=1e-3, margin=None,
+            memory_budget=self.memory_budget, info=None, progress=False, block=32,
+            cluster_iters=4, shards=sh,
+        )  # fmt: skip
+        nb = sh.gather(nb.T.contiguous()).T
+        return Fm._ece_from_neighbors(nb, sh.gather(y), s.shape[0], self.n_bins)
 
     def compute(self) -> Tensor:
-        """ECE of the gathered set."""
+        """ECE of every rank's rows."""
         return self.result().ece
 
     def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:

@@ -67,9 +67,10 @@ class SweepResults:
     ----------
     runs : list of dict
         One record per (estimator, seed): ``estimator``, ``seed``, every metric of
-        :func:`bayesurl.runs.predict.score`, ``train_time`` (wall seconds), ``train_cpu_time`` (process CPU
-        seconds, all threads), ``final_loss``, ``steps``, ``error`` (``None``
-        or the exception text of a failed run; its metrics are then ``None``).
+        :func:`bayesurl.runs.predict.score`, ``train_time`` (wall seconds),
+        ``train_cpu_time`` (process CPU seconds, all threads), ``final_loss``, ``steps``,
+        ``error`` (``None`` or the exception text of a failed run; its metrics are then
+        ``None``).
     settings : dict
         Preset, recipes, data sizes, device, versions, total wall time.
     """

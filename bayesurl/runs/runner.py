@@ -178,7 +178,7 @@ def _mean_of(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Mean of the numeric metrics over several test sets, the sets under ``per_set``."""
     first = next(iter(per.values()))
     out: dict[str, Any] = {}
-    for key, value in first.items():
+    for key in first:
         vals = [r.get(key) for r in per.values()]
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
             out[key] = sum(float(v) for v in vals) / len(vals)
@@ -362,7 +362,8 @@ def evaluate_checkpoint(
     Parameters
     ----------
     path : path-like
-        ``last.pt`` written by ``bayesurl train`` / ``bayesurl run`` / :func:`bayesurl.training.fit`.
+        ``last.pt`` written by ``bayesurl train`` / ``bayesurl run`` /
+        :func:`bayesurl.training.fit`.
     dataset : {"default", "fashion_mnist", "digits"}, optional
         Default: the ``dataset`` in ``train.json`` next to the checkpoint, else ``"default"``
         (FashionMNIST, digits if absent).

@@ -11,6 +11,7 @@ import torch
 from _reference import brute_knn
 
 from bayesurl.evaluation import functional as Fm
+from bayesurl.evaluation import sampled as Sm
 from bayesurl.evaluation.knn import knn
 
 
@@ -206,8 +207,8 @@ def test_sddmm_matches_dense_products() -> None:
     cand = torch.stack([torch.randperm(30, generator=g)[:5] for _ in range(30)])
     keep = torch.rand(30, 5, generator=g) < 0.6
     keep[:, 0] = True
-    crow, col, row = Fm._sparse_pattern(cand, keep)
-    vals = Fm._sddmm(crow, col, z, z)
+    crow, col, row = Sm._sparse_pattern(cand, keep)
+    vals = Sm._sddmm(crow, col, z, z)
     ref = [float(z[i] @ z[c]) for i in range(30) for c in sorted(cand[i][keep[i]].tolist())]
     assert row.tolist() == [i for i in range(30) for _ in range(int(keep[i].sum()))]
     assert torch.allclose(vals, torch.tensor(ref, dtype=torch.float64), rtol=0, atol=1e-12)
@@ -226,8 +227,8 @@ def test_nn_sparse_query_blocks_match_loops(query_block: int | None) -> None:
     cand = torch.where(cand == torch.arange(40)[:, None], (cand + 1) % 40, cand)
     keep = torch.rand(40, 9, generator=g) < 0.7
     keep[:, :3] = True
-    pattern = Fm._sparse_pattern(cand, keep)
-    got = Fm._nn_sparse(s, pattern, False, query_block=query_block)
+    pattern = Sm._sparse_pattern(cand, keep)
+    got = Sm._nn_sparse(s, pattern, False, query_block=query_block)
     for t in range(3):
         zn = Fm.normalize(s[t])
         for i in range(40):
@@ -292,10 +293,10 @@ def test_threshold_pattern_matches_brute_force(margin: float, tile: tuple[int, i
     # capped at the L most similar per row; tiles with a running maximum (several column
     # tiles per row, diagonal split across tiles) give the same pattern
     samples, _ = draws(n=150, s=6, d=6, noise=0.3, seed=4)
-    res = Fm._resultant(samples)
-    mean, sigma = Fm.normalize(res), Fm._spread(res)
+    res = Sm._resultant(samples)
+    mean, sigma = Fm.normalize(res), Sm._spread(res)
     L = 12
-    crow, col, row = Fm._margin_pattern(
+    crow, col, row = Sm._margin_pattern(
         mean, sigma, margin, L, memory_budget=40 * 150 * 8, tile=tile
     )
     sims = (mean @ mean.T).tolist()

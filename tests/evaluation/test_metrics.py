@@ -105,6 +105,8 @@ def test_update_validates() -> None:
         M.RetrievalECE().update(torch.randn(2, 3, 2), torch.arange(4))
     with pytest.raises(ValueError, match="compute"):
         M.AUSC().compute()
+    with pytest.raises(ValueError, match="sync_on_compute"):
+        M.RecallAtK(sync_on_compute=True)
 
 
 def _worker(rank: int, world: int, port: int, queue) -> None:
@@ -126,11 +128,12 @@ def test_two_process_gloo_gather() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")
     queue = ctx.SimpleQueue()
-    mp.spawn(_worker, args=(2, port, queue), nprocs=2, join=True)
+    mp.start_processes(_worker, args=(2, port, queue), nprocs=2, join=True, start_method="fork")
     got = dict(queue.get() for _ in range(2))
-    # Each rank sorts the gathered rows in rank order: ranks 0 and 1 see the same full set.
+    # Each rank searches its rows over both shards (sharded search, no embedding gathered);
+    # rows count in rank order: ranks 0 and 1 see the same full set.
     ref = reference(*data(seed=3))
     for rank in (0, 1):
         for name, v in got[rank].items():

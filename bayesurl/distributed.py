@@ -1,0 +1,439 @@
+"""Low-level ``torch.distributed`` helpers shared by training and evaluation.
+
+Rank and world size, torchrun initialisation, variable-length gathers, the contiguous shard of
+an index range that each rank owns, a pass of every rank's shard past every rank in bounded
+chunks (:func:`ring_chunks`, the gallery pass of the sharded exact search of issue 16), and a
+row exchange (:class:`RowExchange`) that brings a fixed set of other ranks' rows to a rank.
+
+Every helper degrades to the single-process behaviour when no process group is initialised
+(or the group has one rank), so one code path serves one process as the ``W = 1`` case.
+:mod:`bayesurl.training.distributed` re-exports the generic helpers and adds DDP wrapping and
+distributed samplers.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = [
+    "DistInfo",
+    "RowExchange",
+    "Shards",
+    "all_gather_tensors",
+    "barrier",
+    "cleanup",
+    "get_rank",
+    "get_world_size",
+    "init_from_env",
+    "is_distributed",
+    "is_main_process",
+    "raise_if_any",
+    "ring_chunks",
+    "shard_range",
+    "shard_sizes",
+]
+
+#: Bytes of one chunk of a rank's shard sent past the other ranks by :func:`ring_chunks`
+#: (two such receive buffers per rank).
+RING_CHUNK_BYTES = 8 * 2**20
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job (rank 0 of 1 when not distributed)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+    device: torch.device = torch.device("cpu")
+
+
+def _initialised() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def is_distributed(group: dist.ProcessGroup | None = None) -> bool:
+    """True when a process group (``group`` or the default) with more than one rank exists."""
+    return _initialised() and dist.get_world_size(group) > 1
+
+
+def get_rank(group: dist.ProcessGroup | None = None) -> int:
+    """Rank of this process in ``group`` (0 when not distributed)."""
+    return dist.get_rank(group) if _initialised() else 0
+
+
+def get_world_size(group: dist.ProcessGroup | None = None) -> int:
+    """Number of processes in ``group`` (1 when not distributed)."""
+    return dist.get_world_size(group) if _initialised() else 1
+
+
+def is_main_process() -> bool:
+    """True on rank 0, and in a single-process run."""
+    return get_rank() == 0
+
+
+def init_from_env(backend: str | None = None, device: str | None = None) -> DistInfo:
+    """Initialise the default process group from torchrun's environment variables.
+
+    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (and ``MASTER_ADDR`` / ``MASTER_PORT`` through
+    the ``env://`` init method). Without ``WORLD_SIZE`` (or with ``WORLD_SIZE=1``) nothing is
+    initialised and rank 0 of 1 is returned, so the same script runs with and without torchrun.
+
+    Parameters
+    ----------
+    backend : {"gloo", "nccl"} or None
+        ``None`` picks ``nccl`` when CUDA is available and ``device`` is not ``"cpu"``, else
+        ``gloo``.
+    device : str or None
+        ``"cpu"`` forces CPU; ``None`` uses ``cuda:LOCAL_RANK`` when CUDA is available.
+
+    Returns
+    -------
+    DistInfo
+        Rank, world size, local rank, backend and the device this rank should use.
+
+    Raises
+    ------
+    ValueError
+        If an environment variable is not an integer or ``RANK`` is out of range.
+    """
+
+    def _env_int(name: str, default: int) -> int:
+        raw = os.environ.get(name)
+        if raw is None:
+            return default
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+    world = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", rank)
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"invalid RANK={rank} / WORLD_SIZE={world}")
+    use_cuda = torch.cuda.is_available() and device != "cpu"
+    dev = torch.device("cuda", local_rank) if use_cuda else torch.device(device or "cpu")
+    if world == 1:
+        return DistInfo(0, 1, 0, None, dev)
+    backend = backend or ("nccl" if use_cuda else "gloo")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world)
+    return DistInfo(rank, world, local_rank, backend, dev)
+
+
+def _comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where small control tensors are communicated: this rank's GPU for NCCL, else CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def shard_range(n: int, rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """Rows ``[start, stop)`` of ``n`` that ``rank`` owns: contiguous, sizes differing by <= 1.
+
+    The first ``n % world_size`` ranks get one row more (``numpy.array_split``'s rule); a rank
+    gets no row when ``n < world_size``. Defaults: this process's rank and world size.
+    """
+    rank = get_rank() if rank is None else rank
+    world_size = get_world_size() if world_size is None else world_size
+    if n < 0 or world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"invalid shard: n={n}, rank={rank}, world_size={world_size}")
+    base, extra = divmod(n, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (rank < extra)
+
+
+def shard_sizes(
+    n_local: int, device: torch.device | str = "cpu", group: dist.ProcessGroup | None = None
+) -> list[int]:
+    """Row counts of every rank's shard, in rank order (``[n_local]`` when not distributed).
+
+    ``device`` is where the size tensor is communicated (CUDA for NCCL).
+    """
+    if not is_distributed(group):
+        return [int(n_local)]
+    local = torch.tensor([int(n_local)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, local, group=group)
+    return [int(s.item()) for s in sizes]
+
+
+def all_gather_tensors(tensor: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
+    """Concatenate ``tensor`` of every rank along dim 0; the lengths may differ between ranks.
+
+    Sizes are exchanged first, each rank pads to the longest, and the padding is cut off after
+    the gather, so row ``i`` of rank ``r`` ends up at offset ``sum(n_0..n_{r-1}) + i``. Other
+    dimensions, dtype and device must agree across ranks. Not differentiable. Returns
+    ``tensor`` itself when not distributed.
+
+    Parameters
+    ----------
+    tensor : Tensor
+        ``[n_r, ...]`` on this rank (on the backend's device: CPU for gloo, CUDA for nccl).
+    group : ProcessGroup, optional
+        Default: the default process group.
+
+    Returns
+    -------
+    Tensor
+        ``[sum_r n_r, ...]``, ordered by rank.
+    """
+    if not is_distributed(group):
+        return tensor
+    if tensor.ndim == 0:
+        raise ValueError("`tensor` must have at least one dimension to gather along dim 0")
+    lengths = shard_sizes(tensor.shape[0], tensor.device, group)
+    longest = max(lengths)
+    padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    chunks = [torch.empty_like(padded) for _ in lengths]
+    dist.all_gather(chunks, padded.contiguous(), group=group)
+    return torch.cat([c[:n] for c, n in zip(chunks, lengths)], dim=0)
+
+
+def ring_chunks(
+    local: Tensor,
+    sizes: Sequence[int],
+    *,
+    chunk_bytes: int = RING_CHUNK_BYTES,
+    group: dist.ProcessGroup | None = None,
+) -> Iterator[tuple[int, Tensor]]:
+    """Every rank's shard, in rank order, as ``(global row offset, rows)`` chunks on every rank.
+
+    Collective: every rank of ``group`` must iterate to the end. The owner of each chunk
+    broadcasts it (its own chunks are yielded as views, no copy); the next chunk is received
+    while the caller works on the current one (two receive buffers), so a rank holds its own
+    shard plus two chunks of at most ``chunk_bytes``, never the whole ``N x D`` set. Not
+    distributed: yields ``(0, local)`` once.
+
+    Parameters
+    ----------
+    local : Tensor
+        ``[n_r, ...]`` this rank's shard (rows ``offset_r .. offset_r + n_r`` of the whole).
+    sizes : sequence of int
+        Every rank's ``n_r`` (:func:`shard_sizes`).
+    chunk_bytes : int
+        Largest chunk sent at once.
+    group : ProcessGroup, optional
+        Default: the default process group.
+    """
+    if not is_distributed(group):
+        yield 0, local
+        return
+    rank = dist.get_rank(group)
+    rows = max(1, chunk_bytes // (math.prod(local.shape[1:]) * local.element_size()))
+    plan = []  # (owner, global offset, local start, length)
+    offset = 0
+    for r, n_r in enumerate(sizes):
+        for start in range(0, n_r, rows):
+            plan.append((r, offset + start, start, min(rows, n_r - start)))
+        offset += n_r
+    tail = tuple(local.shape[1:])
+    bufs = [local.new_empty((min(rows, max(sizes, default=0)), *tail)) for _ in range(2)]
+
+    def start_recv(i: int) -> tuple[Tensor, dist.Work | None]:
+        owner, _, start, length = plan[i]
+        src = dist.get_global_rank(group, owner) if group is not None else owner
+        if owner == rank:
+            t = local[start : start + length].contiguous()
+        else:
+            t = bufs[i % 2][:length]
+        return t, dist.broadcast(t, src=src, group=group, async_op=True)
+
+    pending = start_recv(0) if plan else None
+    for i in range(len(plan)):
+        assert pending is not None
+        t, work = pending
+        if work is not None:
+            work.wait()
+        pending = start_recv(i + 1) if i + 1 < len(plan) else None
+        yield plan[i][1], t
+    if pending is not None:  # pragma: no cover - loop always consumes it
+        pending[1].wait()
+
+
+@dataclass(frozen=True)
+class Shards:
+    """How ``N`` rows are split, contiguously and in rank order, over the ranks of a group.
+
+    Rank ``r`` owns rows ``offset_r .. offset_r + sizes[r]`` (a size may be 0). The methods
+    are the collectives a sharded computation needs; with one rank (:meth:`local`) they are
+    the identity, so the single-process code is the ``W = 1`` case of the sharded one.
+
+    Attributes
+    ----------
+    sizes : tuple of int
+        Every rank's row count.
+    rank : int
+        This process's rank in ``group``.
+    group : ProcessGroup or None
+        The process group (None: the default group, or no group with one rank).
+    """
+
+    sizes: tuple[int, ...]
+    rank: int = 0
+    group: dist.ProcessGroup | None = None
+
+    @classmethod
+    def local(cls, n: int) -> Shards:
+        """All ``n`` rows in this process (no communication, even under a process group)."""
+        return cls((int(n),))
+
+    @classmethod
+    def of(
+        cls,
+        n_local: int,
+        device: torch.device | str = "cpu",
+        group: dist.ProcessGroup | None = None,
+    ) -> Shards:
+        """The shards of ``group`` (collective: exchanges every rank's ``n_local``)."""
+        return cls(tuple(shard_sizes(n_local, device, group)), get_rank(group), group)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def active(self) -> bool:
+        """True with more than one rank (communication needed)."""
+        return len(self.sizes) > 1
+
+    @property
+    def n(self) -> int:
+        """Total number of rows."""
+        return sum(self.sizes)
+
+    @property
+    def offset(self) -> int:
+        """Global id of this rank's first row."""
+        return sum(self.sizes[: self.rank])
+
+    def global_ids(self, device: torch.device | str = "cpu") -> Tensor:
+        """Global ids of this rank's rows."""
+        return torch.arange(self.offset, self.offset + self.sizes[self.rank], device=device)
+
+    def chunks(self, local: Tensor, chunk_bytes: int | None = None) -> Iterator[tuple[int, Tensor]]:
+        """Every rank's shard past this rank (:func:`ring_chunks`; ``(0, local)`` alone)."""
+        if not self.active:
+            return iter([(0, local)])
+        if chunk_bytes is None:
+            chunk_bytes = RING_CHUNK_BYTES  # read at call time (tests shrink it)
+        return ring_chunks(local, self.sizes, chunk_bytes=chunk_bytes, group=self.group)
+
+    def gather(self, local: Tensor) -> Tensor:
+        """Every rank's ``local`` concatenated along dim 0 in rank order (``local`` alone)."""
+        return all_gather_tensors(local, self.group) if self.active else local
+
+    def sum(self, value: float) -> float:
+        """Sum of ``value`` over the ranks."""
+        if not self.active:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64, device=_comm_device(self.group))
+        return float(self.gather(t).sum())
+
+
+class RowExchange:
+    """Brings a fixed set of rows, owned by various ranks, to this rank; reusable per tensor.
+
+    Built once from the global row ids this rank needs (collective); :meth:`fetch` then sends
+    those rows of any ``[n_r, ...]`` shard with the same row layout (e.g. each posterior draw)
+    with one ``all_to_all``. With one rank ``fetch`` returns ``local[ids]``.
+
+    Parameters
+    ----------
+    needed : Tensor
+        1-D int64 global row ids (any order, duplicates allowed) this rank wants.
+    shards : Shards
+        The row layout.
+
+    Attributes
+    ----------
+    ids : Tensor
+        The distinct needed ids, ascending; :meth:`fetch` returns their rows in this order.
+    """
+
+    def __init__(self, needed: Tensor, shards: Shards) -> None:
+        self.shards = shards
+        self.ids = torch.unique(needed.long())
+        dev = needed.device
+        if not shards.active:
+            self.send_local = self.ids
+            return
+        world, group = shards.world_size, shards.group
+        bounds = torch.tensor([0, *shards.sizes], dtype=torch.long, device=dev).cumsum(0)
+        owner = torch.searchsorted(bounds[1:], self.ids, right=True)
+        self.recv_counts = torch.bincount(owner, minlength=world).tolist()
+        # tell every owner which of its rows this rank wants
+        counts = torch.tensor(self.recv_counts, dtype=torch.long, device=dev)
+        send_counts = torch.empty_like(counts)
+        dist.all_to_all_single(send_counts, counts, group=group)
+        self.send_counts = send_counts.tolist()
+        wanted = torch.empty(sum(self.send_counts), dtype=torch.long, device=dev)
+        dist.all_to_all_single(wanted, self.ids, self.send_counts, self.recv_counts, group=group)
+        self.send_local = wanted - shards.offset
+
+    def fetch(self, local: Tensor) -> Tensor:
+        """Rows ``ids`` of the whole tensor whose shard on this rank is ``local``."""
+        send = local.index_select(0, self.send_local)
+        if not self.shards.active:
+            return send
+        out = local.new_empty((self.ids.numel(), *local.shape[1:]))
+        dist.all_to_all_single(
+            out, send, self.recv_counts, self.send_counts, group=self.shards.group
+        )
+        return out
+
+
+def raise_if_any(error: BaseException | None, group: dist.ProcessGroup | None = None) -> None:
+    """Collective: raise on every rank when any rank of ``group`` has an ``error``.
+
+    A rank that rejected its own input raises its error; the others raise a ``ValueError``
+    naming the failing ranks, so no rank waits forever in a later collective. Not
+    distributed: raises ``error`` if given.
+    """
+    if not is_distributed(group):
+        if error is not None:
+            raise error
+        return
+    flags = all_gather_tensors(torch.tensor([error is not None], device=_comm_device(group)), group)
+    if error is not None:
+        raise error
+    bad = flags.nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"rank(s) {bad} rejected their input (see the error on those ranks)")
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op when not distributed)."""
+    if is_distributed():
+        dist.barrier()
+
+
+def cleanup() -> None:
+    """Tear the default process group down in order, if one is initialised.
+
+    Every rank first waits at a barrier (no rank leaves while a peer still communicates, e.g.
+    rank 0 evaluating after a gather), then objects still holding the group -- the
+    ``DistributedDataParallel`` reducer of a finished :func:`~bayesurl.training.fit` sits in
+    a reference cycle -- are collected, and only then is the group destroyed. Without this
+    order a ``gloo`` rank that finished first could abort at exit ("terminate called without
+    an active exception", SIGABRT) while its peer was still working.
+    """
+    if not _initialised():
+        return
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()

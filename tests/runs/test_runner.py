@@ -1,0 +1,117 @@
+"""The one road: ``bayesurl run`` and ``bayesurl benchmark`` give identical metrics for the same
+estimator, data and seed (one estimator of each kind), and those metrics are
+``bayesurl.evaluate`` on the predicted arrays; OOD AUROC against scikit-learn.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+import bayesurl
+from bayesurl.cli import main
+from bayesurl.runs import load_recipe, n_samples_for, run
+from bayesurl.runs.predict import predict
+
+# one of each kind: registry method (with and without samples), post-hoc wrappers on the CE
+# base (PVU, post-hoc TaU, laplace-torch Laplace on the classifier), LAM post-hoc and online
+ONE_OF_EACH = ["elk", "ce", "pvu", "tau_posthoc", "laplace_ce", "lam_posthoc", "lam_online"]
+KEYS = ("r@1", "r_auroc", "ausc", "ause", "ece", "map@5", "ood_auroc", "ood_auprc")
+
+
+@pytest.fixture(scope="module")
+def smoke_benchmark(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    rc = main(["benchmark", "--preset", "smoke", "--out", str(out), "--no-progress"])
+    return rc, json.loads((out / "results.json").read_text())
+
+
+def test_smoke_benchmark_has_every_estimator_with_finite_rauroc(smoke_benchmark, capsys):
+    rc, res = smoke_benchmark
+    assert rc == 0
+    names = res["settings"]["estimators"]
+    assert len(names) >= 16
+    assert {"pvu", "tau_posthoc", "laplace_ce", "lam_posthoc", "lam_online"} <= set(names)
+    for r in res["runs"]:
+        assert r["error"] is None, r
+        assert math.isfinite(r["r_auroc"]), r["estimator"]
+
+
+@pytest.mark.parametrize("name", ONE_OF_EACH)
+def test_run_and_benchmark_give_identical_metrics(name, smoke_benchmark, tmp_path):
+    _, bench = smoke_benchmark
+    row = next(r for r in bench["runs"] if r["estimator"] == name)
+    out = tmp_path / name
+    # the default invocation (progress lines on) against the benchmark's (--no-progress)
+    argv = ["run", f"fashion_mnist/{name}", "--preset", "smoke"]
+    assert main([*argv, "--out", str(out)]) == 0
+    single = json.loads((out / "result.json").read_text())["metrics"]
+    for key in KEYS:
+        assert single[key] == row[key], (name, key)
+
+
+@pytest.mark.parametrize("name", ["mcinfonce", "ce", "laplace_ce", "lam_online"])
+def test_metrics_are_evaluate_on_the_predicted_arrays(name):
+    cfg = load_recipe(f"fashion_mnist/{name}", preset="smoke")
+    res = run(cfg, keep_outputs=True)
+    out, y = res.outputs["test"]
+    samples = out.samples if res.metrics["n_samples"] > 0 else None
+    ref = bayesurl.evaluate(out.embedding, y, uncertainties=out.uncertainty, samples=samples)
+    for key in ("r@1", "r_auroc", "ausc", "ause", "ece", "map@5"):
+        assert res.metrics[key] == ref[key], key
+    u_id = res.outputs["id_test"][0].uncertainty.double().numpy()
+    u_ood = res.outputs["ood"][0].uncertainty.double().numpy()
+    labels = np.r_[np.zeros(len(u_id)), np.ones(len(u_ood))]
+    expected = roc_auc_score(labels, np.r_[u_id, u_ood])
+    assert res.metrics["ood_auroc"] == pytest.approx(expected, abs=1e-9)
+    # the one sampling rule: S draws exactly where a distribution is defined
+    has_dist = res.metrics["n_samples"] > 0
+    assert (res.metrics["ece"] is not None) == has_dist
+    if has_dist:
+        assert out.samples.shape[:2] == (cfg.eval.samples, y.shape[0])
+
+
+def test_sampling_rule():
+    assert n_samples_for(True, 7) == 7 and n_samples_for(False, 7) == 0
+    with pytest.raises(ValueError, match="n_samples"):
+        n_samples_for(True, -1)
+
+
+def test_predict_is_seeded_without_touching_the_global_state():
+    x = torch.randn(10, 3)
+
+    def fn(xb, n):
+        return bayesurl.Output(embedding=xb + torch.randn_like(xb), uncertainty=xb[:, 0])
+
+    state = torch.random.get_rng_state()
+    a, _ = predict(fn, x, None, batch_size=4, seed=3)
+    b, _ = predict(fn, x, None, batch_size=4, seed=3)
+    assert torch.equal(a.embedding, b.embedding)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    with pytest.raises(ValueError, match="batch_size"):
+        predict(fn, x, None, batch_size=0)
+
+
+def test_base_is_trained_once_and_reused(monkeypatch):
+    from bayesurl.runs import RunCache
+    from bayesurl.runs import estimators as E
+
+    calls = []
+    original = E.MethodEstimator.fit
+
+    def counting(self, *args, **kwargs):
+        calls.append(self.cfg.estimator.name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(E.MethodEstimator, "fit", counting)
+    cache = RunCache()
+    for name in ("pvu", "tau_posthoc", "laplace_ce"):
+        run(load_recipe(f"fashion_mnist/{name}", preset="smoke"), cache=cache)
+    assert calls == ["ce"]
+    run(load_recipe("fashion_mnist/pvu", ["seed=1"], preset="smoke"), cache=cache)
+    assert calls == ["ce", "ce"]  # another seed: another base
