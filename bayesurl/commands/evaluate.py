@@ -5,6 +5,11 @@
 its data set, with OOD AUROC against held-out upstream data
 (:func:`bayesurl.runs.runner.evaluate_checkpoint`; URL benchmark section 3.2).
 
+Under ``torchrun --nproc_per_node W`` the evaluation is sharded (issue 16): with INPUT.npz each
+rank reads its rows, with ``--checkpoint`` each rank embeds its block of batches of each set
+(:func:`bayesurl.runs.predict.score`); the exact search passes the shards between the ranks
+and every rank gets the single-process metrics; rank 0 prints and writes ``--json``.
+
 INPUT.npz holds ``embeddings`` [N,D] and ``labels`` [N], and optionally ``uncertainties`` [N],
 ``samples`` [S,N,D] and ``ood_uncertainties`` [M]. Prints a table of every metric; with
 ``--json`` writes the metrics (null where undefined for the input). Metric definitions:
@@ -350,9 +355,9 @@ def _run_distributed(args: argparse.Namespace) -> int:
     device = str(info.device)
     try:
         if args.checkpoint is not None:
-            # not sharded yet: the run pipeline's scorer (bayesurl.runs.predict.score) embeds
-            # whole sets, so every rank evaluates everything (correct, W times the work) and
-            # rank 0 reports
+            # every rank loads the method and builds the sets; the run pipeline's scorer
+            # (bayesurl.runs.predict.score) embeds only this rank's block of batches of each set
+            # and evaluates sharded; rank 0 reports
             args.device = device
             return _run_checkpoint(args)
         res = evaluate_npz(
