@@ -329,7 +329,7 @@ def _run(
     raise_errors: bool,
     **evaluate_kwargs: Any,
 ) -> RunResult:
-    from bayesurl.distributed import get_world_size, is_main_process
+    from bayesurl.distributed import broadcast_state, get_world_size, is_main_process
     from bayesurl.training import seed_everything
 
     t0 = time.perf_counter()
@@ -373,6 +373,11 @@ def _run(
             progress, f"{cfg.name}: fitted in {fit_report.get('train_time', 0.0):.1f} s; evaluating"
         )
         fit_time = float(fit_report.get("train_time", 0.0))
+        module = getattr(estimator, "method", None)
+        if get_world_size() > 1 and isinstance(module, torch.nn.Module):
+            # DDP keeps the parameters equal, not the buffers of each rank's last forward pass
+            # (BatchNorm statistics): every rank evaluates rank 0's model, the checkpoint's
+            broadcast_state(module, 0)
         n = n_samples_for(estimator.has_distribution, cfg.eval.samples)
         kw = {
             "n_samples": n,

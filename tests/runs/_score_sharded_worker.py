@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from bayesurl.data import ImageTensorDataset
 from bayesurl.distributed import cleanup, init_from_env
+from bayesurl.methods.base import Method
 from bayesurl.runs.predict import epoch_evaluator, score
 from bayesurl.types import Output
 
@@ -82,9 +83,33 @@ class Features(nn.Module):
         return x.flatten(1).double()
 
 
+class BatchNormLinear(Method):
+    """A linear classifier behind a BatchNorm layer: under DDP each rank's running statistics
+    come from its own last batch (the parameters agree, the buffers do not)."""
+
+    supervised = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(4, dtype=torch.float64)
+        self.linear = nn.Linear(4, 3, dtype=torch.float64)
+
+    def forward(self, x: Tensor, n_samples: int = 0) -> Output:
+        logits = self.linear(self.norm(x))
+        p = logits.softmax(-1)
+        return Output(
+            embedding=torch.nn.functional.normalize(logits, dim=-1),
+            uncertainty=-(p * p.log()).sum(-1),
+        )
+
+    def training_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.linear(self.norm(x)), y)
+
+
 def train_loader() -> DataLoader:
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(32, 4, generator=g, dtype=torch.float64)
+    x = torch.randn(32, 4, generator=g, dtype=torch.float64) * torch.arange(1.0, 5.0).double()
     return DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=8)
 
 
@@ -93,8 +118,6 @@ def fit_evaluator() -> object:
 
 
 def worker(rank: int, world: int, port: int, out: str, names: list[str]) -> None:
-    from _training_toys import LinearCE
-
     from bayesurl.training import fit
 
     torch.set_num_threads(1)
@@ -120,7 +143,7 @@ def worker(rank: int, world: int, port: int, out: str, names: list[str]) -> None
         fitted = {}
         if world == 2:  # fit's evaluation hook under DDP: sharded, every rank records it
             torch.manual_seed(0)
-            method = LinearCE(in_dim=4, num_classes=2)
+            method = BatchNormLinear()
             r = fit(
                 method,
                 train_loader(),

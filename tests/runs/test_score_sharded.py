@@ -6,21 +6,25 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from _score_sharded_worker import CASES, fit_evaluator, fn, score_case, sets, worker
+from _score_sharded_worker import (
+    CASES,
+    BatchNormLinear,
+    fit_evaluator,
+    fn,
+    score_case,
+    sets,
+    worker,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 from sklearn.metrics import roc_auc_score
 
 from bayesurl.runs.predict import batch_shard, predict, score
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "training"))  # _training_toys
 
 
 def _free_port() -> int:
@@ -77,12 +81,13 @@ def test_sharded_score_equals_one_process(world, tmp_path) -> None:
 @pytest.mark.distributed
 def test_fit_evaluation_hook_is_sharded_under_ddp(tmp_path) -> None:
     """``fit``'s ``eval_fn`` (:func:`epoch_evaluator`) under 2 DDP ranks records, on every
-    rank, the single-process scores of the trained method."""
-    from _training_toys import LinearCE
-
+    rank, the single-process scores of rank 0's trained method (BatchNorm statistics
+    included)."""
     ranks = _spawn(2, ["W2-bs4"], tmp_path)
-    method = LinearCE(in_dim=4, num_classes=2)
+    method = BatchNormLinear()
     method.load_state_dict(ranks[0]["fit"]["state"])
+    for k in ("norm.running_mean", "norm.running_var"):  # synchronised before the evaluation
+        assert torch.equal(ranks[1]["fit"]["state"][k], method.state_dict()[k])
     want = fit_evaluator()(method.eval(), 0)
     assert want["r@1"] is not None and want["ood_auroc"] is not None
     for r, got in enumerate(ranks):
