@@ -148,6 +148,7 @@ def evaluate(
     progress: bool = False,
     distributed: bool = False,
     group: dist.ProcessGroup | None = None,
+    reference: str | None = None,
 ) -> dict[str, Any]:
     """Every retrieval and uncertainty metric defined for the input, from one kNN search.
 
@@ -207,6 +208,12 @@ def evaluate(
         shards too.
     group : ProcessGroup, optional
         Process group of ``distributed`` (default: the default group).
+    reference : {None, "lam"}
+        ``"lam"`` also reports the AUSC and ECE as the LAM authors' code computes them
+        (:mod:`bayesurl.evaluation.lam_reference`: pair uncertainty from the per-dimension
+        std of the draws, 99 trapezoid levels; ECE bins ``[lo, hi)`` that drop confidence
+        1.0) under the extra keys ``lam_ausc`` and ``lam_ece`` (``samples`` required, else
+        ``None`` with a note). bayesurl's own ``ausc`` / ``ece`` are unchanged.
 
     Returns
     -------
@@ -223,6 +230,10 @@ def evaluate(
     >>> sorted(k for k in res if k in REQUIRED_KEYS) == sorted(REQUIRED_KEYS)
     True
     """
+    if reference not in (None, "lam"):
+        raise ValueError(f"`reference` must be None or 'lam', got {reference!r}")
+    if reference is not None and distributed:
+        raise ValueError("`reference='lam'` needs every draw on one process; not with distributed")
     if distributed and not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
             "`distributed=True` needs an initialised torch.distributed process group "
@@ -376,8 +387,25 @@ def evaluate(
         res["ood_auroc"] = _f(Fm.ood_auroc(u, v))
         res["ood_auprc"] = _f(Fm.ood_auprc(u, v))
     res.setdefault("rank_correlation", None)
+    if reference == "lam":
+        _lam_reference(res, s, y, n_bins, notes)
     res["notes"] = notes
     return res
+
+
+def _lam_reference(
+    res: dict[str, Any], s: Tensor | None, y: Tensor, n_bins: int, notes: list[str]
+) -> None:
+    """Add the LAM-code ``lam_ausc`` / ``lam_ece`` (named variants, LAM section 5)."""
+    if s is None:
+        res["lam_ausc"] = res["lam_ece"] = None
+        notes.append("lam_ausc, lam_ece: the LAM-code variants need `samples`")
+        return
+    from bayesurl.evaluation.lam_reference import lam_ausc, lam_ece
+
+    sigma = s.std(dim=0)
+    res["lam_ausc"] = lam_ausc(s.mean(dim=0), sigma, y.to(s.device))
+    res["lam_ece"] = lam_ece(s, y.to(s.device), n_bins)
 
 
 def evaluate_output(

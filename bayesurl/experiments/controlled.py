@@ -887,7 +887,7 @@ def make_loss(
             return mcinfonce_loss(
                 mu_a, k_a, mu_p, k_p, mu_n, k_n, n_samples=n_samples,
                 kappa_pos_scale=kappa_pos, divide_positive=divide_positive,
-                generator=generator,
+                denominator="positive", generator=generator,
             )  # fmt: skip
 
         return loss

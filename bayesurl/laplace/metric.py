@@ -14,7 +14,7 @@ normalisation or nothing).
 Post-hoc mode (:class:`PosthocMetricLaplace`): :meth:`fit` sums ``H`` over the training set.
 Online mode (:class:`OnlineMetricLaplace`): :meth:`~OnlineMetricLaplace.online_step` takes an
 expected gradient over weight samples from ``q`` (LAM eq. 4) and updates
-``H <- (1 - alpha) H + (N / b) H_batch`` (LAM eq. 5).
+``H <- (1 - alpha) H + (N / b) relu(H_batch)`` (LAM eq. 5, each batch clamped as in eq. 9).
 
 ``hessian_structure="kron"`` replaces the diagonal by an EKFAC posterior
 ``N(theta*, (Q diag(beta relu(S) + lambda) Q^T)^-1)`` with ``Q = Q_G (x) Q_A`` the eigenbasis of
@@ -628,7 +628,12 @@ class BaseMetricLaplace:
         return u, cov
 
     def predictive(
-        self, x: Any, n_samples: int = 0, generator: torch.Generator | None = None
+        self,
+        x: Any,
+        n_samples: int = 0,
+        generator: torch.Generator | None = None,
+        *,
+        u_from: str = "trace",
     ) -> Output:
         """Mean embedding and closed-form uncertainty of a batch (no sampling).
 
@@ -638,7 +643,17 @@ class BaseMetricLaplace:
         ``u = 1 / kappa`` with ``kappa`` the moment-matched vMF concentration of
         :func:`kappa_from_trace` (spec METRICS.md: ``u = 1/kappa_hat``). ``n_samples > 0``
         also returns ``samples [S, N, D]`` from :meth:`predictive_samples` (for ECE).
+
+        ``u_from="samples"`` (needs ``n_samples >= 2``) instead fits a vMF to the draws, as
+        the LAM authors' code does (LAM section 3, "Von Mises-Fisher distribution"):
+        ``R = ||mean_s u_s||`` and Sra's ``kappa = R (D - R^2) / (1 - R^2)``. It is a Monte
+        Carlo estimate (noisy for few draws, biased towards certainty); the linearised
+        trace, the default, needs no draws and ranks inputs the same way to second order.
         """
+        if u_from not in ("trace", "samples"):
+            raise ValueError(f"`u_from` must be 'trace' or 'samples', got {u_from!r}")
+        if u_from == "samples" and int(n_samples) < 2:
+            raise ValueError(f"`u_from='samples'` needs `n_samples` >= 2, got {n_samples}")
         self._check_embedding_dim()
         with self._eval(), torch.no_grad():
             phi = self.features(x)
@@ -651,6 +666,9 @@ class BaseMetricLaplace:
                 if b is not None:
                     zs = zs + b[:, None, :]
                 samples = F.normalize(zs, dim=-1)
+                if u_from == "samples":
+                    r2 = (samples.mean(dim=0) ** 2).sum(dim=-1).clamp(0.0, 1.0)
+                    kappa = r2.sqrt() * (u.shape[1] - r2) / (1.0 - r2)
         return Output(embedding=u, uncertainty=1.0 / kappa, samples=samples, kappa=kappa)
 
     # ------------------------------------------------------------------ persistence
@@ -781,8 +799,13 @@ class OnlineMetricLaplace(BaseMetricLaplace):
            lambda)^-1)`` by reparameterisation and average ``loss_fn(u_s, y, pairs)`` over
            them; its gradient is the expected gradient of eq. 4 (the backbone runs once;
            only the last layer is resampled).
-        3. ``H <- (1 - alpha) H + (dataset_size / batch_size) mean_s H_batch(theta_s)``
-           with ``H_batch`` the raw GGN diagonal of the mined pairs (eq. 5).
+        3. ``H <- (1 - alpha) H + (dataset_size / batch_size) relu(mean_s H_batch(theta_s))``
+           with ``H_batch`` the GGN diagonal of the mined pairs (eq. 5). Each batch's
+           Hessian is clamped at 0 before it enters the running sum (the ReLU of LAM
+           section 3, "Ensuring positive definiteness", applied per step as LAM eq. 9 and
+           the ``torch.relu`` of the authors' online model): clamping only the total would
+           let negative batch curvature (``fixed`` / ``full``) cancel earlier positive
+           curvature, so ``H`` stays entry-wise non-negative at every step.
 
         Parameters
         ----------
@@ -846,7 +869,7 @@ class OnlineMetricLaplace(BaseMetricLaplace):
                 h_batch += self._batch_hessian(phi_d, h_tup, theta + noise[s])
             h_batch /= self.n_weight_samples
             check_finite(h_batch, "hessian")
-            self.hessian = (1.0 - self.alpha) * self.hessian + scale * h_batch
+            self.hessian = (1.0 - self.alpha) * self.hessian + scale * h_batch.clamp_min(0.0)
             self.n_pairs = self._count_pairs(z_mean, h_tup)
         return loss
 

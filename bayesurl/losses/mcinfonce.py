@@ -6,10 +6,22 @@ and the InfoNCE fraction is averaged over the K samples *inside* the log (log-me
 
 ``L = -log (1/K) sum_k  e^{t z_k^T z_k+} / (c e^{t z_k^T z_k+} + (1/M) sum_m e^{t z_k^T z_mk-})``
 
-with ``t = kappa_pos`` (the inverse temperature) and ``c = 1`` (published reference code, the
-default) or ``c = 1/M`` (eq. 7 as printed; ``divide_positive=True``). With kappa = inf every
-sample is its mean and the loss is InfoNCE at temperature ``1/t`` (shifted by ``log M`` for
-``c = 1/M``, with averaged negatives for ``c = 1``).
+with ``t = kappa_pos`` (the inverse temperature) and ``c = 1`` (the MCI controlled-experiment
+reference code) or ``c = 1/M`` (eq. 7 as printed; ``divide_positive=True``). With kappa = inf
+every sample is its mean and the loss is InfoNCE at temperature ``1/t`` (shifted by ``log M``
+for ``c = 1/M``, with averaged negatives for ``c = 1``).
+
+Two options select the variant (paper text vs authors' code):
+
+- ``denominator="negatives"`` (default): no positive in the denominator and the negatives
+  summed, ``e^{t z_k^T z_k+} / sum_m e^{t z_k^T z_mk-}``, as URL eq. 2 prints it and as the
+  URL benchmark code computes it (``timm/loss/MCInfoNCE.py``: log-sum-exp over the positive
+  mask minus log-sum-exp over the negative mask) -- the loss behind the URL numbers.
+  ``denominator="positive"``: the MCI form above (``c = 1`` or ``1/M``); the controlled
+  experiment (:mod:`bayesurl.experiments.controlled`) uses it.
+- ``mc_average="inside"`` (default): log-mean-exp over the K samples, as the URL and MCI code
+  do; ``"outside"``: the mean over samples of the per-sample log ratio, ``(1/16) sum_i`` in
+  front of the logs of URL eq. 2 as printed.
 """
 
 from __future__ import annotations
@@ -41,12 +53,42 @@ def _check_n_samples(n: int) -> int:
     return int(n)
 
 
+_DENOMINATORS = ("negatives", "positive")
+_MC_AVERAGES = ("inside", "outside")
+
+
+def _check_variant(denominator: str, mc_average: str) -> None:
+    if denominator not in _DENOMINATORS:
+        raise ValueError(f"`denominator` must be one of {_DENOMINATORS}, got {denominator!r}")
+    if mc_average not in _MC_AVERAGES:
+        raise ValueError(f"`mc_average` must be one of {_MC_AVERAGES}, got {mc_average!r}")
+
+
+def _log_ratio(
+    pos: Tensor, log_neg_mean: Tensor, m: Tensor, denominator: str, divide_positive: bool
+) -> Tensor:
+    """Per-sample log ratio; ``negatives``: ``pos - log sum_m e^neg`` (0 without negatives)."""
+    if denominator == "positive":
+        return log_ratio_from_mean(pos, log_neg_mean, m, divide_positive)
+    log_sum = log_neg_mean + torch.log(m.clamp_min(1.0))
+    return torch.where(m > 0, pos - log_sum, torch.zeros_like(pos))
+
+
+def _average(log_ratio: Tensor, mc_average: str) -> Tensor:
+    """Loss from ``[K, ...]`` per-sample log ratios: log-mean-exp (inside) or mean (outside)."""
+    if mc_average == "inside":
+        return -log_mean_exp(log_ratio, dim=0)
+    return -log_ratio.mean(dim=0)
+
+
 def mcinfonce_pair_losses(
     samples: Tensor,
     ref_samples: Tensor,
     pairs: tuple[Tensor, Tensor, Tensor, Tensor],
     inverse_temperature: float,
     divide_positive: bool = False,
+    denominator: str = "negatives",
+    mc_average: str = "inside",
 ) -> Tensor:
     """Per-positive-pair MCInfoNCE losses from vMF samples and PML pair indices.
 
@@ -61,7 +103,7 @@ def mcinfonce_pair_losses(
         pair ``(a1[i], p[i])`` are every ``n[j]`` with ``a2[j] == a1[i]``.
     inverse_temperature : float
         t = kappa_pos.
-    divide_positive : bool
+    divide_positive, denominator, mc_average
         See :func:`mcinfonce_loss`.
 
     Returns
@@ -69,6 +111,7 @@ def mcinfonce_pair_losses(
     Tensor
         ``[P]`` losses, one per positive pair.
     """
+    _check_variant(denominator, mc_average)
     a1, p, a2, n = pairs
     sims = inverse_temperature * torch.einsum("knd,krd->knr", samples, ref_samples)
     neg_of_anchor = torch.zeros(
@@ -79,8 +122,8 @@ def mcinfonce_pair_losses(
     # gather per positive pair (memory K N R instead of K P R)
     log_neg_mean, m = masked_log_mean_exp(sims, neg_of_anchor)
     pos = sims[:, a1, p]  # [K, P]
-    log_ratio = log_ratio_from_mean(pos, log_neg_mean[:, a1], m[a1], divide_positive)
-    return -log_mean_exp(log_ratio, dim=0)
+    log_ratio = _log_ratio(pos, log_neg_mean[:, a1], m[a1], denominator, divide_positive)
+    return _average(log_ratio, mc_average)
 
 
 def mcinfonce_loss(
@@ -94,6 +137,8 @@ def mcinfonce_loss(
     n_samples: int = 16,
     kappa_pos_scale: float | Tensor = 16.0,
     divide_positive: bool = False,
+    denominator: str = "negatives",
+    mc_average: str = "inside",
     generator: torch.Generator | None = None,
     reduction: str = "mean",
 ) -> Tensor:
@@ -117,8 +162,15 @@ def mcinfonce_loss(
         kappa_pos of the generative process = the inverse temperature t (MCI: 20,
         URL: t in [8, 64]); a 0-dim tensor may require grad (MCI tunes "kappa_pos learnable").
     divide_positive : bool
-        ``False`` (default, reference code): only the negatives are averaged by M, loss >= 0.
-        ``True``: the positive in the denominator is divided by M too (MCI eq. 7 as printed).
+        With ``denominator="positive"`` only. ``False`` (MCI reference code): only the
+        negatives are averaged by M, loss >= 0. ``True``: the positive in the denominator is
+        divided by M too (MCI eq. 7 as printed).
+    denominator : {"negatives", "positive"}
+        ``"negatives"`` (default; URL eq. 2 and the URL benchmark code): the positive is not
+        in the denominator and the negatives are summed. ``"positive"``: the MCI form.
+    mc_average : {"inside", "outside"}
+        Average the K samples inside the log (default; URL and MCI code) or outside it (URL
+        eq. 2 as printed).
     generator : torch.Generator, optional
         Makes the vMF samples reproducible (anchors, positives, negatives drawn in that order).
     reduction : {"mean", "sum", "none"}
@@ -131,6 +183,7 @@ def mcinfonce_loss(
     """
     t = _check_t(kappa_pos_scale, "kappa_pos_scale")
     k = _check_n_samples(n_samples)
+    _check_variant(denominator, mc_average)
     ka, kp = check_anchor_positive(mu_anchor, kappa_anchor, mu_pos, kappa_pos)
     b, d = mu_anchor.shape
     if mu_neg is None:
@@ -139,7 +192,7 @@ def mcinfonce_loss(
         kap = torch.cat([ka, kp])
         z = _sample_vmf(mu, kap, k, generator=generator)
         pairs = lmu.get_all_pairs_indices(two_view_labels(b, mu.device))
-        losses = mcinfonce_pair_losses(z, z, pairs, t, divide_positive)
+        losses = mcinfonce_pair_losses(z, z, pairs, t, divide_positive, denominator, mc_average)
         # get_all_pairs_indices lists positives row by row: anchor i has exactly one
         return reduce_losses(losses, reduction)
     kn = check_explicit_negatives(mu_neg, kappa_neg, b, d)
@@ -150,8 +203,11 @@ def mcinfonce_loss(
     zn = zn.reshape(k, b, m, d)
     pos = t * (za * zp).sum(-1)  # [K, B]
     neg = t * torch.einsum("kbd,kbmd->kbm", za, zn)
-    losses = -log_mean_exp(contrastive_log_ratio(pos, neg, None, divide_positive), dim=0)
-    return reduce_losses(losses, reduction)
+    if denominator == "positive":
+        log_ratio = contrastive_log_ratio(pos, neg, None, divide_positive)
+    else:
+        log_ratio = pos - torch.logsumexp(neg, dim=-1)
+    return reduce_losses(_average(log_ratio, mc_average), reduction)
 
 
 class MCInfoNCELoss(ExplicitKappaLoss):
@@ -169,8 +225,8 @@ class MCInfoNCELoss(ExplicitKappaLoss):
         t = kappa_pos (URL: t in [8, 64]).
     n_samples : int
         K, vMF samples per input (URL: 16).
-    divide_positive : bool
-        See :func:`mcinfonce_loss` (default ``False`` = reference code).
+    divide_positive, denominator, mc_average
+        See :func:`mcinfonce_loss` (defaults: the URL benchmark code).
     **kwargs
         Passed to ``BaseMetricLossFunction`` (reducer, embedding regularizer, ...).
     """
@@ -180,12 +236,16 @@ class MCInfoNCELoss(ExplicitKappaLoss):
         inverse_temperature: float = 16.0,
         n_samples: int = 16,
         divide_positive: bool = False,
+        denominator: str = "negatives",
+        mc_average: str = "inside",
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
         self.inverse_temperature = _check_t(inverse_temperature)
         self.n_samples = _check_n_samples(n_samples)
         self.divide_positive = bool(divide_positive)
+        _check_variant(denominator, mc_average)
+        self.denominator, self.mc_average = denominator, mc_average
         self.generator: torch.Generator | None = None
 
     def compute_loss(
@@ -201,5 +261,13 @@ class MCInfoNCELoss(ExplicitKappaLoss):
             zr = z
         else:
             zr = _sample_vmf(ref_emb, ref_kappa, self.n_samples, generator=self.generator)
-        losses = mcinfonce_pair_losses(z, zr, pairs, self.inverse_temperature, self.divide_positive)
+        losses = mcinfonce_pair_losses(
+            z,
+            zr,
+            pairs,
+            self.inverse_temperature,
+            self.divide_positive,
+            self.denominator,
+            self.mc_average,
+        )
         return {"loss": {"losses": losses, "indices": pairs[:2], "reduction_type": "pos_pair"}}

@@ -7,7 +7,15 @@ nivMF paper, section 3.2, eq. 4 and supplement B, eqs. 19-22; reprinted in the t
 ``log D(K) = sum_d log kappa_d - log ||K mu||``
 
 (``D(K)`` is the paper's heuristic normaliser; with ``K = c I`` the density is the vMF density
-times the constant ``c^(D-1)``). The nivMF loss (URL appendix B.5, eq. 4; ECCV22 eq. 6) is
+times the constant ``c^(D-1)``). That is ``density="eccv22"``. The URL benchmark code
+(``nivmf_elk_sim`` in mkirchhof/url) computes instead
+
+``log p(z) = log C_D(||K mu||) + sum_d log kappa_d - 2 log ||K mu|| + ||K mu|| cos(z, K mu)``,
+
+the angle between the *unstretched* sample and ``K mu`` and twice the ``log ||K mu||``; this
+``density="url"`` is the default, as it produced the published URL numbers. With
+``K = c I`` both reduce to the vMF density times a constant (``c^(D-1)`` and ``c^(D-2)``).
+The nivMF loss (URL appendix B.5, eq. 4; ECCV22 eq. 6) is
 ProxyNCA over ``approx_elk_sim(zeta, rho_c) = log (1/S) sum_s p_c(z_s)``, ``z_s ~ zeta`` the
 image's vMF posterior, with S = 16 samples shared by all classes.
 """
@@ -48,8 +56,19 @@ def _check_proxies(proxy_mu: Tensor, proxy_kappa: Tensor, dim: int | None = None
         raise ValueError(f"`proxy_mu` has dimension {proxy_mu.shape[1]}, the embeddings {dim}")
 
 
-def nivmf_log_density(z: Tensor, proxy_mu: Tensor, proxy_kappa: Tensor) -> Tensor:
-    """``log p_c(z)`` of the nivMF class proxies at unit vectors z (ECCV22 eq. 4).
+_DENSITIES = ("url", "eccv22")
+
+
+def _check_density(density: str) -> str:
+    if density not in _DENSITIES:
+        raise ValueError(f"`density` must be one of {_DENSITIES}, got {density!r}")
+    return density
+
+
+def nivmf_log_density(
+    z: Tensor, proxy_mu: Tensor, proxy_kappa: Tensor, density: str = "url"
+) -> Tensor:
+    """``log p_c(z)`` of the nivMF class proxies at unit vectors z (ECCV22 eq. 4 / URL code).
 
     Parameters
     ----------
@@ -59,17 +78,26 @@ def nivmf_log_density(z: Tensor, proxy_mu: Tensor, proxy_kappa: Tensor) -> Tenso
         ``[C, D]`` proxy directions (normalised internally).
     proxy_kappa : Tensor
         ``[C, D]`` positive per-dimension concentrations.
+    density : {"url", "eccv22"}
+        ``"url"`` (default): ``cos(z, K mu)`` and ``- 2 log ||K mu||`` (URL benchmark code);
+        ``"eccv22"``: ``cos(K z, K mu)`` and ``- log ||K mu||`` (ECCV22 eq. 4). See the
+        module docstring.
 
     Returns
     -------
     Tensor
         ``[..., C]`` log densities.
     """
+    _check_density(density)
     _check_proxies(proxy_mu, proxy_kappa, z.shape[-1])
     mu = F.normalize(proxy_mu, dim=-1)
     z = F.normalize(z, dim=-1)
     kmu = proxy_kappa * mu  # K mu, [C, D]
     kmu_norm = kmu.norm(dim=-1)  # [C]
+    if density == "url":
+        cos = (z @ kmu.T) / kmu_norm  # cos(z, K mu), ||z|| = 1
+        log_d = torch.log(proxy_kappa).sum(-1) - 2.0 * torch.log(kmu_norm)
+        return _vmf_log_normalizer(kmu_norm, mu.shape[-1]) + log_d + kmu_norm * cos
     # cos(Kz, K mu) = z^T K^2 mu / (||K z|| ||K mu||), without materialising [..., C, D]
     k2 = proxy_kappa * proxy_kappa
     dot = z @ (k2 * mu).T
@@ -86,14 +114,18 @@ def nivmf_elk_logits(
     proxy_kappa: Tensor,
     n_samples: int = 16,
     generator: torch.Generator | None = None,
+    density: str = "url",
 ) -> Tensor:
     """``[N, C]`` Monte-Carlo log expected likelihood ``log (1/S) sum_s p_c(z_s)`` (ECCV22 eq. 5).
 
-    ``z_s ~ vMF(mu_n, kappa_n)`` (S reparameterised samples per input, shared by the classes).
+    ``z_s ~ vMF(mu_n, kappa_n)`` (S reparameterised samples per input, shared by the classes);
+    ``density`` as in :func:`nivmf_log_density`.
     """
     check_embeddings(mu, "mu")
     k = check_kappa(kappa, mu, "kappa")
-    return _nivmf_elk_logits(mu, k, proxy_mu, proxy_kappa, _check_n_samples(n_samples), generator)
+    return _nivmf_elk_logits(
+        mu, k, proxy_mu, proxy_kappa, _check_n_samples(n_samples), generator, density
+    )
 
 
 def _nivmf_elk_logits(
@@ -103,10 +135,11 @@ def _nivmf_elk_logits(
     proxy_kappa: Tensor,
     n_samples: int,
     generator: torch.Generator | None,
+    density: str = "url",
 ) -> Tensor:
     """:func:`nivmf_elk_logits` of validated ``mu [N, D]`` and ``kappa [N]`` (proxies checked)."""
     z = _sample_vmf(mu, kappa, n_samples, generator)  # [S, N, D]
-    logp = nivmf_log_density(z, proxy_mu, proxy_kappa)  # [S, N, C]
+    logp = nivmf_log_density(z, proxy_mu, proxy_kappa, density)  # [S, N, C]
     return torch.logsumexp(logp, dim=0) - math.log(n_samples)
 
 
@@ -119,9 +152,10 @@ def nivmf_loss(
     n_samples: int = 16,
     generator: torch.Generator | None = None,
     reduction: str = "mean",
+    density: str = "url",
 ) -> Tensor:
     """nivMF ProxyNCA (URL appendix B.5, eq. 4): cross-entropy over :func:`nivmf_elk_logits`."""
-    logits = nivmf_elk_logits(mu, kappa, proxy_mu, proxy_kappa, n_samples, generator)
+    logits = nivmf_elk_logits(mu, kappa, proxy_mu, proxy_kappa, n_samples, generator, density)
     _check_class_labels(labels, mu, proxy_mu.shape[0])
     return F.cross_entropy(logits, labels, reduction=reduction)
 
@@ -145,6 +179,8 @@ class NivMFLoss(ExplicitKappaLoss):
         Monte-Carlo samples S of the image posterior (URL: 16).
     learn_proxy_kappa : bool
         Learn the per-dimension proxy concentrations.
+    density : {"url", "eccv22"}
+        The nivMF density (:func:`nivmf_log_density`); default the URL benchmark code's.
     **kwargs
         Passed to ``BaseMetricLossFunction``.
     """
@@ -156,9 +192,11 @@ class NivMFLoss(ExplicitKappaLoss):
         kappa_scale: float = 16.0,
         n_samples: int = 16,
         learn_proxy_kappa: bool = True,
+        density: str = "url",
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
+        self.density = _check_density(density)
         self.proxies = NonIsotropicVMFProxies(
             num_classes, embedding_size, kappa_scale, learn_proxy_kappa
         )
@@ -175,6 +213,7 @@ class NivMFLoss(ExplicitKappaLoss):
             proxy_kappa.to(embeddings),
             self.n_samples,
             self.generator,
+            self.density,
         )
 
     def compute_loss(
@@ -193,6 +232,7 @@ class NivMFLoss(ExplicitKappaLoss):
             proxy_kappa.to(embeddings),
             self.n_samples,
             self.generator,
+            self.density,
         )
         losses = F.cross_entropy(logits, labels, reduction="none")
         idx = c_f.torch_arange_from_size(embeddings)

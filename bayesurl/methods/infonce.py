@@ -29,6 +29,9 @@ class InfoNCE(EmbeddingMethod):
         See :class:`~bayesurl.methods._embedding.EmbeddingMethod` (``num_classes`` is ignored).
     inverse_temperature : float
         t of URL eq. 1 (tuned in [8, 64]).
+    denominator : {"negatives", "all"}
+        Negatives only (URL eq. 1 and the URL benchmark code, default) or also the positive
+        (SimCLR / PML NT-Xent); :mod:`bayesurl.losses.infonce`.
 
     Examples
     --------
@@ -49,10 +52,11 @@ class InfoNCE(EmbeddingMethod):
         num_classes: int | None = None,
         backbone_kwargs: dict[str, Any] | None = None,
         inverse_temperature: float = 16.0,
+        denominator: str = "negatives",
     ) -> None:
         super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
-        self.loss_fn = InfoNCELoss(inverse_temperature)
-        self.hparams.update(inverse_temperature=float(inverse_temperature))
+        self.loss_fn = InfoNCELoss(inverse_temperature, denominator=denominator)
+        self.hparams.update(inverse_temperature=float(inverse_temperature), denominator=denominator)
 
     def forward(self, x: Tensor, n_samples: int = 0) -> Output:
         """Unnormalised embedding ``e(x)`` and ``u = 1/||e(x)||``; no samples (no distribution)."""

@@ -36,6 +36,11 @@ class MCInfoNCE(VMFMethod):
     divide_positive : bool
         ``False`` (reference code) or ``True`` (MCI eq. 7 as printed); see
         :func:`~bayesurl.losses.mcinfonce.mcinfonce_loss`.
+    denominator : {"negatives", "positive"}
+        ``"negatives"`` (default): URL eq. 2 and the URL benchmark code (no positive in the
+        denominator); ``"positive"``: the MCI form.
+    mc_average : {"inside", "outside"}
+        Samples averaged inside the log (default, URL / MCI code) or outside (URL eq. 2 text).
     """
 
     two_view = True
@@ -52,13 +57,23 @@ class MCInfoNCE(VMFMethod):
         inverse_temperature: float = 16.0,
         n_samples: int = 16,
         divide_positive: bool = False,
+        denominator: str = "negatives",
+        mc_average: str = "inside",
     ) -> None:
         super().__init__(backbone, embed_dim, num_classes, backbone_kwargs, kappa_hidden, warmup_u)
-        self.loss_fn = MCInfoNCELoss(inverse_temperature, n_samples, divide_positive)
+        self.loss_fn = MCInfoNCELoss(
+            inverse_temperature,
+            n_samples,
+            divide_positive,
+            denominator=denominator,
+            mc_average=mc_average,
+        )
         self.hparams.update(
             inverse_temperature=float(inverse_temperature),
             n_samples=int(n_samples),
             divide_positive=bool(divide_positive),
+            denominator=denominator,
+            mc_average=mc_average,
         )
 
     def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:

@@ -32,6 +32,9 @@ class NivMF(VMFMethod):
         t, the proxies' concentration multiplier (URL: [8, 64]).
     n_samples : int
         Monte-Carlo samples per image during training (URL: 16).
+    density : {"url", "eccv22"}
+        nivMF density of the proxies: the URL benchmark code's (default) or ECCV22 eq. 4
+        (:func:`bayesurl.losses.nivmf.nivmf_log_density`).
     """
 
     supervised = True
@@ -47,12 +50,17 @@ class NivMF(VMFMethod):
         warmup_u: float | None = 1e-3,
         kappa_scale: float = 16.0,
         n_samples: int = 16,
+        density: str = "url",
     ) -> None:
         if num_classes is None:
             raise ValueError("`num_classes` is required for nivMF")
         super().__init__(backbone, embed_dim, num_classes, backbone_kwargs, kappa_hidden, warmup_u)
-        self.loss_fn = NivMFLoss(num_classes, self.embed_dim, kappa_scale, n_samples)
-        self.hparams.update(kappa_scale=float(kappa_scale), n_samples=int(n_samples))
+        self.loss_fn = NivMFLoss(
+            num_classes, self.embed_dim, kappa_scale, n_samples, density=density
+        )
+        self.hparams.update(
+            kappa_scale=float(kappa_scale), n_samples=int(n_samples), density=density
+        )
 
     def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:
         """nivMF ProxyNCA loss of ``batch = (x, y)``."""

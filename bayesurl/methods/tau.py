@@ -2,8 +2,14 @@
 
 The encoder outputs ``D + 1`` values: the first ``D`` are the embedding, the last one ``s``
 gives ``1/tau = sigmoid(s) / scale``; the loss is SimCLR with each row scaled by its own
-``1/tau`` (:func:`bayesurl.losses.tau.tau_simclr_loss`) and ``u(x) = tau > scale``.
-Self-supervised, two views per image.
+``1/tau`` (:func:`bayesurl.losses.tau.tau_simclr_loss`). Self-supervised, two views per image.
+
+The reported uncertainty is an option (``uncertainty``): ``"logit"`` (default) ``u = -s``, the
+pre-sigmoid logit that TaU appendix A ("Optimization Stability") uses for OOD detection
+because ``tau = scale (1 + e^-s)`` stops resolving inputs in float32 once ``e^-s`` drops below
+the float32 spacing at 1 (``s > ~16.6``: every such input gets ``u = scale`` exactly, a tie);
+``"temperature"``: ``u = tau`` itself (TaU section 2). Both rank inputs the same way wherever
+``tau`` has no ties.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class TaU(Method):
     variant : {"paper", "reference"}
         :class:`~bayesurl.losses.tau.TaUVariant` (the reference code removes the positive from
         the denominator and uses view 1's temperature for both rows).
+    uncertainty : {"logit", "temperature"}
+        ``u = -s`` (the pre-sigmoid logit, TaU appendix A; default) or ``u = tau``.
     backbone_kwargs : dict, optional
         Passed to :class:`~bayesurl.heads.embedding.EmbeddingNet`.
     num_classes : int, optional
@@ -57,8 +65,12 @@ class TaU(Method):
         variant: str = "paper",
         backbone_kwargs: dict[str, Any] | None = None,
         num_classes: int | None = None,
+        uncertainty: str = "logit",
     ) -> None:
         super().__init__()
+        if uncertainty not in ("logit", "temperature"):
+            raise ValueError(f"`uncertainty` must be 'logit' or 'temperature', got {uncertainty!r}")
+        self.uncertainty = uncertainty
         if int(embed_dim) != embed_dim or embed_dim < 1:
             raise ValueError(f"`embed_dim` must be a positive integer, got {embed_dim}")
         self.embed_dim = int(embed_dim)
@@ -74,6 +86,7 @@ class TaU(Method):
             "scale": self.scale,
             "variant": self.variant.value,
             "backbone_kwargs": kw,
+            "uncertainty": uncertainty,
         }
 
     def encode(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -82,11 +95,12 @@ class TaU(Method):
         return out[:, : self.embed_dim], out[:, self.embed_dim]
 
     def forward(self, x: Tensor, n_samples: int = 0) -> Output:
-        """Embedding and ``u = tau = scale (1 + exp(-s))`` (TaU section 2)."""
+        """Embedding and ``u = -s`` (``uncertainty="logit"``) or ``tau = scale (1 + e^-s)``."""
         if n_samples:
             raise ValueError("TaU defines no embedding distribution; use n_samples=0")
         z, s = self.encode(x)
-        return Output(embedding=z, uncertainty=temperature(s, self.scale))
+        u = -s if self.uncertainty == "logit" else temperature(s, self.scale)
+        return Output(embedding=z, uncertainty=u)
 
     def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:
         """TaU-SimCLR loss of a two-view batch ``((x1, x2), y)``; labels are ignored."""

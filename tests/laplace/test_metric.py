@@ -255,7 +255,7 @@ def test_online_update_follows_formula():
     grads = torch.autograd.grad(total, list(ref_net.parameters()))
     for p_new, p_old, g in zip(net.parameters(), ref_net.parameters(), grads):
         torch.testing.assert_close(p_new.detach(), p_old.detach() - g)
-    want = 0.9 * h_old + (320 / 16) * h_batch / 2
+    want = 0.9 * h_old + (320 / 16) * (h_batch / 2).clamp_min(0.0)
     torch.testing.assert_close(la.hessian, want)
     assert not torch.allclose(la.mean, theta_old)
 
@@ -387,6 +387,106 @@ def test_online_loss_in_a_foreign_loop_equals_online_step():
     torch.testing.assert_close(las[0].hessian, las[1].hessian)
     for p0, p1 in zip(nets[0].parameters(), nets[1].parameters()):
         torch.testing.assert_close(p0, p1)
+
+
+@pytest.mark.parametrize("approximation", ["fixed", "full"])
+def test_online_hessian_clamps_each_batch_like_a_loop(approximation):
+    """LAM eq. 5 with the per-step ReLU (eq. 9): H_t = (1 - a) H_{t-1} + (N / b) relu(H_b).
+
+    Reference: a plain loop over batches with the same weight draws and ``ggn_diagonal`` of
+    a copy of the last layer. The mean weights are frozen (lr = 0) so every draw is
+    reproducible; at least one raw batch Hessian must have a negative entry, otherwise the
+    test could not tell a per-batch clamp from a clamp of the total.
+    """
+    x, y = _data(n=64, seed=2)
+    y = torch.tensor([0, 0, 1, 2] * 16)
+    net = _net(3)
+    alpha, n_total, b, lam = 0.2, 640, 16, 1.0
+    la = MetricLaplace(
+        net,
+        mode="online",
+        approximation=approximation,
+        alpha=alpha,
+        dataset_size=n_total,
+        margin=2.0,
+        prior_precision=lam,
+    )
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)
+    gen = torch.Generator().manual_seed(11)
+    for xb, yb in _batches(x, y, b):
+        la.online_step(xb, yb, opt, hessian_miner=_consecutive_pair_miner, generator=gen)
+
+    ref_gen = torch.Generator().manual_seed(11)
+    last = net[2]
+    d, f = last.out_features, last.in_features
+    theta = torch.cat([last.weight.detach().reshape(-1), last.bias.detach()])
+    h_ref = torch.zeros(d * f + d, dtype=torch.float64)
+    saw_negative = False
+    for xb, yb in _batches(x, y, b):
+        std = (h_ref.clamp_min(0.0) + lam).rsqrt()
+        noise = torch.randn((1, theta.numel()), generator=ref_gen, dtype=torch.float64) * std
+        lay = nn.Linear(f, d).double()
+        with torch.no_grad():
+            lay.weight.copy_((theta + noise[0])[: d * f].reshape(d, f))
+            lay.bias.copy_((theta + noise[0])[d * f :])
+        phi = net[1](net[0](xb)).detach()
+        u = nn.functional.normalize(net[2](phi).detach(), dim=1)
+        h_b = ggn_diagonal(
+            lay,
+            phi,
+            _consecutive_pair_miner(u, yb),
+            approximation=approximation,
+            geometry="arccos",
+            margin=2.0,
+            clamp=False,
+        )
+        saw_negative |= bool((h_b < 0).any())
+        h_ref = (1 - alpha) * h_ref + (n_total / b) * torch.relu(h_b)
+    assert saw_negative
+    torch.testing.assert_close(la.hessian, h_ref)
+    assert bool((la.hessian >= 0).all())
+
+
+@pytest.mark.parametrize("approximation", ["fixed", "full"])
+def test_online_training_keeps_running_hessian_nonnegative(approximation):
+    """After a few real online steps (Adam, default miners) no entry of H is negative."""
+    x, y = _data(n=128, seed=6)
+    net = _net(7)
+    la = MetricLaplace(net, mode="online", approximation=approximation, margin=0.5, alpha=1e-3)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32)
+    train_online(la, loader, opt, 2, progress=False, generator=torch.Generator().manual_seed(0))
+    assert float(la.hessian.min()) >= 0.0
+    assert float(la.hessian.max()) > 0.0
+    assert la.clamped_fraction < 1.0
+
+
+def test_predictive_u_from_samples_is_sra_of_the_draws():
+    """LAM-code u: a vMF fitted to the returned draws by Sra's approximation (numpy)."""
+    import numpy as np
+
+    x, y = _data()
+    la = MetricLaplace(_net(), prior_precision=3.0).fit(_batches(x, y, 8), progress=False)
+    out = la.predictive(
+        x, n_samples=50, generator=torch.Generator().manual_seed(2), u_from="samples"
+    )
+    s = out.samples.numpy()
+    for i in range(0, len(y), 7):
+        r = np.linalg.norm(s[:, i].mean(axis=0))
+        d = s.shape[-1]
+        assert float(out.kappa[i]) == pytest.approx(r * (d - r**2) / (1 - r**2), rel=1e-9)
+    assert torch.allclose(out.uncertainty, 1.0 / out.kappa)
+    trace = la.predictive(x, n_samples=50, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(trace.samples, out.samples)  # same draws, other u
+    rho = np.corrcoef(
+        np.argsort(np.argsort(trace.uncertainty.numpy())),
+        np.argsort(np.argsort(out.uncertainty.numpy())),
+    )[0, 1]
+    assert rho > 0.8  # same ranking to second order
+    with pytest.raises(ValueError, match="u_from"):
+        la.predictive(x, n_samples=50, u_from="sample")
+    with pytest.raises(ValueError, match="n_samples"):
+        la.predictive(x, n_samples=1, u_from="samples")
 
 
 def test_hessian_scale_and_per_parameter_prior_enter_posterior_and_predictive():

@@ -8,42 +8,92 @@ from pytorch_metric_learning.miners import BatchEasyHardMiner
 from bayesurl.losses.infonce import InfoNCELoss, infonce_loss, two_view_labels
 
 
-def brute_infonce(z1, z2, t):
-    """URL eq. 1 / SimCLR, one anchor at a time, from the formula."""
+def brute_infonce(z1, z2, t, denominator="negatives"):
+    """URL eq. 1 (negatives only) or SimCLR (positive too), one anchor at a time."""
     z = [[c / math.sqrt(sum(c * c for c in v)) for c in v] for v in torch.cat([z1, z2]).tolist()]
     b = len(z1)
     out = []
     for i in range(2 * b):
         j = (i + b) % (2 * b)
         dot = lambda u, v: sum(x * y for x, y in zip(u, v))  # noqa: E731
-        denom = sum(math.exp(t * dot(z[i], z[k])) for k in range(2 * b) if k != i)
+        skip = {i} if denominator == "all" else {i, j}
+        denom = sum(math.exp(t * dot(z[i], z[k])) for k in range(2 * b) if k not in skip)
         out.append(-t * dot(z[i], z[j]) + math.log(denom))
-    return torch.tensor(out)
+    return torch.tensor(out, dtype=torch.float64)
 
 
+@pytest.mark.parametrize("denominator", ["negatives", "all"])
 @pytest.mark.parametrize("t", [1.0, 8.0, 64.0])
-def test_matches_brute_force_and_pml(t):
+def test_matches_brute_force_and_pml(t, denominator):
     g = torch.Generator().manual_seed(0)
-    z1, z2 = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
-    ref = brute_infonce(z1, z2, t)
-    assert torch.allclose(infonce_loss(z1, z2, t, reduction="none"), ref, atol=1e-10)
-    assert torch.allclose(infonce_loss(z1, z2, t), ref.mean(), atol=1e-10)
-    assert torch.allclose(InfoNCELoss(t).two_view(z1, z2), ref.mean(), atol=1e-8)
-    pml = NTXentLoss(temperature=1.0 / t)(torch.cat([z1, z2]), two_view_labels(5))
-    assert torch.allclose(pml, ref.mean(), atol=1e-8)
+    z1 = torch.randn(5, 4, generator=g, dtype=torch.float64)
+    z2 = torch.randn(5, 4, generator=g, dtype=torch.float64)
+    ref = brute_infonce(z1, z2, t, denominator)
+    kw = {"denominator": denominator}
+    assert torch.allclose(infonce_loss(z1, z2, t, reduction="none", **kw), ref, atol=1e-10)
+    assert torch.allclose(infonce_loss(z1, z2, t, **kw), ref.mean(), atol=1e-10)
+    assert torch.allclose(InfoNCELoss(t, **kw).two_view(z1, z2), ref.mean(), atol=1e-8)
+    if denominator == "all":
+        pml = NTXentLoss(temperature=1.0 / t)(torch.cat([z1, z2]), two_view_labels(5))
+        assert torch.allclose(pml, ref.mean(), atol=1e-8)
 
 
-def test_pml_contract_miner_and_ref_emb():
+def test_default_is_the_url_denominator():
+    g = torch.Generator().manual_seed(3)
+    z1, z2 = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+    assert InfoNCELoss().denominator == "negatives"
+    assert torch.allclose(infonce_loss(z1, z2), infonce_loss(z1, z2, denominator="negatives"))
+    # dropping the positive from the denominator lowers every anchor's loss
+    assert bool(
+        (
+            infonce_loss(z1, z2, reduction="none")
+            < infonce_loss(z1, z2, reduction="none", denominator="all")
+        ).all()
+    )
+
+
+def _brute_mined(emb, tup, t, denominator):
+    """Per mined positive pair: -t s_ap + log sum over the anchor's mined negatives."""
+    z = torch.nn.functional.normalize(emb.double(), dim=1)
+    a1, p, a2, n = tup
+    out = []
+    for a, q in zip(a1.tolist(), p.tolist()):
+        negs = [k for aa, k in zip(a2.tolist(), n.tolist()) if aa == a]
+        if not negs:
+            out.append(0.0)
+            continue
+        terms = [math.exp(t * float(z[a] @ z[k])) for k in negs]
+        if denominator == "all":
+            terms.append(math.exp(t * float(z[a] @ z[q])))
+        out.append(-t * float(z[a] @ z[q]) + math.log(sum(terms)))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("denominator", ["negatives", "all"])
+def test_pml_contract_miner_and_ref_emb(denominator):
+    from pytorch_metric_learning.miners import PairMarginMiner
+    from pytorch_metric_learning.reducers import MeanReducer
+
     g = torch.Generator().manual_seed(1)
-    emb, labels = torch.randn(12, 6, generator=g), torch.randint(0, 3, (12,), generator=g)
-    loss = InfoNCELoss(10.0)
-    tup = BatchEasyHardMiner()(emb, labels)
-    assert torch.allclose(loss(emb, labels, tup), NTXentLoss(0.1)(emb, labels, tup))
-    ref = torch.randn(7, 6, generator=g)
-    ref_labels = torch.randint(0, 3, (7,), generator=g)
-    got = loss(emb, labels, ref_emb=ref, ref_labels=ref_labels)
-    assert torch.allclose(got, NTXentLoss(0.1)(emb, labels, ref_emb=ref, ref_labels=ref_labels))
-    assert torch.isfinite(got)
+    emb = torch.randn(12, 6, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 3, (12,), generator=g)
+    loss = InfoNCELoss(10.0, denominator=denominator, reducer=MeanReducer())
+    tup = PairMarginMiner(pos_margin=0.0, neg_margin=0.0)(emb, labels)  # cosine: all pairs
+    from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+
+    tup = lmu.convert_to_pairs(tup, labels)
+    want = _brute_mined(emb, tup, 10.0, denominator).mean()
+    assert torch.allclose(loss(emb, labels, tup), want, atol=1e-10)
+    if denominator == "all":
+        mined = BatchEasyHardMiner()(emb, labels)
+        ref_loss = InfoNCELoss(10.0, denominator="all")
+        assert torch.allclose(ref_loss(emb, labels, mined), NTXentLoss(0.1)(emb, labels, mined))
+        ref = torch.randn(7, 6, generator=g, dtype=torch.float64)
+        ref_labels = torch.randint(0, 3, (7,), generator=g)
+        got = ref_loss(emb, labels, ref_emb=ref, ref_labels=ref_labels)
+        want_ref = NTXentLoss(0.1)(emb, labels, ref_emb=ref, ref_labels=ref_labels)
+        assert torch.allclose(got, want_ref)
+        assert torch.isfinite(got)
 
 
 def test_bad_input():
@@ -58,6 +108,10 @@ def test_bad_input():
         infonce_loss(z, z.clone().fill_(float("nan")))
     with pytest.raises(ValueError, match="reduction"):
         infonce_loss(z, z, reduction="max")
+    with pytest.raises(ValueError, match="denominator"):
+        infonce_loss(z, z, denominator="positives")
+    with pytest.raises(ValueError, match="denominator"):
+        InfoNCELoss(denominator="none")
 
 
 def test_gradient_flows_and_dtype_follows():

@@ -19,8 +19,15 @@ def _dot(u, v):
     return sum(x * y for x, y in zip(u, v))
 
 
-def brute_explicit(za, zp, zn, t, divide_positive):
-    """MCI eq. 7 from the formula: loops over anchors, samples, negatives."""
+def _combine(terms, mc_average):
+    """-log mean_k ratio_k (inside) or -mean_k log ratio_k (outside)."""
+    if mc_average == "inside":
+        return -math.log(sum(terms) / len(terms))
+    return -sum(math.log(r) for r in terms) / len(terms)
+
+
+def brute_explicit(za, zp, zn, t, divide_positive, denominator="positive", mc_average="inside"):
+    """MCI eq. 7 / URL eq. 2 from the formula: loops over anchors, samples, negatives."""
     k_, b, m, _ = zn.shape
     out = []
     for i in range(b):
@@ -28,10 +35,13 @@ def brute_explicit(za, zp, zn, t, divide_positive):
         for k in range(k_):
             a, p = za[k, i].tolist(), zp[k, i].tolist()
             pos = math.exp(t * _dot(a, p))
-            negs = sum(math.exp(t * _dot(a, zn[k, i, j].tolist())) for j in range(m)) / m
-            c = 1.0 / m if divide_positive else 1.0
-            terms.append(pos / (c * pos + negs))
-        out.append(-math.log(sum(terms) / k_))
+            neg_sum = sum(math.exp(t * _dot(a, zn[k, i, j].tolist())) for j in range(m))
+            if denominator == "negatives":
+                terms.append(pos / neg_sum)
+            else:
+                c = 1.0 / m if divide_positive else 1.0
+                terms.append(pos / (c * pos + neg_sum / m))
+        out.append(_combine(terms, mc_average))
     return torch.tensor(out)
 
 
@@ -53,6 +63,7 @@ def test_explicit_negatives_match_brute_force(divide_positive):
         n_samples=k,
         kappa_pos_scale=t,
         divide_positive=divide_positive,
+        denominator="positive",
         generator=torch.Generator().manual_seed(5),
         reduction="none",
     )
@@ -67,7 +78,7 @@ def test_explicit_negatives_match_brute_force(divide_positive):
         assert (got >= 0).all()
 
 
-def brute_in_batch(z, b, t, divide_positive):
+def brute_in_batch(z, b, t, divide_positive, denominator="positive", mc_average="inside"):
     """In-batch (SimCLR) MCInfoNCE: 2B anchors, positive = other view, negatives = the rest."""
     k_, n, _ = z.shape
     out = []
@@ -78,10 +89,13 @@ def brute_in_batch(z, b, t, divide_positive):
         for k in range(k_):
             zi = z[k, i].tolist()
             pos = math.exp(t * _dot(zi, z[k, j].tolist()))
-            neg = sum(math.exp(t * _dot(zi, z[k, q].tolist())) for q in negs) / len(negs)
-            c = 1.0 / len(negs) if divide_positive else 1.0
-            terms.append(pos / (c * pos + neg))
-        out.append(-math.log(sum(terms) / k_))
+            neg_sum = sum(math.exp(t * _dot(zi, z[k, q].tolist())) for q in negs)
+            if denominator == "negatives":
+                terms.append(pos / neg_sum)
+            else:
+                c = 1.0 / len(negs) if divide_positive else 1.0
+                terms.append(pos / (c * pos + neg_sum / len(negs)))
+        out.append(_combine(terms, mc_average))
     return torch.tensor(out)
 
 
@@ -99,6 +113,7 @@ def test_in_batch_and_pml_class_match_brute_force(divide_positive):
         n_samples=k,
         kappa_pos_scale=t,
         divide_positive=divide_positive,
+        denominator="positive",
         generator=torch.Generator().manual_seed(3),
         reduction="none",
     )
@@ -107,7 +122,7 @@ def test_in_batch_and_pml_class_match_brute_force(divide_positive):
     )
     ref = brute_in_batch(z, b, t, divide_positive)
     assert torch.allclose(got, ref, atol=1e-10)
-    loss = MCInfoNCELoss(t, n_samples=k, divide_positive=divide_positive)
+    loss = MCInfoNCELoss(t, n_samples=k, divide_positive=divide_positive, denominator="positive")
     loss.generator = torch.Generator().manual_seed(3)
     pml = loss(torch.cat([e1, e2]), two_view_labels(b), kappa=torch.cat([k1, k2]))
     assert torch.allclose(pml, ref.mean(), atol=1e-10)
@@ -118,14 +133,17 @@ def test_kappa_inf_equals_infonce():
     b, d, t = 6, 4, 12.0
     g = torch.Generator().manual_seed(2)
     e1, e2 = torch.randn(b, d, generator=g), torch.randn(b, d, generator=g)
-    ref = infonce_loss(e1, e2, t)
+    ref = infonce_loss(e1, e2, t, denominator="all")  # SimCLR form
     pml = NTXentLoss(temperature=1.0 / t)(torch.cat([e1, e2]), two_view_labels(b))
     assert torch.allclose(ref, pml, atol=1e-8)
     # eq. 7 (positive divided by M too) = InfoNCE - log M, M = 2B - 2 negatives
-    eq7 = mcinfonce_loss(e1, INF, e2, INF, n_samples=3, kappa_pos_scale=t, divide_positive=True)
+    eq7 = mcinfonce_loss(
+        e1, INF, e2, INF, n_samples=3, kappa_pos_scale=t, divide_positive=True,
+        denominator="positive",
+    )  # fmt: skip
     assert torch.allclose(eq7, ref - math.log(2 * b - 2), atol=1e-10)
     # reference code: InfoNCE whose negatives are averaged, not summed
-    refc = mcinfonce_loss(e1, INF, e2, INF, n_samples=3, kappa_pos_scale=t)
+    refc = mcinfonce_loss(e1, INF, e2, INF, n_samples=3, kappa_pos_scale=t, denominator="positive")
     z = torch.nn.functional.normalize(torch.cat([e1, e2]), dim=-1)
     logits = t * z @ z.T
     n = 2 * b
@@ -141,7 +159,10 @@ def test_kappa_inf_equals_infonce():
         )
     assert torch.allclose(refc, torch.stack(expect).mean(), atol=1e-10)
     # large but finite kappa converges to the same value
-    near = mcinfonce_loss(e1, 1e11, e2, 1e11, n_samples=4, kappa_pos_scale=t, divide_positive=True)
+    near = mcinfonce_loss(
+        e1, 1e11, e2, 1e11, n_samples=4, kappa_pos_scale=t, divide_positive=True,
+        denominator="positive",
+    )  # fmt: skip
     assert abs(float(near - eq7)) < 1e-3
 
 
@@ -149,7 +170,7 @@ def test_pml_contract_miner_and_ref_emb():
     g = torch.Generator().manual_seed(4)
     emb, labels = torch.randn(10, 5, generator=g), torch.randint(0, 3, (10,), generator=g)
     kappa = torch.full((10,), INF)
-    loss = MCInfoNCELoss(8.0, n_samples=2, divide_positive=False)
+    loss = MCInfoNCELoss(8.0, n_samples=2, divide_positive=False, denominator="positive")
     tup = MultiSimilarityMiner(epsilon=0.5)(emb, labels)
     got = loss(emb, labels, tup, kappa=kappa)
     # with kappa = inf: brute force over the mined pairs
@@ -176,8 +197,60 @@ def test_pml_contract_miner_and_ref_emb():
     assert torch.isfinite(loss(emb, labels))
 
 
+@pytest.mark.parametrize("mc_average", ["inside", "outside"])
+def test_url_variants_match_brute_force(mc_average):
+    """URL code (negatives only, summed) with the samples averaged inside / outside the log."""
+    b, m, d, k, t = 3, 4, 5, 6, 7.0
+    g = torch.Generator().manual_seed(7)
+    mu_a, mu_p = torch.randn(b, d, generator=g), torch.randn(b, d, generator=g)
+    mu_n = torch.randn(b, m, d, generator=g)
+    ka, kp = torch.rand(b, generator=g) * 20 + 1, torch.rand(b, generator=g) * 20 + 1
+    kn = torch.rand(b, m, generator=g) * 20 + 1
+    got = mcinfonce_loss(
+        mu_a, ka, mu_p, kp, mu_n, kn, n_samples=k, kappa_pos_scale=t, mc_average=mc_average,
+        generator=torch.Generator().manual_seed(5), reduction="none",
+    )  # fmt: skip
+    g2 = torch.Generator().manual_seed(5)
+    za = sample_vmf(mu_a, ka, k, generator=g2)
+    zp = sample_vmf(mu_p, kp, k, generator=g2)
+    zn = sample_vmf(mu_n.reshape(b * m, d), kn.reshape(-1), k, generator=g2).reshape(k, b, m, d)
+    ref = brute_explicit(za, zp, zn, t, False, "negatives", mc_average)
+    assert torch.allclose(got, ref, atol=1e-10)
+    # in-batch negatives and the PML class
+    e1, e2 = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+    k1, k2 = torch.rand(4, generator=g) * 30, torch.rand(4, generator=g) * 30
+    got = mcinfonce_loss(
+        e1, k1, e2, k2, n_samples=k, kappa_pos_scale=t, mc_average=mc_average,
+        generator=torch.Generator().manual_seed(3), reduction="none",
+    )  # fmt: skip
+    z = sample_vmf(
+        torch.cat([e1, e2]), torch.cat([k1, k2]), k, generator=torch.Generator().manual_seed(3)
+    )
+    ref = brute_in_batch(z, 4, t, False, "negatives", mc_average)
+    assert torch.allclose(got, ref, atol=1e-10)
+    loss = MCInfoNCELoss(t, n_samples=k, mc_average=mc_average)
+    loss.generator = torch.Generator().manual_seed(3)
+    pml = loss(torch.cat([e1, e2]), two_view_labels(4), kappa=torch.cat([k1, k2]))
+    assert torch.allclose(pml, ref.mean(), atol=1e-10)
+
+
+def test_default_is_the_url_code_and_reduces_to_url_infonce():
+    """Defaults: negatives-only denominator, log-mean-exp; kappa = inf gives URL InfoNCE."""
+    b, d, t = 5, 4, 10.0
+    g = torch.Generator().manual_seed(8)
+    e1, e2 = torch.randn(b, d, generator=g), torch.randn(b, d, generator=g)
+    got = mcinfonce_loss(e1, INF, e2, INF, n_samples=3, kappa_pos_scale=t)
+    assert torch.allclose(got, infonce_loss(e1, e2, t, denominator="negatives"), atol=1e-10)
+    loss = MCInfoNCELoss()
+    assert (loss.denominator, loss.mc_average) == ("negatives", "inside")
+
+
 def test_bad_input():
     mu = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="denominator"):
+        mcinfonce_loss(mu, 1.0, mu, 1.0, denominator="all")
+    with pytest.raises(ValueError, match="mc_average"):
+        MCInfoNCELoss(mc_average="middle")
     with pytest.raises(ValueError, match="kappa_anchor"):
         mcinfonce_loss(mu, torch.ones(3), mu, 1.0)
     with pytest.raises(ValueError, match="kappa_pos"):

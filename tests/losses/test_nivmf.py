@@ -15,16 +15,44 @@ def scipy_log_c(k, d):
     return v * math.log(k) - d / 2 * math.log(2 * math.pi) - (math.log(ive(v, k)) + k)
 
 
-def brute_nivmf_log_density(z, mu, kappa):
-    """ECCV22 eq. 4 with K = diag(kappa), written with explicit matrices."""
+def brute_nivmf_log_density(z, mu, kappa, density="eccv22"):
+    """ECCV22 eq. 4 or the URL code, K = diag(kappa), written with explicit matrices."""
     z = np.asarray(z) / np.linalg.norm(z)
     mu = np.asarray(mu) / np.linalg.norm(mu)
     k_mat = np.diag(np.asarray(kappa))
     kmu, kz = k_mat @ mu, k_mat @ z
     kn = np.linalg.norm(kmu)
-    cos = kz @ kmu / (np.linalg.norm(kz) * kn)
-    log_d = np.log(np.diag(k_mat)).sum() - np.log(kn)
+    if density == "url":
+        cos = z @ kmu / kn
+        log_d = np.log(np.diag(k_mat)).sum() - 2 * np.log(kn)
+    else:
+        cos = kz @ kmu / (np.linalg.norm(kz) * kn)
+        log_d = np.log(np.diag(k_mat)).sum() - np.log(kn)
     return scipy_log_c(kn, len(z)) + log_d + kn * cos
+
+
+@pytest.mark.parametrize("density", ["url", "eccv22"])
+def test_log_density_variants_match_formula(density):
+    g = torch.Generator().manual_seed(10)
+    d, c = 5, 3
+    z = torch.randn(3, d, generator=g, dtype=torch.float64)
+    pmu = torch.randn(c, d, generator=g, dtype=torch.float64)
+    pk = torch.rand(c, d, generator=g, dtype=torch.float64) * 30 + 0.5
+    got = nivmf_log_density(z, pmu, pk, density=density)
+    for a in range(3):
+        for j in range(c):
+            ref = brute_nivmf_log_density(z[a], pmu[j], pk[j], density)
+            assert math.isclose(float(got[a, j]), ref, rel_tol=1e-10, abs_tol=1e-9)
+
+
+def test_default_density_is_the_url_code():
+    g = torch.Generator().manual_seed(11)
+    z, pmu = torch.randn(4, 3, generator=g), torch.randn(2, 3, generator=g)
+    pk = torch.rand(2, 3, generator=g) * 10 + 1
+    torch.testing.assert_close(nivmf_log_density(z, pmu, pk), nivmf_log_density(z, pmu, pk, "url"))
+    assert NivMFLoss(2, 3).density == "url"
+    with pytest.raises(ValueError, match="density"):
+        nivmf_log_density(z, pmu, pk, "paper")
 
 
 def test_log_density_matches_formula():
@@ -33,7 +61,7 @@ def test_log_density_matches_formula():
     z = torch.randn(2, 4, d, generator=g)
     pmu = torch.randn(c, d, generator=g)
     pk = torch.rand(c, d, generator=g) * 30 + 0.5
-    got = nivmf_log_density(z, pmu, pk)
+    got = nivmf_log_density(z, pmu, pk, density="eccv22")
     assert got.shape == (2, 4, c)
     for a in range(2):
         for b in range(4):
@@ -48,7 +76,7 @@ def test_isotropic_proxies_equal_vmf_up_to_constant():
     z = torch.randn(20, d, generator=g)
     pmu = torch.nn.functional.normalize(torch.randn(c, d, generator=g), dim=-1)
     cs = torch.tensor([2.0, 7.0, 15.0, 40.0])
-    got = nivmf_log_density(z, pmu, cs.unsqueeze(1).expand(c, d))
+    got = nivmf_log_density(z, pmu, cs.unsqueeze(1).expand(c, d), density="eccv22")
     zn = torch.nn.functional.normalize(z, dim=-1)
     for j in range(c):
         vmf = torch.tensor([scipy_log_c(float(cs[j]), d)]) + cs[j] * (zn @ pmu[j])
@@ -85,14 +113,18 @@ def test_loss_with_shared_isotropic_proxies_equals_vmf_proxy_loss():
         assert math.isclose(float(got[i]), ref, rel_tol=1e-10)
 
 
-def test_isotropic_mc_logits_converge_to_analytic_elk():
+@pytest.mark.parametrize(("density", "power"), [("eccv22", 1), ("url", 2)])
+def test_isotropic_mc_logits_converge_to_analytic_elk(density, power):
+    """K = c I: both densities are the vMF density times c^(D - power)."""
     g = torch.Generator().manual_seed(4)
     n, d, c, kc = 3, 3, 2, 6.0
     mu, kappa = torch.randn(n, d, generator=g), torch.tensor([2.0, 5.0, 9.0])
     pmu = torch.randn(c, d, generator=g)
-    mc = nivmf_elk_logits(mu, kappa, pmu, torch.full((c, d), kc), n_samples=100_000, generator=g)
+    mc = nivmf_elk_logits(
+        mu, kappa, pmu, torch.full((c, d), kc), n_samples=100_000, generator=g, density=density
+    )
     analytic = elk_pairwise_log_kernel(mu, kappa, pmu, torch.full((c,), kc))
-    assert torch.allclose(mc - (d - 1) * math.log(kc), analytic, atol=0.02)
+    assert torch.allclose(mc - (d - power) * math.log(kc), analytic, atol=0.02)
 
 
 def test_pml_class_and_gradients():

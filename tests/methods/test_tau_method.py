@@ -35,7 +35,8 @@ def test_registered_and_contract():
     assert isinstance(m, TaU) and m.two_view and not m.supervised and not m.has_distribution
     out = m(torch.randn(3, 1, 4, 4))
     assert out.embedding.shape == (3, 5) and out.uncertainty.shape == (3,)
-    assert bool((out.uncertainty > 0.2).all())
+    t = create("tau", backbone=_MLP(), embed_dim=5, scale=0.2, uncertainty="temperature")
+    assert bool((t(torch.randn(3, 1, 4, 4)).uncertainty > 0.2).all())  # tau > scale
     assert m.hparams["embed_dim"] == 5 and m.hparams["variant"] == "paper"
 
 
@@ -89,3 +90,28 @@ def test_bad_input():
         TaU(_MLP(), variant="x")
     with pytest.raises(ValueError, match="embed_dim"):
         TaU(_MLP(), embed_dim=0)
+
+
+def test_uncertainty_options_rank_alike_and_logit_breaks_float32_ties():
+    """u = -s (TaU appendix A) vs u = tau = 0.1 (1 + e^-s): same order, no float32 ties."""
+    import math
+
+    m = TaU(_MLP(), embed_dim=5, scale=0.1)
+    assert m.uncertainty == "logit" and m.hparams["uncertainty"] == "logit"
+    t = TaU(_MLP(), embed_dim=5, scale=0.1, uncertainty="temperature")
+    t.load_state_dict(m.state_dict())
+    x = _batch(n=16)[0][0]
+    u_logit, u_tau = m(x).uncertainty, t(x).uncertainty
+    s = m.encode(x)[1]
+    torch.testing.assert_close(u_logit, -s)
+    want = [0.1 * (1 + math.exp(-v)) for v in s.tolist()]
+    assert torch.allclose(u_tau.double(), torch.tensor(want, dtype=torch.float64), rtol=1e-6)
+    assert torch.equal(torch.argsort(u_logit), torch.argsort(u_tau))
+    with torch.no_grad():  # s = 17, 18, 19: tau ties at 0.1 in float32, -s does not
+        m.net.proj.weight[5].zero_()
+        t.net.proj.weight[5].zero_()
+    big = torch.tensor([17.0, 18.0, 19.0])
+    assert len(set((0.1 * (1.0 + torch.exp(-big))).tolist())) == 1
+    assert len(set((-big).tolist())) == 3
+    with pytest.raises(ValueError, match="uncertainty"):
+        TaU(_MLP(), embed_dim=5, uncertainty="tau")

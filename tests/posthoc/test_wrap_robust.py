@@ -12,7 +12,6 @@ from torch import nn
 
 from bayesurl.posthoc import load, wrap
 
-torch.set_num_threads(1)
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook:UserWarning"),
     pytest.mark.filterwarnings("ignore:By default `link_approx`:UserWarning"),

@@ -49,7 +49,6 @@ def toy_registered(monkeypatch):
 
 
 def test_train_saves_checkpoint_and_resumes(tmp_path, toy_registered, capsys):
-    pytest.importorskip("bayesurl.data")
     from bayesurl.training import load_method_from_checkpoint
 
     out = tmp_path / "run"
@@ -143,7 +142,6 @@ def _fake_cub(root):
 
 
 def test_train_on_a_folder_dataset(tmp_path, toy_registered, capsys):
-    pytest.importorskip("bayesurl.data")
     root = _fake_cub(tmp_path / "cub")
     out = tmp_path / "run"
     assert (
