@@ -65,7 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="shortlist",
         help="per-draw 1-NN search of the ECE (default: shortlist)",
     )
-    parser.add_argument("--shortlist", type=int, default=32, help="shortlist length L")
+    parser.add_argument(
+        "--shortlist",
+        type=int,
+        default=None,
+        help="shortlist length L (default: adaptive, estimated miss rate <= 1e-3)",
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     ckpt = parser.add_argument_group("trained checkpoint (instead of INPUT.npz)")
     ckpt.add_argument(
@@ -307,7 +312,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError("give INPUT.npz or --checkpoint CKPT")
     args.device = str(check_device(args.device, "--device") or "cpu")
     args.ks = list(check_ints(args.ks, "--ks", low=1))
-    check_int(args.shortlist, "--shortlist", low=1)
+    if args.shortlist is not None:
+        check_int(args.shortlist, "--shortlist", low=1)
     for opt in ("n_samples", "max_test", "max_ood"):
         value = getattr(args, opt, None)
         if value is not None:
