@@ -29,6 +29,7 @@ __all__ = [
     "Shards",
     "all_gather_tensors",
     "barrier",
+    "broadcast_state",
     "cleanup",
     "get_rank",
     "get_world_size",
@@ -413,6 +414,29 @@ def raise_if_any(error: BaseException | None, group: dist.ProcessGroup | None = 
     bad = flags.nonzero().flatten().tolist()
     if bad:
         raise ValueError(f"rank(s) {bad} rejected their input (see the error on those ranks)")
+
+
+def broadcast_state(
+    module: torch.nn.Module,
+    src: int = 0,
+    *,
+    buffers_only: bool = False,
+    group: dist.ProcessGroup | None = None,
+) -> None:
+    """Collective: overwrite ``module``'s parameters and buffers with those of rank ``src``.
+
+    After DDP training the parameters agree, but buffers updated in the last forward pass
+    (BatchNorm running statistics) are each rank's own, while the checkpoint holds rank 0's:
+    a sharded evaluation must embed every shard with that one model. No-op when not
+    distributed.
+    """
+    if not is_distributed(group):
+        return
+    tensors = list(module.buffers()) if buffers_only else [*module.parameters(), *module.buffers()]
+    src = dist.get_global_rank(group, src) if group is not None else src
+    with torch.no_grad():
+        for t in tensors:
+            dist.broadcast(t.data, src=src, group=group)
 
 
 def barrier() -> None:

@@ -5,6 +5,11 @@
 its data set, with OOD AUROC against held-out upstream data
 (:func:`bayesurl.runs.runner.evaluate_checkpoint`; URL benchmark section 3.2).
 
+Under ``torchrun --nproc_per_node W`` the evaluation is sharded (issue 16): with INPUT.npz each
+rank reads its rows, with ``--checkpoint`` each rank embeds its block of batches of each set
+(:func:`bayesurl.runs.predict.score`); the exact search passes the shards between the ranks
+and every rank gets the single-process metrics; rank 0 prints and writes ``--json``.
+
 INPUT.npz holds ``embeddings`` [N,D] and ``labels`` [N], and optionally ``uncertainties`` [N],
 ``samples`` [S,N,D] and ``ood_uncertainties`` [M]. Prints a table of every metric; with
 ``--json`` writes the metrics (null where undefined for the input). Metric definitions:
@@ -60,7 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="shortlist",
         help="per-draw 1-NN search of the ECE (default: shortlist)",
     )
-    parser.add_argument("--shortlist", type=int, default=32, help="shortlist length L")
+    parser.add_argument(
+        "--shortlist",
+        type=int,
+        default=None,
+        help="shortlist length L (default: adaptive, estimated miss rate <= 1e-3)",
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     ckpt = parser.add_argument_group("trained checkpoint (instead of INPUT.npz)")
     ckpt.add_argument(
@@ -302,7 +312,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError("give INPUT.npz or --checkpoint CKPT")
     args.device = str(check_device(args.device, "--device") or "cpu")
     args.ks = list(check_ints(args.ks, "--ks", low=1))
-    check_int(args.shortlist, "--shortlist", low=1)
+    if args.shortlist is not None:
+        check_int(args.shortlist, "--shortlist", low=1)
     for opt in ("n_samples", "max_test", "max_ood"):
         value = getattr(args, opt, None)
         if value is not None:
@@ -350,9 +361,9 @@ def _run_distributed(args: argparse.Namespace) -> int:
     device = str(info.device)
     try:
         if args.checkpoint is not None:
-            # not sharded yet: the run pipeline's scorer (bayesurl.runs.predict.score) embeds
-            # whole sets, so every rank evaluates everything (correct, W times the work) and
-            # rank 0 reports
+            # every rank loads the method and builds the sets; the run pipeline's scorer
+            # (bayesurl.runs.predict.score) embeds only this rank's block of batches of each set
+            # and evaluates sharded; rank 0 reports
             args.device = device
             return _run_checkpoint(args)
         res = evaluate_npz(

@@ -12,6 +12,10 @@ Examples::
     bayesurl run fashion_mnist/pvu --set train.epochs=5 --set estimator.fit.epochs=3
     bayesurl run cub/mcinfonce --set data.root=/data/cub --set backbone.checkpoint=r50.pt
     bayesurl run --list
+    torchrun --nproc_per_node 2 -m bayesurl run fashion_mnist/mcinfonce --preset smoke
+
+Under ``torchrun`` a registry method trains under DDP and the zero-shot evaluation is sharded
+over the ranks (issue 16, :func:`bayesurl.runs.runner.run`); rank 0 prints and writes.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     )
     cfg = load_recipe(args.recipe, overrides, preset=args.preset)
     result = run_one(cfg, out=out, progress=not args.no_progress)
+    if not result.main_process:  # torchrun: rank 0 reports
+        return 0
     m = result.metrics
     keys = ("r@1", "r_auroc", "ausc", "ece", "map@5", "ood_auroc")
     line = " ".join(f"{k}={m[k]:.4f}" if isinstance(m.get(k), float) else f"{k}=n/a" for k in keys)

@@ -1,8 +1,11 @@
 """Post-hoc Temperature as Uncertainty (TaU section 4, "Uncertainty on Pretrained Models").
 
 Freeze any encoder and train only a temperature head ``s(e)`` with the TaU-SimCLR loss on two
-augmented views: ``1/tau = sigmoid(s)/scale``, ``u(x) = tau`` (TaU Algorithm 1). The embedding
-stays the encoder's; only the per-input temperature is learned.
+augmented views: ``1/tau = sigmoid(s)/scale`` (TaU Algorithm 1). The embedding stays the
+encoder's; only the per-input temperature is learned. The reported u(x) is an option, as for
+:class:`bayesurl.methods.tau.TaU`: ``"logit"`` (default) ``u = -s``, the pre-sigmoid score TaU
+appendix A uses (``tau = scale (1 + e^-s)`` ties in float32 once s > ~16.6), or
+``"temperature"``, ``u = tau`` (Algorithm 1).
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ class PosthocTaU(PosthocWrapper):
         TaU-SimCLR loss variant (:class:`~bayesurl.losses.tau.TaUVariant`).
     hidden : int
         Hidden width of the head (0: linear, the paper's post-hoc head).
+    uncertainty : {"logit", "temperature"}
+        u(x) reported: ``-s`` (default; TaU appendix A) or ``tau`` (TaU Algorithm 1). Both
+        rank inputs the same way up to float32 ties of ``tau``.
     embed_dim : int, optional
         D. When omitted it is known only for an ``nn.Linear`` encoder (or a Sequential ending
         in one) and a registry method; otherwise the head is built from the first embeddings
@@ -71,9 +77,13 @@ class PosthocTaU(PosthocWrapper):
         scale: float = 0.1,
         variant: str | TaUVariant = "paper",
         hidden: int = 0,
+        uncertainty: str = "logit",
         embed_dim: int | None = None,
     ) -> None:
         super().__init__(encoder)
+        if uncertainty not in ("logit", "temperature"):
+            raise ValueError(f"`uncertainty` must be 'logit' or 'temperature', got {uncertainty!r}")
+        self.uncertainty = uncertainty
         self.scale = float(scale)
         self.variant = _variant(variant)
         self.hidden = int(hidden)
@@ -93,6 +103,7 @@ class PosthocTaU(PosthocWrapper):
             "scale": self.scale,
             "variant": self.variant.value,
             "hidden": self.hidden,
+            "uncertainty": self.uncertainty,
             "embed_dim": None if self.head is None else self.head.in_features,
         }
 
@@ -111,7 +122,8 @@ class PosthocTaU(PosthocWrapper):
             check_embedding_width(embedding, self.head.in_features, "TaU head")
 
     def uncertainty_from(self, embedding: Tensor) -> Tensor:
-        return self.head.temperature(self.logit(embedding))
+        s = self.logit(embedding)
+        return -s if self.uncertainty == "logit" else self.head.temperature(s)
 
     def fit(
         self,

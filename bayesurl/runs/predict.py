@@ -7,20 +7,44 @@ distribution, none otherwise -- so the ECE of HET-XL or MC dropout no longer dep
 command ran them. :func:`score` is the zero-shot evaluation of URL section 3.2 on top:
 :func:`bayesurl.evaluation.evaluate` on the downstream test set, OOD AUROC / AUPRC of u on the
 OOD set against u on the held-out upstream set (spec DATA.md).
+
+Under an initialised ``torch.distributed`` process group with more than one rank (``torchrun``)
+:func:`score` is sharded (issue 16): every rank predicts only its contiguous block of whole
+batches of each set (:func:`batch_shard`) and :func:`bayesurl.evaluation.evaluate` runs with
+``distributed=True``; one process is the ``W = 1`` case of the same code. No
+:class:`~torch.utils.data.distributed.DistributedSampler` is used: it interleaves and pads rows,
+which would change the global row order that breaks similarity ties (lowest global index).
+Draws are seeded per *global* batch index, and shards are cut on the global batch grid, so
+every input is predicted in the same batch with the same seed whatever the number of ranks:
+the outputs, and hence every metric (the draw-based ECE included), equal the single-process ones.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
+import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from bayesurl.types import Output
 
-__all__ = ["PredictFn", "embed", "evaluate_method", "n_samples_for", "predict", "score"]
+__all__ = [
+    "PredictFn",
+    "batch_seed",
+    "batch_shard",
+    "embed",
+    "epoch_evaluator",
+    "evaluate_method",
+    "n_samples_for",
+    "predict",
+    "score",
+]
 
 #: ``fn(x, n_samples) -> Output`` on one transformed batch
 PredictFn = Callable[[Tensor, int], Output]
@@ -39,18 +63,70 @@ def n_samples_for(has_distribution: bool, requested: int) -> int:
     return int(requested) if has_distribution else 0
 
 
-def _batches(dataset: Any, batch_size: int) -> Any:
+def batch_seed(seed: int, batch: int) -> int:
+    """The torch seed of global batch ``batch`` of a prediction seeded with ``seed``.
+
+    Seeding each batch by its global index (not one stream over the whole set) makes a batch's
+    draws independent of which rank predicts it (:func:`batch_shard`).
+    """
+    state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(batch)]).generate_state(2)
+    return int(state[0]) << 31 | int(state[1]) >> 1
+
+
+def batch_shard(
+    n: int,
+    batch_size: int,
+    rank: int | None = None,
+    world_size: int | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of ``n`` that ``rank`` predicts: a contiguous block of whole batches.
+
+    The ``ceil(n / batch_size)`` batches of the global grid are split with
+    :func:`bayesurl.distributed.shard_range` (the first ranks get one batch more; a rank may
+    get none, ``lo == hi``), so rank ``r``'s rows follow rank ``r - 1``'s and each batch is the
+    one a single process would form. Defaults: this process's rank and world size in ``group``.
+    """
+    from bayesurl.distributed import get_rank, get_world_size, shard_range
+
+    if int(batch_size) < 1:
+        raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
+    rank = get_rank(group) if rank is None else rank
+    world_size = get_world_size(group) if world_size is None else world_size
+    b_lo, b_hi = shard_range(math.ceil(n / batch_size), rank, world_size)
+    return min(b_lo * batch_size, n), min(b_hi * batch_size, n)
+
+
+def _batches(dataset: Any, batch_size: int, lo: int, hi: int) -> Any:
+    """``(x, y)`` batches of rows ``lo:hi`` (``lo`` on the batch grid)."""
     from bayesurl.data import ImageTensorDataset, make_loader
 
     if isinstance(dataset, Tensor):  # a tensor of inputs, no labels
-        for i in range(0, dataset.shape[0], batch_size):
-            yield dataset[i : i + batch_size], None
+        for i in range(lo, hi, batch_size):
+            yield dataset[i : min(i + batch_size, hi)], None
         return
     if isinstance(dataset, ImageTensorDataset):  # in memory: slice the stored images
-        for i in range(0, len(dataset), batch_size):
-            yield dataset.images[i : i + batch_size], dataset.targets[i : i + batch_size]
+        for i in range(lo, hi, batch_size):
+            j = min(i + batch_size, hi)
+            yield dataset.images[i:j], dataset.targets[i:j]
         return
-    yield from make_loader(dataset, batch_size, shuffle=False)
+    rows = (
+        dataset
+        if (lo, hi) == (0, len(dataset))
+        else torch.utils.data.Subset(dataset, range(lo, hi))
+    )
+    # never a DistributedSampler here: the rows are this rank's already
+    yield from make_loader(rows, batch_size, shuffle=False, distributed=False)
+
+
+def _no_rows(out: Output) -> Output:
+    """``out`` with its N rows cut to none (the fields and shapes kept)."""
+    return Output(
+        **{
+            k: (None if v is None else (v[:, :0] if k == "samples" else v[:0]))
+            for k, v in ((f.name, getattr(out, f.name)) for f in fields(out))
+        }
+    )
 
 
 @torch.no_grad()
@@ -63,6 +139,7 @@ def predict(
     batch_size: int = 500,
     device: str | torch.device = "cpu",
     seed: int | None = 0,
+    rows: tuple[int, int] | None = None,
 ) -> tuple[Output, Tensor]:
     """``fn`` over a whole data set: the concatenated :class:`~bayesurl.Output` and labels.
 
@@ -82,13 +159,18 @@ def predict(
     device : str or torch.device
         Where the batches go; the outputs stay there.
     seed : int or None
-        Seeds torch inside a forked random state (the caller's state is untouched); ``None``
-        uses the current state.
+        Seeds torch inside a forked random state (the caller's state is untouched) before each
+        batch, with :func:`batch_seed` of the batch's global index; ``None`` uses the current
+        state.
+    rows : (int, int), optional
+        Predict only rows ``lo:hi`` (``lo`` a multiple of ``batch_size``, e.g.
+        :func:`batch_shard`); the batches and their seeds are those of the whole set. An empty
+        range gives outputs with no rows (the shapes from one probe row). Default: all rows.
 
     Raises
     ------
     ValueError
-        For an empty data set or a bad ``batch_size`` / ``n_samples``.
+        For an empty data set or a bad ``batch_size`` / ``n_samples`` / ``rows``.
     """
     if len(dataset) == 0 or (isinstance(dataset, Tensor) and dataset.ndim < 2):
         raise ValueError("`dataset` is empty (or not a batch [N, ...])")
@@ -96,21 +178,33 @@ def predict(
         raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
     if int(n_samples) < 0:
         raise ValueError(f"`n_samples` must be >= 0, got {n_samples}")
+    bs, n = int(batch_size), len(dataset)
+    lo, hi = (0, n) if rows is None else (int(rows[0]), int(rows[1]))
+    if not 0 <= lo <= hi <= n or (lo < hi and lo % bs):
+        raise ValueError(
+            f"`rows` must be a range within [0, {n}] starting on the batch grid "
+            f"(a multiple of batch_size={bs}), got {rows}"
+        )
+    empty = lo == hi
+    if empty:  # predict one row for the output's fields and shapes, return none of it
+        lo, hi = 0, 1
     dev = torch.device(device)
     tf = transform.to(dev) if isinstance(transform, nn.Module) else transform
     cuda = [dev] if dev.type == "cuda" else []
     outs, labels = [], []
     with torch.random.fork_rng(devices=cuda, enabled=seed is not None):
-        if seed is not None:
-            torch.manual_seed(int(seed))
-        for x, y in _batches(dataset, int(batch_size)):
+        for b, (x, y) in enumerate(_batches(dataset, bs, lo, hi), start=lo // bs):
+            if seed is not None:
+                torch.manual_seed(batch_seed(int(seed), b))
             x = x.to(dev)
             if tf is not None:
                 x = tf(x)
             outs.append(fn(x, int(n_samples)).detach())
             if y is not None:
                 labels.append(torch.as_tensor(y))
-    return Output.cat(outs), (torch.cat(labels) if labels else torch.empty(0, dtype=torch.long))
+    out = Output.cat(outs)
+    y_all = torch.cat(labels) if labels else torch.empty(0, dtype=torch.long)
+    return (_no_rows(out), y_all[:0]) if empty else (out, y_all)
 
 
 def score(
@@ -123,6 +217,8 @@ def score(
     device: str | torch.device = "cpu",
     seed: int = 0,
     return_outputs: bool = False,
+    distributed: bool | None = None,
+    group: dist.ProcessGroup | None = None,
     **evaluate_kwargs: Any,
 ) -> dict[str, Any]:
     """Zero-shot evaluation of ``fn`` on ``sets`` (a :class:`~bayesurl.data.ZeroShotData`).
@@ -132,10 +228,17 @@ def score(
     :func:`bayesurl.evaluation.evaluate` (METRICS.md). OOD AUROC / AUPRC compare u on
     ``sets.ood`` (positive class) with u on ``sets.id_test`` (DATA.md).
 
+    Sharded under ``torch.distributed`` (issue 16): each rank predicts its
+    :func:`batch_shard` of every set, the evaluator searches the shards with
+    ``distributed=True`` and the OOD AUROC / AUPRC are computed from every rank's u
+    (:func:`bayesurl.distributed.all_gather_tensors`). Every rank returns the metrics of the
+    single-process evaluation (identical: same batches, same per-batch seeds, ties to the
+    lowest global index). Collective: every rank of ``group`` must call it.
+
     Parameters
     ----------
     fn : callable
-        ``fn(x, n_samples) -> Output``.
+        ``fn(x, n_samples) -> Output`` (the same model on every rank).
     sets : ZeroShotData
         ``test`` required; ``id_test`` and ``ood`` optional.
     transform : nn.Module, optional
@@ -145,7 +248,14 @@ def score(
     batch_size, device, seed
         As for :func:`predict` (each set is predicted with ``seed``).
     return_outputs : bool
-        Also return the predicted ``Output`` s and labels under ``"outputs"``.
+        Also return the predicted ``Output`` s and labels under ``"outputs"`` (sharded: this
+        rank's rows, :func:`batch_shard` of each set).
+    distributed : bool, optional
+        ``None``: shard when a process group with more than one rank is initialised
+        (:func:`bayesurl.distributed.is_distributed`); ``False``: every rank evaluates
+        everything; ``True``: shard (needs an initialised group).
+    group : ProcessGroup, optional
+        The process group of the sharded evaluation (default: the default group).
     **evaluate_kwargs
         Passed to :func:`bayesurl.evaluation.evaluate` (``ks``, ``ece_mode``, ...).
 
@@ -153,35 +263,61 @@ def score(
     -------
     dict
         The evaluator's result plus ``ood_auroc`` / ``ood_auprc``, ``n_samples``, ``n_test``,
-        ``n_id_test``, ``n_ood`` and ``eval_time`` (seconds).
+        ``n_id_test``, ``n_ood`` and ``eval_time`` (seconds, this rank's).
+
+    Raises
+    ------
+    ValueError
+        Without a ``test`` set, or ``distributed=True`` without a process group.
     """
+    from bayesurl.distributed import all_gather_tensors, is_distributed
     from bayesurl.evaluation import evaluate
     from bayesurl.evaluation import functional as Fm
 
     t0 = time.perf_counter()
     if getattr(sets, "test", None) is None:
         raise ValueError("`data` has no `test` set")
+    if distributed is None:
+        distributed = is_distributed(group)
+    elif distributed and not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "`distributed=True` needs an initialised torch.distributed process group "
+            "(run under torchrun, or call bayesurl.distributed.init_from_env())"
+        )
+    if group is not None and not distributed:
+        raise ValueError("`group` is only used with `distributed=True`")
     kw = {"batch_size": batch_size, "device": device, "seed": seed}
-    out, y = predict(fn, sets.test, transform, n_samples=n_samples, **kw)
+
+    def rows_of(dataset: Any) -> tuple[int, int]:
+        n = len(dataset)
+        return batch_shard(n, int(batch_size), group=group) if distributed else (0, n)
+
+    def gather(t: Tensor | None) -> Tensor | None:
+        return all_gather_tensors(t, group) if distributed and t is not None else t
+
+    out, y = predict(fn, sets.test, transform, n_samples=n_samples, rows=rows_of(sets.test), **kw)
+    shard = {"distributed": True, "group": group} if distributed else {}
     res = evaluate(
         out.embedding,
         y.to(out.embedding.device),
         uncertainties=out.uncertainty,
         samples=out.samples if n_samples > 0 else None,
+        **shard,
         **evaluate_kwargs,
     )
     res["n_samples"] = int(n_samples)
-    res["n_test"] = int(y.shape[0])
+    res["n_test"] = len(sets.test)
     id_set, ood_set = getattr(sets, "id_test", None), getattr(sets, "ood", None)
     res["n_id_test"] = None if id_set is None else len(id_set)
     res["n_ood"] = None if ood_set is None else len(ood_set)
     outputs: dict[str, Any] = {"test": (out, y)}
     res["notes"] = [n for n in res["notes"] if not n.startswith("ood_auroc")]
     if id_set is not None and ood_set is not None:
-        o_id, y_id = predict(fn, id_set, transform, **kw)
-        o_ood, y_ood = predict(fn, ood_set, transform, **kw)
-        res["ood_auroc"] = float(Fm.ood_auroc(o_id.uncertainty, o_ood.uncertainty))
-        res["ood_auprc"] = float(Fm.ood_auprc(o_id.uncertainty, o_ood.uncertainty))
+        o_id, y_id = predict(fn, id_set, transform, rows=rows_of(id_set), **kw)
+        o_ood, y_ood = predict(fn, ood_set, transform, rows=rows_of(ood_set), **kw)
+        u_id, u_ood = gather(o_id.uncertainty), gather(o_ood.uncertainty)
+        res["ood_auroc"] = float(Fm.ood_auroc(u_id, u_ood))
+        res["ood_auprc"] = float(Fm.ood_auprc(u_id, u_ood))
         res["notes"].append("ood_auroc, ood_auprc: u(ood) vs u(id_test), OOD = positive class")
         outputs.update(id_test=(o_id, y_id), ood=(o_ood, y_ood))
     else:
@@ -308,3 +444,57 @@ def evaluate_method(
         )
     finally:
         method.train(was_training)
+
+
+def epoch_evaluator(
+    data: Any,
+    *,
+    n_samples: int | None = None,
+    transform: Any | None = None,
+    batch_size: int = 500,
+    seed: int = 0,
+    **evaluate_kwargs: Any,
+) -> Callable[[nn.Module, int], dict[str, Any]]:
+    """An ``eval_fn(method, epoch)`` for :func:`bayesurl.training.fit`: zero-shot scores per epoch.
+
+    Each call is :func:`evaluate_method` on ``data`` (URL section 3.2). ``fit`` calls it on
+    every rank, so under ``torchrun`` / DDP the evaluation is sharded (:func:`score`): each
+    rank embeds its block of the sets and every rank records the single-process metrics.
+
+    Parameters
+    ----------
+    data : ZeroShotData
+        ``test`` required; ``id_test`` and ``ood`` optional.
+    n_samples, transform, batch_size, seed, **evaluate_kwargs
+        As for :func:`evaluate_method` (the device is the method's).
+
+    Returns
+    -------
+    callable
+        ``eval_fn(method, epoch) -> dict`` of the numeric metrics (``None`` where undefined).
+
+    Examples
+    --------
+    >>> from bayesurl.training import fit  # doctest: +SKIP
+    >>> fit(method, loader, eval_fn=epoch_evaluator(data, n_samples=0))  # doctest: +SKIP
+    """
+    if getattr(data, "test", None) is None:
+        raise ValueError("`data` has no `test` set")
+
+    def eval_fn(method: nn.Module, epoch: int) -> dict[str, Any]:
+        res = evaluate_method(
+            method,
+            data,
+            n_samples=n_samples,
+            transform=transform,
+            batch_size=batch_size,
+            seed=seed,
+            **evaluate_kwargs,
+        )
+        return {
+            k: v
+            for k, v in res.items()
+            if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+        }
+
+    return eval_fn

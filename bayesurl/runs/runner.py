@@ -14,12 +14,14 @@ of training it again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -111,7 +113,10 @@ class RunResult:
         Exception text of a failed run (then ``metrics`` is empty).
     outputs : dict or None
         The predicted ``(Output, labels)`` per evaluation set with ``keep_outputs=True``
-        (not serialised).
+        (not serialised; under ``torchrun`` this rank's rows).
+    main_process : bool
+        False on the ranks other than 0 of a ``torchrun`` launch (they neither write nor
+        report; not serialised).
     """
 
     estimator: str
@@ -127,6 +132,7 @@ class RunResult:
     checkpoint: str | None = None
     error: str | None = None
     outputs: dict[str, Any] | None = field(default=None, repr=False)
+    main_process: bool = field(default=True, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready record (without ``outputs``)."""
@@ -196,6 +202,39 @@ def _base_key(cfg: RunConfig, device: torch.device) -> str:
     return json.dumps({**cfg.to_dict(), "device": str(device)}, sort_keys=True, default=str)
 
 
+@contextlib.contextmanager
+def _torchrun_group(cfg: RunConfig) -> Iterator[torch.device | None]:
+    """Under ``torchrun`` (``WORLD_SIZE > 1``) the default process group for one run.
+
+    Yields this rank's device (``None``: not launched by torchrun, or a group already exists,
+    which is then used and left alone). Only registry methods train under DDP
+    (:func:`bayesurl.training.fit`); the other estimators' fits are not distributed, and under
+    a process group their loaders would shard the training data, so each rank would fit a
+    different model: they are refused here rather than evaluated inconsistently.
+    """
+    from bayesurl import distributed as D
+
+    try:
+        launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        launched = True  # init_from_env names the bad variable
+    if not launched or D.is_distributed():
+        yield None
+        return
+    if cfg.estimator.kind != "method":
+        raise ValueError(
+            f"`{cfg.name}` under torchrun: estimator {cfg.estimator.name!r} is of kind "
+            f"{cfg.estimator.kind!r}, whose fit is not distributed; only kind 'method' trains "
+            "under DDP. Run it in one process (the evaluation of a checkpoint, "
+            "`bayesurl evaluate --checkpoint`, is sharded under torchrun)"
+        )
+    info = D.init_from_env(device=cfg.device)
+    try:
+        yield torch.device(cfg.device) if cfg.device else info.device
+    finally:
+        D.cleanup()
+
+
 def _say(enabled: bool, text: str) -> None:
     if enabled:
         print(text, file=sys.stderr, flush=True)
@@ -251,18 +290,54 @@ def run(
     -------
     RunResult
 
+    Notes
+    -----
+    Under ``torchrun --nproc_per_node W`` (and no process group yet) the run initialises the
+    default group from the environment: a registry method trains under DDP
+    (:func:`bayesurl.training.fit`) and the evaluation is sharded
+    (:func:`~bayesurl.runs.predict.score`, issue 16), every rank computing the single-process
+    metrics of the trained model; rank 0 writes
+    ``result.json`` (``RunResult.main_process``) and the group is destroyed at the end. The
+    device defaults to ``cuda:LOCAL_RANK`` where CUDA is available.
+
     Raises
     ------
     ValueError, FileNotFoundError
         On a bad config or missing data (always raised, even with ``raise_errors=False``:
-        nothing was run).
+        nothing was run); under torchrun, for an estimator kind other than ``"method"``.
     """
+    with _torchrun_group(cfg) as rank_device:
+        return _run(
+            cfg,
+            rank_device if rank_device is not None else resolve_device(cfg.device),
+            cache=cache,
+            out=out,
+            progress=progress,
+            keep_outputs=keep_outputs,
+            raise_errors=raise_errors,
+            **evaluate_kwargs,
+        )
+
+
+def _run(
+    cfg: RunConfig,
+    device: torch.device,
+    *,
+    cache: RunCache | None,
+    out: str | os.PathLike[str] | None,
+    progress: bool,
+    keep_outputs: bool,
+    raise_errors: bool,
+    **evaluate_kwargs: Any,
+) -> RunResult:
+    from bayesurl.distributed import broadcast_state, get_world_size, is_main_process
     from bayesurl.training import seed_everything
 
     t0 = time.perf_counter()
     cache = cache if cache is not None else RunCache()
-    device = resolve_device(cfg.device)
     out_dir = None if out is None else Path(out)
+    main = is_main_process()
+    progress = progress and main
     data = cache.get_data(cfg)
     estimator = build_estimator(cfg)  # validates the options before anything trains
     base_cfg = cfg.base
@@ -272,6 +347,7 @@ def run(
         "device": str(device),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "world_size": get_world_size(),
     }
     result = RunResult(
         estimator=cfg.estimator.name,
@@ -283,6 +359,7 @@ def run(
         settings=settings,
         timings={},
         paper=dict(cfg.estimator.paper) or None,
+        main_process=main,
     )
     try:
         base, base_time = None, 0.0
@@ -297,6 +374,11 @@ def run(
             progress, f"{cfg.name}: fitted in {fit_report.get('train_time', 0.0):.1f} s; evaluating"
         )
         fit_time = float(fit_report.get("train_time", 0.0))
+        module = getattr(estimator, "method", None)
+        if get_world_size() > 1 and isinstance(module, torch.nn.Module):
+            # DDP keeps the parameters equal, not the buffers of each rank's last forward pass
+            # (BatchNorm statistics): every rank evaluates rank 0's model, the checkpoint's
+            broadcast_state(module, 0)
         n = n_samples_for(estimator.has_distribution, cfg.eval.samples)
         kw = {
             "n_samples": n,
@@ -330,7 +412,7 @@ def run(
         result.error = f"{type(exc).__name__}: {exc}"
         settings["traceback"] = traceback.format_exc(limit=4)
     result.timings["total"] = time.perf_counter() - t0
-    if out_dir is not None:
+    if out_dir is not None and main:
         result.write_json(out_dir / "result.json")
     return result
 

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from bayesurl._checks import check_number
 from bayesurl.data.batch import unpack_batch
+from bayesurl.distributed import broadcast_state
 from bayesurl.methods.base import Method
 from bayesurl.training import distributed as D
 from bayesurl.training.checkpoint import (
@@ -418,6 +419,9 @@ def fit(
     eval_fn : callable or None
         ``eval_fn(method, epoch) -> mapping of numbers`` run after each epoch, with the method
         in eval mode, on every rank (so it can gather across ranks); stored in ``history``.
+        Under DDP the buffers (BatchNorm statistics of each rank's last batches) are first set
+        to rank 0's, so every rank evaluates the checkpointed model;
+        :func:`bayesurl.runs.predict.epoch_evaluator` gives a sharded zero-shot evaluation.
     ddp_kwargs : mapping or None
         Extra :class:`~torch.nn.parallel.DistributedDataParallel` arguments (default
         ``find_unused_parameters=True``).
@@ -626,6 +630,8 @@ def fit(
             "steps": result.global_step,
         }
         if eval_fn is not None:
+            if distributed:  # evaluate rank 0's model (the checkpoint's) on every rank
+                broadcast_state(method, 0, buffers_only=True)
             method.eval()
             evaluated = eval_fn(method, epoch)
             method.train()

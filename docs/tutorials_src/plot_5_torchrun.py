@@ -31,6 +31,23 @@ rest:
 
   (each rank reads only its rows of the ``.npz``).
 
+The run pipeline does the same end to end. ``bayesurl run`` under ``torchrun`` trains a
+registry method with DDP, then each rank embeds only its contiguous block of whole batches of
+the downstream test, held-out and OOD sets (:func:`bayesurl.runs.predict.batch_shard`; draws
+seeded by global batch index) and the zero-shot evaluation is sharded as above; every rank
+evaluates rank 0's model (the checkpoint's) and rank 0 prints and writes ``result.json``. The
+metrics, the draw-based ECE included, are those of one process evaluating the same model. A
+trained checkpoint is evaluated the same way::
+
+    torchrun --nproc_per_node=2 -m bayesurl run fashion_mnist/mcinfonce --preset quick \
+        --set device=cpu --out runs/mcinfonce
+    torchrun --nproc_per_node=2 -m bayesurl evaluate --checkpoint runs/mcinfonce/last.pt \
+        --json metrics.json
+
+Inside your own training loop, ``fit(..., eval_fn=epoch_evaluator(data))``
+(:func:`bayesurl.runs.predict.epoch_evaluator`) scores every epoch sharded. Post-hoc and LAM
+estimators do not train distributed; ``bayesurl run`` refuses them under ``torchrun``.
+
 This page runs a real two-process job with the ``gloo`` backend on CPU, on tiny data.
 """
 

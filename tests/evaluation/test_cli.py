@@ -39,10 +39,16 @@ def brute_force_r1(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def reference(arrays) -> dict:
-    """evaluate() on the same arrays, with the command's defaults (ks 1 5 10, shortlist 32)."""
+    """evaluate() on the same arrays, with the command's defaults (ks 1 5 10, adaptive
+    shortlist)."""
     t = {k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()}
     return evaluate(
-        t.pop("embeddings"), t.pop("labels"), **t, ks=(1, 5, 10), ece_mode="shortlist", shortlist=32
+        t.pop("embeddings"),
+        t.pop("labels"),
+        **t,
+        ks=(1, 5, 10),
+        ece_mode="shortlist",
+        shortlist=None,
     )
 
 

@@ -165,8 +165,8 @@ class _Keep(torch.nn.Module):
 
 @pytest.mark.distributed
 def test_cli_checkpoint_under_two_ranks_equals_one_process(tmp_path) -> None:
-    """Under torchrun ``--checkpoint`` gives one process's metrics (not sharded yet: the run
-    pipeline's scorer embeds whole sets on every rank)."""
+    """Under torchrun ``--checkpoint`` is sharded (each rank embeds its block of batches,
+    :func:`bayesurl.runs.predict.score`) and gives one process's metrics, ECE included."""
     from _sharded_worker import cli_worker
 
     from bayesurl.cli import main
@@ -191,7 +191,7 @@ def test_cli_checkpoint_under_two_ranks_equals_one_process(tmp_path) -> None:
         seed=0,
     )  # fmt: skip
     common = ["--checkpoint", str(tmp_path / "last.pt"), "--dataset", "default"]
-    common += ["--n-samples", "0", "--max-test", "50", "--max-ood", "21"]
+    common += ["--n-samples", "3", "--max-test", "50", "--max-ood", "21"]
     assert main(["evaluate", *common, "--json", str(tmp_path / "one.json")]) == 0
     argv = ["evaluate", *common, "--json", str(tmp_path / "two.json")]
     mp.start_processes(
@@ -199,5 +199,6 @@ def test_cli_checkpoint_under_two_ranks_equals_one_process(tmp_path) -> None:
     )
     one = json.loads((tmp_path / "one.json").read_text())
     two = json.loads((tmp_path / "two.json").read_text())
-    for k in ("r@1", "r_auroc", "ausc", "ause", "map@5", "recall@5", "ood_auroc", "n_test"):
+    keys = ("r@1", "r_auroc", "ausc", "ause", "map@5", "recall@5", "ood_auroc", "ece", "n_test")
+    for k in keys:
         assert one[k] == two[k] and one[k] is not None, k

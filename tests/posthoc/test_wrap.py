@@ -211,9 +211,20 @@ def test_posthoc_tau_trains_head_only_and_tau_above_scale():
     assert out["losses"][-1] < out["losses"][0]
     for k, v in enc.state_dict().items():
         assert torch.equal(v, enc_state[k]), k
+    x = torch.randn(20, 1, 4, 4)
     with torch.no_grad():
-        u = w(torch.randn(20, 1, 4, 4)).uncertainty
-    assert bool((u > 0.2).all())
+        u = w(x).uncertainty  # default: u = -s (TaU appendix A)
+        s = w.head(enc(x)).reshape(-1)
+    torch.testing.assert_close(u, -s)
+    # u = tau = scale (1 + e^-s) (TaU Algorithm 1): above the scale, same ranking as -s
+    w.uncertainty = "temperature"
+    with torch.no_grad():
+        tau = w(x).uncertainty
+    torch.testing.assert_close(tau, 0.2 * (1 + torch.exp(-s)))
+    assert bool((tau > 0.2).all())
+    assert torch.equal(torch.argsort(tau), torch.argsort(u))
+    with pytest.raises(ValueError, match="uncertainty"):
+        wrap(enc, "tau", uncertainty="tau")
     # augment= turns single-view batches into two views
     g = torch.Generator().manual_seed(0)
     w2 = wrap(_encoder(), "tau", variant="reference")
