@@ -64,6 +64,7 @@ def landscape(
                         n_samples=n_samples,
                         kappa_pos_scale=gen.kappa_pos,
                         divide_positive=divide_positive,
+                        denominator="positive",  # the MCI form, as the controlled experiment
                         generator=torch.Generator().manual_seed(100 + i),
                     )  # fmt: skip
                 )
