@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from bayesurl._modules import eval_mode
+
 __all__ = [
     "BackboneDataConfig",
     "SmallConvNet",
@@ -190,11 +192,8 @@ def resolve_backbone(backbone: str | nn.Module, **timm_kwargs: Any) -> tuple[nn.
             "`backbone` has no `num_features`/`out_features` attribute; pass `probe_input` "
             "(one example batch) so the feature dimension can be measured"
         )
-    was_training = backbone.training
-    backbone.eval()
-    with torch.no_grad():
+    with eval_mode(backbone), torch.no_grad():
         feats = backbone(probe)
-    backbone.train(was_training)
     if feats.ndim != 2:
         raise ValueError(f"`backbone` must return features [N, F], got shape {tuple(feats.shape)}")
     return backbone, int(feats.shape[1])

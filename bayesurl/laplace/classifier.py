@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from bayesurl._modules import eval_mode
 from bayesurl.types import Output
 
 __all__ = ["ClassifierLaplace", "ClassifierPredictive"]
@@ -190,14 +191,9 @@ class ClassifierLaplace:
         """Closed-form logit mean / covariance, probit probabilities and entropy of a batch."""
         self._check_fitted()
         la = self.la
-        was = la.model.training
-        la.model.eval()
-        try:
-            with torch.no_grad():
-                logits, phi = la.model.forward_with_features(x.to(la._device))
-                cov = self._logit_cov(phi.to(la._dtype))
-        finally:
-            la.model.train(was)
+        with eval_mode(la.model), torch.no_grad():
+            logits, phi = la.model.forward_with_features(x.to(la._device))
+            cov = self._logit_cov(phi.to(la._dtype))
         var = torch.diagonal(cov, dim1=-2, dim2=-1)
         probs = torch.softmax(logits / torch.sqrt(1.0 + math.pi / 8.0 * var), dim=-1)
         entropy = -(probs * torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))).sum(-1)

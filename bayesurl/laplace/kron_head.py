@@ -16,9 +16,8 @@ small heads (a few hundred units), not for a 2,048-wide layer.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from torch.func import functional_call, jacrev, vmap
 from torch.nn.utils import parameters_to_vector
 
 from bayesurl._checks import check_finite, match_module_dtype
+from bayesurl._modules import eval_mode
 from bayesurl.data.batch import unpack_batch
 from bayesurl.laplace.curvature import Approximation, Geometry, _enum, split_pairs
 from bayesurl.laplace.kron import (
@@ -141,15 +141,6 @@ class KronHeadLaplace:
         lam = self.prior_precision
         return [1.0 / (self.hessian_scale * s.clamp_min(0.0) + lam) for s in self.curvature]
 
-    @contextlib.contextmanager
-    def _eval(self) -> Iterator[None]:
-        was = self.model.training
-        self.model.eval()
-        try:
-            yield
-        finally:
-            self.model.train(was)
-
     def head_input(self, x: Any) -> Tensor:
         """Input ``h [N, F]`` of the head for a batch ``x`` (one model forward pass)."""
         store: dict[str, Tensor] = {}
@@ -231,7 +222,7 @@ class KronHeadLaplace:
             miner = BatchEasyHardMiner(pos_strategy="hard", neg_strategy="hard")  # as MetricLaplace
         per_layer: list[list[tuple[Tensor, DenseBlocks]]] = [[] for _ in self.linears]
         offset, n_pairs = 0, 0
-        with self._eval(), torch.no_grad():
+        with eval_mode(self.model), torch.no_grad():
             for batch in _progress(loader, progress, "kron head fit"):
                 x, y = unpack_batch(batch, labels=True)
                 h = self.head_input(x)
@@ -308,14 +299,14 @@ class KronHeadLaplace:
 
     def predictive(self, x: Any) -> Output:
         """Mean embedding and ``u = 1/kappa`` from the linearised predictive trace."""
-        with self._eval(), torch.no_grad():
+        with eval_mode(self.model), torch.no_grad():
             u, trace = self._closed_form(self.head_input(x))
         kappa = kappa_from_trace(trace, u.shape[1])
         return Output(embedding=u, uncertainty=1.0 / kappa, kappa=kappa)
 
     def predictive_covariance(self, x: Any) -> tuple[Tensor, Tensor]:
         """``u [N, D]`` and the linearised ``Cov(u) [N, D, D]`` (block-diagonal posterior)."""
-        with self._eval(), torch.no_grad():
+        with eval_mode(self.model), torch.no_grad():
             u, _, cov = self._closed_form(self.head_input(x), full=True)
         return u, cov
 

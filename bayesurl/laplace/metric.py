@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from bayesurl._checks import check_finite, check_tensor, match_module_dtype
+from bayesurl._modules import eval_mode
 from bayesurl.data.batch import unpack_batch
 from bayesurl.laplace.curvature import (
     Approximation,
@@ -332,15 +333,6 @@ class BaseMetricLaplace:
             )
         return phi
 
-    @contextlib.contextmanager
-    def _eval(self) -> Iterator[None]:
-        was = self.model.training
-        self.model.eval()
-        try:
-            yield
-        finally:
-            self.model.train(was)
-
     def _default_miner(self) -> Miner:
         """Hessian pairs: the hardest positive and hardest negative of every anchor.
 
@@ -460,7 +452,7 @@ class BaseMetricLaplace:
         blocks = []
         offset = 0
         total = len(loader) if hasattr(loader, "__len__") else None
-        with self._eval(), torch.no_grad():
+        with eval_mode(self.model), torch.no_grad():
             for batch in _progress(loader, progress, "LAM fit", total):
                 x, y = unpack_batch(batch, labels=True)
                 phi = self.features(x)
@@ -550,7 +542,7 @@ class BaseMetricLaplace:
 
         Each draw is one sampled last layer applied to every input (LAM Fig. 2).
         """
-        with self._eval(), torch.no_grad():
+        with eval_mode(self.model), torch.no_grad():
             phi = self.features(x)
             w, b = self._split(self.sample(n, generator))
             z = torch.einsum("nf,sdf->snd", phi.to(w.dtype), w)
@@ -570,7 +562,7 @@ class BaseMetricLaplace:
         tuple of Tensor
             ``(z_mean [N, D], var [N, D])``.
         """
-        with self._eval(), torch.no_grad():
+        with eval_mode(self.model), torch.no_grad():
             phi = self.features(x)
             return self._moments(phi)
 
@@ -623,7 +615,7 @@ class BaseMetricLaplace:
         output covariance of the last-layer posterior (diagonal in the outputs for ``diag``,
         ``Q_G diag(c) Q_G^T`` for ``kron``). Its trace is :meth:`predictive`'s.
         """
-        with self._eval(), torch.no_grad():
+        with eval_mode(self.model), torch.no_grad():
             u, _, cov = self._closed_form(self.features(x), full=True)
         return u, cov
 
@@ -655,7 +647,7 @@ class BaseMetricLaplace:
         if u_from == "samples" and int(n_samples) < 2:
             raise ValueError(f"`u_from='samples'` needs `n_samples` >= 2, got {n_samples}")
         self._check_embedding_dim()
-        with self._eval(), torch.no_grad():
+        with eval_mode(self.model), torch.no_grad():
             phi = self.features(x)
             u, trace = self._closed_form(phi)
             kappa = kappa_from_trace(trace, u.shape[1])

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from bayesurl._checks import check_finite, check_ndim
+from bayesurl._modules import eval_mode
 from bayesurl.data.batch import unpack_batch
 from bayesurl.posthoc.base import device_of, iterate
 
@@ -235,52 +236,47 @@ class EmbeddingCache:
         for name in ("meta.json", "embeddings.bin", "labels.bin"):
             (directory / name).unlink(missing_ok=True)
         device = device_of(encoder)
-        was_training = encoder.training
-        encoder.eval()
         n_items, dim, has_labels = None, None, None
         np_dtype = _DTYPES[dtype]
-        try:
-            with (
-                open(directory / "embeddings.bin", "wb") as f_emb,
-                open(directory / "labels.bin", "wb") as f_lab,
-                torch.no_grad(),
-            ):
-                for p in range(int(passes)):
-                    rows = 0
-                    for batch in iterate(loader, progress, f"caching pass {p + 1}/{passes}"):
-                        x, y = unpack_batch(batch)
-                        if not isinstance(x, Tensor):
-                            raise ValueError(
-                                "the cache needs single-view batches x or (x, y), got a pair of "
-                                "views; cache each view's loader separately"
-                            )
-                        e = encoder(x.to(device))
-                        check_ndim(e, "encoder output", 2)
-                        check_finite(e, "encoder output")
-                        if dim is None:
-                            dim, has_labels = int(e.shape[1]), y is not None
-                        if e.shape[1] != dim:
-                            raise ValueError(f"encoder output changed dimension to {e.shape[1]}")
-                        if (y is not None) != has_labels:
-                            raise ValueError("some batches have labels and others do not")
-                        f_emb.write(e.detach().cpu().numpy().astype(np_dtype, copy=False).tobytes())
-                        if y is not None:
-                            if y.ndim != 1 or y.shape[0] != e.shape[0]:
-                                raise ValueError(
-                                    f"labels must be [N] with N = {e.shape[0]}, got "
-                                    f"{tuple(y.shape)}"
-                                )
-                            f_lab.write(y.cpu().numpy().astype(np.int64).tobytes())
-                        rows += int(e.shape[0])
-                    if n_items is None:
-                        n_items = rows
-                    elif rows != n_items:
+        with (
+            eval_mode(encoder),
+            open(directory / "embeddings.bin", "wb") as f_emb,
+            open(directory / "labels.bin", "wb") as f_lab,
+            torch.no_grad(),
+        ):
+            for p in range(int(passes)):
+                rows = 0
+                for batch in iterate(loader, progress, f"caching pass {p + 1}/{passes}"):
+                    x, y = unpack_batch(batch)
+                    if not isinstance(x, Tensor):
                         raise ValueError(
-                            f"pass {p + 1} yielded {rows} rows but pass 1 yielded {n_items}; "
-                            "use a loader with a fixed length (drop_last or no sampler change)"
+                            "the cache needs single-view batches x or (x, y), got a pair of "
+                            "views; cache each view's loader separately"
                         )
-        finally:
-            encoder.train(was_training)
+                    e = encoder(x.to(device))
+                    check_ndim(e, "encoder output", 2)
+                    check_finite(e, "encoder output")
+                    if dim is None:
+                        dim, has_labels = int(e.shape[1]), y is not None
+                    if e.shape[1] != dim:
+                        raise ValueError(f"encoder output changed dimension to {e.shape[1]}")
+                    if (y is not None) != has_labels:
+                        raise ValueError("some batches have labels and others do not")
+                    f_emb.write(e.detach().cpu().numpy().astype(np_dtype, copy=False).tobytes())
+                    if y is not None:
+                        if y.ndim != 1 or y.shape[0] != e.shape[0]:
+                            raise ValueError(
+                                f"labels must be [N] with N = {e.shape[0]}, got {tuple(y.shape)}"
+                            )
+                        f_lab.write(y.cpu().numpy().astype(np.int64).tobytes())
+                    rows += int(e.shape[0])
+                if n_items is None:
+                    n_items = rows
+                elif rows != n_items:
+                    raise ValueError(
+                        f"pass {p + 1} yielded {rows} rows but pass 1 yielded {n_items}; "
+                        "use a loader with a fixed length (drop_last or no sampler change)"
+                    )
         if not n_items:
             raise ValueError("`loader` yielded no data")
         if not has_labels:

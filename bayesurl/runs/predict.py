@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from bayesurl._modules import eval_mode
 from bayesurl.types import Output
 
 __all__ = [
@@ -371,9 +372,7 @@ def embed(
     if not isinstance(x, Tensor) or x.ndim < 2 or x.shape[0] < 1:
         raise ValueError(f"`x` must be a non-empty batch tensor [N, ...], got {type(x).__name__}")
     dev = torch.device(device) if device is not None else _device_of(method, x.device)
-    was_training = method.training
-    method.eval()
-    try:
+    with eval_mode(method):
         out, _ = predict(
             _method_fn(method),
             x,
@@ -383,8 +382,6 @@ def embed(
             device=dev,
             seed=None,
         )
-    finally:
-        method.train(was_training)
     return out
 
 
@@ -429,9 +426,7 @@ def evaluate_method(
         channels = data_config(name, **kw).in_chans if isinstance(name, str) else 1
         transform = default_transform(channels)
     dev = torch.device(device) if device is not None else _device_of(method, torch.device("cpu"))
-    was_training = method.training
-    method.eval()
-    try:
+    with eval_mode(method):
         return score(
             _method_fn(method),
             data,
@@ -442,8 +437,6 @@ def evaluate_method(
             seed=seed,
             **evaluate_kwargs,
         )
-    finally:
-        method.train(was_training)
 
 
 def epoch_evaluator(
