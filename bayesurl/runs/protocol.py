@@ -55,7 +55,8 @@ __all__ = [
 ]
 
 #: Metrics reported per estimator (issue: R@1, R-AUROC, AUSC, ECE, OOD AUROC, mAP@k) and the
-#: mixed in-distribution / downstream R-AUROC (URL App. C.5).
+#: mixed in-distribution / downstream R-AUROC (URL App. C.5) and the crop test's share
+#: (URL section 4.5: the share of crops with a higher ``u``; higher is better).
 REPORT_METRICS: tuple[str, ...] = (
     "r@1",
     "r_auroc",
@@ -64,6 +65,7 @@ REPORT_METRICS: tuple[str, ...] = (
     "ood_auroc",
     "map@5",
     "mixed_r_auroc",
+    "crop_share",
 )
 
 #: Metrics whose split-half reproducibility is reported.
@@ -421,10 +423,13 @@ def pipeline_run_fn(
             )
             cache = RunCache()
             cache.data[data_key(cfg)] = rd
-            state.update(key=key, cache=cache)
+            state.update(key=key, cache=cache, test=sets.test)
         res = run(cfg, cache=state["cache"], raise_errors=False, keep_outputs=True)
         rec = res.record()
         rec.update(_mixed(res.outputs))
+        rec.update(_crop(res, state["test"], dev))
+        # training curves: loss and the median u of a fixed batch of training images per epoch
+        rec.update(loss_curve=res.fit.get("loss_curve"), u_curve=res.fit.get("u_curve"))
         rec.update(
             method=est,
             split=split.index,
@@ -460,6 +465,42 @@ def _mixed(outputs: Any) -> dict[str, Any]:
         return {"mixed_r_auroc": float(res.r_auroc), "mixed_r@1": float(res.r_at_1)}
     except Exception as exc:  # recorded, never made up
         return {"mixed_r_auroc": None, "mixed_note": f"{type(exc).__name__}: {exc}"}
+
+
+#: downstream images of the crop test per run (evenly spaced over the retrieval set)
+CROP_IMAGES = 2000
+
+
+def _crop(res: Any, test: Any, device: str) -> dict[str, Any]:
+    """URL's crop test (section 4.5, Fig. 4 right) on downstream images of a fitted run.
+
+    The share of :data:`CROP_IMAGES` evenly spaced downstream images whose centre crop (kept
+    area ``U[0.1, 0.75]``, seed 0, resized back) gets a strictly higher ``u`` than the full
+    image, and the Spearman correlation of the crops' ``u`` with the cropped-away area.
+    """
+    from bayesurl.evaluation.url_extra import crop_uncertainty_check
+
+    try:
+        if res.fitted is None:
+            raise RuntimeError(res.error or "no fitted estimator")
+        import torch
+
+        n = len(test)
+        idx = torch.linspace(0, n - 1, min(CROP_IMAGES, n)).round().long().unique()
+        imgs = torch.stack([torch.as_tensor(test[int(i)][0]) for i in idx])
+        tf = res.transform
+        dev = torch.device(device)
+        x = (tf.to(dev) if isinstance(tf, torch.nn.Module) else tf)(imgs.to(dev))
+        with torch.no_grad():
+            out = crop_uncertainty_check(
+                lambda b: res.fitted.predict(b, 0).uncertainty.reshape(-1), x.float(), seed=0
+            )
+        return {
+            "crop_share": float(out.share),
+            "crop_spearman": None if out.spearman is None else float(out.spearman),
+        }
+    except Exception as exc:  # recorded, never made up
+        return {"crop_share": None, "crop_note": f"{type(exc).__name__}: {exc}"}
 
 
 def _jsonable(obj: Any) -> Any:

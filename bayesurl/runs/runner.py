@@ -114,6 +114,12 @@ class RunResult:
     outputs : dict or None
         The predicted ``(Output, labels)`` per evaluation set with ``keep_outputs=True``
         (not serialised; under ``torchrun`` this rank's rows).
+    fitted : Estimator or None
+        The fitted estimator with ``keep_outputs=True`` (not serialised), for checks that need
+        new predictions, e.g. URL's crop test (:func:`bayesurl.evaluation.url_extra.
+        crop_uncertainty_check`).
+    transform : callable or None
+        The batch transform the estimator's inputs went through (with ``keep_outputs=True``).
     main_process : bool
         False on the ranks other than 0 of a ``torchrun`` launch (they neither write nor
         report; not serialised).
@@ -132,6 +138,8 @@ class RunResult:
     checkpoint: str | None = None
     error: str | None = None
     outputs: dict[str, Any] | None = field(default=None, repr=False)
+    fitted: Any = field(default=None, repr=False)
+    transform: Any = field(default=None, repr=False)
     main_process: bool = field(default=True, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -397,6 +405,8 @@ def _run(
         else:
             res = score(estimator.predict, data.sets, data.transform, **kw)
         result.outputs = res.pop("outputs", None)
+        if keep_outputs:
+            result.fitted, result.transform = estimator, data.transform
         result.metrics = res
         result.fit = fit_report
         result.checkpoint = None if estimator.checkpoint is None else str(estimator.checkpoint)
