@@ -50,6 +50,8 @@ __all__ = [
     "Table2Config",
     "load_config",
     "main",
+    "SWEEP_MINERS",
+    "hessian_miner",
     "posthoc_sweep",
     "run_table2",
     "summarize",
@@ -385,7 +387,7 @@ def _result_path(out: Path, row: str, seed: int) -> Path:
     return out / f"{row}_s{seed}.json"
 
 
-def _write(path: Path, payload: dict[str, Any]) -> None:
+def _write(path: Path, payload: Any) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, indent=1, sort_keys=True))
     tmp.replace(path)
@@ -656,71 +658,214 @@ def summarize(out: str | Path) -> dict[str, dict[str, Any]]:
 # --------------------------------------------------------------------------------------------
 # post-hoc investigation and command line
 # --------------------------------------------------------------------------------------------
+#: Hessian-pair miners of :func:`posthoc_sweep` (``hessian_miner``)
+SWEEP_MINERS = ("hard", "loss", "all", "lam_triplet")
+
+
+class _AllPairs:
+    """Every positive and every negative pair of a batch (PML ``get_all_pairs_indices``)."""
+
+    def __call__(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, ...]:
+        from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+
+        return lmu.get_all_pairs_indices(labels)
+
+
+class _CappedTriplets:
+    """The LAM authors' Hessian miner: margin-violating triplets, at most ``cap`` per batch.
+
+    FrederikWarburg/bayesian-metric-learning, ``src/lightning/laplace_posthoc_model.py``
+    (``fit``) with ``src/miners/triplet_miners.py``: ``TripletMarginMiner(margin,
+    type_of_triplets="all")`` on the L2-normalised embeddings (triplets with
+    ``d(a, n) - d(a, p) <= margin``), then a random subset of ``max_pairs = 5000`` triplets
+    when a batch has more. bayesurl's curvature reads a triplet as the positive pair
+    ``(a, p)`` and the negative pair ``(a, n)`` (anchor terms kept, negatives outside the
+    contrastive margin dropped), whereas the authors' ``fix`` keeps only the ``p`` and ``n``
+    terms of each triplet; the pair balance (one positive per negative) is the same.
+    """
+
+    def __init__(self, margin: float, cap: int, generator: torch.Generator) -> None:
+        from pytorch_metric_learning.miners import TripletMarginMiner
+
+        self.miner = TripletMarginMiner(margin=margin, type_of_triplets="all")
+        self.cap, self.generator = int(cap), generator
+
+    def __call__(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, ...]:
+        a, p, n = self.miner(embeddings, labels)
+        if a.numel() > self.cap:
+            keep = torch.randperm(a.numel(), generator=self.generator)[: self.cap]
+            a, p, n = a[keep], p[keep], n[keep]
+        return a, p, n
+
+
+def hessian_miner(
+    name: str, margin: float, *, max_triplets: int = 5000, seed: int = 0
+) -> Any | None:
+    """The Hessian-pair miner ``name`` of :data:`SWEEP_MINERS` for ``MetricLaplace.fit``.
+
+    ``"hard"``: ``None``, i.e. ``MetricLaplace``'s default (PML
+    ``BatchEasyHardMiner("hard", "hard")``: the hardest positive and hardest negative of each
+    anchor); ``"loss"``: PML ``PairMarginMiner(0, margin)``, the pairs with a non-zero
+    contrastive loss (the training miner); ``"all"``: every pair of the batch;
+    ``"lam_triplet"``: the LAM authors' miner (see :class:`_CappedTriplets`; LAM section 3,
+    "Hard negative mining").
+
+    Raises
+    ------
+    ValueError
+        On an unknown ``name`` (the known ones are listed).
+    """
+    if name not in SWEEP_MINERS:
+        raise ValueError(f"`miner`: unknown {name!r}; known {list(SWEEP_MINERS)}")
+    if name == "hard":
+        return None
+    if name == "loss":
+        from pytorch_metric_learning.miners import PairMarginMiner
+
+        return PairMarginMiner(pos_margin=0.0, neg_margin=float(margin))
+    if name == "all":
+        return _AllPairs()
+    return _CappedTriplets(margin, max_triplets, torch.Generator().manual_seed(int(seed)))
+
+
+class _LinearHead(nn.Module):
+    """The last layer of a :class:`LamConvNet` on cached backbone features (same embedding)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.linear(h)
+
+
+@torch.no_grad()
+def _features(net: LamConvNet, x: Tensor, chunk: int) -> Tensor:
+    return torch.cat([net.backbone(c).flatten(1) for c in _chunks(x, chunk)])
+
+
+def _split_list(text: str, what: str) -> list[str]:
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"`{what}` must name at least one value, got {text!r}")
+    return items
+
+
 def posthoc_sweep(
     cfg: Table2Config,
     out: str | Path,
     seed: int = 0,
     priors: str = "1,10,100,1000,10000,ml",
     hessian_scales: str = "1",
+    miners: str = "hard",
+    fit_batch_size: int | None = None,
+    max_triplets: int = 5000,
 ) -> list[dict[str, Any]]:
-    """Post-hoc LAM on a seed's cached deterministic model: prior / hessian_scale sweep.
+    """Post-hoc LAM on a seed's cached deterministic model: miner x hessian_scale x prior.
 
-    The GGN diagonal is fitted once on ``out/models/det_s<seed>.pt`` (written by
-    :func:`run_table2`); the posterior precision ``beta relu(H) + lambda`` is then varied
-    without refitting (``priors``: comma-separated values, ``ml`` = the marginal-likelihood
-    optimum) and each setting is evaluated as in the table. Appends to
-    ``out/posthoc_sweep_s<seed>.json`` as settings finish (resumable) and returns the list.
+    For each Hessian-pair miner of ``miners`` (comma-separated names of
+    :data:`SWEEP_MINERS`, see :func:`hessian_miner`) the GGN diagonal is fitted once on
+    ``out/models/det_s<seed>.pt`` (written by :func:`run_table2`) with batches of
+    ``fit_batch_size`` (default ``cfg.batch_size``; the LAM authors' post-hoc configs use
+    64); the posterior precision ``beta relu(H) + lambda`` (LAM eq. 3) is then varied
+    without refitting over ``hessian_scales`` (``beta``) and ``priors`` (``lambda``; ``ml`` =
+    the marginal-likelihood optimum at that ``beta``), and each setting is evaluated as in
+    the table (bayesurl's u and the LAM-code u, AUSC, ECE). The backbone features are
+    computed once. Appends to ``out/posthoc_sweep_s<seed>.json`` as settings finish
+    (resumable: a (miner, fit batch, beta, prior) already there is skipped) and returns the
+    list.
+
+    Raises
+    ------
+    ValueError
+        On an unknown miner, an empty list, or a non-positive ``hessian_scale``.
     """
     from bayesurl.laplace import MetricLaplace
 
+    miner_names = _split_list(miners, "miners")
+    for name in miner_names:
+        hessian_miner(name, cfg.margin)  # validate every name before any work
+    betas = [float(b) for b in _split_list(hessian_scales, "hessian_scales")]
+    if any(not b > 0 for b in betas):
+        raise ValueError(f"`hessian_scales` must be positive, got {hessian_scales!r}")
+    prior_names = _split_list(priors, "priors")
+    bs = int(fit_batch_size or cfg.batch_size)
+    threads = torch.get_num_threads()
     torch.set_num_threads(int(cfg.threads))
     out = Path(out)
     path = out / f"posthoc_sweep_s{seed}.json"
     done = json.loads(path.read_text()) if path.exists() else []
-    seen = {(d["prior"], d["hessian_scale"]) for d in done}
-    data = load_data(cfg)
-    net = LamConvNet(cfg.latent_dim)
-    net.load_state_dict(torch.load(out / "models" / f"det_s{seed}.pt", weights_only=True))
-    net.eval()
-    t0 = time.perf_counter()
-    la = MetricLaplace(
-        net, "linear", approximation=cfg.approximation, geometry=cfg.geometry,
-        margin=cfg.margin, prior_precision=1.0,
-    )  # fmt: skip
-    la.fit(_Batches(data["x_train"], data["y_train"], cfg.batch_size, seed), progress=False)
-    _log.info("fit %.0f s, clamped fraction %.3f", time.perf_counter() - t0, la.clamped_fraction)
-    for beta in (float(b) for b in hessian_scales.split(",")):
-        for prior in priors.split(","):
-            if (prior, beta) in seen:
-                continue
-            la.hessian_scale = beta
-            if prior == "ml":
-                la.prior_precision = 1.0
-                lam = la.optimize_prior_precision()
-            else:
-                lam = float(prior)
-                la.prior_precision = lam
-            g = torch.Generator().manual_seed(10_000 + seed)
-            p_id = _predict_laplace(la, data["x_test"], cfg.eval_samples, cfg.chunk, g)
-            p_ood = _predict_laplace(la, data["x_ood"], cfg.eval_samples, cfg.chunk, g)
-            m = _metrics(p_id, p_ood, data["y_test"], deterministic=False)
-            done.append(
-                {"prior": prior, "prior_precision": lam, "hessian_scale": beta, "metrics": m,
-                 "clamped_fraction": la.clamped_fraction}
+    # entries written before the miner option existed used the default miner and cfg's batch
+    seen = {
+        (d.get("miner", "hard"), d.get("fit_batch_size", cfg.batch_size), d["prior"],
+         d["hessian_scale"])
+        for d in done
+    }  # fmt: skip
+    try:
+        todo = [
+            m
+            for m in miner_names
+            if any((m, bs, p, b) not in seen for b in betas for p in prior_names)
+        ]
+        if not todo:
+            return done
+        data = load_data(cfg)
+        net = LamConvNet(cfg.latent_dim)
+        net.load_state_dict(torch.load(out / "models" / f"det_s{seed}.pt", weights_only=True))
+        net.eval()
+        phi = {k: _features(net, data[k], cfg.chunk) for k in ("x_train", "x_test", "x_ood")}
+        for name in todo:
+            t0 = time.perf_counter()
+            la = MetricLaplace(
+                _LinearHead(copy.deepcopy(net.linear)), "linear",
+                approximation=cfg.approximation, geometry=cfg.geometry, margin=cfg.margin,
+                prior_precision=1.0,
             )  # fmt: skip
-            path.write_text(json.dumps(done, indent=1))
-            _log.info(
-                "prior %s (lambda %.3g) beta %g: AUROC %.3f / LAM-code %.3f, AUSC %.3f / %.3f, "
-                "ECE %.3f / %.3f",
-                prior, lam, beta, m["ood_auroc"], m["lam_ood_auroc"], m["ausc"], m["lam_ausc"],
-                m["ece"], m["lam_ece"],
-            )  # fmt: skip
+            la.fit(
+                _Batches(phi["x_train"], data["y_train"], bs, seed),
+                miner=hessian_miner(name, cfg.margin, max_triplets=max_triplets, seed=seed),
+                progress=False,
+            )
+            fit_s = time.perf_counter() - t0
+            _log.info("%s: fit %.0f s, clamped %.3f", name, fit_s, la.clamped_fraction)
+            for beta in betas:
+                for prior in prior_names:
+                    if (name, bs, prior, beta) in seen:
+                        continue
+                    la.hessian_scale = beta
+                    if prior == "ml":
+                        la.prior_precision = 1.0
+                        lam = la.optimize_prior_precision()
+                    else:
+                        lam = float(prior)
+                        la.prior_precision = lam
+                    g = torch.Generator().manual_seed(10_000 + seed)
+                    p_id = _predict_laplace(la, phi["x_test"], cfg.eval_samples, cfg.chunk, g)
+                    p_ood = _predict_laplace(la, phi["x_ood"], cfg.eval_samples, cfg.chunk, g)
+                    m = _metrics(p_id, p_ood, data["y_test"], deterministic=False)
+                    done.append(
+                        {"miner": name, "fit_batch_size": bs, "prior": prior,
+                         "prior_precision": lam, "hessian_scale": beta, "metrics": m,
+                         "clamped_fraction": la.clamped_fraction, "n_pairs": la.n_pairs,
+                         "fit_seconds": fit_s}
+                    )  # fmt: skip
+                    seen.add((name, bs, prior, beta))
+                    _write(path, done)
+                    _log.info(
+                        "%s prior %s (lambda %.3g) beta %g: AUROC %.3f / LAM-code %.3f, "
+                        "AUSC %.3f / %.3f, ECE %.3f / %.3f",
+                        name, prior, lam, beta, m["ood_auroc"], m["lam_ood_auroc"], m["ausc"],
+                        m["lam_ausc"], m["ece"], m["lam_ece"],
+                    )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
     return done
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m bayesurl.experiments.lam_table2 CONFIG --out DIR [--summarize]
-    [--posthoc-sweep SEED]``: run (resumably), summarise, or sweep post-hoc LAM."""
+    [--posthoc-sweep SEED [--priors ...] [--hessian-scales ...] [--miners ...]
+    [--fit-batch-size B]]``: run (resumably), summarise, or sweep post-hoc LAM."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m bayesurl.experiments.lam_table2")
@@ -731,11 +876,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--posthoc-sweep", type=int, default=None, metavar="SEED")
     ap.add_argument("--priors", default="1,10,100,1000,10000,ml")
     ap.add_argument("--hessian-scales", default="1")
+    ap.add_argument(
+        "--miners", default="hard", help=f"Hessian-pair miners, comma-separated: {SWEEP_MINERS}"
+    )
+    ap.add_argument("--fit-batch-size", type=int, default=None, help="default: batch_size")
+    ap.add_argument("--max-triplets", type=int, default=5000, help="lam_triplet cap per batch")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     cfg = load_config(args.config)
     if args.posthoc_sweep is not None:
-        posthoc_sweep(cfg, args.out, args.posthoc_sweep, args.priors, args.hessian_scales)
+        posthoc_sweep(
+            cfg, args.out, args.posthoc_sweep, args.priors, args.hessian_scales, args.miners,
+            args.fit_batch_size, args.max_triplets,
+        )  # fmt: skip
         return
     if not args.summarize:
         t0 = time.perf_counter()

@@ -113,3 +113,71 @@ def test_kron_rows_run_and_give_finite_metrics(tmp_path, monkeypatch):
         t2.Table2Config(hessian_structure="full")
     structured = t2.Table2Config(rows=["lam_posthoc"], hessian_structure="kron")
     assert structured.hessian_structure == "kron"
+
+
+def _count_pairs_brute(labels, emb, margin):
+    """All positive pairs plus the negatives inside the margin, by a double loop."""
+    n, count = len(labels), 0
+    for i in range(n):
+        for j in range(n):
+            if i == j:
+                continue
+            if labels[i] == labels[j]:
+                count += 1
+            elif float((emb[i] - emb[j]).norm()) < margin:
+                count += 1
+    return count
+
+
+def test_posthoc_sweep_uses_the_chosen_miner(tmp_path, monkeypatch):
+    """Each sweep miner is the one passed to ``fit``; ``all`` counts every pair (brute force)."""
+    from pytorch_metric_learning.miners import PairMarginMiner
+
+    from bayesurl.laplace.metric import BaseMetricLaplace
+
+    monkeypatch.setattr(t2, "load_data", _fake_data)
+    cfg = t2.Table2Config(seeds=[0], batch_size=64, eval_samples=3, chunk=16, margin=0.7)
+    torch.manual_seed(0)
+    net = t2.LamConvNet(cfg.latent_dim)
+    (tmp_path / "models").mkdir()
+    torch.save(net.state_dict(), tmp_path / "models" / "det_s0.pt")
+    used = []
+    fit = BaseMetricLaplace.fit
+
+    def spy(self, loader, miner=None, **kw):
+        used.append(miner)
+        return fit(self, loader, miner, **kw)
+
+    monkeypatch.setattr(BaseMetricLaplace, "fit", spy)
+    threads = torch.get_num_threads()
+    res = t2.posthoc_sweep(
+        cfg, tmp_path, 0, priors="1", hessian_scales="1,10", miners="hard,loss,all,lam_triplet",
+        max_triplets=50,
+    )  # fmt: skip
+    assert torch.get_num_threads() == threads  # global state restored
+    assert [type(m).__name__ for m in used] == [
+        "NoneType", "PairMarginMiner", "_AllPairs", "_CappedTriplets"
+    ]  # fmt: skip
+    assert isinstance(used[1], PairMarginMiner) and used[1].neg_margin == 0.7
+    assert [(d["miner"], d["hessian_scale"]) for d in res] == [
+        (m, b) for m in ("hard", "loss", "all", "lam_triplet") for b in (1.0, 10.0)
+    ]
+    # one batch of all 64 training rows: "all" = every positive pair + negatives in the margin
+    data = _fake_data(cfg)
+    with torch.no_grad():
+        emb = torch.nn.functional.normalize(net(data["x_train"]), dim=1)
+    expect = _count_pairs_brute(data["y_train"].tolist(), emb, cfg.margin)
+    by_miner = {d["miner"]: d for d in res}
+    assert by_miner["all"]["n_pairs"] == expect
+    # the capped LAM-code triplets: at most 50 triplets, so <= 100 pairs
+    assert by_miner["lam_triplet"]["n_pairs"] <= 100
+    # hard: one positive and at most one negative per anchor
+    assert by_miner["hard"]["n_pairs"] <= 2 * 64
+    # resumable: a second call with the same grid computes nothing new
+    n_fits = len(used)
+    again = t2.posthoc_sweep(cfg, tmp_path, 0, priors="1", hessian_scales="1,10", miners="all")
+    assert len(used) == n_fits and len(again) == len(res)
+    with pytest.raises(ValueError, match="miner"):
+        t2.posthoc_sweep(cfg, tmp_path, 0, miners="hardest")
+    with pytest.raises(ValueError, match="hessian_scales"):
+        t2.posthoc_sweep(cfg, tmp_path, 0, miners="hard", hessian_scales="0")
