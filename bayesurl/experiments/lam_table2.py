@@ -13,11 +13,15 @@ Rows: deterministic, MC dropout, deep ensemble, HIB, LAM post-hoc, LAM online, a
 ``lam_posthoc_kron`` / ``lam_online_kron``: the same two LAM rows with the Kronecker-factored
 (EKFAC) posterior of :mod:`bayesurl.laplace.kron` instead of the diagonal
 (``hessian_structure="kron"``; ``Table2Config.hessian_structure`` sets the structure of the
-plain LAM rows, default ``"diag"``). Post-hoc
+plain LAM rows, default ``"diag"``), and (opt-in) ``deep_ensemble_aligned``: the deep ensemble
+with each member rotated onto the first member's embedding frame (orthogonal Procrustes on
+the training embeddings; a diagnostic, not in LAM or its code). Post-hoc
 LAM is fitted on the deterministic model of the same seed; online LAM resumes from it (as the
 authors' configs do, ``resume: deterministic/best.ckpt``); the deep ensemble's first member
 is the same deterministic model. Each (row, seed) writes one JSON (skipped when present), so
 a run can be stopped and resumed; :func:`summarize` turns them into a markdown / CSV table.
+:func:`posthoc_sweep` varies the post-hoc posterior of one seed (Hessian-pair miner,
+``hessian_scale``, prior precision) on the cached deterministic model.
 
 Columns: bayesurl's :func:`~bayesurl.evaluation.evaluate` (``map@1/5/10``, ``ood_auroc``,
 ``ood_auprc``, ``ausc``, ``ece``) and the LAM-code variants of
@@ -66,8 +70,9 @@ ROWS = (
     "lam_online",
     "lam_posthoc_kron",
     "lam_online_kron",
+    "deep_ensemble_aligned",
 )
-#: the rows a config runs unless it names others (the ``kron`` rows are opt-in)
+#: the rows a config runs unless it names others (the ``kron`` and ``aligned`` rows are opt-in)
 DEFAULT_ROWS = ROWS[:6]
 #: the LAM rows and the Hessian structure each uses (``None``: ``Table2Config.hessian_structure``)
 _LAM_ROWS: dict[str, tuple[str, str | None]] = {
@@ -322,6 +327,36 @@ def _predict_ensemble(nets: Sequence[LamConvNet], x: Tensor, chunk: int) -> Pred
     return None, None, s
 
 
+def _procrustes(src: Tensor, dst: Tensor) -> Tensor:
+    """Orthogonal ``R`` minimising ``||src R - dst||_F`` (Schoenemann 1966): ``U V^T`` of
+    the SVD ``src^T dst = U S V^T``."""
+    u, _, vh = torch.linalg.svd(src.T @ dst)
+    return u @ vh
+
+
+@torch.no_grad()
+def _predict_ensemble_aligned(
+    nets: Sequence[LamConvNet], x: Tensor, x_fit: Tensor, chunk: int
+) -> Pred:
+    """Members rotated onto the first member's embedding frame before they are stacked.
+
+    The contrastive loss is invariant to rotations of the embedding space, so independently
+    trained members agree only up to an orthogonal map; each member's map onto member 0 is
+    fitted on ``x_fit`` (the training images) by orthogonal Procrustes and applied to its
+    embeddings of ``x``. Not in LAM or its code (``deep_ensemble_model.py`` averages the
+    unaligned embeddings, as the ``deep_ensemble`` row does); a diagnostic of that row.
+    """
+    ref = _predict_deterministic(nets[0], x_fit, chunk)[0]
+    out = []
+    for m in nets:
+        z = _predict_deterministic(m, x, chunk)[0]
+        if m is not nets[0]:
+            r = _procrustes(_predict_deterministic(m, x_fit, chunk)[0], ref)  # type: ignore[arg-type]
+            z = F.normalize(z @ r, dim=1)  # type: ignore[operator]
+        out.append(z)
+    return None, None, torch.stack(out)  # type: ignore[arg-type]
+
+
 @torch.no_grad()
 def _predict_hib(net: LamConvNet, x: Tensor, n: int, chunk: int, g: torch.Generator) -> Pred:
     from bayesurl.distributions.vmf import sample_vmf
@@ -338,6 +373,19 @@ def _predict_laplace(la: Any, x: Tensor, n: int, chunk: int, g: torch.Generator)
         torch.cat([o.embedding for o in outs]),
         torch.cat([o.uncertainty for o in outs]),
         torch.cat([o.samples for o in outs], dim=1),
+    )
+
+
+def _ensemble_preds(
+    row: str, nets: Sequence[LamConvNet], data: dict[str, Tensor], chunk: int
+) -> tuple[Pred, Pred]:
+    if row == "deep_ensemble_aligned":
+        return tuple(  # type: ignore[return-value]
+            _predict_ensemble_aligned(nets, data[k], data["x_train"], chunk)
+            for k in ("x_test", "x_ood")
+        )
+    return _predict_ensemble(nets, data["x_test"], chunk), _predict_ensemble(
+        nets, data["x_ood"], chunk
     )
 
 
@@ -434,7 +482,8 @@ def run_table2(cfg: Table2Config, out: str | Path, *, models: str | Path | None 
     for seed in cfg.seeds:
         for row in cfg.rows:
             path = _result_path(out, row, seed)
-            if row == "deep_ensemble" and cfg.ensemble_from_seeds and seed != cfg.seeds[-1]:
+            ens = row in ("deep_ensemble", "deep_ensemble_aligned")
+            if ens and cfg.ensemble_from_seeds and seed != cfg.seeds[-1]:
                 continue  # one ensemble of the seeds' deterministic models, at the last seed
             if path.exists():
                 _log.info("skip %s seed %d (done)", row, seed)
@@ -443,7 +492,7 @@ def run_table2(cfg: Table2Config, out: str | Path, *, models: str | Path | None 
             t_row = time.perf_counter()
             g = torch.Generator().manual_seed(10_000 + seed)
             extra: dict[str, Any] = {}
-            det = row in ("deterministic", "deep_ensemble", *_LAM_ROWS)
+            det = row in ("deterministic", "deep_ensemble", "deep_ensemble_aligned", *_LAM_ROWS)
             if det:
                 net, hist, _ = cached(
                     "det",
@@ -466,7 +515,7 @@ def run_table2(cfg: Table2Config, out: str | Path, *, models: str | Path | None 
                 p_id = _predict_dropout(net, data["x_test"], cfg.eval_samples, cfg.chunk, g)
                 p_ood = _predict_dropout(net, data["x_ood"], cfg.eval_samples, cfg.chunk, g)
                 trained = train_time("mcd", seed)
-            elif row == "deep_ensemble" and cfg.ensemble_from_seeds:
+            elif ens and cfg.ensemble_from_seeds:
                 # the deterministic models of every seed (all trained by now: the
                 # deterministic row of each earlier seed ran first) as one ensemble
                 nets, trained = [], 0.0
@@ -477,9 +526,8 @@ def run_table2(cfg: Table2Config, out: str | Path, *, models: str | Path | None 
                     nets.append(mnet)
                     trained += train_time("det", sm) or 0.0
                 extra["members"] = [f"deterministic seed {sm}" for sm in cfg.seeds]
-                p_id = _predict_ensemble(nets, data["x_test"], cfg.chunk)
-                p_ood = _predict_ensemble(nets, data["x_ood"], cfg.chunk)
-            elif row == "deep_ensemble":
+                p_id, p_ood = _ensemble_preds(row, nets, data, cfg.chunk)
+            elif ens:
                 nets = [net]
                 trained = train_time("det", seed) or 0.0
                 for m in range(1, cfg.ensemble_members):
@@ -489,8 +537,7 @@ def run_table2(cfg: Table2Config, out: str | Path, *, models: str | Path | None 
                     )
                     nets.append(mnet)
                     trained += train_time(f"ens{m}", seed) or 0.0
-                p_id = _predict_ensemble(nets, data["x_test"], cfg.chunk)
-                p_ood = _predict_ensemble(nets, data["x_ood"], cfg.chunk)
+                p_id, p_ood = _ensemble_preds(row, nets, data, cfg.chunk)
             elif row == "hib":
                 net, hist, _ = cached(
                     "hib", seed, lambda s=seed: _train_hib(cfg, data, s), hib=True

@@ -181,3 +181,27 @@ def test_posthoc_sweep_uses_the_chosen_miner(tmp_path, monkeypatch):
         t2.posthoc_sweep(cfg, tmp_path, 0, miners="hardest")
     with pytest.raises(ValueError, match="hessian_scales"):
         t2.posthoc_sweep(cfg, tmp_path, 0, miners="hard", hessian_scales="0")
+
+
+def test_aligned_ensemble_undoes_a_rotation_of_a_member():
+    """A member whose embedding space is a rotation of member 0's aligns back onto it
+    (orthogonal Procrustes); the unaligned ensemble (the LAM code's) does not."""
+    torch.manual_seed(0)
+    a = t2.LamConvNet(3)
+    b = t2.LamConvNet(3)
+    b.load_state_dict(a.state_dict())
+    q, _ = torch.linalg.qr(torch.randn(3, 3, generator=torch.Generator().manual_seed(1)))
+    with torch.no_grad():  # z_b = Q z_a for every input
+        b.linear.weight.copy_(q @ a.linear.weight)
+        b.linear.bias.copy_(q @ a.linear.bias)
+    data = _fake_data(None)
+    _, _, s = t2._predict_ensemble_aligned([a, b], data["x_test"], data["x_train"], 16)
+    za = t2._predict_deterministic(a, data["x_test"], 16)[0]
+    torch.testing.assert_close(s[0], za)
+    torch.testing.assert_close(s[1], za, atol=1e-5, rtol=1e-5)
+    _, _, s_raw = t2._predict_ensemble([a, b], data["x_test"], 16)
+    assert float((s_raw[1] - za).norm(dim=1).mean()) > 0.1  # unaligned: a different frame
+    # the Procrustes rotation recovers a known rotation
+    src = torch.randn(50, 3, dtype=torch.float64)
+    r = t2._procrustes(src, src @ q.double())
+    torch.testing.assert_close(r, q.double())
