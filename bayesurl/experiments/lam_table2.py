@@ -59,6 +59,7 @@ __all__ = [
     "posthoc_sweep",
     "run_table2",
     "summarize",
+    "summarize_sweep",
 ]
 
 ROWS = (
@@ -811,16 +812,16 @@ def posthoc_sweep(
     """Post-hoc LAM on a seed's cached deterministic model: miner x hessian_scale x prior.
 
     For each Hessian-pair miner of ``miners`` (comma-separated names of
-    :data:`SWEEP_MINERS`, see :func:`hessian_miner`) the GGN diagonal is fitted once on
-    ``out/models/det_s<seed>.pt`` (written by :func:`run_table2`) with batches of
-    ``fit_batch_size`` (default ``cfg.batch_size``; the LAM authors' post-hoc configs use
-    64); the posterior precision ``beta relu(H) + lambda`` (LAM eq. 3) is then varied
-    without refitting over ``hessian_scales`` (``beta``) and ``priors`` (``lambda``; ``ml`` =
-    the marginal-likelihood optimum at that ``beta``), and each setting is evaluated as in
-    the table (bayesurl's u and the LAM-code u, AUSC, ECE). The backbone features are
-    computed once. Appends to ``out/posthoc_sweep_s<seed>.json`` as settings finish
-    (resumable: a (miner, fit batch, beta, prior) already there is skipped) and returns the
-    list.
+    :data:`SWEEP_MINERS`, see :func:`hessian_miner`; ``name@B`` fits that miner with batches
+    of ``B``) the GGN diagonal is fitted once on ``out/models/det_s<seed>.pt`` (written by
+    :func:`run_table2`) with batches of ``fit_batch_size`` (default ``cfg.batch_size``; the
+    LAM authors' post-hoc configs use 64); the posterior precision ``beta relu(H) + lambda``
+    (LAM eq. 3) is then varied without refitting over ``hessian_scales`` (``beta``) and
+    ``priors`` (``lambda``; ``ml`` = the marginal-likelihood optimum at that ``beta``), and
+    each setting is evaluated as in the table (bayesurl's u and the LAM-code u, AUSC, ECE).
+    The backbone features are computed once. Appends to ``out/posthoc_sweep_s<seed>.json``
+    as settings finish (resumable: a (miner, fit batch, beta, prior) already there is
+    skipped) and returns the list.
 
     Raises
     ------
@@ -829,14 +830,18 @@ def posthoc_sweep(
     """
     from bayesurl.laplace import MetricLaplace
 
-    miner_names = _split_list(miners, "miners")
-    for name in miner_names:
+    default_bs = int(fit_batch_size or cfg.batch_size)
+    specs: list[tuple[str, int]] = []  # (miner, fit batch): "name" or "name@batch"
+    for spec in _split_list(miners, "miners"):
+        name, _, b = spec.partition("@")
         hessian_miner(name, cfg.margin)  # validate every name before any work
+        if b and not (b.isdigit() and int(b) >= 1):
+            raise ValueError(f"`miners`: bad fit batch size in {spec!r}")
+        specs.append((name, int(b) if b else default_bs))
     betas = [float(b) for b in _split_list(hessian_scales, "hessian_scales")]
     if any(not b > 0 for b in betas):
         raise ValueError(f"`hessian_scales` must be positive, got {hessian_scales!r}")
     prior_names = _split_list(priors, "priors")
-    bs = int(fit_batch_size or cfg.batch_size)
     threads = torch.get_num_threads()
     torch.set_num_threads(int(cfg.threads))
     out = Path(out)
@@ -850,8 +855,8 @@ def posthoc_sweep(
     }  # fmt: skip
     try:
         todo = [
-            m
-            for m in miner_names
+            (m, bs)
+            for m, bs in specs
             if any((m, bs, p, b) not in seen for b in betas for p in prior_names)
         ]
         if not todo:
@@ -861,7 +866,7 @@ def posthoc_sweep(
         net.load_state_dict(torch.load(out / "models" / f"det_s{seed}.pt", weights_only=True))
         net.eval()
         phi = {k: _features(net, data[k], cfg.chunk) for k in ("x_train", "x_test", "x_ood")}
-        for name in todo:
+        for name, bs in todo:
             t0 = time.perf_counter()
             la = MetricLaplace(
                 _LinearHead(copy.deepcopy(net.linear)), "linear",
@@ -909,6 +914,92 @@ def posthoc_sweep(
     return done
 
 
+_SWEEP_COLUMNS = (
+    ("ood_auroc", "AUROC"),
+    ("lam_ood_auroc", "AUROC (LAM code)"),
+    ("ausc", "AUSC"),
+    ("lam_ausc", "AUSC (LAM code)"),
+    ("ece", "ECE"),
+    ("lam_ece", "ECE (LAM code)"),
+)
+
+
+def summarize_sweep(
+    out: str | Path, default_fit_batch_size: int | None = None
+) -> list[dict[str, Any]]:
+    """Per-setting table of every ``posthoc_sweep_s<seed>.json`` in ``out``.
+
+    ``default_fit_batch_size`` is the fit batch of entries written before the sweep recorded
+    it (they used the config's ``batch_size``; :func:`main` passes it).
+
+    One row per (miner, fit batch, ``hessian_scale``, prior) with each metric of
+    ``_SWEEP_COLUMNS`` as mean ± std over the seeds that have it (and the per-seed values),
+    the clamped fraction and the fitted ``lambda``; written to ``out/posthoc_sweep.md``.
+
+    Returns
+    -------
+    list of dict
+        ``{"miner", "fit_batch_size", "hessian_scale", "prior", "seeds", metric: [values],
+        "clamped_fraction": [values], "prior_precision": [values]}``, ordered by miner
+        (as in :data:`SWEEP_MINERS`), fit batch, ``hessian_scale`` and prior.
+    """
+    out = Path(out)
+    rows: dict[tuple, dict[str, Any]] = {}
+    for p in sorted(out.glob("posthoc_sweep_s*.json")):
+        seed = int(p.stem.rsplit("_s", 1)[1])
+        for d in json.loads(p.read_text()):
+            bs = d.get("fit_batch_size", default_fit_batch_size)
+            key = (d.get("miner", "hard"), bs, d["hessian_scale"], d["prior"])
+            r = rows.setdefault(
+                key,
+                {"miner": key[0], "fit_batch_size": key[1], "hessian_scale": key[2],
+                 "prior": key[3], "seeds": [], "clamped_fraction": [], "prior_precision": [],
+                 **{k: [] for k, _ in _SWEEP_COLUMNS}},
+            )  # fmt: skip
+            r["seeds"].append(seed)
+            r["clamped_fraction"].append(d["clamped_fraction"])
+            r["prior_precision"].append(d["prior_precision"])
+            for k, _ in _SWEEP_COLUMNS:
+                r[k].append(d["metrics"][k])
+
+    def order(k: tuple) -> tuple:
+        miner, bs, beta, prior = k
+        rank = SWEEP_MINERS.index(miner) if miner in SWEEP_MINERS else len(SWEEP_MINERS)
+        return (rank, bs or 0, beta, prior == "ml", 0.0 if prior == "ml" else float(prior))
+
+    rows = {k: rows[k] for k in sorted(rows, key=order)}
+
+    def cell(vals: list[float]) -> str:
+        if len(vals) == 1:
+            return f"{vals[0]:.3f}"
+        per = " / ".join(f"{v:.3f}" for v in vals)
+        return f"{statistics.fmean(vals):.3f} ± {statistics.stdev(vals):.3f} ({per})"
+
+    head = ["miner", "fit batch", "beta", "prior", "lambda", "seeds", "clamped",
+            *(h for _, h in _SWEEP_COLUMNS)]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows.values():
+        lam = r["prior_precision"]
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["miner"],
+                    str(r["fit_batch_size"] or ""),
+                    f"{r['hessian_scale']:g}",
+                    str(r["prior"]),
+                    " / ".join(f"{v:.3g}" for v in lam),
+                    ",".join(map(str, r["seeds"])),
+                    " / ".join(f"{v:.2f}" for v in r["clamped_fraction"]),
+                    *(cell(r[k]) for k, _ in _SWEEP_COLUMNS),
+                ]
+            )  # fmt: skip
+            + " |"
+        )
+    (out / "posthoc_sweep.md").write_text("\n".join(lines) + "\n")
+    return list(rows.values())
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m bayesurl.experiments.lam_table2 CONFIG --out DIR [--summarize]
     [--posthoc-sweep SEED [--priors ...] [--hessian-scales ...] [--miners ...]
@@ -924,13 +1015,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--priors", default="1,10,100,1000,10000,ml")
     ap.add_argument("--hessian-scales", default="1")
     ap.add_argument(
-        "--miners", default="hard", help=f"Hessian-pair miners, comma-separated: {SWEEP_MINERS}"
+        "--miners",
+        default="hard",
+        help=f"Hessian-pair miners, comma-separated, NAME or NAME@BATCH: {SWEEP_MINERS}",
     )
     ap.add_argument("--fit-batch-size", type=int, default=None, help="default: batch_size")
     ap.add_argument("--max-triplets", type=int, default=5000, help="lam_triplet cap per batch")
+    ap.add_argument(
+        "--summarize-sweep", action="store_true", help="only write OUT/posthoc_sweep.md"
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     cfg = load_config(args.config)
+    if args.summarize_sweep:
+        summarize_sweep(args.out, cfg.batch_size)
+        print((Path(args.out) / "posthoc_sweep.md").read_text())
+        return
     if args.posthoc_sweep is not None:
         posthoc_sweep(
             cfg, args.out, args.posthoc_sweep, args.priors, args.hessian_scales, args.miners,

@@ -173,12 +173,26 @@ def test_posthoc_sweep_uses_the_chosen_miner(tmp_path, monkeypatch):
     assert by_miner["lam_triplet"]["n_pairs"] <= 100
     # hard: one positive and at most one negative per anchor
     assert by_miner["hard"]["n_pairs"] <= 2 * 64
+    # the summary: one row per setting, in SWEEP_MINERS order, metrics copied from the JSON
+    summary = t2.summarize_sweep(tmp_path)
+    assert [(r["miner"], r["hessian_scale"]) for r in summary] == [
+        (d["miner"], d["hessian_scale"]) for d in res
+    ]
+    assert summary[0]["ood_auroc"] == [res[0]["metrics"]["ood_auroc"]]
+    md = (tmp_path / "posthoc_sweep.md").read_text().splitlines()
+    assert len(md) == 2 + len(res) and "lam_triplet" in md[-1]
     # resumable: a second call with the same grid computes nothing new
     n_fits = len(used)
     again = t2.posthoc_sweep(cfg, tmp_path, 0, priors="1", hessian_scales="1,10", miners="all")
     assert len(used) == n_fits and len(again) == len(res)
     with pytest.raises(ValueError, match="miner"):
         t2.posthoc_sweep(cfg, tmp_path, 0, miners="hardest")
+    with pytest.raises(ValueError, match="batch"):
+        t2.posthoc_sweep(cfg, tmp_path, 0, miners="hard@0")
+    # "name@B": that miner fitted with batches of B (a new setting, recorded as such)
+    res = t2.posthoc_sweep(cfg, tmp_path, 0, priors="1", hessian_scales="1", miners="hard@32")
+    assert (res[-1]["miner"], res[-1]["fit_batch_size"]) == ("hard", 32)
+    assert res[-1]["n_pairs"] != by_miner["hard"]["n_pairs"]  # two batches of 32, not one
     with pytest.raises(ValueError, match="hessian_scales"):
         t2.posthoc_sweep(cfg, tmp_path, 0, miners="hard", hessian_scales="0")
 
