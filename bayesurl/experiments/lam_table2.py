@@ -934,7 +934,8 @@ def summarize_sweep(
 
     One row per (miner, fit batch, ``hessian_scale``, prior) with each metric of
     ``_SWEEP_COLUMNS`` as mean ± std over the seeds that have it (and the per-seed values),
-    the clamped fraction and the fitted ``lambda``; written to ``out/posthoc_sweep.md``.
+    the clamped fraction and the fitted ``lambda``; written to ``out/posthoc_sweep.md`` and
+    (quoted CSV, for the docs) ``out/posthoc_sweep_display.csv``.
 
     Returns
     -------
@@ -997,6 +998,13 @@ def summarize_sweep(
             + " |"
         )
     (out / "posthoc_sweep.md").write_text("\n".join(lines) + "\n")
+    # the same cells, quoted CSV for the docs page's csv-table
+    display = [
+        '"' + '","'.join(c.strip() for c in line.strip().strip("|").split("|")) + '"'
+        for i, line in enumerate(lines)
+        if i != 1
+    ]
+    (out / "posthoc_sweep_display.csv").write_text("\n".join(display) + "\n")
     return list(rows.values())
 
 

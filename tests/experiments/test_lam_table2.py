@@ -181,6 +181,8 @@ def test_posthoc_sweep_uses_the_chosen_miner(tmp_path, monkeypatch):
     assert summary[0]["ood_auroc"] == [res[0]["metrics"]["ood_auroc"]]
     md = (tmp_path / "posthoc_sweep.md").read_text().splitlines()
     assert len(md) == 2 + len(res) and "lam_triplet" in md[-1]
+    csv = (tmp_path / "posthoc_sweep_display.csv").read_text().splitlines()
+    assert len(csv) == 1 + len(res) and csv[0].startswith('"miner","fit batch"')
     # resumable: a second call with the same grid computes nothing new
     n_fits = len(used)
     again = t2.posthoc_sweep(cfg, tmp_path, 0, priors="1", hessian_scales="1,10", miners="all")
