@@ -28,7 +28,7 @@ from bayesurl._checks import check_choice, check_int, check_ints, check_tensor
 from bayesurl.distributed import Shards, raise_if_any
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import sampled as Sm
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, _knn_sharded, knn
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, _knn_sharded, knn, rank_budget
 from bayesurl.types import Output
 
 __all__ = ["REQUIRED_KEYS", "evaluate", "evaluate_output"]
@@ -194,7 +194,8 @@ def evaluate(
     tolerance : float
         Miss-rate target of the adaptive shortlist.
     memory_budget : int
-        Bytes per similarity chunk.
+        Bytes per similarity chunk of one process; with ``distributed`` each of the ``W``
+        ranks uses ``memory_budget // W`` (:func:`~bayesurl.evaluation.knn.rank_budget`).
     backend : {"torch", "faiss"}
         kNN backend of the deterministic pass.
     return_curves : bool
@@ -283,6 +284,8 @@ def evaluate(
             )
     res["n"] = n
     res["uncertainty_source"] = u_source
+    # each of the W ranks holds 1/W of one process's similarity blocks (issue 16)
+    memory_budget = rank_budget(memory_budget, sh)
 
     # One search of the point embeddings serves R@k, mAP@k and, when the samples' mean is the
     # point embedding, the ECE shortlist.
