@@ -36,7 +36,14 @@ from bayesurl.evaluation.functional import (
     sparsification_curve,
     uncertainty_from_samples,
 )
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, knn_query, knn_sharded, normalize
+from bayesurl.evaluation.knn import (
+    DEFAULT_MEMORY_BUDGET,
+    knn,
+    knn_query,
+    knn_sharded,
+    normalize,
+    rank_budget,
+)
 
 if TYPE_CHECKING:  # loaded lazily at run time (see the module docstring)
     from bayesurl.evaluation.metrics import (
@@ -125,6 +132,7 @@ __all__ = [
     "plot_sparsification_curve",
     "r_at_1",
     "r_auroc",
+    "rank_budget",
     "rank_correlation",
     "recall_at_k",
     "retrieval_ece",

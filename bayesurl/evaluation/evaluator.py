@@ -195,7 +195,7 @@ def evaluate(
         Miss-rate target of the adaptive shortlist.
     memory_budget : int
         Bytes per similarity chunk of one process; with ``distributed`` each of the ``W``
-        ranks uses ``memory_budget // W`` (:func:`~bayesurl.evaluation.knn.rank_budget`).
+        ranks uses ``memory_budget // W`` (:func:`~bayesurl.evaluation.rank_budget`).
     backend : {"torch", "faiss"}
         kNN backend of the deterministic pass.
     return_curves : bool

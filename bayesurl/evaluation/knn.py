@@ -405,7 +405,7 @@ def knn_sharded(
         Neighbours, ``1 <= k <= N - 1`` for the global ``N``.
     memory_budget : int
         Bytes of the similarity blocks of **one process** (default 256 MiB); each of the ``W``
-        ranks uses ``memory_budget // W`` (:func:`rank_budget`).
+        ranks uses ``memory_budget // W`` (:func:`~bayesurl.evaluation.rank_budget`).
     chunk_size : int, optional
         See :func:`knn`.
     group : ProcessGroup, optional

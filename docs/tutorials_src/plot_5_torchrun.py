@@ -35,7 +35,7 @@ rest:
   Memory per rank shrinks with the number of ranks ``W``: its shard of the embeddings (as
   read and normalised), the two ring buffers of at most 8 MiB that bring the other shards
   past it, and its similarity block, which gets ``memory_budget / W``
-  (:func:`~bayesurl.evaluation.knn.rank_budget`; 256 MiB in one process, so 128 MiB of
+  (:func:`~bayesurl.evaluation.rank_budget`; 256 MiB in one process, so 128 MiB of
   budget -- a 64 MiB block -- per rank with 2 ranks). ``python benchmarks/evaluator.py
   --distributed 2 --n 60000 --d 256`` prints the time of the whole command against one
   process, each rank's peak next to this bound term by term (``--phases`` for the RSS at
