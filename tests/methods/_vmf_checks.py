@@ -164,3 +164,29 @@ def check_bad_input(name: str) -> None:
             m.training_loss((bad, y))
     with pytest.raises(ValueError, match="unknown method"):
         M.create(name + "_nope")
+
+
+def check_warm_kappa_moves(name: str) -> None:
+    """From the default warm-up (u = 0.001), one AdamW step at lr 1e-3 on the
+    method's own training loss changes kappa by a measurable relative amount (median
+    ``|d log kappa| > 1e-4``). The old additive warm-up moved it by ~1e-6 per step, so ELK's
+    kappa stayed at 1000 through a whole benchmark run."""
+    m = make(name).train()
+    assert m.kappa_head.warmup_u == 1e-3  # the methods' default
+    b = batch(m)
+    x = b[0] if not m.two_view else b[0][0]
+    with torch.no_grad():
+        m.training_loss(b)  # warms the kappa head up
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.0)
+    m.eval()  # kappa without sampling noise; the step itself is a training step
+    with torch.no_grad():
+        before = m(x).kappa.double()
+    m.train()
+    torch.manual_seed(0)
+    m.training_loss(b).backward()
+    opt.step()
+    m.eval()
+    with torch.no_grad():
+        after = m(x).kappa.double()
+    change = (after / before).log().abs()
+    assert float(change.median()) > 1e-4, (name, change)
