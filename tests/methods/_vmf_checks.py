@@ -71,13 +71,17 @@ def check_samples_follow_kappa(name: str, n_samples: int = 4000) -> None:
         x = x[0] if m.two_view else x
         with torch.no_grad():
             if warmup_u is not None:
-                m.train().embed_with_kappa(x)  # warms the kappa head up on this batch
+                # warms the kappa head up on this batch: exact in train mode, where it is set
+                _, k_train = m.train().embed_with_kappa(x)
+                assert float((1 / k_train).mean()) == pytest.approx(warmup_u, rel=1e-5)
             m.eval()
             torch.manual_seed(0)
             out = m(x, n_samples=n_samples)
         kappa = out.kappa.double()
         if warmup_u is not None:
-            assert float((1 / kappa).mean()) == pytest.approx(warmup_u, rel=1e-3)
+            # eval mode: BatchNorm's running statistics differ from the batch's, and the warmed
+            # head maps that difference to kappa on a log scale (0.8 % here): same regime
+            assert float((1 / kappa).mean()) == pytest.approx(warmup_u, rel=0.05)
         a = torch.from_numpy(mean_resultant_length(kappa, D))
         var = 1 - (D - 1) * a / kappa - a * a
         z, mu = out.samples.double(), out.embedding.double()
