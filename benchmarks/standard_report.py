@@ -60,6 +60,42 @@ def _last_change(curve: list[float] | None) -> float | None:
     return abs(curve[-1] - curve[-2]) / abs(curve[-2])
 
 
+def reliability(runs: list[dict[str, Any]], metric: str) -> dict[str, float] | None:
+    """Two-way (estimator x split) variance decomposition of ``metric`` and what it implies.
+
+    ``icc`` is the consistency intra-class correlation ICC(C, 1) = (MS_est - MS_res) /
+    (MS_est + (k - 1) MS_res) of one split (k splits, one seed each): the share of a single
+    split's metric variance that is a stable estimator difference. By Spearman-Brown, a mean
+    over ``m`` splits has reliability m ICC / (1 + (m - 1) ICC), and two disjoint halves of
+    ``m`` splits each correlate at about that value; ``splits_for_0.7`` is the total number of
+    splits (two halves) for a split-half correlation of 0.7 (``inf`` when ICC <= 0).
+    """
+    import numpy as np
+
+    ok = [r for r in runs if r.get("error") is None and r.get(metric) is not None]
+    ests = sorted({r["method"] for r in ok})
+    splits = sorted({r["split"] for r in ok})
+    table = np.full((len(ests), len(splits)), np.nan)
+    for r in ok:
+        table[ests.index(r["method"]), splits.index(r["split"])] = float(r[metric])
+    table = table[~np.isnan(table).any(axis=1)]
+    n, k = table.shape
+    if n < 3 or k < 2:
+        return None
+    grand = table.mean()
+    ms_e = k * ((table.mean(axis=1) - grand) ** 2).sum() / (n - 1)
+    resid = table - table.mean(axis=1, keepdims=True) - table.mean(axis=0, keepdims=True) + grand
+    ms_r = (resid**2).sum() / ((n - 1) * (k - 1))
+    icc = (ms_e - ms_r) / (ms_e + (k - 1) * ms_r)
+    need = math.inf if icc <= 0 else 2 * math.ceil(0.7 * (1 - icc) / (icc * 0.3))
+    return {
+        "icc": float(icc),
+        "sd_between_estimators": float(math.sqrt(max(ms_e - ms_r, 0.0) / k)),
+        "sd_residual": float(math.sqrt(ms_r)),
+        "splits_for_0.7": float(need),
+    }
+
+
 def report(folder: Path, docs: Path | None) -> str:
     doc = json.loads((folder / "results.json").read_text())
     summary, paired, repro = doc["summary"], doc.get("paired_vs_ce", {}), doc["reproducibility"]
@@ -108,11 +144,36 @@ def report(folder: Path, docs: Path | None) -> str:
             continue
         parts_s = ", ".join(f"{p['spearman']:.2f}" for p in r["partitions"])
         rrow.append([t, f"{r['mean']:.2f}", f"{r['min']:.2f}", f"{r['max']:.2f}", parts_s])
+    for row in rrow:
+        key = {"R-AUROC": "r_auroc", "R@1": "r@1", "OOD AUROC": "ood_auroc"}[row[0]]
+        rel = reliability(doc["runs"], key)
+        if rel is None:
+            row += ["n/a"] * 4
+            continue
+        need = rel["splits_for_0.7"]
+        row += [
+            f"{rel['sd_between_estimators']:.3f}",
+            f"{rel['sd_residual']:.3f}",
+            f"{rel['icc']:.2f}",
+            "never (ICC <= 0)" if math.isinf(need) else f"{need:.0f}",
+        ]
     parts.append(
         _list_table(
             "Split-half reproducibility: Spearman correlation of the estimators' mean metric "
-            "between two disjoint halves of the class splits, over every balanced partition",
-            ["metric", "mean", "min", "max", "per partition"],
+            "between two disjoint halves of the class splits, over every balanced partition; "
+            "variance decomposition over estimator x split (two-way, one seed) and the number "
+            "of splits a split-half correlation of 0.7 would need by Spearman-Brown",
+            [
+                "metric",
+                "mean",
+                "min",
+                "max",
+                "per partition",
+                "SD between estimators",
+                "SD estimator x split",
+                "ICC (one split)",
+                "splits for 0.7",
+            ],
             rrow,
         )
     )
@@ -164,12 +225,53 @@ def report(folder: Path, docs: Path | None) -> str:
     return text
 
 
+def combine(base: Path, rerun: Path, keep_before: Path | None = None) -> Path:
+    """Replace the runs of ``base/results.json`` whose estimator was re-run in ``rerun``.
+
+    For a sweep of which some estimators were run again after a fix (here: the four vMF
+    methods after the kappa-head warm-up fix): every record of an estimator present in
+    ``rerun/results.json`` replaces that estimator's records of ``base``; the summary, paired
+    tests, reproducibility and plots are recomputed (:func:`bayesurl.runs.protocol.
+    write_results`) into ``base``. The original ``base`` files are first copied to
+    ``keep_before`` (default ``base/before_rerun``). Returns the new ``results.json``.
+    """
+    from bayesurl.runs.protocol import write_results
+
+    old = json.loads((base / "results.json").read_text())
+    new = json.loads((rerun / "results.json").read_text())
+    again = {r["method"] for r in new["runs"]}
+    keep = keep_before if keep_before is not None else base / "before_rerun"
+    keep.mkdir(parents=True, exist_ok=True)
+    for f in ("results.json", "results.csv", "recall_vs_rauroc.png", "training_curves.png"):
+        if (base / f).exists() and not (keep / f).exists():
+            shutil.copy2(base / f, keep / f)
+    runs = [r for r in old["runs"] if r["method"] not in again] + new["runs"]
+    settings = dict(old["settings"])
+    settings["rerun"] = {
+        "estimators": sorted(again),
+        "from": str(rerun),
+        "settings": new["settings"],
+        "before": str(keep),
+    }
+    settings["estimators"] = sorted({r["method"] for r in runs})
+    settings["sum_of_run_times_s"] = sum(float(r.get("total_time") or 0.0) for r in runs)
+    return write_results(runs, base, settings)["json"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path, help="folder holding results.json")
     ap.add_argument("--docs", type=Path, default=Path("docs"), help="docs folder to update")
     ap.add_argument("--no-docs", action="store_true", help="only print the tables")
+    ap.add_argument(
+        "--rerun",
+        type=Path,
+        default=None,
+        help="a sweep folder whose estimators replace those of FOLDER (see combine())",
+    )
     a = ap.parse_args()
+    if a.rerun is not None:
+        combine(a.folder, a.rerun)
     print(report(a.folder, None if a.no_docs else a.docs))
 
 
