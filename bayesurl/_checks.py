@@ -59,11 +59,27 @@ def check_ndim(x: Tensor, name: str, ndim: int | Sequence[int]) -> None:
         raise ValueError(f"`{name}` must be {want}, got shape {tuple(x.shape)}")
 
 
+#: Elements :func:`check_finite` tests at once. ``torch.isfinite`` of a float tensor builds an
+#: ``abs`` copy and two boolean masks of its size; in blocks these temporaries stay a few MiB
+#: instead of 1.5x the input (measured issue 16: 44 MiB of a 29 MiB shard of embeddings kept by
+#: the allocator into the search's peak).
+FINITE_BLOCK = 2**18
+
+
 def check_finite(x: Tensor, name: str) -> None:
-    """Raise if ``x`` holds NaN or +-inf (integer tensors always pass)."""
+    """Raise if ``x`` holds NaN or +-inf (integer tensors always pass).
+
+    Tested in blocks of :data:`FINITE_BLOCK` elements, so the check's temporary memory does not
+    grow with ``x``; the counts of the error message are only computed on failure.
+    """
     if x.is_floating_point() or x.is_complex():
-        bad = ~torch.isfinite(x)
-        if bool(bad.any()):
+        flat = x.reshape(-1)
+        if flat.numel() <= FINITE_BLOCK:
+            ok = torch.isfinite(flat).all()
+        else:  # one device-side flag per block, one host sync
+            ok = torch.stack([torch.isfinite(b).all() for b in flat.split(FINITE_BLOCK)]).all()
+        if not bool(ok):
+            bad = ~torch.isfinite(x)
             n_nan = int(torch.isnan(x).sum())
             n_inf = int(bad.sum()) - n_nan
             raise ValueError(

@@ -16,11 +16,15 @@ Targets (issue 2): exact pass <= 1.05x faiss; S=100 ECE <= 3x one pass at >= 99.
 ``--distributed W`` (issue 16) instead times the whole ``bayesurl evaluate X.npz`` command
 (process start, reading, search, metrics) in one process and under ``torchrun
 --nproc_per_node W`` with the same threads per process (``--threads``, default 1 here),
-alternating ``--repeats`` times, and prints the W-rank / 1-rank time ratio (median), the peak
-resident memory of each rank above its post-import baseline against the bound ``N D / W``
-(embeddings) plus the ring's chunk buffers, and the largest metric difference. Target: 2 ranks
-<= 0.6x at N = 60k, D = 256, one thread per process; peak per rank <= 1/W of the embeddings
-plus the chunk buffers.
+alternating ``--repeats`` times, and prints the W-rank / 1-rank time ratio (median) of the
+whole command, after the imports and in CPU time, each rank's peak anonymous memory above its
+post-import baseline against the bound of :func:`memory_bound` term by term (its shard as read
+and normalised, the ring's chunk buffers, its ``budget / W`` similarity block, top-k and
+temporaries; library code paged in is printed apart), and the largest metric difference.
+``--phases`` adds rank 0's RSS at each phase boundary, ``--sweep-n 60000 120000`` repeats the
+comparison for several N (start-up weighs less at larger N). Target: 2 ranks <= 0.6x at
+N = 60k, D = 256, one thread per process; peak per rank <= 1/W of the embeddings plus the
+chunk buffers.
 
 Usage::
 
@@ -28,6 +32,7 @@ Usage::
     python benchmarks/evaluator.py --quick    # N=8k, D=128
     python benchmarks/evaluator.py --device cuda
     python benchmarks/evaluator.py --distributed 2 --n 60000 --d 256   # sharded evaluate
+    python benchmarks/evaluator.py --distributed 2 --d 256 --sweep-n 60000 120000 --phases
 """
 
 from __future__ import annotations
@@ -212,11 +217,28 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="with --distributed: S posterior draws in the npz (the ECE is timed too)",
     )
+    p.add_argument(
+        "--sweep-n",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="with --distributed: run it for each N in turn (e.g. 60000 120000: start-up "
+        "weighs less at larger N)",
+    )
+    p.add_argument(
+        "--phases",
+        action="store_true",
+        help="with --distributed: also print rank 0's RSS at the evaluation's phase boundaries",
+    )
     a = p.parse_args(argv)
     if a.quick:
         a.n, a.d = 8000, 128
     if a.distributed is not None:
-        return distributed_main(a)
+        for n in a.sweep_n or [a.n]:
+            a.n = n
+            distributed_main(a)
+        return None
     a.threads = 2 if a.threads is None else a.threads
     device = torch.device(a.device)
     torch.set_num_threads(a.threads)
@@ -332,6 +354,45 @@ def main(argv: list[str] | None = None) -> None:
     print(f"    mean confidence {float(res.confidence.mean()):.3f}")
 
 
+#: neighbours of the one search of ``bayesurl evaluate`` with its default ``--ks 1 5 10``
+K_SEARCH = 10
+
+
+def memory_bound(n: int, d: int, world: int, k: int = K_SEARCH) -> dict[str, int]:
+    """Bytes a rank of ``bayesurl evaluate`` (float32 npz, W ranks) holds at its peak, the
+    exact search's inner loop, term by term (issue 16; every term shrinks with W):
+
+    - its shard of the embeddings as read, and the normalised copy searched;
+    - the ring's two receive buffers of at most ``RING_CHUNK_BYTES`` (W > 1);
+    - the similarity block ``[B, n_c]`` of one gallery chunk of ``n_c`` rows, within the
+      rank's share ``DEFAULT_MEMORY_BUDGET / W`` (two buffers counted, one used);
+    - the running top-k (float32 similarities + int64 ids) and the labels (int64) and
+      uncertainties (float32) of its queries;
+    - temporaries: the finite check's block and one query block's top-k merge.
+
+    Not counted: memory glibc keeps after freeing temporaries (a few MiB, printed as the
+    remainder) and library code paged in on first use (file-backed, printed apart).
+    """
+    from bayesurl._checks import FINITE_BLOCK
+    from bayesurl.distributed import RING_CHUNK_BYTES, Shards
+    from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, chunk_rows, rank_budget
+
+    n_r = -(-n // world)
+    shard = n_r * d * 4
+    n_c = n if world == 1 else min(max(1, RING_CHUNK_BYTES // (d * 4)), n_r)
+    budget = rank_budget(DEFAULT_MEMORY_BUDGET, Shards((1,) * world))
+    rows = min(chunk_rows(n_c, torch.float32, budget), n_r)
+    terms = {"shard": shard, "normalised shard": shard}
+    if world > 1:
+        terms["ring buffers"] = 2 * min(RING_CHUNK_BYTES, n_c * d * 4)
+    terms["similarity block"] = rows * n_c * 4
+    terms["top-k, labels, u"] = n_r * (k * 12 + 12)
+    # short-lived: the finite check's block (abs copy + two masks) and one query block's
+    # top-(k+1), re-sort and merge with the running top-k (about 100 bytes per row and k)
+    terms["temporaries"] = FINITE_BLOCK * 6 + rows * k * 100
+    return terms
+
+
 def distributed_main(a: argparse.Namespace) -> None:
     """``bayesurl evaluate`` on one process vs ``torchrun --nproc_per_node W`` (issue 16)."""
     import json
@@ -339,9 +400,6 @@ def distributed_main(a: argparse.Namespace) -> None:
     import sys
     import tempfile
     from pathlib import Path
-
-    from bayesurl.distributed import RING_CHUNK_BYTES
-    from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET
 
     w, threads = a.distributed, a.threads or 1
     if w < 2:
@@ -374,10 +432,11 @@ def distributed_main(a: argparse.Namespace) -> None:
         cmd = [wrapper, "evaluate", str(npz), "--json", str(out), *extra]
         if ranks > 1:
             cmd = ["-m", "torch.distributed.run", "--nproc_per_node", str(ranks), *cmd]
+        phases = {"BAYESURL_RSS_PHASES": "1"} if a.phases and tag == f"w{a.repeats - 1}" else {}
         t0 = time.perf_counter()
         subprocess.run(
             [sys.executable, *cmd],
-            env={**env, "BAYESURL_RSS_DIR": str(rss)},
+            env={**env, "BAYESURL_RSS_DIR": str(rss), **phases},
             check=True,
             stdout=subprocess.DEVNULL,
         )
@@ -407,26 +466,37 @@ def distributed_main(a: argparse.Namespace) -> None:
         f"{c1:.2f} s, busiest of {w} ranks {cw:.2f} s (ratio {cw / c1:.3f})"
     )
     emb = a.n * a.d * 4
-    shard = -(-a.n // w) * a.d * 4
-    bufs = 2 * min(RING_CHUNK_BYTES, shard)
-    # the [B, n] similarity block of the top-k search: half of the memory budget (two buffers
-    # are counted), the same in one process and per rank
-    sim = DEFAULT_MEMORY_BUDGET // 2
-    p1 = max(m["peak"] - m["base"] for m in ones[0][1])
+    p1 = ones[0][1][0]
+    print(f"  embeddings N x D float32 {emb / 2**20:.1f} MiB")
     print(
-        f"  embeddings N x D float32 {emb / 2**20:.1f} MiB; 1 process peak above baseline "
-        f"{p1 / 2**20:.1f} MiB"
+        "  peak memory above the post-import baseline (RssAnon: the process's own data; the "
+        "file-backed part is library code paged in on first use, shared, independent of N):"
     )
-    for r, m in enumerate(many[0][1]):
+    for label, ranks, m in [("1 process", 1, p1)] + [
+        (f"{w} ranks, rank {r}", w, mr) for r, mr in enumerate(many[0][1])
+    ]:
+        terms = memory_bound(a.n, a.d, ranks)
+        bound = sum(terms.values())
+        anon = m["anon_peak"] - m["anon_base"]
         print(
-            f"  rank {r}: peak above baseline {(m['peak'] - m['base']) / 2**20:7.1f} MiB "
+            f"  {label}: anon {anon / 2**20:6.1f} MiB <= bound {bound / 2**20:6.1f} MiB? "
+            f"{'yes' if anon <= bound else 'NO'} (remainder {(anon - bound) / 2**20:+.1f}); "
+            f"file-backed +{(m['file_peak'] - m['file_base']) / 2**20:.1f} MiB; "
+            f"total RSS {(m['peak'] - m['base']) / 2**20:6.1f} MiB "
             f"(baseline {m['base'] / 2**20:.0f} MiB)"
         )
-    print(
-        f"  bound: 1/W of the embeddings {shard / 2**20:.1f} MiB (x2: as read and normalised) + "
-        f"ring chunk buffers {bufs / 2**20:.1f} MiB + similarity block {sim / 2**20:.0f} MiB = "
-        f"{(2 * shard + bufs + sim) / 2**20:.1f} MiB"
-    )
+    for ranks in (1, w):
+        terms = memory_bound(a.n, a.d, ranks)
+        print(
+            f"  bound, {ranks} rank(s): "
+            + " + ".join(f"{name} {v / 2**20:.1f}" for name, v in terms.items())
+            + f" = {sum(terms.values()) / 2**20:.1f} MiB"
+        )
+    phases = many[-1][1][0].get("phases")
+    if phases:
+        print("  rank 0 phases (RSS / anon / file-backed MiB above the baseline):")
+        for name, *v in phases:
+            print(f"    {name:<18}" + " ".join(f"{x:7.1f}" for x in v))
     ref, got = ones[0][2], many[0][2]
     diffs = [
         abs(float(ref[k]) - float(got[k]))

@@ -132,3 +132,24 @@ def test_check_number():
         check_number("0.1", "lr")
     with pytest.raises(ValueError, match="`p` must be < 1"):
         check_number(1.0, "p", high=1, high_open=True)
+
+
+@pytest.mark.parametrize("where", [0, 1, -1])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_check_finite_finds_a_bad_value_in_any_block(monkeypatch, where, bad):
+    """Tested in blocks of FINITE_BLOCK elements (bounded temporaries, issue 16): a single bad
+    value in the first, second or last block, of a contiguous or a strided tensor, is found and
+    counted."""
+    import bayesurl._checks as C
+
+    monkeypatch.setattr(C, "FINITE_BLOCK", 7)
+    x = torch.zeros(6, 5)
+    flat_pos = [0, 8, 29][[0, 1, -1].index(where)]
+    x.view(-1)[flat_pos] = bad
+    for t in (x, x.T):  # x.T is not contiguous
+        with pytest.raises(ValueError, match=r"`emb` contains non-finite values") as err:
+            C.check_finite(t, "emb")
+        assert ("1 NaN, 0 inf" if math.isnan(bad) else "0 NaN, 1 inf") in str(err.value)
+    C.check_finite(torch.zeros(6, 5), "emb")
+    C.check_finite(torch.zeros(0, 5), "emb")
+    C.check_finite(torch.ones(3, dtype=torch.long), "emb")

@@ -1,8 +1,15 @@
 """The sampling-aware evaluator: exact chunked kNN, functional metrics, torchmetrics classes,
 one entry point (:func:`evaluate`) and plots. Definitions: spec METRICS.md; papers: URL
-benchmark (Kirchhof et al. 2023, section 3.1) and LAM (Warburg et al. 2023, section 5)."""
+benchmark (Kirchhof et al. 2023, section 3.1) and LAM (Warburg et al. 2023, section 5).
 
-from typing import Any
+The torchmetrics classes (:mod:`bayesurl.evaluation.metrics`, which imports torchmetrics and,
+through it, torchvision and scipy) and the plot helpers (matplotlib) load on first use of one
+of their names, so ``bayesurl evaluate`` and the functional API start without them (issue 16:
+about 1 s and 280 MB of resident memory per process under torchrun).
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from bayesurl.evaluation.evaluator import REQUIRED_KEYS, evaluate, evaluate_output
 from bayesurl.evaluation.functional import (
@@ -29,33 +36,63 @@ from bayesurl.evaluation.functional import (
     sparsification_curve,
     uncertainty_from_samples,
 )
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, knn_query, knn_sharded, normalize
-from bayesurl.evaluation.metrics import (
-    AUSC,
-    AUSE,
-    OODAUPRC,
-    OODAUROC,
-    RAUROC,
-    MAPAtK,
-    RecallAtK,
-    RetrievalECE,
+from bayesurl.evaluation.knn import (
+    DEFAULT_MEMORY_BUDGET,
+    knn,
+    knn_query,
+    knn_sharded,
+    normalize,
+    rank_budget,
 )
 
-_PLOTS = {
-    "plot_recall_vs_rauroc",
-    "plot_reliability_diagram",
-    "plot_roc",
-    "plot_sparsification_curve",
+if TYPE_CHECKING:  # loaded lazily at run time (see the module docstring)
+    from bayesurl.evaluation.metrics import (
+        AUSC,
+        AUSE,
+        OODAUPRC,
+        OODAUROC,
+        RAUROC,
+        MAPAtK,
+        RecallAtK,
+        RetrievalECE,
+    )
+    from bayesurl.evaluation.plots import (
+        plot_recall_vs_rauroc,
+        plot_reliability_diagram,
+        plot_roc,
+        plot_sparsification_curve,
+    )
+
+#: name -> submodule of the names loaded on first use
+_LAZY = {
+    **dict.fromkeys(
+        ("AUSC", "AUSE", "OODAUPRC", "OODAUROC", "RAUROC", "MAPAtK", "RecallAtK", "RetrievalECE"),
+        "metrics",
+    ),
+    **dict.fromkeys(
+        (
+            "plot_recall_vs_rauroc",
+            "plot_reliability_diagram",
+            "plot_roc",
+            "plot_sparsification_curve",
+        ),
+        "plots",
+    ),
 }
 
 
 def __getattr__(name: str) -> Any:
-    # Plot helpers import matplotlib, so they load on first use.
-    if name in _PLOTS:
-        from bayesurl.evaluation import plots
-
-        return getattr(plots, name)
+    # torchmetrics classes and plot helpers load on first use (heavy third-party imports).
+    if name in _LAZY:
+        module = importlib.import_module(f"bayesurl.evaluation.{_LAZY[name]}")
+        value = getattr(module, name)
+        globals()[name] = value  # later look-ups skip __getattr__
+        return value
     raise AttributeError(f"module 'bayesurl.evaluation' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 __all__ = [
@@ -95,6 +132,7 @@ __all__ = [
     "plot_sparsification_curve",
     "r_at_1",
     "r_auroc",
+    "rank_budget",
     "rank_correlation",
     "recall_at_k",
     "retrieval_ece",

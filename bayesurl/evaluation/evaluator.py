@@ -28,7 +28,7 @@ from bayesurl._checks import check_choice, check_int, check_ints, check_tensor
 from bayesurl.distributed import Shards, raise_if_any
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import sampled as Sm
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, _knn_sharded, knn
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, _knn_sharded, knn, rank_budget
 from bayesurl.types import Output
 
 __all__ = ["REQUIRED_KEYS", "evaluate", "evaluate_output"]
@@ -194,7 +194,8 @@ def evaluate(
     tolerance : float
         Miss-rate target of the adaptive shortlist.
     memory_budget : int
-        Bytes per similarity chunk.
+        Bytes per similarity chunk of one process; with ``distributed`` each of the ``W``
+        ranks uses ``memory_budget // W`` (:func:`~bayesurl.evaluation.rank_budget`).
     backend : {"torch", "faiss"}
         kNN backend of the deterministic pass.
     return_curves : bool
@@ -283,6 +284,8 @@ def evaluate(
             )
     res["n"] = n
     res["uncertainty_source"] = u_source
+    # each of the W ranks holds 1/W of one process's similarity blocks (issue 16)
+    memory_budget = rank_budget(memory_budget, sh)
 
     # One search of the point embeddings serves R@k, mAP@k and, when the samples' mean is the
     # point embedding, the ECE shortlist.
@@ -307,26 +310,39 @@ def evaluate(
         _, nb_loc = _knn_sharded(x, k_search, sh, memory_budget, None)
     else:
         _, nb_loc = knn(x, k_search, memory_budget=memory_budget, backend=backend)
-    # per-query results of every rank (the identity in one process)
-    nb = sh.gather(nb_loc)
-    y_dev = sh.gather(y.to(nb.device))
+    # The neighbour ids stay on their rank: each rank scores its own queries against the labels
+    # of every row, and only per-query scalars are gathered (hit flags, AP@k) -- no [N, k] ids
+    # on every rank and no rank repeating another's work; the means over the gathered [N]
+    # columns are the single-process ones, bit for bit (the identity in one process).
+    dev = nb_loc.device
+    y_loc = y.to(dev)
+    y_dev = sh.gather(y_loc)  # [N] labels of every row
     if u is not None:
-        u = sh.gather(u.to(nb.device))
-    hit = y_dev[nb] == y_dev[:, None]
-    correct = hit[:, 0]
+        u = sh.gather(u.to(dev))
+    hit = y_dev[nb_loc] == y_loc[:, None]  # [n_r, k_search]
+    rec_ks = [k for k in ks if k <= n - 1]
+    map_ok = [k for k in map_ks if k <= n - 1]
+    flags = sh.gather(torch.stack([hit[:, 0], *(hit[:, :k].any(dim=1) for k in rec_ks)], dim=1))
+    mates = Fm._class_mates(y_dev)[sh.offset : sh.offset + n_loc]
+    aps = sh.gather(
+        torch.stack([Fm._ap_from_hits(hit, mates, k) for k in map_ok], dim=1)
+        if map_ok
+        else torch.empty(n_loc, 0, dtype=torch.float64, device=dev)
+    )
+    correct = flags[:, 0].contiguous()
     res["r@1"] = _f(correct.double().mean())
     for k in ks:
         if k > n - 1:
             res[f"recall@{k}"] = None
             notes.append(f"recall@{k}: undefined with only {n} points")
         else:
-            res[f"recall@{k}"] = _f(Fm._recall_from_neighbors(y_dev, nb, k))
+            res[f"recall@{k}"] = _f(flags[:, 1 + rec_ks.index(k)].contiguous().double().mean())
     for k in map_ks:
         if k > n - 1:
             res[f"map@{k}"] = None
             notes.append(f"map@{k}: undefined with only {n} points")
         else:
-            res[f"map@{k}"] = _f(Fm._map_from_neighbors(y_dev, nb, k))
+            res[f"map@{k}"] = _f(aps[:, map_ok.index(k)].contiguous().mean())
     if u is None:
         notes.append("r_auroc, ausc, ause: no uncertainties (give `uncertainties` or `samples`)")
     else:
@@ -354,7 +370,7 @@ def evaluate(
     else:
         Fm._check_n_bins(n_bins)  # before the search, not after it
         nb_draws = Sm._sampled_neighbors(
-            s, mode=ece_mode, shortlist=shortlist, candidates=nb if share else None,
+            s, mode=ece_mode, shortlist=shortlist, candidates=nb_loc if share else None,
             tolerance=tolerance, margin=ece_info.get("margin") if share else None,
             memory_budget=memory_budget, info=ece_info, progress=progress, block=32,
             cluster_iters=4, resultant=res_s, shards=sh,

@@ -302,13 +302,23 @@ def map_at_k(
 
 def _map_from_neighbors(y: Tensor, nb: Tensor, k: int) -> Tensor:
     """:func:`map_at_k` from labels ``[N]`` and neighbour ids ``[N, >=k]``."""
-    nb = nb[:, :k]
-    rel = (y[nb] == y[:, None]).double()
-    prec = rel.cumsum(dim=1) / torch.arange(1, k + 1, device=rel.device, dtype=torch.float64)
+    return _ap_from_hits(y[nb[:, :k]] == y[:, None], _class_mates(y), k).mean()
+
+
+def _class_mates(y: Tensor) -> Tensor:
+    """``[N]`` number of other items with item i's label."""
     _, inv, counts = torch.unique(y, return_inverse=True, return_counts=True)
-    n_rel = (counts[inv] - 1).clamp(max=k).double()
+    return counts[inv] - 1
+
+
+def _ap_from_hits(hit: Tensor, mates: Tensor, k: int) -> Tensor:
+    """``[M]`` AP@k of each query from the relevance ``hit`` ``[M, >=k]`` of its ranked
+    neighbours and its number of class-mates ``mates`` ``[M]`` (:func:`map_at_k`)."""
+    rel = hit[:, :k].double()
+    prec = rel.cumsum(dim=1) / torch.arange(1, k + 1, device=rel.device, dtype=torch.float64)
+    n_rel = mates.clamp(max=k).double()
     ap = (rel * prec).sum(dim=1) / n_rel.clamp(min=1.0)
-    return torch.where(n_rel > 0, ap, torch.zeros_like(ap)).mean()
+    return torch.where(n_rel > 0, ap, torch.zeros_like(ap))
 
 
 # --------------------------------------------------------------------------- uncertainty

@@ -32,6 +32,7 @@ __all__ = [
     "knn_query",
     "knn_sharded",
     "normalize",
+    "rank_budget",
 ]
 
 #: Default bytes allowed for one chunk of the query-gallery similarity matrix (256 MiB).
@@ -79,6 +80,30 @@ def chunk_rows(n_gallery: int, dtype: torch.dtype, memory_budget: int) -> int:
         raise ValueError(f"`memory_budget` must be positive, got {memory_budget}")
     item = torch.empty((), dtype=dtype).element_size()
     return max(1, int(memory_budget // (2 * item * max(n_gallery, 1))))
+
+
+def rank_budget(memory_budget: int, shards: Shards) -> int:
+    """This rank's share of ``memory_budget`` in a sharded evaluation (issue 16).
+
+    ``memory_budget`` is what one process's similarity blocks may take; under ``W`` ranks each
+    takes ``memory_budget // W``, so the ranks together hold one process's working set and the
+    per-rank peak shrinks with ``W`` like the embeddings' shard (one process: unchanged).
+
+    Parameters
+    ----------
+    memory_budget : int
+        Bytes of the single-process similarity block(s).
+    shards : Shards
+        Row layout of the evaluation (its ``world_size`` is ``W``).
+
+    Returns
+    -------
+    int
+        ``max(1, memory_budget // W)``.
+    """
+    if memory_budget <= 0:
+        raise ValueError(f"`memory_budget` must be positive, got {memory_budget}")
+    return max(1, memory_budget // shards.world_size)
 
 
 def _stable_topk(sims: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -277,44 +302,63 @@ def _search(
     own global ids, excluded by index. Each chunk's top-k is merged into the running one in
     the order (similarity descending, global index ascending), so the result, ties included,
     does not depend on how the gallery is cut.
+
+    The running top-k ``[M, k]`` is allocated once and merged in place, one block of query
+    rows at a time (:func:`_topk_chunked`): a merge of the whole ``[M, 2k]`` per gallery chunk
+    allocated about ``27 M k`` bytes of short-lived index / order tensors per chunk, which the
+    allocator could not hand back between the long-lived results (measured issue 16: +48 MiB
+    of a rank's peak at N = 60k, k = 10, W = 2).
     """
     m = qn.shape[0]
-    best_v = torch.full((m, 0), -math.inf, dtype=qn.dtype, device=qn.device)
-    best_i = torch.zeros((m, 0), dtype=torch.long, device=qn.device)
+    if k == 1 and qn.device.type == "cpu":
+        best_v = best_i = None
+        for off, gn in gallery_chunks:
+            si = None if self_index is None else self_index - off
+            v, i = _top1_tiled(qn, gn.T, self_index=si)
+            i += off
+            if best_v is None or best_i is None:
+                best_v, best_i = v, i
+            else:  # later chunks hold larger indices: only a strictly better one wins
+                up = v > best_v
+                best_v, best_i = torch.where(up, v, best_v), torch.where(up, i, best_i)
+        assert best_v is not None and best_i is not None  # at least one chunk
+        return best_v, best_i
+    # -inf placeholders: every query has at least k finite candidates (k <= N - 1), so the
+    # placeholders (and -inf self entries) never survive the merges
+    best_v = torch.full((m, k), -math.inf, dtype=qn.dtype, device=qn.device)
+    best_i = torch.full((m, k), -1, dtype=torch.long, device=qn.device)
     work = qn.new_empty(0)  # similarity block, reused by every gallery chunk
     for off, gn in gallery_chunks:
         n_c = gn.shape[0]
         si = None if self_index is None else self_index - off
-        if k == 1 and qn.device.type == "cpu":
-            v, i = _top1_tiled(qn, gn.T, self_index=si)
-        else:
-            rows = chunk_rows(n_c, qn.dtype, memory_budget) if chunk_size is None else chunk_size
-            if work.numel() < min(rows, m) * n_c:
-                work = qn.new_empty(min(rows, m) * n_c)
-            v, i = _topk_chunked(qn, gn.T, min(k, n_c), rows, si, work)
-        i = i + off
-        if best_v.shape[1] == 0:
-            best_v, best_i = v, i
-        elif k == 1:  # later chunks hold larger indices: only a strictly better one wins
-            up = v > best_v
-            best_v, best_i = torch.where(up, v, best_v), torch.where(up, i, best_i)
-        else:
-            cv, ci = torch.cat([best_v, v], dim=1), torch.cat([best_i, i], dim=1)
-            order = ci.argsort(dim=1)
-            cv, ci = cv.gather(1, order), ci.gather(1, order)
-            order = cv.argsort(dim=1, descending=True, stable=True)[:, :k]
-            best_v, best_i = cv.gather(1, order), ci.gather(1, order)
+        rows = chunk_rows(n_c, qn.dtype, memory_budget) if chunk_size is None else chunk_size
+        if work.numel() < min(rows, m) * n_c:
+            work = qn.new_empty(min(rows, m) * n_c)
+        _topk_chunked(qn, gn.T, min(k, n_c), rows, si, work, best_v, best_i, off)
     return best_v, best_i
 
 
 def _topk_chunked(
-    qn: Tensor, gt: Tensor, k: int, chunk_size: int, self_index: Tensor | None, work: Tensor
-) -> tuple[Tensor, Tensor]:
-    """Top-k of ``qn @ gt`` over ``[chunk_size, N]`` row blocks (ties to the lowest index);
-    ``work`` holds at least ``min(chunk_size, M) * N`` elements for the similarity block."""
+    qn: Tensor,
+    gt: Tensor,
+    k: int,
+    chunk_size: int,
+    self_index: Tensor | None,
+    work: Tensor,
+    best_v: Tensor,
+    best_i: Tensor,
+    offset: int,
+) -> None:
+    """Merge the top-k of ``qn @ gt`` (gallery ids ``offset ..``) into ``best_v`` / ``best_i``.
+
+    Works over ``[chunk_size, N]`` row blocks; ``work`` holds at least
+    ``min(chunk_size, M) * N`` elements for the similarity block. ``best_v`` / ``best_i``
+    ``[M, K]`` (``K >= k``) hold the running top-K of earlier gallery chunks, all with ids
+    below ``offset``, ordered by (similarity descending, id ascending); a stable sort by
+    similarity of ``[best, new]`` therefore keeps that order, ties to the lowest id.
+    """
     m, n = qn.shape[0], gt.shape[1]
-    out_v = torch.empty(m, k, dtype=qn.dtype, device=qn.device)
-    out_i = torch.empty(m, k, dtype=torch.long, device=qn.device)
+    kk = best_v.shape[1]
     # One preallocated similarity buffer reused by every chunk: a fresh ``[B, N]`` allocation
     # per chunk would page-fault its memory in again on every chunk (measured 20-40 % of the
     # pass on CPU).
@@ -327,9 +371,11 @@ def _topk_chunked(
             own = ((si >= 0) & (si < n)).nonzero().squeeze(1)
             sims[own, si[own]] = -math.inf
         v, i = _stable_topk(sims, k)
-        out_v[start:stop] = v
-        out_i[start:stop] = i
-    return out_v, out_i
+        bv, bi = best_v[start:stop], best_i[start:stop]
+        cv, ci = torch.cat([bv, v], dim=1), torch.cat([bi, i + offset], dim=1)
+        order = cv.argsort(dim=1, descending=True, stable=True)[:, :kk]
+        torch.gather(cv, 1, order, out=bv)
+        torch.gather(ci, 1, order, out=bi)
 
 
 def knn_sharded(
@@ -357,7 +403,10 @@ def knn_sharded(
         ``[n_r, D]`` this rank's rows (floating point, same D and dtype on every rank).
     k : int
         Neighbours, ``1 <= k <= N - 1`` for the global ``N``.
-    memory_budget, chunk_size
+    memory_budget : int
+        Bytes of the similarity blocks of **one process** (default 256 MiB); each of the ``W``
+        ranks uses ``memory_budget // W`` (:func:`~bayesurl.evaluation.rank_budget`).
+    chunk_size : int, optional
         See :func:`knn`.
     group : ProcessGroup, optional
         Process group of the shards.
@@ -372,13 +421,15 @@ def knn_sharded(
     x = check_tensor(embeddings, "embeddings", ndim=2, min_points=0)
     if not x.is_floating_point():
         raise ValueError(f"embeddings must be floating point, got {x.dtype}")
-    return _knn_sharded(x, k, Shards.of(x.shape[0], x.device, group), memory_budget, chunk_size)
+    sh = Shards.of(x.shape[0], x.device, group)
+    return _knn_sharded(x, k, sh, rank_budget(memory_budget, sh), chunk_size)
 
 
 def _knn_sharded(
     x: Tensor, k: int, sh: Shards, memory_budget: int, chunk_size: int | None
 ) -> tuple[Tensor, Tensor]:
-    """:func:`knn_sharded` on validated rows ``x`` with the row layout ``sh``."""
+    """:func:`knn_sharded` on validated rows ``x`` with the row layout ``sh``;
+    ``memory_budget`` is already this rank's (:func:`rank_budget`)."""
     n = sh.n
     if n < 2:
         raise ValueError(f"`embeddings` needs at least 2 points over all ranks, got {n}")

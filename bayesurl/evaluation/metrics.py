@@ -30,7 +30,7 @@ from bayesurl._checks import check_same_length, check_tensor
 from bayesurl.distributed import Shards, is_distributed, raise_if_any
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import sampled as Sm
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, _knn_sharded, knn
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, _knn_sharded, knn, rank_budget
 
 if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
     from matplotlib.axes import Axes
@@ -125,7 +125,7 @@ class _RetrievalMetric(Metric):
             _, nb = knn(x, k, memory_budget=self.memory_budget)
             return nb, y, u
         sh = Shards.of(x.shape[0], x.device, self.process_group)
-        _, nb = _knn_sharded(x, k, sh, self.memory_budget, None)
+        _, nb = _knn_sharded(x, k, sh, rank_budget(self.memory_budget, sh), None)
         return sh.gather(nb), sh.gather(y), None if u is None else sh.gather(u)
 
     def _correct(self) -> Tensor:
@@ -326,8 +326,8 @@ class RetrievalECE(Metric):
         nb = Sm._sampled_neighbors(
             Sm._samples(s, check_values=self.mode == "exact"), mode=self.mode,
             shortlist=self.shortlist, candidates=None, tolerance=1e-3, margin=None,
-            memory_budget=self.memory_budget, info=None, progress=False, block=32,
-            cluster_iters=4, shards=sh,
+            memory_budget=rank_budget(self.memory_budget, sh), info=None, progress=False,
+            block=32, cluster_iters=4, shards=sh,
         )  # fmt: skip
         nb = sh.gather(nb.T.contiguous()).T
         return Fm._ece_from_neighbors(nb, sh.gather(y), s.shape[0], self.n_bins)

@@ -717,9 +717,10 @@ def _sampled_neighbors(
     if margin is not None and margin < torch.inf:
         if m_sims is None:  # given candidates: their mean cosines, one sparse pass
             crow, col, _ = _sparse_pattern(cand, keep)
-            cand = col.view(n_loc, -1)  # ascending per row; the order does not matter below
+            width = cand.shape[1]  # every candidate kept: `width` per row (a rank may have none)
+            cand = col.view(n_loc, width)  # ascending per row; the order does not matter below
             col_ext, ex, _ = _extend(col, n_loc, sh)
-            m_sims = _sddmm(crow, col_ext, mean, _rows(mean, ex)).view(n_loc, -1)
+            m_sims = _sddmm(crow, col_ext, mean, _rows(mean, ex)).view(n_loc, width)
         sigma = _spread(res)
         scale = (sigma[:, None] ** 2 + sh.gather(sigma)[cand] ** 2).sqrt()
         gap = m_sims.max(dim=1, keepdim=True).values - m_sims

@@ -3,10 +3,18 @@
 MCInfoNCE, ELK, nivMF and HIB predict a vMF posterior ``vMF(mu(x), kappa(x))`` per input; mu is
 the normalised embedding and kappa comes from a 3-layer MLP on the embedding (URL appendix
 B.3-B.6). Its initial value is "either randomly initialized or warmed up to 0.001" (URL B.3):
-the warm-up shifts the head's output so that its mean uncertainty ``u = 1/kappa`` on the first
-batch is ``warmup_u``. The head is never zero-initialised (PyTorch's default initialisation is
-kept): the thesis (chapter 5, "pretrained visual uncertainties") reports that a zero-initialised
-uncertainty head fails to train (spec METHODS.md).
+the warm-up *rescales* the head's output by a fixed factor so that its mean uncertainty
+``u = 1/kappa`` on the first batch is ``warmup_u``, as the URL code does
+(``UncertaintyWrapper.initialize_avg_uncertainty`` sets ``unc_scaler = target / mean u``, a
+constant multiplier of the predicted uncertainty). A multiplicative warm-up keeps the softplus
+at its initial operating point, so an optimiser step changes ``log kappa`` by about as much as
+it changes the MLP output. The former additive warm-up (the last bias shifted until
+``softplus ~ 1/warmup_u = 1000``) put the softplus in its linear regime, ``d kappa / d output
+= 1``: an AdamW step of size ``lr = 1e-3`` then moved kappa ~ 1000 by ~1e-3, a relative change
+of ~1e-6 per step, and ELK's kappa did not move in a whole benchmark run. The head is never
+zero-initialised (PyTorch's default initialisation is kept): the thesis (chapter 5,
+"pretrained visual uncertainties") reports that a zero-initialised uncertainty head fails to
+train (spec METHODS.md).
 """
 
 from __future__ import annotations
@@ -36,8 +44,12 @@ def inverse_softplus(y: Tensor | float) -> Tensor:
 class KappaHead(nn.Module):
     """3-layer MLP ``[N, D] -> [N]`` predicting a positive vMF concentration kappa(x).
 
-    ``kappa = softplus(MLP(e)) + min_kappa`` (URL appendix B.3-B.6: "a 3-layer MLP attached to
-    the embeddings"); the uncertainty of the methods is ``u(x) = 1/kappa(x)``.
+    ``kappa = s * softplus(MLP(e)) + min_kappa`` (URL appendix B.3-B.6: "a 3-layer MLP attached
+    to the embeddings"); the uncertainty of the methods is ``u(x) = 1/kappa(x)``. ``s`` is a
+    fixed (not learned) scale, 1 unless the warm-up sets it: like the URL code's
+    ``unc_scaler`` it multiplies the head's output, so ``d log kappa / d MLP(e) =
+    sigmoid / softplus`` stays O(1) after a warm-up to ``u = 0.001`` and the optimiser moves
+    kappa on a log scale (see the module docstring).
 
     Parameters
     ----------
@@ -47,10 +59,10 @@ class KappaHead(nn.Module):
         Width of the two hidden layers (default ``max(in_dim, 16)``).
     warmup_u : float, optional
         If given, the first call of :meth:`warmup_` (done by the methods on their first
-        training batch) shifts the output so that the batch's mean ``1/kappa`` equals
-        ``warmup_u`` (URL B.3: 0.001). ``None`` keeps the random initialisation.
+        training batch) sets the scale ``s`` so that the batch's mean ``1/kappa`` equals
+        ``warmup_u`` (URL B.3: 0.001). ``None`` keeps the random initialisation (``s = 1``).
     min_kappa : float
-        Lower bound added to the softplus output, keeps ``u`` finite.
+        Lower bound added to the scaled softplus output, keeps ``u`` finite.
 
     Examples
     --------
@@ -73,6 +85,10 @@ class KappaHead(nn.Module):
             raise ValueError(f"`warmup_u` must be a positive finite float or None, got {warmup_u}")
         if not min_kappa >= 0:
             raise ValueError(f"`min_kappa` must be >= 0, got {min_kappa}")
+        if warmup_u is not None and not warmup_u * min_kappa < 1.0:
+            raise ValueError(
+                f"`warmup_u` must be below 1/min_kappa = {1.0 / min_kappa:g}, got {warmup_u}"
+            )
         h = int(hidden_dim) if hidden_dim is not None else max(int(in_dim), 16)
         self.in_dim = int(in_dim)
         self.warmup_u = warmup_u
@@ -86,6 +102,16 @@ class KappaHead(nn.Module):
         )
         # saved in checkpoints so a resumed run does not warm up twice
         self.register_buffer("warmed_up", torch.tensor(warmup_u is None))
+        # the warm-up's fixed output scale s (a buffer: saved, never optimised)
+        self.register_buffer("output_scale", torch.tensor(1.0))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # type: ignore[override]
+        # checkpoints written before the scale existed warmed up by shifting the last bias,
+        # which is in their weights: they load with s = 1 and give the same kappa as before
+        key = prefix + "output_scale"
+        if prefix + "warmed_up" in state_dict and key not in state_dict:
+            state_dict[key] = torch.ones_like(self.output_scale)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, embedding: Tensor) -> Tensor:
         """Concentrations ``kappa [N] > 0`` for embeddings ``[N, D]`` (unnormalised is fine)."""
@@ -94,47 +120,47 @@ class KappaHead(nn.Module):
             raise ValueError(
                 f"`embedding` must have {self.in_dim} columns, got {embedding.shape[1]}"
             )
-        return F.softplus(self.mlp(embedding).squeeze(-1)) + self.min_kappa
+        raw = F.softplus(self.mlp(embedding).squeeze(-1))
+        return self.output_scale.to(raw) * raw + self.min_kappa
 
     @torch.no_grad()
     def warmup_(self, embedding: Tensor) -> bool:
-        """Shift the last bias so that ``mean(1/kappa) = warmup_u`` on this batch (once).
+        """Set the output scale so that ``mean(1/kappa) = warmup_u`` on this batch (once).
 
-        Returns ``True`` if the shift was applied now, ``False`` if there is nothing to do
-        (no ``warmup_u`` or already warmed up). Under ``torch.distributed`` the ranks average
-        their shifts (every rank must call it on its first batch).
+        Returns ``True`` if the scale was set now, ``False`` if there is nothing to do (no
+        ``warmup_u`` or already warmed up). Under ``torch.distributed`` the ranks agree on the
+        geometric mean of their scales (every rank must call it on its first batch).
         """
         if bool(self.warmed_up) or self.warmup_u is None:
             return False
         check_finite(embedding, "embedding")
-        last: nn.Linear = self.mlp[-1]
-        target = 1.0 / self.warmup_u - self.min_kappa
-        if target <= 0:
-            raise ValueError("`warmup_u` must be below 1/min_kappa")
-        # solve mean(1 / (softplus(a + shift) + min_kappa)) = warmup_u by bisection in shift
-        a = self.mlp(embedding).squeeze(-1)
-        lo = float(inverse_softplus(torch.tensor(target, dtype=torch.float64))) - float(a.max())
-        hi = lo + float(a.max() - a.min()) + 1.0
-        lo -= 1.0
+        check_ndim(embedding, "embedding", 2)
+        target = float(self.warmup_u)
+        # solve mean(1 / (s * r + min_kappa)) = warmup_u for log s (decreasing in s; the
+        # solution exists because warmup_u < 1/min_kappa), in float64
+        r = F.softplus(self.mlp(embedding).squeeze(-1)).double()
 
-        def mean_u(shift: float) -> float:
-            return float((1.0 / (F.softplus(a + shift) + self.min_kappa)).mean())
+        def mean_u(log_s: float) -> float:
+            return float((1.0 / (math.exp(log_s) * r + self.min_kappa)).mean())
 
-        while mean_u(lo) < self.warmup_u:  # widen until bracketed (mean_u decreases in shift)
+        # min_kappa = 0 gives s = mean(1/r) / warmup_u exactly; bracket around it
+        guess = math.log(float((1.0 / r).mean()) / target)
+        lo, hi = guess - 1.0, guess + 1.0
+        while mean_u(lo) < target:  # widen until bracketed
             lo -= 2.0 * (hi - lo)
-        while mean_u(hi) > self.warmup_u:
+        while mean_u(hi) > target:
             hi += 2.0 * (hi - lo)
         for _ in range(100):
             mid = 0.5 * (lo + hi)
-            if mean_u(mid) > self.warmup_u:
+            if mean_u(mid) > target:
                 lo = mid
             else:
                 hi = mid
-        shift = torch.tensor(0.5 * (lo + hi), dtype=last.bias.dtype, device=last.bias.device)
+        log_s = torch.tensor(0.5 * (lo + hi), dtype=torch.float64, device=embedding.device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            # every rank warms up on its own first batch: agree on one shift
-            torch.distributed.all_reduce(shift)
-            shift /= torch.distributed.get_world_size()
-        last.bias.add_(shift)
+            # every rank warms up on its own first batch: agree on one scale
+            torch.distributed.all_reduce(log_s)
+            log_s /= torch.distributed.get_world_size()
+        self.output_scale.fill_(float(log_s.exp()))
         self.warmed_up.fill_(True)
         return True

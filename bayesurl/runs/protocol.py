@@ -49,6 +49,8 @@ __all__ = [
     "get_protocol_preset",
     "pipeline_run_fn",
     "plan_runs",
+    "plot_results",
+    "plot_training_curves",
     "run_protocol",
     "tune_estimators",
     "write_results",
@@ -535,7 +537,8 @@ def write_results(
     metrics: Sequence[str] = REPORT_METRICS,
     reference: str = "ce",
 ) -> dict[str, Path]:
-    """Write ``results.json``, ``results.csv`` and ``recall_vs_rauroc.png`` to ``out``.
+    """Write ``results.json``, ``results.csv``, ``recall_vs_rauroc.png`` and
+    ``training_curves.png`` (when the runs carry curves) to ``out``.
 
     ``results.json`` holds ``settings``, ``runs`` (every record), ``summary`` (mean and 95 %
     t-interval over the splits' seed means, :func:`~bayesurl.runs.aggregate.summarize`),
@@ -589,44 +592,70 @@ def write_results(
     paths["png"] = plot_results(
         summary, folder / "recall_vs_rauroc.png", title=str(settings.get("preset", ""))
     )
+    curves = plot_training_curves(
+        recs, folder / "training_curves.png", title=str(settings.get("preset", ""))
+    )
+    if curves is not None:
+        paths["curves"] = curves
     return paths
 
 
 def plot_results(
     summary: Mapping[str, Mapping[str, Any]], path: str | os.PathLike[str], *, title: str = ""
 ) -> Path:
-    """R@1 against R-AUROC per estimator with their 95 % t-intervals (URL Fig. 2 style)."""
+    """R@1 against R-AUROC per estimator with their 95 % t-intervals (URL Fig. 2 style).
+
+    Intervals are drawn clipped to ``[0, 1]`` (both metrics live there; with 4 splits the
+    t-interval's factor is 3.18 and can reach past the range); each estimator gets its own
+    colour and marker, named in a legend beside the axes.
+    """
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 5.5))
-    offsets = [(5, 5), (5, -12), (-40, 5), (-40, -12)]  # labels of nearby points apart
+    fig, ax = plt.subplots(figsize=(9.5, 6.0))
+    markers = "osD^v<>phX*P"
+    cmap = plt.get_cmap("tab20")
+    xs: list[float] = []
+    ys: list[float] = []
     for i, (name, row) in enumerate(summary.items()):
         r1, ra = row.get("r@1", {}), row.get("r_auroc", {})
         if r1.get("mean") is None or ra.get("mean") is None:
             continue
 
-        def err(d: Mapping[str, Any]) -> list[list[float]]:
-            lo, hi, m = d.get("low"), d.get("high"), d["mean"]
-            if lo is None or not math.isfinite(lo):
-                return [[0.0], [0.0]]
-            return [[m - lo], [hi - m]]
+        def err(d: Mapping[str, Any]) -> tuple[list[list[float]], float, float]:
+            lo, hi, m = d.get("low"), d.get("high"), float(d["mean"])
+            if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+                return [[0.0], [0.0]], m, m
+            lo, hi = max(float(lo), 0.0), min(float(hi), 1.0)
+            return [[m - lo], [hi - m]], lo, hi
 
-        ax.errorbar(ra["mean"], r1["mean"], xerr=err(ra), yerr=err(r1), fmt="o", capsize=3)
-        ax.annotate(
-            name,
-            (ra["mean"], r1["mean"]),
-            textcoords="offset points",
-            xytext=offsets[i % len(offsets)],
-            fontsize=8,
+        ex, x0, x1 = err(ra)
+        ey, y0, y1 = err(r1)
+        xs += [x0, x1]
+        ys += [y0, y1]
+        ax.errorbar(
+            ra["mean"],
+            r1["mean"],
+            xerr=ex,
+            yerr=ey,
+            fmt=markers[i % len(markers)],
+            color=cmap(i % 20),
+            capsize=3,
+            ms=7,
+            label=name,
         )
     ax.axvline(0.5, color="grey", lw=0.8, ls="--")
+    if xs:
+        pad = 0.02
+        ax.set_xlim(max(min(xs) - pad, 0.0), min(max(xs) + pad, 1.0))
+        ax.set_ylim(max(min(ys) - pad, 0.0), min(max(ys) + pad, 1.0))
     ax.set_xlabel("R-AUROC (downstream, mean and 95 % t-interval over class splits)")
     ax.set_ylabel("R@1 (downstream)")
     ax.set_title(f"bayesurl benchmark {title}".strip())
     ax.grid(alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
     p = Path(path)
     fig.savefig(p, dpi=120)
@@ -634,7 +663,62 @@ def plot_results(
     return p
 
 
-# --------------------------------------------------------------------------- the sweep
+def plot_training_curves(
+    records: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], *, title: str = ""
+) -> Path | None:
+    """Per-epoch training loss and median ``u`` of a fixed training batch, per estimator.
+
+    The convergence check of issue 13 (the vMF methods' kappa barely moved in 3-epoch runs):
+    one line per (estimator, split), both curves divided by their first epoch's value so that
+    estimators with different scales share the axes (``u`` of the vMF methods is ``1/kappa``).
+    Returns ``None`` (and writes nothing) when no record carries a curve.
+    """
+    curves = [
+        r for r in records if r.get("error") is None and (r.get("u_curve") or r.get("loss_curve"))
+    ]
+    if not curves:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    names = sorted({str(r.get("method", r.get("estimator"))) for r in curves})
+    cmap = plt.get_cmap("tab20")
+    colour = {n: cmap(i % 20) for i, n in enumerate(names)}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    for key, ax, label in (
+        ("loss_curve", axes[0], "training loss / epoch-1 loss"),
+        ("u_curve", axes[1], "median u on a fixed training batch / epoch-1 value"),
+    ):
+        seen: set[str] = set()
+        for r in curves:
+            c = [float(v) for v in (r.get(key) or []) if v is not None]
+            if len(c) < 1 or c[0] == 0 or not all(math.isfinite(v) for v in c):
+                continue
+            n = str(r.get("method", r.get("estimator")))
+            ax.plot(
+                range(1, len(c) + 1),
+                [v / c[0] for v in c],
+                color=colour[n],
+                lw=1,
+                alpha=0.8,
+                label=None if n in seen else n,
+            )
+            seen.add(n)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[1].set_yscale("log")
+    axes[1].legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
+    fig.suptitle(f"training curves {title}".strip())
+    fig.tight_layout()
+    p = Path(path)
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p
+
+
 def run_protocol(
     estimators: Sequence[str] | None,
     *,

@@ -23,13 +23,25 @@ rest:
   :func:`bayesurl.evaluate` with ``distributed=True``. Every rank searches its own queries
   over every rank's rows, which pass by in bounded chunks
   (:func:`~bayesurl.evaluation.knn_sharded`), so no rank ever holds all ``N x D``
-  embeddings; only per-query results (neighbour ids, labels, u) are gathered, and every
-  rank gets the metrics of one process, ties included. The sampling-aware ECE is sharded
-  the same way. The command line does it for you::
+  embeddings; each rank scores its own queries and only per-query scalars (hit flags,
+  AP@k, u, labels) are gathered, and every rank gets the metrics of one process, ties
+  included. The sampling-aware ECE is sharded the same way. The command line does it for
+  you::
 
     torchrun --nproc_per_node=2 -m bayesurl evaluate embeddings.npz --json metrics.json
 
   (each rank reads only its rows of the ``.npz``).
+
+  Memory per rank shrinks with the number of ranks ``W``: its shard of the embeddings (as
+  read and normalised), the two ring buffers of at most 8 MiB that bring the other shards
+  past it, and its similarity block, which gets ``memory_budget / W``
+  (:func:`~bayesurl.evaluation.rank_budget`; 256 MiB in one process, so 128 MiB of
+  budget -- a 64 MiB block -- per rank with 2 ranks). ``python benchmarks/evaluator.py
+  --distributed 2 --n 60000 --d 256`` prints the time of the whole command against one
+  process, each rank's peak next to this bound term by term (``--phases`` for the RSS at
+  each phase, ``--sweep-n 60000 120000`` for larger N, where start-up weighs less).
+  ``bayesurl evaluate`` imports neither torchmetrics nor torchvision, so each rank starts in
+  the time of ``import torch`` plus about half a second.
 
 The run pipeline does the same end to end. ``bayesurl run`` under ``torchrun`` trains a
 registry method with DDP, then each rank embeds only its contiguous block of whole batches of

@@ -48,6 +48,8 @@ CASES = {
     "shortlist": dict(samples=True, ks=(1, 2), tolerance=0.3),  # adaptive shortlist
     "fixed": dict(samples=True, shortlist=4),  # fixed L (the shared top-L search)
     "exact": dict(samples=True, ece_mode="exact", embeddings=False),
+    # the draws' mean is the point embedding: one top-L search serves R@k and the ECE
+    "shared": dict(samples=True, embeddings=False, ks=(1, 2), tolerance=0.3),
 }
 
 

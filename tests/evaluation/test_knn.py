@@ -143,3 +143,32 @@ def test_tiled_top1_subset_queries_and_column_scale(rows: int, cols: int) -> Non
                 best, arg = sim, c
         assert int(i[a, 0]) == arg, (qi, int(i[a, 0]), arg)
         assert math.isclose(float(v[a, 0]), best, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+@pytest.mark.parametrize("gallery_rows", [1, 4, 11, 59])
+def test_search_over_gallery_chunks_matches_brute_force(data, k, gallery_rows) -> None:
+    """The in-place per-row-block merge of the gallery chunks (the ring pass of the sharded
+    search, issue 16): cut anywhere, ties and duplicates across cuts go to the lowest id."""
+    from bayesurl.evaluation.knn import _search, normalize
+
+    x = normalize(data.double())
+    n = x.shape[0]
+    chunks = [(o, x[o : o + gallery_rows]) for o in range(0, n, gallery_rows)]
+    for q0, q1 in ((0, n), (5, 17)):  # all queries, or a shard of them (global self ids)
+        v, i = _search(x[q0:q1], iter(chunks), k, 2**12, 3, torch.arange(q0, q1))
+        assert i.tolist() == brute_knn(data, k)[q0:q1], (q0, q1)
+        ref = torch.gather(x[q0:q1] @ x.T, 1, i)
+        torch.testing.assert_close(v, ref, rtol=0, atol=1e-12)
+
+
+def test_rank_budget_splits_the_budget_over_the_ranks() -> None:
+    from bayesurl.distributed import Shards
+    from bayesurl.evaluation.knn import rank_budget
+
+    assert rank_budget(256 * 2**20, Shards.local(10)) == 256 * 2**20
+    assert rank_budget(256 * 2**20, Shards((5, 5))) == 128 * 2**20
+    assert rank_budget(10, Shards((1, 0, 2))) == 3
+    assert rank_budget(1, Shards((1, 1))) == 1  # never 0
+    with pytest.raises(ValueError, match="memory_budget"):
+        rank_budget(0, Shards((1, 1)))

@@ -132,6 +132,23 @@ def test_load_npz_shard_reads_each_ranks_rows(tmp_path, compressed) -> None:
             assert rows == [len(x) for x in np.array_split(np.arange(n), world)]
 
 
+def test_load_npz_shard_truncated_file(tmp_path) -> None:
+    """An array whose header promises more rows than the archive holds: the rank reading past
+    the end names the file and the array (nothing silently short)."""
+    from bayesurl.commands.evaluate import load_npz_shard
+
+    path, arrays = _npz(tmp_path)
+    np.savez(path, embeddings=arrays["embeddings"], labels=arrays["labels"])
+    raw = path.read_bytes()
+    d = arrays["embeddings"].shape[1]
+    assert raw.count(f"(29, {d})".encode()) == 1 and raw.count(b"(29,)") == 1
+    raw = raw.replace(f"(29, {d})".encode(), f"(99, {d})".encode())
+    path.write_bytes(raw.replace(b"(29,)", b"(99,)"))
+    assert load_npz_shard(path, 0, 9)["embeddings"].shape == (11, d)  # within the file
+    with pytest.raises(ValueError, match=r"x.npz: array `embeddings` is truncated"):
+        load_npz_shard(path, 8, 9)
+
+
 def test_load_npz_shard_length_mismatch(tmp_path) -> None:
     from bayesurl.commands.evaluate import load_npz_shard
 

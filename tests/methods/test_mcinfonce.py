@@ -3,7 +3,13 @@ from torch import nn
 
 import bayesurl.methods as M
 
-from ._vmf_checks import SMALL, check_bad_input, check_forward, check_loss_decreases
+from ._vmf_checks import (
+    SMALL,
+    check_bad_input,
+    check_forward,
+    check_loss_decreases,
+    check_warm_kappa_moves,
+)
 
 NAME = "mcinfonce"
 
@@ -15,6 +21,10 @@ def test_registered_and_forward():
 
 def test_training_loss_decreases():
     check_loss_decreases(NAME)
+
+
+def test_warm_kappa_moves():
+    check_warm_kappa_moves(NAME)
 
 
 def test_bad_input():

@@ -155,6 +155,25 @@ def test_pipeline_run_fn_on_a_class_split():
     assert (rec["method"], rec["split"], rec["seed"]) == ("ce", 1, 0)
     assert rec["downstream"] == [0, 1, 2, 3, 4] and rec["n_test"] == preset.max_test
     assert 0.0 <= rec["r_auroc"] <= 1.0 and 0.0 <= rec["mixed_r_auroc"] <= 1.0
+    # URL's crop test ran on the fitted estimator (a share, not a recorded failure)
+    assert rec.get("crop_note") is None and 0.0 <= rec["crop_share"] <= 1.0
+    # one loss and one probe-u value per trained epoch
+    epochs = json.loads(json.dumps(rec)).get("loss_curve")
+    assert epochs is not None and len(epochs) == len(rec["u_curve"]) >= 1
+    assert all(math.isfinite(v) for v in epochs + rec["u_curve"])
+
+
+def test_training_curves_plot(tmp_path):
+    from bayesurl.runs.protocol import plot_training_curves
+
+    recs = [
+        {"method": "a", "split": 0, "error": None, "loss_curve": [2.0, 1.0], "u_curve": [1, 0.5]},
+        {"method": "b", "split": 0, "error": None, "loss_curve": [3.0, 2.0, 1.5]},
+    ]
+    path = plot_training_curves(recs, tmp_path / "c.png")
+    assert path is not None and path.stat().st_size > 1000
+    assert plot_training_curves([{"method": "a", "error": None}], tmp_path / "n.png") is None
+    assert not (tmp_path / "n.png").exists()
 
 
 def test_write_results_keeps_failed_runs_apart(tmp_path):
