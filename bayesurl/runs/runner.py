@@ -116,8 +116,8 @@ class RunResult:
         (not serialised; under ``torchrun`` this rank's rows).
     fitted : Estimator or None
         The fitted estimator with ``keep_outputs=True`` (not serialised), for checks that need
-        new predictions, e.g. URL's crop test (:func:`bayesurl.evaluation.url_extra.
-        crop_uncertainty_check`).
+        new predictions, e.g. URL's crop test
+        (:func:`~bayesurl.evaluation.url_extra.crop_uncertainty_check`).
     transform : callable or None
         The batch transform the estimator's inputs went through (with ``keep_outputs=True``).
     main_process : bool
