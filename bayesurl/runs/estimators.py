@@ -201,7 +201,8 @@ class MethodEstimator(Estimator):
         # of processes so the aggregated batch stays (URL: about 2048)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         accum = max(1, round(t.grad_accum / world))
-        probe = _probe_batch(data, device)
+        # one process only: under DDP each rank would read and probe its own copy
+        probe = _probe_batch(data, device) if world == 1 else None
 
         def curve(m: nn.Module, epoch: int) -> dict[str, float]:
             # the uncertainty head's convergence (issue 13: the vMF kappas barely moved in
@@ -231,7 +232,7 @@ class MethodEstimator(Estimator):
                 keep_epoch_checkpoints=keep_epoch_checkpoints,
                 resume=resume,
                 method_kwargs=method_kwargs if out is not None else None,
-                eval_fn=curve if probe is not None and world == 1 else None,
+                eval_fn=curve if probe is not None else None,
             )
         self.checkpoint = result.checkpoint
         self.result = result
@@ -258,12 +259,11 @@ PROBE_IMAGES = 256
 
 def _probe_batch(data: Any, device: torch.device | str) -> Tensor | None:
     """The first :data:`PROBE_IMAGES` training images, transformed (``None`` if unreadable)."""
+    from bayesurl.runs.predict import transformed_inputs
+
     try:
-        train = data.sets.train
-        n = min(PROBE_IMAGES, len(train))
-        imgs = torch.stack([torch.as_tensor(train[i][0]) for i in range(n)]).to(device)
-        tf = data.transform
-        return (tf.to(device) if isinstance(tf, nn.Module) else tf)(imgs).float()
+        n = min(PROBE_IMAGES, len(data.sets.train))
+        return transformed_inputs(data.sets.train, range(n), data.transform, device).float()
     except Exception:  # a data set whose items are not (image, label): no curve, nothing else
         return None
 

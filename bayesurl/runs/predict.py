@@ -45,6 +45,7 @@ __all__ = [
     "n_samples_for",
     "predict",
     "score",
+    "transformed_inputs",
 ]
 
 #: ``fn(x, n_samples) -> Output`` on one transformed batch
@@ -118,6 +119,31 @@ def _batches(dataset: Any, batch_size: int, lo: int, hi: int) -> Any:
     )
     # never a DistributedSampler here: the rows are this rank's already
     yield from make_loader(rows, batch_size, shuffle=False, distributed=False)
+
+
+def transformed_inputs(
+    dataset: Any,
+    indices: Any,
+    transform: Any | None,
+    device: torch.device | str = "cpu",
+) -> Tensor:
+    """Rows ``indices`` of ``dataset`` as one transformed input batch, as :func:`predict` sees
+    them (same reader, same transform on ``device``): for checks that feed an estimator a fixed
+    set of inputs (URL's crop test, the training-curve probe).
+
+    Raises
+    ------
+    ValueError
+        If ``indices`` is empty.
+    """
+    idx = [int(i) for i in indices]
+    if not idx:
+        raise ValueError("`indices` must name at least one row")
+    dev = torch.device(device)
+    rows = torch.utils.data.Subset(dataset, idx)
+    x = torch.cat([xb for xb, _ in _batches(rows, len(idx), 0, len(idx))]).to(dev)
+    tf = transform.to(dev) if isinstance(transform, nn.Module) else transform
+    return x if tf is None else tf(x)
 
 
 def _no_rows(out: Output) -> Output:

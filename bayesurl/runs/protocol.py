@@ -487,12 +487,11 @@ def _crop(res: Any, test: Any, device: str) -> dict[str, Any]:
             raise RuntimeError(res.error or "no fitted estimator")
         import torch
 
+        from bayesurl.runs.predict import transformed_inputs
+
         n = len(test)
         idx = torch.linspace(0, n - 1, min(CROP_IMAGES, n)).round().long().unique()
-        imgs = torch.stack([torch.as_tensor(test[int(i)][0]) for i in idx])
-        tf = res.transform
-        dev = torch.device(device)
-        x = (tf.to(dev) if isinstance(tf, torch.nn.Module) else tf)(imgs.to(dev))
+        x = transformed_inputs(test, idx.tolist(), res.transform, device)
         with torch.no_grad():
             out = crop_uncertainty_check(
                 lambda b: res.fitted.predict(b, 0).uncertainty.reshape(-1), x.float(), seed=0
