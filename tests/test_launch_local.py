@@ -109,20 +109,7 @@ def _cli(*args: str, threads: str = "1") -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize(
-    "world",
-    [
-        2,
-        pytest.param(
-            3,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="float32 gemm's last bits depend on the block's shape and position, so "
-                "the exact duplicates' tie can break differently under 3 ranks (known, issue 16)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("world", [2, 3])
 def test_evaluate_nproc_per_node_equals_one_process(world, tmp_path) -> None:
     path = _npz(tmp_path / "x.npz")
     one, many = tmp_path / "one.json", tmp_path / "many.json"

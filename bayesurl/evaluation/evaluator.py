@@ -320,7 +320,9 @@ def evaluate(
         # copy=False: the embeddings are not read after the search, normalise them in place
         # (given embeddings only: the samples' mean is read again by the ECE)
         inplace = not copy and embeddings is not None
-        _, nb_loc = _knn_sharded(x, k_search, sh, memory_budget, None, inplace=inplace)
+        _, nb_loc = _knn_sharded(
+            x, k_search, sh, memory_budget, None, inplace=inplace, exact_values=False
+        )
     else:
         _, nb_loc = knn(x, k_search, memory_budget=memory_budget, backend=backend)
     # The neighbour ids stay on their rank: each rank scores its own queries against the labels

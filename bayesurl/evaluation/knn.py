@@ -9,13 +9,22 @@ Decisions fixed by METRICS.md:
 - self is excluded **by index** (an exact duplicate of query ``i`` is a valid neighbour);
 - ties in similarity go to the **lowest gallery index** (deterministic on every device);
 - queries are processed in chunks whose ``[B, N]`` similarity block fits a memory budget, so
-  ``N = 200k, D = 2048`` never allocates ``N x N``.
+  ``N = 200k, D = 2048`` never allocates ``N x N``;
+- the result does not depend on how the work is cut (issue 16). A float32 matrix product's
+  last bits depend on the block's shape and on the item's position in it (measured: one
+  dot product of D = 256 took 4 different values over 84 block shapes), so exact duplicates
+  did not always tie, and one process and W ranks could order a near tie differently. The
+  search therefore ranks by the block products only where their error bound (Higham's
+  ``gamma_D``, :func:`_gemm_slack`) separates the candidates; every returned neighbour's
+  similarity is recomputed per pair in float64 (exact products, one fixed-order sum: the
+  same bits in any layout), and the top-k is taken in (that similarity descending, index
+  ascending) order among every candidate the bound cannot exclude (:func:`_search`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -39,6 +48,16 @@ __all__ = [
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
 
 _BACKENDS = ("torch", "faiss")
+
+#: Candidates the floating-point pass keeps beyond ``k``: rows whose near ties reach past them
+#: are searched again for every item within the error bound (:func:`_search`). One is the
+#: cheapest: ``topk(k + 6)`` cost 0.36 s more per rank than ``topk(k + 2)`` at N = 60k, W = 2,
+#: more than the window search of the 2 % of rows it spares.
+_EXTRA = 1
+
+#: A source of gallery chunks ``(global offset, rows)``; called once per pass over the gallery
+#: (``ring_chunks`` is a one-pass collective).
+ChunkSource = Callable[[], Iterable[tuple[int, Tensor]]]
 
 
 def normalize(x: Tensor, *, inplace: bool = False) -> Tensor:
@@ -291,59 +310,208 @@ def _knn(
     qn = normalize(q)
     gn = qn if g is q else normalize(g)
     self_index = torch.arange(q.shape[0], device=q.device) if exclude_self else None
-    return _search(qn, [(0, gn)], k, memory_budget, chunk_size, self_index)
+    return _search(qn, lambda: [(0, gn)], k, memory_budget, chunk_size, self_index)
+
+
+def _gemm_slack(d: int, dtype: torch.dtype, device: torch.device) -> float:
+    """Bound on ``|computed - exact|`` of the cosine of two L2-normalised rows of length ``d``
+    as a matrix product computes it in ``dtype``: Higham's ``gamma_n = n u / (1 - n u)`` for a
+    dot product of ``n`` terms (any summation order), times ``sum |q_i g_i| <= ||q|| ||g||``,
+    with ``n = d + 4`` and 10 % on top for the rows' own normalisation error. ``u`` is the unit
+    roundoff of ``dtype``, or of TF32 / bfloat16 where ``torch.get_float32_matmul_precision``
+    lets CUDA use them."""
+    u = torch.finfo(dtype).eps / 2
+    if device.type == "cuda" and dtype == torch.float32:
+        prec = torch.get_float32_matmul_precision()
+        u = {"high": 2.0**-11, "medium": 2.0**-8}.get(prec, u)
+    nu = (d + 4) * u
+    return 1.1 * nu / (1.0 - nu) if nu < 0.5 else math.inf
+
+
+def _pair_sims(q: Tensor, g: Tensor) -> Tensor:
+    """float64 dot products of the row pairs ``(q[p], g[p])``, ``[P]``.
+
+    The products of two float32 (or float64 halves) numbers are exact in float64 and each row
+    is summed by the same reduction whatever ``P`` or the rows' origin, so a pair gets the same
+    bits in every layout (tested over batch shapes and positions).
+    """
+    return (q.double() * g.double()).sum(dim=-1)
 
 
 def _search(
     qn: Tensor,
-    gallery_chunks: Iterable[tuple[int, Tensor]],
+    gallery: ChunkSource,
     k: int,
     memory_budget: int,
     chunk_size: int | None,
     self_index: Tensor | None,
+    shards: Shards | None = None,
+    exact_values: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Exact top-k of the normalised queries ``qn`` over normalised gallery chunks.
 
-    ``gallery_chunks`` yields ``(global offset, rows)`` in ascending offset order (one chunk
+    ``gallery()`` yields ``(global offset, rows)`` in ascending offset order (one chunk
     ``(0, gallery)`` in one process; every rank's shard in turn under
-    :func:`bayesurl.distributed.ring_chunks`); ``self_index`` ``[M]`` holds the queries'
-    own global ids, excluded by index. Each chunk's top-k is merged into the running one in
-    the order (similarity descending, global index ascending), so the result, ties included,
-    does not depend on how the gallery is cut.
+    :func:`bayesurl.distributed.ring_chunks`); it is called twice (two passes).
+    ``self_index`` ``[M]`` holds the queries' own global ids, excluded by index; ``shards``
+    (collective, when active) lets every rank learn whether any rank needs the window search.
 
-    The running top-k ``[M, k]`` is allocated once and merged in place, one block of query
-    rows at a time (:func:`_topk_chunked`): a merge of the whole ``[M, 2k]`` per gallery chunk
-    allocated about ``27 M k`` bytes of short-lived index / order tensors per chunk, which the
-    allocator could not hand back between the long-lived results (measured issue 16: +48 MiB
-    of a rank's peak at N = 60k, k = 10, W = 2).
+    Two passes, so that neither the result nor its ties depend on how the work is cut (one
+    process or W ranks, any chunking; issue 16, METRICS.md "ties to the lowest index"):
+
+    1. the block products keep each query's top ``k + 1`` (:func:`_topk_chunked`; for
+       ``k = 1`` on CPU the tiled running maximum of :func:`_top1_tiled`, which also counts
+       the items within twice the error bound of the best). With ``s`` the products' error
+       bound (:func:`_gemm_slack`) and ``t`` the k-th value, every item of the true top-k
+       has a computed value ``>= t - 2 s``; a row is *complete* when its last kept value lies
+       below that;
+    2. a row is *clean* when the gaps between its first ``k + 1`` values all exceed ``2 s``:
+       its top-k and their order are then certain. A second pass recomputes per pair in
+       float64 (:func:`_pair_sims`) the candidates of the complete rows that are not clean
+       (near ties among the kept candidates), and for the rows that are not complete (a near
+       tie at the k-th place: exact duplicates, crowded neighbours) collects every item with
+       a block product ``>= t - 3 s`` and recomputes those; with ``exact_values`` also the
+       clean rows' top-k. At N = 20k, D = 256 (random rows) 10 % of the rows are not clean
+       and 2 % not complete.
+       The pass is skipped when no rank has anything to recompute.
+
+    The top-k is taken in (float64 similarity descending, global index ascending) order and
+    returned in ``qn``'s dtype; without ``exact_values`` the clean rows keep the block
+    products' values (the neighbours are the same; :func:`bayesurl.evaluation.evaluate`
+    reads ids only, and skips most of the recomputation: 0.8 s of a 22 s single-process
+    search at N = 60k, D = 256). The running top-k of pass 1 is merged in place per block of
+    query rows (:func:`_topk_chunked`).
     """
-    m = qn.shape[0]
+    m, d = qn.shape
+    slack = _gemm_slack(d, qn.dtype, qn.device)
     if k == 1 and qn.device.type == "cpu":
-        best_v = best_i = None
-        for off, gn in gallery_chunks:
+        best_v = best_i = near = None
+        for off, gn in gallery():
             si = None if self_index is None else self_index - off
-            v, i = _top1_tiled(qn, gn.T, self_index=si)
+            c_near = torch.zeros(m, dtype=torch.long)
+            v, i = _top1_tiled(qn, gn.T, self_index=si, near=c_near, slack=slack)
             i += off
-            if best_v is None or best_i is None:
-                best_v, best_i = v, i
+            if best_v is None or best_i is None or near is None:
+                best_v, best_i, near = v, i, c_near
             else:  # later chunks hold larger indices: only a strictly better one wins
+                new = torch.maximum(best_v, v)
+                lo = (new - 2 * slack)[:, 0]
+                near = torch.where(best_v[:, 0] >= lo, near, 0) + torch.where(
+                    v[:, 0] >= lo, c_near, 0
+                )
                 up = v > best_v
-                best_v, best_i = torch.where(up, v, best_v), torch.where(up, i, best_i)
-        assert best_v is not None and best_i is not None  # at least one chunk
-        return best_v, best_i
-    # -inf placeholders: every query has at least k finite candidates (k <= N - 1), so the
-    # placeholders (and -inf self entries) never survive the merges
-    best_v = torch.full((m, k), -math.inf, dtype=qn.dtype, device=qn.device)
-    best_i = torch.full((m, k), -1, dtype=torch.long, device=qn.device)
-    work = qn.new_empty(0)  # similarity block, reused by every gallery chunk
-    for off, gn in gallery_chunks:
+                best_v, best_i = new, torch.where(up, i, best_i)
+        assert best_v is not None and best_i is not None and near is not None
+        tau, complete = best_v[:, 0], near <= 1
+        clean = complete
+    else:
+        kk = k + _EXTRA
+        # -inf placeholders: they and -inf self entries never reach the first k (k <= N - 1)
+        best_v = torch.full((m, kk), -math.inf, dtype=qn.dtype, device=qn.device)
+        best_i = torch.full((m, kk), -1, dtype=torch.long, device=qn.device)
+        work = qn.new_empty(0)  # similarity block, reused by every gallery chunk
+        for off, gn in gallery():
+            n_c = gn.shape[0]
+            si = None if self_index is None else self_index - off
+            rows = chunk_rows(n_c, qn.dtype, memory_budget) if chunk_size is None else chunk_size
+            if work.numel() < min(rows, m) * n_c:
+                work = qn.new_empty(min(rows, m) * n_c)
+            _topk_chunked(qn, gn.T, min(kk, n_c), rows, si, work, best_v, best_i, off)
+        del work  # pass 2 allocates its own blocks
+        tau = best_v[:, k - 1]
+        complete = best_v[:, -1] < tau - 2 * slack
+        clean = ((best_v[:, :k] - best_v[:, 1 : k + 1]) > 2 * slack).all(dim=1)
+    return _exact_order(
+        qn, gallery, k, best_v, best_i, tau, complete, clean, slack, memory_budget,
+        self_index, shards, exact_values,
+    )  # fmt: skip
+
+
+def _exact_order(
+    qn: Tensor,
+    gallery: ChunkSource,
+    k: int,
+    cand_v: Tensor,
+    cand_i: Tensor,
+    tau: Tensor,
+    complete: Tensor,
+    clean: Tensor,
+    slack: float,
+    memory_budget: int,
+    self_index: Tensor | None,
+    shards: Shards | None,
+    exact_values: bool,
+) -> tuple[Tensor, Tensor]:
+    """Pass 2 of :func:`_search`: float64 similarities of the kept candidates that need them
+    (``cand_i``: global ids ``[M, K]`` in pass-1 order, -1 / ``-inf`` placeholders), the
+    window search of the rows that are not ``complete``, and the top-k in (similarity
+    descending, id ascending) order."""
+    m, width = cand_i.shape
+    dev = qn.device
+    valid = torch.isfinite(cand_v) & (cand_i >= 0)
+    need = valid & (complete & ~clean)[:, None]  # near ties among the kept candidates
+    if exact_values:
+        need[:, :k] |= clean[:, None]
+    todo = (~complete).nonzero().squeeze(1)
+    thr = tau[todo] - 3 * slack  # the pass-1 bound (2 s) plus this pass's own products' error
+    work = float(need.sum()) + float(todo.numel())
+    if shards is not None:
+        work = shards.sum(work)  # collective: the ranks enter the second pass together
+    out_v, out_i = cand_v[:, :k].clone(), cand_i[:, :k].clone()
+    if work == 0:  # every row clean, no values asked for
+        return out_v, out_i
+    val = torch.full((m, width), -math.inf, dtype=torch.float64, device=dev)
+    pr, pg, pv = [], [], []  # window pairs: row (of todo), global id, float64 similarity
+    step = 512  # pairs recomputed at once: [step, D] float64 operands stay in cache
+    for off, gn in gallery():
         n_c = gn.shape[0]
-        si = None if self_index is None else self_index - off
-        rows = chunk_rows(n_c, qn.dtype, memory_budget) if chunk_size is None else chunk_size
-        if work.numel() < min(rows, m) * n_c:
-            work = qn.new_empty(min(rows, m) * n_c)
-        _topk_chunked(qn, gn.T, min(k, n_c), rows, si, work, best_v, best_i, off)
-    return best_v, best_i
+        loc = cand_i - off
+        r, c = (need & (loc >= 0) & (loc < n_c)).nonzero(as_tuple=True)
+        for a in range(0, r.numel(), step):
+            rr, cc = r[a : a + step], c[a : a + step]
+            val[rr, cc] = _pair_sims(qn[rr], gn[loc[rr, cc]])
+        if not todo.numel():
+            continue
+        rows = chunk_rows(n_c, qn.dtype, memory_budget)
+        for b0 in range(0, todo.numel(), rows):
+            t = todo[b0 : b0 + rows]
+            sims = qn[t] @ gn.T
+            if self_index is not None:
+                si = self_index[t] - off
+                own = ((si >= 0) & (si < n_c)).nonzero().squeeze(1)
+                sims[own, si[own]] = -math.inf
+            hr, hc = (sims >= thr[b0 : b0 + rows, None]).nonzero(as_tuple=True)
+            for a in range(0, hr.numel(), step):
+                rr, cc = hr[a : a + step], hc[a : a + step]
+                pr.append(rr + b0)
+                pg.append(cc + off)
+                pv.append(_pair_sims(qn[t[rr]], gn[cc]))
+    if exact_values:  # clean rows: pass 1's order is certain, their values recomputed
+        rows_c = clean.nonzero().squeeze(1)
+        out_v[rows_c] = val[rows_c, :k].to(out_v.dtype)
+    tie = (complete & ~clean).nonzero().squeeze(1)
+    if tie.numel():  # the top-k of their candidates by the recomputed values, ties to lower id
+        ids = torch.where(valid[tie], cand_i[tie], torch.iinfo(torch.long).max)
+        vt = val[tie]
+        order = ids.argsort(dim=1)
+        ids, vt = ids.gather(1, order), vt.gather(1, order)
+        order = vt.argsort(dim=1, descending=True, stable=True)[:, :k]
+        out_i[tie] = ids.gather(1, order)
+        out_v[tie] = vt.gather(1, order).to(out_v.dtype)
+    if todo.numel():  # the others: the top-k of every item within the bound
+        rr, gg, vv = torch.cat(pr), torch.cat(pg), torch.cat(pv)
+        o = gg.argsort(stable=True)
+        o = o[vv[o].argsort(descending=True, stable=True)]
+        o = o[rr[o].argsort(stable=True)]
+        rr, gg, vv = rr[o], gg[o], vv[o]
+        counts = torch.bincount(rr, minlength=todo.numel())
+        if bool((counts < k).any()):  # pragma: no cover - excluded by the error bound
+            raise RuntimeError("internal error: the window search found fewer than k items")
+        starts = torch.cumsum(counts, 0) - counts
+        pick = (starts[:, None] + torch.arange(k, device=dev)).reshape(-1)
+        out_i[todo] = gg[pick].view(-1, k)
+        out_v[todo] = vv[pick].view(-1, k).to(out_v.dtype)
+    return out_v, out_i
 
 
 def _topk_chunked(
@@ -441,10 +609,12 @@ def _knn_sharded(
     chunk_size: int | None,
     *,
     inplace: bool = False,
+    exact_values: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """:func:`knn_sharded` on validated rows ``x`` with the row layout ``sh``;
     ``memory_budget`` is already this rank's (:func:`rank_budget`). ``inplace`` normalises
-    ``x`` itself instead of a copy (a caller that owns ``x`` saves one ``[n_r, D]`` tensor)."""
+    ``x`` itself instead of a copy (a caller that owns ``x`` saves one ``[n_r, D]`` tensor);
+    ``exact_values=False`` for a caller that reads the ids only (:func:`_search`)."""
     n = sh.n
     if n < 2:
         raise ValueError(f"`embeddings` needs at least 2 points over all ranks, got {n}")
@@ -453,7 +623,8 @@ def _knn_sharded(
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"`chunk_size` must be positive, got {chunk_size}")
     qn = normalize(x, inplace=inplace)
-    return _search(qn, sh.chunks(qn), k, memory_budget, chunk_size, sh.global_ids(x.device))
+    own = sh.global_ids(x.device)
+    return _search(qn, lambda: sh.chunks(qn), k, memory_budget, chunk_size, own, sh, exact_values)
 
 
 def _sim_tiles(
@@ -495,6 +666,8 @@ def _top1_tiled(
     *,
     self_index: Tensor | None = None,
     col_scale: Tensor | None = None,
+    near: Tensor | None = None,
+    slack: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """Exact 1-NN over cache-sized tiles ``[rows, cols]`` with a running maximum (CPU).
 
@@ -505,6 +678,12 @@ def _top1_tiled(
     lowest index: ``argmax`` returns the first maximal index within a tile and a later tile
     only replaces the running best when strictly greater. ``self_index`` and ``col_scale``:
     see :func:`_sim_tiles`.
+
+    ``near`` (int64 ``[M]``, zeros) receives, per query, an upper bound on the number of items
+    whose value lies within ``2 * slack`` of the final best (the best included): when the best
+    rises within ``2 * slack`` the earlier count is kept (an over-count), when it rises further
+    the earlier items cannot qualify and the count restarts. :func:`_search` sends the rows
+    with ``near > 1`` to its exact window search.
     """
     m, n = qn.shape[0], gt.shape[1]
     best_v = torch.full((m,), -math.inf, dtype=qn.dtype)
@@ -513,9 +692,17 @@ def _top1_tiled(
     for r0 in range(0, m, rows):
         r1 = min(r0 + rows, m)
         bv, bi = best_v[r0:r1], best_i[r0:r1]
+        nr = None if near is None else near[r0:r1]
         tiles = _sim_tiles(qn, gt, r0, r1, cols, buf, self_index=self_index, col_scale=col_scale)
         for c0, sims in tiles:
             v = sims.amax(dim=1)  # values only (about 3x faster than max with indices) ...
+            if nr is not None:  # rows with an item within 2 slack of their (new) best
+                lo = torch.maximum(bv, v) - 2 * slack
+                hit = (v >= lo).nonzero().squeeze(1)
+                nr.masked_fill_(bv < lo, 0)
+                if hit.numel():
+                    c = (sims.index_select(0, hit) >= lo[hit, None]).sum(dim=1)
+                    nr.index_add_(0, hit, c)
             up = (v > bv).nonzero().squeeze(1)
             if up.numel():  # ... and the index only of the rows whose best improved
                 bv[up] = v[up]

@@ -125,7 +125,8 @@ class _RetrievalMetric(Metric):
             _, nb = knn(x, k, memory_budget=self.memory_budget)
             return nb, y, u
         sh = Shards.of(x.shape[0], x.device, self.process_group)
-        _, nb = _knn_sharded(x, k, sh, rank_budget(self.memory_budget, sh), None)
+        budget = rank_budget(self.memory_budget, sh)
+        _, nb = _knn_sharded(x, k, sh, budget, None, exact_values=False)
         return sh.gather(nb), sh.gather(y), None if u is None else sh.gather(u)
 
     def _correct(self) -> Tensor:

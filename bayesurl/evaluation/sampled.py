@@ -250,7 +250,7 @@ def _choose_shortlist(
     wins = []
     for t in range(min(pilot_draws, n_draws)):
         zn = normalize(s[t])
-        wins.append(_search(zn[q], sh.chunks(zn), 1, memory_budget, None, qg)[1][:, 0])
+        wins.append(_search(zn[q], partial(sh.chunks, zn), 1, memory_budget, None, qg, sh)[1][:, 0])
     win = torch.stack(wins, dim=1)  # [P, T] global ids
     mq = mean[q]
     top = torch.full((q.numel(),), -torch.inf, dtype=mean.dtype, device=mean.device)
@@ -661,7 +661,7 @@ def _sampled_neighbors(
         out = torch.empty(n_draws, n_loc, dtype=torch.long, device=s.device)
         for t, z in enumerate(bar(s)):
             zn = normalize(z)
-            out[t] = _search(zn, sh.chunks(zn), 1, memory_budget, None, own)[1][:, 0]
+            out[t] = _search(zn, partial(sh.chunks, zn), 1, memory_budget, None, own, sh)[1][:, 0]
         return out
     if mode not in ("block", "shortlist"):
         raise ValueError(f"`mode` must be 'shortlist', 'block' or 'exact', got {mode!r}")
@@ -707,7 +707,7 @@ def _sampled_neighbors(
         if c.shape[1] >= L:
             cand = c[:, :L].to(s.device)
     if cand is None:
-        m_sims, cand = _search(mean, sh.chunks(mean), L, memory_budget, None, own)
+        m_sims, cand = _search(mean, partial(sh.chunks, mean), L, memory_budget, None, own, sh)
     if mode == "block":
         if not isinstance(block, int) or block < 1:
             raise ValueError(f"`block` must be a positive integer, got {block!r}")
