@@ -51,6 +51,7 @@ __all__ = [
     "plan_runs",
     "plot_results",
     "plot_training_curves",
+    "refuse_under_torchrun",
     "run_protocol",
     "tune_estimators",
     "write_results",
@@ -718,6 +719,35 @@ def plot_training_curves(
     return p
 
 
+def refuse_under_torchrun(*, worker: bool = False) -> None:
+    """Raise when the stored protocol is started under ``torchrun`` (or a process group).
+
+    Every process of a protocol sweep is a worker that claims its own runs from the storage,
+    so under ``torchrun`` the ranks would claim *different* runs and then meet in DDP's
+    collectives with different models (measured: ``DDP expects same model across all ranks``
+    on both runs, then a hang); the mixed R-AUROC and the crop test also read one process's
+    outputs. Several GPUs or processes join a protocol sweep as separate workers instead.
+
+    Raises
+    ------
+    ValueError
+        Under torchrun (``WORLD_SIZE > 1``) or an initialised multi-rank process group.
+    """
+    from bayesurl.distributed import is_distributed
+    from bayesurl.runs.runner import launched_by_torchrun
+
+    if not (launched_by_torchrun() or is_distributed()):
+        return
+    what = "`--worker`" if worker else "the stored protocol (--preset standard, --storage, --tune)"
+    raise ValueError(
+        f"{what} does not run under torchrun: each process claims its own runs from the sweep "
+        "storage, so the ranks would train different runs in one DDP group. Start one worker "
+        "process per GPU instead (`CUDA_VISIBLE_DEVICES=k bayesurl benchmark --worker "
+        "--storage URL`), or use torchrun with the single-split sweep (`bayesurl benchmark "
+        "--preset smoke|quick|full --methods ...`, estimators of kind 'method')"
+    )
+
+
 def run_protocol(
     estimators: Sequence[str] | None,
     *,
@@ -771,7 +801,14 @@ def run_protocol(
     -------
     dict
         ``{"status", "done_here", "paths"}``; ``paths`` is empty until every run is finished.
+
+    Raises
+    ------
+    ValueError
+        Under ``torchrun`` (:func:`refuse_under_torchrun`; several processes join as
+        ``worker=True`` instead), before the storage is opened.
     """
+    refuse_under_torchrun(worker=worker)
     p = get_protocol_preset(preset)
     folder = Path(out) if out is not None else Path("results") / "benchmark" / p.name
     folder.mkdir(parents=True, exist_ok=True)

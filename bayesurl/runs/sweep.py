@@ -24,7 +24,7 @@ import torch
 
 from bayesurl.runs.config import load_recipe, read_recipe_file
 from bayesurl.runs.results import METRICS, SweepResults, _fmt
-from bayesurl.runs.runner import RunCache, resolve_device, run
+from bayesurl.runs.runner import RunCache, _torchrun_group, resolve_device, run
 
 __all__ = ["resolve_estimators", "run_sweep"]
 
@@ -117,25 +117,89 @@ def run_sweep(
         For an unknown estimator / preset / override key, an empty seed list or a negative
         seed (checked for every estimator before anything trains).
     """
-    from tqdm.auto import tqdm
-
     names = resolve_estimators(estimators, dataset)
     if isinstance(seeds, bool):
         raise ValueError(f"`seeds` must be an int or a list of ints, got {seeds!r}")
     seed_list = list(range(int(seeds))) if isinstance(seeds, int) else [int(s) for s in seeds]
     if not seed_list or min(seed_list) < 0:
         raise ValueError(f"`seeds` must hold non-negative integers, got {seed_list}")
-    dev = resolve_device(device)
     overrides = list(overrides)
-    cfgs = {
+    dev = resolve_device(device)
+    cfgs = {  # every recipe, preset and override checked before anything trains
         n: load_recipe(f"{dataset}/{n}", [*overrides, ("device", str(dev))], preset=preset)
         for n in names
     }
+    asked = None if device is None else str(dev)
+    with _torchrun_group(list(cfgs.values()), asked, argument="estimators") as rank_device:
+        if rank_device is not None and rank_device != dev:  # torchrun: cuda:LOCAL_RANK
+            dev = rank_device
+            cfgs = {
+                n: load_recipe(f"{dataset}/{n}", [*overrides, ("device", str(dev))], preset=preset)
+                for n in names
+            }
+        return _sweep(
+            names,
+            cfgs,
+            dataset=dataset,
+            preset=preset,
+            seed_list=seed_list,
+            overrides=overrides,
+            dev=dev,
+            out=out,
+            checkpoint_dir=checkpoint_dir,
+            progress=progress,
+            raise_errors=raise_errors,
+        )
+
+
+def _agree_on_errors(name: str, seed: int, error: str | None) -> None:
+    """Collective after each run under a process group: every rank recorded the same outcome.
+
+    A run that failed on some ranks only cannot be recorded consistently (rank 0 would write
+    a result the other ranks did not compute): raise on every rank, naming them.
+    """
+    import torch.distributed as dist
+
+    from bayesurl.distributed import is_distributed
+
+    if not is_distributed():
+        return
+    errors: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    failed = [r for r, e in enumerate(errors) if e]
+    if failed and len(failed) != len(errors):
+        first = next(e for e in errors if e)
+        raise RuntimeError(
+            f"run {name} seed {seed} failed on rank(s) {failed} only ({first}); "
+            "the sweep cannot record it consistently and stops"
+        )
+
+
+def _sweep(
+    names: list[str],
+    cfgs: dict[str, Any],
+    *,
+    dataset: str,
+    preset: str | None,
+    seed_list: list[int],
+    overrides: list[Any],
+    dev: torch.device,
+    out: str | os.PathLike[str] | None,
+    checkpoint_dir: str | os.PathLike[str] | None,
+    progress: bool,
+    raise_errors: bool,
+) -> SweepResults:
+    from tqdm.auto import tqdm
+
+    from bayesurl.distributed import get_world_size, is_main_process
+
+    main = is_main_process()
+    progress = progress and main
     ckpt = None if checkpoint_dir is None else Path(checkpoint_dir)
     t0 = time.perf_counter()
     cache = RunCache()
     records: list[dict[str, Any]] = []
-    jobs = [(n, s) for n in names for s in seed_list]
+    jobs = [(n, s) for n in names for s in seed_list]  # the same order on every rank
     bar = tqdm(jobs, disable=not progress, desc="sweep", unit="run")
     first = None
     for name, seed in bar:
@@ -153,6 +217,7 @@ def run_sweep(
         )
         first = first or res
         rec = res.record()
+        _agree_on_errors(name, seed, rec["error"])
         for k, _ in METRICS:
             rec.setdefault(k, None)
         records.append(rec)
@@ -175,6 +240,7 @@ def run_sweep(
         "estimators": names,
         "seeds": seed_list,
         "device": str(dev),
+        "world_size": get_world_size(),
         **{k: info.get(k) for k in ("ood", "upstream_classes", "downstream_classes", "sizes")},
         "data_seed": info.get("data_seed"),
         "torch": torch.__version__,
@@ -183,7 +249,7 @@ def run_sweep(
         "machine": platform.machine(),
         "total_time": time.perf_counter() - t0,
     }
-    results = SweepResults(runs=records, settings=settings)
-    if out is not None:
+    results = SweepResults(runs=records, settings=settings, main_process=main)
+    if out is not None and main:
         results.save(out)
     return results
