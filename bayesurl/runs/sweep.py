@@ -160,11 +160,11 @@ def _agree_on_errors(name: str, seed: int, error: str | None) -> None:
     """
     import torch.distributed as dist
 
-    from bayesurl.distributed import is_distributed
+    from bayesurl.distributed import get_world_size, is_distributed
 
     if not is_distributed():
         return
-    errors: list[Any] = [None] * dist.get_world_size()
+    errors: list[Any] = [None] * get_world_size()
     dist.all_gather_object(errors, error)
     failed = [r for r, e in enumerate(errors) if e]
     if failed and len(failed) != len(errors):
