@@ -104,6 +104,8 @@ def run_protocol_command(args: argparse.Namespace) -> int:
         root=args.root,
         device=args.device,
     )
+    if not res.get("main_process", True):  # torchrun: rank 0 reports
+        return 0
     st = res["status"]
     print(
         f"sweep {preset.name}: {st['complete']}/{st['total']} runs finished "

@@ -38,6 +38,7 @@ __all__ = [
     "CHECKPOINT_DATASETS",
     "RunCache",
     "RunResult",
+    "agree_on_outcome",
     "evaluate_checkpoint",
     "launch_rank",
     "launched_by_torchrun",
@@ -270,6 +271,42 @@ def refuse_undistributed(cfgs: Sequence[RunConfig], *, argument: str = "cfg") ->
         f"only kind 'method' trains under DDP{hint}. Run them in one process (the evaluation of a "
         "checkpoint, `bayesurl evaluate --checkpoint`, is sharded under torchrun)"
     )
+
+
+def agree_on_outcome(what: str, error: str | None) -> None:
+    """Collective after a run under a process group: every rank had the same outcome.
+
+    A run that failed on some ranks only cannot be recorded consistently (rank 0 would write
+    a result the other ranks did not compute): then every rank raises, naming the failing
+    ranks. A no-op without a multi-rank group.
+
+    Parameters
+    ----------
+    what : str
+        The run, for the message (``"ce seed 0"``).
+    error : str or None
+        This rank's error text (``None``: the run succeeded here).
+
+    Raises
+    ------
+    RuntimeError
+        When some ranks but not all report an error.
+    """
+    import torch.distributed as dist
+
+    from bayesurl.distributed import get_world_size, is_distributed
+
+    if not is_distributed():
+        return
+    errors: list[Any] = [None] * get_world_size()
+    dist.all_gather_object(errors, error)
+    failed = [r for r, e in enumerate(errors) if e]
+    if failed and len(failed) != len(errors):
+        first = next(e for e in errors if e)
+        raise RuntimeError(
+            f"run {what} failed on rank(s) {failed} only ({first}); it cannot be recorded "
+            "consistently, so every rank stops"
+        )
 
 
 @contextlib.contextmanager

@@ -24,7 +24,13 @@ import torch
 
 from bayesurl.runs.config import load_recipe, read_recipe_file
 from bayesurl.runs.results import METRICS, SweepResults, _fmt
-from bayesurl.runs.runner import RunCache, _torchrun_group, resolve_device, run
+from bayesurl.runs.runner import (
+    RunCache,
+    _torchrun_group,
+    agree_on_outcome,
+    resolve_device,
+    run,
+)
 
 __all__ = ["resolve_estimators", "run_sweep"]
 
@@ -152,29 +158,6 @@ def run_sweep(
         )
 
 
-def _agree_on_errors(name: str, seed: int, error: str | None) -> None:
-    """Collective after each run under a process group: every rank recorded the same outcome.
-
-    A run that failed on some ranks only cannot be recorded consistently (rank 0 would write
-    a result the other ranks did not compute): raise on every rank, naming them.
-    """
-    import torch.distributed as dist
-
-    from bayesurl.distributed import get_world_size, is_distributed
-
-    if not is_distributed():
-        return
-    errors: list[Any] = [None] * get_world_size()
-    dist.all_gather_object(errors, error)
-    failed = [r for r, e in enumerate(errors) if e]
-    if failed and len(failed) != len(errors):
-        first = next(e for e in errors if e)
-        raise RuntimeError(
-            f"run {name} seed {seed} failed on rank(s) {failed} only ({first}); "
-            "the sweep cannot record it consistently and stops"
-        )
-
-
 def _sweep(
     names: list[str],
     cfgs: dict[str, Any],
@@ -217,7 +200,7 @@ def _sweep(
         )
         first = first or res
         rec = res.record()
-        _agree_on_errors(name, seed, rec["error"])
+        agree_on_outcome(f"{name} seed {seed}", rec["error"])
         for k, _ in METRICS:
             rec.setdefault(k, None)
         records.append(rec)

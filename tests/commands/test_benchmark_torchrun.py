@@ -109,16 +109,19 @@ def test_sweep_refuses_non_ddp_estimators_before_anything_runs(monkeypatch, tmp_
 
 
 def test_cli_benchmark_refusals_under_torchrun(monkeypatch, tmp_path, capsys) -> None:
-    """The default list (post-hoc / LAM included) and the stored protocol, `--worker` too."""
+    """The default list (post-hoc / LAM included), for the single-split sweep and the stored
+    protocol alike, and the protocol's `--worker` / `--tune`: refused before anything runs."""
     _torchrun_env(monkeypatch, 0)
     out = tmp_path / "b"
-    assert main(["benchmark", "--preset", "smoke", "--out", str(out), "--no-progress"]) == 2
-    err = capsys.readouterr().err
-    for name in ("pvu", "tau_posthoc", "laplace_ce", "lam_posthoc", "lam_online"):
-        assert f"'{name}' (kind" in err
+    db = ["--storage", f"sqlite:///{out}/sweep.db"]
+    for argv in (["--preset", "smoke"], ["--preset", "smoke", *db]):
+        assert main(["benchmark", *argv, "--out", str(out), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        for name in ("pvu", "tau_posthoc", "laplace_ce", "lam_posthoc", "lam_online"):
+            assert f"'{name}' (kind" in err, err
     for argv, what in (
-        (["--preset", "smoke", "--storage", f"sqlite:///{out}/sweep.db"], "stored protocol"),
-        (["--worker", "--storage", f"sqlite:///{out}/sweep.db"], "`--worker`"),
+        (["--worker", *db], "`--worker`"),
+        (["--preset", "smoke", "--tune", "2", *db], "`--tune`"),
     ):
         assert main(["benchmark", *argv, "--methods", "ce", "--out", str(out)]) == 2
         err = capsys.readouterr().err
@@ -195,6 +198,85 @@ def test_sweep_ranks_run_the_same_runs_rank0_alone_writes(monkeypatch, tmp_path,
         got[:] = [None, "RuntimeError: boom"]
 
     monkeypatch.setattr(dist, "all_gather_object", split_verdict)
-    with pytest.raises(RuntimeError, match=r"ce seed 0 failed on rank\(s\) \[1\] only"):
+    with pytest.raises(RuntimeError, match=r"run ce seed 0 failed on rank\(s\) \[1\] only"):
         run_sweep(["ce"], preset="smoke", progress=False)
     assert state["cleanup"] == 2 and not state["group"]
+
+
+@pytest.mark.distributed
+def test_stored_protocol_under_torchrun_two_ranks(tmp_path) -> None:
+    """Rank 0 claims each run of the sweep storage and every rank runs it: no run fails (ranks
+    claiming different runs met in DDP with different models before), each is done once."""
+    out = tmp_path / "proto"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "bayesurl", "benchmark", "--preset", "smoke", "--methods", "ce",
+           "--storage", f"sqlite:///{out}/sweep.db", "--device", "cpu", "--out", str(out),
+           *SETS]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("runs planned") == 1, proc.stdout
+    assert proc.stdout.count("results written") == 1, proc.stdout
+    assert "sweep smoke: 2/2 runs finished (2 here), 0 running elsewhere, 0 failed" in proc.stdout
+    res = json.loads((out / "results.json").read_text())
+    assert sorted(r["key"] for r in res["runs"]) == ["ce/split0/seed0", "ce/split1/seed0"]
+    assert res["settings"]["failed_attempts"] == []
+    for rec in res["runs"]:
+        assert rec["error"] is None and rec["n_test"] == 300, rec
+        assert isinstance(rec["mixed_r_auroc"], float), rec  # from every rank's rows
+
+
+def _gather_worker(rank: int, world: int, port: int, folder: str) -> None:
+    from bayesurl.runs import protocol
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))  # fmt: skip
+    D.init_from_env(device="cpu")
+    try:
+        # uneven blocks; rank 1 holds no row of "id_test"
+        blocks = {"test": [(0, 8), (8, 13)], "id_test": [(0, 9), (9, 9)]}
+        mine = {}
+        for key, (out, y) in _outputs().items():
+            lo, hi = blocks[key][rank]
+            mine[key] = (_Out(out.embedding[lo:hi], out.uncertainty[lo:hi]), y[lo:hi])
+        res = protocol._mixed(protocol._gathered(mine, torch.device("cpu")))
+        Path(folder, f"rank{rank}.json").write_text(json.dumps(res))
+    finally:
+        D.cleanup()
+
+
+class _Out:
+    def __init__(self, embedding: torch.Tensor, uncertainty: torch.Tensor) -> None:
+        self.embedding, self.uncertainty = embedding, uncertainty
+
+
+def _outputs() -> dict:
+    g = torch.Generator().manual_seed(3)
+
+    def side(n: int) -> tuple:
+        emb = torch.randn(n, 4, generator=g, dtype=torch.float64).round(decimals=0)  # ties
+        return _Out(emb, torch.rand(n, generator=g, dtype=torch.float64)), torch.arange(n) % 3
+
+    return {"test": side(13), "id_test": side(9)}
+
+
+@pytest.mark.distributed
+def test_mixed_r_auroc_from_every_ranks_rows(tmp_path) -> None:
+    """The protocol's mixed R-AUROC under 2 gloo ranks equals one process on all the rows."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from bayesurl.runs import protocol
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.start_processes(_gather_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True,
+                       start_method="fork")  # fmt: skip
+    want = protocol._mixed(_outputs())
+    assert isinstance(want["mixed_r_auroc"], float)
+    full = _outputs()
+    assert protocol._gathered(full, torch.device("cpu")) is full  # one process: as they are
+    for rank in range(2):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == want
