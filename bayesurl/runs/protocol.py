@@ -13,6 +13,7 @@ averaged over downstream sets and seeds). :func:`run_protocol`
 3. enqueues the plan in a :class:`~bayesurl.runs.storage.SweepStorage` (SQLite
    ``<out>/sweep.db`` or any SQLAlchemy URL) and works through it; any number of workers
    (``worker=True``, other machines / GPUs) can join; a killed sweep resumes where it stopped;
+   under ``torchrun`` rank 0 claims each run and every rank runs it (:func:`run_protocol`);
 4. once every run is finished, writes ``results.json`` (every run with ``method``, ``split``,
    ``seed`` and its metrics, the per-estimator means with t-intervals, the paired comparison
    against CE and the split-half reproducibility), ``results.csv`` and

@@ -6,6 +6,9 @@ single run of the same estimator, data and seed. The runs share one
 :class:`~bayesurl.runs.runner.RunCache`: the data are assembled once and a post-hoc
 estimator's base (CE for PVU, post-hoc TaU, Laplace-on-CE) is trained once per seed.
 
+Under ``torchrun`` every rank runs the same runs in the same order in one process group (DDP
+training, sharded evaluation) and rank 0 alone writes (:func:`run_sweep`, Notes).
+
 This is a small, offline instance of the URL benchmark (Kirchhof et al., 2023, section 3 /
 appendix B) extended with the post-hoc and Laplace estimators (PVU thesis section 5.3; TaU
 section 4; LAM, Warburg et al., 2023, section 3).
@@ -116,12 +119,30 @@ def run_sweep(
     Returns
     -------
     SweepResults
+        ``main_process`` is False on the ranks other than 0 of a ``torchrun`` sweep.
 
     Raises
     ------
     ValueError
         For an unknown estimator / preset / override key, an empty seed list or a negative
-        seed (checked for every estimator before anything trains).
+        seed (checked for every estimator before anything trains); under ``torchrun``, for
+        estimators whose fit is not distributed (all named in one error,
+        :func:`bayesurl.runs.runner.refuse_undistributed`).
+    RuntimeError
+        Under ``torchrun``, when a run failed on some ranks only
+        (:func:`bayesurl.runs.runner.agree_on_outcome`).
+
+    Notes
+    -----
+    Under ``torchrun --nproc_per_node W`` (issue 16) the sweep initialises one process group
+    for all its runs (``device`` ``None``: ``cuda:LOCAL_RANK`` where CUDA is available, else
+    CPU) and every rank runs the same (estimator, seed) list in the same order: each registry
+    method trains under DDP and is evaluated sharded (:func:`bayesurl.runs.runner.run`), so
+    every rank holds the same records; rank 0 alone shows progress, writes ``out`` and the
+    checkpoints, and ``settings["world_size"]`` records ``W``. A run failing on every rank is
+    recorded as usual; one failing on some ranks only stops the sweep on every rank (a rank
+    that fails while the others wait inside a collective cannot be caught, torchrun ends the
+    job).
     """
     names = resolve_estimators(estimators, dataset)
     if isinstance(seeds, bool):
