@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
     out = check_output_dir(args.out, "--out")
     device = check_device(args.device, "--device")
     if args.merge:
+        if launch_rank() != 0:  # torchrun: merging trains nothing, rank 0 does it alone
+            return 0
         merged = merge_results(args.merge)
         merged.save(out)
         print(merged.table())

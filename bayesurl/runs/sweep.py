@@ -138,7 +138,7 @@ def run_sweep(
     for all its runs (``device`` ``None``: ``cuda:LOCAL_RANK`` where CUDA is available, else
     CPU) and every rank runs the same (estimator, seed) list in the same order: each registry
     method trains under DDP and is evaluated sharded (:func:`bayesurl.runs.runner.run`), so
-    every rank holds the same records; rank 0 alone shows progress, writes ``out`` and the
+    every rank holds the same metrics; rank 0 alone shows progress, writes ``out`` and the
     checkpoints, and ``settings["world_size"]`` records ``W``. A run failing on every rank is
     recorded as usual; one failing on some ranks only stops the sweep on every rank (a rank
     that fails while the others wait inside a collective cannot be caught, torchrun ends the

@@ -280,3 +280,17 @@ def test_mixed_r_auroc_from_every_ranks_rows(tmp_path) -> None:
     assert protocol._gathered(full, torch.device("cpu")) is full  # one process: as they are
     for rank in range(2):
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == want
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_merge_under_torchrun_rank0_alone(monkeypatch, tmp_path, capsys, rank) -> None:
+    from bayesurl.runs.results import SweepResults
+
+    run = {"estimator": "ce", "seed": 0, "error": None, "r@1": 0.5, "r_auroc": 0.6}
+    SweepResults(runs=[run], settings={"seeds": [0], "preset": "smoke"}).save(tmp_path / "a")
+    _torchrun_env(monkeypatch, rank)
+    out = tmp_path / "merged"
+    assert main(["benchmark", "--merge", str(tmp_path / "a"), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert (out / "results.json").is_file() == (rank == 0)
+    assert ("merged 1 results" in printed) == (rank == 0)
