@@ -1,5 +1,3 @@
-import sys
+from bayesurl.cli import console_main
 
-from bayesurl.cli import main
-
-sys.exit(main())
+console_main()

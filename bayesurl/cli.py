@@ -26,6 +26,7 @@ block, and paragraphs are re-wrapped to the terminal.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import pkgutil
 import re
@@ -276,5 +277,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def console_main() -> NoReturn:
+    """Entry point of the ``bayesurl`` console script and of ``python -m bayesurl``.
+
+    :func:`main`, then exit. Before the interpreter shuts down, :func:`gc.freeze` moves every
+    live object into the collector's permanent generation, so the final garbage collections
+    of the shutdown do not walk torch's ~180,000 objects: 0.35 s of every command's exit on
+    the 2-core CPU machine (``python -c "import torch"`` exits in 1.45 s, 1.07 s with the
+    freeze; issue 16, where start-up and exit were a sixth of a sharded evaluation's time).
+    ``atexit`` handlers, ``weakref.finalize`` callbacks and stream flushes still run; only
+    cyclic garbage left at exit is not collected, which the operating system reclaims.
+    """
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    console_main()

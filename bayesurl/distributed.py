@@ -16,7 +16,9 @@ from __future__ import annotations
 import gc
 import math
 import os
-from collections.abc import Iterator, Sequence
+import socket
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +38,7 @@ __all__ = [
     "init_from_env",
     "is_distributed",
     "is_main_process",
+    "launch_local",
     "raise_if_any",
     "ring_chunks",
     "shard_range",
@@ -132,6 +135,129 @@ def init_from_env(backend: str | None = None, device: str | None = None) -> Dist
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world)
     return DistInfo(rank, world, local_rank, backend, dev)
+
+
+def _free_port() -> int:
+    """A TCP port free on the loopback interface now (the rendezvous port of
+    :func:`launch_local`, as ``torchrun --standalone`` picks one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _local_rank_main(
+    local_rank: int,
+    fn: Callable[..., object],
+    args: tuple[object, ...],
+    env: dict[str, str],
+    threads: int,
+) -> None:
+    """Body of one process of :func:`launch_local`: torchrun's variables, then ``fn(*args)``."""
+    os.environ.update(env)
+    os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(local_rank)
+    torch.set_num_threads(threads)
+    code = fn(*args)
+    if isinstance(code, int) and code != 0:
+        sys.exit(code)
+
+
+def launch_local(
+    fn: Callable[..., object],
+    nprocs: int,
+    args: Sequence[object] = (),
+    *,
+    threads: int | None = None,
+    start_method: str | None = None,
+) -> None:
+    """Run ``fn(*args)`` as the ``nprocs`` ranks of a one-machine job, forked from this process.
+
+    What ``torchrun --standalone --nproc_per_node nprocs`` does, without its launcher: each
+    process gets torchrun's environment (``RANK`` = ``LOCAL_RANK`` = its index,
+    ``WORLD_SIZE`` = ``LOCAL_WORLD_SIZE`` = ``nprocs``, ``MASTER_ADDR`` = 127.0.0.1 and a free
+    ``MASTER_PORT``), so code written for torchrun (:func:`init_from_env`) runs unchanged. With
+    the ``fork`` start method (the default where the platform has it) the ranks start from this
+    interpreter's already imported modules: torchrun's launcher imports torch once more and
+    every rank imports everything again, about 1.8 s of a 2-rank ``bayesurl evaluate`` on the
+    2-core CPU machine (issue 16, ``benchmarks/evaluator.py --distributed``). This process
+    waits (blocked, not polling) and returns when every rank has finished; when one rank fails
+    the others are stopped.
+
+    Fork only from a process that has run no parallel CPU kernels (OpenMP's thread pool does
+    not survive a fork) and has not initialised CUDA; ``bayesurl evaluate --nproc-per-node``
+    forks right after parsing its arguments.
+
+    Parameters
+    ----------
+    fn : callable
+        Module-level function run on every rank; a non-zero ``int`` return is its exit status.
+    nprocs : int
+        Number of ranks ``W >= 1``.
+    args : sequence
+        Positional arguments of ``fn`` (pickled only with the ``spawn`` start method).
+    threads : int, optional
+        Intra-op threads per rank; default ``OMP_NUM_THREADS`` when set, else this process's
+        ``torch.get_num_threads() // nprocs`` (at least 1), so the ranks share the cores.
+    start_method : {"fork", "spawn", "forkserver"}, optional
+        Default ``"fork"`` where available, else ``"spawn"``.
+
+    Raises
+    ------
+    ValueError
+        If ``nprocs`` or ``threads`` is not a positive integer, or this process is already a
+        rank of a torchrun / process-group job.
+    RuntimeError
+        If CUDA is initialised in this process (forked ranks could not use it), or a rank
+        failed: the message names the rank and ends with its error.
+    """
+    import torch.multiprocessing as mp
+
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"`nprocs` must be a positive integer, got {nprocs!r}")
+    if threads is None:
+        raw = os.environ.get("OMP_NUM_THREADS")
+        threads = int(raw) if raw and raw.isdigit() and int(raw) > 0 else None
+        threads = threads or max(1, torch.get_num_threads() // nprocs)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"`threads` must be a positive integer, got {threads!r}")
+    if _initialised() or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise ValueError(
+            "`nprocs`: this process is already one rank of a distributed job "
+            f"(WORLD_SIZE={os.environ.get('WORLD_SIZE')}); launch with torchrun or with "
+            "launch_local, not both"
+        )
+    methods = mp.get_all_start_methods()
+    start_method = start_method or ("fork" if "fork" in methods else "spawn")
+    if start_method not in methods:
+        raise ValueError(f"`start_method` must be one of {methods}, got {start_method!r}")
+    if start_method == "fork" and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "CUDA is initialised in this process, so forked ranks could not use it: call "
+            "launch_local before any CUDA work, pass start_method='spawn', or use torchrun"
+        )
+    env = {
+        "WORLD_SIZE": str(nprocs),
+        "LOCAL_WORLD_SIZE": str(nprocs),
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
+    try:
+        mp.start_processes(
+            _local_rank_main,
+            args=(fn, tuple(args), env, threads),
+            nprocs=nprocs,
+            join=True,
+            start_method=start_method,
+        )
+    except mp.ProcessRaisedException as exc:
+        lines = [ln for ln in str(exc.msg).strip().splitlines() if ln.strip()]
+        raise RuntimeError(
+            f"rank {exc.error_index} of {nprocs} failed: {lines[-1] if lines else 'unknown error'}"
+        ) from exc
+    except mp.ProcessExitedException as exc:
+        raise RuntimeError(
+            f"rank {exc.error_index} of {nprocs} exited with status {exc.exit_code}"
+        ) from exc
 
 
 def _comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
@@ -401,7 +527,8 @@ def raise_if_any(error: BaseException | None, group: dist.ProcessGroup | None = 
     """Collective: raise on every rank when any rank of ``group`` has an ``error``.
 
     A rank that rejected its own input raises its error; the others raise a ``ValueError``
-    naming the failing ranks, so no rank waits forever in a later collective. Not
+    naming the first failing rank and repeating its message, so no rank waits forever in a
+    later collective and whichever rank a launcher reports first tells what went wrong. Not
     distributed: raises ``error`` if given.
     """
     if not is_distributed(group):
@@ -409,11 +536,15 @@ def raise_if_any(error: BaseException | None, group: dist.ProcessGroup | None = 
             raise error
         return
     flags = all_gather_tensors(torch.tensor([error is not None], device=_comm_device(group)), group)
+    bad = flags.nonzero().flatten().tolist()
+    if not bad:
+        return
+    messages: list[object] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(messages, None if error is None else str(error), group=group)
     if error is not None:
         raise error
-    bad = flags.nonzero().flatten().tolist()
-    if bad:
-        raise ValueError(f"rank(s) {bad} rejected their input (see the error on those ranks)")
+    others = f" (and rank(s) {bad[1:]})" if len(bad) > 1 else ""
+    raise ValueError(f"rank {bad[0]} rejected its input{others}: {messages[bad[0]]}")
 
 
 def broadcast_state(

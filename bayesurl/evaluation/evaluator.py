@@ -149,6 +149,7 @@ def evaluate(
     distributed: bool = False,
     group: dist.ProcessGroup | None = None,
     reference: str | None = None,
+    copy: bool = True,
 ) -> dict[str, Any]:
     """Every retrieval and uncertainty metric defined for the input, from one kNN search.
 
@@ -215,6 +216,13 @@ def evaluate(
         std of the draws, 99 trapezoid levels; ECE bins ``[lo, hi)`` that drop confidence
         1.0) under the extra keys ``lam_ausc`` and ``lam_ece`` (``samples`` required, else
         ``None`` with a note). bayesurl's own ``ausc`` / ``ece`` are unchanged.
+    copy : bool
+        ``False`` lets the search L2-normalise ``embeddings`` in place instead of a normalised
+        copy (scikit-learn's ``copy=False``): one ``[N, D]`` tensor (this rank's ``[n_r, D]``)
+        less at the peak, for a caller that owns the array and does not need it afterwards --
+        ``bayesurl evaluate INPUT.npz`` passes it. The values of ``embeddings`` are
+        overwritten (float32 and float64 inputs; other dtypes are converted, so never
+        overwritten); the metrics are the same bit for bit.
 
     Returns
     -------
@@ -233,6 +241,8 @@ def evaluate(
     """
     if reference not in (None, "lam"):
         raise ValueError(f"`reference` must be None or 'lam', got {reference!r}")
+    if not isinstance(copy, bool):
+        raise ValueError(f"`copy` must be True or False, got {copy!r}")
     if reference is not None and distributed:
         raise ValueError("`reference='lam'` needs every draw on one process; not with distributed")
     if distributed and not (dist.is_available() and dist.is_initialized()):
@@ -307,7 +317,10 @@ def evaluate(
             ece_mode, share, shortlist, ece_info = "exact", False, None, {}
     k_search = min(max([*ks, *map_ks, 1] + ([shortlist] if share and shortlist else [])), n - 1)
     if backend == "torch":  # this rank's queries over every rank's rows (global ids)
-        _, nb_loc = _knn_sharded(x, k_search, sh, memory_budget, None)
+        # copy=False: the embeddings are not read after the search, normalise them in place
+        # (given embeddings only: the samples' mean is read again by the ECE)
+        inplace = not copy and embeddings is not None
+        _, nb_loc = _knn_sharded(x, k_search, sh, memory_budget, None, inplace=inplace)
     else:
         _, nb_loc = knn(x, k_search, memory_budget=memory_budget, backend=backend)
     # The neighbour ids stay on their rank: each rank scores its own queries against the labels

@@ -41,20 +41,28 @@ DEFAULT_MEMORY_BUDGET = 256 * 2**20
 _BACKENDS = ("torch", "faiss")
 
 
-def normalize(x: Tensor) -> Tensor:
+def normalize(x: Tensor, *, inplace: bool = False) -> Tensor:
     """L2-normalise the rows of ``x`` (zero rows stay zero), keeping device and dtype.
 
     Parameters
     ----------
     x : Tensor
         ``[..., D]`` vectors.
+    inplace : bool
+        Overwrite ``x`` with the result (no second ``[..., D]`` tensor); the values are those
+        of the copying form bit for bit (the same norm, clamp and division).
 
     Returns
     -------
     Tensor
-        ``x / ||x||`` along the last dimension (spec METRICS.md, cosine similarity).
+        ``x / ||x||`` along the last dimension (spec METRICS.md, cosine similarity); ``x``
+        itself when ``inplace``.
     """
-    return F.normalize(x, dim=-1, eps=torch.finfo(x.dtype).tiny ** 0.5)
+    eps = torch.finfo(x.dtype).tiny ** 0.5
+    if not inplace:
+        return F.normalize(x, dim=-1, eps=eps)
+    # torch.nn.functional.normalize's own steps, with the division in place
+    return x.div_(x.norm(2, dim=-1, keepdim=True).clamp_min(eps))
 
 
 def chunk_rows(n_gallery: int, dtype: torch.dtype, memory_budget: int) -> int:
@@ -426,10 +434,17 @@ def knn_sharded(
 
 
 def _knn_sharded(
-    x: Tensor, k: int, sh: Shards, memory_budget: int, chunk_size: int | None
+    x: Tensor,
+    k: int,
+    sh: Shards,
+    memory_budget: int,
+    chunk_size: int | None,
+    *,
+    inplace: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """:func:`knn_sharded` on validated rows ``x`` with the row layout ``sh``;
-    ``memory_budget`` is already this rank's (:func:`rank_budget`)."""
+    ``memory_budget`` is already this rank's (:func:`rank_budget`). ``inplace`` normalises
+    ``x`` itself instead of a copy (a caller that owns ``x`` saves one ``[n_r, D]`` tensor)."""
     n = sh.n
     if n < 2:
         raise ValueError(f"`embeddings` needs at least 2 points over all ranks, got {n}")
@@ -437,7 +452,7 @@ def _knn_sharded(
         raise ValueError(f"`k` must be an integer in [1, {n - 1}], got {k!r}")
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"`chunk_size` must be positive, got {chunk_size}")
-    qn = normalize(x)
+    qn = normalize(x, inplace=inplace)
     return _search(qn, sh.chunks(qn), k, memory_budget, chunk_size, sh.global_ids(x.device))
 
 

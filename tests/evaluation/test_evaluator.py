@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -157,3 +159,21 @@ NAN = float("nan")
 def test_bad_input(args, kw, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         evaluate(*args, **kw)
+
+
+def test_evaluate_copy_false_normalises_in_place_same_metrics() -> None:
+    """``copy=False`` overwrites the embeddings with their normalised rows and changes no
+    metric; ``copy=True`` (default) leaves them untouched; a non-bool is refused."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(80, 7, generator=g) * 3
+    y = torch.arange(80) % 6
+    u = torch.rand(80, generator=g)
+    keep = x.clone()
+    want = evaluate(x, y, uncertainties=u)
+    assert torch.equal(x, keep)
+    got = evaluate(x, y, uncertainties=u, copy=False)
+    assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
+    eps = torch.finfo(torch.float32).tiny ** 0.5
+    assert torch.equal(x, torch.nn.functional.normalize(keep, dim=1, eps=eps))
+    with pytest.raises(ValueError, match="`copy`"):
+        evaluate(keep, y, uncertainties=u, copy=1)  # type: ignore[arg-type]

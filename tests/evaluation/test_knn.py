@@ -8,7 +8,7 @@ import pytest
 import torch
 from _reference import brute_knn, tie_data
 
-from bayesurl.evaluation.knn import chunk_rows, knn, knn_query
+from bayesurl.evaluation.knn import chunk_rows, knn, knn_query, normalize
 
 
 @pytest.fixture
@@ -172,3 +172,17 @@ def test_rank_budget_splits_the_budget_over_the_ranks() -> None:
     assert rank_budget(1, Shards((1, 1))) == 1  # never 0
     with pytest.raises(ValueError, match="memory_budget"):
         rank_budget(0, Shards((1, 1)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_normalize_inplace_is_the_copying_form_bit_for_bit(dtype) -> None:
+    """``normalize(x, inplace=True)`` overwrites ``x`` with exactly F.normalize's values."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(257, 19, generator=g, dtype=dtype) * torch.logspace(-20, 20, 257)[:, None]
+    x[3] = 0.0  # zero rows stay zero
+    want = torch.nn.functional.normalize(x, dim=-1, eps=torch.finfo(dtype).tiny ** 0.5)
+    y = x.clone()
+    out = normalize(y, inplace=True)
+    assert out.data_ptr() == y.data_ptr()
+    assert torch.equal(y, want) and torch.equal(normalize(x), want)
+    assert bool((y[3] == 0).all())

@@ -61,11 +61,12 @@ def test_sharded_evaluate_equals_one_process(sizes, ood_sizes, ring_rows, tmp_pa
     sims.fill_diagonal_(-2)
     assert int((sims == sims.max(dim=1, keepdim=True).values).sum(dim=1).gt(1).sum()) > 5
     assert "ece_shortlist" in ref["shortlist"]
-    # a NaN on the last rank: it names the argument, the others name the rank
+    # a NaN on the last rank: it names the argument, the others name the rank and repeat its
+    # message
     last = len(sizes) - 1
     assert "embeddings" in ranks[last]["error"] and "non-finite" in ranks[last]["error"].lower()
     for r in range(last):
-        assert f"rank(s) [{last}]" in ranks[r]["error"]
+        assert ranks[r]["error"] == f"rank {last} rejected its input: {ranks[last]['error']}"
     # neighbour ids themselves (global, ties to the lowest id), against the 1-process kNN
     lo = 0
     for r, out in enumerate(ranks):
