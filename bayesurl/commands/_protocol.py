@@ -12,6 +12,8 @@ into the class-split x seed sweep stored in an Optuna RDB storage:
 * several machines / GPUs: ``--storage postgresql+psycopg2://user:pw@host/db`` on all of them, the
   first without ``--worker``, every further one with ``--worker`` (one per GPU:
   ``CUDA_VISIBLE_DEVICES=k bayesurl benchmark --worker --storage URL``).
+* under ``torchrun`` (registry methods only): rank 0 claims each run and every rank runs it
+  (DDP training, sharded evaluation); ``--worker`` and ``--tune`` are refused there.
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ def run_protocol_command(args: argparse.Namespace) -> int:
         root=args.root,
         device=args.device,
     )
+    if not res.get("main_process", True):  # torchrun: rank 0 reports
+        return 0
     st = res["status"]
     print(
         f"sweep {preset.name}: {st['complete']}/{st['total']} runs finished "

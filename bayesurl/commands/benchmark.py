@@ -8,10 +8,18 @@ LAM online -- with the preset's data sizes and training length. Columns: R@1, R-
 ECE (estimators with a distribution), OOD AUROC, training time; mean +- std over seeds.
 Writes ``results.json``, ``results.csv`` and ``recall_vs_rauroc.png`` (URL Fig. 2) to ``--out``.
 
+Under ``torchrun`` every rank runs the same runs in the same order in one process group: each
+method trains under DDP and is evaluated sharded (issue 16); rank 0 alone prints and writes.
+Estimators whose fit is not distributed (post-hoc, LAM) are refused before anything runs, in
+one error naming them. In the stored protocol (``--preset standard``, ``--storage``) rank 0
+claims each run and sends it to the other ranks; ``--worker`` and ``--tune`` are refused
+under ``torchrun`` (:func:`bayesurl.runs.protocol.refuse_under_torchrun`).
+
 Examples::
 
     bayesurl benchmark --preset quick --out runs/benchmark
     bayesurl benchmark --methods ce,mcinfonce,pvu --seeds 0,1,2 --set train.epochs=5
+    torchrun --nproc_per_node 2 -m bayesurl benchmark --methods ce,mcinfonce --preset quick
 """
 
 from __future__ import annotations
@@ -122,20 +130,24 @@ def run(args: argparse.Namespace) -> int:
     """Run ``bayesurl benchmark``; 0 when every run succeeded, 1 if some failed."""
     if wants_protocol(args):  # the stored class-split protocol (bayesurl.runs.protocol)
         return run_protocol_command(args)
-    notice = smoke_notice(args.preset)
-    if notice and not args.merge:
-        print(notice)
     from pathlib import Path
 
     import torch
 
     from bayesurl._checks import check_device, check_output_dir
     from bayesurl.runs.results import merge_results
+    from bayesurl.runs.runner import launch_rank
     from bayesurl.runs.sweep import resolve_estimators, run_sweep
+
+    notice = smoke_notice(args.preset)
+    if notice and not args.merge and launch_rank() == 0:  # torchrun: rank 0 prints
+        print(notice)
 
     out = check_output_dir(args.out, "--out")
     device = check_device(args.device, "--device")
     if args.merge:
+        if launch_rank() != 0:  # torchrun: merging trains nothing, rank 0 does it alone
+            return 0
         merged = merge_results(args.merge)
         merged.save(out)
         print(merged.table())
@@ -163,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_dir=out / "checkpoints" if args.save_checkpoints else None,
         progress=not args.no_progress,
     )
+    if not results.main_process:  # torchrun: rank 0 reports (and alone wrote the files)
+        return 1 if any(r["error"] for r in results.runs) else 0
     print(results.table())
     total = results.settings["total_time"]
     print(

@@ -13,6 +13,7 @@ averaged over downstream sets and seeds). :func:`run_protocol`
 3. enqueues the plan in a :class:`~bayesurl.runs.storage.SweepStorage` (SQLite
    ``<out>/sweep.db`` or any SQLAlchemy URL) and works through it; any number of workers
    (``worker=True``, other machines / GPUs) can join; a killed sweep resumes where it stopped;
+   under ``torchrun`` rank 0 claims each run and every rank runs it (:func:`run_protocol`);
 4. once every run is finished, writes ``results.json`` (every run with ``method``, ``split``,
    ``seed`` and its metrics, the per-estimator means with t-intervals, the paired comparison
    against CE and the split-half reproducibility), ``results.csv`` and
@@ -26,6 +27,7 @@ fake.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -51,6 +53,7 @@ __all__ = [
     "plan_runs",
     "plot_results",
     "plot_training_curves",
+    "refuse_under_torchrun",
     "run_protocol",
     "tune_estimators",
     "write_results",
@@ -428,7 +431,7 @@ def pipeline_run_fn(
             state.update(key=key, cache=cache, test=sets.test)
         res = run(cfg, cache=state["cache"], raise_errors=False, keep_outputs=True)
         rec = res.record()
-        rec.update(_mixed(res.outputs))
+        rec.update(_mixed(_gathered(res.outputs, dev)))  # torchrun: every rank's rows
         rec.update(_crop(res, state["test"], dev))
         # training curves: loss and the median u of a fixed batch of training images per epoch
         rec.update(loss_curve=res.fit.get("loss_curve"), u_curve=res.fit.get("u_curve"))
@@ -453,6 +456,36 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _gathered(outputs: Any, device: Any) -> Any:
+    """Under a process group, the kept outputs of every rank, in the single-process row order.
+
+    The sharded scorer (:func:`bayesurl.runs.predict.score`) keeps each rank's contiguous block
+    of rows; the mixed R-AUROC needs every row, so embeddings, ``u`` and labels of each set are
+    gathered in rank order (:func:`bayesurl.distributed.all_gather_tensors`, on ``device``, the
+    run's device and so the backend's). Collective; ``outputs`` itself when not distributed.
+    """
+    from types import SimpleNamespace
+
+    from bayesurl.distributed import all_gather_tensors, is_distributed
+
+    if outputs is None or not is_distributed():
+        return outputs
+
+    def gather(t: Any) -> Any:
+        return None if t is None else all_gather_tensors(t.to(device).contiguous())
+
+    return {
+        key: (
+            SimpleNamespace(
+                embedding=gather(outputs[key][0].embedding),
+                uncertainty=gather(outputs[key][0].uncertainty),
+            ),
+            gather(outputs[key][1]),
+        )
+        for key in sorted(outputs)  # the same order on every rank
+    }
 
 
 def _mixed(outputs: Any) -> dict[str, Any]:
@@ -718,6 +751,93 @@ def plot_training_curves(
     return p
 
 
+def _under_torchrun() -> bool:
+    from bayesurl.distributed import is_distributed
+    from bayesurl.runs.runner import launched_by_torchrun
+
+    return launched_by_torchrun() or is_distributed()
+
+
+def refuse_under_torchrun(*, worker: bool = False, tune: int = 0) -> None:
+    """Raise for the parts of the protocol that cannot run under ``torchrun``.
+
+    Under ``torchrun`` rank 0 claims the runs and every rank runs each claimed run together
+    (:func:`run_protocol`). Two parts cannot follow it: ``worker=True`` waits for another
+    machine's plan (up to an hour, longer than the process group's collectives may block the
+    other ranks), and ``tune`` runs Optuna's trials on one process. Start a worker per GPU
+    (``CUDA_VISIBLE_DEVICES=k bayesurl benchmark --worker --storage URL``) and tune in one
+    process first instead.
+
+    Raises
+    ------
+    ValueError
+        Under torchrun (``WORLD_SIZE > 1``) or a multi-rank process group, with ``worker`` or
+        ``tune``.
+    """
+    if not _under_torchrun() or not (worker or tune):
+        return
+    what = "`--worker` (`worker=True`)" if worker else "`--tune` (`tune`)"
+    raise ValueError(
+        f"{what} does not run under torchrun: "
+        + (
+            "a worker waits for another machine's plan, longer than the other ranks may wait "
+            "in a collective. Start one worker process per GPU instead "
+            "(`CUDA_VISIBLE_DEVICES=k bayesurl benchmark --worker --storage URL`)"
+            if worker
+            else "the Optuna trials run in one process. Tune first without torchrun (the "
+            "chosen settings go to OUT/tuned.json), then start the sweep under torchrun"
+        )
+    )
+
+
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (collective)."""
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _lead(fn: Callable[[dict[str, Any]], Mapping[str, Any]]) -> Callable[..., Any]:
+    """Rank 0's ``run_fn`` under torchrun: send the claimed run to the other ranks, run it
+    with them, and check that every rank had the same outcome."""
+    from bayesurl.runs.runner import agree_on_outcome
+
+    def lead(params: dict[str, Any]) -> Mapping[str, Any]:
+        _broadcast(params)
+        try:
+            rec = fn(params)
+        except Exception as exc:
+            agree_on_outcome(_key(params), f"{type(exc).__name__}: {exc}")
+            raise
+        agree_on_outcome(_key(params), rec.get("error"))
+        return rec
+
+    return lead
+
+
+def _follow(fn: Callable[[dict[str, Any]], Mapping[str, Any]]) -> int:
+    """The other ranks under torchrun: run every run rank 0 sends until it sends ``None``."""
+    from bayesurl.runs.runner import agree_on_outcome
+
+    done = 0
+    while (params := _broadcast(None)) is not None:
+        try:
+            rec = fn(dict(params))
+        except Exception as exc:  # rank 0 records the run's error (it raised the same)
+            agree_on_outcome(_key(params), f"{type(exc).__name__}: {exc}")
+        else:
+            agree_on_outcome(_key(params), rec.get("error"))
+        done += 1
+    return done
+
+
+def _key(params: Mapping[str, Any]) -> str:
+    cs = params.get("class_split") or {}
+    return f"{params.get('estimator')}/split{cs.get('index')}/seed{params.get('seed')}"
+
+
 def run_protocol(
     estimators: Sequence[str] | None,
     *,
@@ -770,18 +890,29 @@ def run_protocol(
     Returns
     -------
     dict
-        ``{"status", "done_here", "paths"}``; ``paths`` is empty until every run is finished.
+        ``{"status", "done_here", "paths", "main_process"}``; ``paths`` is empty until every
+        run is finished.
+
+    Raises
+    ------
+    ValueError
+        Under ``torchrun`` with ``worker`` or ``tune`` (:func:`refuse_under_torchrun`) or an
+        estimator whose fit is not distributed, before the storage is opened.
+
+    Notes
+    -----
+    Under ``torchrun --nproc_per_node W`` the sweep opens one process group; rank 0 alone
+    opens the storage, enqueues the plan, claims each run and sends it to the other ranks, so
+    every rank runs the same run at the same time (DDP training, sharded evaluation; the mixed
+    R-AUROC from every rank's rows) and rank 0 alone stores, logs and writes the results. It
+    does not wait for runs claimed by other workers (the other ranks would wait in a
+    collective): when nothing is left to claim it returns, and the last worker to finish
+    writes the results. Every rank returns ``main_process`` (False on the ranks other than 0,
+    whose ``status`` is ``None``).
     """
+    refuse_under_torchrun(worker=worker, tune=tune)
     p = get_protocol_preset(preset)
     folder = Path(out) if out is not None else Path("results") / "benchmark" / p.name
-    folder.mkdir(parents=True, exist_ok=True)
-    if p.smoke:
-        log(
-            f"NOTE: preset {p.name!r} is a smoke-scale run ({p.note}); its ranking is not a "
-            "verdict. For the real benchmark run `bayesurl benchmark --preset standard` "
-            "(<= 3 h on 2 CPU cores, minutes on a GPU; resumable, add workers with --worker)."
-        )
-    store = SweepStorage(storage, out=folder, sweep=p.name, heartbeat_interval=heartbeat_interval)
     if worker:
         names: list[str] = []
     elif estimators is None:
@@ -790,17 +921,47 @@ def run_protocol(
         names = resolve_estimators(None, dataset)
     else:
         names = list(estimators)
-    tuned = {} if tune else load_tuned(folder)
-    fn = run_fn
-    if fn is None:
-        fn = pipeline_run_fn(
-            dataset=dataset, preset=p, overrides=overrides, tuned=tuned, root=root, device=device
+    distributed = _under_torchrun()
+    with contextlib.ExitStack() as stack:
+        if distributed:  # one process group for the whole sweep (bayesurl.runs.runner.run uses it)
+            from bayesurl.distributed import is_main_process
+            from bayesurl.runs.config import load_recipe
+            from bayesurl.runs.runner import _torchrun_group
+
+            cfgs = [  # estimators whose fit is not distributed: refused before anything runs
+                load_recipe(f"{dataset}/{n}", [*p.overrides, *overrides], preset=p.recipe_preset)
+                for n in names
+            ]
+            stack.enter_context(_torchrun_group(cfgs, device, argument="estimators"))
+            if not is_main_process():
+                fn = run_fn or pipeline_run_fn(
+                    dataset=dataset,
+                    preset=p,
+                    overrides=overrides,
+                    tuned=load_tuned(folder),
+                    root=root,
+                    device=device,
+                )
+                return {
+                    "status": None,
+                    "done_here": _follow(fn),
+                    "paths": {},
+                    "main_process": False,
+                }
+            stack.callback(_broadcast, None)  # at the end, rank 0 releases the other ranks
+        folder.mkdir(parents=True, exist_ok=True)
+        if p.smoke:
+            log(
+                f"NOTE: preset {p.name!r} is a smoke-scale run ({p.note}); its ranking is not a "
+                "verdict. For the real benchmark run `bayesurl benchmark --preset standard` "
+                "(<= 3 h on 2 CPU cores, minutes on a GPU; resumable, add workers with --worker)."
+            )
+        store = SweepStorage(
+            storage, out=folder, sweep=p.name, heartbeat_interval=heartbeat_interval
         )
-    if tune and not worker:
-        split0 = class_splits(p.n_splits)[0]
-        chosen = tune_estimators(names, tune, fn, store, split=split0, out=folder, log=log)
-        tuned = {k: v["overrides"] for k, v in chosen.items()}
-        if run_fn is None:
+        tuned = {} if tune else load_tuned(folder)
+        fn = run_fn
+        if fn is None:
             fn = pipeline_run_fn(
                 dataset=dataset,
                 preset=p,
@@ -809,60 +970,83 @@ def run_protocol(
                 root=root,
                 device=device,
             )
-    t0 = time.perf_counter()
-    if not worker:
-        plan = plan_runs(names, p)
-        for r in plan:
-            r["overrides"] = list(tuned.get(r["estimator"], []))
-        added = store.add_runs(plan)
-        log(f"sweep {p.name!r}: {len(plan)} runs planned, {added} new; storage {store.url}")
+        if tune and not worker:
+            split0 = class_splits(p.n_splits)[0]
+            chosen = tune_estimators(names, tune, fn, store, split=split0, out=folder, log=log)
+            tuned = {k: v["overrides"] for k, v in chosen.items()}
+            if run_fn is None:
+                fn = pipeline_run_fn(
+                    dataset=dataset,
+                    preset=p,
+                    overrides=overrides,
+                    tuned=tuned,
+                    root=root,
+                    device=device,
+                )
+        t0 = time.perf_counter()
+        if not worker:
+            plan = plan_runs(names, p)
+            for r in plan:
+                r["overrides"] = list(tuned.get(r["estimator"], []))
+            added = store.add_runs(plan)
+            log(f"sweep {p.name!r}: {len(plan)} runs planned, {added} new; storage {store.url}")
 
-    def on_done(claim: Any, record: Any, error: str | None) -> None:
-        st = store.status()
-        head = f"[{st['complete']}/{st['total']}] {claim.key}"
-        if error:
-            log(f"{head}: FAILED {error}")
-        else:
-            # the finished runs so far, readable (and committable) before the sweep ends
-            done_so_far = {"preset": p.name, "status": st, "runs": store.records()}
-            _write_text(folder / "partial_runs.json", json.dumps(_jsonable(done_so_far), indent=2))
-            log(
-                f"{head}: R@1 {record.get('r@1')}, R-AUROC {record.get('r_auroc')}, "
-                f"OOD AUROC {record.get('ood_auroc')}, {record.get('total_time')} s"
-            )
+        def on_done(claim: Any, record: Any, error: str | None) -> None:
+            st = store.status()
+            head = f"[{st['complete']}/{st['total']}] {claim.key}"
+            if error:
+                log(f"{head}: FAILED {error}")
+            else:
+                # the finished runs so far, readable (and committable) before the sweep ends
+                done_so_far = {"preset": p.name, "status": st, "runs": store.records()}
+                _write_text(
+                    folder / "partial_runs.json", json.dumps(_jsonable(done_so_far), indent=2)
+                )
+                log(
+                    f"{head}: R@1 {record.get('r@1')}, R-AUROC {record.get('r_auroc')}, "
+                    f"OOD AUROC {record.get('ood_auroc')}, {record.get('total_time')} s"
+                )
 
-    if worker:  # the first machine may still be tuning or planning: wait for the plan
-        waited = 0.0
-        while store.status()["total"] == 0 and waited < plan_timeout:
-            time.sleep(poll)
-            waited += poll
-        if store.status()["total"] == 0:
-            raise ValueError(
-                f"no runs in the storage {store.url} after {plan_timeout:.0f} s: start the first "
-                "machine (without --worker) with the same --storage and --preset"
-            )
-    done = store.work(fn, poll=poll, on_done=on_done)
-    status = store.status()
-    paths: dict[str, Path] = {}
-    if status["total"] and status["waiting"] == status["running"] == 0:
-        records = store.records()
-        failures = store.failures()
-        settings = {
-            "preset": p.name,
-            "protocol": asdict(p),
-            "dataset": dataset,
-            "estimators": sorted({r.get("method", "") for r in records}),
-            "class_splits": [s.to_dict() for s in class_splits(p.n_splits)],
-            "seeds": list(p.seeds),
-            "overrides": list(overrides),
-            "tuned": load_tuned(folder),
-            "storage": store.url if storage else f"sqlite:///{folder.name}/sweep.db",
-            "failed_attempts": failures,
-            "sum_of_run_times_s": sum(float(r.get("total_time") or 0.0) for r in records),
-            "this_worker_wall_s": time.perf_counter() - t0,
-            "python": platform.python_version(),
-            "platform": sys.platform,
+        if worker:  # the first machine may still be tuning or planning: wait for the plan
+            waited = 0.0
+            while store.status()["total"] == 0 and waited < plan_timeout:
+                time.sleep(poll)
+                waited += poll
+            if store.status()["total"] == 0:
+                raise ValueError(
+                    f"no runs in the storage {store.url} after {plan_timeout:.0f} s: start the "
+                    "first machine (without --worker) with the same --storage and --preset"
+                )
+        # under torchrun rank 0 claims, every rank runs the claimed run (_lead / _follow);
+        # no waiting for runs elsewhere: the other ranks would wait in a collective
+        work_fn = _lead(fn) if distributed else fn
+        done = store.work(work_fn, wait=not distributed, poll=poll, on_done=on_done)
+        status = store.status()
+        paths: dict[str, Path] = {}
+        if status["total"] and status["waiting"] == status["running"] == 0:
+            records = store.records()
+            failures = store.failures()
+            settings = {
+                "preset": p.name,
+                "protocol": asdict(p),
+                "dataset": dataset,
+                "estimators": sorted({r.get("method", "") for r in records}),
+                "class_splits": [s.to_dict() for s in class_splits(p.n_splits)],
+                "seeds": list(p.seeds),
+                "overrides": list(overrides),
+                "tuned": load_tuned(folder),
+                "storage": store.url if storage else f"sqlite:///{folder.name}/sweep.db",
+                "failed_attempts": failures,
+                "sum_of_run_times_s": sum(float(r.get("total_time") or 0.0) for r in records),
+                "this_worker_wall_s": time.perf_counter() - t0,
+                "python": platform.python_version(),
+                "platform": sys.platform,
+            }
+            paths = write_results(records, folder, settings)
+            log(f"results written to {folder}")
+        return {
+            "status": status,
+            "done_here": done,
+            "paths": {k: str(v) for k, v in paths.items()},
+            "main_process": True,
         }
-        paths = write_results(records, folder, settings)
-        log(f"results written to {folder}")
-    return {"status": status, "done_here": done, "paths": {k: str(v) for k, v in paths.items()}}

@@ -13,7 +13,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +72,16 @@ class SweepResults:
         ``error`` (``None`` or the exception text of a failed run; its metrics are then
         ``None``).
     settings : dict
-        Preset, recipes, data sizes, device, versions, total wall time.
+        Preset, recipes, data sizes, device, ``world_size`` (processes of a ``torchrun``
+        sweep), versions, total wall time.
+    main_process : bool
+        False on the ranks other than 0 of a ``torchrun`` sweep (they neither write nor
+        report; not serialised).
     """
 
     runs: list[dict[str, Any]]
     settings: dict[str, Any]
+    main_process: bool = field(default=True, repr=False, compare=False)
 
     @property
     def estimators(self) -> list[str]:

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,7 +38,11 @@ __all__ = [
     "CHECKPOINT_DATASETS",
     "RunCache",
     "RunResult",
+    "agree_on_outcome",
     "evaluate_checkpoint",
+    "launch_rank",
+    "launched_by_torchrun",
+    "refuse_undistributed",
     "resolve_device",
     "run",
     "train",
@@ -210,35 +214,127 @@ def _base_key(cfg: RunConfig, device: torch.device) -> str:
     return json.dumps({**cfg.to_dict(), "device": str(device)}, sort_keys=True, default=str)
 
 
+def launched_by_torchrun() -> bool:
+    """True when this process was started by ``torchrun`` with more than one process.
+
+    Reads ``WORLD_SIZE`` (a value that is not an integer counts as launched, so that
+    :func:`bayesurl.distributed.init_from_env` names the bad variable).
+    """
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return True
+
+
+def launch_rank() -> int:
+    """This process's torchrun ``RANK`` before any process group exists (0 when not launched).
+
+    For output decided before the group is initialised (a command's first notice); after
+    initialisation use :func:`bayesurl.distributed.is_main_process`.
+    """
+    if not launched_by_torchrun():
+        return 0
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0  # init_from_env names the bad variable
+
+
+def refuse_undistributed(cfgs: Sequence[RunConfig], *, argument: str = "cfg") -> None:
+    """Raise if any of ``cfgs`` has an estimator whose fit is not distributed.
+
+    Only registry methods (kind ``"method"``) train under DDP (:func:`bayesurl.training.fit`);
+    a post-hoc or LAM estimator's fit is not distributed, and under a process group its loaders
+    would shard the training data, so each rank would fit a different model. Every offending
+    estimator is named in one error, before anything runs.
+
+    Parameters
+    ----------
+    cfgs : sequence of RunConfig
+        The runs about to start under a process group.
+    argument : str
+        The argument named in the error (``"cfg"``, ``"estimators"`` ...).
+
+    Raises
+    ------
+    ValueError
+        Naming every estimator of a kind other than ``"method"`` and the distributed ones.
+    """
+    bad = {c.estimator.name: c.estimator.kind for c in cfgs if c.estimator.kind != "method"}
+    if not bad:
+        return
+    ok = list(dict.fromkeys(c.estimator.name for c in cfgs if c.estimator.kind == "method"))
+    listed = ", ".join(f"{n!r} (kind {k!r})" for n, k in bad.items())
+    hint = f"; the distributed ones here: {','.join(ok)}" if ok else ""
+    raise ValueError(
+        f"`{argument}` under torchrun: estimator(s) {listed}, whose fit is not distributed; "
+        f"only kind 'method' trains under DDP{hint}. Run them in one process (the evaluation of a "
+        "checkpoint, `bayesurl evaluate --checkpoint`, is sharded under torchrun)"
+    )
+
+
+def agree_on_outcome(what: str, error: str | None) -> None:
+    """Collective after a run under a process group: every rank had the same outcome.
+
+    A run that failed on some ranks only cannot be recorded consistently (rank 0 would write
+    a result the other ranks did not compute): then every rank raises, naming the failing
+    ranks. A no-op without a multi-rank group.
+
+    Parameters
+    ----------
+    what : str
+        The run, for the message (``"ce seed 0"``).
+    error : str or None
+        This rank's error text (``None``: the run succeeded here).
+
+    Raises
+    ------
+    RuntimeError
+        When some ranks but not all report an error.
+    """
+    import torch.distributed as dist
+
+    from bayesurl.distributed import get_world_size, is_distributed
+
+    if not is_distributed():
+        return
+    errors: list[Any] = [None] * get_world_size()
+    dist.all_gather_object(errors, error)
+    failed = [r for r, e in enumerate(errors) if e]
+    if failed and len(failed) != len(errors):
+        first = next(e for e in errors if e)
+        raise RuntimeError(
+            f"run {what} failed on rank(s) {failed} only ({first}); it cannot be recorded "
+            "consistently, so every rank stops"
+        )
+
+
 @contextlib.contextmanager
-def _torchrun_group(cfg: RunConfig) -> Iterator[torch.device | None]:
-    """Under ``torchrun`` (``WORLD_SIZE > 1``) the default process group for one run.
+def _torchrun_group(
+    cfgs: Sequence[RunConfig], device: str | None, *, argument: str
+) -> Iterator[torch.device | None]:
+    """Under ``torchrun`` (``WORLD_SIZE > 1``) the default process group for the runs ``cfgs``.
 
     Yields this rank's device (``None``: not launched by torchrun, or a group already exists,
-    which is then used and left alone). Only registry methods train under DDP
-    (:func:`bayesurl.training.fit`); the other estimators' fits are not distributed, and under
-    a process group their loaders would shard the training data, so each rank would fit a
-    different model: they are refused here rather than evaluated inconsistently.
+    which is then used and left alone -- :func:`bayesurl.runs.sweep.run_sweep` opens one
+    group for all its runs, so each :func:`run` of the sweep finds it). Under torchrun or a
+    process group, estimators that do not fit distributed are refused first
+    (:func:`refuse_undistributed`, naming ``argument``) rather than evaluated inconsistently.
+    ``device`` (``None``: ``cuda:LOCAL_RANK`` where CUDA
+    is available, else CPU) is passed to :func:`bayesurl.distributed.init_from_env`.
     """
     from bayesurl import distributed as D
 
-    try:
-        launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    except ValueError:
-        launched = True  # init_from_env names the bad variable
-    if not launched or D.is_distributed():
+    if not (launched_by_torchrun() or D.is_distributed()):
         yield None
         return
-    if cfg.estimator.kind != "method":
-        raise ValueError(
-            f"`{cfg.name}` under torchrun: estimator {cfg.estimator.name!r} is of kind "
-            f"{cfg.estimator.kind!r}, whose fit is not distributed; only kind 'method' trains "
-            "under DDP. Run it in one process (the evaluation of a checkpoint, "
-            "`bayesurl evaluate --checkpoint`, is sharded under torchrun)"
-        )
-    info = D.init_from_env(device=cfg.device)
+    refuse_undistributed(cfgs, argument=argument)
+    if D.is_distributed():
+        yield None
+        return
+    info = D.init_from_env(device=device)
     try:
-        yield torch.device(cfg.device) if cfg.device else info.device
+        yield torch.device(device) if device else info.device
     finally:
         D.cleanup()
 
@@ -314,7 +410,7 @@ def run(
         On a bad config or missing data (always raised, even with ``raise_errors=False``:
         nothing was run); under torchrun, for an estimator kind other than ``"method"``.
     """
-    with _torchrun_group(cfg) as rank_device:
+    with _torchrun_group([cfg], cfg.device, argument=cfg.name) as rank_device:
         return _run(
             cfg,
             rank_device if rank_device is not None else resolve_device(cfg.device),

@@ -6,6 +6,9 @@ single run of the same estimator, data and seed. The runs share one
 :class:`~bayesurl.runs.runner.RunCache`: the data are assembled once and a post-hoc
 estimator's base (CE for PVU, post-hoc TaU, Laplace-on-CE) is trained once per seed.
 
+Under ``torchrun`` every rank runs the same runs in the same order in one process group (DDP
+training, sharded evaluation) and rank 0 alone writes (:func:`run_sweep`, Notes).
+
 This is a small, offline instance of the URL benchmark (Kirchhof et al., 2023, section 3 /
 appendix B) extended with the post-hoc and Laplace estimators (PVU thesis section 5.3; TaU
 section 4; LAM, Warburg et al., 2023, section 3).
@@ -24,7 +27,13 @@ import torch
 
 from bayesurl.runs.config import load_recipe, read_recipe_file
 from bayesurl.runs.results import METRICS, SweepResults, _fmt
-from bayesurl.runs.runner import RunCache, resolve_device, run
+from bayesurl.runs.runner import (
+    RunCache,
+    _torchrun_group,
+    agree_on_outcome,
+    resolve_device,
+    run,
+)
 
 __all__ = ["resolve_estimators", "run_sweep"]
 
@@ -110,32 +119,91 @@ def run_sweep(
     Returns
     -------
     SweepResults
+        ``main_process`` is False on the ranks other than 0 of a ``torchrun`` sweep.
 
     Raises
     ------
     ValueError
         For an unknown estimator / preset / override key, an empty seed list or a negative
-        seed (checked for every estimator before anything trains).
-    """
-    from tqdm.auto import tqdm
+        seed (checked for every estimator before anything trains); under ``torchrun``, for
+        estimators whose fit is not distributed (all named in one error,
+        :func:`bayesurl.runs.runner.refuse_undistributed`).
+    RuntimeError
+        Under ``torchrun``, when a run failed on some ranks only
+        (:func:`bayesurl.runs.runner.agree_on_outcome`).
 
+    Notes
+    -----
+    Under ``torchrun --nproc_per_node W`` (issue 16) the sweep initialises one process group
+    for all its runs (``device`` ``None``: ``cuda:LOCAL_RANK`` where CUDA is available, else
+    CPU) and every rank runs the same (estimator, seed) list in the same order: each registry
+    method trains under DDP and is evaluated sharded (:func:`bayesurl.runs.runner.run`), so
+    every rank holds the same metrics; rank 0 alone shows progress, writes ``out`` and the
+    checkpoints, and ``settings["world_size"]`` records ``W``. A run failing on every rank is
+    recorded as usual; one failing on some ranks only stops the sweep on every rank (a rank
+    that fails while the others wait inside a collective cannot be caught, torchrun ends the
+    job).
+    """
     names = resolve_estimators(estimators, dataset)
     if isinstance(seeds, bool):
         raise ValueError(f"`seeds` must be an int or a list of ints, got {seeds!r}")
     seed_list = list(range(int(seeds))) if isinstance(seeds, int) else [int(s) for s in seeds]
     if not seed_list or min(seed_list) < 0:
         raise ValueError(f"`seeds` must hold non-negative integers, got {seed_list}")
-    dev = resolve_device(device)
     overrides = list(overrides)
-    cfgs = {
+    dev = resolve_device(device)
+    cfgs = {  # every recipe, preset and override checked before anything trains
         n: load_recipe(f"{dataset}/{n}", [*overrides, ("device", str(dev))], preset=preset)
         for n in names
     }
+    asked = None if device is None else str(dev)
+    with _torchrun_group(list(cfgs.values()), asked, argument="estimators") as rank_device:
+        if rank_device is not None and rank_device != dev:  # torchrun: cuda:LOCAL_RANK
+            dev = rank_device
+            cfgs = {
+                n: load_recipe(f"{dataset}/{n}", [*overrides, ("device", str(dev))], preset=preset)
+                for n in names
+            }
+        return _sweep(
+            names,
+            cfgs,
+            dataset=dataset,
+            preset=preset,
+            seed_list=seed_list,
+            overrides=overrides,
+            dev=dev,
+            out=out,
+            checkpoint_dir=checkpoint_dir,
+            progress=progress,
+            raise_errors=raise_errors,
+        )
+
+
+def _sweep(
+    names: list[str],
+    cfgs: dict[str, Any],
+    *,
+    dataset: str,
+    preset: str | None,
+    seed_list: list[int],
+    overrides: list[Any],
+    dev: torch.device,
+    out: str | os.PathLike[str] | None,
+    checkpoint_dir: str | os.PathLike[str] | None,
+    progress: bool,
+    raise_errors: bool,
+) -> SweepResults:
+    from tqdm.auto import tqdm
+
+    from bayesurl.distributed import get_world_size, is_main_process
+
+    main = is_main_process()
+    progress = progress and main
     ckpt = None if checkpoint_dir is None else Path(checkpoint_dir)
     t0 = time.perf_counter()
     cache = RunCache()
     records: list[dict[str, Any]] = []
-    jobs = [(n, s) for n in names for s in seed_list]
+    jobs = [(n, s) for n in names for s in seed_list]  # the same order on every rank
     bar = tqdm(jobs, disable=not progress, desc="sweep", unit="run")
     first = None
     for name, seed in bar:
@@ -153,6 +221,7 @@ def run_sweep(
         )
         first = first or res
         rec = res.record()
+        agree_on_outcome(f"{name} seed {seed}", rec["error"])
         for k, _ in METRICS:
             rec.setdefault(k, None)
         records.append(rec)
@@ -175,6 +244,7 @@ def run_sweep(
         "estimators": names,
         "seeds": seed_list,
         "device": str(dev),
+        "world_size": get_world_size(),
         **{k: info.get(k) for k in ("ood", "upstream_classes", "downstream_classes", "sizes")},
         "data_seed": info.get("data_seed"),
         "torch": torch.__version__,
@@ -183,7 +253,7 @@ def run_sweep(
         "machine": platform.machine(),
         "total_time": time.perf_counter() - t0,
     }
-    results = SweepResults(runs=records, settings=settings)
-    if out is not None:
+    results = SweepResults(runs=records, settings=settings, main_process=main)
+    if out is not None and main:
         results.save(out)
     return results

@@ -60,6 +60,27 @@ Inside your own training loop, ``fit(..., eval_fn=epoch_evaluator(data))``
 (:func:`bayesurl.runs.predict.epoch_evaluator`) scores every epoch sharded. Post-hoc and LAM
 estimators do not train distributed; ``bayesurl run`` refuses them under ``torchrun``.
 
+**Sweeps under torchrun.** ``bayesurl benchmark`` runs the same way: the sweep opens one
+process group, every rank runs the same runs in the same order (each method trained with DDP
+and evaluated sharded, as ``bayesurl run`` does), and rank 0 alone prints the table and writes
+``results.json`` / ``results.csv`` / the plot (and, with ``--save-checkpoints``, each run's
+checkpoint)::
+
+    torchrun --nproc_per_node=2 -m bayesurl benchmark --preset quick \
+        --methods ce,mcinfonce,elk --seeds 0,1,2 --out runs/benchmark
+
+Only estimators of kind ``method`` train under DDP: a list with post-hoc or LAM estimators
+(the default list has five) is refused before anything runs, in one error naming them and
+listing the distributed ones to pass to ``--methods``. The stored protocol (``--preset
+standard`` or ``--storage``, :doc:`../concepts/benchmark_protocol`) works too: rank 0 alone
+opens the sweep storage, claims each run and sends it to the other ranks, so all ranks run
+the same run together (its mixed R-AUROC is computed from every rank's rows) and rank 0
+stores it; under torchrun it does not wait for runs claimed by other workers, and
+``--worker`` and ``--tune`` are refused there (a worker may wait an hour for another
+machine's plan, longer than the other ranks may wait in a collective; Optuna's trials run in
+one process). To spread a protocol sweep over GPUs without DDP, start one worker per GPU
+instead (``CUDA_VISIBLE_DEVICES=k bayesurl benchmark --worker --storage URL``).
+
 This page runs a real two-process job with the ``gloo`` backend on CPU, on tiny data.
 """
 
