@@ -36,8 +36,16 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import bayesurl.commands as _commands
+from bayesurl.distributed import RankFailedError
 
-__all__ = ["PlainHelpFormatter", "UsageError", "build_parser", "main", "rst_to_text"]
+__all__ = [
+    "PlainHelpFormatter",
+    "UsageError",
+    "build_parser",
+    "console_main",
+    "main",
+    "rst_to_text",
+]
 
 #: exceptions that :func:`main` reports as a one-line user error (exit status 2)
 USER_ERRORS: tuple[type[BaseException], ...]
@@ -47,7 +55,7 @@ class UsageError(Exception):
     """A user error that is neither a bad value nor a missing file (one line, exit 2)."""
 
 
-USER_ERRORS = (UsageError, ValueError, TypeError, OSError, KeyError)
+USER_ERRORS = (UsageError, ValueError, TypeError, OSError, KeyError, RankFailedError)
 
 _ROLE = re.compile(r":[a-zA-Z:]+:`([^`]*)`")
 _LITERAL = re.compile(r"``([^`]*)``")

@@ -27,6 +27,7 @@ from torch import Tensor
 
 __all__ = [
     "DistInfo",
+    "RankFailedError",
     "RowExchange",
     "Shards",
     "all_gather_tensors",
@@ -39,6 +40,8 @@ __all__ = [
     "is_distributed",
     "is_main_process",
     "launch_local",
+    "launch_rank",
+    "launched_by_torchrun",
     "raise_if_any",
     "ring_chunks",
     "shard_range",
@@ -137,6 +140,36 @@ def init_from_env(backend: str | None = None, device: str | None = None) -> Dist
     return DistInfo(rank, world, local_rank, backend, dev)
 
 
+class RankFailedError(RuntimeError):
+    """A rank of :func:`launch_local` failed; the message names it and ends with its error."""
+
+
+def launched_by_torchrun() -> bool:
+    """True when this process was started by ``torchrun`` with more than one process.
+
+    Reads ``WORLD_SIZE`` (a value that is not an integer counts as launched, so that
+    :func:`init_from_env` names the bad variable).
+    """
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return True
+
+
+def launch_rank() -> int:
+    """This process's torchrun ``RANK`` before any process group exists (0 when not launched).
+
+    For output decided before the group is initialised (a command's first notice); after
+    initialisation use :func:`is_main_process`.
+    """
+    if not launched_by_torchrun():
+        return 0
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0  # init_from_env names the bad variable
+
+
 def _free_port() -> int:
     """A TCP port free on the loopback interface now (the rendezvous port of
     :func:`launch_local`, as ``torchrun --standalone`` picks one)."""
@@ -206,8 +239,10 @@ def launch_local(
         If ``nprocs`` or ``threads`` is not a positive integer, or this process is already a
         rank of a torchrun / process-group job.
     RuntimeError
-        If CUDA is initialised in this process (forked ranks could not use it), or a rank
-        failed: the message names the rank and ends with its error.
+        If CUDA is initialised in this process (forked ranks could not use it).
+    RankFailedError
+        If a rank failed: the message names the rank and ends with its error (the rank's
+        traceback is the exception's ``__cause__``).
     """
     import torch.multiprocessing as mp
 
@@ -219,7 +254,7 @@ def launch_local(
         threads = threads or max(1, torch.get_num_threads() // nprocs)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"`threads` must be a positive integer, got {threads!r}")
-    if _initialised() or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+    if _initialised() or launched_by_torchrun():
         raise ValueError(
             "`nprocs`: this process is already one rank of a distributed job "
             f"(WORLD_SIZE={os.environ.get('WORLD_SIZE')}); launch with torchrun or with "
@@ -251,11 +286,11 @@ def launch_local(
         )
     except mp.ProcessRaisedException as exc:
         lines = [ln for ln in str(exc.msg).strip().splitlines() if ln.strip()]
-        raise RuntimeError(
+        raise RankFailedError(
             f"rank {exc.error_index} of {nprocs} failed: {lines[-1] if lines else 'unknown error'}"
         ) from exc
     except mp.ProcessExitedException as exc:
-        raise RuntimeError(
+        raise RankFailedError(
             f"rank {exc.error_index} of {nprocs} exited with status {exc.exit_code}"
         ) from exc
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from bayesurl.distributed import launch_local
+from bayesurl.distributed import RankFailedError, launch_local
 
 ROOT = Path(__file__).parents[1]
 
@@ -67,9 +67,9 @@ def test_launch_local_threads_default_from_omp(monkeypatch, tmp_path) -> None:
 
 @pytest.mark.distributed
 def test_launch_local_reports_the_failing_rank(tmp_path) -> None:
-    with pytest.raises(RuntimeError, match=r"rank 1 of 2 failed: ValueError: `labels` is empty"):
+    with pytest.raises(RankFailedError, match=r"rank 1 of 2 failed: ValueError: `labels` is empty"):
         launch_local(_fail_on_rank_1, 2, (str(tmp_path),), threads=1)
-    with pytest.raises(RuntimeError, match="rank 0 of 1 exited with status 3"):
+    with pytest.raises(RankFailedError, match="rank 0 of 1 exited with status 3"):
         launch_local(_exit_3, 1, threads=1)
 
 

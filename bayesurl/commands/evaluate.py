@@ -36,6 +36,7 @@ from bayesurl._checks import (
     check_int,
     check_ints,
 )
+from bayesurl.distributed import launched_by_torchrun
 
 HELP = "evaluate embeddings / uncertainties / samples from an .npz file, or a checkpoint"
 
@@ -326,7 +327,7 @@ def _check_args(args: argparse.Namespace) -> None:
     args.device = str(check_device(args.device, "--device") or "cpu")
     args.ks = list(check_ints(args.ks, "--ks", low=1))
     check_int(args.nproc_per_node, "--nproc-per-node", low=1)
-    if args.nproc_per_node > 1 and _under_torchrun():
+    if args.nproc_per_node > 1 and launched_by_torchrun():
         raise ValueError(
             "--nproc-per-node: already launched by torchrun "
             f"(WORLD_SIZE={os.environ.get('WORLD_SIZE')}); use one launcher, not both"
@@ -348,7 +349,7 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     if args.nproc_per_node > 1:
         return _launch_local(args)
-    if _under_torchrun():
+    if launched_by_torchrun():
         return _run_distributed(args)
     if args.checkpoint is not None:
         return _run_checkpoint(args)
@@ -365,14 +366,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _under_torchrun() -> bool:
-    """True when launched by torchrun with more than one process (``WORLD_SIZE > 1``)."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1")) > 1
-    except ValueError:
-        return True  # init_from_env names the bad variable
-
-
 def _launch_local(args: argparse.Namespace) -> int:
     """``--nproc-per-node W``: the torchrun code path in W ranks forked from this process.
 
@@ -381,15 +374,12 @@ def _launch_local(args: argparse.Namespace) -> int:
     on the 2-core CPU machine); a rank's failure stops the others and is reported here.
     """
     import bayesurl.evaluation.evaluator  # noqa: F401  (imported once, before the fork)
-    from bayesurl.cli import UsageError
     from bayesurl.distributed import launch_local
 
     if args.checkpoint is not None:
         import bayesurl.runs.runner  # noqa: F401
-    try:
-        launch_local(_run_distributed, args.nproc_per_node, (args,))
-    except RuntimeError as exc:
-        raise UsageError(str(exc)) from exc
+    # a rank's failure: bayesurl.distributed.RankFailedError, one line from the CLI
+    launch_local(_run_distributed, args.nproc_per_node, (args,))
     return 0
 
 

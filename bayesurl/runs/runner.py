@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from bayesurl.distributed import launch_rank, launched_by_torchrun
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
 from bayesurl.runs.estimators import Estimator, build_estimator
@@ -212,32 +213,6 @@ def _mean_of(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def _base_key(cfg: RunConfig, device: torch.device) -> str:
     return json.dumps({**cfg.to_dict(), "device": str(device)}, sort_keys=True, default=str)
-
-
-def launched_by_torchrun() -> bool:
-    """True when this process was started by ``torchrun`` with more than one process.
-
-    Reads ``WORLD_SIZE`` (a value that is not an integer counts as launched, so that
-    :func:`bayesurl.distributed.init_from_env` names the bad variable).
-    """
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1")) > 1
-    except ValueError:
-        return True
-
-
-def launch_rank() -> int:
-    """This process's torchrun ``RANK`` before any process group exists (0 when not launched).
-
-    For output decided before the group is initialised (a command's first notice); after
-    initialisation use :func:`bayesurl.distributed.is_main_process`.
-    """
-    if not launched_by_torchrun():
-        return 0
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0  # init_from_env names the bad variable
 
 
 def refuse_undistributed(cfgs: Sequence[RunConfig], *, argument: str = "cfg") -> None:
