@@ -10,7 +10,8 @@ Writes ``rank{RANK}.json`` into ``$BAYESURL_RSS_DIR`` with
 - ``file_base`` / ``file_peak``: the file-backed part (``RssFile + RssShmem``): library code
   paged in when a kernel first runs, shared between processes and independent of N;
 - ``seconds`` / ``cpu``: the command's wall and CPU time after the imports (the CPU time does
-  not depend on what else the machine runs);
+  not depend on what else the machine runs); with ``--nproc-per-node W`` each forked rank
+  records itself from its start (after the fork) to its end;
 - ``phases`` (with ``BAYESURL_RSS_PHASES=1``): RSS / RssAnon / file-backed MiB above the
   baseline at the boundaries of the evaluation's phases (reading the shard, validation,
   normalising, the search and its ring steps, the gathers and metrics), for explaining a peak.
@@ -84,49 +85,70 @@ def _instrument(log: list, base: tuple[int, int, int]) -> None:
     D.ring_chunks = ring_logged
 
 
+def _measured(fn, log_phases: bool):  # noqa: ANN001, ANN202
+    """``fn`` recording this process's time and peak memory into ``rank{RANK}.json``."""
+
+    def run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        base = _rss()
+        peak = list(base)
+        log: list = []
+        if log_phases:
+            _instrument(log, base)
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.is_set():
+                for j, v in enumerate(_rss()):
+                    peak[j] = max(peak[j], v)
+                time.sleep(0.002)
+
+        th = threading.Thread(target=poll, daemon=True)
+        th.start()
+        t0, c0 = time.perf_counter(), time.process_time()
+        code = fn(*args, **kwargs)
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        stop.set()
+        th.join()
+        for j, v in enumerate(_rss()):
+            peak[j] = max(peak[j], v)
+        out = Path(os.environ["BAYESURL_RSS_DIR"]) / f"rank{os.environ.get('RANK', '0')}.json"
+        record = {
+            "peak": peak[0],
+            "base": base[0],
+            "anon_peak": peak[1],
+            "anon_base": base[1],
+            "file_peak": peak[2],
+            "file_base": base[2],
+            "seconds": seconds,
+            "cpu": cpu,
+        }
+        if log:
+            record["phases"] = log
+        out.write_text(json.dumps(record))
+        return code
+
+    return run
+
+
 if __name__ == "__main__":
+    import gc
+
     import torch
     import torch.distributed  # noqa: F401
 
-    import bayesurl.commands.evaluate  # noqa: F401  (imported before the baseline)
+    import bayesurl.commands.evaluate as CE  # imported before the baseline
     import bayesurl.evaluation  # noqa: F401
     from bayesurl.cli import main
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    base = _rss()
-    peak = list(base)
-    log: list = []
-    if os.environ.get("BAYESURL_RSS_PHASES") == "1":
-        _instrument(log, base)
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            for j, v in enumerate(_rss()):
-                peak[j] = max(peak[j], v)
-            time.sleep(0.002)
-
-    th = threading.Thread(target=poll, daemon=True)
-    th.start()
-    t0, c0 = time.perf_counter(), time.process_time()
-    code = main(sys.argv[1:])
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    stop.set()
-    th.join()
-    for j, v in enumerate(_rss()):
-        peak[j] = max(peak[j], v)
-    out = Path(os.environ["BAYESURL_RSS_DIR"]) / f"rank{os.environ.get('RANK', '0')}.json"
-    record = {
-        "peak": peak[0],
-        "base": base[0],
-        "anon_peak": peak[1],
-        "anon_base": base[1],
-        "file_peak": peak[2],
-        "file_base": base[2],
-        "seconds": seconds,
-        "cpu": cpu,
-    }
-    if log:
-        record["phases"] = log
-    out.write_text(json.dumps(record))
+    phases = os.environ.get("BAYESURL_RSS_PHASES") == "1"
+    if "--nproc-per-node" in sys.argv:
+        # the ranks are forked from this process: each measures itself from its start
+        CE._run_distributed = _measured(CE._run_distributed, phases)
+        code = main(sys.argv[1:])
+    else:
+        code = _measured(main, phases)(sys.argv[1:])
+    gc.freeze()  # as the console script exits (bayesurl.cli.console_main)
     sys.exit(code)

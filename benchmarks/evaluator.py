@@ -358,20 +358,43 @@ def main(argv: list[str] | None = None) -> None:
 K_SEARCH = 10
 
 
-def memory_bound(n: int, d: int, world: int, k: int = K_SEARCH) -> dict[str, int]:
-    """Bytes a rank of ``bayesurl evaluate`` (float32 npz, W ranks) holds at its peak, the
-    exact search's inner loop, term by term (issue 16; every term shrinks with W):
+def blas_workspace(rows: int, cols: int, d: int) -> int:
+    """Bytes the BLAS keeps for itself in one ``[rows, d] @ [d, cols]`` float32 product
+    (MKL's packing buffers), measured in this process: RssAnon after the product minus before,
+    with the output's pages already touched. Call it before any other matrix product."""
 
-    - its shard of the embeddings as read, and the normalised copy searched;
+    def anon() -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    a, b = torch.randn(rows, d), torch.randn(d, cols)
+    out = torch.zeros(rows, cols)
+    before = anon()
+    torch.mm(a, b, out=out)
+    return max(0, anon() - before)
+
+
+def memory_bound(n: int, d: int, world: int, k: int = K_SEARCH, blas: int = 0) -> dict[str, int]:
+    """Bytes a rank of ``bayesurl evaluate`` (float32 npz, W ranks) holds at its peak, the
+    exact search's inner loop, term by term (issue 16; every term but the BLAS's own
+    workspace shrinks with W):
+
+    - its shard of the embeddings (normalised in place: ``evaluate(copy=False)``);
     - the ring's two receive buffers of at most ``RING_CHUNK_BYTES`` (W > 1);
     - the similarity block ``[B, n_c]`` of one gallery chunk of ``n_c`` rows, within the
-      rank's share ``DEFAULT_MEMORY_BUDGET / W`` (two buffers counted, one used);
-    - the running top-k (float32 similarities + int64 ids) and the labels (int64) and
+      rank's share ``DEFAULT_MEMORY_BUDGET / W`` (two buffers counted, one used; the second
+      pass's window block is allocated after it is freed and is no larger);
+    - the BLAS's packing workspace (measured, :func:`blas_workspace`);
+    - the running top-(k+1) (float32 similarities + int64 ids) and the labels (int64) and
       uncertainties (float32) of its queries;
-    - temporaries: the finite check's block and one query block's top-k merge.
+    - temporaries: the finite check's block, one query block's top-k merge and the second
+      pass's per-candidate arrays (float64 values, ids, masks: about 34 bytes each).
 
-    Not counted: memory glibc keeps after freeing temporaries (a few MiB, printed as the
-    remainder) and library code paged in on first use (file-backed, printed apart).
+    Not counted: memory glibc keeps after freeing temporaries (printed as the remainder) and
+    library code paged in on first use (file-backed, printed apart).
     """
     from bayesurl._checks import FINITE_BLOCK
     from bayesurl.distributed import RING_CHUNK_BYTES, Shards
@@ -382,14 +405,17 @@ def memory_bound(n: int, d: int, world: int, k: int = K_SEARCH) -> dict[str, int
     n_c = n if world == 1 else min(max(1, RING_CHUNK_BYTES // (d * 4)), n_r)
     budget = rank_budget(DEFAULT_MEMORY_BUDGET, Shards((1,) * world))
     rows = min(chunk_rows(n_c, torch.float32, budget), n_r)
-    terms = {"shard": shard, "normalised shard": shard}
+    terms = {"shard": shard}
     if world > 1:
         terms["ring buffers"] = 2 * min(RING_CHUNK_BYTES, n_c * d * 4)
     terms["similarity block"] = rows * n_c * 4
-    terms["top-k, labels, u"] = n_r * (k * 12 + 12)
-    # short-lived: the finite check's block (abs copy + two masks) and one query block's
-    # top-(k+1), re-sort and merge with the running top-k (about 100 bytes per row and k)
-    terms["temporaries"] = FINITE_BLOCK * 6 + rows * k * 100
+    if blas:
+        terms["BLAS workspace"] = blas
+    terms["top-k, labels, u"] = n_r * ((k + 1) * 12 + 12)
+    # short-lived: the finite check's block (abs copy + two masks), one query block's
+    # top-(k+2), re-sort and merge with the running top-(k+1) (about 100 bytes per row and
+    # k), and the second pass's float64 values, ids and masks per candidate
+    terms["temporaries"] = FINITE_BLOCK * 6 + rows * (k + 1) * 100 + n_r * (k + 1) * 34
     return terms
 
 
@@ -410,6 +436,20 @@ def distributed_main(a: argparse.Namespace) -> None:
         f"N={a.n} D={a.d} S={a.ece_draws} torch={torch.__version__} cpus={os.cpu_count()} "
         f"load={load[0]:.2f},{load[1]:.2f},{load[2]:.2f}"
     )
+    from bayesurl.distributed import RING_CHUNK_BYTES
+    from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, chunk_rows
+
+    torch.set_num_threads(threads)
+    # the BLAS workspace, measured here on a rank's block shape (allocated once per process
+    # and reused, so one measurement; the same size for the 1-process block)
+    n_r = -(-a.n // w)
+    n_c = min(RING_CHUNK_BYTES // (a.d * 4), n_r)
+    rows = min(chunk_rows(n_c, torch.float32, DEFAULT_MEMORY_BUDGET // w), n_r)
+    blas = dict.fromkeys((1, w), blas_workspace(rows, n_c, a.d))
+    print(
+        f"  BLAS workspace of one [{rows}, {a.d}] @ [{a.d}, {n_c}] product: "
+        f"{blas[w] / 2**20:.1f} MiB (measured in this process)"
+    )
     root = Path(tempfile.mkdtemp(prefix="bayesurl_dist_bench_"))
     x, y, u = make_data(a.n, a.d, max(a.n // 30, 2), a.seed, torch.device("cpu"))
     arrays = {"embeddings": x.numpy(), "labels": y.numpy(), "uncertainties": u.numpy()}
@@ -422,60 +462,88 @@ def distributed_main(a: argparse.Namespace) -> None:
     np.savez(npz, **arrays)
     del x, y, u, arrays
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env.pop("WORLD_SIZE", None)
     wrapper = str(Path(__file__).with_name("_rss_cli.py"))
     extra = ["--ece-mode", "shortlist"] if a.ece_draws else []
+    launchers = {
+        "one": [],
+        "torchrun": ["-m", "torch.distributed.run", "--nproc_per_node", str(w)],
+        "fork": [],
+    }
 
-    def run(ranks: int, tag: str) -> tuple[float, list[dict[str, int]], dict[str, Any]]:
-        rss = root / f"rss_{tag}"
-        rss.mkdir(exist_ok=True)
+    def command(how: str, out: Path, instrumented: bool) -> list[str]:
+        cli = [wrapper] if instrumented else ["-m", "bayesurl"]
+        args = ["evaluate", str(npz), "--json", str(out), *extra]
+        if how == "fork":
+            args += ["--nproc-per-node", str(w)]
+        return [sys.executable, *launchers[how], *cli, *args]
+
+    def timed_run(how: str, tag: str) -> tuple[float, dict[str, Any]]:
+        """The plain command (no memory sampling), wall time from start to exit."""
         out = root / f"{tag}.json"
-        cmd = [wrapper, "evaluate", str(npz), "--json", str(out), *extra]
-        if ranks > 1:
-            cmd = ["-m", "torch.distributed.run", "--nproc_per_node", str(ranks), *cmd]
-        phases = {"BAYESURL_RSS_PHASES": "1"} if a.phases and tag == f"w{a.repeats - 1}" else {}
         t0 = time.perf_counter()
+        subprocess.run(command(how, out, False), env=env, check=True, stdout=subprocess.DEVNULL)
+        return time.perf_counter() - t0, json.loads(out.read_text())
+
+    def measured_run(how: str) -> list[dict[str, Any]]:
+        """The command under ``_rss_cli.py``: per-rank peak memory, time and CPU after the
+        imports (the sampling thread costs CPU, so these runs are not the timed ones)."""
+        rss = root / f"rss_{how}"
+        rss.mkdir(exist_ok=True)
+        phases = {"BAYESURL_RSS_PHASES": "1"} if a.phases and how == "fork" else {}
         subprocess.run(
-            [sys.executable, *cmd],
+            command(how, root / f"m_{how}.json", True),
             env={**env, "BAYESURL_RSS_DIR": str(rss), **phases},
             check=True,
             stdout=subprocess.DEVNULL,
         )
-        dt = time.perf_counter() - t0
-        mem = [json.loads((rss / f"rank{r}.json").read_text()) for r in range(ranks)]
-        return dt, mem, json.loads(out.read_text())
+        ranks = 1 if how == "one" else w
+        return [json.loads((rss / f"rank{r}.json").read_text()) for r in range(ranks)]
 
-    ones, many = [], []
-    for i in range(a.repeats):  # alternate: the machine drifts
-        ones.append(run(1, f"one{i}"))
-        many.append(run(w, f"w{i}"))
-    t1 = float(np.median([o[0] for o in ones]))
-    tw = float(np.median([m[0] for m in many]))
-    print(f"  1 process  {t1:8.2f} s   (each: {', '.join(f'{o[0]:.2f}' for o in ones)})")
-    print(f"  {w} ranks    {tw:8.2f} s   (each: {', '.join(f'{m[0]:.2f}' for m in many)})")
-    print(f"  ratio {w} ranks / 1 process = {tw / t1:.3f}   (target <= 0.6 for W = 2)")
-    i1 = float(np.median([o[1][0]["seconds"] for o in ones]))
-    iw = float(np.median([max(r["seconds"] for r in m[1]) for m in many]))
-    print(
-        f"  after the imports: 1 process {i1:.2f} s, slowest of {w} ranks {iw:.2f} s "
-        f"(ratio {iw / i1:.3f}); the rest is interpreter start, imports and torchrun's launcher"
-    )
-    c1 = float(np.median([o[1][0]["cpu"] for o in ones]))
-    cw = float(np.median([max(r["cpu"] for r in m[1]) for m in many]))
-    print(
-        f"  CPU time after the imports (independent of the machine's load): 1 process "
-        f"{c1:.2f} s, busiest of {w} ranks {cw:.2f} s (ratio {cw / c1:.3f})"
-    )
+    times: dict[str, list[float]] = {h: [] for h in launchers}
+    results: dict[str, dict[str, Any]] = {}
+    for i in range(a.repeats):  # alternate, rotating the order: the machine drifts
+        order = list(launchers)[i % 3 :] + list(launchers)[: i % 3]
+        for how in order:
+            dt, res = timed_run(how, f"{how}{i}")
+            times[how].append(dt)
+            results.setdefault(how, res)
+    med = {h: float(np.median(v)) for h, v in times.items()}
+    print("  whole command, plain `bayesurl evaluate` (no memory sampling), median of repeats:")
+    labels = {
+        "one": "1 process",
+        "torchrun": f"torchrun --nproc_per_node {w}",
+        "fork": f"--nproc-per-node {w} (forked)",
+    }
+    for how in launchers:
+        each = ", ".join(f"{t:.2f}" for t in times[how])
+        print(f"    {labels[how]:<30} {med[how]:8.2f} s   (each: {each})")
+    for how in ("fork", "torchrun"):
+        print(
+            f"  ratio {labels[how]} / 1 process = {med[how] / med['one']:.3f}   "
+            f"(target <= 0.6 for W = 2)"
+        )
+    mem = {how: measured_run(how) for how in ("one", "fork", "torchrun")}
+    i1, c1 = mem["one"][0]["seconds"], mem["one"][0]["cpu"]
+    for how in ("fork", "torchrun"):
+        iw = max(r["seconds"] for r in mem[how])
+        cw = max(r["cpu"] for r in mem[how])
+        print(
+            f"  instrumented run, after the imports: 1 process {i1:.2f} s ({c1:.2f} s CPU), "
+            f"slowest of {w} ranks ({how}) {iw:.2f} s (busiest {cw:.2f} s CPU): ratio "
+            f"{iw / i1:.3f} (CPU {cw / c1:.3f})"
+        )
     emb = a.n * a.d * 4
-    p1 = ones[0][1][0]
     print(f"  embeddings N x D float32 {emb / 2**20:.1f} MiB")
     print(
         "  peak memory above the post-import baseline (RssAnon: the process's own data; the "
         "file-backed part is library code paged in on first use, shared, independent of N):"
     )
-    for label, ranks, m in [("1 process", 1, p1)] + [
-        (f"{w} ranks, rank {r}", w, mr) for r, mr in enumerate(many[0][1])
-    ]:
-        terms = memory_bound(a.n, a.d, ranks)
+    rows_mem = [("1 process", 1, mem["one"][0])]
+    rows_mem += [(f"{w} ranks (fork), rank {r}", w, m) for r, m in enumerate(mem["fork"])]
+    rows_mem += [(f"{w} ranks (torchrun), rank {r}", w, m) for r, m in enumerate(mem["torchrun"])]
+    for label, ranks, m in rows_mem:
+        terms = memory_bound(a.n, a.d, ranks, blas=blas[ranks])
         bound = sum(terms.values())
         anon = m["anon_peak"] - m["anon_base"]
         print(
@@ -486,28 +554,28 @@ def distributed_main(a: argparse.Namespace) -> None:
             f"(baseline {m['base'] / 2**20:.0f} MiB)"
         )
     for ranks in (1, w):
-        terms = memory_bound(a.n, a.d, ranks)
+        terms = memory_bound(a.n, a.d, ranks, blas=blas[ranks])
         print(
             f"  bound, {ranks} rank(s): "
             + " + ".join(f"{name} {v / 2**20:.1f}" for name, v in terms.items())
             + f" = {sum(terms.values()) / 2**20:.1f} MiB"
         )
-    phases = many[-1][1][0].get("phases")
+    phases = mem["fork"][0].get("phases")
     if phases:
         print("  rank 0 phases (RSS / anon / file-backed MiB above the baseline):")
         for name, *v in phases:
             print(f"    {name:<18}" + " ".join(f"{x:7.1f}" for x in v))
-    ref, got = ones[0][2], many[0][2]
-    diffs = [
-        abs(float(ref[k]) - float(got[k]))
-        for k in ref
-        if isinstance(ref[k], (int, float)) and isinstance(got.get(k), (int, float))
-    ]
-    same = all(ref[k] == got.get(k) for k in ref if k != "notes")
-    print(
-        f"  largest metric difference {max(diffs):.3g} (identical: {same}); "
-        f"R@1 {ref['r@1']:.4f} R-AUROC {ref['r_auroc']:.4f} ECE {ref['ece']}"
-    )
+    ref = results["one"]
+    for how in ("fork", "torchrun"):
+        got = results[how]
+        diffs = [
+            abs(float(ref[k]) - float(got[k]))
+            for k in ref
+            if isinstance(ref[k], (int, float)) and isinstance(got.get(k), (int, float))
+        ]
+        same = all(ref[k] == got.get(k) for k in ref if k != "notes")
+        print(f"  {labels[how]}: largest metric difference {max(diffs):.3g} (identical: {same})")
+    print(f"  R@1 {ref['r@1']:.4f} R-AUROC {ref['r_auroc']:.4f} ECE {ref['ece']}")
 
 
 if __name__ == "__main__":

@@ -462,6 +462,7 @@ def _exact_order(
         return out_v, out_i
     val = torch.full((m, width), -math.inf, dtype=torch.float64, device=dev)
     pr, pg, pv = [], [], []  # window pairs: row (of todo), global id, float64 similarity
+    block = qn.new_empty(0)  # the window search's similarity block
     step = 512  # pairs recomputed at once: [step, D] float64 operands stay in cache
     for off, gn in gallery():
         n_c = gn.shape[0]
@@ -472,10 +473,13 @@ def _exact_order(
             val[rr, cc] = _pair_sims(qn[rr], gn[loc[rr, cc]])
         if not todo.numel():
             continue
-        rows = chunk_rows(n_c, qn.dtype, memory_budget)
+        # the block and its bool mask (5 bytes per float32 item) within pass 1's block
+        rows = max(1, chunk_rows(n_c, qn.dtype, memory_budget) * 4 // 5)
+        if block.numel() < min(rows, todo.numel()) * n_c:  # one block, reused
+            block = qn.new_empty(min(rows, todo.numel()) * n_c)
         for b0 in range(0, todo.numel(), rows):
             t = todo[b0 : b0 + rows]
-            sims = qn[t] @ gn.T
+            sims = torch.mm(qn[t], gn.T, out=block[: t.numel() * n_c].view(t.numel(), n_c))
             if self_index is not None:
                 si = self_index[t] - off
                 own = ((si >= 0) & (si < n_c)).nonzero().squeeze(1)
