@@ -473,8 +473,9 @@ def _exact_order(
             val[rr, cc] = _pair_sims(qn[rr], gn[loc[rr, cc]])
         if not todo.numel():
             continue
-        # the block and its bool mask (5 bytes per float32 item) within pass 1's block
-        rows = max(1, chunk_rows(n_c, qn.dtype, memory_budget) * 4 // 5)
+        # the block and its bool mask (5 bytes per float32 item) within a quarter of pass 1's
+        # block: few rows need it, and what pass 1 left in the allocator is still resident
+        rows = max(1, chunk_rows(n_c, qn.dtype, memory_budget // 4) * 4 // 5)
         if block.numel() < min(rows, todo.numel()) * n_c:  # one block, reused
             block = qn.new_empty(min(rows, todo.numel()) * n_c)
         for b0 in range(0, todo.numel(), rows):
