@@ -38,9 +38,10 @@ rest:
     bayesurl evaluate embeddings.npz --nproc-per-node 2 --json metrics.json
 
   torchrun's launcher imports torch once more and each rank imports everything again, which
-  cost about 1.8 s on the 2-core CPU machine. Measured there (N = 60k, D = 256, one thread
-  per process, gloo): one process 23.9 s for the whole command, ``--nproc-per-node 2``
-  13.8 s (0.58x), ``torchrun --nproc_per_node 2`` 15.5 s (0.65x); the metrics identical.
+  cost about 1.4-1.8 s on the 2-core CPU machine. Measured there (N = 60k, D = 256, one
+  thread per process, gloo, medians of 3): one process 22.2 s for the whole command,
+  ``--nproc-per-node 2`` 12.3 s (0.55x), ``torchrun --nproc_per_node 2`` 13.7 s (0.62x);
+  the metrics identical.
 
   The neighbours do not depend on the number of ranks, exact ties included: a float32
   matrix product's last bits depend on the block's shape and the item's position in it, so
@@ -53,7 +54,8 @@ rest:
   ``memory_budget / W`` (:func:`~bayesurl.evaluation.rank_budget`; 256 MiB in one process,
   so 128 MiB of budget -- a 64 MiB block -- per rank with 2 ranks), plus the BLAS's own
   packing workspace (3.3 MiB) and the top-k. At N = 60k, D = 256 a rank's data peaked at
-  126 MiB against that bound of 131 MiB. ``python benchmarks/evaluator.py --distributed 2
+  123 MiB against that bound of 131 MiB. A rank's own shard is searched whole; only the
+  other ranks' shards come in chunks. ``python benchmarks/evaluator.py --distributed 2
   --n 60000 --d 256`` prints the times of the whole command (1 process, torchrun, forked
   ranks), each rank's peak next to this bound term by term (``--phases`` for the RSS at
   each phase, ``--sweep-n 60000 120000`` for larger N, where start-up weighs less).
