@@ -85,7 +85,8 @@ def _debye_log_ive(v: float, x: Tensor) -> Tensor:
     s = torch.hypot(torch.full_like(x, v), x)
     # log(x / (v + s)) = -log1p((v + s - x) / x), s - x = v^2 / (s + x): no rounding to log(1)
     lead = v * v / (s + x) - v * torch.log1p((v + v * v / (s + x)) / x)
-    return lead - 0.5 * torch.log(2.0 * math.pi * s) + _debye_series(v, s)
+    # log(2 pi) apart: 2 pi s overflows float64 for s > 2.86e307 (log I_v - x became -inf)
+    return lead - 0.5 * (math.log(2.0 * math.pi) + torch.log(s)) + _debye_series(v, s)
 
 
 def _debye_log_ratio(v: float, x: Tensor) -> Tensor:

@@ -960,29 +960,19 @@ def run_protocol(
             storage, out=folder, sweep=p.name, heartbeat_interval=heartbeat_interval
         )
         tuned = {} if tune else load_tuned(folder)
-        fn = run_fn
-        if fn is None:
-            fn = pipeline_run_fn(
-                dataset=dataset,
-                preset=p,
-                overrides=overrides,
-                tuned=tuned,
-                root=root,
+
+        def pipeline(tuned: dict[str, Any]) -> Callable[[dict[str, Any]], Mapping[str, Any]]:
+            return run_fn or pipeline_run_fn(
+                dataset=dataset, preset=p, overrides=overrides, tuned=tuned, root=root,
                 device=device,
-            )
+            )  # fmt: skip
+
+        fn = pipeline(tuned)
         if tune and not worker:
             split0 = class_splits(p.n_splits)[0]
             chosen = tune_estimators(names, tune, fn, store, split=split0, out=folder, log=log)
             tuned = {k: v["overrides"] for k, v in chosen.items()}
-            if run_fn is None:
-                fn = pipeline_run_fn(
-                    dataset=dataset,
-                    preset=p,
-                    overrides=overrides,
-                    tuned=tuned,
-                    root=root,
-                    device=device,
-                )
+            fn = pipeline(tuned)
         t0 = time.perf_counter()
         if not worker:
             plan = plan_runs(names, p)

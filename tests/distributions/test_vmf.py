@@ -179,3 +179,21 @@ def test_float32_huge_kappa_is_accepted_and_finite(d):
     assert (cos > 0.98).all()  # A_2048(1e5) = 0.9898
     z[..., 0].sum().backward()
     assert torch.isfinite(k.grad).all()
+
+
+@pytest.mark.parametrize("kappa", [2.8611174857570283e307, 1e308, 1.7976931348623157e308])
+@pytest.mark.parametrize("dim", [2, 3, 2048])
+def test_log_normalizer_finite_up_to_the_largest_float64(kappa, dim) -> None:
+    """``2 pi s`` overflowed float64 for kappa > 2.86e307 (found by hypothesis): log C_D was
+    +inf. Against mpmath's Bessel function at 15 digits."""
+    k = torch.tensor(kappa, dtype=torch.float64)
+    lc = vmf_log_normalizer(k, dim)
+    assert math.isfinite(float(lc)) and float(lc) < 0
+    mp_k = mpmath.mpf(kappa)
+    v = mpmath.mpf(dim) / 2 - 1
+    ref = (
+        v * mpmath.log(mp_k)
+        - dim / 2 * mpmath.log(2 * mpmath.pi)
+        - (mpmath.log(mpmath.besseli(v, mp_k)) - mp_k)
+    )
+    assert float(lc) == pytest.approx(float(ref - mp_k), rel=1e-12)
