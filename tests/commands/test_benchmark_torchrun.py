@@ -207,6 +207,8 @@ def test_sweep_ranks_run_the_same_runs_rank0_alone_writes(monkeypatch, tmp_path,
 def test_stored_protocol_under_torchrun_two_ranks(tmp_path) -> None:
     """Rank 0 claims each run of the sweep storage and every rank runs it: no run fails (ranks
     claiming different runs met in DDP with different models before), each is done once."""
+    pytest.importorskip("optuna")  # the sweep storage's extra (bayesurl[sweep])
+    pytest.importorskip("sqlalchemy")
     out = tmp_path / "proto"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "bayesurl", "benchmark", "--preset", "smoke", "--methods", "ce",
