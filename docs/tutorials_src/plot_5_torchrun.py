@@ -70,9 +70,9 @@ evaluates rank 0's model (the checkpoint's) and rank 0 prints and writes ``resul
 metrics, the draw-based ECE included, are those of one process evaluating the same model. A
 trained checkpoint is evaluated the same way::
 
-    torchrun --nproc_per_node=2 -m bayesurl run fashion_mnist/mcinfonce --preset quick \
+    torchrun --nproc_per_node=2 -m bayesurl run fashion_mnist/mcinfonce --preset quick \\
         --set device=cpu --out runs/mcinfonce
-    torchrun --nproc_per_node=2 -m bayesurl evaluate --checkpoint runs/mcinfonce/last.pt \
+    torchrun --nproc_per_node=2 -m bayesurl evaluate --checkpoint runs/mcinfonce/last.pt \\
         --json metrics.json
 
 Inside your own training loop, ``fit(..., eval_fn=epoch_evaluator(data))``
@@ -85,7 +85,7 @@ and evaluated sharded, as ``bayesurl run`` does), and rank 0 alone prints the ta
 ``results.json`` / ``results.csv`` / the plot (and, with ``--save-checkpoints``, each run's
 checkpoint)::
 
-    torchrun --nproc_per_node=2 -m bayesurl benchmark --preset quick \
+    torchrun --nproc_per_node=2 -m bayesurl benchmark --preset quick \\
         --methods ce,mcinfonce,elk --seeds 0,1,2 --out runs/benchmark
 
 Only estimators of kind ``method`` train under DDP: a list with post-hoc or LAM estimators
