@@ -59,6 +59,14 @@ def test_launch_local_sets_torchrun_environment(world, tmp_path) -> None:
 
 
 @pytest.mark.distributed
+def test_launch_local_spawn_start_method(tmp_path) -> None:
+    """The ``spawn`` start method (used for CUDA devices) runs the same ranks."""
+    launch_local(_report, 2, (str(tmp_path),), threads=1, start_method="spawn")
+    recs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["RANK"] for r in recs] == ["0", "1"] and all(r["sum"] == 3 for r in recs)
+
+
+@pytest.mark.distributed
 def test_launch_local_threads_default_from_omp(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     launch_local(_report, 2, (str(tmp_path),))

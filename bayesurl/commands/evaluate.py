@@ -78,9 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         metavar="W",
-        help="shard the evaluation over W processes forked on this machine, as "
+        help="shard the evaluation over W processes on this machine, as "
         "`torchrun --standalone --nproc_per_node W` would run it but without torchrun's "
-        "launcher (default: 1; threads per rank: OMP_NUM_THREADS, else the cores / W)",
+        "launcher: forked after the imports on CPU, spawned on CUDA (default: 1; threads "
+        "per rank: OMP_NUM_THREADS, else the cores / W)",
     )
     ckpt = parser.add_argument_group("trained checkpoint (instead of INPUT.npz)")
     ckpt.add_argument(
@@ -378,8 +379,11 @@ def _launch_local(args: argparse.Namespace) -> int:
 
     if args.checkpoint is not None:
         import bayesurl.runs.runner  # noqa: F401
+    # on CUDA the ranks are spawned: a process forked after the parent queried CUDA (the
+    # --device check) cannot use it; on CPU they are forked (no second import)
+    start = "fork" if str(args.device) == "cpu" else "spawn"
     # a rank's failure: bayesurl.distributed.RankFailedError, one line from the CLI
-    launch_local(_run_distributed, args.nproc_per_node, (args,))
+    launch_local(_run_distributed, args.nproc_per_node, (args,), start_method=start)
     return 0
 
 

@@ -32,8 +32,10 @@ rest:
 
   (each rank reads only its rows of the ``.npz``). On one machine the command can start the
   ranks itself, forked from its own interpreter once the libraries are imported
-  (:func:`~bayesurl.distributed.launch_local`, torchrun's environment, one thread per rank
-  unless ``OMP_NUM_THREADS`` says otherwise)::
+  (:func:`~bayesurl.distributed.launch_local`, torchrun's environment, the cores shared
+  between the ranks unless ``OMP_NUM_THREADS`` says otherwise; on a CUDA ``--device`` the
+  ranks are spawned instead, since a forked process cannot use CUDA after its parent
+  queried it)::
 
     bayesurl evaluate embeddings.npz --nproc-per-node 2 --json metrics.json
 
