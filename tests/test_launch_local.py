@@ -167,34 +167,13 @@ def test_console_main_freezes_the_heap_before_exit(monkeypatch) -> None:
         gc.unfreeze()
 
 
-class _Keep(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-
 @pytest.mark.distributed
 def test_evaluate_checkpoint_nproc_per_node_equals_one_process(tmp_path) -> None:
     """``--checkpoint`` with forked ranks: each embeds its block of batches, the metrics (the
     draw-based ECE included) are one process's."""
-    from bayesurl.data import default_augmentation, default_zero_shot, make_loader
-    from bayesurl.methods import create
-    from bayesurl.training import fit
+    from _tiny_checkpoint import train_tiny_mcinfonce
 
-    data = default_zero_shot(max_train=40, val_fraction=0.0, seed=0, max_test=50, max_ood=21)
-    torch.manual_seed(0)
-    kwargs = {
-        "backbone": "small_convnet",
-        "embed_dim": 8,
-        "num_classes": 5,
-        "backbone_kwargs": {"width": 4, "num_features": 16},
-    }
-    method = create("mcinfonce", **kwargs)
-    loader = make_loader(data.train.with_transform(_Keep()), 20, shuffle=True, drop_last=True)
-    fit(
-        method, loader, epochs=1, optimizer="adamw", augment=default_augmentation(1),
-        checkpoint_dir=tmp_path, method_kwargs={**method.hparams, **kwargs}, progress=False,
-        seed=0,
-    )  # fmt: skip
+    train_tiny_mcinfonce(tmp_path, max_train=40, max_test=50, max_ood=21)
     common = ["--checkpoint", str(tmp_path / "last.pt"), "--dataset", "default"]
     common += ["--n-samples", "3", "--max-test", "50", "--max-ood", "21"]
     one, two = tmp_path / "one.json", tmp_path / "two.json"

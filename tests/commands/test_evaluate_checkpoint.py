@@ -15,48 +15,20 @@ import torch
 from bayesurl.cli import main
 from bayesurl.data import (
     as_tensors,
-    default_augmentation,
     default_transform,
-    default_zero_shot,
-    make_loader,
 )
-from bayesurl.methods import create
 from bayesurl.runs.predict import embed, evaluate_method
 from bayesurl.runs.runner import evaluate_checkpoint
-from bayesurl.training import fit
 
 CAPS = {"max_test": 60, "max_ood": 30}
 
 
-class _Keep(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+    from _tiny_checkpoint import train_tiny_mcinfonce
+
     out = tmp_path_factory.mktemp("ckpt")
-    data = default_zero_shot(max_train=60, val_fraction=0.0, seed=0, **CAPS)
-    torch.manual_seed(0)
-    kwargs = {
-        "backbone": "small_convnet",
-        "embed_dim": 8,
-        "num_classes": 5,
-        "backbone_kwargs": {"width": 4, "num_features": 16},
-    }
-    method = create("mcinfonce", **kwargs)
-    loader = make_loader(data.train.with_transform(_Keep()), 20, shuffle=True, drop_last=True)
-    fit(
-        method,
-        loader,
-        epochs=1,
-        optimizer="adamw",
-        augment=default_augmentation(1),
-        checkpoint_dir=out,
-        method_kwargs={**method.hparams, **kwargs},
-        progress=False,
-        seed=0,
-    )
+    method, data = train_tiny_mcinfonce(out, max_train=60, **CAPS)
     (out / "train.json").write_text(json.dumps({"dataset": "default"}))
     return method.eval(), data, out / "last.pt"
 

@@ -176,38 +176,16 @@ def test_cli_evaluate_under_two_ranks_equals_one_process(tmp_path) -> None:
     assert one == two and one["ece"] is not None and one["n"] == 29
 
 
-class _Keep(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-
 @pytest.mark.distributed
 def test_cli_checkpoint_under_two_ranks_equals_one_process(tmp_path) -> None:
     """Under torchrun ``--checkpoint`` is sharded (each rank embeds its block of batches,
     :func:`bayesurl.runs.predict.score`) and gives one process's metrics, ECE included."""
     from _sharded_worker import cli_worker
+    from _tiny_checkpoint import train_tiny_mcinfonce
 
     from bayesurl.cli import main
-    from bayesurl.data import default_augmentation, default_zero_shot, make_loader
-    from bayesurl.methods import create
-    from bayesurl.training import fit
 
-    caps = {"max_test": 50, "max_ood": 21}
-    data = default_zero_shot(max_train=40, val_fraction=0.0, seed=0, **caps)
-    torch.manual_seed(0)
-    kwargs = {
-        "backbone": "small_convnet",
-        "embed_dim": 8,
-        "num_classes": 5,
-        "backbone_kwargs": {"width": 4, "num_features": 16},
-    }
-    method = create("mcinfonce", **kwargs)
-    loader = make_loader(data.train.with_transform(_Keep()), 20, shuffle=True, drop_last=True)
-    fit(
-        method, loader, epochs=1, optimizer="adamw", augment=default_augmentation(1),
-        checkpoint_dir=tmp_path, method_kwargs={**method.hparams, **kwargs}, progress=False,
-        seed=0,
-    )  # fmt: skip
+    train_tiny_mcinfonce(tmp_path, max_train=40, max_test=50, max_ood=21)
     common = ["--checkpoint", str(tmp_path / "last.pt"), "--dataset", "default"]
     common += ["--n-samples", "3", "--max-test", "50", "--max-ood", "21"]
     assert main(["evaluate", *common, "--json", str(tmp_path / "one.json")]) == 0
