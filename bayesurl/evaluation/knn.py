@@ -12,8 +12,9 @@ Decisions fixed by METRICS.md:
   ``N = 200k, D = 2048`` never allocates ``N x N``;
 - the result does not depend on how the work is cut (issue 16). A float32 matrix product's
   last bits depend on the block's shape and on the item's position in it (measured: one
-  dot product of D = 256 took 4 different values over 84 block shapes), so exact duplicates
-  did not always tie, and one process and W ranks could order a near tie differently. The
+  dot product of D = 256 took 4 different values over 42 block shapes and 3 positions), so
+  exact duplicates did not always tie, and one process and W ranks could order a near tie
+  differently. The
   search therefore ranks by the block products only where their error bound (Higham's
   ``gamma_D``, :func:`_gemm_slack`) separates the candidates; every returned neighbour's
   similarity is recomputed per pair in float64 (exact products, one fixed-order sum: the
