@@ -474,9 +474,10 @@ def _exact_order(
             val[rr, cc] = _pair_sims(qn[rr], gn[loc[rr, cc]])
         if not todo.numel():
             continue
-        # the block and its bool mask (5 bytes per float32 item) within a quarter of pass 1's
-        # block: few rows need it, and what pass 1 left in the allocator is still resident
-        rows = max(1, chunk_rows(n_c, qn.dtype, memory_budget // 4) * 4 // 5)
+        # the block and its bool mask (5 bytes per float32 item) within an eighth of pass 1's
+        # block: few rows need it (2 % at N = 60k), and what pass 1 left in the allocator is
+        # still resident (a full-budget block raised a rank's peak by 13-26 MiB)
+        rows = max(1, chunk_rows(n_c, qn.dtype, memory_budget // 8) * 4 // 5)
         if block.numel() < min(rows, todo.numel()) * n_c:  # one block, reused
             block = qn.new_empty(min(rows, todo.numel()) * n_c)
         for b0 in range(0, todo.numel(), rows):
@@ -685,11 +686,14 @@ def _top1_tiled(
     only replaces the running best when strictly greater. ``self_index`` and ``col_scale``:
     see :func:`_sim_tiles`.
 
-    ``near`` (int64 ``[M]``, zeros) receives, per query, an upper bound on the number of items
-    whose value lies within ``2 * slack`` of the final best (the best included): when the best
-    rises within ``2 * slack`` the earlier count is kept (an over-count), when it rises further
-    the earlier items cannot qualify and the count restarts. :func:`_search` sends the rows
-    with ``near > 1`` to its exact window search.
+    ``near`` (int64 ``[M]``, zeros) receives, per query, a count that is at least
+    ``min(2, c)`` for the number ``c`` of items whose value lies within ``2 * slack`` of the
+    final best (the best included): each tile adds 1, or 2 when its second value is also
+    within ``2 * slack``; when the best rises within ``2 * slack`` the earlier count is kept
+    (an over-count), when it rises further the earlier items cannot qualify and the count
+    restarts. :func:`_search` sends the rows with ``near > 1`` to its exact window search, so
+    the tile's winner may come from ``topk``'s order among equal values only in rows that
+    are searched again.
     """
     m, n = qn.shape[0], gt.shape[1]
     best_v = torch.full((m,), -math.inf, dtype=qn.dtype)
@@ -705,10 +709,19 @@ def _top1_tiled(
             if nr is not None:  # rows with an item within 2 slack of their (new) best
                 lo = torch.maximum(bv, v) - 2 * slack
                 hit = (v >= lo).nonzero().squeeze(1)
-                nr.masked_fill_(bv < lo, 0)
+                nr.masked_fill_(bv < lo, 0)  # the earlier items are all below: restart
                 if hit.numel():
-                    c = (sims.index_select(0, hit) >= lo[hit, None]).sum(dim=1)
-                    nr.index_add_(0, hit, c)
+                    # the tile's top 2 give the winner and whether a second item is near
+                    # (saturating count: only near <= 1 is read); one topk(2) costs 0.6x an
+                    # argmax plus a count. A tie among the top 2 sends the row to the
+                    # window search, so topk's own order among equal values never decides.
+                    tv, ti = torch.topk(sims.index_select(0, hit), min(2, sims.shape[1]), dim=1)
+                    two = tv[:, -1] >= lo[hit] if tv.shape[1] > 1 else torch.zeros_like(hit)
+                    nr.index_add_(0, hit, 1 + two.long())
+                    up = (v[hit] > bv[hit]).nonzero().squeeze(1)
+                    bv[hit[up]] = v[hit[up]]
+                    bi[hit[up]] = ti[up, 0] + c0
+                continue
             up = (v > bv).nonzero().squeeze(1)
             if up.numel():  # ... and the index only of the rows whose best improved
                 bv[up] = v[up]

@@ -238,8 +238,8 @@ def test_search_is_layout_independent_on_float_data(k) -> None:
 
 
 def test_top1_near_count_bounds_the_items_near_the_best() -> None:
-    """``near`` counts at least every item within twice the slack of the best (self excluded),
-    so a row counted 1 has a unique winner."""
+    """``near`` is at least ``min(2, number of items within twice the slack of the best)``
+    (self excluded), so a row counted 1 has a unique winner."""
     from bayesurl.evaluation.knn import _top1_tiled
 
     x = _float_ties(1)
@@ -250,5 +250,6 @@ def test_top1_near_count_bounds_the_items_near_the_best() -> None:
                        slack=slack)  # fmt: skip
     sims = (xn @ xn.T).fill_diagonal_(-math.inf)
     true = (sims >= v - 2 * slack).sum(dim=1)
-    assert bool((near >= true).all()) and bool((true >= 1).all())
-    assert int(near[5]) >= 8 and int(near[64]) >= 3  # duplicate groups are never "clean"
+    assert bool((near >= true.clamp(max=2)).all()) and bool((true >= 1).all())
+    assert int(near[5]) >= 2 and int(near[64]) >= 2  # duplicate groups are never "clean"
+    assert bool((near[true == 1] >= 1).all())
