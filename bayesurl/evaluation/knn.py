@@ -14,12 +14,11 @@ Decisions fixed by METRICS.md:
   last bits depend on the block's shape and on the item's position in it (measured: one
   dot product of D = 256 took 4 different values over 42 block shapes and 3 positions), so
   exact duplicates did not always tie, and one process and W ranks could order a near tie
-  differently. The
-  search therefore ranks by the block products only where their error bound (Higham's
-  ``gamma_D``, :func:`_gemm_slack`) separates the candidates; every returned neighbour's
-  similarity is recomputed per pair in float64 (exact products, one fixed-order sum: the
-  same bits in any layout), and the top-k is taken in (that similarity descending, index
-  ascending) order among every candidate the bound cannot exclude (:func:`_search`).
+  differently. The search therefore ranks by the block products only where their error bound
+  (Higham's ``gamma_D``, :func:`_gemm_slack`) separates the candidates, recomputes the
+  others per pair in float64 (exact products, one fixed-order sum: the same bits in any
+  layout), and takes the top-k in (that similarity descending, index ascending) order among
+  every candidate the bound cannot exclude (:func:`_search`).
 """
 
 from __future__ import annotations
@@ -386,25 +385,19 @@ def _search(
     m, d = qn.shape
     slack = _gemm_slack(d, qn.dtype, qn.device)
     if k == 1 and qn.device.type == "cpu":
-        best_v = best_i = near = None
+        # one running maximum and near count over every chunk's tiles (later chunks hold
+        # larger indices, so only a strictly better value replaces the best)
+        best_v = torch.full((m,), -math.inf, dtype=qn.dtype)
+        best_i = torch.zeros(m, dtype=torch.long)
+        near = torch.zeros(m, dtype=torch.long)
         for off, gn in gallery():
             si = None if self_index is None else self_index - off
-            c_near = torch.zeros(m, dtype=torch.long)
-            v, i = _top1_tiled(qn, gn.T, self_index=si, near=c_near, slack=slack)
-            i += off
-            if best_v is None or best_i is None or near is None:
-                best_v, best_i, near = v, i, c_near
-            else:  # later chunks hold larger indices: only a strictly better one wins
-                new = torch.maximum(best_v, v)
-                lo = (new - 2 * slack)[:, 0]
-                near = torch.where(best_v[:, 0] >= lo, near, 0) + torch.where(
-                    v[:, 0] >= lo, c_near, 0
-                )
-                up = v > best_v
-                best_v, best_i = new, torch.where(up, i, best_i)
-        assert best_v is not None and best_i is not None and near is not None
-        tau, complete = best_v[:, 0], near <= 1
+            _top1_tiled(
+                qn, gn.T, self_index=si, near=near, slack=slack, best=(best_v, best_i), offset=off
+            )
+        tau, complete = best_v, near <= 1
         clean = complete
+        best_v, best_i = best_v[:, None], best_i[:, None]
     else:
         kk = k + _EXTRA
         # -inf placeholders: they and -inf self entries never reach the first k (k <= N - 1)
@@ -675,6 +668,8 @@ def _top1_tiled(
     col_scale: Tensor | None = None,
     near: Tensor | None = None,
     slack: float = 0.0,
+    best: tuple[Tensor, Tensor] | None = None,
+    offset: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """Exact 1-NN over cache-sized tiles ``[rows, cols]`` with a running maximum (CPU).
 
@@ -694,10 +689,17 @@ def _top1_tiled(
     restarts. :func:`_search` sends the rows with ``near > 1`` to its exact window search, so
     the tile's winner may come from ``topk``'s order among equal values only in rows that
     are searched again.
+
+    ``best`` (``[M]`` values and int64 ids) is a running maximum of earlier calls, updated in
+    place, and ``offset`` the global id of ``gt``'s first column: :func:`_search` passes every
+    gallery chunk through one running state (and one ``near``), later chunks with larger ids.
     """
     m, n = qn.shape[0], gt.shape[1]
-    best_v = torch.full((m,), -math.inf, dtype=qn.dtype)
-    best_i = torch.zeros(m, dtype=torch.long)
+    if best is None:
+        best_v = torch.full((m,), -math.inf, dtype=qn.dtype)
+        best_i = torch.zeros(m, dtype=torch.long)
+    else:
+        best_v, best_i = best
     buf = torch.empty(min(rows, m), min(cols, n), dtype=qn.dtype)
     for r0 in range(0, m, rows):
         r1 = min(r0 + rows, m)
@@ -720,12 +722,12 @@ def _top1_tiled(
                     nr.index_add_(0, hit, 1 + two.long())
                     up = (v[hit] > bv[hit]).nonzero().squeeze(1)
                     bv[hit[up]] = v[hit[up]]
-                    bi[hit[up]] = ti[up, 0] + c0
+                    bi[hit[up]] = ti[up, 0] + (offset + c0)
                 continue
             up = (v > bv).nonzero().squeeze(1)
             if up.numel():  # ... and the index only of the rows whose best improved
                 bv[up] = v[up]
-                bi[up] = sims.index_select(0, up).argmax(dim=1) + c0
+                bi[up] = sims.index_select(0, up).argmax(dim=1) + (offset + c0)
     return best_v[:, None], best_i[:, None]
 
 

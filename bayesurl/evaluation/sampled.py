@@ -250,7 +250,9 @@ def _choose_shortlist(
     wins = []
     for t in range(min(pilot_draws, n_draws)):
         zn = normalize(s[t])
-        wins.append(_search(zn[q], partial(sh.chunks, zn), 1, memory_budget, None, qg, sh)[1][:, 0])
+        wins.append(  # ids only: no float64 values for the clean rows (pass 2 of _search)
+            _search(zn[q], partial(sh.chunks, zn), 1, memory_budget, None, qg, sh, False)[1][:, 0]
+        )
     win = torch.stack(wins, dim=1)  # [P, T] global ids
     mq = mean[q]
     top = torch.full((q.numel(),), -torch.inf, dtype=mean.dtype, device=mean.device)
@@ -661,7 +663,9 @@ def _sampled_neighbors(
         out = torch.empty(n_draws, n_loc, dtype=torch.long, device=s.device)
         for t, z in enumerate(bar(s)):
             zn = normalize(z)
-            out[t] = _search(zn, partial(sh.chunks, zn), 1, memory_budget, None, own, sh)[1][:, 0]
+            out[t] = _search(  # ids only (as above)
+                zn, partial(sh.chunks, zn), 1, memory_budget, None, own, sh, False
+            )[1][:, 0]
         return out
     if mode not in ("block", "shortlist"):
         raise ValueError(f"`mode` must be 'shortlist', 'block' or 'exact', got {mode!r}")
