@@ -377,6 +377,20 @@ def blas_workspace(rows: int, cols: int, d: int) -> int:
     return max(0, anon() - before)
 
 
+def block_shape(n: int, d: int, world: int) -> tuple[int, int, int]:
+    """A rank's rows ``n_r`` and the ``[rows, n_c]`` similarity block of ``bayesurl evaluate``
+    on a float32 npz under ``world`` ranks: one process searches the whole gallery, a rank the
+    other ranks' ring chunks of ``RING_CHUNK_BYTES`` (its own shard whole: a block of the same
+    size), within the rank's share of ``DEFAULT_MEMORY_BUDGET``."""
+    from bayesurl.distributed import RING_CHUNK_BYTES, Shards
+    from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, chunk_rows, rank_budget
+
+    n_r = -(-n // world)
+    n_c = n if world == 1 else min(max(1, RING_CHUNK_BYTES // (d * 4)), n_r)
+    budget = rank_budget(DEFAULT_MEMORY_BUDGET, Shards((1,) * world))
+    return n_r, min(chunk_rows(n_c, torch.float32, budget), n_r), n_c
+
+
 def memory_bound(n: int, d: int, world: int, k: int = K_SEARCH, blas: int = 0) -> dict[str, int]:
     """Bytes a rank of ``bayesurl evaluate`` (float32 npz, W ranks) holds at its peak, the
     exact search's inner loop, term by term (issue 16; every term but the BLAS's own
@@ -397,14 +411,10 @@ def memory_bound(n: int, d: int, world: int, k: int = K_SEARCH, blas: int = 0) -
     library code paged in on first use (file-backed, printed apart).
     """
     from bayesurl._checks import FINITE_BLOCK
-    from bayesurl.distributed import RING_CHUNK_BYTES, Shards
-    from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, chunk_rows, rank_budget
+    from bayesurl.distributed import RING_CHUNK_BYTES
 
-    n_r = -(-n // world)
+    n_r, rows, n_c = block_shape(n, d, world)
     shard = n_r * d * 4
-    n_c = n if world == 1 else min(max(1, RING_CHUNK_BYTES // (d * 4)), n_r)
-    budget = rank_budget(DEFAULT_MEMORY_BUDGET, Shards((1,) * world))
-    rows = min(chunk_rows(n_c, torch.float32, budget), n_r)
     terms = {"shard": shard}
     if world > 1:
         terms["ring buffers"] = 2 * min(RING_CHUNK_BYTES, n_c * d * 4)
@@ -436,19 +446,14 @@ def distributed_main(a: argparse.Namespace) -> None:
         f"N={a.n} D={a.d} S={a.ece_draws} torch={torch.__version__} cpus={os.cpu_count()} "
         f"load={load[0]:.2f},{load[1]:.2f},{load[2]:.2f}"
     )
-    from bayesurl.distributed import RING_CHUNK_BYTES
-    from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, chunk_rows
-
     torch.set_num_threads(threads)
     # the BLAS workspace, measured here on a rank's block shape (allocated once per process
     # and reused, so one measurement; the same size for the 1-process block)
-    n_r = -(-a.n // w)
-    n_c = min(RING_CHUNK_BYTES // (a.d * 4), n_r)
-    rows = min(chunk_rows(n_c, torch.float32, DEFAULT_MEMORY_BUDGET // w), n_r)
-    blas = dict.fromkeys((1, w), blas_workspace(rows, n_c, a.d))
+    _, rows, n_c = block_shape(a.n, a.d, w)
+    blas = blas_workspace(rows, n_c, a.d)
     print(
         f"  BLAS workspace of one [{rows}, {a.d}] @ [{a.d}, {n_c}] product: "
-        f"{blas[w] / 2**20:.1f} MiB (measured in this process)"
+        f"{blas / 2**20:.1f} MiB (measured in this process)"
     )
     root = Path(tempfile.mkdtemp(prefix="bayesurl_dist_bench_"))
     x, y, u = make_data(a.n, a.d, max(a.n // 30, 2), a.seed, torch.device("cpu"))
@@ -543,7 +548,7 @@ def distributed_main(a: argparse.Namespace) -> None:
     rows_mem += [(f"{w} ranks (fork), rank {r}", w, m) for r, m in enumerate(mem["fork"])]
     rows_mem += [(f"{w} ranks (torchrun), rank {r}", w, m) for r, m in enumerate(mem["torchrun"])]
     for label, ranks, m in rows_mem:
-        terms = memory_bound(a.n, a.d, ranks, blas=blas[ranks])
+        terms = memory_bound(a.n, a.d, ranks, blas=blas)
         bound = sum(terms.values())
         anon = m["anon_peak"] - m["anon_base"]
         print(
@@ -554,7 +559,7 @@ def distributed_main(a: argparse.Namespace) -> None:
             f"(baseline {m['base'] / 2**20:.0f} MiB)"
         )
     for ranks in (1, w):
-        terms = memory_bound(a.n, a.d, ranks, blas=blas[ranks])
+        terms = memory_bound(a.n, a.d, ranks, blas=blas)
         print(
             f"  bound, {ranks} rank(s): "
             + " + ".join(f"{name} {v / 2**20:.1f}" for name, v in terms.items())
