@@ -368,10 +368,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch_local(args: argparse.Namespace) -> int:
-    """``--nproc-per-node W``: the torchrun code path in W ranks forked from this process.
+    """``--nproc-per-node W``: the torchrun code path in W ranks started from this process
+    (forked on CPU, spawned on CUDA).
 
-    The modules a rank needs are imported before the fork, once, so every rank starts from
-    them (issue 16: torchrun's launcher and W fresh interpreters cost about 1.8 s at start-up
+    The modules a rank needs are imported before the fork, once, so every forked rank starts
+    from them (issue 16: torchrun's launcher and W fresh interpreters cost about 1.8 s at start-up
     on the 2-core CPU machine); a rank's failure stops the others and is reported here.
     """
     import bayesurl.evaluation.evaluator  # noqa: F401  (imported once, before the fork)

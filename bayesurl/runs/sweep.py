@@ -152,18 +152,19 @@ def run_sweep(
         raise ValueError(f"`seeds` must hold non-negative integers, got {seed_list}")
     overrides = list(overrides)
     dev = resolve_device(device)
-    cfgs = {  # every recipe, preset and override checked before anything trains
-        n: load_recipe(f"{dataset}/{n}", [*overrides, ("device", str(dev))], preset=preset)
-        for n in names
-    }
+
+    def recipes(on: torch.device) -> dict[str, Any]:
+        return {
+            n: load_recipe(f"{dataset}/{n}", [*overrides, ("device", str(on))], preset=preset)
+            for n in names
+        }
+
+    cfgs = recipes(dev)  # every recipe, preset and override checked before anything trains
     asked = None if device is None else str(dev)
     with _torchrun_group(list(cfgs.values()), asked, argument="estimators") as rank_device:
         if rank_device is not None and rank_device != dev:  # torchrun: cuda:LOCAL_RANK
             dev = rank_device
-            cfgs = {
-                n: load_recipe(f"{dataset}/{n}", [*overrides, ("device", str(dev))], preset=preset)
-                for n in names
-            }
+            cfgs = recipes(dev)
         return _sweep(
             names,
             cfgs,
