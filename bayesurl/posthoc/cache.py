@@ -8,12 +8,15 @@ trained from disk. The PVU paper reports 180x faster head training on GPU.
 Layout of a cache directory::
 
     meta.json        {"format", "n_items", "passes", "dim", "dtype", "has_labels",
-                      "encoder_fingerprint"}
+                      "encoder_fingerprint", "files": {name: {"bytes", "sha256"}}}
     embeddings.bin   raw [passes * n_items, dim] array (row r = pass r // n_items)
     labels.bin       raw int64 [passes * n_items] (only with labels)
 
 Both arrays are opened with :class:`numpy.memmap`, so the cache can be far larger than RAM:
-a batch reads only its own rows.
+a batch reads only its own rows. ``meta.json`` is written last, atomically, with each array's
+size and SHA-256 (:func:`bayesurl.files.seal`); opening a cache checks them
+(:func:`bayesurl.files.unseal`), so a truncated or altered cache raises
+:class:`~bayesurl.files.CorruptedFileError` (a ``ValueError``) instead of being read.
 
 ``encoder_fingerprint`` (:func:`encoder_fingerprint`: a SHA-256 of the encoder's class and
 state dict) ties the cache to the encoder that wrote it: a PVU head is trained only from
@@ -23,7 +26,6 @@ embeddings of its own encoder (:meth:`EmbeddingCache.check_encoder`).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import warnings
 from collections.abc import Iterable, Iterator
@@ -37,11 +39,12 @@ from torch import Tensor, nn
 from bayesurl._checks import check_finite, check_ndim
 from bayesurl._modules import eval_mode
 from bayesurl.data.batch import unpack_batch
+from bayesurl.files import CorruptedFileError, seal, unseal
 from bayesurl.posthoc.base import device_of, iterate
 
 __all__ = ["EmbeddingCache", "encoder_fingerprint"]
 
-_FORMAT = "bayesurl.embedding-cache/1"
+_FORMAT = "bayesurl.embedding-cache/2"
 _DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64}
 
 
@@ -88,6 +91,9 @@ class EmbeddingCache:
     ----------
     directory : str or PathLike
         A directory written by :meth:`build`.
+    verify : bool
+        Check each file's SHA-256 against ``meta.json`` (sizes are always checked); a
+        mismatch raises :class:`~bayesurl.files.CorruptedFileError`.
 
     Attributes
     ----------
@@ -102,15 +108,16 @@ class EmbeddingCache:
         written before fingerprints were recorded).
     """
 
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike, *, verify: bool = True) -> None:
         self.directory = Path(directory)
-        meta_path = self.directory / "meta.json"
-        if not meta_path.exists():
+        if not (self.directory / "meta.json").exists():
             raise FileNotFoundError(f"no embedding cache in {self.directory} (meta.json missing)")
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = unseal(self.directory, checksum=verify)
             if meta.get("format") != _FORMAT:
-                raise ValueError(f"format {meta.get('format')!r} is not {_FORMAT!r}")
+                raise ValueError(
+                    f"format {meta.get('format')!r} is not {_FORMAT!r} (an older bayesurl?)"
+                )
             self.n_items = int(meta["n_items"])
             self.passes = int(meta["passes"])
             self.dim = int(meta["dim"])
@@ -122,7 +129,10 @@ class EmbeddingCache:
             self.encoder_fingerprint: str | None = fp
             np_dtype = _DTYPES[self.dtype]
         except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"`directory` {self.directory}: corrupted meta.json ({exc})") from exc
+            raise CorruptedFileError(
+                f"`directory` {self.directory}: corrupted meta.json or data ({exc}); rebuild it "
+                "with EmbeddingCache.build(..., overwrite=True)"
+            ) from exc
         rows = self.passes * self.n_items
         self.embeddings = self._map("embeddings.bin", np_dtype, (rows, self.dim))
         self.labels = self._map("labels.bin", np.int64, (rows,)) if has_labels else None
@@ -290,8 +300,9 @@ class EmbeddingCache:
             "has_labels": bool(has_labels),
             "encoder_fingerprint": encoder_fingerprint(encoder),
         }
-        (directory / "meta.json").write_text(json.dumps(meta, indent=1))
-        return cls(directory)
+        # meta.json is written last and atomically: it exists only over complete data files
+        seal(directory, meta, ["embeddings.bin", *(["labels.bin"] if has_labels else [])])
+        return cls(directory, verify=False)
 
     def rows(self, index: np.ndarray | Tensor) -> tuple[Tensor, Tensor | None]:
         """Embeddings ``[B, D]`` (float32) and labels ``[B]`` of global rows ``index``."""

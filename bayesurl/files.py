@@ -1,0 +1,186 @@
+"""Crash-safe files: atomic writes and verified reuse of cached files.
+
+Every results file, manifest and cache index of bayesurl is written through :func:`atomic_write`
+(or :func:`atomic_open` / :func:`write_json`): the bytes go to a temporary file in the same
+folder, are flushed to disk, and :func:`os.replace` puts them in place in one step. A process
+killed while writing leaves the previous version readable (or no file), never half a file.
+
+A cache folder is *sealed* by :func:`seal`: its index (``meta.json``) records the size and
+SHA-256 of each data file and is written last, atomically, so it exists only once the data is
+complete. :func:`unseal` checks both before the cache is reused and raises
+:class:`CorruptedFileError` on any difference; :func:`reuse_or_build` rebuilds such a cache
+instead of reading it (a truncated or altered cache is never silently used).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "CorruptedFileError",
+    "atomic_open",
+    "atomic_write",
+    "file_record",
+    "reuse_or_build",
+    "seal",
+    "unseal",
+    "write_json",
+]
+
+#: Read size of :func:`file_record` (the checksum streams the file; memory stays constant).
+_CHUNK = 1 << 22
+
+
+class CorruptedFileError(ValueError):
+    """A file that is missing, truncated or altered since it was recorded."""
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike[str], mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
+    """Open a temporary file beside ``path``; on a clean exit it replaces ``path`` atomically.
+
+    On an exception (or a kill) the temporary file is removed (or left as a hidden
+    ``.name.*.tmp`` file) and ``path`` keeps its previous content. Missing parent folders are
+    created.
+
+    Parameters
+    ----------
+    path : path-like
+        The final file.
+    mode : {"w", "wb"}
+        Text or binary; other keyword arguments go to :func:`open` (``newline=""`` for csv).
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"`mode` must be 'w' or 'wb', got {mode!r}")
+    path = Path(os.fspath(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **kwargs) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> Path:
+    """Write ``data`` (text or bytes) to ``path`` atomically; returns ``path`` as a Path."""
+    with atomic_open(path, "wb" if isinstance(data, bytes) else "w") as fh:
+        fh.write(data)
+    return Path(os.fspath(path))
+
+
+def write_json(path: str | os.PathLike[str], obj: Any, **dumps: Any) -> Path:
+    """``json.dumps(obj, **dumps)`` written atomically to ``path`` (``indent=2`` by default)."""
+    dumps.setdefault("indent", 2)
+    return atomic_write(path, json.dumps(obj, **dumps))
+
+
+def file_record(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """``{"bytes": size, "sha256": hex digest}`` of a file (streamed, constant memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
+            h.update(chunk)
+    return {"bytes": os.path.getsize(path), "sha256": h.hexdigest()}
+
+
+def seal(
+    directory: str | os.PathLike[str],
+    meta: Mapping[str, Any],
+    files: Iterable[str],
+    *,
+    index: str = "meta.json",
+) -> dict[str, Any]:
+    """Record ``files`` (names inside ``directory``) in ``meta`` and write the index atomically.
+
+    Call it after the data files are complete and closed: the index is the cache's commit mark.
+    Returns the written index (``meta`` plus ``"files": {name: file_record}``).
+    """
+    folder = Path(os.fspath(directory))
+    doc = {**dict(meta), "files": {n: file_record(folder / n) for n in files}}
+    write_json(folder / index, doc, indent=1)
+    return doc
+
+
+def unseal(
+    directory: str | os.PathLike[str], *, index: str = "meta.json", checksum: bool = True
+) -> dict[str, Any]:
+    """Read a sealed folder's index and check every recorded file; returns the index.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the folder has no index (nothing was sealed there).
+    CorruptedFileError
+        If the index is unreadable, lacks its file records, or a recorded file is missing, of
+        another size, or (with ``checksum``) of another SHA-256 -- a truncated or altered cache.
+    """
+    folder = Path(os.fspath(directory))
+    path = folder / index
+    if not path.is_file():
+        raise FileNotFoundError(f"no sealed cache in {str(folder)!r} ({index} missing)")
+    try:
+        meta = json.loads(path.read_text())
+        records = meta["files"]
+        if not isinstance(records, dict):
+            raise TypeError("'files' is not a mapping")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise CorruptedFileError(f"{str(path)!r} is corrupted ({exc})") from None
+    for name, want in records.items():
+        p = folder / name
+        if not p.is_file():
+            raise CorruptedFileError(f"{str(p)!r} is missing (recorded in {index})")
+        size = p.stat().st_size
+        if size != want.get("bytes"):
+            raise CorruptedFileError(
+                f"{str(p)!r} has {size} bytes, {index} recorded {want.get('bytes')} (truncated)"
+            )
+        if checksum and file_record(p)["sha256"] != want.get("sha256"):
+            raise CorruptedFileError(
+                f"{str(p)!r} differs from its SHA-256 recorded in {index} (corrupted)"
+            )
+    return meta
+
+
+def reuse_or_build(
+    directory: str | os.PathLike[str],
+    build: Callable[[Path], Mapping[str, Any]],
+    *,
+    key: Mapping[str, Any],
+    index: str = "meta.json",
+) -> dict[str, Any]:
+    """Return the index of a verified cache in ``directory`` built for ``key``; else rebuild it.
+
+    ``build(directory)`` writes the data files and returns ``{"files": [names], "meta": {...}}``
+    (``meta`` optional), which :func:`seal` records; ``key`` (for example the weights
+    fingerprint, data and transform; JSON-able) is stored in the index and must match for reuse.
+    A missing, truncated, altered or foreign cache is rebuilt (a corrupted one with a
+    :class:`UserWarning` saying why), never read.
+    """
+    folder = Path(os.fspath(directory))
+    want = json.loads(json.dumps(dict(key), default=str))
+    try:
+        meta = unseal(folder, index=index)
+        if meta.get("key") == want:
+            return meta
+    except FileNotFoundError:
+        pass
+    except CorruptedFileError as exc:
+        warnings.warn(f"rebuilding the cache: {exc}", UserWarning, stacklevel=2)
+    (folder / index).unlink(missing_ok=True)  # the old index must not outlive a failed build
+    folder.mkdir(parents=True, exist_ok=True)
+    built = build(folder)
+    return seal(folder, {**dict(built.get("meta", {})), "key": want}, built["files"], index=index)

@@ -1,0 +1,184 @@
+"""Crash-safe files: atomic writes survive a SIGKILL, sealed caches refuse altered data."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from bayesurl.files import (
+    CorruptedFileError,
+    atomic_open,
+    atomic_write,
+    file_record,
+    reuse_or_build,
+    seal,
+    unseal,
+    write_json,
+)
+from bayesurl.posthoc import EmbeddingCache
+
+
+def test_file_record_matches_hashlib(tmp_path):
+    data = os.urandom(5_000_003)
+    (tmp_path / "f").write_bytes(data)
+    assert file_record(tmp_path / "f") == {
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+
+
+def test_atomic_write_replaces_and_failure_keeps_old(tmp_path):
+    p = tmp_path / "sub" / "r.json"
+    write_json(p, {"a": 1})
+    assert json.loads(p.read_text()) == {"a": 1}
+    with pytest.raises(RuntimeError), atomic_open(p) as fh:
+        fh.write('{"a": ')
+        raise RuntimeError("killed mid-write")
+    assert json.loads(p.read_text()) == {"a": 1}
+    assert [f.name for f in p.parent.iterdir()] == ["r.json"]  # no temporary left behind
+    atomic_write(p, b"xyz")
+    assert p.read_bytes() == b"xyz"
+    with pytest.raises(ValueError, match="`mode`"), atomic_open(p, "a"):
+        pass
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from bayesurl.files import atomic_open
+    with atomic_open(sys.argv[1]) as fh:
+        fh.write("{" + '"x": 1, ' * 100000)
+        fh.flush()
+        print("writing", flush=True)
+        time.sleep(60)
+        fh.write('"end": 0}')
+    """
+)
+
+
+def test_sigkill_during_write_leaves_previous_file_readable(tmp_path):
+    p = tmp_path / "results.json"
+    write_json(p, {"runs": [1, 2, 3]})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(p)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "writing"  # half the new file is on disk
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert json.loads(p.read_text()) == {"runs": [1, 2, 3]}
+    # the orphaned temporary is hidden and never mistaken for the results
+    leftovers = [f.name for f in tmp_path.iterdir() if f.name != "results.json"]
+    assert all(n.startswith(".results.json.") and n.endswith(".tmp") for n in leftovers)
+
+
+def _sealed(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"0123456789")
+    seal(tmp_path, {"k": 1}, ["a.bin"])
+    return tmp_path
+
+
+def test_unseal_refuses_truncated_altered_missing_and_garbled(tmp_path):
+    folder = _sealed(tmp_path)
+    assert unseal(folder)["k"] == 1
+    (folder / "a.bin").write_bytes(b"0123456788")  # same size, one byte changed
+    with pytest.raises(CorruptedFileError, match="SHA-256"):
+        unseal(folder)
+    assert unseal(folder, checksum=False)["k"] == 1  # the size still matches
+    (folder / "a.bin").write_bytes(b"01234")
+    with pytest.raises(CorruptedFileError, match="5 bytes.*recorded 10.*truncated"):
+        unseal(folder, checksum=False)
+    (folder / "a.bin").unlink()
+    with pytest.raises(CorruptedFileError, match="missing"):
+        unseal(folder)
+    (folder / "meta.json").write_text('{"k": ')
+    with pytest.raises(CorruptedFileError, match="meta.json.*corrupted"):
+        unseal(folder)
+    with pytest.raises(FileNotFoundError, match="no sealed cache"):
+        unseal(tmp_path / "none")
+
+
+def test_reuse_or_build_reuses_verified_rebuilds_corrupted_and_foreign(tmp_path):
+    calls = []
+
+    def build(folder):
+        calls.append(1)
+        np.arange(100, dtype=np.float32).tofile(folder / "x.bin")
+        return {"files": ["x.bin"], "meta": {"n": 100}}
+
+    meta = reuse_or_build(tmp_path / "c", build, key={"weights": "abc"})
+    assert meta["n"] == 100 and len(calls) == 1
+    reuse_or_build(tmp_path / "c", build, key={"weights": "abc"})
+    assert len(calls) == 1  # verified, reused
+    with open(tmp_path / "c" / "x.bin", "r+b") as f:
+        f.truncate(40)
+    with pytest.warns(UserWarning, match="rebuilding the cache.*truncated"):
+        reuse_or_build(tmp_path / "c", build, key={"weights": "abc"})
+    assert len(calls) == 2
+    assert np.fromfile(tmp_path / "c" / "x.bin", dtype=np.float32).size == 100
+    reuse_or_build(tmp_path / "c", build, key={"weights": "other"})
+    assert len(calls) == 3  # another key: rebuilt
+
+
+def test_embedding_cache_refuses_altered_bytes_of_the_same_size(tmp_path):
+    enc = nn.Linear(3, 2)
+    EmbeddingCache.build(enc, [(torch.randn(4, 3), torch.arange(4))], tmp_path, progress=False)
+    raw = bytearray((tmp_path / "embeddings.bin").read_bytes())
+    raw[0] ^= 0xFF
+    (tmp_path / "embeddings.bin").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="SHA-256.*rebuild"):
+        EmbeddingCache(tmp_path)
+    assert EmbeddingCache(tmp_path, verify=False).n_items == 4  # sizes alone cannot tell
+
+
+def test_embedding_cache_killed_while_building_is_never_opened(tmp_path):
+    script = textwrap.dedent(
+        """
+        import sys, time, torch
+        from torch import nn
+        from bayesurl.posthoc import EmbeddingCache
+
+        def loader():
+            yield torch.randn(8, 3), torch.arange(8)
+            print("half", flush=True)
+            time.sleep(60)
+            yield torch.randn(8, 3), torch.arange(8)
+
+        EmbeddingCache.build(
+            nn.Linear(3, 2), loader(), sys.argv[1], progress=False, overwrite=True
+        )
+        """
+    )
+    enc = nn.Linear(3, 2)
+    EmbeddingCache.build(enc, [(torch.randn(4, 3), torch.arange(4))], tmp_path, progress=False)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "half"
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+    # the rebuild removed the old index first, so neither the old nor the half cache opens
+    with pytest.raises(FileNotFoundError, match="meta.json missing"):
+        EmbeddingCache(tmp_path)
