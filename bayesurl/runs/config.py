@@ -108,6 +108,9 @@ class BackboneConfig:
         Constructor arguments (``width`` of the small conv net, timm options).
     checkpoint : str or None
         Local weights file loaded with ``weights_only=True`` (works offline).
+    pretrained : bool
+        Load the packaged ImageNet weights of a name in
+        :data:`bayesurl.backbones.PACKAGED_WEIGHTS` (``efficientnet_lite0`` ...; offline).
     embed_dim : int or None
         Embedding dimension D of the linear projection (``None``: the backbone's features).
     """
@@ -115,6 +118,7 @@ class BackboneConfig:
     name: str = "small_convnet"
     kwargs: dict[str, Any] = field(default_factory=dict)
     checkpoint: str | None = None
+    pretrained: bool = False
     embed_dim: int | None = 64
 
 

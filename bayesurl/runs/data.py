@@ -238,6 +238,8 @@ def backbone_kwargs(cfg: RunConfig, channels: int | None) -> dict[str, Any]:
     kw = dict(cfg.backbone.kwargs)
     if cfg.backbone.checkpoint:
         kw["checkpoint"] = cfg.backbone.checkpoint
+    if cfg.backbone.pretrained:
+        kw["pretrained"] = True
     if channels is not None:
         kw.setdefault("in_chans", channels)
     return kw
