@@ -23,7 +23,11 @@ from bayesurl.laplace.curvature import (
 )
 from bayesurl.laplace.kron_head import KronHeadLaplace
 from bayesurl.laplace.metric import (
+    LAPLACE_CLASSES,
     BaseMetricLaplace,
+    DiagMetricLaplace,
+    KronMetricLaplace,
+    LaplaceMode,
     MetricLaplace,
     OnlineMetricLaplace,
     PosthocMetricLaplace,
@@ -33,8 +37,12 @@ from bayesurl.laplace.metric import (
 )
 
 __all__ = [
+    "LAPLACE_CLASSES",
     "Approximation",
     "BaseMetricLaplace",
+    "DiagMetricLaplace",
+    "KronMetricLaplace",
+    "LaplaceMode",
     "ClassifierLaplace",
     "ClassifierPredictive",
     "HessianStructure",

@@ -33,7 +33,9 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -63,8 +65,17 @@ from bayesurl.laplace.kron import (
 from bayesurl.types import Output
 
 __all__ = [
+    "LAPLACE_CLASSES",
     "BaseMetricLaplace",
+    "DiagMetricLaplace",
+    "DiagOnlineMetricLaplace",
+    "DiagPosthocMetricLaplace",
+    "KronMetricLaplace",
+    "KronOnlineMetricLaplace",
+    "KronPosthocMetricLaplace",
+    "LaplaceMode",
     "MetricLaplace",
+    "OnlineBatch",
     "OnlineMetricLaplace",
     "PosthocMetricLaplace",
     "kappa_from_trace",
@@ -73,6 +84,40 @@ __all__ = [
 ]
 
 Miner = Callable[[Tensor, Tensor], tuple[Tensor, ...]]
+#: maps a batch curvature to its mean over the processes of a data-parallel run
+Reduce = Callable[[Tensor], Tensor]
+
+
+class LaplaceMode(str, Enum):
+    """When the posterior is formed: after training (``posthoc``) or during it (``online``)."""
+
+    POSTHOC = "posthoc"
+    ONLINE = "online"
+
+
+@dataclass
+class OnlineBatch:
+    """What the Hessian update of one online step needs (LAM eq. 5).
+
+    Attributes
+    ----------
+    phi : Tensor
+        ``[N, F]`` last-layer inputs, detached.
+    pairs : tuple of Tensor
+        The Hessian miner's indices tuple.
+    thetas : Tensor
+        ``[S, P]`` the last-layer draws of the step.
+    scale : float
+        ``dataset_size / batch_size``.
+    n_pairs : int
+        Pairs with a non-zero Hessian.
+    """
+
+    phi: Tensor
+    pairs: tuple[Tensor, ...]
+    thetas: Tensor
+    scale: float
+    n_pairs: int
 
 
 def _progress(it: Iterable, enabled: bool, desc: str, total: int | None = None) -> Iterable:
@@ -174,12 +219,19 @@ def _evidence_argmax(
 
 
 class BaseMetricLaplace:
-    """Diagonal last-layer Laplace over an embedding network (LAM section 3, eq. 3).
+    """Last-layer Laplace over an embedding network (LAM section 3, eq. 3).
 
-    Use :func:`MetricLaplace` to build one. Parameters as in :func:`MetricLaplace`.
+    The lattice follows laplace-torch: a mode (:class:`PosthocMetricLaplace`,
+    :class:`OnlineMetricLaplace`) and a Hessian structure (:class:`DiagMetricLaplace`,
+    :class:`KronMetricLaplace`) combine into the four concrete classes of :data:`LAPLACE_CLASSES`.
+    The structure classes implement the few steps where the posterior's basis matters (the
+    prior in that basis, noise as parameters, accumulating the curvature, the closed-form
+    predictive, persistence); everything else lives here. Use :func:`MetricLaplace` to build
+    one. Parameters as in :func:`MetricLaplace`.
     """
 
-    mode: str = ""
+    mode: ClassVar[str] = ""
+    hessian_structure: ClassVar[HessianStructure]
 
     def __init__(
         self,
@@ -191,7 +243,6 @@ class BaseMetricLaplace:
         prior_precision: float | Tensor = 1.0,
         margin: float = 0.2,
         hessian_scale: float = 1.0,
-        hessian_structure: HessianStructure | str = "diag",
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ValueError(f"`model` must be an nn.Module, got {type(model).__name__}")
@@ -208,20 +259,6 @@ class BaseMetricLaplace:
         w = self.last_layer.weight
         self.n_params = sum(p.numel() for p in self.last_layer.parameters())
         self.hessian = torch.zeros(self.n_params, dtype=w.dtype, device=w.device)
-        self.hessian_structure = _enum(HessianStructure, hessian_structure, "hessian_structure")
-        #: the EKFAC eigenbasis for ``hessian_structure="kron"`` (None for ``diag``); ``hessian``
-        #: then holds the curvature ``S`` along its directions (module ``bayesurl.laplace.kron``)
-        self._kron: KronPosterior | None = None
-        if self.hessian_structure is HessianStructure.KRON:
-            layer = self.last_layer
-            self._kron = KronPosterior(
-                layer.out_features, layer.in_features, layer.bias is not None
-            )
-        #: ALS stopping rule of the Kronecker factors (``kron_factors``; None: by dtype)
-        self.kron_max_iter, self.kron_tol = 100, None
-        #: start the ALS of an online update at the current ``A`` (False: from scratch, the
-        #: A step at G = I; the warm start saved no iterations in benchmarks/laplace.py)
-        self.kron_warm_start = False
         self.prior_precision = prior_precision
         self.n_pairs = 0
         #: one dict per fit / online epoch: pairs used and fraction of clamped entries
@@ -252,9 +289,46 @@ class BaseMetricLaplace:
         """Posterior mean ``theta*``: the last layer's current parameters, ``[P]``."""
         return parameters_to_vector(self.last_layer.parameters()).detach()
 
+    # ------------------------------------------------------------------ structure steps
     def _prior_in_basis(self, prior: Tensor) -> Tensor:
-        # the prior's diagonal in the posterior's eigenbasis (identity for diag)
-        return prior if self._kron is None else self._kron.prior_in_basis(prior)
+        """The prior's diagonal in the posterior's eigenbasis."""
+        raise NotImplementedError
+
+    def _to_params(self, x: Tensor) -> Tensor:
+        """Eigenbasis coordinates ``[..., P]`` as parameter-vector offsets."""
+        raise NotImplementedError
+
+    def _posthoc_start(self, reset: bool) -> dict[str, Any]:
+        """The post-hoc accumulator: from ``H = 0`` (``reset``) or the current ``H``."""
+        return {"theta": self.mean, "reset": reset}
+
+    def _posthoc_batch(self, acc: dict[str, Any], phi: Tensor, tup: tuple[Tensor, ...]) -> None:
+        """Add one batch's pairs at the mean ``acc["theta"]`` to the post-hoc accumulator."""
+        raise NotImplementedError
+
+    def _posthoc_hessian(self, acc: dict[str, Any]) -> Tensor:
+        """The curvature ``H`` of the post-hoc accumulator."""
+        raise NotImplementedError
+
+    def _online_hessian(self, batch: OnlineBatch, decay: float, reduce: Reduce | None) -> Tensor:
+        """LAM eq. 5 for one batch: ``H`` decayed by ``decay`` plus the batch's curvature."""
+        raise NotImplementedError
+
+    def _closed_form(self, phi: Tensor, full: bool = False) -> tuple[Tensor, ...]:
+        """``(u, tr Cov(u))`` (and ``Cov(u) [N, D, D]``) from last-layer inputs ``phi``."""
+        raise NotImplementedError
+
+    def _structure_state(self) -> dict[str, Any]:
+        """What :meth:`state_dict` stores besides ``H`` for this structure."""
+        return {}
+
+    def _load_structure_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`_structure_state`."""
+
+    def apply(self, fn: Callable[[Tensor], Tensor]) -> None:
+        """Map every posterior tensor through ``fn`` (move / cast it with its model)."""
+        self.hessian = fn(self.hessian)
+        self.prior_precision = fn(self.prior_precision)
 
     @property
     def posterior_precision(self) -> Tensor:
@@ -271,10 +345,6 @@ class BaseMetricLaplace:
     def posterior_variance(self) -> Tensor:
         """Posterior variance ``1 / posterior_precision``, ``[P]`` (eigenbasis for ``kron``)."""
         return 1.0 / self.posterior_precision
-
-    def _to_params(self, x: Tensor) -> Tensor:
-        """Eigenbasis coordinates ``[..., P]`` as parameter-vector offsets (diag: as is)."""
-        return x if self._kron is None else self._kron.to_params(x)
 
     @property
     def clamped_fraction(self) -> float:
@@ -363,52 +433,6 @@ class BaseMetricLaplace:
             count += int(((u[a2] - u[n]).norm(dim=1) < self.margin).sum())
         return count
 
-    def _batch_hessian(self, phi: Tensor, tup: tuple[Tensor, ...], theta: Tensor) -> Tensor:
-        w, b = self._split(theta)
-        return ggn_diagonal_linear(
-            w,
-            b,
-            phi,
-            tup,
-            approximation=self.approximation,
-            geometry=self.geometry,
-            margin=self.margin,
-            clamp=False,
-        )
-
-    def _kron_blocks(self, phi: Tensor, tup: tuple[Tensor, ...], thetas: Tensor, weight: float):
-        """Low-rank pair blocks at each parameter vector of ``thetas [S, P]`` (weight / S)."""
-        parts = []
-        for theta in thetas:
-            w, b = self._split(theta)
-            z = F.linear(phi, w, b)
-            parts.append(
-                contrastive_blocks(
-                    z,
-                    tup,
-                    approximation=self.approximation,
-                    geometry=self.geometry,
-                    margin=self.margin,
-                    weight=weight / thetas.shape[0],
-                )
-            )
-        return cat_blocks(parts)
-
-    def _kron_update(self, blocks, inputs: Tensor, decay: float, clamp_batch: bool) -> Tensor:
-        assert self._kron is not None
-        h, info = self._kron.update(
-            blocks,
-            inputs,
-            self.hessian,
-            decay=decay,
-            clamp_batch=clamp_batch,
-            warm_start=self.kron_warm_start,
-            max_iter=self.kron_max_iter,
-            tol=self.kron_tol,
-        )
-        self._kron_info = info
-        return h
-
     # ------------------------------------------------------------------ post-hoc fit
     def fit(
         self,
@@ -445,12 +469,8 @@ class BaseMetricLaplace:
         """
         self._check_embedding_dim()
         miner = miner if miner is not None else self._default_miner()
-        h = torch.zeros_like(self.hessian) if reset else self.hessian.clone()
+        acc = self._posthoc_start(reset)
         n_pairs = 0
-        theta = self.mean
-        inputs: list[Tensor] = []  # kron: the cached layer inputs and pair blocks
-        blocks = []
-        offset = 0
         total = len(loader) if hasattr(loader, "__len__") else None
         with eval_mode(self.model), torch.no_grad():
             for batch in _progress(loader, progress, "LAM fit", total):
@@ -460,30 +480,23 @@ class BaseMetricLaplace:
                 z = F.linear(phi, self.last_layer.weight, self.last_layer.bias)
                 tup = miner(F.normalize(z, dim=1), y)
                 n_pairs += self._count_pairs(z, tup)
-                if self._kron is None:
-                    h += self._batch_hessian(phi.to(theta.dtype), tup, theta)
-                else:
-                    phi = phi.to(theta.dtype)
-                    pair_blocks = self._kron_blocks(phi, tup, theta[None], 1.0)
-                    blocks.append(shift_blocks(pair_blocks, offset))
-                    inputs.append(augment(phi, self.last_layer.bias is not None))
-                    offset += phi.shape[0]
+                self._posthoc_batch(acc, phi.to(acc["theta"].dtype), tup)
         if n_pairs == 0:
             raise ValueError(
                 "`miner` returned no pairs with a non-zero Hessian over the whole `loader`; "
                 "the posterior would equal the prior"
             )
-        if self._kron is not None:
-            decay = 0.0 if reset else 1.0
-            h = self._kron_update(cat_blocks(blocks), torch.cat(inputs), decay, clamp_batch=False)
+        h = self._posthoc_hessian(acc)
         check_finite(h, "hessian")
         self.hessian = h
         self.n_pairs = n_pairs
         report = {"mode": "posthoc", "n_pairs": n_pairs, "clamped_fraction": self.clamped_fraction}
-        if self._kron is not None:
-            report["als_iterations"] = self._kron_info.get("n_iter")
-        self.fit_report.append(report)
+        self.fit_report.append({**report, **self._fit_extras()})
         return self
+
+    def _fit_extras(self) -> dict[str, Any]:
+        """Structure-specific entries of a post-hoc ``fit_report`` record."""
+        return {}
 
     # ------------------------------------------------------------------ prior precision
     def log_marginal_likelihood(self, prior_precision: float | Tensor | None = None) -> Tensor:
@@ -566,48 +579,6 @@ class BaseMetricLaplace:
             phi = self.features(x)
             return self._moments(phi)
 
-    def _moments(self, phi: Tensor) -> tuple[Tensor, Tensor]:
-        if self._kron is not None:
-            z, q_g, c = self._kron_moments(phi)
-            return z, c @ (q_g * q_g).T
-        w_var, b_var = self._split(self.posterior_variance)
-        phi = phi.to(w_var.dtype)
-        z = F.linear(phi, self.last_layer.weight.detach(), self.last_layer.bias)
-        var = (phi * phi) @ w_var.T
-        if b_var is not None:
-            var = var + b_var
-        return z.detach(), var
-
-    def _kron_moments(self, phi: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``(z, Q_G, c)`` with ``Cov(z) = Q_G diag(c) Q_G^T`` (``kron``; closed form)."""
-        assert self._kron is not None
-        var = self.posterior_variance
-        phi = phi.to(var.dtype)
-        z = F.linear(phi, self.last_layer.weight.detach(), self.last_layer.bias)
-        c = self._kron.output_variances(phi, var)
-        return z.detach(), self._kron.basis(var)[0], c
-
-    def _closed_form(self, phi: Tensor, full: bool = False) -> tuple[Tensor, ...]:
-        """``(u, tr Cov(u))`` (and ``Cov(u) [N, D, D]``) from last-layer inputs ``phi``.
-
-        The output covariance pushed through the linearised normalisation
-        ``P = (I - u u^T) / ||z||``: for ``diag``
-        ``tr Cov(u) = sum_d var_d (1 - u_d^2) / ||z||^2``; for ``kron``
-        :func:`~bayesurl.laplace.kron.linearised_trace` with ``Cov(z) = Q_G diag(c) Q_G^T``.
-        """
-        if self._kron is not None:
-            z, q_g, c = self._kron_moments(phi)
-            return linearised_trace(z, q_g, c, full=full)
-        z, var = self._moments(phi)
-        norm2 = (z * z).sum(dim=1).clamp_min(torch.finfo(z.dtype).tiny)
-        u = z / norm2.sqrt()[:, None]
-        trace = (var * (1.0 - u * u)).sum(dim=1) / norm2
-        if not full:
-            return u, trace
-        proj = torch.eye(z.shape[1], dtype=z.dtype, device=z.device) - u[:, :, None] * u[:, None]
-        cov = torch.einsum("nde,ne,nfe->ndf", proj, var, proj) / norm2[:, None, None]
-        return u, trace, cov
-
     def predictive_covariance(self, x: Any) -> tuple[Tensor, Tensor]:
         """Mean embedding ``u [N, D]`` and its linearised covariance ``Cov(u) [N, D, D]``.
 
@@ -677,7 +648,7 @@ class BaseMetricLaplace:
             "mode": self.mode,
             "n_pairs": self.n_pairs,
             "hessian_structure": self.hessian_structure.value,
-            **({} if self._kron is None else self._kron.state_dict(self.hessian)),
+            **self._structure_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -711,8 +682,7 @@ class BaseMetricLaplace:
                 f"`state` is a {structure.value!r} posterior, this is "
                 f"{self.hessian_structure.value!r}"
             )
-        if self._kron is not None:
-            self._kron.load_state_dict(state, w.dtype, w.device)
+        self._load_structure_state(state)
         self.approximation = _enum(Approximation, state["approximation"], "approximation")
         self.geometry = _enum(Geometry, state["geometry"], "geometry")
         self.margin = float(state["margin"])
@@ -724,10 +694,204 @@ class BaseMetricLaplace:
             vector_to_parameters(mean.to(w.device), self.last_layer.parameters())
 
 
+class DiagMetricLaplace(BaseMetricLaplace):
+    """Diagonal GGN posterior, LAM's own (section 3, eqs. 3 and 6-9).
+
+    ``H`` holds the GGN diagonal of the last layer's parameters, so the posterior's basis is
+    the parameters themselves.
+    """
+
+    hessian_structure = HessianStructure.DIAG
+
+    def _prior_in_basis(self, prior: Tensor) -> Tensor:
+        return prior
+
+    def _to_params(self, x: Tensor) -> Tensor:
+        return x
+
+    def _batch_hessian(self, phi: Tensor, tup: tuple[Tensor, ...], theta: Tensor) -> Tensor:
+        w, b = self._split(theta)
+        return ggn_diagonal_linear(
+            w,
+            b,
+            phi,
+            tup,
+            approximation=self.approximation,
+            geometry=self.geometry,
+            margin=self.margin,
+            clamp=False,
+        )
+
+    def _posthoc_start(self, reset: bool) -> dict[str, Any]:
+        acc = super()._posthoc_start(reset)
+        acc["h"] = torch.zeros_like(self.hessian) if reset else self.hessian.clone()
+        return acc
+
+    def _posthoc_batch(self, acc: dict[str, Any], phi: Tensor, tup: tuple[Tensor, ...]) -> None:
+        acc["h"] += self._batch_hessian(phi, tup, acc["theta"])
+
+    def _posthoc_hessian(self, acc: dict[str, Any]) -> Tensor:
+        return acc["h"]
+
+    def _online_hessian(self, batch: OnlineBatch, decay: float, reduce: Reduce | None) -> Tensor:
+        h_batch = torch.zeros_like(self.hessian)
+        for theta in batch.thetas:
+            h_batch += self._batch_hessian(batch.phi, batch.pairs, theta)
+        h_batch /= batch.thetas.shape[0]
+        if reduce is not None:
+            h_batch = reduce(h_batch)
+        check_finite(h_batch, "hessian")
+        return decay * self.hessian + batch.scale * h_batch.clamp_min(0.0)
+
+    def _moments(self, phi: Tensor) -> tuple[Tensor, Tensor]:
+        w_var, b_var = self._split(self.posterior_variance)
+        phi = phi.to(w_var.dtype)
+        z = F.linear(phi, self.last_layer.weight.detach(), self.last_layer.bias)
+        var = (phi * phi) @ w_var.T
+        if b_var is not None:
+            var = var + b_var
+        return z.detach(), var
+
+    def _closed_form(self, phi: Tensor, full: bool = False) -> tuple[Tensor, ...]:
+        """``tr Cov(u) = sum_d var_d (1 - u_d^2) / ||z||^2`` through the linearised
+        normalisation ``P = (I - u u^T) / ||z||`` (and ``Cov(u) = P Cov(z) P`` with ``full``)."""
+        z, var = self._moments(phi)
+        norm2 = (z * z).sum(dim=1).clamp_min(torch.finfo(z.dtype).tiny)
+        u = z / norm2.sqrt()[:, None]
+        trace = (var * (1.0 - u * u)).sum(dim=1) / norm2
+        if not full:
+            return u, trace
+        proj = torch.eye(z.shape[1], dtype=z.dtype, device=z.device) - u[:, :, None] * u[:, None]
+        cov = torch.einsum("nde,ne,nfe->ndf", proj, var, proj) / norm2[:, None, None]
+        return u, trace, cov
+
+
+class KronMetricLaplace(BaseMetricLaplace):
+    """EKFAC posterior ``N(theta*, (Q diag(beta relu(S) + lambda) Q^T)^-1)``.
+
+    ``Q = Q_G (x) Q_A`` is the eigenbasis of the Frobenius-nearest Kronecker product of the
+    pair GGN (:mod:`bayesurl.laplace.kron`); ``H`` holds ``S``, the exact GGN curvature
+    along each direction of ``Q``. Post hoc, the layer inputs and pair blocks of the whole
+    loader are cached (``N (F + 1)`` floats) for one ALS fit of the factors; online, each
+    step refits them to the decayed EKFAC curvature plus the batch GGN.
+    """
+
+    hessian_structure = HessianStructure.KRON
+
+    def __init__(self, model: nn.Module, last_layer: str | nn.Module | None = None, **kwargs: Any):
+        super().__init__(model, last_layer, **kwargs)
+        layer = self.last_layer
+        #: the EKFAC eigenbasis; ``hessian`` holds the curvature ``S`` along its directions
+        self._kron = KronPosterior(layer.out_features, layer.in_features, layer.bias is not None)
+        #: ALS stopping rule of the Kronecker factors (``kron_factors``; None: by dtype)
+        self.kron_max_iter: int = 100
+        self.kron_tol: float | None = None
+        #: start the ALS of an online update at the current ``A`` (False: from scratch, the
+        #: A step at G = I; the warm start saved no iterations in benchmarks/laplace.py)
+        self.kron_warm_start = False
+        self._kron_info: dict[str, Any] = {}
+
+    def _prior_in_basis(self, prior: Tensor) -> Tensor:
+        return self._kron.prior_in_basis(prior)
+
+    def _to_params(self, x: Tensor) -> Tensor:
+        return self._kron.to_params(x)
+
+    def _kron_blocks(self, phi: Tensor, tup: tuple[Tensor, ...], thetas: Tensor, weight: float):
+        """Low-rank pair blocks at each parameter vector of ``thetas [S, P]`` (weight / S)."""
+        parts = []
+        for theta in thetas:
+            w, b = self._split(theta)
+            z = F.linear(phi, w, b)
+            parts.append(
+                contrastive_blocks(
+                    z,
+                    tup,
+                    approximation=self.approximation,
+                    geometry=self.geometry,
+                    margin=self.margin,
+                    weight=weight / thetas.shape[0],
+                )
+            )
+        return cat_blocks(parts)
+
+    def _kron_update(self, blocks, inputs: Tensor, decay: float, clamp_batch: bool) -> Tensor:
+        h, info = self._kron.update(
+            blocks,
+            inputs,
+            self.hessian,
+            decay=decay,
+            clamp_batch=clamp_batch,
+            warm_start=self.kron_warm_start,
+            max_iter=self.kron_max_iter,
+            tol=self.kron_tol,
+        )
+        self._kron_info = info
+        return h
+
+    def _posthoc_start(self, reset: bool) -> dict[str, Any]:
+        return {**super()._posthoc_start(reset), "inputs": [], "blocks": [], "offset": 0}
+
+    def _posthoc_batch(self, acc: dict[str, Any], phi: Tensor, tup: tuple[Tensor, ...]) -> None:
+        pair_blocks = self._kron_blocks(phi, tup, acc["theta"][None], 1.0)
+        acc["blocks"].append(shift_blocks(pair_blocks, acc["offset"]))
+        acc["inputs"].append(augment(phi, self.last_layer.bias is not None))
+        acc["offset"] += phi.shape[0]
+
+    def _posthoc_hessian(self, acc: dict[str, Any]) -> Tensor:
+        decay = 0.0 if acc["reset"] else 1.0
+        blocks, inputs = cat_blocks(acc["blocks"]), torch.cat(acc["inputs"])
+        return self._kron_update(blocks, inputs, decay, clamp_batch=False)
+
+    def _fit_extras(self) -> dict[str, Any]:
+        return {"als_iterations": self._kron_info.get("n_iter")}
+
+    def _online_hessian(self, batch: OnlineBatch, decay: float, reduce: Reduce | None) -> Tensor:
+        if reduce is not None:
+            raise ValueError(
+                "the online `kron` update refits its factors to the batch's pairs and inputs; "
+                "it has no data-parallel reduction (use hessian_structure='diag')"
+            )
+        blocks = self._kron_blocks(batch.phi, batch.pairs, batch.thetas, batch.scale)
+        fitted = self._kron.fitted
+        if blocks.i.numel() == 0 and not fitted:
+            return self.hessian  # nothing seen yet: the posterior stays the prior
+        inputs = augment(batch.phi, self.last_layer.bias is not None)
+        return self._kron_update(blocks, inputs, decay=decay if fitted else 0.0, clamp_batch=True)
+
+    def _kron_moments(self, phi: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(z, Q_G, c)`` with ``Cov(z) = Q_G diag(c) Q_G^T`` (closed form)."""
+        var = self.posterior_variance
+        phi = phi.to(var.dtype)
+        z = F.linear(phi, self.last_layer.weight.detach(), self.last_layer.bias)
+        c = self._kron.output_variances(phi, var)
+        return z.detach(), self._kron.basis(var)[0], c
+
+    def _moments(self, phi: Tensor) -> tuple[Tensor, Tensor]:
+        z, q_g, c = self._kron_moments(phi)
+        return z, c @ (q_g * q_g).T
+
+    def _closed_form(self, phi: Tensor, full: bool = False) -> tuple[Tensor, ...]:
+        """:func:`~bayesurl.laplace.kron.linearised_trace` with ``Cov(z) = Q_G diag(c) Q_G^T``."""
+        z, q_g, c = self._kron_moments(phi)
+        return linearised_trace(z, q_g, c, full=full)
+
+    def _structure_state(self) -> dict[str, Any]:
+        return self._kron.state_dict(self.hessian)
+
+    def _load_structure_state(self, state: dict[str, Any]) -> None:
+        w = self.last_layer.weight
+        self._kron.load_state_dict(state, w.dtype, w.device)
+
+    def apply(self, fn: Callable[[Tensor], Tensor]) -> None:
+        super().apply(fn)
+        self._kron.apply(fn)
+
+
 class PosthocMetricLaplace(BaseMetricLaplace):
     """Post-hoc LAM: :meth:`fit` once at the trained weights (LAM section 3, eq. 3)."""
 
-    mode = "posthoc"
+    mode = LaplaceMode.POSTHOC.value
 
 
 class OnlineMetricLaplace(BaseMetricLaplace):
@@ -737,7 +901,7 @@ class OnlineMetricLaplace(BaseMetricLaplace):
     ``n_weight_samples``.
     """
 
-    mode = "online"
+    mode = LaplaceMode.ONLINE.value
 
     def __init__(
         self,
@@ -760,6 +924,8 @@ class OnlineMetricLaplace(BaseMetricLaplace):
         self.dataset_size = None if dataset_size is None else int(dataset_size)
         self.n_weight_samples = int(n_weight_samples)
         self._loss_fn: Callable[..., Tensor] | None = None
+        #: the batch of the last :meth:`online_loss` whose Hessian update is due
+        self.pending: OnlineBatch | None = None
 
     def _default_loss(self) -> Callable[..., Tensor]:
         if self._loss_fn is None:
@@ -777,12 +943,14 @@ class OnlineMetricLaplace(BaseMetricLaplace):
         hessian_miner: Miner | None = None,
         loss_fn: Callable[..., Tensor] | None = None,
         generator: torch.Generator | None = None,
+        update_hessian: bool = True,
     ) -> Tensor:
         """Expected online-LAM loss of a batch, updating ``H`` (LAM eqs. 4-5).
 
         For any training loop: return it from a method's ``training_loss``; the loop's
         backward and optimizer step then take the expected-gradient step of eq. 4 (this is
-        what :meth:`online_step` does).
+        what :meth:`online_step` does). With ``update_hessian=False`` step 3 waits for
+        :meth:`update_hessian` (a training hook calls it after the backward pass).
 
         1. Mine loss pairs on the mean embeddings with ``miner`` (default
            ``PairMarginMiner(0, margin)``, as :func:`train_contrastive`) and Hessian pairs
@@ -812,6 +980,8 @@ class OnlineMetricLaplace(BaseMetricLaplace):
             :class:`bayesurl.losses.contrastive.ContrastiveLoss` with this margin.
         generator : torch.Generator, optional
             For the weight draws.
+        update_hessian : bool
+            Take step 3 now (default) or keep the batch for :meth:`update_hessian`.
 
         Returns
         -------
@@ -850,33 +1020,40 @@ class OnlineMetricLaplace(BaseMetricLaplace):
         loss = loss / self.n_weight_samples
         with torch.no_grad():
             theta = parameters_to_vector([weight, bias] if bias is not None else [weight])
-            phi_d = phi.detach().to(theta.dtype)
-            scale = self.dataset_size / phi.shape[0]
-            if self._kron is not None:
-                self._online_kron(phi_d, h_tup, theta + noise, scale)
-                self.n_pairs = self._count_pairs(z_mean, h_tup)
-                return loss
-            h_batch = torch.zeros_like(self.hessian)
-            for s in range(self.n_weight_samples):
-                h_batch += self._batch_hessian(phi_d, h_tup, theta + noise[s])
-            h_batch /= self.n_weight_samples
-            check_finite(h_batch, "hessian")
-            self.hessian = (1.0 - self.alpha) * self.hessian + scale * h_batch.clamp_min(0.0)
-            self.n_pairs = self._count_pairs(z_mean, h_tup)
+            self.pending = OnlineBatch(
+                phi=phi.detach().to(theta.dtype),
+                pairs=h_tup,
+                thetas=theta + noise,
+                scale=self.dataset_size / phi.shape[0],
+                n_pairs=self._count_pairs(z_mean, h_tup),
+            )
+        if update_hessian:
+            self.update_hessian()
         return loss
 
-    def _online_kron(self, phi: Tensor, tup: tuple[Tensor, ...], thetas: Tensor, scale: float):
-        """Online ``kron`` update (LAM eq. 5 with Kronecker factors; see :meth:`online_loss`)."""
-        assert self._kron is not None
-        blocks = self._kron_blocks(phi, tup, thetas, scale)
-        fitted = self._kron.fitted
-        if blocks.i.numel() == 0 and not fitted:
-            return  # nothing seen yet: the posterior stays the prior
-        inputs = augment(phi, self.last_layer.bias is not None)
-        decay = 1.0 - self.alpha if fitted else 0.0
-        h = self._kron_update(blocks, inputs, decay=decay, clamp_batch=True)
+    def update_hessian(self, reduce: Reduce | None = None) -> None:
+        """Step 3 of :meth:`online_loss` for its last batch (LAM eq. 5).
+
+        Parameters
+        ----------
+        reduce : callable, optional
+            Maps the batch curvature to its mean over the processes of a data-parallel run
+            (each process saw one shard of the global batch; ``diag`` only).
+
+        Raises
+        ------
+        ValueError
+            If no batch is pending (call :meth:`online_loss` first), or ``reduce`` is given
+            for a ``kron`` posterior.
+        """
+        batch, self.pending = self.pending, None
+        if batch is None:
+            raise ValueError("no batch to update the Hessian with; call `online_loss` first")
+        with torch.no_grad():
+            h = self._online_hessian(batch, 1.0 - self.alpha, reduce)
         check_finite(h, "hessian")
         self.hessian = h
+        self.n_pairs = batch.n_pairs
 
     def online_step(
         self,
@@ -902,6 +1079,31 @@ class OnlineMetricLaplace(BaseMetricLaplace):
         loss.backward()
         optimizer.step()
         return float(loss.detach())
+
+
+class DiagPosthocMetricLaplace(PosthocMetricLaplace, DiagMetricLaplace):
+    """Post-hoc LAM with the diagonal GGN (LAM section 3)."""
+
+
+class KronPosthocMetricLaplace(PosthocMetricLaplace, KronMetricLaplace):
+    """Post-hoc LAM with the EKFAC posterior."""
+
+
+class DiagOnlineMetricLaplace(OnlineMetricLaplace, DiagMetricLaplace):
+    """Online LAM with the diagonal GGN (LAM eqs. 4-5)."""
+
+
+class KronOnlineMetricLaplace(OnlineMetricLaplace, KronMetricLaplace):
+    """Online LAM with the EKFAC posterior."""
+
+
+#: the concrete class of each ``(mode, hessian_structure)``, read by :func:`MetricLaplace`
+LAPLACE_CLASSES: dict[tuple[LaplaceMode, HessianStructure], type[BaseMetricLaplace]] = {
+    (LaplaceMode.POSTHOC, HessianStructure.DIAG): DiagPosthocMetricLaplace,
+    (LaplaceMode.POSTHOC, HessianStructure.KRON): KronPosthocMetricLaplace,
+    (LaplaceMode.ONLINE, HessianStructure.DIAG): DiagOnlineMetricLaplace,
+    (LaplaceMode.ONLINE, HessianStructure.KRON): KronOnlineMetricLaplace,
+}
 
 
 def MetricLaplace(  # noqa: N802 - factory named like the class it returns (laplace-torch style)
@@ -933,15 +1135,17 @@ def MetricLaplace(  # noqa: N802 - factory named like the class it returns (lapl
     prior_precision : float or Tensor
         ``lambda``; tune it post hoc with ``optimize_prior_precision``.
     mode : {"posthoc", "online"}
-        :class:`PosthocMetricLaplace` or :class:`OnlineMetricLaplace`.
+        :class:`PosthocMetricLaplace` or :class:`OnlineMetricLaplace`
+        (:class:`LaplaceMode`).
     margin : float
         Negative margin of the contrastive loss.
     hessian_scale : float
         ``beta`` multiplying the Hessian in the posterior precision (LAM Table 4 tempering).
     hessian_structure : {"diag", "kron"}
-        ``diag``: LAM's diagonal GGN. ``kron``: the Frobenius-nearest Kronecker product
-        ``G (x) A`` of the pair GGN (ALS over the cached layer inputs and pairs, never
-        forming the GGN) with eigen-corrected, clamped curvature along ``Q_G (x) Q_A``
+        :class:`DiagMetricLaplace` or :class:`KronMetricLaplace`; the pair picks the class of
+        :data:`LAPLACE_CLASSES`. ``diag``: LAM's diagonal GGN. ``kron``: the Frobenius-nearest
+        Kronecker product ``G (x) A`` of the pair GGN (ALS over the cached layer inputs and
+        pairs, never forming the GGN) with eigen-corrected, clamped curvature along ``Q_G (x) Q_A``
         (EKFAC; :mod:`bayesurl.laplace.kron`). Every method below works for both; ``kron``
         costs one input cache of ``N (F + 1)`` floats during :meth:`fit`. Online, each step
         refits the factors to the decayed EKFAC curvature plus the batch GGN.
@@ -964,22 +1168,20 @@ def MetricLaplace(  # noqa: N802 - factory named like the class it returns (lapl
     >>> la.predictive(x).uncertainty.shape
     torch.Size([16])
     """
-    kwargs = dict(
+    mode_ = _enum(LaplaceMode, mode, "mode")
+    structure = _enum(HessianStructure, hessian_structure, "hessian_structure")
+    if mode_ is LaplaceMode.POSTHOC and online_kwargs:
+        raise ValueError(f"options {sorted(online_kwargs)} are for mode='online' only")
+    return LAPLACE_CLASSES[mode_, structure](
+        model,
+        last_layer,
         approximation=approximation,
         geometry=geometry,
         prior_precision=prior_precision,
         margin=margin,
         hessian_scale=hessian_scale,
-        hessian_structure=hessian_structure,
+        **online_kwargs,
     )
-    mode = str(mode).lower()
-    if mode == "posthoc":
-        if online_kwargs:
-            raise ValueError(f"options {sorted(online_kwargs)} are for mode='online' only")
-        return PosthocMetricLaplace(model, last_layer, **kwargs)
-    if mode == "online":
-        return OnlineMetricLaplace(model, last_layer, **kwargs, **online_kwargs)
-    raise ValueError(f"`mode` must be 'posthoc' or 'online', got {mode!r}")
 
 
 def train_online(

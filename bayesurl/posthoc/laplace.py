@@ -394,10 +394,7 @@ class LaplaceWrapper(PosthocWrapper):
         super()._apply(fn, recurse)
         if self.la is None:
             return self
-        self.la.hessian = fn(self.la.hessian)
-        self.la.prior_precision = fn(self.la.prior_precision)
-        if self.la._kron is not None:
-            self.la._kron.apply(fn)
+        self.la.apply(fn)
         return self
 
 
