@@ -20,10 +20,12 @@ __all__ = [
     "check_choice",
     "check_device",
     "check_finite",
+    "check_floating",
     "check_input_file",
     "check_int",
     "check_ints",
     "check_ndim",
+    "check_nonzero_rows",
     "check_number",
     "check_output_dir",
     "check_output_file",
@@ -85,6 +87,31 @@ def check_finite(x: Tensor, name: str) -> None:
             raise ValueError(
                 f"`{name}` contains non-finite values ({n_nan} NaN, {n_inf} inf) "
                 f"of {x.numel()} entries"
+            )
+
+
+def check_floating(x: Tensor, name: str) -> None:
+    """Raise :class:`TypeError` naming ``name`` unless ``x`` is a floating-point tensor."""
+    if not x.is_floating_point():
+        raise TypeError(
+            f"`{name}` must be a floating-point tensor, got {x.dtype} (convert it, e.g. "
+            f"`{name}.float()`)"
+        )
+
+
+def check_nonzero_rows(x: Tensor, name: str) -> None:
+    """Raise if a row of the 2-D ``x`` is all zeros (it has no direction: cosine undefined).
+
+    Tested in blocks of about :data:`FINITE_BLOCK` elements, like :func:`check_finite`.
+    """
+    rows = max(1, FINITE_BLOCK // max(1, x.shape[1]))
+    for start in range(0, x.shape[0], rows):
+        zero = (x[start : start + rows] == 0).all(dim=1)
+        if bool(zero.any()):
+            first = (zero.nonzero().flatten()[:5] + start).tolist()
+            raise ValueError(
+                f"`{name}` has all-zero row(s) (e.g. rows {first}): a zero vector has no "
+                "direction, so its cosine similarity is undefined"
             )
 
 

@@ -46,7 +46,13 @@ import math
 import torch
 from torch import Tensor
 
-from bayesurl._checks import check_finite, check_int, check_ndim
+from bayesurl._checks import (
+    check_finite,
+    check_floating,
+    check_int,
+    check_ndim,
+    check_nonzero_rows,
+)
 
 __all__ = [
     "VonMisesFisher",
@@ -171,16 +177,11 @@ def _as_float_tensor(kappa: Tensor | float, name: str) -> Tensor:
 
 
 def _check_directions(mu: Tensor, name: str) -> None:
-    """Mean directions must be finite, non-zero rows (a zero row has no direction)."""
+    """Mean directions must be floating, finite, non-zero rows (a zero row has no direction)."""
     check_ndim(mu, name, 2)
+    check_floating(mu, name)
     check_finite(mu, name)
-    zero = (mu == 0).all(-1)
-    if bool(zero.any()):
-        rows = zero.nonzero().flatten()[:5].tolist()
-        raise ValueError(
-            f"`{name}` has {int(zero.sum())} all-zero row(s) (e.g. {rows}); a mean direction "
-            "must be non-zero"
-        )
+    check_nonzero_rows(mu, name)
 
 
 def _check_dim(dim: int) -> int:

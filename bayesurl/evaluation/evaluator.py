@@ -11,8 +11,9 @@ present; a metric that is not defined for the input is ``None`` and ``notes`` sa
 - all queries R@1-correct or all wrong (e.g. a single class): ``r_auroc`` is ``None``
   (:func:`~bayesurl.evaluation.functional.r_auroc` itself raises).
 
-Bad input (NaN/inf, wrong dims, length mismatch, fewer than 2 points) raises ``ValueError``
-naming the argument.
+Bad input (NaN/inf, wrong dims, length mismatch, fewer than 2 points, an all-zero embedding
+row, ``ood_uncertainties`` or ``reference_uncertainties`` without the uncertainties they are
+compared with) raises ``ValueError`` naming the argument.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from bayesurl._checks import check_choice, check_int, check_ints, check_tensor
+from bayesurl._checks import (
+    check_choice,
+    check_int,
+    check_ints,
+    check_nonzero_rows,
+    check_tensor,
+)
 from bayesurl.distributed import Shards, raise_if_any
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import sampled as Sm
@@ -71,6 +78,7 @@ def _validate(
         if not x.is_floating_point():
             raise ValueError(f"`embeddings` must be floating point, got {x.dtype}")
         x = _at_least_float32(x)
+        check_nonzero_rows(x, "embeddings")
     elif s is None:
         raise ValueError("`embeddings` is required (or give `samples` to use their mean)")
     n = x.shape[0] if x is not None else s.shape[1]
@@ -128,6 +136,39 @@ def _prepare(
     return x, y, u, s, v, res_s, u_source
 
 
+def _check_needs(
+    u: Tensor | None,
+    x: Tensor | None,
+    res_s: Tensor | None,
+    reference_uncertainties: object | None,
+    ood_uncertainties: object | None,
+) -> Tensor | None:
+    """Refuse an option given without the input it is compared with; returns the checked
+    ``reference_uncertainties``. Also refuses all-zero mean embeddings of ``samples`` (their
+    direction, hence the cosine of the point search, is undefined)."""
+    if x is None and res_s is not None:
+        check_nonzero_rows(res_s, "samples (their mean)")
+    if u is None:
+        for name, value in (
+            ("reference_uncertainties", reference_uncertainties),
+            ("ood_uncertainties", ood_uncertainties),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"`{name}` is compared with the in-distribution uncertainties: give "
+                    "`uncertainties` (or `samples`) too"
+                )
+    if reference_uncertainties is None:
+        return None
+    ref = check_tensor(reference_uncertainties, "reference_uncertainties", ndim=1)
+    if u is not None and ref.shape[0] != u.shape[0]:
+        raise ValueError(
+            f"length mismatch: `reference_uncertainties` has {ref.shape[0]} entries, "
+            f"`uncertainties` {u.shape[0]}"
+        )
+    return ref
+
+
 def evaluate(
     embeddings: Tensor | None,
     labels: Tensor,
@@ -176,9 +217,11 @@ def evaluate(
     samples : Tensor, optional
         ``[S, N, D]`` posterior draws; enable the retrieval ECE (LAM, section 5).
     ood_uncertainties : Tensor, optional
-        ``[M]`` u of out-of-distribution inputs; enable OOD AUROC / AUPRC.
+        ``[M]`` u of out-of-distribution inputs; enable OOD AUROC / AUPRC. Needs
+        ``uncertainties`` or ``samples`` (refused without them).
     reference_uncertainties : Tensor, optional
         ``[N]`` ground-truth uncertainty; adds ``rank_correlation`` (Spearman, URL App. C.3).
+        Needs ``uncertainties`` or ``samples`` (refused without them).
     ks : sequence of int
         Cut-offs of ``recall@k``; one kNN search with ``max(ks)`` neighbours serves all.
     map_ks : sequence of int, optional
@@ -266,6 +309,7 @@ def evaluate(
         x, y, u, s, v, res_s, u_source = _prepare(
             embeddings, labels, uncertainties, samples, ood_uncertainties, local=distributed
         )
+        ref_u = _check_needs(u, x, res_s, reference_uncertainties, ood_uncertainties)
         error = None
     except ValueError as exc:
         if not distributed:
@@ -376,9 +420,8 @@ def evaluate(
                 "r@1": curve.tolist(),
                 "oracle": oracle.tolist(),
             }
-        if reference_uncertainties is not None:
-            ref = check_tensor(reference_uncertainties, "reference_uncertainties", ndim=1)
-            res["rank_correlation"] = _f(Fm.rank_correlation(u, sh.gather(ref.to(u.device))))
+        if ref_u is not None:
+            res["rank_correlation"] = _f(Fm.rank_correlation(u, sh.gather(ref_u.to(u.device))))
 
     if s is None:
         notes.append("ece: no samples (ECE needs posterior draws, METRICS.md)")
@@ -409,8 +452,6 @@ def evaluate(
 
     if v is None:
         notes.append("ood_auroc, ood_auprc: no `ood_uncertainties`")
-    elif u is None:
-        notes.append("ood_auroc, ood_auprc: in-distribution uncertainties missing")
     else:
         v = sh.gather(v.to(u.device))
         if v.numel() == 0:

@@ -8,13 +8,15 @@ section 5.3) and only it is written by :meth:`PosthocWrapper.save`.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim, match_module_dtype
+from bayesurl._checks import check_finite, check_ndim, check_output_file, match_module_dtype
+from bayesurl._modules import eval_mode
+from bayesurl.files import atomic_open
 from bayesurl.types import Output
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "PosthocOutput",
     "PosthocWrapper",
     "as_encoder",
+    "encode",
     "known_embedding_dim",
     "load",
 ]
@@ -83,6 +86,58 @@ class MethodEncoder(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.method(x).embedding
+
+
+def encode(encoder: nn.Module, x: object, name: str = "x") -> Tensor:
+    """The frozen ``encoder``'s embedding ``[N, D]`` of ``x``, under the post-hoc input rule.
+
+    One dtype rule for every post-hoc fit, cache and prediction: a floating ``x`` (float64,
+    float32, float16, bfloat16) is cast to the encoder's floating parameter dtype, since the
+    frozen encoder defines the precision it computes in; an integer or bool ``x`` (e.g.
+    ``uint8`` images for an encoder that scales them itself) is passed unchanged, and an
+    encoder that cannot take it is refused with a :class:`TypeError` naming ``name``.
+
+    Raises
+    ------
+    ValueError
+        If ``x`` holds NaN / inf (named ``name``, before the encoder runs), or the encoder
+        returns something else than a finite ``[N, D]`` tensor.
+    TypeError
+        If the encoder fails on an integer / bool ``x``.
+    """
+    if isinstance(x, Tensor):
+        check_finite(x, name)
+    x = match_module_dtype(x, encoder)
+    try:
+        e = encoder(x)
+    except (RuntimeError, NotImplementedError) as exc:
+        if isinstance(x, Tensor) and not x.is_floating_point():
+            raise TypeError(
+                f"the encoder cannot take the {x.dtype} `{name}` ({exc}); give floating-point "
+                f"input (e.g. `{name}.float()`, `/ 255` for images)"
+            ) from exc
+        raise
+    if not isinstance(e, Tensor):
+        raise ValueError(
+            f"the encoder must return a tensor [N, D], got {type(e).__name__}; wrap a "
+            "module whose forward returns the embedding"
+        )
+    check_ndim(e, "encoder output", 2)
+    check_finite(e, "encoder output")
+    return e
+
+
+def probe_width(encoder: nn.Module, input_shape: Sequence[int]) -> int | None:
+    """Output width of ``encoder`` on two zero items of ``input_shape`` (eval mode, no grad);
+    ``None`` when the encoder does not return a 2-D tensor for them."""
+    dtype = next((p.dtype for p in encoder.parameters() if p.is_floating_point()), None)
+    x = torch.zeros((2, *input_shape), dtype=dtype or torch.float32, device=device_of(encoder))
+    with eval_mode(encoder), torch.no_grad():
+        try:
+            e = encoder(x)
+        except (RuntimeError, ValueError, TypeError):
+            return None
+    return int(e.shape[1]) if isinstance(e, Tensor) and e.ndim == 2 else None
 
 
 def as_encoder(encoder: nn.Module) -> nn.Module:
@@ -165,6 +220,8 @@ class PosthocWrapper(nn.Module):
         self.encoder.eval()
         #: set by a successful ``fit`` (saved with the state): predicting before raises
         self.fitted = False
+        #: shape of one input item as last seen by :meth:`embed` (saved by :meth:`save`)
+        self.input_shape: tuple[int, ...] | None = None
 
     # -- frozen encoder -----------------------------------------------------------------------
     def train(self, mode: bool = True) -> PosthocWrapper:
@@ -174,28 +231,11 @@ class PosthocWrapper(nn.Module):
         return self
 
     def embed(self, x: Tensor) -> Tensor:
-        """The encoder's embedding ``[N, D]``, exactly as the encoder returns it.
-
-        Raises
-        ------
-        ValueError
-            If ``x`` holds NaN / inf (named ``x``, before the encoder runs), or the encoder
-            returns something else than a finite ``[N, D]`` tensor.
-
-        A floating ``x`` is cast to the encoder's parameter dtype (a float64 batch into a
-        float32 encoder computes in float32, as the encoder would).
-        """
-        if isinstance(x, Tensor):
-            check_finite(x, "x")
-        e = self.encoder(match_module_dtype(x, self.encoder))
-        if not isinstance(e, Tensor):
-            raise ValueError(
-                f"the encoder must return a tensor [N, D], got {type(e).__name__}; wrap a "
-                "module whose forward returns the embedding"
-            )
-        check_ndim(e, "encoder output", 2)
-        check_finite(e, "encoder output")
-        return e
+        """The encoder's embedding ``[N, D]``, exactly as the encoder returns it
+        (:func:`encode`: the post-hoc input rule and its checks)."""
+        if isinstance(x, Tensor) and x.ndim >= 1:  # saved, so that `load` can probe the width
+            self.input_shape = tuple(int(d) for d in x.shape[1:])
+        return encode(self.encoder, x)
 
     def check_fitted(self) -> None:
         """Raise unless :meth:`fit` ran (or a fitted state was loaded)."""
@@ -247,16 +287,24 @@ class PosthocWrapper(nn.Module):
         """Write the method name, its options and the non-encoder state to ``path``.
 
         The encoder's weights are not written; pass the same encoder to :func:`load`. The
-        file loads with ``torch.load(..., weights_only=True)``.
+        file loads with ``torch.load(..., weights_only=True)`` and is written atomically
+        (:func:`bayesurl.files.atomic_open`; missing parent folders are created).
+
+        Raises
+        ------
+        ValueError
+            If ``path`` is a folder or cannot be written.
         """
+        path = check_output_file(path, "path")
         state = {
             k: (v.detach().cpu() if isinstance(v, Tensor) else v)
             for k, v in self.head_state_dict().items()
         }
-        torch.save(
-            {"format": FORMAT, "method": self.method, "config": self.config(), "state": state},
-            os.fspath(path),
-        )
+        doc = {"format": FORMAT, "method": self.method, "config": self.config(), "state": state}
+        if self.input_shape is not None:
+            doc["input_shape"] = list(self.input_shape)
+        with atomic_open(path, "wb") as fh:
+            torch.save(doc, fh)
 
     @classmethod
     def load(cls, path: str | os.PathLike, encoder: nn.Module, **options: Any) -> PosthocWrapper:
@@ -268,11 +316,22 @@ class PosthocWrapper(nn.Module):
 
     @classmethod
     def from_config(
-        cls, encoder: nn.Module, config: dict[str, Any], state: dict[str, Tensor]
+        cls,
+        encoder: nn.Module,
+        config: dict[str, Any],
+        state: dict[str, Tensor],
+        input_shape: Sequence[int] | None = None,
     ) -> PosthocWrapper:
-        """Rebuild from :meth:`config` and :meth:`head_state_dict` (used by :func:`load`)."""
+        """Rebuild from :meth:`config` and :meth:`head_state_dict` (used by :func:`load`).
+
+        The encoder's output width is read from its type (:func:`known_embedding_dim`) or,
+        failing that, from one forward pass of two zero inputs of ``input_shape`` (the item
+        shape the wrapper was fitted on); another width than the saved one is refused.
+        """
         want = config.get("embed_dim")
         have = known_embedding_dim(encoder)
+        if have is None and want is not None and input_shape is not None:
+            have = probe_width(encoder, input_shape)
         if have is not None and want is not None and have != want:
             raise ValueError(
                 f"saved state does not fit the encoder: it was fitted on {want}-dim "
@@ -329,7 +388,14 @@ def load(path: str | os.PathLike, encoder: nn.Module, **options: Any) -> Posthoc
     cls = wrapper_class(ckpt["method"])
     if not isinstance(ckpt["config"], dict) or not isinstance(ckpt["state"], dict):
         raise ValueError(f"`path` {path} is corrupted: config / state are not dicts")
-    return cls.from_config(encoder, {**ckpt["config"], **options}, ckpt["state"])
+    shape = ckpt.get("input_shape")
+    if shape is not None and not (
+        isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+    ):
+        raise ValueError(f"`path` {path} is corrupted: input_shape {shape!r}")
+    obj = cls.from_config(encoder, {**ckpt["config"], **options}, ckpt["state"], shape)
+    obj.input_shape = None if shape is None else tuple(shape)
+    return obj
 
 
 def iterate(loader: Iterable[Any], progress: bool, desc: str) -> Iterable[Any]:

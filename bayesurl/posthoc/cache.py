@@ -8,7 +8,8 @@ trained from disk. The PVU paper reports 180x faster head training on GPU.
 Layout of a cache directory::
 
     meta.json        {"format", "n_items", "passes", "dim", "dtype", "has_labels",
-                      "encoder_fingerprint", "files": {name: {"bytes", "sha256"}}}
+                      "encoder_fingerprint", "input_shape",
+                      "files": {name: {"bytes", "sha256"}}}
     embeddings.bin   raw [passes * n_items, dim] array (row r = pass r // n_items)
     labels.bin       raw int64 [passes * n_items] (only with labels)
 
@@ -36,11 +37,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim
 from bayesurl._modules import eval_mode
 from bayesurl.data.batch import unpack_batch
 from bayesurl.files import CorruptedFileError, seal, unseal
-from bayesurl.posthoc.base import device_of, iterate
+from bayesurl.posthoc.base import device_of, encode, iterate
 
 __all__ = ["EmbeddingCache", "encoder_fingerprint"]
 
@@ -127,6 +127,9 @@ class EmbeddingCache:
             if fp is not None and not isinstance(fp, str):
                 raise ValueError(f"encoder_fingerprint must be a string, got {fp!r}")
             self.encoder_fingerprint: str | None = fp
+            shape = meta.get("input_shape")
+            #: shape of one input item the encoder saw (None when not recorded)
+            self.input_shape = None if shape is None else tuple(int(d) for d in shape)
             np_dtype = _DTYPES[self.dtype]
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptedFileError(
@@ -246,7 +249,7 @@ class EmbeddingCache:
         for name in ("meta.json", "embeddings.bin", "labels.bin"):
             (directory / name).unlink(missing_ok=True)
         device = device_of(encoder)
-        n_items, dim, has_labels = None, None, None
+        n_items, dim, has_labels, item_shape = None, None, None, None
         np_dtype = _DTYPES[dtype]
         with (
             eval_mode(encoder),
@@ -263,9 +266,8 @@ class EmbeddingCache:
                             "the cache needs single-view batches x or (x, y), got a pair of "
                             "views; cache each view's loader separately"
                         )
-                    e = encoder(x.to(device))
-                    check_ndim(e, "encoder output", 2)
-                    check_finite(e, "encoder output")
+                    e = encode(encoder, x.to(device))
+                    item_shape = list(x.shape[1:])
                     if dim is None:
                         dim, has_labels = int(e.shape[1]), y is not None
                     if e.shape[1] != dim:
@@ -299,6 +301,7 @@ class EmbeddingCache:
             "dtype": dtype,
             "has_labels": bool(has_labels),
             "encoder_fingerprint": encoder_fingerprint(encoder),
+            "input_shape": item_shape,
         }
         # meta.json is written last and atomically: it exists only over complete data files
         seal(directory, meta, ["embeddings.bin", *(["labels.bin"] if has_labels else [])])

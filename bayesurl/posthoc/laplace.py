@@ -332,13 +332,13 @@ class LaplaceWrapper(PosthocWrapper):
         }
 
     @classmethod
-    def from_config(cls, encoder, config, state):  # type: ignore[override]
+    def from_config(cls, encoder, config, state, input_shape=None):  # type: ignore[override]
         if config.get("classifier") is True:
             raise ValueError(
                 "this Laplace wrapper was fitted on a classifier, which is not saved: pass it "
                 "again, load(path, encoder, classifier=clf)"
             )
-        return super().from_config(encoder, config, state)
+        return super().from_config(encoder, config, state, input_shape)
 
     def get_extra_state(self) -> dict[str, Any]:
         if self.cla is not None:

@@ -421,6 +421,8 @@ class PVU(PosthocWrapper):
                 overwrite=True,
             )
         t_cache = time.perf_counter() - t0
+        if cache.input_shape is not None:
+            self.input_shape = cache.input_shape
         try:
             out = self._fit_cache(
                 cache, int(epochs), int(batch_size), make_opt, generator, progress

@@ -151,3 +151,8 @@ def test_large_kappa_sampler_has_the_right_mean_resultant_length(d):
     assert abs(t.mean().item() - want) < 4 * se, (t.mean().item(), want, se)
     # the variance of t -> (D - 1) / 2, the Gamma limit
     assert t.var().item() == pytest.approx((d - 1) / 2, rel=0.05)
+
+
+def test_integer_mean_directions_are_refused_naming_mu():
+    with pytest.raises(TypeError, match="`mu` must be a floating-point tensor, got torch.int64"):
+        sample_vmf(torch.tensor([[1, 0, 0]]), torch.tensor([2.0]), 3)

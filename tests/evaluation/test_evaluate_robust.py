@@ -50,3 +50,28 @@ def test_half_precision_samples_match_float32(dtype):
         assert got[k] == pytest.approx(ref[k], abs=1e-12), k
     got_x = evaluate(x.to(dtype), y)
     assert got_x["r@1"] == evaluate(x.to(dtype).float(), y)["r@1"]
+
+
+def test_all_zero_embedding_rows_are_refused_naming_the_argument():
+    x, y = _data()
+    x[7] = 0.0  # cosine undefined: it used to get an R@1 from index tie-breaking
+    with pytest.raises(ValueError, match=r"`embeddings` has all-zero row.*\[7\]"):
+        evaluate(x, y)
+    s = torch.randn(4, 40, 6)
+    e = torch.eye(6)
+    s[:, 5] = torch.stack([e[0], -e[0], e[1], -e[1]])
+    # draws that cancel out: their mean direction (the point embedding) is undefined
+    with pytest.raises(ValueError, match="samples"):
+        evaluate(None, y, samples=s)
+
+
+@pytest.mark.parametrize("option", ["reference_uncertainties", "ood_uncertainties"])
+def test_an_option_without_the_uncertainties_it_needs_is_refused(option):
+    x, y = _data()
+    with pytest.raises(ValueError, match=rf"`{option}` is compared with.*give `uncertainties`"):
+        evaluate(x, y, **{option: torch.rand(40)})
+    res = evaluate(x, y, uncertainties=torch.rand(40), **{option: torch.rand(40)})
+    assert res["rank_correlation" if option.startswith("ref") else "ood_auroc"] is not None
+    if option.startswith("ref"):
+        with pytest.raises(ValueError, match="`reference_uncertainties` has 39"):
+            evaluate(x, y, uncertainties=torch.rand(40), reference_uncertainties=torch.rand(39))

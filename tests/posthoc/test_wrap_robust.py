@@ -142,3 +142,65 @@ def test_unfitted_state_round_trips(tmp_path):
     assert not again.fitted
     with pytest.raises(ValueError, match="not fitted"):
         again(torch.randn(2, 1, 4, 4))
+
+
+class _Opaque(nn.Module):
+    """An encoder whose output width its type does not tell (no final nn.Linear)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(16, dim), nn.ReLU())
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.parametrize("method", ["tau", "pvu"])
+def test_saved_wrapper_refuses_an_encoder_of_another_width_at_load(tmp_path, method):
+    data = _labelled()
+    kw = {"classifier": nn.Linear(6, 3)} if method == "pvu" else {}
+    fit = {"augment": lambda x: x + 0.05 * torch.randn_like(x)} if method == "tau" else {}
+    w = wrap(_Opaque(6), method, **kw)
+    w.fit(data, progress=False, **fit)
+    w.save(tmp_path / "w.pt")
+    again = {"classifier": nn.Linear(8, 3)} if method == "pvu" else {}
+    with pytest.raises(ValueError, match="fitted on 6-dim embeddings, the encoder returns 8"):
+        load(tmp_path / "w.pt", _Opaque(8), **again)
+    assert load(tmp_path / "w.pt", _Opaque(6), **kw).input_shape == (1, 4, 4)
+
+
+def test_save_under_a_missing_folder_creates_it_and_a_folder_path_is_refused(tmp_path):
+    w = wrap(_enc(), "laplace")
+    w.fit(_labelled(), progress=False)
+    w.save(tmp_path / "new" / "deeper" / "w.pt")
+    assert load(tmp_path / "new" / "deeper" / "w.pt", _enc()).fitted
+    with pytest.raises(ValueError, match="`path` .* is a folder"):
+        w.save(tmp_path / "new")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="`path` .* is a file, not a folder"):
+        w.save(tmp_path / "file" / "w.pt")
+
+
+@pytest.mark.parametrize("method", ["pvu", "laplace", "tau"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.int64])
+def test_one_dtype_rule_in_every_posthoc_fit(method, dtype):
+    """Floating input is cast to the encoder's dtype; integer input the encoder cannot take is
+    a TypeError naming `x` (pvu's cache used to surface torch's dtype message)."""
+    data = [
+        ((x.to(dtype) if dtype.is_floating_point else (x * 10).to(dtype)), y)
+        for x, y in _labelled()
+    ]
+    if method == "tau":
+        data = [((x, x.flip(0).flip(0)), y) for x, y in data]
+    kw = {"classifier": nn.Linear(6, 3)} if method == "pvu" else {}
+    w = wrap(_enc(), method, **kw)
+    if not dtype.is_floating_point:
+        with pytest.raises(TypeError, match=r"cannot take the torch.int64 `x`.*floating-point"):
+            w.fit(data, progress=False)
+        return
+    w.fit(data, progress=False)
+    x = data[0][0][0] if method == "tau" else data[0][0]
+    out = w(x)
+    assert out.embedding.dtype == torch.float32 and torch.isfinite(out.uncertainty).all()
+    want = _enc()(x.float())
+    torch.testing.assert_close(out.embedding, want, atol=5e-3, rtol=5e-3)
