@@ -12,6 +12,19 @@ pair). The denominator is an option (``denominator``):
   Unbounded below (a ratio above 1 is possible).
 - ``"all"``: SimCLR's NT-Xent and PML's ``NTXentLoss``, the positive also in the denominator
   (``log sum_{j != i}``); the loss is then ``>= 0``.
+
+Two behaviours of the URL code are options as well:
+
+- ``self_term``: the code's masks (``pos_mask = mask - diag``, ``neg_mask = 1 - mask``, with
+  ``-1000`` offsets on the masked-out entries) leave the self-similarity at logit 0, so a
+  constant ``e^0`` sits inside both log-sum-exps,
+  ``-log (1 + sum_pos e^{t z_i^T z_p}) + log (1 + sum_neg e^{t z_i^T z_n})``. ``None``
+  (default) = on for ``"negatives"`` (the URL code, behind the published numbers), off for
+  ``"all"``.
+- ``positives`` (:class:`InfoNCELoss` with labels, several positives per anchor): ``"pairs"``
+  (default; PML's one term per positive pair) or ``"logsumexp"`` (the URL code's
+  ``supervised=True`` path: one log-sum-exp over all positives of an anchor, one term per
+  anchor). Two views have one positive per anchor, where both agree.
 """
 
 from __future__ import annotations
@@ -23,7 +36,13 @@ from torch import Tensor
 
 from bayesurl.losses._base import check_embeddings
 
-__all__ = ["InfoNCELoss", "infonce_loss", "two_view_labels"]
+__all__ = [
+    "InfoNCELoss",
+    "check_positives",
+    "infonce_loss",
+    "resolve_self_term",
+    "two_view_labels",
+]
 
 
 def _check_t(t: float | Tensor, name: str = "inverse_temperature") -> float | Tensor:
@@ -55,12 +74,38 @@ def _check_denominator(denominator: str) -> str:
     return denominator
 
 
+_POSITIVES = ("pairs", "logsumexp")
+
+
+def check_positives(positives: str) -> str:
+    if positives not in _POSITIVES:
+        raise ValueError(f"`positives` must be one of {_POSITIVES}, got {positives!r}")
+    return positives
+
+
+def resolve_self_term(self_term: bool | None, denominator: str) -> bool:
+    """``self_term`` with ``None`` resolved: on for the URL code's ``"negatives"`` form only."""
+    if self_term is None:
+        return denominator == "negatives"
+    if not isinstance(self_term, bool):
+        raise TypeError(f"`self_term` must be a bool or None, got {type(self_term).__name__}")
+    return self_term
+
+
+def _with_zero(x: Tensor, on: bool) -> Tensor:
+    """``x [..., M]`` with a logit-0 column appended when ``on`` (the URL code's self term)."""
+    if not on:
+        return x
+    return torch.cat([x, x.new_zeros(*x.shape[:-1], 1)], dim=-1)
+
+
 def infonce_loss(
     z1: Tensor,
     z2: Tensor,
     inverse_temperature: float = 16.0,
     reduction: str = "mean",
     denominator: str = "negatives",
+    self_term: bool | None = None,
 ) -> Tensor:
     """SimCLR InfoNCE of two views (URL appendix B.2, eq. 1).
 
@@ -73,6 +118,9 @@ def infonce_loss(
     denominator : {"negatives", "all"}
         Sum over the negatives only (URL eq. 1 and code, default) or also over the positive
         (SimCLR / PML NT-Xent); see the module docstring.
+    self_term : bool, optional
+        Add the URL code's ``e^0`` self-similarity to both log-sum-exps; ``None`` = on for
+        ``"negatives"``, off for ``"all"`` (module docstring).
     reduction : {"mean", "none"}
         ``"none"`` returns the ``[2B]`` per-anchor losses (view 1 anchors first).
 
@@ -83,6 +131,7 @@ def infonce_loss(
     """
     t = _check_t(inverse_temperature)
     _check_denominator(denominator)
+    with_self = resolve_self_term(self_term, denominator)
     check_embeddings(z1, "z1")
     check_embeddings(z2, "z2")
     if z1.shape != z2.shape:
@@ -95,13 +144,12 @@ def infonce_loss(
     eye = torch.eye(2 * b, dtype=torch.bool, device=z.device)
     logits = logits.masked_fill(eye, float("-inf"))
     target = torch.cat([torch.arange(b, 2 * b), torch.arange(b)]).to(z.device)
-    if denominator == "all":
-        losses = F.cross_entropy(logits, target, reduction="none")
-    else:
-        rows = torch.arange(2 * b, device=z.device)
-        pos = logits[rows, target]
-        losses = torch.logsumexp(logits.index_put((rows, target), pos.new_tensor(float("-inf"))), 1)
-        losses = losses - pos
+    rows = torch.arange(2 * b, device=z.device)
+    pos = logits[rows, target]
+    if denominator == "negatives":
+        logits = logits.index_put((rows, target), pos.new_tensor(float("-inf")))
+    losses = torch.logsumexp(_with_zero(logits, with_self), 1)
+    losses = losses - torch.logsumexp(_with_zero(pos.unsqueeze(1), with_self), 1)
     if reduction == "none":
         return losses
     if reduction == "mean":
@@ -124,36 +172,68 @@ class InfoNCELoss(NTXentLoss):
         Negatives only (URL eq. 1 and benchmark code, default) or also the positive (PML's
         NT-Xent). With a miner, each positive pair's negatives are the mined negatives of its
         anchor; a positive pair without negatives contributes 0.
+    self_term : bool, optional
+        The URL code's ``e^0`` in both log-sum-exps (module docstring); ``None`` = on for
+        ``"negatives"``, off for ``"all"``.
+    positives : {"pairs", "logsumexp"}
+        One term per positive pair (default) or, as the URL code with class labels, one term
+        per anchor with a log-sum-exp over all its positives (module docstring).
     **kwargs
         Passed to :class:`pytorch_metric_learning.losses.NTXentLoss` (reducer, distance, ...).
     """
 
     def __init__(
-        self, inverse_temperature: float = 16.0, denominator: str = "negatives", **kwargs
+        self,
+        inverse_temperature: float = 16.0,
+        denominator: str = "negatives",
+        self_term: bool | None = None,
+        positives: str = "pairs",
+        **kwargs,
     ) -> None:
         t = _check_t(inverse_temperature)
         super().__init__(temperature=1.0 / t, **kwargs)
         self.inverse_temperature = t
         self.denominator = _check_denominator(denominator)
+        self.self_term = resolve_self_term(self_term, denominator)
+        self.positives = check_positives(positives)
 
     def _compute_loss(self, pos_pairs, neg_pairs, indices_tuple):  # type: ignore[no-untyped-def]
-        """Per-positive-pair ``-log(e^pos / denominator)`` (see ``denominator``)."""
+        """``-log(numerator / denominator)`` per positive pair or per anchor (see above)."""
         a1, _, a2, _ = indices_tuple
         if len(a1) == 0 or len(a2) == 0:
             return self.zero_losses()
         if not self.distance.is_inverted:
             pos_pairs, neg_pairs = -pos_pairs, -neg_pairs
         pos = pos_pairs / self.temperature
-        neg = (neg_pairs / self.temperature).unsqueeze(0).expand(len(a1), -1)
+        neg_logits = neg_pairs / self.temperature
+        if self.positives == "logsumexp":
+            return self._per_anchor(pos, neg_logits, a1, a2)
+        neg = neg_logits.unsqueeze(0).expand(len(a1), -1)
         same = a2.unsqueeze(0) == a1.unsqueeze(1)
         neg = neg.masked_fill(~same, float("-inf"))
         if self.denominator == "all":
             neg = torch.cat([pos.unsqueeze(1), neg], dim=1)
-        log_den = torch.logsumexp(neg, dim=1)
-        losses = torch.where(same.any(dim=1), log_den - pos, torch.zeros_like(pos))
+        log_den = torch.logsumexp(_with_zero(neg, self.self_term), dim=1)
+        log_num = torch.logsumexp(_with_zero(pos.unsqueeze(1), self.self_term), dim=1)
+        losses = torch.where(same.any(dim=1), log_den - log_num, torch.zeros_like(pos))
         return {
             "loss": {"losses": losses, "indices": indices_tuple[:2], "reduction_type": "pos_pair"}
         }
+
+    def _per_anchor(self, pos: Tensor, neg: Tensor, a1: Tensor, a2: Tensor) -> dict:
+        """One term per anchor with positives and negatives: ``lse(pos) - lse(neg)``."""
+        anchors = torch.unique(a1)
+        pos_mask = a1.unsqueeze(0) == anchors.unsqueeze(1)  # [A, P]
+        neg_mask = a2.unsqueeze(0) == anchors.unsqueeze(1)  # [A, Q]
+        num = pos.unsqueeze(0).expand(len(anchors), -1).masked_fill(~pos_mask, float("-inf"))
+        den = neg.unsqueeze(0).expand(len(anchors), -1).masked_fill(~neg_mask, float("-inf"))
+        if self.denominator == "all":
+            den = torch.cat([num, den], dim=1)
+        log_num = torch.logsumexp(_with_zero(num, self.self_term), dim=1)
+        log_den = torch.logsumexp(_with_zero(den, self.self_term), dim=1)
+        has = neg_mask.any(dim=1)
+        losses = torch.where(has, log_den - log_num, torch.zeros_like(log_num))
+        return {"loss": {"losses": losses, "indices": anchors, "reduction_type": "element"}}
 
     def two_view(self, z1: Tensor, z2: Tensor) -> Tensor:
         """Loss of two views ``[B, D]`` of the same B images."""

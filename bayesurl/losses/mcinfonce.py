@@ -22,6 +22,12 @@ Two options select the variant (paper text vs authors' code):
 - ``mc_average="inside"`` (default): log-mean-exp over the K samples, as the URL and MCI code
   do; ``"outside"``: the mean over samples of the per-sample log ratio, ``(1/16) sum_i`` in
   front of the logs of URL eq. 2 as printed.
+
+With ``denominator="negatives"`` the URL code's two further behaviours are options too, as in
+:mod:`bayesurl.losses.infonce`: ``self_term`` (the self-similarity's ``e^0`` inside both
+log-sum-exps of every sample, ``log (1 + e^pos) - log (1 + sum e^neg)``; on by default with
+``"negatives"``, as in the code behind the URL numbers) and, in :class:`MCInfoNCELoss`,
+``positives="logsumexp"`` (one log-sum-exp over all positives of an anchor).
 """
 
 from __future__ import annotations
@@ -42,9 +48,19 @@ from bayesurl.losses._base import (
     masked_log_mean_exp,
     reduce_losses,
 )
-from bayesurl.losses.infonce import _check_t, two_view_labels
+from bayesurl.losses.infonce import (
+    _check_t,
+    check_positives,
+    resolve_self_term,
+    two_view_labels,
+)
 
-__all__ = ["MCInfoNCELoss", "mcinfonce_loss", "mcinfonce_pair_losses"]
+__all__ = [
+    "MCInfoNCELoss",
+    "mcinfonce_anchor_losses",
+    "mcinfonce_loss",
+    "mcinfonce_pair_losses",
+]
 
 
 def _check_n_samples(n: int) -> int:
@@ -57,21 +73,39 @@ _DENOMINATORS = ("negatives", "positive")
 _MC_AVERAGES = ("inside", "outside")
 
 
-def _check_variant(denominator: str, mc_average: str) -> None:
+def _check_variant(denominator: str, mc_average: str, self_term: bool | None = None) -> bool:
+    """Validate the variant options; returns ``self_term`` resolved."""
     if denominator not in _DENOMINATORS:
         raise ValueError(f"`denominator` must be one of {_DENOMINATORS}, got {denominator!r}")
     if mc_average not in _MC_AVERAGES:
         raise ValueError(f"`mc_average` must be one of {_MC_AVERAGES}, got {mc_average!r}")
+    with_self = resolve_self_term(self_term, denominator)
+    if with_self and denominator != "negatives":
+        raise ValueError("`self_term` is the URL code's and needs denominator='negatives'")
+    return with_self
+
+
+def _url_log_ratio(log_pos_sum: Tensor, log_neg_sum: Tensor, self_term: bool) -> Tensor:
+    """``log sum e^pos - log sum e^neg``, each with the code's ``e^0`` when ``self_term``."""
+    if self_term:
+        zero = torch.zeros_like(log_pos_sum)
+        return torch.logaddexp(zero, log_pos_sum) - torch.logaddexp(zero, log_neg_sum)
+    return log_pos_sum - log_neg_sum
 
 
 def _log_ratio(
-    pos: Tensor, log_neg_mean: Tensor, m: Tensor, denominator: str, divide_positive: bool
+    pos: Tensor,
+    log_neg_mean: Tensor,
+    m: Tensor,
+    denominator: str,
+    divide_positive: bool,
+    self_term: bool = False,
 ) -> Tensor:
     """Per-sample log ratio; ``negatives``: ``pos - log sum_m e^neg`` (0 without negatives)."""
     if denominator == "positive":
         return log_ratio_from_mean(pos, log_neg_mean, m, divide_positive)
     log_sum = log_neg_mean + torch.log(m.clamp_min(1.0))
-    return torch.where(m > 0, pos - log_sum, torch.zeros_like(pos))
+    return torch.where(m > 0, _url_log_ratio(pos, log_sum, self_term), torch.zeros_like(pos))
 
 
 def _average(log_ratio: Tensor, mc_average: str) -> Tensor:
@@ -89,6 +123,7 @@ def mcinfonce_pair_losses(
     divide_positive: bool = False,
     denominator: str = "negatives",
     mc_average: str = "inside",
+    self_term: bool | None = None,
 ) -> Tensor:
     """Per-positive-pair MCInfoNCE losses from vMF samples and PML pair indices.
 
@@ -103,7 +138,7 @@ def mcinfonce_pair_losses(
         pair ``(a1[i], p[i])`` are every ``n[j]`` with ``a2[j] == a1[i]``.
     inverse_temperature : float
         t = kappa_pos.
-    divide_positive, denominator, mc_average
+    divide_positive, denominator, mc_average, self_term
         See :func:`mcinfonce_loss`.
 
     Returns
@@ -111,7 +146,7 @@ def mcinfonce_pair_losses(
     Tensor
         ``[P]`` losses, one per positive pair.
     """
-    _check_variant(denominator, mc_average)
+    with_self = _check_variant(denominator, mc_average, self_term)
     a1, p, a2, n = pairs
     sims = inverse_temperature * torch.einsum("knd,krd->knr", samples, ref_samples)
     neg_of_anchor = torch.zeros(
@@ -122,8 +157,51 @@ def mcinfonce_pair_losses(
     # gather per positive pair (memory K N R instead of K P R)
     log_neg_mean, m = masked_log_mean_exp(sims, neg_of_anchor)
     pos = sims[:, a1, p]  # [K, P]
-    log_ratio = _log_ratio(pos, log_neg_mean[:, a1], m[a1], denominator, divide_positive)
+    log_ratio = _log_ratio(pos, log_neg_mean[:, a1], m[a1], denominator, divide_positive, with_self)
     return _average(log_ratio, mc_average)
+
+
+def _pair_mask(rows: Tensor, cols: Tensor, n: int, r: int) -> Tensor:
+    mask = torch.zeros(n, r, dtype=torch.bool, device=rows.device)
+    mask[rows, cols] = True
+    return mask
+
+
+def mcinfonce_anchor_losses(
+    samples: Tensor,
+    ref_samples: Tensor,
+    pairs: tuple[Tensor, Tensor, Tensor, Tensor],
+    inverse_temperature: float,
+    mc_average: str = "inside",
+    self_term: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Per-anchor MCInfoNCE with one log-sum-exp over all positives (the URL code).
+
+    ``log sum_p e^{t z_k^T z_pk} - log sum_n e^{t z_k^T z_nk}`` per sample k (each with the
+    code's ``e^0`` when ``self_term``), averaged over k as ``mc_average`` says; the
+    ``supervised=True`` path of URL ``timm/loss/MCInfoNCE.py``. Arguments as in
+    :func:`mcinfonce_pair_losses` (``denominator="negatives"`` implied).
+
+    Returns
+    -------
+    tuple of Tensor
+        ``[A]`` losses and the ``[A]`` anchor indices (anchors with a positive; an anchor
+        without negatives gets 0).
+    """
+    _check_variant("negatives", mc_average, self_term)
+    a1, p, a2, n = pairs
+    sims = inverse_temperature * torch.einsum("knd,krd->knr", samples, ref_samples)
+    big_n, r = sims.shape[1:]
+    anchors = torch.unique(a1)
+    log_pos_mean, m_pos = masked_log_mean_exp(sims, _pair_mask(a1, p, big_n, r))
+    log_neg_mean, m_neg = masked_log_mean_exp(sims, _pair_mask(a2, n, big_n, r))
+    log_pos = (log_pos_mean + torch.log(m_pos.clamp_min(1.0)))[:, anchors]
+    log_neg = (log_neg_mean + torch.log(m_neg.clamp_min(1.0)))[:, anchors]
+    has = m_neg[anchors] > 0
+    log_ratio = torch.where(
+        has, _url_log_ratio(log_pos, log_neg, self_term), torch.zeros_like(log_pos)
+    )
+    return _average(log_ratio, mc_average), anchors
 
 
 def mcinfonce_loss(
@@ -139,6 +217,7 @@ def mcinfonce_loss(
     divide_positive: bool = False,
     denominator: str = "negatives",
     mc_average: str = "inside",
+    self_term: bool | None = None,
     generator: torch.Generator | None = None,
     reduction: str = "mean",
 ) -> Tensor:
@@ -171,6 +250,9 @@ def mcinfonce_loss(
     mc_average : {"inside", "outside"}
         Average the K samples inside the log (default; URL and MCI code) or outside it (URL
         eq. 2 as printed).
+    self_term : bool, optional
+        The URL code's ``e^0`` in both log-sum-exps of every sample; ``None`` = on with
+        ``"negatives"`` (the URL code), off with ``"positive"`` (where it is refused).
     generator : torch.Generator, optional
         Makes the vMF samples reproducible (anchors, positives, negatives drawn in that order).
     reduction : {"mean", "sum", "none"}
@@ -183,7 +265,7 @@ def mcinfonce_loss(
     """
     t = _check_t(kappa_pos_scale, "kappa_pos_scale")
     k = _check_n_samples(n_samples)
-    _check_variant(denominator, mc_average)
+    with_self = _check_variant(denominator, mc_average, self_term)
     ka, kp = check_anchor_positive(mu_anchor, kappa_anchor, mu_pos, kappa_pos)
     b, d = mu_anchor.shape
     if mu_neg is None:
@@ -192,7 +274,9 @@ def mcinfonce_loss(
         kap = torch.cat([ka, kp])
         z = _sample_vmf(mu, kap, k, generator=generator)
         pairs = lmu.get_all_pairs_indices(two_view_labels(b, mu.device))
-        losses = mcinfonce_pair_losses(z, z, pairs, t, divide_positive, denominator, mc_average)
+        losses = mcinfonce_pair_losses(
+            z, z, pairs, t, divide_positive, denominator, mc_average, with_self
+        )
         # get_all_pairs_indices lists positives row by row: anchor i has exactly one
         return reduce_losses(losses, reduction)
     kn = check_explicit_negatives(mu_neg, kappa_neg, b, d)
@@ -206,7 +290,7 @@ def mcinfonce_loss(
     if denominator == "positive":
         log_ratio = contrastive_log_ratio(pos, neg, None, divide_positive)
     else:
-        log_ratio = pos - torch.logsumexp(neg, dim=-1)
+        log_ratio = _url_log_ratio(pos, torch.logsumexp(neg, dim=-1), with_self)
     return reduce_losses(_average(log_ratio, mc_average), reduction)
 
 
@@ -225,8 +309,12 @@ class MCInfoNCELoss(ExplicitKappaLoss):
         t = kappa_pos (URL: t in [8, 64]).
     n_samples : int
         K, vMF samples per input (URL: 16).
-    divide_positive, denominator, mc_average
+    divide_positive, denominator, mc_average, self_term
         See :func:`mcinfonce_loss` (defaults: the URL benchmark code).
+    positives : {"pairs", "logsumexp"}
+        One term per positive pair (default) or one per anchor with a log-sum-exp over its
+        positives (the URL code with class labels; :func:`mcinfonce_anchor_losses`; needs
+        ``denominator="negatives"``).
     **kwargs
         Passed to ``BaseMetricLossFunction`` (reducer, embedding regularizer, ...).
     """
@@ -238,14 +326,19 @@ class MCInfoNCELoss(ExplicitKappaLoss):
         divide_positive: bool = False,
         denominator: str = "negatives",
         mc_average: str = "inside",
+        self_term: bool | None = None,
+        positives: str = "pairs",
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
         self.inverse_temperature = _check_t(inverse_temperature)
         self.n_samples = _check_n_samples(n_samples)
         self.divide_positive = bool(divide_positive)
-        _check_variant(denominator, mc_average)
+        self.self_term = _check_variant(denominator, mc_average, self_term)
         self.denominator, self.mc_average = denominator, mc_average
+        self.positives = check_positives(positives)
+        if self.positives == "logsumexp" and denominator != "negatives":
+            raise ValueError("`positives='logsumexp'` needs denominator='negatives'")
         self.generator: torch.Generator | None = None
 
     def compute_loss(
@@ -261,6 +354,11 @@ class MCInfoNCELoss(ExplicitKappaLoss):
             zr = z
         else:
             zr = _sample_vmf(ref_emb, ref_kappa, self.n_samples, generator=self.generator)
+        if self.positives == "logsumexp":
+            losses, anchors = mcinfonce_anchor_losses(
+                z, zr, pairs, self.inverse_temperature, self.mc_average, self.self_term
+            )
+            return {"loss": {"losses": losses, "indices": anchors, "reduction_type": "element"}}
         losses = mcinfonce_pair_losses(
             z,
             zr,
@@ -269,5 +367,6 @@ class MCInfoNCELoss(ExplicitKappaLoss):
             self.divide_positive,
             self.denominator,
             self.mc_average,
+            self.self_term,
         )
         return {"loss": {"losses": losses, "indices": pairs[:2], "reduction_type": "pos_pair"}}

@@ -32,6 +32,9 @@ class InfoNCE(EmbeddingMethod):
     denominator : {"negatives", "all"}
         Negatives only (URL eq. 1 and the URL benchmark code, default) or also the positive
         (SimCLR / PML NT-Xent); :mod:`bayesurl.losses.infonce`.
+    self_term : bool, optional
+        The URL code's ``e^0`` self-similarity in both log-sum-exps (``None``: on with
+        ``"negatives"``); :mod:`bayesurl.losses.infonce`.
 
     Examples
     --------
@@ -53,10 +56,17 @@ class InfoNCE(EmbeddingMethod):
         backbone_kwargs: dict[str, Any] | None = None,
         inverse_temperature: float = 16.0,
         denominator: str = "negatives",
+        self_term: bool | None = None,
     ) -> None:
         super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
-        self.loss_fn = InfoNCELoss(inverse_temperature, denominator=denominator)
-        self.hparams.update(inverse_temperature=float(inverse_temperature), denominator=denominator)
+        self.loss_fn = InfoNCELoss(
+            inverse_temperature, denominator=denominator, self_term=self_term
+        )
+        self.hparams.update(
+            inverse_temperature=float(inverse_temperature),
+            denominator=denominator,
+            self_term=self.loss_fn.self_term,
+        )
 
     def forward(self, x: Tensor, n_samples: int = 0) -> Output:
         """Unnormalised embedding ``e(x)`` and ``u = 1/||e(x)||``; no samples (no distribution)."""

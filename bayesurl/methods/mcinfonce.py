@@ -41,6 +41,9 @@ class MCInfoNCE(VMFMethod):
         denominator); ``"positive"``: the MCI form.
     mc_average : {"inside", "outside"}
         Samples averaged inside the log (default, URL / MCI code) or outside (URL eq. 2 text).
+    self_term : bool, optional
+        The URL code's ``e^0`` self-similarity in both log-sum-exps (``None``: on with
+        ``"negatives"``); :mod:`bayesurl.losses.mcinfonce`.
     """
 
     two_view = True
@@ -59,6 +62,7 @@ class MCInfoNCE(VMFMethod):
         divide_positive: bool = False,
         denominator: str = "negatives",
         mc_average: str = "inside",
+        self_term: bool | None = None,
     ) -> None:
         super().__init__(backbone, embed_dim, num_classes, backbone_kwargs, kappa_hidden, warmup_u)
         self.loss_fn = MCInfoNCELoss(
@@ -67,6 +71,7 @@ class MCInfoNCE(VMFMethod):
             divide_positive,
             denominator=denominator,
             mc_average=mc_average,
+            self_term=self_term,
         )
         self.hparams.update(
             inverse_temperature=float(inverse_temperature),
@@ -74,6 +79,7 @@ class MCInfoNCE(VMFMethod):
             divide_positive=bool(divide_positive),
             denominator=denominator,
             mc_average=mc_average,
+            self_term=self.loss_fn.self_term,
         )
 
     def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 from pytorch_metric_learning.losses import NTXentLoss
@@ -29,7 +30,7 @@ def test_matches_brute_force_and_pml(t, denominator):
     z1 = torch.randn(5, 4, generator=g, dtype=torch.float64)
     z2 = torch.randn(5, 4, generator=g, dtype=torch.float64)
     ref = brute_infonce(z1, z2, t, denominator)
-    kw = {"denominator": denominator}
+    kw = {"denominator": denominator, "self_term": False}
     assert torch.allclose(infonce_loss(z1, z2, t, reduction="none", **kw), ref, atol=1e-10)
     assert torch.allclose(infonce_loss(z1, z2, t, **kw), ref.mean(), atol=1e-10)
     assert torch.allclose(InfoNCELoss(t, **kw).two_view(z1, z2), ref.mean(), atol=1e-8)
@@ -46,7 +47,7 @@ def test_default_is_the_url_denominator():
     # dropping the positive from the denominator lowers every anchor's loss
     assert bool(
         (
-            infonce_loss(z1, z2, reduction="none")
+            infonce_loss(z1, z2, reduction="none", self_term=False)
             < infonce_loss(z1, z2, reduction="none", denominator="all")
         ).all()
     )
@@ -77,7 +78,7 @@ def test_pml_contract_miner_and_ref_emb(denominator):
     g = torch.Generator().manual_seed(1)
     emb = torch.randn(12, 6, generator=g, dtype=torch.float64)
     labels = torch.randint(0, 3, (12,), generator=g)
-    loss = InfoNCELoss(10.0, denominator=denominator, reducer=MeanReducer())
+    loss = InfoNCELoss(10.0, denominator=denominator, self_term=False, reducer=MeanReducer())
     tup = PairMarginMiner(pos_margin=0.0, neg_margin=0.0)(emb, labels)  # cosine: all pairs
     from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
@@ -112,6 +113,10 @@ def test_bad_input():
         infonce_loss(z, z, denominator="positives")
     with pytest.raises(ValueError, match="denominator"):
         InfoNCELoss(denominator="none")
+    with pytest.raises(ValueError, match="positives"):
+        InfoNCELoss(positives="mean")
+    with pytest.raises(TypeError, match="self_term"):
+        infonce_loss(z, z, self_term="yes")
 
 
 def test_gradient_flows_and_dtype_follows():
@@ -121,3 +126,48 @@ def test_gradient_flows_and_dtype_follows():
     assert loss.dtype == torch.float32
     loss.backward()
     assert torch.isfinite(z1.grad).all() and z1.grad.abs().sum() > 0
+
+
+def url_code_infonce(features, target, t):
+    """URL ``timm/loss/MCInfoNCE.py`` class ``InfoNCE.forward`` (mkirchhof/url 9a92555, lines
+    68-91), transcribed in numpy: the masks with -1000 offsets leave the diagonal at logit 0."""
+    f = features / np.linalg.norm(features, axis=1, keepdims=True)
+    sim = f @ f.T * t
+    mask = (target[:, None] == target[None, :]).astype(float)
+    pos_mask = mask - np.eye(len(target))
+    neg_mask = 1 - mask
+    pos_add, neg_add = neg_mask * -1000, pos_mask * -1000
+
+    def lse(x):
+        m = x.max(-1, keepdims=True)
+        return (m + np.log(np.exp(x - m).sum(-1, keepdims=True)))[:, 0]
+
+    per_row = lse(sim * pos_mask + pos_add) - lse(sim * neg_mask + neg_add)
+    return -per_row.mean()
+
+
+@pytest.mark.parametrize("t", [1.0, 16.0])
+def test_default_matches_the_url_code_two_views(t):
+    g = torch.Generator().manual_seed(5)
+    z1 = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    z2 = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    # the URL code interleaves the views: rows (x1_0, x2_0, x1_1, x2_1, ...)
+    feats = torch.stack([z1, z2], 1).reshape(12, 5).numpy()
+    want = url_code_infonce(feats, np.repeat(np.arange(6), 2), t)
+    assert abs(float(infonce_loss(z1, z2, t)) - want) < 1e-10
+    assert abs(float(InfoNCELoss(t).two_view(z1, z2)) - want) < 1e-10
+    # the e^0 self term is not a rounding matter
+    assert abs(float(infonce_loss(z1, z2, t, self_term=False)) - want) > 1e-3
+
+
+def test_logsumexp_positives_match_the_url_code_with_labels():
+    from pytorch_metric_learning.reducers import MeanReducer
+
+    g = torch.Generator().manual_seed(6)
+    emb = torch.randn(12, 5, generator=g, dtype=torch.float64)
+    labels = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 1])  # every anchor has a positive
+    want = url_code_infonce(emb.numpy(), labels.numpy(), 8.0)
+    loss = InfoNCELoss(8.0, positives="logsumexp", reducer=MeanReducer())
+    assert abs(float(loss(emb, labels)) - want) < 1e-10
+    pairs = InfoNCELoss(8.0, reducer=MeanReducer())(emb, labels)
+    assert abs(float(pairs) - want) > 1e-3

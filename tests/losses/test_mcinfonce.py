@@ -1,11 +1,13 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pytorch_metric_learning.losses import NTXentLoss
 from pytorch_metric_learning.miners import MultiSimilarityMiner
+from scipy.special import logsumexp
 
 from bayesurl.distributions.vmf import sample_vmf
 from bayesurl.losses._base import contrastive_log_ratio
@@ -26,7 +28,9 @@ def _combine(terms, mc_average):
     return -sum(math.log(r) for r in terms) / len(terms)
 
 
-def brute_explicit(za, zp, zn, t, divide_positive, denominator="positive", mc_average="inside"):
+def brute_explicit(
+    za, zp, zn, t, divide_positive, denominator="positive", mc_average="inside", self_term=False
+):
     """MCI eq. 7 / URL eq. 2 from the formula: loops over anchors, samples, negatives."""
     k_, b, m, _ = zn.shape
     out = []
@@ -37,7 +41,8 @@ def brute_explicit(za, zp, zn, t, divide_positive, denominator="positive", mc_av
             pos = math.exp(t * _dot(a, p))
             neg_sum = sum(math.exp(t * _dot(a, zn[k, i, j].tolist())) for j in range(m))
             if denominator == "negatives":
-                terms.append(pos / neg_sum)
+                one = 1.0 if self_term else 0.0  # the URL code's e^0 self-similarity
+                terms.append((one + pos) / (one + neg_sum))
             else:
                 c = 1.0 / m if divide_positive else 1.0
                 terms.append(pos / (c * pos + neg_sum / m))
@@ -78,7 +83,9 @@ def test_explicit_negatives_match_brute_force(divide_positive):
         assert (got >= 0).all()
 
 
-def brute_in_batch(z, b, t, divide_positive, denominator="positive", mc_average="inside"):
+def brute_in_batch(
+    z, b, t, divide_positive, denominator="positive", mc_average="inside", self_term=False
+):
     """In-batch (SimCLR) MCInfoNCE: 2B anchors, positive = other view, negatives = the rest."""
     k_, n, _ = z.shape
     out = []
@@ -91,7 +98,8 @@ def brute_in_batch(z, b, t, divide_positive, denominator="positive", mc_average=
             pos = math.exp(t * _dot(zi, z[k, j].tolist()))
             neg_sum = sum(math.exp(t * _dot(zi, z[k, q].tolist())) for q in negs)
             if denominator == "negatives":
-                terms.append(pos / neg_sum)
+                one = 1.0 if self_term else 0.0
+                terms.append((one + pos) / (one + neg_sum))
             else:
                 c = 1.0 / len(negs) if divide_positive else 1.0
                 terms.append(pos / (c * pos + neg_sum / len(negs)))
@@ -197,8 +205,9 @@ def test_pml_contract_miner_and_ref_emb():
     assert torch.isfinite(loss(emb, labels))
 
 
+@pytest.mark.parametrize("self_term", [True, False])
 @pytest.mark.parametrize("mc_average", ["inside", "outside"])
-def test_url_variants_match_brute_force(mc_average):
+def test_url_variants_match_brute_force(mc_average, self_term):
     """URL code (negatives only, summed) with the samples averaged inside / outside the log."""
     b, m, d, k, t = 3, 4, 5, 6, 7.0
     g = torch.Generator().manual_seed(7)
@@ -208,27 +217,27 @@ def test_url_variants_match_brute_force(mc_average):
     kn = torch.rand(b, m, generator=g) * 20 + 1
     got = mcinfonce_loss(
         mu_a, ka, mu_p, kp, mu_n, kn, n_samples=k, kappa_pos_scale=t, mc_average=mc_average,
-        generator=torch.Generator().manual_seed(5), reduction="none",
+        self_term=self_term, generator=torch.Generator().manual_seed(5), reduction="none",
     )  # fmt: skip
     g2 = torch.Generator().manual_seed(5)
     za = sample_vmf(mu_a, ka, k, generator=g2)
     zp = sample_vmf(mu_p, kp, k, generator=g2)
     zn = sample_vmf(mu_n.reshape(b * m, d), kn.reshape(-1), k, generator=g2).reshape(k, b, m, d)
-    ref = brute_explicit(za, zp, zn, t, False, "negatives", mc_average)
+    ref = brute_explicit(za, zp, zn, t, False, "negatives", mc_average, self_term)
     assert torch.allclose(got, ref, atol=1e-10)
     # in-batch negatives and the PML class
     e1, e2 = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
     k1, k2 = torch.rand(4, generator=g) * 30, torch.rand(4, generator=g) * 30
     got = mcinfonce_loss(
         e1, k1, e2, k2, n_samples=k, kappa_pos_scale=t, mc_average=mc_average,
-        generator=torch.Generator().manual_seed(3), reduction="none",
+        self_term=self_term, generator=torch.Generator().manual_seed(3), reduction="none",
     )  # fmt: skip
     z = sample_vmf(
         torch.cat([e1, e2]), torch.cat([k1, k2]), k, generator=torch.Generator().manual_seed(3)
     )
-    ref = brute_in_batch(z, 4, t, False, "negatives", mc_average)
+    ref = brute_in_batch(z, 4, t, False, "negatives", mc_average, self_term)
     assert torch.allclose(got, ref, atol=1e-10)
-    loss = MCInfoNCELoss(t, n_samples=k, mc_average=mc_average)
+    loss = MCInfoNCELoss(t, n_samples=k, mc_average=mc_average, self_term=self_term)
     loss.generator = torch.Generator().manual_seed(3)
     pml = loss(torch.cat([e1, e2]), two_view_labels(4), kappa=torch.cat([k1, k2]))
     assert torch.allclose(pml, ref.mean(), atol=1e-10)
@@ -242,7 +251,56 @@ def test_default_is_the_url_code_and_reduces_to_url_infonce():
     got = mcinfonce_loss(e1, INF, e2, INF, n_samples=3, kappa_pos_scale=t)
     assert torch.allclose(got, infonce_loss(e1, e2, t, denominator="negatives"), atol=1e-10)
     loss = MCInfoNCELoss()
-    assert (loss.denominator, loss.mc_average) == ("negatives", "inside")
+    assert (loss.denominator, loss.mc_average, loss.self_term) == ("negatives", "inside", True)
+
+
+def url_code_mcinfonce(samples, target, t):
+    """URL ``timm/loss/MCInfoNCE.py`` ``MCInfoNCE.forward`` (mkirchhof/url 9a92555, lines
+    29-52) in numpy, from the vMF samples ``[K, N, D]`` on: the masks leave the diagonal at
+    logit 0 in both log-sum-exps, and all positives of an anchor share one log-sum-exp."""
+    sim = samples @ samples.transpose(0, 2, 1) * t
+    mask = (target[:, None] == target[None, :]).astype(float)
+    pos_mask = mask - np.eye(len(target))
+    neg_mask = 1 - mask
+    pos_add, neg_add = neg_mask * -1000, pos_mask * -1000
+    per_sample = logsumexp(sim * pos_mask + pos_add, -1) - logsumexp(sim * neg_mask + neg_add, -1)
+    per_example = logsumexp(per_sample, 0) - np.log(samples.shape[0])
+    return -per_example.mean()
+
+
+@pytest.mark.parametrize("supervised", [False, True])
+def test_defaults_match_the_url_code(supervised):
+    """Two views (default options) and class labels (``positives="logsumexp"``)."""
+    from pytorch_metric_learning.reducers import MeanReducer
+
+    g = torch.Generator().manual_seed(11)
+    n, d, k, t = 10, 4, 5, 8.0
+    emb = torch.randn(n, d, generator=g, dtype=torch.float64)
+    kappa = torch.rand(n, generator=g, dtype=torch.float64) * 20 + 2
+    labels = torch.tensor([0, 0, 1, 1, 1, 2, 2, 3, 3, 3]) if supervised else two_view_labels(5)
+    z = sample_vmf(emb, kappa, k, generator=torch.Generator().manual_seed(4))
+    want = url_code_mcinfonce(z.numpy(), labels.numpy(), t)
+    kw = {"positives": "logsumexp"} if supervised else {}
+    loss = MCInfoNCELoss(t, n_samples=k, reducer=MeanReducer(), **kw)
+    loss.generator = torch.Generator().manual_seed(4)
+    assert abs(float(loss(emb, labels, kappa=kappa)) - want) < 1e-10
+    loss.generator = torch.Generator().manual_seed(4)
+    if supervised:
+        per_pair = MCInfoNCELoss(t, n_samples=k, reducer=MeanReducer())
+        per_pair.generator = torch.Generator().manual_seed(4)
+        assert abs(float(per_pair(emb, labels, kappa=kappa)) - want) > 1e-3
+    else:
+        no_self = MCInfoNCELoss(t, n_samples=k, self_term=False, reducer=MeanReducer())
+        no_self.generator = torch.Generator().manual_seed(4)
+        assert abs(float(no_self(emb, labels, kappa=kappa)) - want) > 1e-3
+
+
+def test_self_term_and_logsumexp_need_the_url_denominator():
+    mu = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="self_term"):
+        mcinfonce_loss(mu, 1.0, mu, 1.0, denominator="positive", self_term=True)
+    with pytest.raises(ValueError, match="positives"):
+        MCInfoNCELoss(denominator="positive", positives="logsumexp")
 
 
 def test_bad_input():
