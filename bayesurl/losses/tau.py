@@ -8,9 +8,13 @@ temperatures ``a = 1/tau`` the loss of row ``i`` with positive partner ``p(i)`` 
 (TaU eq. 1 with ``tau`` replaced by ``tau(t(x_i))``, section 2), averaged over the ``2N``
 rows. With a constant ``a = 1/tau`` this is exactly SimCLR's NT-Xent at temperature ``tau``.
 
-The reference-code variant (``variant="reference"``, spec METHODS.md) removes the positive from
-the denominator (``j not in {i, p(i)}``) and scales both rows of a pair by view 1's inverse
-temperature.
+The reference-code variant (``variant="reference"``, spec METHODS.md; TaU code
+``src/objectives/simclr.py``, class ``TaU_SimCLR``, mhw32/temperature-as-uncertainty-public
+d6c6f05, lines 61-83) removes the positive from the denominator (``j not in {i, p(i)}``),
+scales each row's denominator by that row's own inverse temperature
+(``var = temp.repeat(1, n)``, line 70) and the positive logit of both rows of a pair by view
+1's (``pos * temp1 / t``, line 79). The code's ``eps = 1e-6`` added to the denominator sum is
+left out (a relative change below ``1e-6 e^{-1/scale}``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ class TaUVariant(str, Enum):
 
     #: each row scaled by its own 1/tau, positive in the denominator (TaU section 2)
     PAPER = "paper"
-    #: positive removed from the denominator, view 1's 1/tau for both rows (reference code)
+    #: positive removed from the denominator, each row's denominator by its own 1/tau, the
+    #: positive logit of both rows by view 1's (reference code)
     REFERENCE = "reference"
 
 
@@ -90,10 +95,7 @@ def tau_simclr_loss(
     v = _variant(variant)
     n = z1.shape[0]
     z = F.normalize(torch.cat([z1, z2]), dim=-1)
-    if v is TaUVariant.PAPER:
-        a = inverse_temperature(torch.cat([s1, s2]), scale)
-    else:
-        a = inverse_temperature(torch.cat([s1, s1]), scale)
+    a = inverse_temperature(torch.cat([s1, s2]), scale)
     logits = (z @ z.T) * a.unsqueeze(1)  # row i scaled by its own 1/tau
     idx = torch.arange(2 * n, device=z.device)
     partner = torch.cat([idx[n:], idx[:n]])
@@ -101,6 +103,7 @@ def tau_simclr_loss(
     mask = torch.eye(2 * n, dtype=torch.bool, device=z.device)
     if v is TaUVariant.REFERENCE:
         mask[idx, partner] = True
+        pos = (z * z[partner]).sum(-1) * a[:n].repeat(2)  # both rows by view 1's 1/tau
     denom = torch.logsumexp(logits.masked_fill(mask, float("-inf")), dim=1)
     loss = denom - pos
     return loss.mean() if reduction == "mean" else loss

@@ -44,7 +44,8 @@ class TaU(Method):
         Lower bound of the temperature (0.1 in TaU).
     variant : {"paper", "reference"}
         :class:`~bayesurl.losses.tau.TaUVariant` (the reference code removes the positive from
-        the denominator and uses view 1's temperature for both rows).
+        the denominator, scales each row's denominator by its own temperature and both rows'
+        positive by view 1's).
     uncertainty : {"logit", "temperature"}
         ``u = -s`` (the pre-sigmoid logit, TaU appendix A; default) or ``u = tau``.
     backbone_kwargs : dict, optional
