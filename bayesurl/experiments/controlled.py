@@ -908,7 +908,7 @@ def make_loss(
                 mu_n, k_n = _rolled(mu_p, k_p)
             return hib_loss(
                 mu_a, k_a, mu_p, k_p, mu_n, k_n, n_samples=n_samples, scale=hib_scale,
-                bias=hib_bias, negative_term="log1m_p", generator=generator,
+                bias=hib_bias, negative_term="log1m_p", eps=0.0, generator=generator,
             )  # fmt: skip
 
         return loss

@@ -7,6 +7,15 @@ the mean is used so that p is a probability, as in HIB). Same-label pairs minimi
 different-label pairs either minimise ``+log p`` (URL eq. 5, "which stabilized training", the
 default) or ``-log(1 - p)`` (the original HIB, ``negative_term="log1m_p"``). Each term is
 averaged over its own set of pairs.
+
+Which term the URL code uses depends on the commit of ``timm/loss/HedgedInstance.py``
+(mkirchhof/url): ``+log p`` at 9a92555 and 0bd3ea0 (the camera-ready code behind the URL
+numbers, line 42: ``... - (match_prob.log() * neg_mask).sum(-1) / ...``), ``-log(1 - p)`` at
+bf67867 (added with the Pretrained Visual Uncertainties code, line 42:
+``+ ((1 - match_prob).log() * neg_mask).sum(-1) / ...``). Every commit adds ``EPS = 1e-5`` to
+the averaged p before the logs (line 32); ``eps`` (default ``1e-5``) does the same, so the
+different-pair ``+log p`` term stops at ``log 1e-5`` instead of falling to
+``log sigmoid(b - t)``. ``eps=0`` is the formula of URL B.6.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ def hib_log_match_probability(
     scale: float | Tensor,
     bias: float | Tensor,
     complement: bool = False,
+    eps: float = 0.0,
 ) -> Tensor:
     """``log p`` (or ``log(1 - p)``) of ``p = mean_k sigmoid(scale * <s1_k, s2_k> + bias)``.
 
@@ -58,6 +68,10 @@ def hib_log_match_probability(
         t and b of URL appendix B.6.
     complement : bool
         Return ``log(1 - p)`` instead of ``log p``.
+    eps : float
+        ``p`` is replaced by ``p + eps`` (the URL code's ``EPS``): ``log(p + eps)`` or
+        ``log(1 - p - eps)`` (floored at the dtype's smallest normal number, where the code
+        would take the log of a negative number).
 
     Returns
     -------
@@ -66,7 +80,20 @@ def hib_log_match_probability(
     """
     logits = scale * (samples1 * samples2).sum(-1) + bias
     logs = F.logsigmoid(-logits if complement else logits)
-    return torch.logsumexp(logs, dim=0) - math.log(logs.shape[0])
+    log_mean = torch.logsumexp(logs, dim=0) - math.log(logs.shape[0])
+    if eps == 0.0:
+        return log_mean
+    if not complement:
+        return torch.logaddexp(log_mean, log_mean.new_tensor(math.log(eps)))
+    tiny = torch.finfo(log_mean.dtype).tiny
+    return torch.log((torch.exp(log_mean) - eps).clamp_min(tiny))
+
+
+def _check_eps(eps: float) -> float:
+    eps = float(eps)
+    if not (0.0 <= eps < 1.0):
+        raise ValueError(f"`eps` must lie in [0, 1), got {eps}")
+    return eps
 
 
 def hib_loss(
@@ -81,6 +108,7 @@ def hib_loss(
     scale: float | Tensor = 16.0,
     bias: float | Tensor = -8.0,
     negative_term: str = "log_p",
+    eps: float = 1e-5,
     generator: torch.Generator | None = None,
     reduction: str = "mean",
 ) -> Tensor:
@@ -97,9 +125,12 @@ def hib_loss(
         t in [8, 64] and b in [-8, 8] of URL appendix B.6 (a and b of MCI eq. 54); 0-dim
         tensors may require grad.
     negative_term : {"log_p", "log1m_p"}
-        The different-pair term.
+        The different-pair term (URL code 0bd3ea0 / bf67867; module docstring).
+    eps : float
+        Added to p before the logs, as the URL code's ``EPS`` (module docstring).
     """
     term = _check_neg_term(negative_term)
+    eps = _check_eps(eps)
     k = _check_n_samples(n_samples)
     scale = _check_t(scale, "scale")
     if not bool(torch.isfinite(torch.as_tensor(bias).detach()).all()):
@@ -111,12 +142,12 @@ def hib_loss(
         z = _sample_vmf(torch.cat([mu_anchor, mu_pos]), torch.cat([ka, kp]), k, generator=generator)
         n = 2 * b
         partner = torch.cat([torch.arange(b, n), torch.arange(b)]).to(z.device)
-        log_p_pos = hib_log_match_probability(z, z[:, partner], scale, bias)  # [2B]
+        log_p_pos = hib_log_match_probability(z, z[:, partner], scale, bias, eps=eps)  # [2B]
         neg_mask = ~torch.eye(n, dtype=torch.bool, device=z.device)
         neg_mask[torch.arange(n, device=z.device), partner] = False
         zz = z.unsqueeze(2).expand(-1, -1, n, -1)
         log_neg = hib_log_match_probability(
-            zz, z.unsqueeze(1).expand(-1, n, -1, -1), scale, bias, complement=term == "log1m_p"
+            zz, z.unsqueeze(1).expand(-1, n, -1, -1), scale, bias, term == "log1m_p", eps
         )  # [2B, 2B]
         sign = 1.0 if term == "log_p" else -1.0
         neg_term = sign * (log_neg * neg_mask).sum(-1) / neg_mask.sum(-1)
@@ -127,9 +158,9 @@ def hib_loss(
     zp = _sample_vmf(mu_pos, kp, k, generator=generator)
     zn = _sample_vmf(mu_neg.reshape(b * m, d), kn.reshape(b * m), k, generator=generator)
     zn = zn.reshape(k, b, m, d)
-    log_p_pos = hib_log_match_probability(za, zp, scale, bias)
+    log_p_pos = hib_log_match_probability(za, zp, scale, bias, eps=eps)
     log_neg = hib_log_match_probability(
-        za.unsqueeze(2), zn, scale, bias, complement=term == "log1m_p"
+        za.unsqueeze(2), zn, scale, bias, term == "log1m_p", eps
     )  # [B, M]
     sign = 1.0 if term == "log_p" else -1.0
     return reduce_losses(-log_p_pos + sign * log_neg.mean(-1), reduction)
@@ -151,7 +182,10 @@ class HIBLoss(ExplicitKappaLoss):
     n_samples : int
         K (URL: 16).
     negative_term : {"log_p", "log1m_p"}
-        URL's ``+log p`` (default) or the original ``-log(1 - p)``.
+        URL's ``+log p`` (default; URL code 0bd3ea0) or the original ``-log(1 - p)`` (URL
+        code bf67867, MCI eq. 54).
+    eps : float
+        Added to p before the logs (the URL code's ``EPS = 1e-5``, default).
     **kwargs
         Passed to ``BaseMetricLossFunction``.
     """
@@ -162,6 +196,7 @@ class HIBLoss(ExplicitKappaLoss):
         bias: float = -8.0,
         n_samples: int = 16,
         negative_term: str = "log_p",
+        eps: float = 1e-5,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -171,6 +206,7 @@ class HIBLoss(ExplicitKappaLoss):
         self.bias = float(bias)
         self.n_samples = _check_n_samples(n_samples)
         self.negative_term = _check_neg_term(negative_term)
+        self.eps = _check_eps(eps)
         self.generator: torch.Generator | None = None
 
     def _sub_loss_names(self) -> list[str]:
@@ -189,11 +225,13 @@ class HIBLoss(ExplicitKappaLoss):
             zr = _sample_vmf(ref_emb, ref_kappa, self.n_samples, generator=self.generator)
         out = self.zero_losses()
         if len(a1) > 0:
-            lp = hib_log_match_probability(z[:, a1], zr[:, p], self.scale, self.bias)
+            lp = hib_log_match_probability(z[:, a1], zr[:, p], self.scale, self.bias, eps=self.eps)
             out["pos_loss"] = {"losses": -lp, "indices": (a1, p), "reduction_type": "pos_pair"}
         if len(a2) > 0:
             comp = self.negative_term == "log1m_p"
-            ln = hib_log_match_probability(z[:, a2], zr[:, n], self.scale, self.bias, comp)
+            ln = hib_log_match_probability(
+                z[:, a2], zr[:, n], self.scale, self.bias, comp, self.eps
+            )
             losses = -ln if comp else ln
             out["neg_loss"] = {"losses": losses, "indices": (a2, n), "reduction_type": "neg_pair"}
         return out

@@ -32,6 +32,9 @@ class HIB(VMFMethod):
         K samples per image during training (URL: 16).
     negative_term : {"log_p", "log1m_p"}
         Different-label pairs: URL's ``+log p`` (default) or the original ``-log(1 - p)``.
+    eps : float
+        Added to p before the logs, as the URL code's ``EPS = 1e-5`` (default);
+        :mod:`bayesurl.losses.hib`.
     """
 
     supervised = True
@@ -49,14 +52,16 @@ class HIB(VMFMethod):
         bias: float = -8.0,
         n_samples: int = 16,
         negative_term: str = "log_p",
+        eps: float = 1e-5,
     ) -> None:
         super().__init__(backbone, embed_dim, num_classes, backbone_kwargs, kappa_hidden, warmup_u)
-        self.loss_fn = HIBLoss(scale, bias, n_samples, negative_term)
+        self.loss_fn = HIBLoss(scale, bias, n_samples, negative_term, eps=eps)
         self.hparams.update(
             scale=float(scale),
             bias=float(bias),
             n_samples=int(n_samples),
             negative_term=negative_term,
+            eps=float(eps),
         )
 
     def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 from pytorch_metric_learning.miners import MultiSimilarityMiner
@@ -24,7 +25,7 @@ def test_pml_class_matches_url_eq5(term):
     n, d, k, t, b = 8, 4, 5, 6.0, -2.0
     emb, labels = torch.randn(n, d, generator=g), torch.randint(0, 3, (n,), generator=g)
     kappa = torch.rand(n, generator=g) * 20 + 1
-    loss = HIBLoss(t, b, n_samples=k, negative_term=term)
+    loss = HIBLoss(t, b, n_samples=k, negative_term=term, eps=0.0)
     loss.generator = torch.Generator().manual_seed(7)
     got = loss(emb, labels, kappa=kappa)
     z = sample_vmf(emb, kappa, k, generator=torch.Generator().manual_seed(7))
@@ -44,7 +45,7 @@ def test_pml_contract_miner_and_ref_emb():
     emb, labels = torch.randn(n, d, generator=g), torch.randint(0, 3, (n,), generator=g)
     kappa = torch.full((n,), float("inf"))  # samples = means: deterministic reference
     tup = MultiSimilarityMiner(epsilon=0.3)(emb, labels)
-    got = HIBLoss(t, b, n_samples=k)(emb, labels, tup, kappa=kappa)
+    got = HIBLoss(t, b, n_samples=k, eps=0.0)(emb, labels, tup, kappa=kappa)
     z = torch.nn.functional.normalize(emb, dim=-1)
     a1, p, a2, nn_ = tup
     pos = -sum(math.log(sig(t * float(z[i] @ z[j]) + b)) for i, j in zip(a1, p)) / max(len(a1), 1)
@@ -79,6 +80,7 @@ def test_contrastive_functional_matches_brute_force(term):
         scale=t,
         bias=b,
         negative_term=term,
+        eps=0.0,
         generator=torch.Generator().manual_seed(3),
         reduction="none",
     )
@@ -101,6 +103,7 @@ def test_contrastive_functional_matches_brute_force(term):
         scale=t,
         bias=b,
         negative_term=term,
+        eps=0.0,
         generator=torch.Generator().manual_seed(4),
         reduction="none",
     )
@@ -122,6 +125,8 @@ def test_bad_input():
     mu = torch.randn(4, 3)
     with pytest.raises(ValueError, match="negative_term"):
         HIBLoss(negative_term="log(1-p)")
+    with pytest.raises(ValueError, match="eps"):
+        HIBLoss(eps=-1e-3)
     with pytest.raises(ValueError, match="scale"):
         hib_loss(mu, 1.0, mu, 1.0, scale=-1.0)
     with pytest.raises(ValueError, match="kappa"):
@@ -140,3 +145,45 @@ def test_learnable_scale_and_bias():
     assert a.grad != 0 and b.grad != 0
     with pytest.raises(ValueError, match="bias"):
         hib_loss(mu, 10.0, mu, 10.0, bias=float("nan"))
+
+
+def url_code_hib(samples, target, t, b, commit):
+    """URL ``timm/loss/HedgedInstance.py`` ``forward`` from the vMF samples on, in numpy
+    (mkirchhof/url, lines 31-44): ``+log p`` for different pairs at 9a92555 / 0bd3ea0,
+    ``log(1 - p)`` at bf67867; ``EPS = 1e-5`` added to the averaged p at every commit."""
+    logits = samples @ samples.transpose(0, 2, 1) * t + b
+    match_prob = (1 / (1 + np.exp(-logits))).mean(0) + 1e-5
+    mask = (target[:, None] == target[None, :]).astype(float)
+    pos_mask = mask - np.eye(len(target))
+    neg_mask = 1 - mask
+    pos = (np.log(match_prob) * pos_mask).sum(-1) / pos_mask.sum(-1)
+    if commit == "bf67867":
+        bce = pos + (np.log(1 - match_prob) * neg_mask).sum(-1) / neg_mask.sum(-1)
+    else:
+        bce = pos - (np.log(match_prob) * neg_mask).sum(-1) / neg_mask.sum(-1)
+    return -bce.mean()
+
+
+@pytest.mark.parametrize(("commit", "term"), [("0bd3ea0", "log_p"), ("bf67867", "log1m_p")])
+def test_matches_the_url_code_by_commit(commit, term):
+    g = torch.Generator().manual_seed(9)
+    bsz, d, k, t, b = 4, 5, 6, 12.0, -6.0
+    e1 = torch.randn(bsz, d, generator=g, dtype=torch.float64)
+    e2 = e1 + 0.3 * torch.randn(bsz, d, generator=g, dtype=torch.float64)
+    k1 = torch.rand(bsz, generator=g, dtype=torch.float64) * 20 + 5
+    k2 = torch.rand(bsz, generator=g, dtype=torch.float64) * 20 + 5
+    z = sample_vmf(
+        torch.cat([e1, e2]), torch.cat([k1, k2]), k, generator=torch.Generator().manual_seed(2)
+    )
+    want = url_code_hib(z.numpy(), np.tile(np.arange(bsz), 2), t, b, commit)
+    kw = {"n_samples": k, "scale": t, "bias": b, "negative_term": term}
+    got = hib_loss(e1, k1, e2, k2, generator=torch.Generator().manual_seed(2), **kw)
+    assert abs(float(got) - want) < 1e-10
+    loss = HIBLoss(t, b, n_samples=k, negative_term=term)
+    loss.generator = torch.Generator().manual_seed(2)
+    pml = loss(torch.cat([e1, e2]), torch.arange(bsz).repeat(2), kappa=torch.cat([k1, k2]))
+    assert abs(float(pml) - want) < 1e-10
+    # without the code's EPS the +log p term of far-apart pairs differs visibly
+    no_eps = hib_loss(e1, k1, e2, k2, generator=torch.Generator().manual_seed(2), eps=0.0, **kw)
+    if term == "log_p":
+        assert abs(float(no_eps) - want) > 1e-2
