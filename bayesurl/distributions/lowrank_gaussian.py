@@ -117,6 +117,7 @@ class LowRankGaussian:
         self,
         n_samples: int | torch.Size | tuple[int, ...] = 1,
         generator: torch.Generator | None = None,
+        shared_diag_noise: bool = False,
     ) -> Tensor:
         """Reparameterised samples ``[S, N, D]`` (``S = n_samples``).
 
@@ -127,6 +128,10 @@ class LowRankGaussian:
             ``torch.distributions`` compatibility).
         generator : torch.Generator, optional
             Source of randomness (on the device of ``loc``) for reproducible draws.
+        shared_diag_noise : bool
+            Scale one standard-normal scalar per sample and input by ``sqrt(d)`` instead of
+            one per dimension: samples of ``N(loc, V V^T + sqrt(d) sqrt(d)^T)``, not of this
+            distribution (the URL HET-XL code's draw; :class:`~bayesurl.heads.HetXLHead`).
         """
         if isinstance(n_samples, (tuple, torch.Size)):
             if len(n_samples) != 1:
@@ -138,7 +143,7 @@ class LowRankGaussian:
         n, d, r = self.cov_factor.shape
         opts = {"dtype": self.loc.dtype, "device": self.loc.device, "generator": generator}
         z_r = torch.randn(s, n, r, **opts)
-        z_d = torch.randn(s, n, d, **opts)
+        z_d = torch.randn(s, n, 1 if shared_diag_noise else d, **opts)
         low_rank = torch.einsum("ndr,snr->snd", self.cov_factor, z_r)
         # sqrt with a finite gradient at d = 0 (degenerate directions): exact 0 there
         d_pos = self.cov_diag.clamp_min(torch.finfo(self.cov_diag.dtype).tiny)

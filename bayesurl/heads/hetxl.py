@@ -4,12 +4,20 @@ URL appendix B.7, eq. 6 (Collier et al. 2023, "Massively scaling heteroscedastic
 each embedding ``phi(x)`` gets a Gaussian ``N(phi(x), V(x) V(x)^T + diag(d(x)))`` whose factor
 ``V`` and diagonal ``d`` are read off ``phi(x)`` by linear layers; the predictive is the Monte
 Carlo average ``E_eps[softmax_tau(W^T (phi(x) + eps))]`` with a learnable temperature ``tau``.
+
+The URL code draws the diagonal part of ``eps`` as ``sqrt(d) * randn(B, S, 1)``
+(mkirchhof/url 9a92555, ``timm/layers/hetxl_layers.py`` line 32): one scalar shared by all D
+dimensions, so its samples have covariance ``V V^T + sqrt(d) sqrt(d)^T`` (rank R + 1), while
+its own comment (``# [B, S, D]``) and its log-determinant (``V.square().sum(-1) + d``, line 27)
+assume the diagonal ``diag(d)`` of the paper. ``diag_noise="independent"`` (default) draws the
+paper's distribution; ``"shared"`` reproduces the code's draw.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +26,16 @@ from torch import Tensor, nn
 from bayesurl._checks import check_finite, check_ndim
 from bayesurl.distributions.lowrank_gaussian import LowRankGaussian
 
-__all__ = ["HetXLHead", "HetXLOutput", "mc_softmax_log_probs"]
+__all__ = ["DiagNoise", "HetXLHead", "HetXLOutput", "mc_softmax_log_probs"]
+
+
+class DiagNoise(str, Enum):
+    """How the diagonal part of HET-XL's embedding noise is drawn (module docstring)."""
+
+    #: one standard normal per dimension: ``N(phi, V V^T + diag(d))`` (HET-XL, URL B.7)
+    INDEPENDENT = "independent"
+    #: one standard normal per sample shared by all dimensions (the URL code)
+    SHARED = "shared"
 
 
 def mc_softmax_log_probs(
@@ -92,6 +109,8 @@ class HetXLHead(nn.Module):
         Whether ``tau`` is a trainable parameter (default, URL) or a fixed buffer.
     min_scale : float
         Lower bound of the diagonal standard deviation (``1e-3`` as in the HET-XL code).
+    diag_noise : {"independent", "shared"}
+        :class:`DiagNoise`: the paper's diagonal (default) or the URL code's shared scalar.
 
     Examples
     --------
@@ -111,8 +130,14 @@ class HetXLHead(nn.Module):
         temperature: float = 1.0,
         learn_temperature: bool = True,
         min_scale: float = 1e-3,
+        diag_noise: str | DiagNoise = DiagNoise.INDEPENDENT,
     ) -> None:
         super().__init__()
+        try:
+            self.diag_noise = DiagNoise(getattr(diag_noise, "value", diag_noise))
+        except ValueError:
+            valid = ", ".join(v.value for v in DiagNoise)
+            raise ValueError(f"`diag_noise` must be one of {valid}, got {diag_noise!r}") from None
         for name, val in (("embed_dim", embed_dim), ("num_classes", num_classes), ("rank", rank)):
             if int(val) != val or val < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {val}")
@@ -173,5 +198,7 @@ class HetXLHead(nn.Module):
             Randomness for reproducible samples.
         """
         dist = self.distribution(embedding)
-        samples = dist.rsample(self.n_mc if n_mc is None else n_mc, generator=generator)
+        shared = self.diag_noise is DiagNoise.SHARED
+        k = self.n_mc if n_mc is None else n_mc
+        samples = dist.rsample(k, generator=generator, shared_diag_noise=shared)
         return HetXLOutput(self.predictive(samples), dist, samples)

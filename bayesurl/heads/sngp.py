@@ -7,8 +7,11 @@ representation ``h(x)``, approximated by ``M`` random Fourier features
 the logit mean is ``phi^T beta`` and its variance ``phi^T (s I + Phi^T Phi)^{-1} phi``, where
 ``Phi^T Phi`` is accumulated over one training epoch (the Laplace precision update of a
 Gaussian likelihood, Liu et al. eq. 9) and reset at the start of the next. Probabilities use the
-mean-field approximation ``softmax(logits / sqrt(1 + lambda var))`` (Liu et al. eq. 10,
-``lambda = pi / 8``).
+mean-field approximation ``softmax(logits / sqrt(1 + lambda var))`` (Liu et al. eq. 10).
+``lambda = pi / 8`` is the probit approximation of Liu et al. (:data:`PROBIT_MEAN_FIELD`);
+the URL code calls its mean field with ``mean_field_factor=1`` (mkirchhof/url 9a92555,
+``timm/layers/sngp_layers.py`` line 133), and :class:`RandomFeatureGP` defaults to that
+(:data:`URL_MEAN_FIELD`), the factor behind the published URL numbers.
 """
 
 from __future__ import annotations
@@ -23,10 +26,24 @@ from torch.nn.utils import parametrize
 
 from bayesurl._checks import check_finite, check_ndim
 
-__all__ = ["RandomFeatureGP", "SNGPOutput", "mean_field_logits", "spectral_normalize"]
+__all__ = [
+    "PROBIT_MEAN_FIELD",
+    "URL_MEAN_FIELD",
+    "RandomFeatureGP",
+    "SNGPOutput",
+    "mean_field_logits",
+    "spectral_normalize",
+]
+
+#: Liu et al.'s mean-field factor: the probit approximation of the expected softmax
+PROBIT_MEAN_FIELD = math.pi / 8
+#: the URL code's mean-field factor (``sngp_layers.py`` line 133)
+URL_MEAN_FIELD = 1.0
 
 
-def mean_field_logits(logits: Tensor, variance: Tensor, factor: float = math.pi / 8) -> Tensor:
+def mean_field_logits(
+    logits: Tensor, variance: Tensor, factor: float = PROBIT_MEAN_FIELD
+) -> Tensor:
     """Mean-field logits ``logits / sqrt(1 + factor * var)`` (Liu et al. 2020, eq. 10).
 
     Parameters
@@ -164,7 +181,8 @@ class RandomFeatureGP(nn.Module):
     ridge : float
         Prior precision ``s`` in ``s I + Phi^T Phi`` (URL eq. 7 uses 1).
     mean_field_factor : float
-        ``lambda`` of the mean-field logits.
+        ``lambda`` of the mean-field logits: 1 as in the URL code (default) or
+        :data:`PROBIT_MEAN_FIELD` (``pi / 8``, Liu et al.).
     length_scale : float
         RBF kernel length scale ``l`` (``W ~ N(0, 1/l^2)``).
     layer_norm : bool
@@ -199,7 +217,7 @@ class RandomFeatureGP(nn.Module):
         num_classes: int,
         num_random_features: int = 1024,
         ridge: float = 1.0,
-        mean_field_factor: float = math.pi / 8,
+        mean_field_factor: float = URL_MEAN_FIELD,
         length_scale: float = 1.0,
         layer_norm: bool = True,
     ) -> None:

@@ -49,6 +49,9 @@ class HetXL(ClassifierMethod):
         Initial softmax temperature (learnable).
     uncertainty : {"entropy", "logdet"}
         Which ``u(x)`` to return.
+    diag_noise : {"independent", "shared"}
+        The paper's diagonal noise (default) or the URL code's one scalar shared by all
+        dimensions; :class:`~bayesurl.heads.hetxl.DiagNoise`.
     """
 
     has_distribution = True
@@ -63,13 +66,25 @@ class HetXL(ClassifierMethod):
         n_mc: int = 16,
         temperature: float = 1.0,
         uncertainty: str = "entropy",
+        diag_noise: str = "independent",
     ) -> None:
         super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
         self.uncertainty = check_choice(uncertainty, "uncertainty", _UNCERTAINTIES)
         self.head = HetXLHead(
-            self.embed_dim, self.num_classes, rank=rank, n_mc=n_mc, temperature=temperature
+            self.embed_dim,
+            self.num_classes,
+            rank=rank,
+            n_mc=n_mc,
+            temperature=temperature,
+            diag_noise=diag_noise,
         )
-        self.hparams.update(rank=rank, n_mc=n_mc, temperature=temperature, uncertainty=uncertainty)
+        self.hparams.update(
+            rank=rank,
+            n_mc=n_mc,
+            temperature=temperature,
+            uncertainty=uncertainty,
+            diag_noise=self.head.diag_noise.value,
+        )
 
     def forward(self, x: Tensor, n_samples: int = 0) -> Output:
         """Gaussian mean, predictive entropy (or log det), MC log-probabilities, samples."""

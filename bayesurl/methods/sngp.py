@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl.heads.sngp import RandomFeatureGP, spectral_normalize
+from bayesurl.heads.sngp import URL_MEAN_FIELD, RandomFeatureGP, spectral_normalize
 from bayesurl.methods.base import register
 from bayesurl.methods.ce import ClassifierMethod
 from bayesurl.types import Output
@@ -46,7 +45,8 @@ class SNGP(ClassifierMethod):
     ridge : float
         Prior precision ``s`` (URL eq. 7: 1).
     mean_field_factor : float
-        ``lambda`` of the mean-field approximation (``pi / 8``).
+        ``lambda`` of the mean-field approximation: 1 as in the URL code (default) or
+        ``pi / 8`` (Liu et al.; :data:`~bayesurl.heads.sngp.PROBIT_MEAN_FIELD`).
     length_scale : float
         RBF length scale of the random features.
     layer_norm : bool
@@ -68,7 +68,7 @@ class SNGP(ClassifierMethod):
         backbone_kwargs: dict[str, Any] | None = None,
         num_random_features: int = 1024,
         ridge: float = 1.0,
-        mean_field_factor: float = math.pi / 8,
+        mean_field_factor: float = URL_MEAN_FIELD,
         length_scale: float = 1.0,
         layer_norm: bool = True,
         spectral_norm: str = "all",

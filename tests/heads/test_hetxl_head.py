@@ -3,6 +3,7 @@ dense log det."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -115,3 +116,31 @@ def test_bad_input():
         HetXLHead(4, 3, temperature=0.0)
     with pytest.raises(ValueError, match="samples"):
         mc_softmax_log_probs(torch.randn(2, 3), torch.randn(2, 3))
+
+
+@pytest.mark.parametrize("diag_noise", ["independent", "shared"])
+def test_diag_noise_covariance(diag_noise):
+    """Empirical covariance of the head's samples: ``V V^T + diag(d)`` (HET-XL), or
+    ``V V^T + sqrt(d) sqrt(d)^T`` for the URL code's ``sqrt(d) * randn(B, S, 1)``
+    (mkirchhof/url 9a92555, ``timm/layers/hetxl_layers.py`` lines 30-35), from numpy."""
+    torch.manual_seed(0)
+    head = HetXLHead(4, 3, rank=1, n_mc=200_000, diag_noise=diag_noise).double()
+    phi = torch.randn(1, 4, dtype=torch.float64)
+    with torch.no_grad():
+        out = head(phi, generator=torch.Generator().manual_seed(1))
+    v = head.cov_factor(phi).reshape(4, 1).detach().numpy()
+    sd = (F.softplus(head.diag_std(phi)) + head.min_scale).detach().numpy()[0]
+    if diag_noise == "shared":
+        want = v @ v.T + np.outer(sd, sd)
+    else:
+        want = v @ v.T + np.diag(sd**2)
+    got = np.cov(out.samples[:, 0].numpy(), rowvar=False)
+    np.testing.assert_allclose(got, want, atol=0.02 * np.abs(want).max())
+    # the off-diagonal sd_i sd_j of the shared draw is far above the tolerance
+    assert np.abs(np.outer(sd, sd) - np.diag(sd**2)).max() > 0.1 * np.abs(want).max()
+
+
+def test_diag_noise_default_and_bad_value():
+    assert HetXLHead(4, 3).diag_noise.value == "independent"
+    with pytest.raises(ValueError, match="diag_noise"):
+        HetXLHead(4, 3, diag_noise="scalar")

@@ -65,8 +65,13 @@ def test_precision_accumulates_brute_force_sum_and_resets():
     torch.testing.assert_close(gp.covariance, torch.linalg.inv(ref), rtol=1e-9, atol=1e-10)
 
 
-def test_mean_field_logits_match_formula():
-    gp = _gp()
+@pytest.mark.parametrize(
+    ("kwargs", "factor"),
+    # default: the URL code's ``mean_field_factor=1`` (sngp_layers.py lines 105, 133)
+    [({}, 1.0), ({"mean_field_factor": math.pi / 8}, math.pi / 8)],
+)
+def test_mean_field_logits_match_formula(kwargs, factor):
+    gp = _gp(**kwargs)
     for _ in range(2):
         gp.accumulate(gp(torch.randn(6, 5, dtype=torch.float64)).features)
     gp.update_covariance()
@@ -79,9 +84,7 @@ def test_mean_field_logits_match_formula():
         torch.testing.assert_close(out.variance[i], torch.tensor(var).double())
         logits = gp.beta.weight @ phi + gp.beta.bias
         torch.testing.assert_close(out.logits[i], logits)
-        torch.testing.assert_close(
-            out.mean_field_logits[i], logits / math.sqrt(1 + math.pi / 8 * var)
-        )
+        torch.testing.assert_close(out.mean_field_logits[i], logits / math.sqrt(1 + factor * var))
 
 
 def test_prior_covariance_before_any_update():

@@ -60,7 +60,7 @@ def test_epoch_accumulates_brute_force_precision_and_mean_field_u():
     for i in range(5):
         var = float(phi[i] @ sigma @ phi[i])
         logits = m.gp.beta.weight @ phi[i] + m.gp.beta.bias
-        mf = logits / math.sqrt(1 + math.pi / 8 * var)
+        mf = logits / math.sqrt(1 + var)  # the URL code's mean-field factor 1
         torch.testing.assert_close(out.logits[i], mf)
         p = torch.softmax(mf, -1)
         torch.testing.assert_close(out.uncertainty[i], -(p * p.log()).sum())
