@@ -14,13 +14,14 @@ into InfoNCE (:func:`elk_contrastive_loss`).
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import Tensor
 
-from bayesurl.distributions.vmf import _vmf_log_normalizer
 from bayesurl.heads.proxies import VMFProxies
 from bayesurl.losses._base import (
     ExplicitKappaLoss,
@@ -35,6 +36,7 @@ from bayesurl.losses._base import (
     reduce_losses,
 )
 from bayesurl.losses.infonce import _check_t, two_view_labels
+from bayesurl.losses.normalizer import VmfNormalizer, check_normalizer, log_normalizer
 
 __all__ = [
     "ELKLoss",
@@ -45,14 +47,15 @@ __all__ = [
 ]
 
 
-def _log_kernel_from_cos(k1: Tensor, k2: Tensor, cos: Tensor, dim: int) -> Tensor:
+def _log_kernel_from_cos(
+    k1: Tensor, k2: Tensor, cos: Tensor, dim: int, normalizer: VmfNormalizer = VmfNormalizer.EXACT
+) -> Tensor:
     # ||k1 mu1 + k2 mu2||^2 = k1^2 + k2^2 + 2 k1 k2 cos, floored away from 0 (its sqrt has an
     # infinite derivative there: antipodal means with equal concentrations)
     k3_sq = k1 * k1 + k2 * k2 + 2.0 * k1 * k2 * cos.clamp(-1.0, 1.0)
     k3 = torch.sqrt(k3_sq.clamp_min(1e-12))
-    return (
-        _vmf_log_normalizer(k1, dim) + _vmf_log_normalizer(k2, dim) - _vmf_log_normalizer(k3, dim)
-    )
+    log_c = partial(log_normalizer, dim=dim, normalizer=normalizer)
+    return log_c(k1) + log_c(k2) - log_c(k3)
 
 
 def elk_log_kernel(mu1: Tensor, kappa1: Tensor, mu2: Tensor, kappa2: Tensor) -> Tensor:
@@ -87,11 +90,20 @@ def _elk_log_kernel(mu1: Tensor, kappa1: Tensor, mu2: Tensor, kappa2: Tensor) ->
     return _log_kernel_from_cos(kappa1, kappa2, cos, mu1.shape[-1])
 
 
-def elk_pairwise_log_kernel(mu: Tensor, kappa: Tensor, ref_mu: Tensor, ref_kappa: Tensor) -> Tensor:
+def elk_pairwise_log_kernel(
+    mu: Tensor,
+    kappa: Tensor,
+    ref_mu: Tensor,
+    ref_kappa: Tensor,
+    normalizer: str | VmfNormalizer = VmfNormalizer.EXACT,
+) -> Tensor:
     """``[N, R]`` log ELK between every ``vMF(mu_i, kappa_i)`` and ``vMF(ref_mu_j, ref_kappa_j)``.
 
     Same formula as :func:`elk_log_kernel`, with the cosines from one matrix product.
+    ``normalizer``: the exact ``log C_D`` (default) or the URL code's polynomial fit
+    (``"url_poly"``, URL ``elk_sim``; :mod:`bayesurl.losses.normalizer`).
     """
+    norm = check_normalizer(normalizer)
     check_embeddings(mu, "mu")
     check_embeddings(ref_mu, "ref_mu")
     if mu.shape[1] != ref_mu.shape[1]:
@@ -100,16 +112,22 @@ def elk_pairwise_log_kernel(mu: Tensor, kappa: Tensor, ref_mu: Tensor, ref_kappa
         )
     k = check_kappa(kappa, mu, "kappa", allow_inf=False)
     rk = check_kappa(ref_kappa, ref_mu, "ref_kappa", allow_inf=False)
-    return _elk_pairwise_log_kernel(mu, k, ref_mu, rk)
+    return _elk_pairwise_log_kernel(mu, k, ref_mu, rk, norm)
 
 
 def _elk_pairwise_log_kernel(
-    mu: Tensor, kappa: Tensor, ref_mu: Tensor, ref_kappa: Tensor
+    mu: Tensor,
+    kappa: Tensor,
+    ref_mu: Tensor,
+    ref_kappa: Tensor,
+    normalizer: VmfNormalizer = VmfNormalizer.EXACT,
 ) -> Tensor:
     """:func:`elk_pairwise_log_kernel` of validated tensors (``kappa [N]``, ``ref_kappa [R]``
     finite, ``>= 0``)."""
     cos = F.normalize(mu, dim=-1) @ F.normalize(ref_mu, dim=-1).T
-    return _log_kernel_from_cos(kappa.unsqueeze(1), ref_kappa.unsqueeze(0), cos, mu.shape[1])
+    return _log_kernel_from_cos(
+        kappa.unsqueeze(1), ref_kappa.unsqueeze(0), cos, mu.shape[1], normalizer
+    )
 
 
 def elk_proxy_loss(
@@ -204,6 +222,9 @@ class ELKLoss(ExplicitKappaLoss):
         One proxy concentration for all classes.
     learn_proxy_kappa : bool
         Learn the proxies' concentrations.
+    normalizer : {"exact", "url_poly"}
+        ``log C_D`` exact (default) or the URL code's polynomial fit
+        (:mod:`bayesurl.losses.normalizer`).
     **kwargs
         Passed to ``BaseMetricLossFunction`` (reducer, ...).
     """
@@ -217,9 +238,11 @@ class ELKLoss(ExplicitKappaLoss):
         kappa_scale: float = 16.0,
         shared_kappa: bool = False,
         learn_proxy_kappa: bool = True,
+        normalizer: str | VmfNormalizer = VmfNormalizer.EXACT,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
+        self.normalizer = check_normalizer(normalizer)
         self.proxies = VMFProxies(
             num_classes, embedding_size, kappa_scale, shared_kappa, learn_proxy_kappa
         )
@@ -228,7 +251,7 @@ class ELKLoss(ExplicitKappaLoss):
         """``[N, C]`` log ELK between the embeddings' vMFs and every class proxy."""
         proxy_mu, proxy_kappa = self.proxies()
         return elk_pairwise_log_kernel(
-            embeddings, kappa, proxy_mu.to(embeddings), proxy_kappa.to(embeddings)
+            embeddings, kappa, proxy_mu.to(embeddings), proxy_kappa.to(embeddings), self.normalizer
         )
 
     def compute_loss(
@@ -241,7 +264,7 @@ class ELKLoss(ExplicitKappaLoss):
         check_class_labels(labels, self.proxies.num_classes)
         proxy_mu, proxy_kappa = self.proxies()
         logits = _elk_pairwise_log_kernel(
-            embeddings, kappa, proxy_mu.to(embeddings), proxy_kappa.to(embeddings)
+            embeddings, kappa, proxy_mu.to(embeddings), proxy_kappa.to(embeddings), self.normalizer
         )
         losses = F.cross_entropy(logits, labels, reduction="none")
         return {

@@ -18,6 +18,10 @@ the angle between the *unstretched* sample and ``K mu`` and twice the ``log ||K 
 The nivMF loss (URL appendix B.5, eq. 4; ECCV22 eq. 6) is
 ProxyNCA over ``approx_elk_sim(zeta, rho_c) = log (1/S) sum_s p_c(z_s)``, ``z_s ~ zeta`` the
 image's vMF posterior, with S = 16 samples shared by all classes.
+
+``normalizer="url_poly"`` replaces the exact ``log C_D(||K mu||)`` by the URL code's
+polynomial fit evaluated at D = 10 whatever the embedding dimension, as ``nivmf_elk_sim``
+does (:mod:`bayesurl.losses.normalizer`); the exact value is the default.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch.nn.functional as F
 from pytorch_metric_learning.utils import common_functions as c_f
 from torch import Tensor
 
-from bayesurl.distributions.vmf import _sample_vmf, _vmf_log_normalizer
+from bayesurl.distributions.vmf import _sample_vmf
 from bayesurl.heads.proxies import NonIsotropicVMFProxies
 from bayesurl.losses._base import (
     ExplicitKappaLoss,
@@ -39,6 +43,12 @@ from bayesurl.losses._base import (
 )
 from bayesurl.losses.elk import _check_class_labels
 from bayesurl.losses.mcinfonce import _check_n_samples
+from bayesurl.losses.normalizer import (
+    URL_POLY_NIVMF_DIM,
+    VmfNormalizer,
+    check_normalizer,
+    log_normalizer,
+)
 
 __all__ = ["NivMFLoss", "nivmf_elk_logits", "nivmf_log_density", "nivmf_loss"]
 
@@ -66,7 +76,11 @@ def _check_density(density: str) -> str:
 
 
 def nivmf_log_density(
-    z: Tensor, proxy_mu: Tensor, proxy_kappa: Tensor, density: str = "url"
+    z: Tensor,
+    proxy_mu: Tensor,
+    proxy_kappa: Tensor,
+    density: str = "url",
+    normalizer: str | VmfNormalizer = VmfNormalizer.EXACT,
 ) -> Tensor:
     """``log p_c(z)`` of the nivMF class proxies at unit vectors z (ECCV22 eq. 4 / URL code).
 
@@ -82,6 +96,8 @@ def nivmf_log_density(
         ``"url"`` (default): ``cos(z, K mu)`` and ``- 2 log ||K mu||`` (URL benchmark code);
         ``"eccv22"``: ``cos(K z, K mu)`` and ``- log ||K mu||`` (ECCV22 eq. 4). See the
         module docstring.
+    normalizer : {"exact", "url_poly"}
+        ``log C_D(||K mu||)`` exact (default) or the URL code's fit at D = 10.
 
     Returns
     -------
@@ -89,22 +105,25 @@ def nivmf_log_density(
         ``[..., C]`` log densities.
     """
     _check_density(density)
+    norm = check_normalizer(normalizer)
     _check_proxies(proxy_mu, proxy_kappa, z.shape[-1])
     mu = F.normalize(proxy_mu, dim=-1)
     z = F.normalize(z, dim=-1)
     kmu = proxy_kappa * mu  # K mu, [C, D]
     kmu_norm = kmu.norm(dim=-1)  # [C]
+    dim = URL_POLY_NIVMF_DIM if norm is VmfNormalizer.URL_POLY else mu.shape[-1]
+    log_c = log_normalizer(kmu_norm, dim, norm)
     if density == "url":
         cos = (z @ kmu.T) / kmu_norm  # cos(z, K mu), ||z|| = 1
         log_d = torch.log(proxy_kappa).sum(-1) - 2.0 * torch.log(kmu_norm)
-        return _vmf_log_normalizer(kmu_norm, mu.shape[-1]) + log_d + kmu_norm * cos
+        return log_c + log_d + kmu_norm * cos
     # cos(Kz, K mu) = z^T K^2 mu / (||K z|| ||K mu||), without materialising [..., C, D]
     k2 = proxy_kappa * proxy_kappa
     dot = z @ (k2 * mu).T
     kz_norm = torch.sqrt((z * z) @ k2.T)
     cos = dot / (kz_norm * kmu_norm)
     log_d = torch.log(proxy_kappa).sum(-1) - torch.log(kmu_norm)
-    return _vmf_log_normalizer(kmu_norm, mu.shape[-1]) + log_d + kmu_norm * cos
+    return log_c + log_d + kmu_norm * cos
 
 
 def nivmf_elk_logits(
@@ -115,17 +134,17 @@ def nivmf_elk_logits(
     n_samples: int = 16,
     generator: torch.Generator | None = None,
     density: str = "url",
+    normalizer: str | VmfNormalizer = VmfNormalizer.EXACT,
 ) -> Tensor:
     """``[N, C]`` Monte-Carlo log expected likelihood ``log (1/S) sum_s p_c(z_s)`` (ECCV22 eq. 5).
 
     ``z_s ~ vMF(mu_n, kappa_n)`` (S reparameterised samples per input, shared by the classes);
-    ``density`` as in :func:`nivmf_log_density`.
+    ``density`` and ``normalizer`` as in :func:`nivmf_log_density`.
     """
     check_embeddings(mu, "mu")
     k = check_kappa(kappa, mu, "kappa")
-    return _nivmf_elk_logits(
-        mu, k, proxy_mu, proxy_kappa, _check_n_samples(n_samples), generator, density
-    )
+    n = _check_n_samples(n_samples)
+    return _nivmf_elk_logits(mu, k, proxy_mu, proxy_kappa, n, generator, density, normalizer)
 
 
 def _nivmf_elk_logits(
@@ -136,10 +155,11 @@ def _nivmf_elk_logits(
     n_samples: int,
     generator: torch.Generator | None,
     density: str = "url",
+    normalizer: str | VmfNormalizer = VmfNormalizer.EXACT,
 ) -> Tensor:
     """:func:`nivmf_elk_logits` of validated ``mu [N, D]`` and ``kappa [N]`` (proxies checked)."""
     z = _sample_vmf(mu, kappa, n_samples, generator)  # [S, N, D]
-    logp = nivmf_log_density(z, proxy_mu, proxy_kappa, density)  # [S, N, C]
+    logp = nivmf_log_density(z, proxy_mu, proxy_kappa, density, normalizer)  # [S, N, C]
     return torch.logsumexp(logp, dim=0) - math.log(n_samples)
 
 
@@ -181,6 +201,8 @@ class NivMFLoss(ExplicitKappaLoss):
         Learn the per-dimension proxy concentrations.
     density : {"url", "eccv22"}
         The nivMF density (:func:`nivmf_log_density`); default the URL benchmark code's.
+    normalizer : {"exact", "url_poly"}
+        ``log C_D`` exact (default) or the URL code's fit at D = 10 (module docstring).
     **kwargs
         Passed to ``BaseMetricLossFunction``.
     """
@@ -193,10 +215,12 @@ class NivMFLoss(ExplicitKappaLoss):
         n_samples: int = 16,
         learn_proxy_kappa: bool = True,
         density: str = "url",
+        normalizer: str | VmfNormalizer = VmfNormalizer.EXACT,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
         self.density = _check_density(density)
+        self.normalizer = check_normalizer(normalizer)
         self.proxies = NonIsotropicVMFProxies(
             num_classes, embedding_size, kappa_scale, learn_proxy_kappa
         )
@@ -214,6 +238,7 @@ class NivMFLoss(ExplicitKappaLoss):
             self.n_samples,
             self.generator,
             self.density,
+            self.normalizer,
         )
 
     def compute_loss(
@@ -233,6 +258,7 @@ class NivMFLoss(ExplicitKappaLoss):
             self.n_samples,
             self.generator,
             self.density,
+            self.normalizer,
         )
         losses = F.cross_entropy(logits, labels, reduction="none")
         idx = c_f.torch_arange_from_size(embeddings)
