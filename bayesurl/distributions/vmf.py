@@ -27,6 +27,14 @@ checked against mpmath up to kappa = 1e300, issue 15):
   through the Beta proposal without the rejection-correction term. D = 3 uses the closed-form
   inverse CDF, ``kappa >= 1e6`` an exact rejection sampler with a Gamma proposal for
   ``kappa (1 - w)``, and ``kappa = inf`` returns the mean direction.
+- ``sampler="url_taylor"`` reproduces the sampler of the URL and MCI code (mkirchhof/url
+  9a92555 ``timm/utils/vmf_sampler.py`` lines 99-186, identical in
+  mkirchhof/Probabilistic_Contrastive_Learning ``utils/vmf_sampler.py``): its envelope
+  parameter ``b`` blends into the Taylor form ``(D - 1) / (4 kappa)`` for ``kappa > 10``
+  (fully from ``kappa = 11``) while the acceptance test keeps Wood's form, so the draws are
+  biased unless ``kappa >> D`` (E[w] at D = 64, kappa = 12: -0.13 against the exact 0.18), and
+  the kappa gradient is the pathwise one through ``b`` (no rejection correction). It is an
+  opt-in for reproducing the published numbers; the exact sampler is the default.
 
 References
 ----------
@@ -42,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import math
+from enum import Enum
 
 import torch
 from torch import Tensor
@@ -55,6 +64,8 @@ from bayesurl._checks import (
 )
 
 __all__ = [
+    "VmfSampler",
+    "check_sampler",
     "VonMisesFisher",
     "log_bessel_iv",
     "vmf_log_normalizer",
@@ -65,6 +76,24 @@ __all__ = [
 ]
 
 _DEBYE_MIN_ORDER = 80.0
+
+
+class VmfSampler(str, Enum):
+    """How :func:`sample_vmf` draws the cosine ``w = mu^T z`` (module docstring)."""
+
+    #: Wood's rejection sampler with implicit-reparameterisation gradients (exact, default)
+    EXACT = "exact"
+    #: the URL / MCI code's sampler: Taylor envelope for kappa > 10, pathwise gradient
+    URL_TAYLOR = "url_taylor"
+
+
+def check_sampler(sampler: str | VmfSampler) -> VmfSampler:
+    """``sampler`` as a :class:`VmfSampler`; a ValueError names the valid values."""
+    try:
+        return VmfSampler(getattr(sampler, "value", sampler))
+    except ValueError:
+        valid = ", ".join(v.value for v in VmfSampler)
+        raise ValueError(f"`sampler` must be one of {valid}, got {sampler!r}") from None
 
 
 def _debye_series(order: float, s: Tensor) -> Tensor:
@@ -577,6 +606,46 @@ def _wood_rejection(k: Tensor, dim: int, generator: torch.Generator | None) -> T
     return w
 
 
+def _url_taylor_w(kappa: Tensor, dim: int, n: int, generator: torch.Generator | None) -> Tensor:
+    """``[n, *kappa.shape]`` cosines drawn as the URL / MCI code draws them (``dim != 3``).
+
+    ``b`` blends from Wood's value into ``(D - 1) / (4 kappa)`` over ``10 < kappa < 11``;
+    proposals ``w = (1 - (1 + b) e) / (1 - (1 - b) e)``, ``e ~ Beta((D-1)/2, (D-1)/2)``, are
+    accepted when ``(D - 1) log t - t + d > log u`` with ``t = 2 a b / (1 - (1 - b) e)``
+    (vmf_sampler.py lines 99-186). The gradient to kappa flows through ``b`` only (the
+    accepted ``e`` is held fixed), as in the code.
+    """
+    dm1 = dim - 1.0
+    k = kappa.expand((n, *kappa.shape))
+    c = torch.sqrt(4.0 * k * k + dm1 * dm1)
+    b_true = (-2.0 * k + c) / dm1
+    b_app = dm1 / (4.0 * k)
+    s = (k - 10.0).clamp(0.0, 1.0)
+    b = b_app * s + b_true * (1.0 - s)
+    with torch.no_grad():
+        bd, cd, kd = b.detach(), c.detach(), k.detach()
+        a = (dm1 + 2.0 * kd + cd) / 4.0
+        d = 4.0 * a * bd / (1.0 + bd) - dm1 * math.log(dm1)
+        e = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        todo = torch.ones(k.shape, dtype=torch.bool, device=k.device)
+        for _ in range(1000):
+            idx = todo.nonzero(as_tuple=True)
+            m = idx[0].numel()
+            if m == 0:
+                break
+            bb, ab, db = bd[idx], a[idx], d[idx]
+            eps = _beta_symmetric(dm1 / 2.0, m, bb, generator)
+            u = torch.rand(m, dtype=k.dtype, device=k.device, generator=generator)
+            t = 2.0 * ab * bb / (1.0 - (1.0 - bb) * eps)
+            accept = dm1 * torch.log(t) - t + db > torch.log(u)
+            acc_idx = tuple(i[accept] for i in idx)
+            e = e.index_put(acc_idx, eps[accept])
+            todo[acc_idx] = False
+        else:  # pragma: no cover - the envelope accepts most proposals
+            raise RuntimeError("the URL-code vMF sampler did not converge in 1000 rounds")
+    return (1.0 - (1.0 + b) * e) / (1.0 - (1.0 - b) * e)
+
+
 def _beta_symmetric(a: float, m: int, like: Tensor, generator: torch.Generator | None) -> Tensor:
     """``m`` draws of Beta(a, a) as a ratio of Gamma draws, with an optional generator.
 
@@ -599,6 +668,7 @@ def sample_vmf(
     n_samples: int,
     *,
     generator: torch.Generator | None = None,
+    sampler: str | VmfSampler = VmfSampler.EXACT,
 ) -> Tensor:
     """Reparameterised vMF samples ``[S, N, D]`` for unit mean directions ``mu [N, D]``.
 
@@ -618,7 +688,10 @@ def sample_vmf(
         Number of draws S.
     generator : torch.Generator, optional
         Makes the draws reproducible.
+    sampler : {"exact", "url_taylor"}
+        :class:`VmfSampler`: the exact sampler (default) or the URL / MCI code's biased one.
     """
+    how = check_sampler(sampler)
     _check_directions(mu, "mu")
     n_samples = check_int(n_samples, "n_samples", low=1)
     n, dim = mu.shape
@@ -627,11 +700,15 @@ def sample_vmf(
     k = k.expand(n) if k.ndim == 0 else k
     if k.shape != (n,):
         raise ValueError(f"`kappa` must have shape [{n}] to match `mu`, got {tuple(k.shape)}")
-    return _sample_vmf(mu, k, int(n_samples), generator)
+    return _sample_vmf(mu, k, int(n_samples), generator, how)
 
 
 def _sample_vmf(
-    mu: Tensor, k: Tensor, n_samples: int, generator: torch.Generator | None = None
+    mu: Tensor,
+    k: Tensor,
+    n_samples: int,
+    generator: torch.Generator | None = None,
+    sampler: VmfSampler = VmfSampler.EXACT,
 ) -> Tensor:
     """:func:`sample_vmf` without input checks, for callers that validated at their entry.
 
@@ -644,7 +721,10 @@ def _sample_vmf(
     k_safe = torch.where(finite, k, torch.ones_like(k)).clamp_min(1e-12)
     # the cosine is drawn in float64 whatever the input precision: in float32, 1 +- b and
     # x0 = (1 - b) / (1 + b) round to 1 for kappa >~ 1e7 and no proposal would be accepted
-    w64 = _sample_w(k_safe.double(), dim, n_samples, generator)  # [S, N]
+    if sampler is VmfSampler.URL_TAYLOR and dim != 3:
+        w64 = _url_taylor_w(k_safe.double(), dim, n_samples, generator)
+    else:
+        w64 = _sample_w(k_safe.double(), dim, n_samples, generator)  # [S, N]
     w = w64.to(mu.dtype)
     # tangent direction: uniform on S^{D-2} orthogonal to e1
     v = torch.randn((n_samples, n, dim - 1), dtype=mu.dtype, device=mu.device, generator=generator)

@@ -36,7 +36,7 @@ import torch
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import Tensor
 
-from bayesurl.distributions.vmf import _sample_vmf
+from bayesurl.distributions.vmf import VmfSampler, _sample_vmf, check_sampler
 from bayesurl.losses._base import (
     ExplicitKappaLoss,
     check_anchor_positive,
@@ -315,6 +315,9 @@ class MCInfoNCELoss(ExplicitKappaLoss):
         One term per positive pair (default) or one per anchor with a log-sum-exp over its
         positives (the URL code with class labels; :func:`mcinfonce_anchor_losses`; needs
         ``denominator="negatives"``).
+    sampler : {"exact", "url_taylor"}
+        The vMF sampler (:func:`~bayesurl.distributions.sample_vmf`): exact (default) or the
+        URL / MCI code's biased Taylor-envelope sampler, an opt-in for reproducing its numbers.
     **kwargs
         Passed to ``BaseMetricLossFunction`` (reducer, embedding regularizer, ...).
     """
@@ -328,9 +331,11 @@ class MCInfoNCELoss(ExplicitKappaLoss):
         mc_average: str = "inside",
         self_term: bool | None = None,
         positives: str = "pairs",
+        sampler: str | VmfSampler = VmfSampler.EXACT,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
+        self.sampler = check_sampler(sampler)
         self.inverse_temperature = _check_t(inverse_temperature)
         self.n_samples = _check_n_samples(n_samples)
         self.divide_positive = bool(divide_positive)
@@ -349,11 +354,11 @@ class MCInfoNCELoss(ExplicitKappaLoss):
         pairs = lmu.convert_to_pairs(indices_tuple, labels, ref_labels)
         if len(pairs[0]) == 0:
             return self.zero_losses()
-        z = _sample_vmf(embeddings, kappa, self.n_samples, generator=self.generator)
+        z = _sample_vmf(embeddings, kappa, self.n_samples, self.generator, self.sampler)
         if ref_emb is embeddings:
             zr = z
         else:
-            zr = _sample_vmf(ref_emb, ref_kappa, self.n_samples, generator=self.generator)
+            zr = _sample_vmf(ref_emb, ref_kappa, self.n_samples, self.generator, self.sampler)
         if self.positives == "logsumexp":
             losses, anchors = mcinfonce_anchor_losses(
                 z, zr, pairs, self.inverse_temperature, self.mc_average, self.self_term

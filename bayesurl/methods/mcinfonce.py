@@ -44,6 +44,8 @@ class MCInfoNCE(VMFMethod):
     self_term : bool, optional
         The URL code's ``e^0`` self-similarity in both log-sum-exps (``None``: on with
         ``"negatives"``); :mod:`bayesurl.losses.mcinfonce`.
+    sampler : {"exact", "url_taylor"}
+        vMF sampler of the training loss: exact (default) or the URL code's biased one.
     """
 
     two_view = True
@@ -63,6 +65,7 @@ class MCInfoNCE(VMFMethod):
         denominator: str = "negatives",
         mc_average: str = "inside",
         self_term: bool | None = None,
+        sampler: str = "exact",
     ) -> None:
         super().__init__(backbone, embed_dim, num_classes, backbone_kwargs, kappa_hidden, warmup_u)
         self.loss_fn = MCInfoNCELoss(
@@ -72,6 +75,7 @@ class MCInfoNCE(VMFMethod):
             denominator=denominator,
             mc_average=mc_average,
             self_term=self_term,
+            sampler=sampler,
         )
         self.hparams.update(
             inverse_temperature=float(inverse_temperature),
@@ -80,6 +84,7 @@ class MCInfoNCE(VMFMethod):
             denominator=denominator,
             mc_average=mc_average,
             self_term=self.loss_fn.self_term,
+            sampler=self.loss_fn.sampler.value,
         )
 
     def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:

@@ -385,3 +385,17 @@ def test_log_ratio_bounds(pos, negs):
     mean_neg = sum(math.exp(v) for v in negs) / m
     assert math.isclose(float(ref), pos - math.log(math.exp(pos) + mean_neg), abs_tol=1e-9)
     assert math.isclose(float(eq7), pos - math.log(math.exp(pos) / m + mean_neg), abs_tol=1e-9)
+
+
+def test_url_taylor_sampler_reaches_the_loss():
+    from pytorch_metric_learning.reducers import MeanReducer
+
+    g = torch.Generator().manual_seed(12)
+    emb = torch.randn(8, 32, generator=g, dtype=torch.float64)
+    kappa = torch.full((8,), 12.0, dtype=torch.float64)
+    labels = two_view_labels(4)
+    z = sample_vmf(emb, kappa, 4, generator=torch.Generator().manual_seed(1), sampler="url_taylor")
+    want = url_code_mcinfonce(z.numpy(), labels.numpy(), 8.0)
+    loss = MCInfoNCELoss(8.0, n_samples=4, sampler="url_taylor", reducer=MeanReducer())
+    loss.generator = torch.Generator().manual_seed(1)
+    assert abs(float(loss(emb, labels, kappa=kappa)) - want) < 1e-10
