@@ -34,6 +34,7 @@ from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
 from bayesurl.runs.estimators import Estimator, build_estimator
 from bayesurl.runs.predict import n_samples_for, score
+from bayesurl.runs.queries import record_from_outputs
 
 __all__ = [
     "CHECKPOINT_DATASETS",
@@ -341,6 +342,7 @@ def run(
     progress: bool = False,
     keep_outputs: bool = False,
     raise_errors: bool = True,
+    queries: str | os.PathLike[str] | None = None,
     **evaluate_kwargs: Any,
 ) -> RunResult:
     """Fit and evaluate the estimator of ``cfg`` zero-shot; return its :class:`RunResult`.
@@ -362,6 +364,11 @@ def run(
         Keep the predicted outputs in ``RunResult.outputs``.
     raise_errors : bool
         Re-raise an exception of the estimator instead of recording it in ``error``.
+    queries : path-like, optional
+        Write the per-query record (u, nearest neighbour, hit flag, OOD u;
+        :mod:`bayesurl.runs.queries`) of the downstream queries there, for the report
+        (:mod:`bayesurl.report`). Not written under ``torchrun`` (each rank holds its rows
+        only) nor for several downstream sets.
     **evaluate_kwargs
         Passed to :func:`bayesurl.evaluation.evaluate`.
 
@@ -394,6 +401,7 @@ def run(
             progress=progress,
             keep_outputs=keep_outputs,
             raise_errors=raise_errors,
+            queries=queries,
             **evaluate_kwargs,
         )
 
@@ -407,6 +415,7 @@ def _run(
     progress: bool,
     keep_outputs: bool,
     raise_errors: bool,
+    queries: str | os.PathLike[str] | None = None,
     **evaluate_kwargs: Any,
 ) -> RunResult:
     from bayesurl.distributed import broadcast_state, get_world_size, is_main_process
@@ -459,12 +468,13 @@ def _run(
             # (BatchNorm statistics): every rank evaluates rank 0's model, the checkpoint's
             broadcast_state(module, 0)
         n = n_samples_for(estimator.has_distribution, cfg.eval.samples)
+        record = queries is not None and main and get_world_size() == 1 and not data.tests
         kw = {
             "n_samples": n,
             "batch_size": cfg.eval.batch_size,
             "device": device,
             "seed": cfg.seed,
-            "return_outputs": keep_outputs,
+            "return_outputs": keep_outputs or record,
             **evaluate_kwargs,
         }
         if data.tests:  # several downstream sets: each scored, their mean reported
@@ -476,6 +486,9 @@ def _run(
         else:
             res = score(estimator.predict, data.sets, data.transform, **kw)
         result.outputs = res.pop("outputs", None)
+        if record:
+            _write_queries(queries, result.outputs, cfg)
+            result.outputs = result.outputs if keep_outputs else None
         if keep_outputs:
             result.fitted, result.transform = estimator, data.transform
         result.metrics = res
@@ -496,6 +509,20 @@ def _run(
     if out_dir is not None and main:
         result.write_json(out_dir / "result.json")
     return result
+
+
+def _write_queries(path: str | os.PathLike[str], outputs: Any, cfg: RunConfig) -> None:
+    """The per-query record of a run (:mod:`bayesurl.runs.queries`), with what rebuilds its
+    images (the data and backbone settings)."""
+    meta = {
+        "name": cfg.estimator.name,
+        "seed": cfg.seed,
+        "dataset": cfg.dataset,
+        "config": {"data": cfg.to_dict()["data"], "backbone": cfg.to_dict()["backbone"]},
+    }
+    rec = record_from_outputs(outputs, meta)
+    if rec is not None:
+        rec.save(path)
 
 
 #: Data sets :func:`evaluate_checkpoint` can build (those of ``bayesurl train``).

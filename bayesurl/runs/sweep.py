@@ -108,7 +108,8 @@ def run_sweep(
     device : str or torch.device, optional
         Default: CUDA if available, else CPU.
     out : path-like, optional
-        Folder for ``results.json``, ``results.csv`` and ``recall_vs_rauroc.png``.
+        Folder for ``results.json``, ``results.csv``, ``recall_vs_rauroc.png`` and each run's
+        per-query record ``queries/<estimator>_s<seed>.npz`` (:mod:`bayesurl.runs.queries`).
     checkpoint_dir : path-like, optional
         Keep each run's checkpoint in ``checkpoint_dir/<estimator>_s<seed>/``.
     progress : bool
@@ -219,6 +220,7 @@ def _sweep(
             cache=cache,
             out=None if ckpt is None else ckpt / f"{name}_s{seed}",
             raise_errors=raise_errors,
+            queries=None if out is None else Path(out) / "queries" / f"{name}_s{seed}.npz",
         )
         first = first or res
         rec = res.record()

@@ -1,0 +1,265 @@
+"""One self-contained HTML page from a result folder (:func:`write_report`).
+
+The page holds its CSS, its script and every image (``data:`` URIs): opened from disk it makes
+no request to any host, and a Content-Security-Policy that allows ``data:`` images and inline
+code only says so to the browser. It shows
+
+- the results table (click a column title to sort) and the folder's plots;
+- per estimator: the most and the least uncertain downstream queries, each beside the
+  neighbour it retrieved (the R@1 search, METRICS.md) with a right / wrong mark; the OOD images
+  ranked by u, marked where u is above the 95th percentile of the held-out upstream images'
+  u (the ones a threshold at that level would flag); u per class;
+- for several estimators on the same queries: two of them side by side on the most uncertain
+  queries of either.
+
+The data behind it are a JSON model (:func:`report_model`) that the page's script renders.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bayesurl.report.images import THUMB_SIZE, ImageSource, image_source
+from bayesurl.report.sources import RecordedRun, ReportSource, load_source
+
+__all__ = ["REPORT_FILE", "render_report", "report_line", "report_model", "write_report"]
+
+#: File name of the page inside the result folder.
+REPORT_FILE = "report.html"
+#: Level of the held-out upstream u above which an OOD image counts as flagged.
+FLAG_QUANTILE = 0.95
+_TEMPLATE = Path(__file__).with_name("page.html")
+
+
+def _f(x: Any) -> float | None:
+    x = float(x)
+    return round(x, 6) if np.isfinite(x) else None
+
+
+def _ranked(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ids by increasing u (stable: ties keep the lower id first) and each id's percentile."""
+    order = np.argsort(u, kind="stable")
+    pct = np.empty(len(u))
+    pct[order] = np.arange(len(u)) / max(len(u) - 1, 1)
+    return order, pct
+
+
+def _per_class(run: RecordedRun, names: dict[int, str]) -> list[dict[str, Any]]:
+    rec = run.record
+    rows = []
+    for c in np.unique(rec.label):
+        m = rec.label == c
+        q = np.quantile(rec.u[m], [0.1, 0.25, 0.5, 0.75, 0.9])
+        rows.append(
+            {
+                "label": int(c),
+                "name": names.get(int(c), str(int(c))) if c >= 0 else "unlabelled",
+                "n": int(m.sum()),
+                "r1": _f(rec.hit[m].mean()) if rec.labelled else None,
+                "mean": _f(rec.u[m].mean()),
+                "q": [_f(v) for v in q],
+            }
+        )
+    return rows
+
+
+def _ood(run: RecordedRun, k: int) -> dict[str, Any] | None:
+    rec = run.record
+    if rec.ood_u.size == 0:
+        return None
+    ref = rec.id_u if rec.id_u.size else rec.u
+    thr = float(np.quantile(ref, FLAG_QUANTILE))
+    order = np.argsort(-rec.ood_u, kind="stable")
+    item = lambda i: [int(i), _f(rec.ood_u[i]), bool(rec.ood_u[i] > thr)]  # noqa: E731
+    return {
+        "threshold": _f(thr),
+        "reference": "held-out upstream images" if rec.id_u.size else "downstream queries",
+        "flagged": _f((rec.ood_u > thr).mean()),
+        "n": int(rec.ood_u.size),
+        "top": [item(i) for i in order[:k]],
+        "bottom": [item(i) for i in order[::-1][:k]],
+    }
+
+
+def _comparable(runs: list[RecordedRun]) -> bool:
+    """Whether the runs' records describe the same queries (same count and classes)."""
+    first = runs[0].record
+    return len(runs) > 1 and all(
+        r.record.u.shape == first.u.shape and np.array_equal(r.record.label, first.label)
+        for r in runs[1:]
+    )
+
+
+def report_model(
+    source: ReportSource, *, k: int = 12, compare_k: int = 8, size: int = THUMB_SIZE
+) -> dict[str, Any]:
+    """The JSON model the page renders (see the module docs).
+
+    Parameters
+    ----------
+    source : ReportSource
+        From :func:`bayesurl.report.sources.load_source`.
+    k : int
+        Images per gallery (most / least uncertain queries, OOD images).
+    compare_k : int
+        Most uncertain queries of each estimator offered to the side-by-side view.
+    size : int
+        Longest thumbnail side in pixels.
+
+    Raises
+    ------
+    ValueError
+        If ``k`` or ``compare_k`` is below 1.
+    """
+    if int(k) < 1 or int(compare_k) < 1:
+        raise ValueError(f"`k` and `compare_k` must be >= 1, got {k}, {compare_k}")
+    thumbs: dict[str, str] = {}
+    data_cache: dict[str, Any] = {}
+    sources: dict[int, ImageSource] = {}
+    runs = source.runs
+    compare = _comparable(runs)
+    ranked = {id(r): _ranked(r.record.u) for r in runs}
+    shared: set[int] = set()
+    if compare:
+        for r in runs:
+            shared.update(int(i) for i in ranked[id(r)][0][::-1][:compare_k])
+    classes: dict[int, str] = {}
+    estimators = []
+    for r in runs:
+        rec = r.record
+        src = sources.setdefault(id(r), image_source(rec, data_cache, size))
+        classes.update(src.class_names)
+        order, pct = ranked[id(r)]
+        most = [int(i) for i in order[::-1][:k]]
+        least = [int(i) for i in order[:k]]
+        shown = sorted({*most, *least, *shared})
+        for i in shown:
+            for j in (i, int(rec.neighbour[i])):
+                thumbs.setdefault(f"q{j}", src.query(j))
+        ood = _ood(r, k)
+        if ood is not None:
+            for i, *_ in ood["top"] + ood["bottom"]:
+                uri = src.ood(i)
+                if uri is not None:
+                    thumbs.setdefault(f"o{i}", uri)
+        estimators.append(
+            {
+                "name": r.estimator,
+                "seed": r.seed,
+                "n": int(rec.u.size),
+                "labelled": rec.labelled,
+                "metrics": {
+                    key: _f(r.metrics[key])
+                    for key in ("r@1", "r_auroc", "ausc", "ece", "ood_auroc")
+                    if isinstance(r.metrics.get(key), (int, float))
+                },
+                "most": most,
+                "least": least,
+                "q": {
+                    str(i): [_f(rec.u[i]), _f(pct[i]), int(rec.neighbour[i]), bool(rec.hit[i])]
+                    for i in shown
+                },
+                "label": {str(j): int(rec.label[j]) for i in shown for j in (i, rec.neighbour[i])},
+                "paths": _paths(rec, shown),
+                "ood": ood,
+                "per_class": _per_class(r, src.class_names),
+            }
+        )
+    return {
+        "title": source.title,
+        "kind": source.kind,
+        "settings": source.settings,
+        "columns": source.columns,
+        "rows": [[row[0], *(list(c) for c in row[1:])] for row in source.rows],
+        "plots": [{"name": p.name, "uri": png_data_uri_file(p)} for p in source.plots],
+        "missing": source.missing,
+        "estimators": estimators,
+        "compare": compare,
+        "compare_k": int(compare_k),
+        "classes": {str(c): n for c, n in classes.items()},
+        "thumbs": thumbs,
+    }
+
+
+def _paths(rec: Any, shown: list[int]) -> dict[str, str]:
+    """File names of the shown folder images (empty for a data set)."""
+    paths = rec.meta.get("paths")
+    if not paths:
+        return {}
+    ids = {j for i in shown for j in (i, int(rec.neighbour[i]))}
+    return {str(j): str(paths[j]) for j in ids}
+
+
+def png_data_uri_file(path: Path) -> str:
+    """A PNG file as a ``data:`` URI, bytes unchanged (the plots keep their resolution)."""
+    import base64
+
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def render_report(model: dict[str, Any]) -> str:
+    """The page: the template with ``model`` embedded as JSON."""
+    blob = json.dumps(model, separators=(",", ":"), allow_nan=False)
+    # inside <script>, "</" and "<!--" must not appear; \u003c keeps the JSON valid
+    blob = blob.replace("<", "\\u003c")
+    page = _TEMPLATE.read_text(encoding="utf-8")
+    return page.replace("__TITLE__", html.escape(model["title"])).replace("__MODEL__", blob)
+
+
+def write_report(
+    path: str | os.PathLike[str],
+    *,
+    out: str | os.PathLike[str] | None = None,
+    k: int = 12,
+    compare_k: int = 8,
+    size: int = THUMB_SIZE,
+) -> dict[str, Any]:
+    """Write the report of the result folder ``path``.
+
+    Parameters
+    ----------
+    path : path-like
+        A run, benchmark or folder result (:func:`bayesurl.report.sources.load_source`).
+    out : path-like, optional
+        The HTML file (default ``path/report.html``).
+    k, compare_k, size
+        As for :func:`report_model`.
+
+    Returns
+    -------
+    dict
+        ``path`` (the page), ``bytes``, ``seconds`` (generation time), ``estimators`` (with
+        galleries), ``missing`` (estimators without a per-query record), ``thumbnails``.
+    """
+    t0 = time.perf_counter()
+    source = load_source(path)
+    model = report_model(source, k=k, compare_k=compare_k, size=size)
+    target = Path(out) if out is not None else source.folder / REPORT_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render_report(model), encoding="utf-8")
+    return {
+        "path": target,
+        "bytes": target.stat().st_size,
+        "seconds": time.perf_counter() - t0,
+        "estimators": [e["name"] for e in model["estimators"]],
+        "missing": list(source.missing),
+        "thumbnails": len(model["thumbs"]),
+    }
+
+
+def report_line(info: dict[str, Any]) -> str:
+    """One line about a report :func:`write_report` wrote (printed by the commands)."""
+    line = (
+        f"report {info['path']} ({info['bytes'] / 1e6:.2f} MB, {info['thumbnails']} thumbnails, "
+        f"{info['seconds']:.1f} s)"
+    )
+    if info["missing"]:
+        line += f"; no per-query record for {', '.join(info['missing'])}"
+    return line

@@ -1,0 +1,200 @@
+"""What a report is made of, read from a result folder.
+
+Three kinds of folder are recognised by their files:
+
+- a run (``bayesurl run``): ``result.json`` and ``queries.npz``;
+- a benchmark (``bayesurl benchmark``): ``results.json`` (a sweep's or the stored protocol's)
+  and ``queries/<estimator>_s<seed>.npz``;
+- a folder of one's own images (``bayesurl folder``): ``folder.json`` and ``queries.npz``.
+
+Every ``*.png`` of the folder is a plot the report embeds. A benchmark whose runs kept no
+per-query record (results written before the record existed) still gives the table and plots.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, read_queries
+
+__all__ = ["METRIC_COLUMNS", "RecordedRun", "ReportSource", "load_source"]
+
+#: Columns of the results table: ``(metric key, title)``.
+METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("r@1", "R@1"),
+    ("r_auroc", "R-AUROC"),
+    ("ausc", "AUSC"),
+    ("ece", "ECE"),
+    ("ood_auroc", "OOD AUROC"),
+    ("map@5", "mAP@5"),
+    ("train_time", "train [s]"),
+)
+
+
+@dataclass
+class RecordedRun:
+    """One estimator's run with its per-query record."""
+
+    estimator: str
+    seed: int
+    record: QueryRecord
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ReportSource:
+    """Everything a report shows.
+
+    Attributes
+    ----------
+    folder : Path
+    kind : str
+        ``"run"``, ``"benchmark"`` or ``"folder"``.
+    title : str
+    settings : list of str
+        Lines describing the settings (preset, data, seeds, device).
+    columns : list of str
+        Table titles (the first is the estimator).
+    rows : list of list
+        One row per estimator: name, then ``(mean, spread)`` pairs (``None`` where undefined).
+    plots : list of Path
+        PNG files of the folder.
+    runs : list of RecordedRun
+        Runs with a per-query record, one per estimator (its lowest seed).
+    missing : list of str
+        Estimators of the table without a record (said on the page).
+    """
+
+    folder: Path
+    kind: str
+    title: str
+    settings: list[str]
+    columns: list[str]
+    rows: list[list[Any]]
+    plots: list[Path]
+    runs: list[RecordedRun]
+    missing: list[str] = field(default_factory=list)
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _stat(entry: Any) -> tuple[float | None, float | None]:
+    """``(mean, spread)`` of a summary entry (a sweep's std or the protocol's sd) or a number."""
+    if isinstance(entry, dict):
+        return _num(entry.get("mean")), _num(entry.get("std", entry.get("sd")))
+    return _num(entry), None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{str(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{str(path)!r} does not hold a JSON object")
+    return data
+
+
+def _titles() -> list[str]:
+    return ["estimator", *(t for _, t in METRIC_COLUMNS)]
+
+
+def _benchmark(folder: Path) -> ReportSource:
+    data = _read_json(folder / "results.json")
+    summary, runs = data.get("summary"), data.get("runs")
+    if not isinstance(summary, dict) or not isinstance(runs, list):
+        raise ValueError(f"{str(folder / 'results.json')!r} is not a bayesurl benchmark result")
+    s = data.get("settings", {})
+    rows = [
+        [name, *(_stat(stats.get(k)) for k, _ in METRIC_COLUMNS)]
+        for name, stats in summary.items()
+        if isinstance(stats, dict)
+    ]
+    seeds = ",".join(str(x) for x in s.get("seeds", []))
+    splits = s.get("class_splits")
+    settings = [
+        f"preset {s.get('preset')}, data {s.get('dataset')}, seeds {seeds}"
+        + (f", {len(splits)} class splits" if isinstance(splits, list) else "")
+        + (f", device {s['device']}" if s.get("device") else ""),
+        f"{len(runs)} runs, {len(rows)} estimators",
+    ]
+    recorded, missing = [], []
+    for name, *_ in rows:
+        files = {
+            int(seed): p
+            for p in (folder / "queries").glob(f"{name}_s*.npz")
+            if (seed := p.stem[len(name) + 2 :]).isdigit()
+        }
+        if not files:
+            missing.append(name)
+            continue
+        seed = min(files)
+        metrics = next(
+            (r for r in runs if r.get("estimator") == name and int(r.get("seed", -1)) == seed), {}
+        )
+        recorded.append(RecordedRun(name, seed, read_queries(files[seed]), dict(metrics)))
+    title = f"bayesurl benchmark: {s.get('dataset', '')} ({s.get('preset', '')})"
+    return ReportSource(
+        folder, "benchmark", title, settings, _titles(), rows, _plots(folder), recorded, missing
+    )
+
+
+def _single(folder: Path, name: str, kind: str) -> ReportSource:
+    data = _read_json(folder / name)
+    metrics = dict(data.get("metrics") or {})
+    metrics.update({k: v for k, v in (data.get("timings") or {}).items() if k == "train_time"})
+    estimator = str(data.get("estimator", folder.name))
+    row = [estimator, *(_stat(metrics.get(k)) for k, _ in METRIC_COLUMNS)]
+    q = folder / QUERIES_FILE
+    runs = []
+    if q.is_file():
+        runs.append(RecordedRun(estimator, int(data.get("seed") or 0), read_queries(q), metrics))
+    settings = [str(line) for line in data.get("describe", [])] or [
+        f"data {data.get('dataset')}, seed {data.get('seed')}, preset {data.get('preset')}"
+    ]
+    title = str(data.get("title") or f"bayesurl run: {data.get('dataset')}/{estimator}")
+    return ReportSource(
+        folder, kind, title, settings, _titles(), [row], _plots(folder), runs,
+        [] if runs else [estimator],
+    )  # fmt: skip
+
+
+def _plots(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.png") if p.is_file())
+
+
+def load_source(path: str | os.PathLike[str]) -> ReportSource:
+    """Read a run, benchmark or folder result (see the module docs).
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` is not a folder.
+    ValueError
+        If it holds none of ``results.json``, ``result.json``, ``folder.json``, or a file
+        is not what its name says (naming it).
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"`path` {str(folder)!r} is not a folder")
+    if (folder / "folder.json").is_file():
+        return _single(folder, "folder.json", "folder")
+    if (folder / "results.json").is_file():
+        return _benchmark(folder)
+    if (folder / "result.json").is_file():
+        return _single(folder, "result.json", "run")
+    raise ValueError(
+        f"`path` {str(folder)!r} holds no results.json (benchmark), result.json (run) or "
+        "folder.json (bayesurl folder)"
+    )

@@ -1,0 +1,195 @@
+"""The per-query record of a run: what a person needs to look at its uncertainties.
+
+The metrics of a run are means over its queries; to see *which* images the model does not
+trust, and whether it is right not to, the report (:mod:`bayesurl.report`) needs, per
+downstream query, its u, its nearest neighbour (cosine, self excluded: the R@1 search of
+METRICS.md) and whether that neighbour shares its class, and, per OOD image, its u. This module
+turns a run's predicted outputs into that record and keeps it beside the run's results as one
+compressed ``.npz`` (a few bytes per query; no embeddings). Images are not stored: the report
+reads them from the data set by id (the record keeps the data settings that rebuild it) or,
+for a folder of one's own images, from the file paths kept in the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import Tensor
+
+from bayesurl.evaluation import knn
+
+__all__ = ["QUERIES_FILE", "QueryRecord", "query_record", "read_queries", "record_from_outputs"]
+
+#: File name of a single run's record (``bayesurl run``); a sweep keeps one per run under
+#: ``queries/<estimator>_s<seed>.npz``.
+QUERIES_FILE = "queries.npz"
+
+
+@dataclass
+class QueryRecord:
+    """Per-query outputs of one run.
+
+    Attributes
+    ----------
+    u : ndarray
+        ``[N]`` float32 uncertainty of every downstream query (higher = less certain).
+    label : ndarray
+        ``[N]`` int64 class of every query (``-1``: unlabelled folder image).
+    neighbour : ndarray
+        ``[N]`` int64 index of the query's nearest neighbour among the other queries.
+    hit : ndarray
+        ``[N]`` bool, neighbour shares the query's class (all False without labels).
+    ood_u, id_u : ndarray
+        u of the OOD images and of the held-out upstream images (empty when absent).
+    meta : dict
+        ``name`` (estimator), ``seed``, ``config`` (the run's data / backbone settings,
+        to rebuild the images) or ``paths`` / ``classes`` (a folder), ``labelled``.
+    """
+
+    u: np.ndarray
+    label: np.ndarray
+    neighbour: np.ndarray
+    hit: np.ndarray
+    ood_u: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    id_u: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def labelled(self) -> bool:
+        """Whether the queries carry classes (R@1 and the right / wrong marks are defined)."""
+        return bool(self.meta.get("labelled", bool((self.label >= 0).all())))
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the record as one compressed ``.npz`` (``meta`` as a JSON string)."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(
+            p,
+            u=self.u.astype(np.float32),
+            label=self.label.astype(np.int64),
+            neighbour=self.neighbour.astype(np.int64),
+            hit=self.hit.astype(bool),
+            ood_u=self.ood_u.astype(np.float32),
+            id_u=self.id_u.astype(np.float32),
+            meta=np.array(json.dumps(self.meta, default=str)),
+        )
+        return p
+
+
+def _numpy(t: Tensor | None) -> np.ndarray:
+    if t is None:
+        return np.zeros(0, np.float32)
+    return t.detach().float().cpu().numpy().reshape(-1)
+
+
+def query_record(
+    embedding: Tensor,
+    uncertainty: Tensor,
+    labels: Tensor | None,
+    *,
+    ood_u: Tensor | None = None,
+    id_u: Tensor | None = None,
+    meta: dict[str, Any] | None = None,
+) -> QueryRecord:
+    """The record of one run's queries: u, nearest neighbour, hit flag (METRICS.md, R@1).
+
+    Parameters
+    ----------
+    embedding : Tensor
+        ``[N, D]`` point embeddings of the queries (``N >= 2``).
+    uncertainty : Tensor
+        ``[N]`` u of the queries.
+    labels : Tensor or None
+        ``[N]`` classes; ``None`` for unlabelled images (no hit flags).
+    ood_u, id_u : Tensor, optional
+        u of the OOD and held-out upstream images.
+    meta : dict, optional
+        What rebuilds the images and names the run (see :class:`QueryRecord`).
+
+    Raises
+    ------
+    ValueError
+        On fewer than two queries or a length mismatch (naming the argument).
+    """
+    if embedding.ndim != 2 or embedding.shape[0] < 2:
+        raise ValueError(
+            f"`embedding` must be [N, D] with N >= 2, got shape {tuple(embedding.shape)}"
+        )
+    n = embedding.shape[0]
+    if uncertainty.reshape(-1).shape[0] != n:
+        raise ValueError(f"length mismatch: `uncertainty` has {uncertainty.numel()} entries, not {n}")
+    if labels is not None and labels.reshape(-1).shape[0] != n:
+        raise ValueError(f"length mismatch: `labels` has {labels.numel()} entries, not {n}")
+    _, nb = knn(embedding.detach(), 1)
+    neighbour = nb[:, 0].cpu().numpy().astype(np.int64)
+    if labels is None:
+        label = np.full(n, -1, np.int64)
+        hit = np.zeros(n, bool)
+    else:
+        label = labels.detach().cpu().numpy().astype(np.int64).reshape(-1)
+        hit = label[neighbour] == label
+    info = dict(meta or {})
+    info.setdefault("labelled", labels is not None)
+    return QueryRecord(_numpy(uncertainty), label, neighbour, hit, _numpy(ood_u), _numpy(id_u), info)
+
+
+def record_from_outputs(
+    outputs: dict[str, tuple[Any, Tensor]], meta: dict[str, Any]
+) -> QueryRecord | None:
+    """:func:`query_record` of the ``outputs`` a run keeps (``score(return_outputs=True)``).
+
+    ``None`` when the estimator gives no u (nothing to rank).
+    """
+    out, y = outputs["test"]
+    if out.uncertainty is None:
+        return None
+    ood = outputs.get("ood")
+    idt = outputs.get("id_test")
+    return query_record(
+        out.embedding.float(),
+        out.uncertainty,
+        y,
+        ood_u=None if ood is None else ood[0].uncertainty,
+        id_u=None if idt is None else idt[0].uncertainty,
+        meta=meta,
+    )
+
+
+def read_queries(path: str | os.PathLike[str]) -> QueryRecord:
+    """Load a record written by :meth:`QueryRecord.save`.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If it is not a query record (naming ``path``).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"query record {str(p)!r} does not exist")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            rec = QueryRecord(
+                u=z["u"],
+                label=z["label"],
+                neighbour=z["neighbour"],
+                hit=z["hit"],
+                ood_u=z["ood_u"],
+                id_u=z["id_u"],
+                meta=json.loads(str(z["meta"])),
+            )
+    except (KeyError, ValueError, OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{str(p)!r} is not a bayesurl query record: {exc}") from None
+    n = rec.u.shape[0]
+    if not (rec.label.shape[0] == rec.neighbour.shape[0] == rec.hit.shape[0] == n) or (
+        n and (rec.neighbour.min() < 0 or rec.neighbour.max() >= n)
+    ):
+        raise ValueError(f"{str(p)!r} is not a consistent query record (array lengths / ids)")
+    return rec
+
