@@ -49,12 +49,13 @@ LAYERS: dict[str, int] = {
     "runs": 8,
     "benchmark": 8,
     "recipes": 8,
+    "report": 9,
     "commands": 9,
     "cli": 10,
     "__main__": 11,
 }
 #: the drivers: no library module below them may import these, not even lazily
-DRIVERS = ("runs", "benchmark", "recipes", "commands", "cli", "__main__")
+DRIVERS = ("runs", "benchmark", "recipes", "report", "commands", "cli", "__main__")
 #: known upward imports, each with the change that removes it
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 

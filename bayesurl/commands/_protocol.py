@@ -19,6 +19,7 @@ into the class-split x seed sweep stored in an Optuna RDB storage:
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 #: Default ``--out`` of the single-split benchmark; the protocol writes to
 #: ``results/benchmark/<preset>`` unless ``--out`` is given.
@@ -115,4 +116,8 @@ def run_protocol_command(args: argparse.Namespace) -> int:
     )
     for key, path in res["paths"].items():
         print(f"  {key}: {path}")
+    if res["paths"]:
+        from bayesurl.report import try_report
+
+        print(try_report(Path(next(iter(res["paths"].values()))).parent))
     return 1 if st["failed"] else 0

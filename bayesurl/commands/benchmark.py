@@ -6,7 +6,9 @@ OOD = scikit-learn digits; URL benchmark, Kirchhof et al., 2023, section 3) -- t
 registry methods, PVU, post-hoc TaU and laplace-torch Laplace on the CE base, LAM post-hoc and
 LAM online -- with the preset's data sizes and training length. Columns: R@1, R-AUROC, AUSC,
 ECE (estimators with a distribution), OOD AUROC, training time; mean +- std over seeds.
-Writes ``results.json``, ``results.csv`` and ``recall_vs_rauroc.png`` (URL Fig. 2) to ``--out``.
+Writes ``results.json``, ``results.csv``, ``recall_vs_rauroc.png`` (URL Fig. 2), each run's
+per-query record (``queries/``) and the HTML report ``report.html`` (:mod:`bayesurl.report`)
+to ``--out``.
 
 Under ``torchrun`` every rank runs the same runs in the same order in one process group: each
 method trains under DDP and is evaluated sharded (issue 16); rank 0 alone prints and writes.
@@ -135,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from bayesurl._checks import check_device, check_output_dir
+    from bayesurl.report import try_report
     from bayesurl.runs.results import merge_results
     from bayesurl.runs.runner import launch_rank
     from bayesurl.runs.sweep import resolve_estimators, run_sweep
@@ -152,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         merged.save(out)
         print(merged.table())
         print(f"merged {len(args.merge)} results into {out / 'results.json'}")
+        print(try_report(out))
         return 0
     names = resolve_estimators(args.methods, args.dataset)  # unknown names raise
     seeds = parse_seeds(args.seeds)
@@ -182,4 +186,5 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"total time {total:.1f} s; wrote {out / 'results.json'}, results.csv, recall_vs_rauroc.png"
     )
+    print(try_report(out))
     return 1 if any(r["error"] for r in results.runs) else 0

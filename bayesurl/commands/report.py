@@ -43,4 +43,3 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"`--thumb-size` must be >= 8, got {args.thumb_size}")
     print(report_line(write_report(args.folder, out=args.out, k=args.k, size=args.thumb_size)))
     return 0
-

@@ -3,8 +3,9 @@
 Reads the estimator's table from the data set's TOML recipe file
 (:func:`bayesurl.runs.load_recipe`), trains it on the upstream classes, evaluates it zero-shot
 on the downstream classes (URL section 3.2: R@1, R-AUROC, AUSC, ECE where a distribution is
-defined, OOD AUROC) and writes ``result.json`` and the checkpoint(s) into ``--out``. The same
-recipe, preset and seed give the same metrics as the row of ``bayesurl benchmark``.
+defined, OOD AUROC) and writes ``result.json``, the checkpoint(s), the per-query record
+``queries.npz`` and the HTML report ``report.html`` (:mod:`bayesurl.report`) into ``--out``.
+The same recipe, preset and seed give the same metrics as the row of ``bayesurl benchmark``.
 
 Examples::
 
@@ -52,8 +53,10 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from bayesurl._checks import check_device, check_output_dir
+    from bayesurl.report import try_report
     from bayesurl.runs import list_recipes, load_recipe
     from bayesurl.runs import run as run_one
+    from bayesurl.runs.queries import QUERIES_FILE
 
     if args.list:
         for dataset, names in list_recipes().items():
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         args.out if args.out is not None else Path("runs") / args.recipe, "--out"
     )
     cfg = load_recipe(args.recipe, overrides, preset=args.preset)
-    result = run_one(cfg, out=out, progress=not args.no_progress)
+    result = run_one(cfg, out=out, progress=not args.no_progress, queries=out / QUERIES_FILE)
     if not result.main_process:  # torchrun: rank 0 reports
         return 0
     m = result.metrics
@@ -84,4 +87,5 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {out / 'result.json'}"
         + (f", checkpoint {result.checkpoint}" if result.checkpoint else "")
     )
+    print(try_report(out))
     return 0

@@ -17,6 +17,7 @@ from bayesurl.report.page import (
     render_report,
     report_line,
     report_model,
+    try_report,
     write_report,
 )
 from bayesurl.report.sources import ReportSource, load_source
@@ -29,5 +30,6 @@ __all__ = [
     "render_report",
     "report_line",
     "report_model",
+    "try_report",
     "write_report",
 ]

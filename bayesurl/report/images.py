@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import io
-import os
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,8 @@ import numpy as np
 from PIL import Image
 
 from bayesurl.data.fmnist import FASHION_MNIST_CLASSES
+from bayesurl.runs.config import BackboneConfig, DataConfig, EstimatorConfig, RunConfig
+from bayesurl.runs.data import build_data
 from bayesurl.runs.queries import QueryRecord
 
 __all__ = ["ImageSource", "image_source", "png_data_uri"]
@@ -103,11 +105,6 @@ class ImageSource:
 
 def _dataset_source(record: QueryRecord, cache: dict[str, Any], size: int) -> ImageSource:
     """Images of a run: the run's data rebuilt from the settings in its record."""
-    import json
-
-    from bayesurl.runs.config import BackboneConfig, DataConfig, EstimatorConfig, RunConfig
-    from bayesurl.runs.data import build_data
-
     cfg = record.meta.get("config")
     if not isinstance(cfg, dict) or "data" not in cfg:
         raise ValueError("the query record keeps no data settings to rebuild its images")
@@ -167,5 +164,3 @@ def image_source(
     if "paths" in record.meta:
         return _folder_source(record, size)
     return _dataset_source(record, {} if cache is None else cache, size)
-
-

@@ -17,6 +17,7 @@ The data behind it are a JSON model (:func:`report_model`) that the page's scrip
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import os
@@ -29,7 +30,14 @@ import numpy as np
 from bayesurl.report.images import THUMB_SIZE, ImageSource, image_source
 from bayesurl.report.sources import RecordedRun, ReportSource, load_source
 
-__all__ = ["REPORT_FILE", "render_report", "report_line", "report_model", "write_report"]
+__all__ = [
+    "REPORT_FILE",
+    "render_report",
+    "report_line",
+    "report_model",
+    "try_report",
+    "write_report",
+]
 
 #: File name of the page inside the result folder.
 REPORT_FILE = "report.html"
@@ -90,8 +98,10 @@ def _ood(run: RecordedRun, k: int) -> dict[str, Any] | None:
 
 def _comparable(runs: list[RecordedRun]) -> bool:
     """Whether the runs' records describe the same queries (same count and classes)."""
+    if len(runs) < 2:
+        return False
     first = runs[0].record
-    return len(runs) > 1 and all(
+    return all(
         r.record.u.shape == first.u.shape and np.array_equal(r.record.label, first.label)
         for r in runs[1:]
     )
@@ -199,8 +209,6 @@ def _paths(rec: Any, shown: list[int]) -> dict[str, str]:
 
 def png_data_uri_file(path: Path) -> str:
     """A PNG file as a ``data:`` URI, bytes unchanged (the plots keep their resolution)."""
-    import base64
-
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
@@ -263,3 +271,15 @@ def report_line(info: dict[str, Any]) -> str:
     if info["missing"]:
         line += f"; no per-query record for {', '.join(info['missing'])}"
     return line
+
+
+def try_report(path: str | os.PathLike[str], **options: Any) -> str:
+    """:func:`write_report` for a command that has just written its results: the line to print.
+
+    A report that cannot be written (e.g. the data of the run are no longer where they were)
+    does not fail the run that produced the results: the line says why instead.
+    """
+    try:
+        return report_line(write_report(path, **options))
+    except (ValueError, OSError, KeyError) as exc:
+        return f"report not written: {exc} (bayesurl report {path} tries again)"

@@ -122,7 +122,9 @@ def query_record(
         )
     n = embedding.shape[0]
     if uncertainty.reshape(-1).shape[0] != n:
-        raise ValueError(f"length mismatch: `uncertainty` has {uncertainty.numel()} entries, not {n}")
+        raise ValueError(
+            f"length mismatch: `uncertainty` has {uncertainty.numel()} entries, not {n}"
+        )
     if labels is not None and labels.reshape(-1).shape[0] != n:
         raise ValueError(f"length mismatch: `labels` has {labels.numel()} entries, not {n}")
     _, nb = knn(embedding.detach(), 1)
@@ -135,7 +137,9 @@ def query_record(
         hit = label[neighbour] == label
     info = dict(meta or {})
     info.setdefault("labelled", labels is not None)
-    return QueryRecord(_numpy(uncertainty), label, neighbour, hit, _numpy(ood_u), _numpy(id_u), info)
+    return QueryRecord(
+        _numpy(uncertainty), label, neighbour, hit, _numpy(ood_u), _numpy(id_u), info
+    )
 
 
 def record_from_outputs(
@@ -192,4 +196,3 @@ def read_queries(path: str | os.PathLike[str]) -> QueryRecord:
     ):
         raise ValueError(f"{str(p)!r} is not a consistent query record (array lengths / ids)")
     return rec
-

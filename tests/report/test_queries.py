@@ -1,0 +1,84 @@
+"""The per-query record (bayesurl.runs.queries) against brute-force loops."""
+
+import numpy as np
+import pytest
+import torch
+
+from bayesurl.runs.queries import QueryRecord, query_record, read_queries
+
+
+def _brute_nn(x: np.ndarray) -> np.ndarray:
+    """Cosine 1-NN of every row among the others, lowest index on ties (plain loops)."""
+    n = len(x)
+    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
+    out = np.empty(n, np.int64)
+    for i in range(n):
+        best, arg = -np.inf, -1
+        for j in range(n):
+            if j != i:
+                s = float(xn[i] @ xn[j])
+                if s > best:
+                    best, arg = s, j
+        out[i] = arg
+    return out
+
+
+def test_record_matches_brute_force():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 6, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 4, (40,), generator=g)
+    u = torch.rand(40, generator=g, dtype=torch.float64)
+    rec = query_record(x, u, y, ood_u=torch.rand(7, dtype=torch.float64))
+    nb = _brute_nn(x.numpy())
+    np.testing.assert_array_equal(rec.neighbour, nb)
+    labels = y.numpy()
+    assert rec.hit.tolist() == [bool(labels[nb[i]] == labels[i]) for i in range(40)]
+    np.testing.assert_allclose(rec.u, u.numpy(), rtol=1e-6)
+    assert rec.ood_u.shape == (7,) and rec.id_u.shape == (0,) and rec.labelled
+
+
+def test_record_without_labels_has_no_hits():
+    x = torch.randn(10, 3, dtype=torch.float64)
+    rec = query_record(x, torch.rand(10), None)
+    assert not rec.labelled and not rec.hit.any() and (rec.label == -1).all()
+
+
+def test_save_read_round_trip(tmp_path):
+    x = torch.randn(12, 4, dtype=torch.float64)
+    rec = query_record(x, torch.rand(12), torch.arange(12) % 3, meta={"name": "ce", "seed": 2})
+    back = read_queries(rec.save(tmp_path / "q.npz"))
+    for key in ("u", "label", "neighbour", "hit", "ood_u", "id_u"):
+        np.testing.assert_array_equal(getattr(back, key), getattr(rec, key))
+    assert back.meta == {"name": "ce", "seed": 2, "labelled": True}
+
+
+def test_bad_input_and_corrupt_file(tmp_path):
+    with pytest.raises(ValueError, match="`uncertainty`"):
+        query_record(torch.randn(5, 2), torch.rand(4), None)
+    with pytest.raises(ValueError, match="`labels`"):
+        query_record(torch.randn(5, 2), torch.rand(5), torch.zeros(3))
+    with pytest.raises(ValueError, match="`embedding`"):
+        query_record(torch.randn(1, 2), torch.rand(1), None)
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not an npz")
+    with pytest.raises(ValueError, match="bad.npz"):
+        read_queries(bad)
+    wrong = QueryRecord(
+        np.zeros(3, np.float32), np.zeros(3), np.array([1, 2, 7]), np.zeros(3, bool)
+    ).save(tmp_path / "wrong.npz")
+    with pytest.raises(ValueError, match="wrong.npz"):
+        read_queries(wrong)
+    with pytest.raises(FileNotFoundError):
+        read_queries(tmp_path / "absent.npz")
+
+
+def test_sweep_writes_one_record_per_run(bench_dir):
+    """The sweep's records agree with its metrics: mean hit = R@1 of the run."""
+    import json
+
+    runs = json.loads((bench_dir / "results.json").read_text())["runs"]
+    for r in runs:
+        rec = read_queries(bench_dir / "queries" / f"{r['estimator']}_s{r['seed']}.npz")
+        assert rec.meta["name"] == r["estimator"]
+        assert len(rec.u) == r["n_test"] and len(rec.ood_u) == r["n_ood"]
+        assert rec.hit.mean() == pytest.approx(r["r@1"], abs=1e-12)

@@ -1,0 +1,114 @@
+"""The report opened from disk in a real browser (headless Chromium).
+
+The test's own script is appended to a copy of the page; Chromium loads it from a file:// URL,
+runs the page's and the test's scripts and dumps the DOM, from which the test reads what the
+browser saw: every image decoded (naturalWidth > 0), no resource fetched and no
+Content-Security-Policy violation (nothing requested from any host), the galleries' items, and
+the results table's order after clicks on a column title.
+
+Skipped, saying why, where no Chromium is installed (``.ci/run`` installs the Debian package
+``chromium`` where apt-get works as root).
+"""
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from bayesurl.report import write_report
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+BROWSER = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
+pytestmark = pytest.mark.skipif(
+    BROWSER is None,
+    reason="no headless Chromium on this machine (apt-get install chromium; .ci/run does it "
+    "where apt works)",
+)
+
+PROBE = r"""
+<script>
+window.__violations = [];
+document.addEventListener("securitypolicyviolation", e => window.__violations.push(e.blockedURI));
+window.addEventListener("load", () => setTimeout(() => {
+  const col = (i) => Array.from(document.querySelectorAll("#results tbody tr"))
+    .map(tr => tr.children[i].getAttribute("data-v"));
+  const th = document.querySelectorAll("#results th")[1];
+  const before = col(0);
+  th.click(); const asc = [col(0), col(1)];
+  th.click(); const desc = [col(0), col(1)];
+  const galleries = {};
+  document.querySelectorAll("section[data-estimator]").forEach(s => {
+    const g = {};
+    s.querySelectorAll("[data-gallery]").forEach(d => {
+      g[d.dataset.gallery] = Array.from(d.children).map(c => c.dataset.query || c.dataset.ood);
+    });
+    galleries[s.dataset.estimator] = g;
+  });
+  const imgs = Array.from(document.images);
+  const out = {
+    images: imgs.length,
+    broken: imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt),
+    schemes: [...new Set(imgs.map(i => i.src.split(":")[0]))],
+    resources: performance.getEntriesByType("resource").map(e => e.name),
+    violations: window.__violations,
+    before, asc, desc, galleries,
+    compare: document.querySelectorAll("#cmp-grid [data-compare]").length,
+  };
+  const pre = document.createElement("pre");
+  pre.id = "browser-test";
+  pre.textContent = JSON.stringify(out);
+  document.body.append(pre);
+}, 300));
+</script>
+"""
+
+
+def _open(html_path, tmp_path, extra=""):
+    """Load ``html_path`` plus the probe in headless Chromium; the probe's findings."""
+    page = tmp_path / "probed.html"
+    page.write_text(html_path.read_text().replace("</body>", extra + PROBE + "</body>"))
+    cmd = [
+        BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        "--disable-background-networking", "--virtual-time-budget=5000",
+        f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri(),
+    ]  # fmt: skip
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    m = re.search(r'<pre id="browser-test">(.*?)</pre>', dom, re.S)
+    assert m, f"the probe did not run; the browser printed: {dom[-500:]}"
+    return json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+
+
+def _model(html):
+    m = re.search(r'<script type="application/json" id="model">(.*?)</script>', html, re.S)
+    return json.loads(m.group(1))
+
+
+def test_report_in_browser(bench_dir, tmp_path):
+    path = write_report(bench_dir, k=6)["path"]
+    seen = _open(path, tmp_path)
+    model = _model(path.read_text())
+    assert seen["images"] > 2 * 6 * 2 and seen["broken"] == []
+    assert seen["schemes"] == ["data"]
+    assert seen["resources"] == [] and seen["violations"] == []
+    for est in model["estimators"]:
+        g = seen["galleries"][est["name"]]
+        assert g["most"] == [str(q) for q in est["most"]]
+        assert g["least"] == [str(q) for q in est["least"]]
+        assert g["ood-top"] == [str(i) for i, *_ in est["ood"]["top"]]
+    assert seen["compare"] > 0
+    # the R@1 column sorted up, then down, by the numbers of the table (n/a last)
+    r1 = {row[0]: row[1][0] for row in model["rows"]}
+    up = sorted(r1, key=lambda n: (r1[n] is None, r1[n] or 0))
+    assert seen["asc"][0] == up and [float(v) for v in seen["asc"][1]] == [r1[n] for n in up]
+    down = sorted(r1, key=lambda n: (r1[n] is None, -(r1[n] or 0)))
+    assert seen["desc"][0] == down
+
+
+def test_probe_sees_a_request_and_a_broken_image(bench_dir, tmp_path):
+    """The checks can fail: an image from a host is refused and counted."""
+    path = write_report(bench_dir, k=2)["path"]
+    seen = _open(path, tmp_path, '<img alt="remote" src="http://127.0.0.1:9/x.png">')
+    assert "remote" in seen["broken"]
+    assert seen["violations"] or seen["resources"]
