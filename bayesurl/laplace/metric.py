@@ -73,9 +73,11 @@ __all__ = [
     "KronMetricLaplace",
     "KronOnlineMetricLaplace",
     "KronPosthocMetricLaplace",
+    "HessianPairs",
     "LaplaceMode",
     "MetricLaplace",
     "OnlineBatch",
+    "OnlineScale",
     "OnlineMetricLaplace",
     "PosthocMetricLaplace",
     "kappa_from_trace",
@@ -93,6 +95,33 @@ class LaplaceMode(str, Enum):
 
     POSTHOC = "posthoc"
     ONLINE = "online"
+
+
+class HessianPairs(str, Enum):
+    """Which mined negative pairs enter the Hessian.
+
+    The contrastive loss is flat for a negative pair outside the margin, so its GGN there is
+    0 (``inside_margin``, default). The LAM code (``laplace_online_model.py`` lines 132-148,
+    FrederikWarburg/bayesian-metric-learning e0188f4) passes every tuple its
+    ``TripletMarginMiner`` returns to the Hessian calculator, which has no margin test
+    (``all_mined``).
+    """
+
+    INSIDE_MARGIN = "inside_margin"
+    ALL_MINED = "all_mined"
+
+
+class OnlineScale(str, Enum):
+    """How online LAM scales a batch's Hessian before adding it (LAM eq. 5).
+
+    ``dataset_over_batch`` (default): ``N / b``, so a pass over the data adds what the
+    post-hoc fit sums. ``dataset_squared_over_tuples``: ``N^2 / #tuples`` of the LAM code
+    (``scale_hessian`` defaults to ``dataset_size ** 2``, line 51, and stochman's
+    ``DiagLaplace.scale`` divides by ``min(n_triplets, max_pairs)``, line 149).
+    """
+
+    DATASET_OVER_BATCH = "dataset_over_batch"
+    DATASET_SQUARED_OVER_TUPLES = "dataset_squared_over_tuples"
 
 
 @dataclass
@@ -243,6 +272,7 @@ class BaseMetricLaplace:
         prior_precision: float | Tensor = 1.0,
         margin: float = 0.2,
         hessian_scale: float = 1.0,
+        hessian_pairs: HessianPairs | str = HessianPairs.INSIDE_MARGIN,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ValueError(f"`model` must be an nn.Module, got {type(model).__name__}")
@@ -253,6 +283,7 @@ class BaseMetricLaplace:
         if not float(margin) > 0:
             raise ValueError(f"`margin` must be positive, got {margin}")
         self.margin = float(margin)
+        self.hessian_pairs = _enum(HessianPairs, hessian_pairs, "hessian_pairs")
         if not float(hessian_scale) > 0:
             raise ValueError(f"`hessian_scale` must be positive, got {hessian_scale}")
         self.hessian_scale = float(hessian_scale)
@@ -403,6 +434,13 @@ class BaseMetricLaplace:
             )
         return phi
 
+    @property
+    def hessian_margin(self) -> float:
+        """The margin the Hessian applies to negative pairs (``inf``: every mined pair)."""
+        if self.hessian_pairs is HessianPairs.ALL_MINED:
+            return math.inf
+        return self.margin
+
     def _default_miner(self) -> Miner:
         """Hessian pairs: the hardest positive and hardest negative of every anchor.
 
@@ -430,7 +468,7 @@ class BaseMetricLaplace:
         if self.approximation is not Approximation.POSITIVE and a2.numel():
             u = F.normalize(z, dim=1)
             a2, n = a2.to(z.device), n.to(z.device)
-            count += int(((u[a2] - u[n]).norm(dim=1) < self.margin).sum())
+            count += int(((u[a2] - u[n]).norm(dim=1) < self.hessian_margin).sum())
         return count
 
     # ------------------------------------------------------------------ post-hoc fit
@@ -718,7 +756,7 @@ class DiagMetricLaplace(BaseMetricLaplace):
             tup,
             approximation=self.approximation,
             geometry=self.geometry,
-            margin=self.margin,
+            margin=self.hessian_margin,
             clamp=False,
         )
 
@@ -809,7 +847,7 @@ class KronMetricLaplace(BaseMetricLaplace):
                     tup,
                     approximation=self.approximation,
                     geometry=self.geometry,
-                    margin=self.margin,
+                    margin=self.hessian_margin,
                     weight=weight / thetas.shape[0],
                 )
             )
@@ -898,7 +936,9 @@ class OnlineMetricLaplace(BaseMetricLaplace):
     """Online LAM: expected-gradient training with a running Hessian (LAM eqs. 4-5).
 
     Extra parameters (see :func:`MetricLaplace`): ``alpha``, ``dataset_size``,
-    ``n_weight_samples``.
+    ``n_weight_samples``, ``init_hessian`` (the start value of every entry of ``H``: 0 by
+    default; the LAM code starts at ``dataset_size``, stochman's ``init_hessian``) and
+    ``online_scale`` (:class:`OnlineScale`).
     """
 
     mode = LaplaceMode.ONLINE.value
@@ -911,9 +951,15 @@ class OnlineMetricLaplace(BaseMetricLaplace):
         alpha: float = 1e-3,
         dataset_size: int | None = None,
         n_weight_samples: int = 1,
+        init_hessian: float = 0.0,
+        online_scale: OnlineScale | str = OnlineScale.DATASET_OVER_BATCH,
         **kwargs: Any,
     ) -> None:
         super().__init__(model, last_layer, **kwargs)
+        if not (math.isfinite(float(init_hessian)) and float(init_hessian) >= 0):
+            raise ValueError(f"`init_hessian` must be finite and >= 0, got {init_hessian}")
+        self.hessian.fill_(float(init_hessian))
+        self.online_scale = _enum(OnlineScale, online_scale, "online_scale")
         if not 0.0 <= float(alpha) <= 1.0:
             raise ValueError(f"`alpha` must be in [0, 1], got {alpha}")
         if int(n_weight_samples) < 1:
@@ -963,9 +1009,12 @@ class OnlineMetricLaplace(BaseMetricLaplace):
            with ``H_batch`` the GGN diagonal of the mined pairs (eq. 5). Each batch's
            Hessian is clamped at 0 before it enters the running sum (the ReLU of LAM
            section 3, "Ensuring positive definiteness", applied per step as LAM eq. 9 and
-           the ``torch.relu`` of the authors' online model): clamping only the total would
-           let negative batch curvature (``fixed`` / ``full``) cancel earlier positive
-           curvature, so ``H`` stays entry-wise non-negative at every step.
+           the ``torch.relu(hessian)`` added every step by the authors' online model since
+           their commit e57a3c8, ``laplace_online_model.py`` line 157): clamping only the
+           total would let negative batch curvature (``fixed`` / ``full``) cancel earlier
+           positive curvature, so ``H`` stays entry-wise non-negative at every step. The
+           LAM code scales by ``N^2 / #tuples`` and starts ``H`` at ``N``: ``online_scale``
+           and ``init_hessian``.
 
         Parameters
         ----------
@@ -1024,12 +1073,20 @@ class OnlineMetricLaplace(BaseMetricLaplace):
                 phi=phi.detach().to(theta.dtype),
                 pairs=h_tup,
                 thetas=theta + noise,
-                scale=self.dataset_size / phi.shape[0],
+                scale=self._batch_scale(phi.shape[0], h_tup),
                 n_pairs=self._count_pairs(z_mean, h_tup),
             )
         if update_hessian:
             self.update_hessian()
         return loss
+
+    def _batch_scale(self, batch_size: int, tup: tuple[Tensor, ...]) -> float:
+        """``N / b`` or the LAM code's ``N^2 / #tuples`` (:class:`OnlineScale`)."""
+        n = float(self.dataset_size)
+        if self.online_scale is OnlineScale.DATASET_OVER_BATCH:
+            return n / batch_size
+        n_tuples = len(tup[0]) if len(tup) == 3 else len(tup[0]) + len(tup[2])
+        return n * n / max(n_tuples, 1)
 
     def update_hessian(self, reduce: Reduce | None = None) -> None:
         """Step 3 of :meth:`online_loss` for its last batch (LAM eq. 5).
@@ -1117,6 +1174,7 @@ def MetricLaplace(  # noqa: N802 - factory named like the class it returns (lapl
     margin: float = 0.2,
     hessian_scale: float = 1.0,
     hessian_structure: HessianStructure | str = "diag",
+    hessian_pairs: HessianPairs | str = HessianPairs.INSIDE_MARGIN,
     **online_kwargs: Any,
 ) -> BaseMetricLaplace:
     """Last-layer Laplace for metric learning, laplace-torch style (LAM section 3).
@@ -1149,9 +1207,13 @@ def MetricLaplace(  # noqa: N802 - factory named like the class it returns (lapl
         (EKFAC; :mod:`bayesurl.laplace.kron`). Every method below works for both; ``kron``
         costs one input cache of ``N (F + 1)`` floats during :meth:`fit`. Online, each step
         refits the factors to the decayed EKFAC curvature plus the batch GGN.
+    hessian_pairs : {"inside_margin", "all_mined"}
+        :class:`HessianPairs`: negatives outside the margin contribute nothing (default, the
+        GGN of the loss) or every mined pair does (the LAM code).
     **online_kwargs
-        ``alpha`` (memory, default 1e-3), ``dataset_size``, ``n_weight_samples`` (default 1);
-        online mode only.
+        ``alpha`` (memory, default 1e-3), ``dataset_size``, ``n_weight_samples`` (default 1),
+        ``init_hessian`` (default 0; LAM code: ``dataset_size``), ``online_scale``
+        (:class:`OnlineScale`); online mode only.
 
     Returns
     -------
@@ -1180,6 +1242,7 @@ def MetricLaplace(  # noqa: N802 - factory named like the class it returns (lapl
         prior_precision=prior_precision,
         margin=margin,
         hessian_scale=hessian_scale,
+        hessian_pairs=hessian_pairs,
         **online_kwargs,
     )
 

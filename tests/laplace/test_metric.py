@@ -536,3 +536,73 @@ def test_optimize_prior_precision_clips_to_bounds():
     assert lml[1] > max(lml[0], lml[2])  # the clipped values are worse (scipy-free check)
     with pytest.raises(ValueError, match="bounds"):
         la.optimize_prior_precision(bounds=(1.0, 0.5))
+
+
+def test_online_lam_code_update_and_start():
+    """The LAM code's update (laplace_online_model.py lines 48-51, 149, 157 at e0188f4):
+    ``H_0 = N`` (stochman ``init_hessian``), ``H <- m H + relu(mean_s h_s / #tuples * N^2)``,
+    written as a loop with the same weight draws (lr = 0 keeps the mean fixed)."""
+    x, y = _data(n=64, seed=2)
+    y = torch.tensor([0, 0, 1, 2] * 16)
+    net = _net(3)
+    alpha, n_total, b, lam = 0.2, 640, 16, 1.0
+    la = MetricLaplace(
+        net,
+        mode="online",
+        alpha=alpha,
+        dataset_size=n_total,
+        margin=2.0,
+        prior_precision=lam,
+        init_hessian=n_total,
+        online_scale="dataset_squared_over_tuples",
+    )
+    assert bool((la.hessian == n_total).all())
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)
+    gen = torch.Generator().manual_seed(11)
+    for xb, yb in _batches(x, y, b):
+        la.online_step(xb, yb, opt, hessian_miner=_consecutive_pair_miner, generator=gen)
+
+    ref_gen = torch.Generator().manual_seed(11)
+    last = net[2]
+    d, f = last.out_features, last.in_features
+    theta = torch.cat([last.weight.detach().reshape(-1), last.bias.detach()])
+    h_ref = torch.full((d * f + d,), float(n_total), dtype=torch.float64)
+    for xb, yb in _batches(x, y, b):
+        std = 1.0 / (h_ref.clamp_min(0.0) + lam).sqrt()
+        noise = torch.randn((1, theta.numel()), generator=ref_gen, dtype=torch.float64) * std
+        lay = nn.Linear(f, d).double()
+        with torch.no_grad():
+            lay.weight.copy_((theta + noise[0])[: d * f].reshape(d, f))
+            lay.bias.copy_((theta + noise[0])[d * f :])
+        phi = net[1](net[0](xb)).detach()
+        u = nn.functional.normalize(net[2](phi).detach(), dim=1)
+        tup = _consecutive_pair_miner(u, yb)
+        h_b = ggn_diagonal(lay, phi, tup, approximation="fixed", geometry="arccos", margin=2.0)
+        n_tuples = len(tup[0]) + len(tup[2])
+        h_ref = (1 - alpha) * h_ref + torch.relu(h_b / n_tuples * n_total**2)
+    torch.testing.assert_close(la.hessian, h_ref)
+    # the default N / b scale and H_0 = 0 differ by orders of magnitude here
+    default = MetricLaplace(_net(3), mode="online", dataset_size=n_total)
+    assert bool((default.hessian == 0).all())
+
+
+def test_all_mined_pairs_keep_negatives_outside_the_margin():
+    """``hessian_pairs="all_mined"``: the LAM code's calculator has no margin test."""
+    x, _ = _data()
+    y = torch.tensor([0, 0, 0, 1] * 8)  # consecutive pairs: positives and negatives
+    net = _net()
+    kw = {"approximation": "full", "geometry": "arccos", "margin": 0.05}
+    tup = _consecutive_pair_miner(None, y)
+    la = MetricLaplace(net, hessian_pairs="all_mined", **kw)
+    la.fit([(x, y)], miner=lambda e, lab: tup, progress=False)
+    phi = net[1](net[0](x)).detach()
+    want = ggn_diagonal(net[2], phi, tup, approximation="full", geometry="arccos",
+                        margin=math.inf, clamp=False)  # fmt: skip
+    torch.testing.assert_close(la.hessian, want)
+    inside = MetricLaplace(net, **kw)
+    inside.fit([(x, y)], miner=lambda e, lab: tup, progress=False)
+    assert not torch.allclose(inside.hessian, want)
+    with pytest.raises(ValueError, match="hessian_pairs"):
+        MetricLaplace(net, hessian_pairs="every")
+    with pytest.raises(ValueError, match="online_scale"):
+        MetricLaplace(net, mode="online", dataset_size=4, online_scale="n2")
