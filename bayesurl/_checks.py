@@ -23,6 +23,7 @@ __all__ = [
     "check_floating",
     "check_input_file",
     "check_int",
+    "check_labels",
     "check_ints",
     "check_ndim",
     "check_nonzero_rows",
@@ -121,6 +122,21 @@ def check_same_length(*named: tuple[str, Tensor], dim: int = 0) -> None:
     if len({s for _, s in sizes}) > 1:
         desc = ", ".join(f"`{n}` has {s}" for n, s in sizes)
         raise ValueError(f"length mismatch along dim {dim}: {desc}")
+
+
+def check_labels(y: object, n: int, name: str = "labels") -> Tensor:
+    """Class labels ``[n]``: a 1-D tensor of ``n`` finite entries, else ValueError naming ``name``
+    (a ``[n, 1]`` or one-hot ``[n, C]`` array would be broadcast into wrong pairs)."""
+    t = as_tensor(y, name)
+    if t.ndim != 1:
+        raise ValueError(
+            f"`{name}` must be 1-D class labels [N], got shape {tuple(t.shape)} (one-hot or "
+            "[N, 1] labels: use .argmax(1) or .flatten())"
+        )
+    if t.shape[0] != n:
+        raise ValueError(f"length mismatch: `{name}` has {t.shape[0]} entries, expected {n}")
+    check_finite(t, name)
+    return t
 
 
 def check_min_points(x: Tensor, name: str, minimum: int = 2) -> None:

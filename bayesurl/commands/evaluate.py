@@ -19,7 +19,6 @@ spec METRICS.md (URL benchmark section 3.1, LAM section 5).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import struct
@@ -37,6 +36,7 @@ from bayesurl._checks import (
     check_ints,
 )
 from bayesurl.distributed import launched_by_torchrun
+from bayesurl.files import write_json
 
 HELP = "evaluate embeddings / uncertainties / samples from an .npz file, or a checkpoint"
 
@@ -363,7 +363,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_table(res))
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2))
+        write_json(args.json, res)
     return 0
 
 
@@ -413,7 +413,7 @@ def _run_distributed(args: argparse.Namespace) -> int:
         if is_main_process():
             print(format_table(res))
             if args.json:
-                Path(args.json).write_text(json.dumps(res, indent=2))
+                write_json(args.json, res)
         return 0
     finally:
         cleanup()
@@ -440,5 +440,5 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
     print(f"{res['method']} ({res['checkpoint']}) zero-shot on {res['dataset']}")
     print(format_table(res))
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2))
+        write_json(args.json, res)
     return 0

@@ -1,4 +1,4 @@
-"""Train one method on the upstream classes of a zero-shot split and save a checkpoint.
+r"""Train one method on the upstream classes of a zero-shot split and save a checkpoint.
 
 The URL training recipe (Kirchhof et al., 2023, section 4 and appendix B): LAMB, linear warm-up
 and cosine annealing, two augmented views for the self-supervised methods. The checkpoint
@@ -28,6 +28,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from bayesurl.files import write_json
 
 OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "train one method on the upstream classes and save a checkpoint"
@@ -230,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
             "history": result.history,
             "checkpoint": os.fspath(result.checkpoint) if result.checkpoint else None,
         }
-        (out / "train.json").write_text(json.dumps(summary, indent=2, default=str))
+        write_json(out / "train.json", summary, default=str)
         if result.losses:
             import matplotlib.pyplot as plt
 

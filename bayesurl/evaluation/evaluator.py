@@ -424,7 +424,7 @@ def evaluate(
             res["rank_correlation"] = _f(Fm.rank_correlation(u, sh.gather(ref_u.to(u.device))))
 
     if s is None:
-        notes.append("ece: no samples (ECE needs posterior draws, METRICS.md)")
+        notes.append("ece: no samples (ECE needs posterior draws; docs: Concepts > Metrics)")
     else:
         Fm._check_n_bins(n_bins)  # before the search, not after it
         nb_draws = Sm._sampled_neighbors(

@@ -46,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bayesurl.files import atomic_open, atomic_write, write_json
+
 _log = logging.getLogger(__name__)
 
 __all__ = [
@@ -437,9 +439,7 @@ def _result_path(out: Path, row: str, seed: int) -> Path:
 
 
 def _write(path: Path, payload: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, sort_keys=True))
-    tmp.replace(path)
+    write_json(path, payload, indent=1, sort_keys=True)
 
 
 def run_table2(cfg: Table2Config, out: str | Path, *, models: str | Path | None = None) -> None:
@@ -472,8 +472,9 @@ def run_table2(cfg: Table2Config, out: str | Path, *, models: str | Path | None 
         t0 = time.perf_counter()
         net, hist = train()
         dt = time.perf_counter() - t0
-        torch.save(net.state_dict(), path)
-        (mdir / f"{name}_s{seed}.time").write_text(f"{dt:.3f}")
+        with atomic_open(path, "wb") as fh:
+            torch.save(net.state_dict(), fh)
+        atomic_write(mdir / f"{name}_s{seed}.time", f"{dt:.3f}")
         return net, hist, dt
 
     def train_time(name: str, seed: int) -> float | None:
@@ -692,14 +693,14 @@ def summarize(out: str | Path) -> dict[str, dict[str, Any]]:
         for k, _ in COLUMNS:
             vals += ["", ""] if e[k] is None else [f"{e[k][0]:.5f}", f"{e[k][1]:.5f}"]
         csv.append(",".join([row, str(len(e["seeds"])), *vals, t]))
-    (out / "table.md").write_text("\n".join(lines) + "\n")
-    (out / "table.csv").write_text("\n".join(csv) + "\n")
+    atomic_write(out / "table.md", "\n".join(lines) + "\n")
+    atomic_write(out / "table.csv", "\n".join(csv) + "\n")
     # the same cells as table.md, quoted CSV for the docs page's csv-table
     display = ['"' + '","'.join(head) + '"']
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         display.append('"' + '","'.join(cells) + '"')
-    (out / "table_display.csv").write_text("\n".join(display) + "\n")
+    atomic_write(out / "table_display.csv", "\n".join(display) + "\n")
     return table
 
 
@@ -997,14 +998,14 @@ def summarize_sweep(
             )  # fmt: skip
             + " |"
         )
-    (out / "posthoc_sweep.md").write_text("\n".join(lines) + "\n")
+    atomic_write(out / "posthoc_sweep.md", "\n".join(lines) + "\n")
     # the same cells, quoted CSV for the docs page's csv-table
     display = [
         '"' + '","'.join(c.strip() for c in line.strip().strip("|").split("|")) + '"'
         for i, line in enumerate(lines)
         if i != 1
     ]
-    (out / "posthoc_sweep_display.csv").write_text("\n".join(display) + "\n")
+    atomic_write(out / "posthoc_sweep_display.csv", "\n".join(display) + "\n")
     return list(rows.values())
 
 

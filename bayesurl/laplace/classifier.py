@@ -20,8 +20,10 @@ Probabilities use the probit approximation (MacKay 1992), as laplace-torch's
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -62,18 +64,43 @@ class ClassifierPredictive(NamedTuple):
     features: Tensor
 
 
+#: Warnings laplace-torch and its backends raise on calls made deliberately here, each caught by
+#: its exact message and category only (a user sees bayesurl's own messages, and any other
+#: warning still surfaces).
+_KNOWN_WARNINGS = {
+    # asdl (imported by laplace.curvature) decorates functions with torch.jit.script at import
+    "import": [(r"`torch\.jit\.script` is deprecated", FutureWarning)],
+    # BackPACK hooks the last layer, whose inputs (frozen features) need no gradient
+    "fit": [(r"Full backward hook is firing when gradients are computed", UserWarning)],
+    # laplace-torch reminds classification users of its probit default; predictive() is probit
+    "prior": [(r"By default `link_approx` is `probit`", UserWarning)],
+}
+
+
+@contextlib.contextmanager
+def _known_warnings(call: str) -> Iterator[None]:
+    """Silence exactly the :data:`_KNOWN_WARNINGS` of ``call`` for the block."""
+    with warnings.catch_warnings():
+        for message, category in _KNOWN_WARNINGS[call]:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        yield
+
+
 def _backend(name: str) -> type:
     name = str(name).lower()
     if name == "backpack":
-        from laplace.curvature import BackPackGGN
+        with _known_warnings("import"):
+            from laplace.curvature import BackPackGGN
 
         return BackPackGGN
     if name == "curvlinops":
-        from laplace.curvature import CurvlinopsGGN
+        with _known_warnings("import"):
+            from laplace.curvature import CurvlinopsGGN
 
         return CurvlinopsGGN
     if name == "asdl":
-        from laplace.curvature import AsdlGGN
+        with _known_warnings("import"):
+            from laplace.curvature import AsdlGGN
 
         return AsdlGGN
     raise ValueError(f"`backend` must be one of {', '.join(_BACKENDS)}; got {name!r}")
@@ -119,7 +146,8 @@ class ClassifierLaplace:
         last_layer_name: str | None = None,
         **laplace_kwargs: Any,
     ) -> None:
-        from laplace import Laplace
+        with _known_warnings("import"):
+            from laplace import Laplace
 
         if not isinstance(model, nn.Module):
             raise ValueError(f"`model` must be an nn.Module, got {type(model).__name__}")
@@ -144,14 +172,16 @@ class ClassifierLaplace:
 
     def fit(self, loader: Iterable[Any], progress: bool = False) -> ClassifierLaplace:
         """Fit the last-layer posterior on ``loader`` of ``(x, y)`` batches (laplace-torch)."""
-        self.la.fit(loader, progress_bar=progress)
+        with _known_warnings("fit"):
+            self.la.fit(loader, progress_bar=progress)
         self._fitted = True
         return self
 
     def optimize_prior_precision(self, method: str = "marglik", **kwargs: Any) -> Tensor:
         """Tune the prior precision with laplace-torch (default: marginal likelihood)."""
         self._check_fitted()
-        self.la.optimize_prior_precision(method=method, **kwargs)
+        with _known_warnings("prior"), _known_warnings("fit"):
+            self.la.optimize_prior_precision(method=method, **kwargs)
         return self.la.prior_precision.detach().clone()
 
     def _check_fitted(self) -> None:

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 from torch.nn.utils import parameters_to_vector
 
-from bayesurl._checks import check_finite, match_module_dtype
+from bayesurl._checks import check_finite, check_labels, match_module_dtype
 from bayesurl._modules import eval_mode
 from bayesurl.data.batch import unpack_batch
 from bayesurl.laplace.curvature import Approximation, Geometry, _enum, split_pairs
@@ -228,7 +228,7 @@ class KronHeadLaplace:
                 h = self.head_input(x)
                 with torch.enable_grad():
                     z, xs, jacs = self._layers(h)
-                y = torch.as_tensor(y).to(z.device)
+                y = check_labels(y, z.shape[0]).to(z.device)
                 tup = miner(F.normalize(z, dim=1), y)
                 a1, p, a2, n = split_pairs(tup, z.shape[0])
                 blocks = self._blocks(z, (a1, p, a2, n), jacs)

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from bayesurl._checks import check_finite, check_tensor, match_module_dtype
+from bayesurl._checks import check_finite, check_labels, check_tensor, match_module_dtype
 from bayesurl._modules import eval_mode
 from bayesurl.data.batch import unpack_batch
 from bayesurl.laplace.curvature import (
@@ -514,7 +514,7 @@ class BaseMetricLaplace:
             for batch in _progress(loader, progress, "LAM fit", total):
                 x, y = unpack_batch(batch, labels=True)
                 phi = self.features(x)
-                y = torch.as_tensor(y).to(phi.device)
+                y = check_labels(y, phi.shape[0]).to(phi.device)
                 z = F.linear(phi, self.last_layer.weight, self.last_layer.bias)
                 tup = miner(F.normalize(z, dim=1), y)
                 n_pairs += self._count_pairs(z, tup)
@@ -1044,9 +1044,7 @@ class OnlineMetricLaplace(BaseMetricLaplace):
         hessian_miner = hessian_miner if hessian_miner is not None else self._default_miner()
         loss_fn = loss_fn if loss_fn is not None else self._default_loss()
         phi = self.features(x)
-        y = torch.as_tensor(y).to(phi.device)
-        if phi.shape[0] != y.shape[0]:
-            raise ValueError(f"`x` has {phi.shape[0]} rows but `y` has {y.shape[0]}")
+        y = check_labels(y, phi.shape[0], "y").to(phi.device)
         weight, bias = self.last_layer.weight, self.last_layer.bias
         with torch.no_grad():
             z_mean = F.linear(phi, weight, bias)
@@ -1338,7 +1336,7 @@ def train_contrastive(
         total, count = 0.0, 0
         for batch in _progress(loader, progress, f"contrastive epoch {epoch + 1}/{epochs}"):
             x, y = unpack_batch(batch, labels=True)
-            x, y = x.to(device), torch.as_tensor(y).to(device)
+            x, y = x.to(device), check_labels(y, x.shape[0]).to(device)
             emb = F.normalize(model(x), dim=1)
             tup = miner(emb.detach(), y)
             loss = loss_fn(emb, y, tup)

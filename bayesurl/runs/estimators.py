@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from bayesurl.files import atomic_open
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, backbone_kwargs
 from bayesurl.types import Output
@@ -82,7 +83,12 @@ def _check_kwargs(fn: Any, kwargs: dict[str, Any], where: str, skip: tuple[str, 
     valid = [k for k in params if k not in ("self", *skip)]
     unknown = [k for k in kwargs if k not in valid]
     if unknown:
-        raise ValueError(f"unknown key `{where}.{unknown[0]}`; valid: {', '.join(valid)}")
+        options = (
+            f"valid: {', '.join(valid)}"
+            if valid
+            else f"{getattr(fn, '__qualname__', fn)} takes no further options"
+        )
+        raise ValueError(f"unknown key `{where}.{unknown[0]}`; {options}")
 
 
 class Estimator:
@@ -430,10 +436,15 @@ class LamEstimator(Estimator):
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             self.checkpoint = out / "laplace.pt"
-            torch.save(
-                {"model": net.state_dict(), "laplace": la.state_dict(), "config": cfg.to_dict()},
-                self.checkpoint,
-            )
+            with atomic_open(self.checkpoint, "wb") as fh:
+                torch.save(
+                    {
+                        "model": net.state_dict(),
+                        "laplace": la.state_dict(),
+                        "config": cfg.to_dict(),
+                    },
+                    fh,
+                )
         return {
             "train_time": train_time,
             "final_loss": float(losses[-1]) if losses else None,

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bayesurl.data.class_splits import ClassSplit, class_splits
+from bayesurl.files import atomic_open, write_json
 from bayesurl.runs.aggregate import paired_comparison, split_half_reproducibility, summarize
 from bayesurl.runs.storage import SweepStorage
 
@@ -319,7 +320,7 @@ def tune_estimators(
         path = Path(out) / "tuned.json"
         old = json.loads(path.read_text()) if path.is_file() else {}
         old.update(chosen)
-        _write_text(path, json.dumps(old, indent=2))
+        write_json(path, old)
     return chosen
 
 
@@ -554,13 +555,6 @@ def _jsonable(obj: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- results
-def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_results(
     records: Sequence[Mapping[str, Any]],
     out: str | os.PathLike[str],
@@ -605,22 +599,20 @@ def write_results(
         "reproducibility": _jsonable(repro),
     }
     paths = {"json": folder / "results.json", "csv": folder / "results.csv"}
-    _write_text(paths["json"], json.dumps(doc, indent=2))
+    write_json(paths["json"], doc)
     cols = ["method", "split", "seed", "error", *metrics]
     cols += sorted(
         {k for r in recs for k in r}
         - set(cols)
         - {"traceback", "upstream", "downstream", "overrides"}
     )
-    tmp = folder / f".results.csv.{os.getpid()}.tmp"
-    with open(tmp, "w", newline="") as fh:
+    with atomic_open(paths["csv"], "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
         for r in recs:
             w.writerow(
                 {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in r.items()}
             )
-    os.replace(tmp, paths["csv"])
     paths["png"] = plot_results(
         summary, folder / "recall_vs_rauroc.png", title=str(settings.get("preset", ""))
     )
@@ -989,9 +981,7 @@ def run_protocol(
             else:
                 # the finished runs so far, readable (and committable) before the sweep ends
                 done_so_far = {"preset": p.name, "status": st, "runs": store.records()}
-                _write_text(
-                    folder / "partial_runs.json", json.dumps(_jsonable(done_so_far), indent=2)
-                )
+                write_json(folder / "partial_runs.json", _jsonable(done_so_far))
                 log(
                     f"{head}: R@1 {record.get('r@1')}, R-AUROC {record.get('r_auroc')}, "
                     f"OOD AUROC {record.get('ood_auroc')}, {record.get('total_time')} s"

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bayesurl.files import atomic_open, write_json
+
 __all__ = ["EXTRA_METRICS", "METRICS", "SweepResults", "merge_results"]
 
 #: Metrics of the table: ``(result key, column title)``.
@@ -124,7 +126,8 @@ class SweepResults:
             fmt(head),
             fmt(["-" * w for w in widths]),
             *(fmt(r) for r in rows),
-            "ECE n/a: the estimator has only a scalar u (no distribution to sample, METRICS.md).",
+            "ECE n/a: the estimator has only a scalar u (no distribution to sample; see the "
+            "docs, Concepts > Metrics).",
         ]
         errors = [r for r in self.runs if r["error"]]
         lines += [f"FAILED {r['estimator']} seed {r['seed']}: {r['error']}" for r in errors]
@@ -136,9 +139,7 @@ class SweepResults:
 
     def write_json(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`to_dict` as JSON (``null`` where a metric is undefined)."""
-        p = Path(path)
-        p.write_text(json.dumps(self.to_dict(), indent=2, default=str))
-        return p
+        return write_json(path, self.to_dict(), indent=2, default=str)
 
     def write_csv(self, path: str | os.PathLike[str]) -> Path:
         """One row per estimator: ``n_seeds``, ``failed`` and ``<metric>_mean`` / ``_std``."""
@@ -148,7 +149,7 @@ class SweepResults:
         cols = ["estimator", "n_seeds", "failed"] + [
             f"{k}_{s}" for k in keys for s in ("mean", "std")
         ]
-        with p.open("w", newline="") as f:
+        with atomic_open(p, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(cols)
             for m in self.estimators:
@@ -260,7 +261,19 @@ def merge_results(
             data = json.loads(path.read_text())
             parts.append(SweepResults(runs=list(data["runs"]), settings=dict(data["settings"])))
         except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{str(path)!r} is not a bayesurl benchmark result: {exc}") from None
+            what = f"no {exc} entry" if isinstance(exc, KeyError) else str(exc)
+            raise ValueError(f"{str(path)!r} is not a bayesurl benchmark result: {what}") from None
+        for i, r in enumerate(parts[-1].runs):
+            if not isinstance(r, dict) or not isinstance(r.get("estimator"), str):
+                raise ValueError(
+                    f"{str(path)!r} is not a bayesurl benchmark result: runs[{i}] has no "
+                    "'estimator' name"
+                )
+            if isinstance(r.get("seed"), bool) or not isinstance(r.get("seed"), int):
+                raise ValueError(
+                    f"{str(path)!r} is not a bayesurl benchmark result: runs[{i}] has no "
+                    "integer 'seed'"
+                )
     if not parts:
         raise ValueError("`sources` is empty")
     first = parts[0].settings

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from bayesurl.distributed import launch_rank, launched_by_torchrun
+from bayesurl.files import write_json
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
 from bayesurl.runs.estimators import Estimator, build_estimator
@@ -182,10 +183,7 @@ class RunResult:
 
     def write_json(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`to_dict` as JSON (``null`` where a metric is undefined)."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(self.to_dict(), indent=2, default=_json_default))
-        return p
+        return write_json(path, self.to_dict(), indent=2, default=_json_default)
 
 
 def _json_default(obj: Any) -> Any:

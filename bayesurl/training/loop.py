@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from bayesurl._checks import check_number
+from bayesurl._checks import check_device, check_number, check_output_dir
 from bayesurl.data.batch import unpack_batch
 from bayesurl.distributed import broadcast_state
 from bayesurl.methods.base import Method
@@ -461,7 +461,9 @@ def fit(
     if device is None:
         first = next(method.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
-    device = torch.device(device)
+    device = check_device(device, "device")
+    if checkpoint_dir is not None:  # before any epoch runs, not when the first one is saved
+        check_output_dir(checkpoint_dir, "checkpoint_dir")
     method.to(device)
     amp_dtype = _resolve_amp(amp, device)
     if seed is not None:
