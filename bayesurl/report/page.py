@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from bayesurl.files import atomic_write
 from bayesurl.report.images import THUMB_SIZE, ImageSource, image_source
 from bayesurl.report.sources import RecordedRun, ReportSource, load_source
 
@@ -250,8 +251,7 @@ def write_report(
     source = load_source(path)
     model = report_model(source, k=k, compare_k=compare_k, size=size)
     target = Path(out) if out is not None else source.folder / REPORT_FILE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_report(model), encoding="utf-8")
+    atomic_write(target, render_report(model).encode("utf-8"))
     return {
         "path": target,
         "bytes": target.stat().st_size,

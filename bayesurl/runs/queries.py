@@ -22,6 +22,7 @@ import numpy as np
 from torch import Tensor
 
 from bayesurl.evaluation import knn
+from bayesurl.files import atomic_open
 
 __all__ = ["QUERIES_FILE", "QueryRecord", "query_record", "read_queries", "record_from_outputs"]
 
@@ -67,17 +68,19 @@ class QueryRecord:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the record as one compressed ``.npz`` (``meta`` as a JSON string)."""
         p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(
-            p,
-            u=self.u.astype(np.float32),
-            label=self.label.astype(np.int64),
-            neighbour=self.neighbour.astype(np.int64),
-            hit=self.hit.astype(bool),
-            ood_u=self.ood_u.astype(np.float32),
-            id_u=self.id_u.astype(np.float32),
-            meta=np.array(json.dumps(self.meta, default=str)),
-        )
+        if p.suffix != ".npz":  # numpy's rule for a file name
+            p = p.with_name(p.name + ".npz")
+        with atomic_open(p, "wb") as fh:
+            np.savez_compressed(
+                fh,
+                u=self.u.astype(np.float32),
+                label=self.label.astype(np.int64),
+                neighbour=self.neighbour.astype(np.int64),
+                hit=self.hit.astype(bool),
+                ood_u=self.ood_u.astype(np.float32),
+                id_u=self.id_u.astype(np.float32),
+                meta=np.array(json.dumps(self.meta, default=str)),
+            )
         return p
 
 
