@@ -53,7 +53,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Claim", "SweepStorage", "default_storage_url", "run_key", "require_optuna"]
+__all__ = [
+    "LOCK_TIMEOUT",
+    "Claim",
+    "StorageError",
+    "SweepStorage",
+    "default_storage_url",
+    "require_optuna",
+    "run_key",
+]
 
 #: Default file name of the SQLite storage inside the output folder.
 DEFAULT_DB = "sweep.db"
@@ -104,23 +112,77 @@ class Claim:
     attempt: int
 
 
+class StorageError(ValueError):
+    """The sweep storage cannot be used: corrupted, not a database, or locked too long.
+
+    The message is one line and names the storage; bayesurl never rewrites or deletes the
+    storage after such an error, so every finished run recorded in it stays there.
+    """
+
+
+#: Seconds a storage call waits for another process's lock before :class:`StorageError`.
+LOCK_TIMEOUT = 120.0
+
+
+def _one_line(exc: BaseException) -> str:
+    """The driver's own message of a database error wrapped by SQLAlchemy and Optuna (the
+    innermost cause), on one line."""
+    seen = {id(exc)}
+    while True:
+        inner = getattr(exc, "orig", None) or exc.__cause__ or exc.__context__
+        if inner is None or id(inner) in seen:
+            break
+        seen.add(id(inner))
+        exc = inner
+    return " ".join(str(exc).split("\n")[0].split())
+
+
+def _locked(exc: BaseException) -> bool:
+    text = _one_line(exc).lower()
+    return "locked" in text or "busy" in text or "could not serialize" in text
+
+
 def _retry(
-    fn: Callable[[], Any], what: str, tries: int = 60, also: tuple[type[BaseException], ...] = ()
+    fn: Callable[[], Any],
+    what: str,
+    tries: int = 60,
+    also: tuple[type[BaseException], ...] = (),
+    wait: float = LOCK_TIMEOUT,
+    url: str = "",
 ) -> Any:
     """Call ``fn``, retrying on lock contention (SQLite ``database is locked``, serialisation
-    failures; plus the exception types ``also``) with a short random back-off; other errors
-    propagate."""
+    failures; plus the exception types ``also``) with a short random back-off, for at most
+    ``tries`` attempts and ``wait`` seconds; then, or on a corrupted database, raise
+    :class:`StorageError` (one line naming ``url``). Other errors propagate."""
     optuna = require_optuna()
     from sqlalchemy.exc import OperationalError
 
+    start = time.monotonic()
     for i in range(tries):
         try:
             return fn()
-        except (optuna.exceptions.StorageInternalError, OperationalError, *also):
-            if i == tries - 1:
-                raise
+        except (optuna.exceptions.StorageInternalError, OperationalError, *also) as exc:
+            spent = time.monotonic() - start
+            if i == tries - 1 or spent >= wait:
+                if _locked(exc):
+                    raise StorageError(
+                        f"sweep storage {url} stayed locked by another process for "
+                        f"{spent:.0f} s ({what}: {_one_line(exc)}); its finished runs are kept: "
+                        "run again once the other process ends"
+                    ) from exc
+                raise _corrupted(url, exc) from exc
+            if isinstance(exc, OperationalError) and not _locked(exc):
+                raise _corrupted(url, exc) from exc
             time.sleep(0.02 + random.random() * min(1.0, 0.05 * (i + 1)))
     raise RuntimeError(f"unreachable: {what}")  # pragma: no cover
+
+
+def _corrupted(url: str, exc: BaseException) -> StorageError:
+    return StorageError(
+        f"sweep storage {url} is unreadable ({_one_line(exc)}); it was left untouched: restore "
+        "it from a copy (or `sqlite3 FILE .recover` for SQLite) to keep its finished runs, or "
+        "give another --storage / --out to start a new sweep"
+    )
 
 
 def _quiet(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -135,8 +197,10 @@ def _quiet(fn: Callable[[], Any]) -> Callable[[], Any]:
     return go
 
 
-def _enable_wal(url: str) -> None:
-    """Put a local SQLite file in WAL mode (readers do not block the writer); persistent."""
+def _enable_wal(url: str, timeout: float = 30.0) -> None:
+    """Put a local SQLite file in WAL mode (readers do not block the writer); persistent.
+
+    Raises :class:`sqlite3.DatabaseError` when the file is not a SQLite database."""
     prefix = "sqlite:///"
     if not url.startswith(prefix) or url == "sqlite:///:memory:":
         return
@@ -144,7 +208,7 @@ def _enable_wal(url: str) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     for _ in range(50):
         try:
-            with contextlib.closing(sqlite3.connect(path, timeout=30)) as con:
+            with contextlib.closing(sqlite3.connect(path, timeout=min(30.0, timeout))) as con:
                 con.execute("PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError:
@@ -231,12 +295,18 @@ class SweepStorage:
         to another worker. Default ``4 * heartbeat_interval``.
     max_attempts : int
         Attempts per run (crashes and errors) before the sweep gives up on it.
+    lock_timeout : float
+        Seconds a storage call waits for another process's lock (e.g. a SQLite file held by a
+        hung process) before :class:`StorageError`.
 
     Raises
     ------
     ValueError
         If neither ``url`` nor ``out`` is given, ``sweep`` is empty, or a number is not
         positive.
+    StorageError
+        (a ``ValueError``) If the storage is not a database, is corrupted, or stays locked
+        longer than ``lock_timeout``; one line naming it. The storage is left untouched.
     ImportError
         If Optuna is not installed.
 
@@ -256,9 +326,10 @@ class SweepStorage:
         heartbeat_interval: int = 30,
         grace_period: int | None = None,
         max_attempts: int = 2,
+        lock_timeout: float = LOCK_TIMEOUT,
     ) -> None:
         optuna = require_optuna()
-        from sqlalchemy.exc import IntegrityError, ProgrammingError
+        from sqlalchemy.exc import DatabaseError
 
         if url is None:
             if out is None:
@@ -279,11 +350,22 @@ class SweepStorage:
         self.max_attempts = int(max_attempts)
         self.heartbeat_interval = int(heartbeat_interval)
         self.grace_period = grace
-        _enable_wal(self.url)
+        if not (isinstance(lock_timeout, (int, float)) and lock_timeout > 0):
+            raise ValueError(f"`lock_timeout` must be a positive number, got {lock_timeout!r}")
+        self.lock_timeout = float(lock_timeout)
+        try:
+            self._open(optuna)
+        except (sqlite3.DatabaseError, DatabaseError) as exc:  # not a database, malformed
+            raise _corrupted(self.url, exc) from None
+
+    def _open(self, optuna: Any) -> None:
+        from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+        _enable_wal(self.url, self.lock_timeout)
         engine_kwargs: dict[str, Any] = {}
         if self.url.startswith("sqlite"):
-            engine_kwargs["connect_args"] = {"timeout": 60}
-        self._storage = _retry(
+            engine_kwargs["connect_args"] = {"timeout": min(60.0, self.lock_timeout)}
+        self._storage = self._retry(
             _quiet(
                 lambda: optuna.storages.RDBStorage(
                     self.url,
@@ -299,7 +381,7 @@ class SweepStorage:
         )
         if self.url.startswith("sqlite"):
             _serialise_sqlite(self._storage.engine)
-        self._study = _retry(
+        self._study = self._retry(
             lambda: optuna.create_study(
                 study_name=f"sweep:{self.sweep}",
                 storage=self._storage,
@@ -310,6 +392,12 @@ class SweepStorage:
         )
         self._study_id = self._study._study_id
 
+    def _retry(
+        self, fn: Callable[[], Any], what: str, also: tuple[type[BaseException], ...] = ()
+    ) -> Any:
+        """:func:`_retry` with this storage's lock timeout and URL in its errors."""
+        return _retry(fn, what, also=also, wait=self.lock_timeout, url=self.url)
+
     # ------------------------------------------------------------------ reading
     @property
     def storage(self) -> Any:
@@ -317,7 +405,7 @@ class SweepStorage:
         return self._storage
 
     def _trials(self) -> list[Any]:
-        return _retry(
+        return self._retry(
             lambda: self._storage.get_all_trials(self._study_id, deepcopy=False), "read trials"
         )
 
@@ -443,7 +531,9 @@ class SweepStorage:
                 state=optuna.trial.TrialState.WAITING,
                 user_attrs={"key": key, "params": params, "attempt": attempts + 1},
             )
-            _retry(lambda t=template: self._storage.create_new_trial(self._study_id, t), "enqueue")
+            self._retry(
+                lambda t=template: self._storage.create_new_trial(self._study_id, t), "enqueue"
+            )
             added += 1
         return added
 
@@ -451,7 +541,7 @@ class SweepStorage:
         """Fail running trials whose heartbeat is older than ``grace_period`` (crashed
         workers) and enqueue their keys again (up to ``max_attempts``)."""
         optuna = require_optuna()
-        _retry(_quiet(lambda: optuna.storages.fail_stale_trials(self._study)), "fail stale")
+        self._retry(_quiet(lambda: optuna.storages.fail_stale_trials(self._study)), "fail stale")
         self.add_runs(
             [
                 dict(ts[-1].user_attrs["params"])
@@ -488,7 +578,7 @@ class SweepStorage:
             for t in waiting:
                 if not self._take(t._trial_id):
                     continue  # another worker was faster
-                _retry(lambda t=t: self._storage.record_heartbeat(t._trial_id), "heartbeat")
+                self._retry(lambda t=t: self._storage.record_heartbeat(t._trial_id), "heartbeat")
                 key = t.user_attrs["key"]
                 # re-check after the commit: is this trial still the key's canonical one?
                 live = self._live(self._by_key().get(key, []))
@@ -515,11 +605,11 @@ class SweepStorage:
             except optuna.exceptions.UpdateFinishedTrialError:
                 return False
 
-        return bool(_retry(go, "claim"))
+        return bool(self._retry(go, "claim"))
 
     def _retire(self, trial_id: int, why: str) -> None:
         optuna = require_optuna()
-        _retry(lambda: self._storage.set_trial_system_attr(trial_id, why, True), "mark")
+        self._retry(lambda: self._storage.set_trial_system_attr(trial_id, why, True), "mark")
         self._finish(trial_id, optuna.trial.TrialState.FAIL)
 
     def _finish(self, trial_id: int, state: Any, value: float | None = None) -> None:
@@ -531,7 +621,7 @@ class SweepStorage:
                     trial_id, state=state, values=None if value is None else [value]
                 )
 
-        _retry(go, "finish")
+        self._retry(go, "finish")
 
     def complete(
         self, claim: Claim, record: Mapping[str, Any], *, objective: str = "r_auroc"
@@ -546,7 +636,7 @@ class SweepStorage:
         v = rec.get(objective)
         value = float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else -math.inf
         try:
-            _retry(
+            self._retry(
                 lambda: self._storage.set_trial_user_attr(claim.trial_id, "record", rec), "record"
             )
         except optuna.exceptions.UpdateFinishedTrialError:
@@ -561,12 +651,12 @@ class SweepStorage:
         optuna = require_optuna()
         try:
             if error is not None:
-                _retry(
+                self._retry(
                     lambda: self._storage.set_trial_user_attr(claim.trial_id, "error", str(error)),
                     "error",
                 )
             if interrupted:
-                _retry(
+                self._retry(
                     lambda: self._storage.set_trial_system_attr(
                         claim.trial_id, "interrupted", True
                     ),
@@ -638,7 +728,7 @@ class SweepStorage:
         optuna = require_optuna()
         if not str(name).strip():
             raise ValueError("`name` must be a non-empty study name")
-        return _retry(
+        return self._retry(
             lambda: optuna.create_study(
                 study_name=f"tune:{self.sweep}:{name}",
                 storage=self._storage,

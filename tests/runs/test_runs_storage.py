@@ -228,3 +228,76 @@ def test_a_run_failed_as_stale_is_not_overwritten_by_its_late_worker(tmp_path):
     calls = []
     store.work(lambda p: calls.append(p) or {"r_auroc": 0.7}, wait=False)
     assert len(calls) == 1 and [r["r_auroc"] for r in store.records()] == [0.7]
+
+
+def _finished_store(tmp_path, n=3):
+    store = SweepStorage(out=tmp_path, sweep="test")
+    store.add_runs([{"estimator": "ce", "split": 0, "seed": s} for s in range(n)])
+    store.work(lambda p: {"r@1": 0.5 + p["seed"] / 10})
+    return store
+
+
+def test_corrupted_storage_is_one_line_and_left_untouched(tmp_path):
+    from bayesurl.runs.storage import StorageError
+
+    _finished_store(tmp_path)
+    db = tmp_path / "sweep.db"
+    # fold the write-ahead log in, then damage the file as a failing disk or a cut copy would
+    SweepStorage(out=tmp_path, sweep="test").storage.engine.dispose()
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    raw = db.read_bytes()
+    db.write_bytes(raw[: len(raw) // 2])
+    damaged = db.read_bytes()
+    with pytest.raises(
+        StorageError, match=r"^sweep storage sqlite:///.*sweep.db is unreadable"
+    ) as e:
+        SweepStorage(out=tmp_path, sweep="test").records()
+    assert "\n" not in str(e.value) and "left untouched" in str(e.value)
+    assert db.read_bytes() == damaged  # nothing rewritten or recreated
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "sweep.db").write_bytes(b"not a database" * 64)
+    with pytest.raises(StorageError, match="file is not a database"):
+        SweepStorage(out=tmp_path / "other", sweep="test")
+    # the undamaged bytes still hold every finished run
+    db.write_bytes(raw)
+    assert [r["r@1"] for r in SweepStorage(out=tmp_path, sweep="test").records()] == [
+        0.5,
+        0.6,
+        0.7,
+    ]
+
+
+_LOCKER = textwrap.dedent(
+    """
+    import sqlite3, sys, time
+    con = sqlite3.connect(sys.argv[1], isolation_level=None)
+    con.execute("BEGIN IMMEDIATE")  # a hung process holding the write lock
+    print("locked", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_locked_storage_gives_one_line_and_loses_no_finished_run(tmp_path):
+    from bayesurl.runs.storage import StorageError
+
+    _finished_store(tmp_path)
+    locker = subprocess.Popen(
+        [sys.executable, "-c", _LOCKER, str(tmp_path / "sweep.db")], stdout=subprocess.PIPE
+    )
+    try:
+        assert locker.stdout.readline().strip() == b"locked"
+        t0 = time.monotonic()
+        with pytest.raises(StorageError, match="stayed locked by another process") as e:
+            store = SweepStorage(out=tmp_path, sweep="test", lock_timeout=2)
+            store.add_runs([{"estimator": "ce", "split": 0, "seed": 9}])
+        assert time.monotonic() - t0 < 60 and "\n" not in str(e.value)
+    finally:
+        locker.send_signal(signal.SIGKILL)  # the hung process dies holding the lock
+        locker.wait(timeout=30)
+        locker.stdout.close()
+    store = SweepStorage(out=tmp_path, sweep="test")
+    assert len(store.records()) == 3 and store.status()["complete"] == 3
