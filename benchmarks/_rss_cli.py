@@ -68,9 +68,9 @@ def _instrument(log: list, base: tuple[int, int, int]) -> None:
         (CE, "load_npz", "read"),
         (EV, "_prepare", "validate"),
         (K, "normalize", "normalize"),
-        (K, "_search", "search"),
+        (K, "search", "search"),
         (D.Shards, "gather", "gather"),
-        (Fm, "_map_from_neighbors", "map"),
+        (Fm, "map_from_neighbors", "map"),
         (Fm, "r_auroc", "r_auroc"),
         (Fm, "sparsification_curve", "sparsification"),
     ]:

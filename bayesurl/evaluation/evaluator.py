@@ -1,7 +1,8 @@
 """One entry point that evaluates any method's output (URL benchmark section 3.1, LAM section 5).
 
 :func:`evaluate` takes plain tensors, :func:`evaluate_output` an :class:`~bayesurl.Output`.
-Both return a dict with every metric that is defined for the input. The keys ``r@1``,
+Both return a dict with every selected metric of the metric table
+(:mod:`bayesurl.evaluation.table`, served by one kNN search). The keys ``r@1``,
 ``r_auroc``, ``ausc``, ``ause``, ``ece``, ``ood_auroc``, ``ood_auprc`` and ``map@5`` are always
 present; a metric that is not defined for the input is ``None`` and ``notes`` says why:
 
@@ -18,7 +19,7 @@ compared with) raises ``ValueError`` naming the argument.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -35,7 +36,8 @@ from bayesurl._checks import (
 from bayesurl.distributed import Shards, raise_if_any
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import sampled as Sm
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, _knn_sharded, knn, rank_budget
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, rank_budget, search_shards
+from bayesurl.evaluation.table import MISSING, EvalContext, Metric, Need, select_metrics
 from bayesurl.types import Output
 
 __all__ = ["REQUIRED_KEYS", "evaluate", "evaluate_output"]
@@ -44,8 +46,8 @@ __all__ = ["REQUIRED_KEYS", "evaluate", "evaluate_output"]
 REQUIRED_KEYS = ("r@1", "r_auroc", "ausc", "ause", "ece", "ood_auroc", "ood_auprc", "map@5")
 
 
-def _f(x: Tensor) -> float:
-    return float(x.detach().cpu())
+#: Seed of the draws of the mixed R-AUROC's queries and of the crop test's areas.
+EXTRA_SEED = 0
 
 
 def _at_least_float32(t: Tensor) -> Tensor:
@@ -125,11 +127,11 @@ def _prepare(
     embedding, 1/kappa_hat, the shortlist pilot and the ECE.
     """
     x, y, u, s, v = _validate(embeddings, labels, uncertainties, samples, ood_uncertainties, local)
-    res_s = None if s is None else Sm._checked_resultant(s)
+    res_s = None if s is None else Sm.checked_resultant(s)
     u_source = "given" if u is not None else None
     if u is None and s is not None:
         assert res_s is not None
-        u = Fm._u_from_length(Fm._length(res_s), s.shape[-1])
+        u = Fm.u_from_length(Fm.resultant_length(res_s), s.shape[-1])
         u_source = "1/kappa_hat from samples (Sra)"
         if not bool(torch.isfinite(u).all()):
             raise ValueError("`samples` give a non-finite 1/kappa_hat (mean resultant length 0)")
@@ -169,6 +171,125 @@ def _check_needs(
     return ref
 
 
+def _validate_extras(
+    d: int,
+    id_embeddings: object | None,
+    id_labels: object | None,
+    id_uncertainties: object | None,
+    predict_uncertainty: Callable[[Tensor], Tensor] | None,
+    crop_images: object | None,
+    local: bool,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """The in-distribution set (URL App. C.5) and the crop test's images (URL App. C.3)."""
+    ix = iy = iu = None
+    if id_embeddings is not None:
+        ix = check_tensor(id_embeddings, "id_embeddings", ndim=2, min_points=0 if local else 1)
+        if not ix.is_floating_point():
+            raise ValueError(f"`id_embeddings` must be floating point, got {ix.dtype}")
+        if ix.shape[1] != d:
+            raise ValueError(f"`id_embeddings` has dimension {ix.shape[1]} but `embeddings` {d}")
+        if id_labels is None:
+            raise ValueError("`id_labels` is required with `id_embeddings`")
+        iy = check_tensor(id_labels, "id_labels", ndim=1)
+        if iy.shape[0] != ix.shape[0]:
+            raise ValueError(
+                f"length mismatch: `id_labels` has {iy.shape[0]} entries, expected {ix.shape[0]}"
+            )
+    elif id_labels is not None:
+        raise ValueError("`id_labels` needs `id_embeddings`")
+    if id_uncertainties is not None:
+        iu = check_tensor(id_uncertainties, "id_uncertainties", ndim=1, min_points=0)
+        if ix is not None and iu.shape[0] != ix.shape[0]:
+            raise ValueError(
+                f"length mismatch: `id_uncertainties` has {iu.shape[0]} entries, "
+                f"expected {ix.shape[0]}"
+            )
+    if (predict_uncertainty is None) != (crop_images is None):
+        raise ValueError("`predict_uncertainty` and `crop_images` go together (URL's crop test)")
+    if predict_uncertainty is not None and not callable(predict_uncertainty):
+        raise TypeError("`predict_uncertainty` must be callable: images -> u")
+    images = None
+    if crop_images is not None:
+        images = check_tensor(crop_images, "crop_images", ndim=4, min_points=1)
+        if not images.is_floating_point():
+            raise ValueError(f"`crop_images` must be floating point, got {images.dtype}")
+    return ix, iy, iu, images
+
+
+def _options(
+    ks: Sequence[int],
+    map_ks: Sequence[int] | None,
+    n_bins: int,
+    ece_mode: str,
+    shortlist: int | None,
+    tolerance: float,
+    return_curves: bool,
+    progress: bool,
+) -> dict[str, Any]:
+    """The checked settings every metric reads (``ctx.options``)."""
+    # integers only: ks=(2.7,) used to report recall@2
+    ks = check_ints(ks, "ks", low=1)
+    mks = sorted({*ks, 5} if map_ks is None else {*check_ints(map_ks, "map_ks", low=1), 5})
+    check_choice(ece_mode, "ece_mode", ("shortlist", "exact"))
+    if shortlist is not None:
+        shortlist = check_int(shortlist, "shortlist", low=1)
+    return {
+        "ks": ks,
+        "map_ks": tuple(mks),
+        "n_bins": n_bins,
+        "ece_mode": ece_mode,
+        "shortlist": shortlist,
+        "tolerance": tolerance,
+        "return_curves": return_curves,
+        "progress": progress,
+        "seed": EXTRA_SEED,
+    }
+
+
+def _check_call(
+    reference: str | None,
+    copy: object,
+    distributed: bool,
+    group: dist.ProcessGroup | None,
+    backend: str,
+) -> None:
+    if reference not in (None, "lam"):
+        raise ValueError(f"`reference` must be None or 'lam', got {reference!r}")
+    if not isinstance(copy, bool):
+        raise ValueError(f"`copy` must be True or False, got {copy!r}")
+    if reference is not None and distributed:
+        raise ValueError("`reference='lam'` needs every draw on one process; not with distributed")
+    if distributed and not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "`distributed=True` needs an initialised torch.distributed process group "
+            "(run under torchrun, or call bayesurl.distributed.init_from_env())"
+        )
+    if group is not None and not distributed:
+        raise ValueError("`group` is only used with `distributed=True`")
+    if distributed and backend != "torch":
+        raise ValueError(f"`distributed=True` needs backend='torch', got {backend!r}")
+
+
+def _missing(metric: Metric, ctx: EvalContext) -> Need | None:
+    return next((need for need in metric.needs if not ctx.has(need)), None)
+
+
+def _note_missing(
+    notes: list[str], grouped: dict[Need, int], need: Need, keys: Sequence[str]
+) -> None:
+    """One note per missing input, naming every metric key it leaves undefined."""
+    reason = MISSING[need]
+    if reason is None or not keys:
+        return
+    if need in grouped:
+        at = grouped[need]
+        named, _ = notes[at].split(": ", 1)
+        notes[at] = f"{named}, {', '.join(keys)}: {reason}"
+    else:
+        grouped[need] = len(notes)
+        notes.append(f"{', '.join(keys)}: {reason}")
+
+
 def evaluate(
     embeddings: Tensor | None,
     labels: Tensor,
@@ -177,6 +298,11 @@ def evaluate(
     samples: Tensor | None = None,
     ood_uncertainties: Tensor | None = None,
     reference_uncertainties: Tensor | None = None,
+    id_embeddings: Tensor | None = None,
+    id_labels: Tensor | None = None,
+    id_uncertainties: Tensor | None = None,
+    predict_uncertainty: Callable[[Tensor], Tensor] | None = None,
+    crop_images: Tensor | None = None,
     ks: Sequence[int] = (1, 5, 10),
     map_ks: Sequence[int] | None = None,
     n_bins: int = 10,
@@ -191,15 +317,23 @@ def evaluate(
     group: dist.ProcessGroup | None = None,
     reference: str | None = None,
     copy: bool = True,
+    include: Iterable[str] | None = None,
+    exclude: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """Every retrieval and uncertainty metric defined for the input, from one kNN search.
+    """Every selected retrieval and uncertainty metric defined for the input, from one kNN
+    search.
+
+    The metrics are the entries of the metric table (:mod:`bayesurl.evaluation.table`); each
+    declares the inputs it needs and how many neighbours it wants, and one exact search with
+    the largest request serves all of them (in the spirit of pytorch-metric-learning's
+    ``AccuracyCalculator``). A metric whose input is missing is ``None`` and ``notes`` says why.
 
     With ``distributed=True`` (under an initialised ``torch.distributed`` process group, e.g.
-    ``torchrun``) the evaluation is sharded (issue 16): every array argument holds **this
-    rank's rows** (contiguous shards in rank order, e.g. :func:`bayesurl.distributed.shard_range`;
-    a rank may hold none), each rank searches its queries over every rank's rows passed by in
-    bounded chunks (:func:`~bayesurl.evaluation.knn_sharded`; no rank holds all ``N x D``),
-    the sampling-aware ECE shards its pilot, threshold pass and per-draw products the same way,
+    ``torchrun``) the evaluation is sharded: every array argument holds **this rank's rows**
+    (contiguous shards in rank order, e.g. :func:`bayesurl.distributed.shard_range`; a rank
+    may hold none), each rank searches its queries over every rank's rows passed by in bounded
+    chunks (:func:`~bayesurl.evaluation.knn_sharded`; no rank holds all ``N x D``), the
+    sampling-aware ECE shards its pilot, threshold pass and per-draw products the same way,
     and the per-query results (neighbour ids, labels, u) are gathered, so every rank returns
     the metrics of the single-process evaluation of the concatenated rows, ties included. One
     process is the ``W = 1`` case of the same code.
@@ -217,11 +351,25 @@ def evaluate(
     samples : Tensor, optional
         ``[S, N, D]`` posterior draws; enable the retrieval ECE (LAM, section 5).
     ood_uncertainties : Tensor, optional
-        ``[M]`` u of out-of-distribution inputs; enable OOD AUROC / AUPRC. Needs
-        ``uncertainties`` or ``samples`` (refused without them).
+        ``[M]`` u of out-of-distribution inputs; enable OOD AUROC / AUPRC (OOD = positive
+        class) against ``id_uncertainties`` when given (the held-out upstream images, spec
+        DATA.md), else against ``uncertainties``. Needs ``uncertainties`` or ``samples``
+        (refused without them).
     reference_uncertainties : Tensor, optional
         ``[N]`` ground-truth uncertainty; adds ``rank_correlation`` (Spearman, URL App. C.3).
         Needs ``uncertainties`` or ``samples`` (refused without them).
+    id_embeddings, id_labels, id_uncertainties : Tensor, optional
+        ``[M, D]``, ``[M]``, ``[M]``: a second, in-distribution set (held-out images of the
+        training classes). Enables ``mixed_r_auroc`` / ``mixed_r@1``, the R-AUROC on a 50/50
+        mixture of it and the queries (URL App. C.5,
+        :func:`~bayesurl.evaluation.url_extra.mixed_r_auroc`, seed 0).
+    predict_uncertainty : callable, optional
+        ``images -> u`` of the evaluated model, with ``crop_images`` ``[M, C, H, W]`` (already
+        transformed as the model expects; the same on every rank): enables URL's crop test,
+        ``crop_share`` and ``crop_spearman`` (URL section 4.5 / App. C.3,
+        :func:`~bayesurl.evaluation.url_extra.crop_uncertainty_check`, seed 0).
+    crop_images : Tensor, optional
+        See ``predict_uncertainty``.
     ks : sequence of int
         Cut-offs of ``recall@k``; one kNN search with ``max(ks)`` neighbours serves all.
     map_ks : sequence of int, optional
@@ -249,16 +397,17 @@ def evaluate(
         Show tqdm bars over the ECE draws.
     distributed : bool
         Shard over the ranks of ``group`` (collective: every rank must call). Needs
-        ``backend="torch"``; ``ood_uncertainties`` and ``reference_uncertainties`` are per-rank
-        shards too.
+        ``backend="torch"``; ``ood_uncertainties``, ``reference_uncertainties`` and the
+        in-distribution set are per-rank shards too.
     group : ProcessGroup, optional
         Process group of ``distributed`` (default: the default group).
     reference : {None, "lam"}
-        ``"lam"`` also reports the AUSC and ECE as the LAM authors' code computes them
+        ``"lam"`` selects the LAM-code metrics ``lam_ausc`` and ``lam_ece`` too (the same as
+        naming them in ``include``): the AUSC and ECE as the LAM authors' code computes them
         (:mod:`bayesurl.evaluation.lam_reference`: pair uncertainty from the per-dimension
         std of the draws, 99 trapezoid levels; ECE bins ``[lo, hi)`` that drop confidence
-        1.0) under the extra keys ``lam_ausc`` and ``lam_ece`` (``samples`` required, else
-        ``None`` with a note). bayesurl's own ``ausc`` / ``ece`` are unchanged.
+        1.0; ``samples`` required, else ``None`` with a note). bayesurl's own ``ausc`` /
+        ``ece`` are unchanged.
     copy : bool
         ``False`` lets the search L2-normalise ``embeddings`` in place instead of a normalised
         copy (scikit-learn's ``copy=False``): one ``[N, D]`` tensor (this rank's ``[n_r, D]``)
@@ -266,13 +415,26 @@ def evaluate(
         ``bayesurl evaluate INPUT.npz`` passes it. The values of ``embeddings`` are
         overwritten (float32 and float64 inputs; other dtypes are converted, so never
         overwritten); the metrics are the same bit for bit.
+    include : iterable of str, optional
+        Metrics to compute (default: every default metric of the table); a metric's name or
+        one of its keys (``"ause"``). The names: :data:`bayesurl.evaluation.table.METRICS`.
+    exclude : iterable of str
+        Metrics not to compute.
 
     Returns
     -------
     dict
         ``r@1``, ``r_auroc``, ``ausc``, ``ause``, ``ece``, ``ood_auroc``, ``ood_auprc``,
-        ``map@5`` (float or None), ``recall@k`` and ``map@k`` for the requested cut-offs,
-        ``rank_correlation``, ``n``, ``uncertainty_source`` and ``notes`` (list of str).
+        ``map@5`` (float or None; present even when not selected), the keys of every selected
+        metric (``recall@k`` and ``map@k`` for the requested cut-offs, ``rank_correlation``,
+        ``mixed_r_auroc``, ``mixed_r@1``, ``crop_share``, ``crop_spearman``, ...), ``n``,
+        ``uncertainty_source`` and ``notes`` (list of str).
+
+    Raises
+    ------
+    ValueError
+        On bad input (naming the argument), an unknown metric name in ``include`` /
+        ``exclude``, or bad settings.
 
     Examples
     --------
@@ -281,35 +443,24 @@ def evaluate(
     >>> res = evaluate(x, y, uncertainties=torch.rand(50))
     >>> sorted(k for k in res if k in REQUIRED_KEYS) == sorted(REQUIRED_KEYS)
     True
+    >>> res = evaluate(x, y, include=["r@1", "recall@k"], ks=(1, 2))
+    >>> [k for k in res if k.startswith("recall@")]
+    ['recall@1', 'recall@2']
     """
-    if reference not in (None, "lam"):
-        raise ValueError(f"`reference` must be None or 'lam', got {reference!r}")
-    if not isinstance(copy, bool):
-        raise ValueError(f"`copy` must be True or False, got {copy!r}")
-    if reference is not None and distributed:
-        raise ValueError("`reference='lam'` needs every draw on one process; not with distributed")
-    if distributed and not (dist.is_available() and dist.is_initialized()):
-        raise ValueError(
-            "`distributed=True` needs an initialised torch.distributed process group "
-            "(run under torchrun, or call bayesurl.distributed.init_from_env())"
-        )
-    if group is not None and not distributed:
-        raise ValueError("`group` is only used with `distributed=True`")
-    if distributed and backend != "torch":
-        raise ValueError(f"`distributed=True` needs backend='torch', got {backend!r}")
-    # integers only: ks=(2.7,) used to report recall@2
-    ks = check_ints(ks, "ks", low=1)
-    map_ks = tuple(
-        sorted({*ks, 5} if map_ks is None else {*check_ints(map_ks, "map_ks", low=1), 5})
-    )
-    check_choice(ece_mode, "ece_mode", ("shortlist", "exact"))
-    if shortlist is not None:
-        shortlist = check_int(shortlist, "shortlist", low=1)
+    _check_call(reference, copy, distributed, group, backend)
+    options = _options(ks, map_ks, n_bins, ece_mode, shortlist, tolerance, return_curves, progress)
+    lam = ("lam_ausc", "lam_ece") if reference == "lam" else ()
+    selected = select_metrics(include, exclude, options, also=lam)
     try:  # this rank's input; under torch.distributed every rank learns of any rank's error
         x, y, u, s, v, res_s, u_source = _prepare(
             embeddings, labels, uncertainties, samples, ood_uncertainties, local=distributed
         )
-        ref_u = _check_needs(u, x, res_s, reference_uncertainties, ood_uncertainties)
+        d = (x if x is not None else s).shape[-1]  # type: ignore[union-attr]
+        ix, iy, iu, images = _validate_extras(
+            d, id_embeddings, id_labels, id_uncertainties, predict_uncertainty, crop_images,
+            local=distributed,
+        )  # fmt: skip
+        ref = _check_needs(u, x, res_s, reference_uncertainties, ood_uncertainties)
         error = None
     except ValueError as exc:
         if not distributed:
@@ -317,9 +468,8 @@ def evaluate(
         error = exc
     if distributed:
         raise_if_any(error, group)
-    notes: list[str] = []
-    res: dict[str, Any] = dict.fromkeys(REQUIRED_KEYS)
     mean_emb = None if res_s is None else Fm.normalize(res_s)
+    options["x_is_mean"] = x is None
     if x is None:
         x = mean_emb
     assert x is not None
@@ -336,148 +486,45 @@ def evaluate(
                 "the ranks disagree on the embedding dimension / number of draws (rank: [D, S]):"
                 f" {every.tolist()}"
             )
+    # each of the W ranks holds 1/W of one process's similarity blocks
+    options["memory_budget"] = rank_budget(memory_budget, sh)
+    ctx = EvalContext(
+        x=x, y=y, u=None if u is None else sh.gather(u.to(x.device)), samples=s, resultant=res_s,
+        ood_u=v, reference=ref, id_x=ix, id_y=iy, id_u=iu,
+        predict_uncertainty=predict_uncertainty, crop_images=images, shards=sh, group=group,
+        options=options,
+    )  # fmt: skip
+    res: dict[str, Any] = dict.fromkeys(REQUIRED_KEYS)
     res["n"] = n
     res["uncertainty_source"] = u_source
-    # each of the W ranks holds 1/W of one process's similarity blocks (issue 16)
-    memory_budget = rank_budget(memory_budget, sh)
-
-    # One search of the point embeddings serves R@k, mAP@k and, when the samples' mean is the
-    # point embedding, the ECE shortlist.
-    share = s is not None and ece_mode == "shortlist" and mean_emb is x
-    ece_info: dict[str, float] = {}
-    if share and shortlist is None:
-        assert s is not None and res_s is not None
-        shortlist, ece_info = Sm._choose_shortlist(
-            s, res_s, tolerance=tolerance, memory_budget=memory_budget, shards=sh
-        )
-        if ece_info["miss_rate"] > tolerance:
-            # no affordable shortlist keeps the per-draw neighbours exact enough: search each
-            # draw exactly rather than report an ECE from wrong neighbours
-            notes.append(
-                f"ece: the largest shortlist ({shortlist}) misses an estimated "
-                f"{ece_info['miss_rate']:.2%} of per-draw neighbours (> tolerance {tolerance}); "
-                "searched every draw exactly"
-            )
-            ece_mode, share, shortlist, ece_info = "exact", False, None, {}
-    k_search = min(max([*ks, *map_ks, 1] + ([shortlist] if share and shortlist else [])), n - 1)
-    if backend == "torch":  # this rank's queries over every rank's rows (global ids)
-        # copy=False: the embeddings are not read after the search, normalise them in place
-        # (given embeddings only: the samples' mean is read again by the ECE)
+    runnable = [m for m in selected if _missing(m, ctx) is None]
+    wanted = [m.neighbours(ctx) for m in runnable if m.neighbours is not None]
+    if any(wanted):  # the one search, with the largest request
+        k = min(max(wanted), n - 1)
+        # copy=False: the given embeddings are not read after the search (the samples' mean
+        # is read again by the ECE), normalise them in place
         inplace = not copy and embeddings is not None
-        _, nb_loc = _knn_sharded(
-            x, k_search, sh, memory_budget, None, inplace=inplace, exact_values=False
-        )
-    else:
-        _, nb_loc = knn(x, k_search, memory_budget=memory_budget, backend=backend)
-    # The neighbour ids stay on their rank: each rank scores its own queries against the labels
-    # of every row, and only per-query scalars are gathered (hit flags, AP@k) -- no [N, k] ids
-    # on every rank and no rank repeating another's work; the means over the gathered [N]
-    # columns are the single-process ones, bit for bit (the identity in one process).
-    dev = nb_loc.device
-    y_loc = y.to(dev)
-    y_dev = sh.gather(y_loc)  # [N] labels of every row
-    if u is not None:
-        u = sh.gather(u.to(dev))
-    hit = y_dev[nb_loc] == y_loc[:, None]  # [n_r, k_search]
-    rec_ks = [k for k in ks if k <= n - 1]
-    map_ok = [k for k in map_ks if k <= n - 1]
-    flags = sh.gather(torch.stack([hit[:, 0], *(hit[:, :k].any(dim=1) for k in rec_ks)], dim=1))
-    mates = Fm._class_mates(y_dev)[sh.offset : sh.offset + n_loc]
-    aps = sh.gather(
-        torch.stack([Fm._ap_from_hits(hit, mates, k) for k in map_ok], dim=1)
-        if map_ok
-        else torch.empty(n_loc, 0, dtype=torch.float64, device=dev)
-    )
-    correct = flags[:, 0].contiguous()
-    res["r@1"] = _f(correct.double().mean())
-    for k in ks:
-        if k > n - 1:
-            res[f"recall@{k}"] = None
-            notes.append(f"recall@{k}: undefined with only {n} points")
+        ctx.neighbors = _search(x, k, sh, options["memory_budget"], backend, inplace)
+    grouped: dict[Need, int] = {}
+    for metric in selected:
+        need = _missing(metric, ctx)
+        if need is None:
+            res.update(metric.compute(ctx))
         else:
-            res[f"recall@{k}"] = _f(flags[:, 1 + rec_ks.index(k)].contiguous().double().mean())
-    for k in map_ks:
-        if k > n - 1:
-            res[f"map@{k}"] = None
-            notes.append(f"map@{k}: undefined with only {n} points")
-        else:
-            res[f"map@{k}"] = _f(aps[:, map_ok.index(k)].contiguous().mean())
-    if u is None:
-        notes.append("r_auroc, ausc, ause: no uncertainties (give `uncertainties` or `samples`)")
-    else:
-        u = u.to(correct.device)
-        try:
-            res["r_auroc"] = _f(Fm.r_auroc(u, correct))
-        except ValueError as exc:
-            notes.append(f"r_auroc: {exc}")
-        removed, curve = Fm.sparsification_curve(u, correct)
-        oracle = Fm.oracle_curve(correct)
-        res["ausc"] = _f(curve.mean())
-        res["ause"] = _f((oracle - curve).mean())
-        if return_curves:
-            res["sparsification"] = {
-                "removed": removed.tolist(),
-                "r@1": curve.tolist(),
-                "oracle": oracle.tolist(),
-            }
-        if ref_u is not None:
-            res["rank_correlation"] = _f(Fm.rank_correlation(u, sh.gather(ref_u.to(u.device))))
-
-    if s is None:
-        notes.append("ece: no samples (ECE needs posterior draws; docs: Concepts > Metrics)")
-    else:
-        Fm._check_n_bins(n_bins)  # before the search, not after it
-        nb_draws = Sm._sampled_neighbors(
-            s, mode=ece_mode, shortlist=shortlist, candidates=nb_loc if share else None,
-            tolerance=tolerance, margin=ece_info.get("margin") if share else None,
-            memory_budget=memory_budget, info=ece_info, progress=progress, block=32,
-            cluster_iters=4, resultant=res_s, shards=sh,
-        )  # fmt: skip
-        nb_draws = sh.gather(nb_draws.T.contiguous()).T  # [S, N] global ids
-        ece = Fm._ece_from_neighbors(nb_draws, y_dev.to(s.device), s.shape[0], n_bins)
-        res["ece"] = _f(ece.ece)
-        if ece_mode == "shortlist":
-            res["ece_shortlist"] = int(ece_info["shortlist"])
-            if "miss_rate" in ece_info:
-                res["ece_shortlist_miss_rate"] = ece_info["miss_rate"]
-            if "kept_per_query" in ece_info:
-                res["ece_candidates_per_query"] = ece_info["kept_per_query"]
-        if return_curves:
-            res["reliability"] = {
-                "bin_edges": ece.bin_edges.tolist(),
-                "confidence": ece.bin_confidence.tolist(),
-                "accuracy": ece.bin_accuracy.tolist(),
-                "count": ece.bin_count.tolist(),
-            }
-
-    if v is None:
-        notes.append("ood_auroc, ood_auprc: no `ood_uncertainties`")
-    else:
-        v = sh.gather(v.to(u.device))
-        if v.numel() == 0:
-            raise ValueError("`ood_uncertainties` is empty on every rank")
-        res["ood_auroc"] = _f(Fm.ood_auroc(u, v))
-        res["ood_auprc"] = _f(Fm.ood_auprc(u, v))
-    res.setdefault("rank_correlation", None)
-    if reference == "lam":
-        _lam_reference(res, s, y, n_bins, notes)
-    res["notes"] = notes
+            keys = metric.keys(options)
+            res.update(dict.fromkeys(keys))
+            _note_missing(ctx.notes, grouped, need, keys)
+    res["notes"] = ctx.notes
     return res
 
 
-def _lam_reference(
-    res: dict[str, Any], s: Tensor | None, y: Tensor, n_bins: int, notes: list[str]
-) -> None:
-    """Add the LAM-code ``lam_ausc`` / ``lam_ece`` (named variants, LAM section 5)."""
-    if s is None:
-        res["lam_ausc"] = res["lam_ece"] = None
-        notes.append("lam_ausc, lam_ece: the LAM-code variants need `samples`")
-        return
-    from bayesurl.evaluation.lam_reference import lam_ausc, lam_ece
-
-    sigma = s.std(dim=0)
-    res["lam_ausc"] = lam_ausc(s.mean(dim=0), sigma, y.to(s.device))
-    res["lam_ece"] = lam_ece(s, y.to(s.device), n_bins)
+def _search(
+    x: Tensor, k: int, sh: Shards, memory_budget: int, backend: str, inplace: bool
+) -> Tensor:
+    """Neighbour ids ``[n_r, k]`` (global) of this rank's queries over every rank's rows."""
+    if backend == "torch":
+        return search_shards(x, k, sh, memory_budget, None, inplace=inplace, exact_values=False)[1]
+    return knn(x, k, memory_budget=memory_budget, backend=backend)[1]
 
 
 def evaluate_output(

@@ -27,10 +27,10 @@ from torch import Tensor
 from bayesurl._checks import check_same_length, check_tensor
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, normalize
 from bayesurl.evaluation.sampled import (  # the search behind the ECE (re-exported)
-    _resultant,
-    _sampled_neighbors,
-    _samples,
+    checked_samples,
     choose_shortlist,
+    neighbors_per_draw,
+    resultant,
     sampled_neighbors,
 )
 
@@ -253,10 +253,10 @@ def recall_at_k(
     """
     x = _embeddings(embeddings)
     y = _labels(labels, x.shape[0])
-    return _recall_from_neighbors(y, _neighbors(x, k, neighbors, memory_budget), k)
+    return recall_from_neighbors(y, _neighbors(x, k, neighbors, memory_budget), k)
 
 
-def _recall_from_neighbors(y: Tensor, nb: Tensor, k: int) -> Tensor:
+def recall_from_neighbors(y: Tensor, nb: Tensor, k: int) -> Tensor:
     """:func:`recall_at_k` from labels ``[N]`` and neighbour ids ``[N, >=k]``."""
     return (y[nb[:, :k]] == y[:, None]).any(dim=1).double().mean()
 
@@ -297,21 +297,21 @@ def map_at_k(
     """
     x = _embeddings(embeddings)
     y = _labels(labels, x.shape[0])
-    return _map_from_neighbors(y, _neighbors(x, k, neighbors, memory_budget), k)
+    return map_from_neighbors(y, _neighbors(x, k, neighbors, memory_budget), k)
 
 
-def _map_from_neighbors(y: Tensor, nb: Tensor, k: int) -> Tensor:
+def map_from_neighbors(y: Tensor, nb: Tensor, k: int) -> Tensor:
     """:func:`map_at_k` from labels ``[N]`` and neighbour ids ``[N, >=k]``."""
-    return _ap_from_hits(y[nb[:, :k]] == y[:, None], _class_mates(y), k).mean()
+    return ap_from_hits(y[nb[:, :k]] == y[:, None], class_mates(y), k).mean()
 
 
-def _class_mates(y: Tensor) -> Tensor:
+def class_mates(y: Tensor) -> Tensor:
     """``[N]`` number of other items with item i's label."""
     _, inv, counts = torch.unique(y, return_inverse=True, return_counts=True)
     return counts[inv] - 1
 
 
-def _ap_from_hits(hit: Tensor, mates: Tensor, k: int) -> Tensor:
+def ap_from_hits(hit: Tensor, mates: Tensor, k: int) -> Tensor:
     """``[M]`` AP@k of each query from the relevance ``hit`` ``[M, >=k]`` of its ranked
     neighbours and its number of class-mates ``mates`` ``[M]`` (:func:`map_at_k`)."""
     rel = hit[:, :k].double()
@@ -545,17 +545,17 @@ def mean_from_samples(samples: Tensor) -> Tensor:
     Tensor
         ``[N, D]`` unit vectors (zero where the mean resultant vanishes).
     """
-    return normalize(_resultant(_samples(samples)))
+    return normalize(resultant(checked_samples(samples)))
 
 
 def _mean_length(samples: Tensor) -> tuple[Tensor, int]:
-    s = _samples(samples)
-    return _length(_resultant(s)), s.shape[-1]
+    s = checked_samples(samples)
+    return resultant_length(resultant(s)), s.shape[-1]
 
 
-def _length(resultant: Tensor) -> Tensor:
+def resultant_length(mean_resultant: Tensor) -> Tensor:
     """Mean resultant lengths ``R`` in float64, clamped to [0, 1]."""
-    return resultant.norm(dim=-1).to(torch.float64).clamp(0.0, 1.0)
+    return mean_resultant.norm(dim=-1).to(torch.float64).clamp(0.0, 1.0)
 
 
 def kappa_from_samples(samples: Tensor) -> Tensor:
@@ -594,10 +594,10 @@ def uncertainty_from_samples(samples: Tensor) -> Tensor:
         ``[N]`` float64 u.
     """
     r, d = _mean_length(samples)
-    return _u_from_length(r, d)
+    return u_from_length(r, d)
 
 
-def _u_from_length(r: Tensor, d: int) -> Tensor:
+def u_from_length(r: Tensor, d: int) -> Tensor:
     """``1 / kappa_hat = (1 - R^2) / (R (D - R^2))`` (Sra) from float64 lengths ``R``."""
     return (1.0 - r**2) / (r * (d - r**2))
 
@@ -665,7 +665,7 @@ class ECEResult(NamedTuple):
     neighbors: Tensor | None = None
 
 
-def _check_n_bins(n_bins: object) -> None:
+def check_n_bins(n_bins: object) -> None:
     if not isinstance(n_bins, int) or n_bins < 1:
         raise ValueError(f"`n_bins` must be a positive integer, got {n_bins!r}")
 
@@ -689,7 +689,7 @@ def calibration_bins(confidence: Tensor, correct: Tensor, n_bins: int = 10) -> E
     conf = _scores(confidence, "confidence")
     c = _bool(correct, "correct")
     check_same_length(("confidence", conf), ("correct", c))
-    _check_n_bins(n_bins)
+    check_n_bins(n_bins)
     if bool(((conf < 0) | (conf > 1)).any()):
         raise ValueError("`confidence` must lie in [0, 1]")
     edges = torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64, device=conf.device)
@@ -744,19 +744,19 @@ def retrieval_ece(
     ECEResult
         ECE and the reliability-diagram data.
     """
-    s = _samples(samples, check_values=mode == "exact")
+    s = checked_samples(samples, check_values=mode == "exact")
     y = _labels(labels, s.shape[1])
     if s.shape[1] < 2:
         raise ValueError(f"`samples` needs at least 2 points, got {s.shape[1]}")
-    nb = _sampled_neighbors(
+    nb = neighbors_per_draw(
         s, mode=mode, shortlist=shortlist, candidates=candidates, tolerance=tolerance,
         margin=margin, memory_budget=memory_budget, info=info, progress=progress, block=block,
         cluster_iters=cluster_iters,
     )  # fmt: skip
-    return _ece_from_neighbors(nb, y, s.shape[0], n_bins)
+    return ece_from_neighbors(nb, y, s.shape[0], n_bins)
 
 
-def _ece_from_neighbors(nb: Tensor, y: Tensor, n_draws: int, n_bins: int) -> ECEResult:
+def ece_from_neighbors(nb: Tensor, y: Tensor, n_draws: int, n_bins: int) -> ECEResult:
     """:func:`retrieval_ece` from the ``[S, N]`` per-draw neighbours ``nb``."""
     mode_label, votes = modal_labels(y[nb])
     conf = votes.double() / n_draws

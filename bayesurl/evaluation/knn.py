@@ -18,7 +18,7 @@ Decisions fixed by METRICS.md:
   (Higham's ``gamma_D``, :func:`_gemm_slack`) separates the candidates, recomputes the
   others per pair in float64 (exact products, one fixed-order sum: the same bits in any
   layout), and takes the top-k in (that similarity descending, index ascending) order among
-  every candidate the bound cannot exclude (:func:`_search`).
+  every candidate the bound cannot exclude (:func:`search`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ DEFAULT_MEMORY_BUDGET = 256 * 2**20
 _BACKENDS = ("torch", "faiss")
 
 #: Candidates the floating-point pass keeps beyond ``k``: rows whose near ties reach past them
-#: are searched again for every item within the error bound (:func:`_search`). One is the
+#: are searched again for every item within the error bound (:func:`search`). One is the
 #: cheapest: ``topk(k + 6)`` cost 0.36 s more per rank than ``topk(k + 2)`` at N = 60k, W = 2,
 #: more than the window search of the 2 % of rows it spares.
 _EXTRA = 1
@@ -310,7 +310,7 @@ def _knn(
     qn = normalize(q)
     gn = qn if g is q else normalize(g)
     self_index = torch.arange(q.shape[0], device=q.device) if exclude_self else None
-    return _search(qn, lambda: [(0, gn)], k, memory_budget, chunk_size, self_index)
+    return search(qn, lambda: [(0, gn)], k, memory_budget, chunk_size, self_index)
 
 
 def _gemm_slack(d: int, dtype: torch.dtype, device: torch.device) -> float:
@@ -338,7 +338,7 @@ def _pair_sims(q: Tensor, g: Tensor) -> Tensor:
     return (q.double() * g.double()).sum(dim=-1)
 
 
-def _search(
+def search(
     qn: Tensor,
     gallery: ChunkSource,
     k: int,
@@ -436,7 +436,7 @@ def _exact_order(
     shards: Shards | None,
     exact_values: bool,
 ) -> tuple[Tensor, Tensor]:
-    """Pass 2 of :func:`_search`: float64 similarities of the kept candidates that need them
+    """Pass 2 of :func:`search`: float64 similarities of the kept candidates that need them
     (``cand_i``: global ids ``[M, K]`` in pass-1 order, -1 / ``-inf`` placeholders), the
     window search of the rows that are not ``complete``, and the top-k in (similarity
     descending, id ascending) order."""
@@ -598,10 +598,10 @@ def knn_sharded(
     if not x.is_floating_point():
         raise ValueError(f"embeddings must be floating point, got {x.dtype}")
     sh = Shards.of(x.shape[0], x.device, group)
-    return _knn_sharded(x, k, sh, rank_budget(memory_budget, sh), chunk_size)
+    return search_shards(x, k, sh, rank_budget(memory_budget, sh), chunk_size)
 
 
-def _knn_sharded(
+def search_shards(
     x: Tensor,
     k: int,
     sh: Shards,
@@ -614,7 +614,7 @@ def _knn_sharded(
     """:func:`knn_sharded` on validated rows ``x`` with the row layout ``sh``;
     ``memory_budget`` is already this rank's (:func:`rank_budget`). ``inplace`` normalises
     ``x`` itself instead of a copy (a caller that owns ``x`` saves one ``[n_r, D]`` tensor);
-    ``exact_values=False`` for a caller that reads the ids only (:func:`_search`)."""
+    ``exact_values=False`` for a caller that reads the ids only (:func:`search`)."""
     n = sh.n
     if n < 2:
         raise ValueError(f"`embeddings` needs at least 2 points over all ranks, got {n}")
@@ -624,10 +624,10 @@ def _knn_sharded(
         raise ValueError(f"`chunk_size` must be positive, got {chunk_size}")
     qn = normalize(x, inplace=inplace)
     own = sh.global_ids(x.device)
-    return _search(qn, lambda: sh.chunks(qn), k, memory_budget, chunk_size, own, sh, exact_values)
+    return search(qn, lambda: sh.chunks(qn), k, memory_budget, chunk_size, own, sh, exact_values)
 
 
-def _sim_tiles(
+def sim_tiles(
     qn: Tensor,
     gt: Tensor,
     r0: int,
@@ -679,19 +679,19 @@ def _top1_tiled(
     ``[B, N]`` blocks (``benchmarks/evaluator.py``, 2 threads). Ties go to the
     lowest index: ``argmax`` returns the first maximal index within a tile and a later tile
     only replaces the running best when strictly greater. ``self_index`` and ``col_scale``:
-    see :func:`_sim_tiles`.
+    see :func:`sim_tiles`.
 
     ``near`` (int64 ``[M]``, zeros) receives, per query, a count that is at least
     ``min(2, c)`` for the number ``c`` of items whose value lies within ``2 * slack`` of the
     final best (the best included): each tile adds 1, or 2 when its second value is also
     within ``2 * slack``; when the best rises within ``2 * slack`` the earlier count is kept
     (an over-count), when it rises further the earlier items cannot qualify and the count
-    restarts. :func:`_search` sends the rows with ``near > 1`` to its exact window search, so
+    restarts. :func:`search` sends the rows with ``near > 1`` to its exact window search, so
     the tile's winner may come from ``topk``'s order among equal values only in rows that
     are searched again.
 
     ``best`` (``[M]`` values and int64 ids) is a running maximum of earlier calls, updated in
-    place, and ``offset`` the global id of ``gt``'s first column: :func:`_search` passes every
+    place, and ``offset`` the global id of ``gt``'s first column: :func:`search` passes every
     gallery chunk through one running state (and one ``near``), later chunks with larger ids.
     """
     m, n = qn.shape[0], gt.shape[1]
@@ -705,7 +705,7 @@ def _top1_tiled(
         r1 = min(r0 + rows, m)
         bv, bi = best_v[r0:r1], best_i[r0:r1]
         nr = None if near is None else near[r0:r1]
-        tiles = _sim_tiles(qn, gt, r0, r1, cols, buf, self_index=self_index, col_scale=col_scale)
+        tiles = sim_tiles(qn, gt, r0, r1, cols, buf, self_index=self_index, col_scale=col_scale)
         for c0, sims in tiles:
             v = sims.amax(dim=1)  # values only (about 3x faster than max with indices) ...
             if nr is not None:  # rows with an item within 2 slack of their (new) best

@@ -30,7 +30,7 @@ from bayesurl._checks import check_same_length, check_tensor
 from bayesurl.distributed import Shards, is_distributed, raise_if_any
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import sampled as Sm
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, _knn_sharded, knn, rank_budget
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, rank_budget, search_shards
 
 if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
     from matplotlib.axes import Axes
@@ -116,7 +116,7 @@ class _RetrievalMetric(Metric):
             check_same_length(("embeddings", x), ("uncertainties", u))
             self.uncertainties.append(u.detach())
 
-    def _search(self, k: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    def search(self, k: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """Neighbour ids ``[N, k]``, labels ``[N]`` and u ``[N]`` of every rank's rows."""
         sh = _check_updated(self, self.embeddings)
         x, y = dim_zero_cat(self.embeddings), dim_zero_cat(self.labels)
@@ -126,15 +126,15 @@ class _RetrievalMetric(Metric):
             return nb, y, u
         sh = Shards.of(x.shape[0], x.device, self.process_group)
         budget = rank_budget(self.memory_budget, sh)
-        _, nb = _knn_sharded(x, k, sh, budget, None, exact_values=False)
+        _, nb = search_shards(x, k, sh, budget, None, exact_values=False)
         return sh.gather(nb), sh.gather(y), None if u is None else sh.gather(u)
 
     def _correct(self) -> Tensor:
-        nb, y, _ = self._search(1)
+        nb, y, _ = self.search(1)
         return y[nb[:, 0]] == y
 
     def _u_correct(self) -> tuple[Tensor, Tensor]:
-        nb, y, u = self._search(1)
+        nb, y, u = self.search(1)
         assert u is not None
         return u, y[nb[:, 0]] == y
 
@@ -155,7 +155,7 @@ class _AtKMetric(_RetrievalMetric):
 
     def compute(self) -> Tensor:
         """The score of every rank's rows (collective under torch.distributed)."""
-        nb, y, _ = self._search(self.k)
+        nb, y, _ = self.search(self.k)
         return self._score(y, nb, self.k)
 
     def plot(self, ax: Axes | None = None) -> tuple[Figure, Axes]:
@@ -184,7 +184,7 @@ class RecallAtK(_AtKMetric):
 
     @staticmethod
     def _score(y: Tensor, nb: Tensor, k: int) -> Tensor:
-        return Fm._recall_from_neighbors(y, nb, k)
+        return Fm.recall_from_neighbors(y, nb, k)
 
 
 class MAPAtK(_AtKMetric):
@@ -205,7 +205,7 @@ class MAPAtK(_AtKMetric):
 
     @staticmethod
     def _score(y: Tensor, nb: Tensor, k: int) -> Tensor:
-        return Fm._map_from_neighbors(y, nb, k)
+        return Fm.map_from_neighbors(y, nb, k)
 
 
 class RAUROC(_RetrievalMetric):
@@ -322,16 +322,16 @@ class RetrievalECE(Metric):
                 s, y, n_bins=self.n_bins, mode=self.mode, shortlist=self.shortlist,
                 memory_budget=self.memory_budget,
             )  # fmt: skip
-        Fm._check_n_bins(self.n_bins)
+        Fm.check_n_bins(self.n_bins)
         sh = Shards.of(s.shape[1], s.device, self.process_group)
-        nb = Sm._sampled_neighbors(
-            Sm._samples(s, check_values=self.mode == "exact"), mode=self.mode,
+        nb = Sm.neighbors_per_draw(
+            Sm.checked_samples(s, check_values=self.mode == "exact"), mode=self.mode,
             shortlist=self.shortlist, candidates=None, tolerance=1e-3, margin=None,
             memory_budget=rank_budget(self.memory_budget, sh), info=None, progress=False,
             block=32, cluster_iters=4, shards=sh,
         )  # fmt: skip
         nb = sh.gather(nb.T.contiguous()).T
-        return Fm._ece_from_neighbors(nb, sh.gather(y), s.shape[0], self.n_bins)
+        return Fm.ece_from_neighbors(nb, sh.gather(y), s.shape[0], self.n_bins)
 
     def compute(self) -> Tensor:
         """ECE of every rank's rows."""

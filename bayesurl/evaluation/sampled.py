@@ -27,18 +27,18 @@ from bayesurl._checks import check_tensor
 from bayesurl.distributed import RowExchange, Shards
 from bayesurl.evaluation.knn import (
     DEFAULT_MEMORY_BUDGET,
-    _search,
-    _sim_tiles,
     chunk_rows,
     normalize,
+    search,
+    sim_tiles,
 )
 
 __all__ = ["choose_shortlist", "sampled_neighbors"]
 
 
-def _samples(samples: object, check_values: bool = True) -> Tensor:
+def checked_samples(samples: object, check_values: bool = True) -> Tensor:
     """Validated ``[S, N, D]`` draws; ``check_values=False`` leaves the finiteness check to
-    :func:`_checked_resultant` (one pass over the draws instead of two)."""
+    :func:`checked_resultant` (one pass over the draws instead of two)."""
     s = check_tensor(samples, "samples", ndim=3, finite=False)
     if s.shape[0] < 1:
         raise ValueError("`samples` needs at least 1 draw, got 0")
@@ -54,16 +54,16 @@ def _raise_non_finite(s: Tensor) -> None:
     raise ValueError(f"`samples` contains {bad} non-finite values of {s.numel()} entries")
 
 
-def _checked_resultant(s: Tensor) -> Tensor:
+def checked_resultant(s: Tensor) -> Tensor:
     """Mean resultant of the normalised draws; raises if a draw has a non-finite entry
     (a NaN or inf entry makes its row's normalised draw, hence the resultant, non-finite)."""
-    res = _resultant(s)
+    res = resultant(s)
     if not bool(torch.isfinite(res).all()):
         _raise_non_finite(s)
     return res
 
 
-def _resultant(s: Tensor) -> Tensor:
+def resultant(s: Tensor) -> Tensor:
     acc = torch.zeros_like(s[0])
     for z in s:
         acc += normalize(z)
@@ -206,15 +206,15 @@ def choose_shortlist(
         ``miss_rate`` (pilot estimate with both cuts), ``margin``, ``pilot_pairs``,
         ``rank_q999``.
     """
-    s = _samples(samples, check_values=False)
-    return _choose_shortlist(
-        s, _checked_resultant(s), tolerance=tolerance, max_shortlist=max_shortlist,
+    s = checked_samples(samples, check_values=False)
+    return plan_shortlist(
+        s, checked_resultant(s), tolerance=tolerance, max_shortlist=max_shortlist,
         pilot_draws=pilot_draws, pilot_queries=pilot_queries, seed=seed,
         memory_budget=memory_budget,
     )  # fmt: skip
 
 
-def _choose_shortlist(
+def plan_shortlist(
     s: Tensor,
     res: Tensor,
     *,
@@ -250,8 +250,8 @@ def _choose_shortlist(
     wins = []
     for t in range(min(pilot_draws, n_draws)):
         zn = normalize(s[t])
-        wins.append(  # ids only: no float64 values for the clean rows (pass 2 of _search)
-            _search(zn[q], partial(sh.chunks, zn), 1, memory_budget, None, qg, sh, False)[1][:, 0]
+        wins.append(  # ids only: no float64 values for the clean rows (pass 2 of search)
+            search(zn[q], partial(sh.chunks, zn), 1, memory_budget, None, qg, sh, False)[1][:, 0]
         )
     win = torch.stack(wins, dim=1)  # [P, T] global ids
     mq = mean[q]
@@ -313,7 +313,7 @@ def _tiles(
         si = None if self_index is None else self_index - off
         for r0 in range(0, m, rows):
             r1 = min(r0 + rows, m)
-            for c0, sims in _sim_tiles(qn, g.T, r0, r1, cols, buf, self_index=si):
+            for c0, sims in sim_tiles(qn, g.T, r0, r1, cols, buf, self_index=si):
                 yield r0, r1, off + c0, sims
 
 
@@ -393,7 +393,7 @@ def _margin_pattern(
         for b, r0 in enumerate(starts):
             r1 = min(r0 + rows, n_loc)
             bb, sl = best[r0:r1], slack[r0:r1]
-            for c0, sims in _sim_tiles(mean, g.T, r0, r1, cols, buf, self_index=own - off):
+            for c0, sims in sim_tiles(mean, g.T, r0, r1, cols, buf, self_index=own - off):
                 top = sims.amax(dim=1)  # values only: about 3x faster than max with indices
                 torch.maximum(bb, top, out=bb)
                 thr = bb - sl
@@ -619,15 +619,15 @@ def sampled_neighbors(
     Tensor
         ``[S, N]`` int64 neighbour indices.
     """
-    s = _samples(samples, check_values=mode == "exact")
-    return _sampled_neighbors(
+    s = checked_samples(samples, check_values=mode == "exact")
+    return neighbors_per_draw(
         s, mode=mode, shortlist=shortlist, candidates=candidates,
         tolerance=tolerance, margin=margin, memory_budget=memory_budget, info=info,
         progress=progress, block=block, cluster_iters=cluster_iters,
     )  # fmt: skip
 
 
-def _sampled_neighbors(
+def neighbors_per_draw(
     s: Tensor,
     *,
     mode: str,
@@ -663,7 +663,7 @@ def _sampled_neighbors(
         out = torch.empty(n_draws, n_loc, dtype=torch.long, device=s.device)
         for t, z in enumerate(bar(s)):
             zn = normalize(z)
-            out[t] = _search(  # ids only (as above)
+            out[t] = search(  # ids only (as above)
                 zn, partial(sh.chunks, zn), 1, memory_budget, None, own, sh, False
             )[1][:, 0]
         return out
@@ -673,16 +673,16 @@ def _sampled_neighbors(
         raise ValueError("`mode='block'` runs in one process only; use 'shortlist' or 'exact'")
     if margin is not None and not margin >= 0.0:
         raise ValueError(f"`margin` must be >= 0 or None, got {margin!r}")
-    res = _checked_resultant(s) if resultant is None else resultant
+    res = checked_resultant(s) if resultant is None else resultant
     if shortlist is None:
-        L, pilot = _choose_shortlist(
+        L, pilot = plan_shortlist(
             s, res, tolerance=tolerance, memory_budget=memory_budget, shards=sh
         )
         if pilot["miss_rate"] > tolerance:
             # no shortlist up to the cap is accurate enough: fall back to exact searches
             if info is not None:
                 info.update(pilot, shortlist=float(n - 1), fallback_exact=1.0)
-            return _sampled_neighbors(
+            return neighbors_per_draw(
                 s, mode="exact", shortlist=None, candidates=None, tolerance=tolerance,
                 margin=None, memory_budget=memory_budget, info=None, progress=progress,
                 block=block, cluster_iters=cluster_iters, shards=sh,
@@ -711,7 +711,7 @@ def _sampled_neighbors(
         if c.shape[1] >= L:
             cand = c[:, :L].to(s.device)
     if cand is None:
-        m_sims, cand = _search(mean, partial(sh.chunks, mean), L, memory_budget, None, own, sh)
+        m_sims, cand = search(mean, partial(sh.chunks, mean), L, memory_budget, None, own, sh)
     if mode == "block":
         if not isinstance(block, int) or block < 1:
             raise ValueError(f"`block` must be a positive integer, got {block!r}")

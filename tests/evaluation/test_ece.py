@@ -293,7 +293,7 @@ def test_threshold_pattern_matches_brute_force(margin: float, tile: tuple[int, i
     # capped at the L most similar per row; tiles with a running maximum (several column
     # tiles per row, diagonal split across tiles) give the same pattern
     samples, _ = draws(n=150, s=6, d=6, noise=0.3, seed=4)
-    res = Sm._resultant(samples)
+    res = Sm.resultant(samples)
     mean, sigma = Fm.normalize(res), Sm._spread(res)
     L = 12
     crow, col, row = Sm._margin_pattern(

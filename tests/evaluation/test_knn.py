@@ -150,13 +150,13 @@ def test_tiled_top1_subset_queries_and_column_scale(rows: int, cols: int) -> Non
 def test_search_over_gallery_chunks_matches_brute_force(data, k, gallery_rows) -> None:
     """The in-place per-row-block merge of the gallery chunks (the ring pass of the sharded
     search, issue 16): cut anywhere, ties and duplicates across cuts go to the lowest id."""
-    from bayesurl.evaluation.knn import _search, normalize
+    from bayesurl.evaluation.knn import normalize, search
 
     x = normalize(data.double())
     n = x.shape[0]
     chunks = [(o, x[o : o + gallery_rows]) for o in range(0, n, gallery_rows)]
     for q0, q1 in ((0, n), (5, 17)):  # all queries, or a shard of them (global self ids)
-        v, i = _search(x[q0:q1], lambda: chunks, k, 2**12, 3, torch.arange(q0, q1))
+        v, i = search(x[q0:q1], lambda: chunks, k, 2**12, 3, torch.arange(q0, q1))
         assert i.tolist() == brute_knn(data, k)[q0:q1], (q0, q1)
         ref = torch.gather(x[q0:q1] @ x.T, 1, i)
         torch.testing.assert_close(v, ref, rtol=0, atol=1e-12)
@@ -217,7 +217,7 @@ def test_search_is_layout_independent_on_float_data(k) -> None:
     """Ids and similarities are the same bits whatever the query blocks and gallery chunks
     (one process, or the chunks a ring pass brings), and the ids are the exactly-summed brute
     force's: exact duplicates tie and go to the lowest index. Fails on block products alone."""
-    from bayesurl.evaluation.knn import _search
+    from bayesurl.evaluation.knn import search
 
     x = _float_ties()
     ref = _fsum_knn(x, k)
@@ -229,7 +229,7 @@ def test_search_is_layout_independent_on_float_data(k) -> None:
     for rows in (1, 7, 64):
         for g_rows in (5, 64, 300):
             chunks = [(o, xn[o : o + g_rows]) for o in range(0, n, g_rows)]
-            results.append(_search(xn, lambda c=chunks: c, k, 2**20, rows, torch.arange(n)))
+            results.append(search(xn, lambda c=chunks: c, k, 2**20, rows, torch.arange(n)))
     for v, i in results:
         assert i.tolist() == ref
         assert torch.equal(v, results[0][0]) and torch.equal(i, results[0][1])

@@ -1,0 +1,525 @@
+"""The metric table of :func:`bayesurl.evaluation.evaluate`: each metric declares what it needs.
+
+In the spirit of pytorch-metric-learning's ``AccuracyCalculator`` (``requires_knn``,
+``include`` / ``exclude``): a :class:`Metric` names the inputs it reads (:class:`Need`) and,
+when it reads neighbour ids, how many neighbours of the one exact kNN search it wants. The
+evaluator validates the inputs once, asks every selected metric for its neighbours, runs
+**one** search with the largest request and then each metric in table order; a metric whose
+input is missing reports ``None`` under its keys with a note saying why (METRICS.md: never a
+made-up number). Adding a metric is one :func:`register_metric` call.
+
+Definitions: spec METRICS.md; papers: URL benchmark (Kirchhof et al. 2023, section 3.1,
+App. C.3 / C.5) and LAM (Warburg et al. 2023, section 5).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from bayesurl.distributed import Shards
+from bayesurl.evaluation import functional as Fm
+from bayesurl.evaluation import sampled as Sm
+from bayesurl.evaluation.lam_reference import lam_ausc, lam_ece
+from bayesurl.evaluation.url_extra import crop_uncertainty_check, mixed_r_auroc
+
+__all__ = [
+    "METRICS",
+    "EvalContext",
+    "Metric",
+    "Need",
+    "register_metric",
+    "select_metrics",
+    "unregister_metric",
+]
+
+
+class Need(str, Enum):
+    """An input a metric reads (besides the labels, which every metric has)."""
+
+    #: neighbour ids of the queries from the one exact kNN search
+    NEIGHBOURS = "neighbours"
+    #: ``u`` of the queries (given, or 1/kappa_hat of the samples)
+    UNCERTAINTY = "uncertainty"
+    #: ``[S, N, D]`` posterior draws
+    SAMPLES = "samples"
+    #: ``u`` of out-of-distribution inputs
+    OOD = "ood"
+    #: a ground-truth uncertainty of the queries
+    REFERENCE = "reference"
+    #: a second, in-distribution set (held-out upstream images: embeddings, labels, ``u``)
+    ID_SET = "id_set"
+    #: an ``images -> u`` function and the images of URL's crop test
+    CROP = "crop"
+
+
+#: The note of a metric whose input is missing (``None``: an optional extra, silently absent).
+MISSING: dict[Need, str | None] = {
+    Need.NEIGHBOURS: None,
+    Need.UNCERTAINTY: "no uncertainties (give `uncertainties` or `samples`)",
+    Need.SAMPLES: "no samples (these metrics need posterior draws; docs: Concepts > Metrics)",
+    Need.OOD: "no `ood_uncertainties`",
+    Need.REFERENCE: None,
+    Need.ID_SET: None,
+    Need.CROP: None,
+}
+
+
+@dataclass
+class EvalContext:
+    """The validated inputs of one evaluation and what the one search found.
+
+    Array attributes hold **this rank's rows** under a sharded evaluation (one process: all
+    rows); ``u`` and ``labels_all`` are every rank's, gathered once.
+
+    Attributes
+    ----------
+    x : Tensor
+        ``[n_r, D]`` query embeddings (the samples' normalised mean when none were given).
+    y : Tensor
+        ``[n_r]`` labels.
+    u : Tensor or None
+        ``[N]`` uncertainties of every query (gathered).
+    samples, resultant : Tensor or None
+        ``[S, n_r, D]`` draws and their ``[n_r, D]`` mean resultant.
+    ood_u, reference, id_x, id_y, id_u : Tensor or None
+        The optional inputs of :func:`~bayesurl.evaluation.evaluate` (this rank's rows).
+    predict_uncertainty : callable or None
+        ``images -> u`` of URL's crop test; ``crop_images`` its ``[M, C, H, W]`` images (the
+        same on every rank).
+    shards : Shards
+        Row layout of the queries.
+    options : dict
+        The evaluation's settings (``ks``, ``map_ks``, ``n_bins``, ``ece_mode``, ...).
+    neighbors : Tensor or None
+        ``[n_r, k]`` global neighbour ids of the one search (after the search).
+    notes : list of str
+        Why a metric is ``None``, and what the evaluation chose.
+    """
+
+    x: Tensor
+    y: Tensor
+    u: Tensor | None
+    samples: Tensor | None
+    resultant: Tensor | None
+    ood_u: Tensor | None
+    reference: Tensor | None
+    id_x: Tensor | None
+    id_y: Tensor | None
+    id_u: Tensor | None
+    predict_uncertainty: Callable[[Tensor], Tensor] | None
+    crop_images: Tensor | None
+    shards: Shards
+    group: dist.ProcessGroup | None
+    options: dict[str, Any]
+    neighbors: Tensor | None = None
+    notes: list[str] = field(default_factory=list)
+    shared: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        """Number of queries over all ranks."""
+        return self.shards.n
+
+    def has(self, need: Need) -> bool:
+        """Whether the input ``need`` is there."""
+        present = {
+            Need.NEIGHBOURS: True,
+            Need.UNCERTAINTY: self.u is not None,
+            Need.SAMPLES: self.samples is not None,
+            Need.OOD: self.ood_u is not None,
+            Need.REFERENCE: self.reference is not None,
+            Need.ID_SET: self.id_x is not None,
+            Need.CROP: self.crop_images is not None,
+        }
+        return present[need]
+
+    @functools.cached_property
+    def labels_all(self) -> Tensor:
+        """``[N]`` labels of every row, on the embeddings' device (collective)."""
+        return self.shards.gather(self.y.to(self.x.device))
+
+    @functools.cached_property
+    def hits(self) -> Tensor:
+        """``[n_r, k]`` whether each neighbour of this rank's queries shares its label."""
+        assert self.neighbors is not None
+        labels = self.labels_all
+        return labels[self.neighbors] == self.y.to(labels.device)[:, None]
+
+    @functools.cached_property
+    def correct(self) -> Tensor:
+        """``[N]`` R@1 correctness of every query (gathered; collective)."""
+        return self.shards.gather(self.hits[:, 0].contiguous())
+
+    def gather_rows(self, local: Tensor | None) -> Tensor | None:
+        """Every rank's rows of a per-rank input of its own length (collective)."""
+        if local is None or not self.shards.active:
+            return local
+        return Shards.of(local.shape[0], local.device, self.group).gather(local)
+
+
+#: ``ctx -> neighbours wanted from the one search`` (0: none)
+NeighboursFn = Callable[[EvalContext], int]
+#: ``ctx -> {key: value}``
+ComputeFn = Callable[[EvalContext], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One entry of the metric table.
+
+    Parameters
+    ----------
+    name : str
+        Name for ``include`` / ``exclude``.
+    keys : callable
+        ``options -> result keys`` the metric writes (all ``None`` when an input is missing).
+    needs : tuple of Need
+        Inputs it reads, in the order their absence is reported.
+    compute : callable
+        ``EvalContext -> {key: value}``; may append to ``ctx.notes``.
+    neighbours : callable, optional
+        ``EvalContext -> k``: neighbours it wants from the one search (only called when its
+        inputs are there, before the search). Metrics reading ``ctx.neighbors`` need
+        :attr:`Need.NEIGHBOURS`.
+    default : bool
+        Selected when ``include`` is not given.
+    """
+
+    name: str
+    keys: Callable[[dict[str, Any]], tuple[str, ...]]
+    needs: tuple[Need, ...]
+    compute: ComputeFn
+    neighbours: NeighboursFn | None = None
+    default: bool = True
+
+
+#: The metric table, in the order the metrics run and report.
+METRICS: dict[str, Metric] = {}
+
+
+def register_metric(metric: Metric, *, replace: bool = False) -> Metric:
+    """Add ``metric`` to the table (at the end); ``replace`` an entry of the same name.
+
+    Raises
+    ------
+    ValueError
+        If the name is taken and ``replace`` is false, or ``metric`` is not a :class:`Metric`.
+    """
+    if not isinstance(metric, Metric):
+        raise ValueError(f"`metric` must be a Metric, got {type(metric).__name__}")
+    if metric.name in METRICS and not replace:
+        raise ValueError(f"a metric named {metric.name!r} is already registered")
+    METRICS[metric.name] = metric
+    return metric
+
+
+def unregister_metric(name: str) -> Metric:
+    """Remove and return the metric ``name``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name.
+    """
+    if name not in METRICS:
+        raise ValueError(f"unknown metric {name!r}; registered: {', '.join(METRICS)}")
+    return METRICS.pop(name)
+
+
+def select_metrics(
+    include: Iterable[str] | None,
+    exclude: Iterable[str],
+    options: dict[str, Any],
+    *,
+    also: Iterable[str] = (),
+) -> list[Metric]:
+    """The metrics of ``include`` (default: every default metric) and ``also``, minus
+    ``exclude``, in table order. A name is a metric's name or one of the keys it writes
+    (``"ause"`` selects the sparsification metric).
+
+    Raises
+    ------
+    ValueError
+        Naming an unknown name and the valid ones.
+    """
+
+    def resolve(names: Iterable[str] | str, arg: str) -> set[str]:
+        if isinstance(names, str):
+            raise ValueError(
+                f"`{arg}` must be a sequence of metric names, got the string {names!r}"
+            )
+        out = set()
+        for name in names:
+            hit = [m.name for m in METRICS.values() if name == m.name or name in m.keys(options)]
+            if not hit:
+                valid = ", ".join(METRICS)
+                raise ValueError(f"`{arg}`: unknown metric {name!r}; valid names: {valid}")
+            out.add(hit[0])
+        return out
+
+    chosen = (
+        {m.name for m in METRICS.values() if m.default}
+        if include is None
+        else resolve(include, "include")
+    )
+    chosen |= resolve(also, "also")
+    chosen -= resolve(exclude, "exclude")
+    return [m for m in METRICS.values() if m.name in chosen]
+
+
+def _f(x: Tensor) -> float:
+    return float(x.detach().cpu())
+
+
+# --------------------------------------------------------------------------- retrieval
+def _r_at_1(ctx: EvalContext) -> dict[str, Any]:
+    return {"r@1": _f(ctx.correct.double().mean())}
+
+
+def _recall(ctx: EvalContext) -> dict[str, Any]:
+    ks = ctx.options["ks"]
+    ok = [k for k in ks if k <= ctx.n - 1]
+    flags = ctx.shards.gather(
+        torch.stack([ctx.hits[:, :k].any(dim=1) for k in ok], dim=1)
+        if ok
+        else ctx.hits.new_zeros(ctx.hits.shape[0], 0)
+    )
+    out: dict[str, Any] = {}
+    for k in ks:
+        if k in ok:
+            out[f"recall@{k}"] = _f(flags[:, ok.index(k)].contiguous().double().mean())
+        else:
+            out[f"recall@{k}"] = None
+            ctx.notes.append(f"recall@{k}: undefined with only {ctx.n} points")
+    return out
+
+
+def _map(ctx: EvalContext) -> dict[str, Any]:
+    map_ks = ctx.options["map_ks"]
+    ok = [k for k in map_ks if k <= ctx.n - 1]
+    sh, hits = ctx.shards, ctx.hits
+    mates = Fm.class_mates(ctx.labels_all)[sh.offset : sh.offset + hits.shape[0]]
+    aps = sh.gather(
+        torch.stack([Fm.ap_from_hits(hits, mates, k) for k in ok], dim=1)
+        if ok
+        else torch.empty(hits.shape[0], 0, dtype=torch.float64, device=hits.device)
+    )
+    out: dict[str, Any] = {}
+    for k in map_ks:
+        if k in ok:
+            out[f"map@{k}"] = _f(aps[:, ok.index(k)].contiguous().mean())
+        else:
+            out[f"map@{k}"] = None
+            ctx.notes.append(f"map@{k}: undefined with only {ctx.n} points")
+    return out
+
+
+# --------------------------------------------------------------------------- uncertainty
+def _u(ctx: EvalContext) -> Tensor:
+    assert ctx.u is not None
+    return ctx.u.to(ctx.correct.device)
+
+
+def _r_auroc(ctx: EvalContext) -> dict[str, Any]:
+    try:
+        return {"r_auroc": _f(Fm.r_auroc(_u(ctx), ctx.correct))}
+    except ValueError as exc:  # all queries correct or all wrong
+        ctx.notes.append(f"r_auroc: {exc}")
+        return {"r_auroc": None}
+
+
+def _sparsification(ctx: EvalContext) -> dict[str, Any]:
+    correct = ctx.correct
+    removed, curve = Fm.sparsification_curve(_u(ctx), correct)
+    oracle = Fm.oracle_curve(correct)
+    out: dict[str, Any] = {"ausc": _f(curve.mean()), "ause": _f((oracle - curve).mean())}
+    if ctx.options["return_curves"]:
+        out["sparsification"] = {
+            "removed": removed.tolist(),
+            "r@1": curve.tolist(),
+            "oracle": oracle.tolist(),
+        }
+    return out
+
+
+def _rank_correlation(ctx: EvalContext) -> dict[str, Any]:
+    u = ctx.u
+    assert u is not None and ctx.reference is not None
+    ref = ctx.shards.gather(ctx.reference.to(u.device))
+    return {"rank_correlation": _f(Fm.rank_correlation(u, ref))}
+
+
+def _ood(ctx: EvalContext) -> dict[str, Any]:
+    """u(ood) against the in-distribution u: the id set's where given (DATA.md), else the
+    queries'."""
+    assert ctx.u is not None and ctx.ood_u is not None
+    if ctx.id_x is not None and ctx.id_u is None:
+        ctx.notes.append("ood_auroc, ood_auprc: the in-distribution set has no `id_uncertainties`")
+        return {"ood_auroc": None, "ood_auprc": None}
+    inside = ctx.u if ctx.id_u is None else ctx.gather_rows(ctx.id_u)
+    assert inside is not None
+    v = ctx.gather_rows(ctx.ood_u.to(inside.device))
+    assert v is not None
+    if v.numel() == 0:
+        raise ValueError("`ood_uncertainties` is empty on every rank")
+    inside = inside.to(v.device)
+    return {"ood_auroc": _f(Fm.ood_auroc(inside, v)), "ood_auprc": _f(Fm.ood_auprc(inside, v))}
+
+
+# --------------------------------------------------------------------------- ECE
+def _ece_neighbours(ctx: EvalContext) -> int:
+    """The ECE's shortlist, served by the one search when the queries are the samples' mean
+    (:func:`~bayesurl.evaluation.sampled.plan_shortlist` picks its length from a pilot)."""
+    o, s, res_s = ctx.options, ctx.samples, ctx.resultant
+    assert s is not None and res_s is not None
+    Fm.check_n_bins(o["n_bins"])  # before the search, not after it
+    plan = {"mode": o["ece_mode"], "shortlist": o["shortlist"], "info": {}}
+    ctx.shared["ece"] = plan
+    share = o["ece_mode"] == "shortlist" and o["x_is_mean"]
+    if share and plan["shortlist"] is None:
+        tol = o["tolerance"]
+        plan["shortlist"], plan["info"] = Sm.plan_shortlist(
+            s, res_s, tolerance=tol, memory_budget=o["memory_budget"], shards=ctx.shards
+        )
+        if plan["info"]["miss_rate"] > tol:
+            # no affordable shortlist keeps the per-draw neighbours exact enough: search each
+            # draw exactly rather than report an ECE from wrong neighbours
+            ctx.notes.append(
+                f"ece: the largest shortlist ({plan['shortlist']}) misses an estimated "
+                f"{plan['info']['miss_rate']:.2%} of per-draw neighbours (> tolerance {tol}); "
+                "searched every draw exactly"
+            )
+            plan.update(mode="exact", shortlist=None, info={})
+            share = False
+    plan["share"] = share
+    return int(plan["shortlist"] or 0) if share else 0
+
+
+def _ece(ctx: EvalContext) -> dict[str, Any]:
+    s, o, sh = ctx.samples, ctx.options, ctx.shards
+    assert s is not None
+    plan = ctx.shared["ece"]
+    info = plan["info"]
+    nb_draws = Sm.neighbors_per_draw(
+        s, mode=plan["mode"], shortlist=plan["shortlist"],
+        candidates=ctx.neighbors if plan["share"] else None, tolerance=o["tolerance"],
+        margin=info.get("margin") if plan["share"] else None, memory_budget=o["memory_budget"],
+        info=info, progress=o["progress"], block=32, cluster_iters=4,
+        resultant=ctx.resultant, shards=sh,
+    )  # fmt: skip
+    nb_draws = sh.gather(nb_draws.T.contiguous()).T  # [S, N] global ids
+    ece = Fm.ece_from_neighbors(nb_draws, ctx.labels_all.to(s.device), s.shape[0], o["n_bins"])
+    out: dict[str, Any] = {"ece": _f(ece.ece)}
+    if plan["mode"] == "shortlist":
+        out["ece_shortlist"] = int(info["shortlist"])
+        if "miss_rate" in info:
+            out["ece_shortlist_miss_rate"] = info["miss_rate"]
+        if "kept_per_query" in info:
+            out["ece_candidates_per_query"] = info["kept_per_query"]
+    if o["return_curves"]:
+        out["reliability"] = {
+            "bin_edges": ece.bin_edges.tolist(),
+            "confidence": ece.bin_confidence.tolist(),
+            "accuracy": ece.bin_accuracy.tolist(),
+            "count": ece.bin_count.tolist(),
+        }
+    return out
+
+
+# --------------------------------------------------------------------------- LAM-code variants
+def _lam_ausc(ctx: EvalContext) -> dict[str, Any]:
+    s = ctx.samples
+    assert s is not None
+    return {"lam_ausc": lam_ausc(s.mean(dim=0), s.std(dim=0), ctx.y.to(s.device))}
+
+
+def _lam_ece(ctx: EvalContext) -> dict[str, Any]:
+    s = ctx.samples
+    assert s is not None
+    return {"lam_ece": lam_ece(s, ctx.y.to(s.device), ctx.options["n_bins"])}
+
+
+# --------------------------------------------------------------------------- URL extras
+def _mixed(ctx: EvalContext) -> dict[str, Any]:
+    """URL App. C.5: the held-out upstream set is side ``a``, the queries side ``b``."""
+    keys = ("mixed_r_auroc", "mixed_r@1")
+    if ctx.id_u is None:
+        ctx.notes.append(
+            "mixed_r_auroc, mixed_r@1: the in-distribution set has no `id_uncertainties`"
+        )
+        return dict.fromkeys(keys)
+    ea, ya, ua = (ctx.gather_rows(t) for t in (ctx.id_x, ctx.id_y, ctx.id_u))
+    eb, yb = ctx.shards.gather(ctx.x), ctx.shards.gather(ctx.y.to(ctx.x.device))
+    assert ea is not None and ya is not None and ua is not None and ctx.u is not None
+    try:
+        res = mixed_r_auroc(ea, ya, ua, eb, yb, ctx.u, seed=ctx.options["seed"])
+    except ValueError as exc:  # R-AUROC undefined on the pooled queries
+        ctx.notes.append(f"mixed_r_auroc: {exc}")
+        return dict.fromkeys(keys)
+    return {"mixed_r_auroc": _f(res.r_auroc), "mixed_r@1": _f(res.r_at_1)}
+
+
+def _crop(ctx: EvalContext) -> dict[str, Any]:
+    """URL section 4.5 / App. C.3 on ``crop_images`` (the same on every rank)."""
+    assert ctx.predict_uncertainty is not None and ctx.crop_images is not None
+    try:
+        with torch.no_grad():
+            res = crop_uncertainty_check(
+                ctx.predict_uncertainty, ctx.crop_images, seed=ctx.options["seed"]
+            )
+    except ValueError as exc:  # e.g. an estimator with u only from its draws
+        ctx.notes.append(f"crop_share, crop_spearman: {exc}")
+        return {"crop_share": None, "crop_spearman": None}
+    spear = None if res.spearman is None else _f(res.spearman)
+    return {"crop_share": _f(res.share), "crop_spearman": spear}
+
+
+def _keys(*keys: str) -> Callable[[dict[str, Any]], tuple[str, ...]]:
+    return lambda options: keys
+
+
+def _register_builtin(entries: Sequence[Metric]) -> None:
+    for metric in entries:
+        register_metric(metric)
+
+
+N, U, S = Need.NEIGHBOURS, Need.UNCERTAINTY, Need.SAMPLES
+_register_builtin(
+    [
+        Metric("r@1", _keys("r@1"), (N,), _r_at_1, lambda ctx: 1),
+        Metric(
+            "recall@k",
+            lambda o: tuple(f"recall@{k}" for k in o["ks"]),
+            (N,),
+            _recall,
+            lambda ctx: max(ctx.options["ks"]),
+        ),
+        Metric(
+            "map@k",
+            lambda o: tuple(f"map@{k}" for k in o["map_ks"]),
+            (N,),
+            _map,
+            lambda ctx: max(ctx.options["map_ks"]),
+        ),
+        Metric("r_auroc", _keys("r_auroc"), (N, U), _r_auroc, lambda ctx: 1),
+        Metric("ausc", _keys("ausc", "ause"), (N, U), _sparsification, lambda ctx: 1),
+        Metric(
+            "rank_correlation", _keys("rank_correlation"), (Need.REFERENCE, U), _rank_correlation
+        ),
+        Metric("ece", _keys("ece"), (S,), _ece, _ece_neighbours),
+        Metric("ood_auroc", _keys("ood_auroc", "ood_auprc"), (Need.OOD, U), _ood),
+        Metric("lam_ausc", _keys("lam_ausc"), (S,), _lam_ausc, default=False),
+        Metric("lam_ece", _keys("lam_ece"), (S,), _lam_ece, default=False),
+        Metric("mixed_r_auroc", _keys("mixed_r_auroc", "mixed_r@1"), (Need.ID_SET, U), _mixed),
+        Metric("crop_share", _keys("crop_share", "crop_spearman"), (Need.CROP, U), _crop),
+    ]
+)
+del N, U, S
