@@ -188,7 +188,7 @@ class Metric:
     neighbours : callable, optional
         ``EvalContext -> k``: neighbours it wants from the one search (only called when its
         inputs are there, before the search). Metrics reading ``ctx.neighbors`` need
-        :attr:`Need.NEIGHBOURS`.
+        ``Need.NEIGHBOURS``.
     default : bool
         Selected when ``include`` is not given.
     """

@@ -246,19 +246,22 @@ def score(
     return_outputs: bool = False,
     distributed: bool | None = None,
     group: dist.ProcessGroup | None = None,
+    crop_images: int = 0,
     **evaluate_kwargs: Any,
 ) -> dict[str, Any]:
     """Zero-shot evaluation of ``fn`` on ``sets`` (a :class:`~bayesurl.data.ZeroShotData`).
 
-    Embeds the downstream ``test`` set (every image is a query, URL section 3.2) and computes
-    R@1, R-AUROC, AUSC / AUSE, mAP@5 and -- with samples -- the retrieval ECE with
-    :func:`bayesurl.evaluation.evaluate` (METRICS.md). OOD AUROC / AUPRC compare u on
-    ``sets.ood`` (positive class) with u on ``sets.id_test`` (DATA.md).
+    Embeds the downstream ``test`` set (every image is a query, URL section 3.2), the held-out
+    upstream ``id_test`` set and the ``ood`` set, and scores them in one call of
+    :func:`bayesurl.evaluation.evaluate` (METRICS.md): R@1, R-AUROC, AUSC / AUSE, mAP@5, --
+    with samples -- the retrieval ECE, OOD AUROC / AUPRC of u on ``sets.ood`` (positive class)
+    against u on ``sets.id_test`` (DATA.md), the mixed 50/50 ``id_test`` / ``test`` R-AUROC
+    (URL App. C.5) and, with ``crop_images``, URL's crop test (section 4.5).
 
     Sharded under ``torch.distributed`` (issue 16): each rank predicts its
-    :func:`batch_shard` of every set, the evaluator searches the shards with
-    ``distributed=True`` and the OOD AUROC / AUPRC are computed from every rank's u
-    (:func:`bayesurl.distributed.all_gather_tensors`). Every rank returns the metrics of the
+    :func:`batch_shard` of every set and the evaluator runs with ``distributed=True`` (the
+    OOD AUROC / AUPRC and the mixed R-AUROC from every rank's rows; the crop test's images are
+    the same on every rank). Every rank returns the metrics of the
     single-process evaluation (identical: same batches, same per-batch seeds, ties to the
     lowest global index). Collective: every rank of ``group`` must call it.
 
@@ -283,6 +286,8 @@ def score(
         everything; ``True``: shard (needs an initialised group).
     group : ProcessGroup, optional
         The process group of the sharded evaluation (default: the default group).
+    crop_images : int
+        Evenly spaced ``test`` images of URL's crop test (0: none), predicted without draws.
     **evaluate_kwargs
         Passed to :func:`bayesurl.evaluation.evaluate` (``ks``, ``ece_mode``, ...).
 
@@ -297,9 +302,8 @@ def score(
     ValueError
         Without a ``test`` set, or ``distributed=True`` without a process group.
     """
-    from bayesurl.distributed import all_gather_tensors, is_distributed
+    from bayesurl.distributed import is_distributed
     from bayesurl.evaluation import evaluate
-    from bayesurl.evaluation import functional as Fm
 
     t0 = time.perf_counter()
     if getattr(sets, "test", None) is None:
@@ -319,40 +323,63 @@ def score(
         n = len(dataset)
         return batch_shard(n, int(batch_size), group=group) if distributed else (0, n)
 
-    def gather(t: Tensor | None) -> Tensor | None:
-        return all_gather_tensors(t, group) if distributed and t is not None else t
-
     out, y = predict(fn, sets.test, transform, n_samples=n_samples, rows=rows_of(sets.test), **kw)
+    outputs: dict[str, Any] = {"test": (out, y)}
+    id_set, ood_set = getattr(sets, "id_test", None), getattr(sets, "ood", None)
+    extra: dict[str, Any] = {}
+    if id_set is not None and ood_set is not None:
+        o_id, y_id = predict(fn, id_set, transform, rows=rows_of(id_set), **kw)
+        o_ood, y_ood = predict(fn, ood_set, transform, rows=rows_of(ood_set), **kw)
+        outputs.update(id_test=(o_id, y_id), ood=(o_ood, y_ood))
+        extra.update(
+            ood_uncertainties=o_ood.uncertainty,
+            id_embeddings=o_id.embedding,
+            id_labels=y_id.to(o_id.embedding.device),
+            id_uncertainties=o_id.uncertainty,
+        )
+    if crop_images:
+        extra.update(_crop_inputs(fn, sets.test, transform, int(crop_images), device))
     shard = {"distributed": True, "group": group} if distributed else {}
     res = evaluate(
         out.embedding,
         y.to(out.embedding.device),
         uncertainties=out.uncertainty,
         samples=out.samples if n_samples > 0 else None,
+        **extra,
         **shard,
         **evaluate_kwargs,
     )
     res["n_samples"] = int(n_samples)
     res["n_test"] = len(sets.test)
-    id_set, ood_set = getattr(sets, "id_test", None), getattr(sets, "ood", None)
     res["n_id_test"] = None if id_set is None else len(id_set)
     res["n_ood"] = None if ood_set is None else len(ood_set)
-    outputs: dict[str, Any] = {"test": (out, y)}
     res["notes"] = [n for n in res["notes"] if not n.startswith("ood_auroc")]
     if id_set is not None and ood_set is not None:
-        o_id, y_id = predict(fn, id_set, transform, rows=rows_of(id_set), **kw)
-        o_ood, y_ood = predict(fn, ood_set, transform, rows=rows_of(ood_set), **kw)
-        u_id, u_ood = gather(o_id.uncertainty), gather(o_ood.uncertainty)
-        res["ood_auroc"] = float(Fm.ood_auroc(u_id, u_ood))
-        res["ood_auprc"] = float(Fm.ood_auprc(u_id, u_ood))
         res["notes"].append("ood_auroc, ood_auprc: u(ood) vs u(id_test), OOD = positive class")
-        outputs.update(id_test=(o_id, y_id), ood=(o_ood, y_ood))
     else:
         res["notes"].append("ood_auroc, ood_auprc: the data have no `id_test` / `ood` set")
     res["eval_time"] = time.perf_counter() - t0
     if return_outputs:
         res["outputs"] = outputs
     return res
+
+
+def _crop_inputs(
+    fn: PredictFn, test: Any, transform: nn.Module | None, count: int, device: Any
+) -> dict[str, Any]:
+    """URL's crop test inputs: ``count`` evenly spaced ``test`` images, transformed as
+    :func:`predict` sees them, and ``images -> u`` of ``fn`` without draws."""
+
+    def predict_uncertainty(images: Tensor) -> Tensor:
+        u = fn(images, 0).uncertainty
+        if u is None:
+            raise ValueError("the estimator returns no uncertainty without draws")
+        return u.reshape(-1)
+
+    n = len(test)
+    idx = torch.linspace(0, n - 1, min(count, n)).round().long().unique()
+    images = transformed_inputs(test, idx.tolist(), transform, device).float()
+    return {"predict_uncertainty": predict_uncertainty, "crop_images": images}
 
 
 def _method_fn(method: nn.Module) -> PredictFn:

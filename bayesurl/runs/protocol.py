@@ -430,10 +430,8 @@ def pipeline_run_fn(
             cache = RunCache()
             cache.data[data_key(cfg)] = rd
             state.update(key=key, cache=cache, test=sets.test)
-        res = run(cfg, cache=state["cache"], raise_errors=False, keep_outputs=True)
+        res = run(cfg, cache=state["cache"], raise_errors=False)
         rec = res.record()
-        rec.update(_mixed(_gathered(res.outputs, dev)))  # torchrun: every rank's rows
-        rec.update(_crop(res, state["test"], dev))
         # training curves: loss and the median u of a fixed batch of training images per epoch
         rec.update(loss_curve=res.fit.get("loss_curve"), u_curve=res.fit.get("u_curve"))
         rec.update(
@@ -457,85 +455,6 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def _gathered(outputs: Any, device: Any) -> Any:
-    """Under a process group, the kept outputs of every rank, in the single-process row order.
-
-    The sharded scorer (:func:`bayesurl.runs.predict.score`) keeps each rank's contiguous block
-    of rows; the mixed R-AUROC needs every row, so embeddings, ``u`` and labels of each set are
-    gathered in rank order (:func:`bayesurl.distributed.all_gather_tensors`, on ``device``, the
-    run's device and so the backend's). Collective; ``outputs`` itself when not distributed.
-    """
-    from types import SimpleNamespace
-
-    from bayesurl.distributed import all_gather_tensors, is_distributed
-
-    if outputs is None or not is_distributed():
-        return outputs
-
-    def gather(t: Any) -> Any:
-        return None if t is None else all_gather_tensors(t.to(device).contiguous())
-
-    return {
-        key: (
-            SimpleNamespace(
-                embedding=gather(outputs[key][0].embedding),
-                uncertainty=gather(outputs[key][0].uncertainty),
-            ),
-            gather(outputs[key][1]),
-        )
-        for key in sorted(outputs)  # the same order on every rank
-    }
-
-
-def _mixed(outputs: Any) -> dict[str, Any]:
-    """Mixed 50/50 held-out-upstream / downstream R-AUROC (URL App. C.5) from kept outputs."""
-    from bayesurl.evaluation.url_extra import mixed_r_auroc
-
-    try:
-        (o_t, y_t), (o_i, y_i) = outputs["test"], outputs["id_test"]
-        res = mixed_r_auroc(
-            o_i.embedding, y_i, o_i.uncertainty, o_t.embedding, y_t, o_t.uncertainty, seed=0
-        )
-        return {"mixed_r_auroc": float(res.r_auroc), "mixed_r@1": float(res.r_at_1)}
-    except Exception as exc:  # recorded, never made up
-        return {"mixed_r_auroc": None, "mixed_note": f"{type(exc).__name__}: {exc}"}
-
-
-#: downstream images of the crop test per run (evenly spaced over the retrieval set)
-CROP_IMAGES = 2000
-
-
-def _crop(res: Any, test: Any, device: str) -> dict[str, Any]:
-    """URL's crop test (section 4.5, Fig. 4 right) on downstream images of a fitted run.
-
-    The share of :data:`CROP_IMAGES` evenly spaced downstream images whose centre crop (kept
-    area ``U[0.1, 0.75]``, seed 0, resized back) gets a strictly higher ``u`` than the full
-    image, and the Spearman correlation of the crops' ``u`` with the cropped-away area.
-    """
-    from bayesurl.evaluation.url_extra import crop_uncertainty_check
-
-    try:
-        if res.fitted is None:
-            raise RuntimeError(res.error or "no fitted estimator")
-        import torch
-
-        from bayesurl.runs.predict import transformed_inputs
-
-        n = len(test)
-        idx = torch.linspace(0, n - 1, min(CROP_IMAGES, n)).round().long().unique()
-        x = transformed_inputs(test, idx.tolist(), res.transform, device)
-        with torch.no_grad():
-            out = crop_uncertainty_check(
-                lambda b: res.fitted.predict(b, 0).uncertainty.reshape(-1), x.float(), seed=0
-            )
-        return {
-            "crop_share": float(out.share),
-            "crop_spearman": None if out.spearman is None else float(out.spearman),
-        }
-    except Exception as exc:  # recorded, never made up
-        return {"crop_share": None, "crop_note": f"{type(exc).__name__}: {exc}"}
 
 
 def _jsonable(obj: Any) -> Any:

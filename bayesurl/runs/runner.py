@@ -39,6 +39,7 @@ from bayesurl.runs.queries import record_from_outputs
 
 __all__ = [
     "CHECKPOINT_DATASETS",
+    "CROP_IMAGES",
     "RunCache",
     "RunResult",
     "agree_on_outcome",
@@ -105,7 +106,9 @@ class RunResult:
     preset : str or None
     metrics : dict
         Evaluator result: ``r@1``, ``r_auroc``, ``ausc``, ``ause``, ``ece`` (``None`` without
-        a distribution), ``map@5``, ``ood_auroc``, ``ood_auprc``, sizes, notes.
+        a distribution), ``map@5``, ``ood_auroc``, ``ood_auprc``, ``mixed_r_auroc`` (URL
+        App. C.5), ``crop_share`` / ``crop_spearman`` (URL's crop test on
+        :data:`CROP_IMAGES` downstream images), sizes, notes.
     settings : dict
         The resolved :class:`RunConfig` and the data description.
     timings : dict
@@ -123,8 +126,7 @@ class RunResult:
         (not serialised; under ``torchrun`` this rank's rows).
     fitted : Estimator or None
         The fitted estimator with ``keep_outputs=True`` (not serialised), for checks that need
-        new predictions, e.g. URL's crop test
-        (:func:`~bayesurl.evaluation.url_extra.crop_uncertainty_check`).
+        new predictions.
     transform : callable or None
         The batch transform the estimator's inputs went through (with ``keep_outputs=True``).
     main_process : bool
@@ -404,6 +406,10 @@ def run(
         )
 
 
+#: Downstream images of URL's crop test per run (evenly spaced over the retrieval set).
+CROP_IMAGES = 2000
+
+
 def _run(
     cfg: RunConfig,
     device: torch.device,
@@ -473,6 +479,7 @@ def _run(
             "device": device,
             "seed": cfg.seed,
             "return_outputs": keep_outputs or record,
+            "crop_images": CROP_IMAGES,  # every metric a benchmark reports, a run reports
             **evaluate_kwargs,
         }
         if data.tests:  # several downstream sets: each scored, their mean reported

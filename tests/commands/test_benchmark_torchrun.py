@@ -228,62 +228,6 @@ def test_stored_protocol_under_torchrun_two_ranks(tmp_path) -> None:
         assert isinstance(rec["mixed_r_auroc"], float), rec  # from every rank's rows
 
 
-def _gather_worker(rank: int, world: int, port: int, folder: str) -> None:
-    from bayesurl.runs import protocol
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))  # fmt: skip
-    D.init_from_env(device="cpu")
-    try:
-        # uneven blocks; rank 1 holds no row of "id_test"
-        blocks = {"test": [(0, 8), (8, 13)], "id_test": [(0, 9), (9, 9)]}
-        mine = {}
-        for key, (out, y) in _outputs().items():
-            lo, hi = blocks[key][rank]
-            mine[key] = (_Out(out.embedding[lo:hi], out.uncertainty[lo:hi]), y[lo:hi])
-        res = protocol._mixed(protocol._gathered(mine, torch.device("cpu")))
-        Path(folder, f"rank{rank}.json").write_text(json.dumps(res))
-    finally:
-        D.cleanup()
-
-
-class _Out:
-    def __init__(self, embedding: torch.Tensor, uncertainty: torch.Tensor) -> None:
-        self.embedding, self.uncertainty = embedding, uncertainty
-
-
-def _outputs() -> dict:
-    g = torch.Generator().manual_seed(3)
-
-    def side(n: int) -> tuple:
-        emb = torch.randn(n, 4, generator=g, dtype=torch.float64).round(decimals=0)  # ties
-        return _Out(emb, torch.rand(n, generator=g, dtype=torch.float64)), torch.arange(n) % 3
-
-    return {"test": side(13), "id_test": side(9)}
-
-
-@pytest.mark.distributed
-def test_mixed_r_auroc_from_every_ranks_rows(tmp_path) -> None:
-    """The protocol's mixed R-AUROC under 2 gloo ranks equals one process on all the rows."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    from bayesurl.runs import protocol
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.start_processes(_gather_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True,
-                       start_method="fork")  # fmt: skip
-    want = protocol._mixed(_outputs())
-    assert isinstance(want["mixed_r_auroc"], float)
-    full = _outputs()
-    assert protocol._gathered(full, torch.device("cpu")) is full  # one process: as they are
-    for rank in range(2):
-        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == want
-
-
 @pytest.mark.parametrize("rank", [0, 1])
 def test_merge_under_torchrun_rank0_alone(monkeypatch, tmp_path, capsys, rank) -> None:
     from bayesurl.runs.results import SweepResults

@@ -40,7 +40,19 @@ def data(n: int = 41, d: int = 6, s: int = 12, seed: int = 0) -> dict[str, torch
     u = torch.randint(0, 5, (n,), generator=g).double()  # tied uncertainties
     ood = torch.rand(9, generator=g, dtype=torch.float64) * 4
     ref = torch.rand(n, generator=g, dtype=torch.float64)
-    return {"x": x, "y": y, "samples": samples, "u": u, "ood": ood, "ref": ref}
+    # a held-out in-distribution set (as many rows as the OOD set, sharded the same way) and
+    # the crop test's images (the same on every rank)
+    id_x = sparse_signs(9, d, g)
+    id_y = torch.randint(0, 4, (9,), generator=g)
+    id_u = torch.randint(0, 5, (9,), generator=g).double()
+    images = torch.rand(7, 1, 8, 8, generator=g, dtype=torch.float64)
+    return {"x": x, "y": y, "samples": samples, "u": u, "ood": ood, "ref": ref, "id_x": id_x,
+            "id_y": id_y, "id_u": id_u, "images": images}  # fmt: skip
+
+
+def image_spread(images: torch.Tensor) -> torch.Tensor:
+    """A stand-in model's ``u``: minus the pixel spread (a crop spreads less)."""
+    return -images.flatten(1).std(dim=1)
 
 
 CASES = {
@@ -50,6 +62,8 @@ CASES = {
     "exact": dict(samples=True, ece_mode="exact", embeddings=False),
     # the draws' mean is the point embedding: one top-L search serves R@k and the ECE
     "shared": dict(samples=True, embeddings=False, ks=(1, 2), tolerance=0.3),
+    # the in-distribution set (OOD against it, the mixed R-AUROC) and the crop test
+    "id_set": dict(uncertainties=True, id_set=True),
 }
 
 
@@ -60,6 +74,12 @@ def run_case(name: str, d: dict[str, torch.Tensor], rows: slice, ood_rows: slice
         kwargs["uncertainties"] = d["u"][rows]
     if opts.pop("samples", False):
         kwargs["samples"] = d["samples"][:, rows]
+    if opts.pop("id_set", False):
+        kwargs.update(
+            id_embeddings=d["id_x"][ood_rows], id_labels=d["id_y"][ood_rows],
+            id_uncertainties=d["id_u"][ood_rows], predict_uncertainty=image_spread,
+            crop_images=d["images"],
+        )  # fmt: skip
     emb = None if opts.pop("embeddings", True) is False else d["x"][rows]
     return evaluate(
         emb,

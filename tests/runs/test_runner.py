@@ -76,6 +76,51 @@ def test_metrics_are_evaluate_on_the_predicted_arrays(name):
         assert out.samples.shape[:2] == (cfg.eval.samples, y.shape[0])
 
 
+def test_run_reports_mixed_r_auroc_and_crop_share():
+    """Every metric a benchmark reports, a run reports: the mixed 50/50 R-AUROC (URL App. C.5)
+    against loops and scikit-learn on the kept outputs, and URL's crop test on the fitted
+    estimator's u of CROP_IMAGES evenly spaced downstream images and their centre crops."""
+    from bayesurl.evaluation.url_extra import center_crop_resize
+    from bayesurl.runs.data import build_data
+    from bayesurl.runs.predict import transformed_inputs
+    from bayesurl.runs.runner import CROP_IMAGES
+
+    cfg = load_recipe("fashion_mnist/ce", preset="smoke")
+    res = run(cfg, keep_outputs=True)
+    (o_t, y_t), (o_i, y_i) = res.outputs["test"], res.outputs["id_test"]
+    n = min(len(y_t), len(y_i))
+    gen = torch.Generator().manual_seed(0)  # side a: the held-out upstream images
+    ia = torch.randperm(len(y_i), generator=gen)[:n].sort().values
+    ib = torch.randperm(len(y_t), generator=gen)[:n].sort().values
+    emb = torch.nn.functional.normalize(
+        torch.cat([o_i.embedding[ia], o_t.embedding[ib]]).double(), dim=1
+    )
+    side = np.r_[np.zeros(n), np.ones(n)]
+    lab = np.r_[y_i[ia].numpy(), y_t[ib].numpy()]
+    sims = (emb @ emb.T).numpy()
+    np.fill_diagonal(sims, -np.inf)
+    nn = sims.argmax(axis=1)
+    wrong = (side[nn] != side) | (lab[nn] != lab)
+    u = np.r_[o_i.uncertainty[ia].double().numpy(), o_t.uncertainty[ib].double().numpy()]
+    assert res.metrics["mixed_r_auroc"] == pytest.approx(roc_auc_score(wrong, u), abs=1e-9)
+    # the crop test: share of images whose crop (area U[0.1, 0.75], seed 0) gets a higher u
+    n_test = len(y_t)
+    idx = torch.linspace(0, n_test - 1, min(CROP_IMAGES, n_test)).round().long().unique()
+    images = transformed_inputs(build_data(cfg).sets.test, idx.tolist(), res.transform, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    area = 0.1 + 0.65 * torch.rand(len(idx), generator=gen, dtype=torch.float64)
+    u_full, u_crop = [], []
+    with torch.no_grad():
+        for lo in range(0, len(idx), 512):  # the check's batches
+            xb, ab = images[lo : lo + 512].float(), area[lo : lo + 512]
+            u_full.append(res.fitted.predict(xb, 0).uncertainty.double())
+            u_crop.append(res.fitted.predict(center_crop_resize(xb, ab), 0).uncertainty.double())
+    u_full, u_crop = torch.cat(u_full), torch.cat(u_crop)
+    share = float((u_crop > u_full).double().mean())
+    assert res.metrics["crop_share"] == pytest.approx(share, abs=1e-12)
+    assert res.metrics["crop_spearman"] is not None
+
+
 def test_sampling_rule():
     assert n_samples_for(True, 7) == 7 and n_samples_for(False, 7) == 0
     with pytest.raises(ValueError, match="n_samples"):
