@@ -160,7 +160,8 @@ def _single(folder: Path, name: str, kind: str) -> ReportSource:
     runs = []
     if q.is_file():
         runs.append(RecordedRun(estimator, int(data.get("seed") or 0), read_queries(q), metrics))
-    settings = [str(line) for line in data.get("describe", [])] or [
+    skipped = [f"unreadable, skipped: {s['path']} ({s['error']})" for s in data.get("skipped", [])]
+    settings = [str(line) for line in data.get("describe", [])] + skipped or [
         f"data {data.get('dataset')}, seed {data.get('seed')}, preset {data.get('preset')}"
     ]
     title = str(data.get("title") or f"bayesurl run: {data.get('dataset')}/{estimator}")

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 
 from bayesurl.report import write_report
 
@@ -112,3 +113,29 @@ def test_probe_sees_a_request_and_a_broken_image(bench_dir, tmp_path):
     seen = _open(path, tmp_path, '<img alt="remote" src="http://127.0.0.1:9/x.png">')
     assert "remote" in seen["broken"]
     assert seen["violations"] or seen["resources"]
+
+
+def test_folder_report_in_browser(tmp_path):
+    """A folder of one's own images: its files become the thumbnails."""
+    import warnings
+
+    from PIL import Image
+
+    from bayesurl.runs.folder import score_folder
+
+    g = torch.Generator().manual_seed(0)
+    for i in range(10):
+        px = (255 * torch.rand(20, 24, 3, generator=g)).to(torch.uint8).numpy()
+        Image.fromarray(px).save(tmp_path / f"img{i}.png")
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        score_folder(tmp_path, out=tmp_path / "out", backbone="small_convnet", epochs=1,
+                     batch_size=4, progress=False)  # fmt: skip
+    path = write_report(tmp_path / "out", k=4)["path"]
+    seen = _open(path, tmp_path)
+    model = _model(path.read_text())
+    assert seen["broken"] == [] and seen["resources"] == [] and seen["violations"] == []
+    (est,) = model["estimators"]
+    assert seen["galleries"]["tau"]["most"] == [str(q) for q in est["most"]]
+    assert "broken.png" in " ".join(model["settings"])  # the skipped file is named on the page

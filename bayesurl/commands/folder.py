@@ -1,0 +1,99 @@
+"""Uncertainty of every image in a folder of one's own: ``uncertainty.csv`` and a report.
+
+``bayesurl folder DIR`` takes ``DIR/<class>/<image>`` (class sub-folders: labelled) or
+``DIR/<image>`` (flat: unlabelled), encodes every image once with a frozen backbone (streamed
+with a progress bar; only the features stay in memory), fits a post-hoc u on the features
+without the labels (the two augmented views of an image are its positive pair) and writes to
+``--out``:
+
+- ``uncertainty.csv``: every file -- path, class, u, its rank (1 = least certain), nearest
+  neighbour, its class, right / wrong; an unreadable file is listed with its error (it was
+  skipped with a warning and counted; ``--strict`` stops on it instead);
+- ``folder.json`` (settings, sizes, metrics), ``queries.npz`` and ``report.html``
+  (:mod:`bayesurl.report`): with labels R@1, R-AUROC, AUSC and the rest from bayesurl's
+  evaluator, and the galleries of the most / least uncertain images beside their neighbours.
+
+Methods (:mod:`bayesurl.runs.folder`): ``tau`` (post-hoc TaU, section 4), ``pvu`` (PVU head,
+thesis section 5.3), ``laplace`` (last-layer Laplace on an identity read-out, LAM section 3).
+
+Examples::
+
+    bayesurl folder photos/ --out runs/photos
+    bayesurl folder photos/ --method laplace --backbone small_convnet --out runs/photos_la
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "u(x) for every image of a folder (class sub-folders or flat): CSV and report"
+OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
+#: the default encoder: EfficientNet-Lite0 with its packaged ImageNet weights
+DEFAULT_BACKBONE = "efficientnet_lite0"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``bayesurl folder``."""
+    parser.add_argument("images", metavar="DIR", help="DIR/<class>/<image> or DIR/<image>")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--method", default="tau", help="tau (default), pvu or laplace")
+    parser.add_argument(
+        "--backbone",
+        default=DEFAULT_BACKBONE,
+        help=f"encoder (default {DEFAULT_BACKBONE}, pretrained); small_convnet or a timm name",
+    )
+    parser.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="do not load the backbone's packaged ImageNet weights (names without them never do)",
+    )
+    parser.add_argument(
+        "--image-size", type=int, default=None, help="input side (default: the backbone's)"
+    )
+    parser.add_argument("--epochs", type=int, default=5, help="tau / pvu head epochs (default 5)")
+    parser.add_argument(
+        "--fit-max", type=int, default=5000, help="images the u is fitted on (default 5000)"
+    )
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--workers", type=int, default=0, help="image-decoding processes (default 0)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--strict", action="store_true", help="stop on an unreadable image")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Score the folder, write the CSV and the report; 0 on success."""
+    from bayesurl.backbones import PACKAGED_WEIGHTS
+    from bayesurl.report import try_report
+    from bayesurl.runs.folder import score_folder
+
+    pretrained = not args.random_weights and args.backbone in PACKAGED_WEIGHTS
+    res = score_folder(
+        args.images,
+        out=args.out,
+        method=args.method,
+        backbone=args.backbone,
+        pretrained=pretrained,
+        image_size=args.image_size,
+        epochs=args.epochs,
+        fit_max=args.fit_max,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        device=args.device,
+        seed=args.seed,
+        strict=args.strict,
+        progress=not args.no_progress,
+    )
+    for line in res.info["describe"]:
+        print(line)
+    for path, err in res.skipped:
+        print(f"skipped {path}: {err}")
+    if res.metrics is not None:
+        keys = ("r@1", "r_auroc", "ausc", "map@5")
+        print(" ".join(f"{k}={res.metrics[k]:.4f}" for k in keys if res.metrics.get(k) is not None))
+    print(f"wrote {res.paths['csv']}, {res.paths['json'].name}, {res.paths['queries'].name}")
+    print(try_report(args.out))
+    return 0

