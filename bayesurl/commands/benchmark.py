@@ -12,7 +12,7 @@ to ``--out``.
 
 Under ``torchrun`` every rank runs the same runs in the same order in one process group: each
 method trains under DDP and is evaluated sharded (issue 16); rank 0 alone prints and writes.
-Estimators whose fit is not distributed (post-hoc, LAM) are refused before anything runs, in
+Estimators whose fit is not distributed (post-hoc) are refused before anything runs, in
 one error naming them. In the stored protocol (``--preset standard``, ``--storage``) rank 0
 claims each run and sends it to the other ranks; ``--worker`` and ``--tune`` are refused
 under ``torchrun`` (:func:`bayesurl.runs.protocol.refuse_under_torchrun`).

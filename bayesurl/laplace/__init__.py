@@ -2,6 +2,8 @@
 
 - :func:`ggn_diagonal` -- closed-form diagonal GGN of the contrastive loss (LAM eqs. 6-9)
 - :class:`MetricLaplace` -- post-hoc and online last-layer Laplace for embeddings (LAM sec. 3)
+- :mod:`bayesurl.laplace.lam` -- LAM's contrastive and online training through
+  :func:`bayesurl.training.fit` (:func:`train_contrastive`, :func:`train_online`)
 - :class:`ClassifierLaplace` -- laplace-torch last-layer fit with a closed-form predictive
 - :mod:`bayesurl.laplace.kron` -- Kronecker-factored (EKFAC) contrastive GGN
   (``MetricLaplace(..., hessian_structure="kron")``); :class:`KronHeadLaplace` -- the same per
@@ -22,6 +24,14 @@ from bayesurl.laplace.curvature import (
     split_pairs,
 )
 from bayesurl.laplace.kron_head import KronHeadLaplace
+from bayesurl.laplace.lam import (
+    ContrastiveEmbedding,
+    OnlineLam,
+    OnlineLaplaceUpdate,
+    PriorPrecisionTuning,
+    train_contrastive,
+    train_online,
+)
 from bayesurl.laplace.metric import (
     LAPLACE_CLASSES,
     BaseMetricLaplace,
@@ -32,8 +42,7 @@ from bayesurl.laplace.metric import (
     OnlineMetricLaplace,
     PosthocMetricLaplace,
     kappa_from_trace,
-    train_contrastive,
-    train_online,
+    loss_miner,
 )
 
 __all__ = [
@@ -45,12 +54,17 @@ __all__ = [
     "LaplaceMode",
     "ClassifierLaplace",
     "ClassifierPredictive",
+    "ContrastiveEmbedding",
     "HessianStructure",
     "KronHeadLaplace",
     "MetricLaplace",
+    "OnlineLam",
+    "OnlineLaplaceUpdate",
     "OnlineMetricLaplace",
+    "PriorPrecisionTuning",
     "PosthocMetricLaplace",
     "kappa_from_trace",
+    "loss_miner",
     "train_contrastive",
     "train_online",
     "Geometry",

@@ -81,8 +81,7 @@ __all__ = [
     "OnlineMetricLaplace",
     "PosthocMetricLaplace",
     "kappa_from_trace",
-    "train_contrastive",
-    "train_online",
+    "loss_miner",
 ]
 
 Miner = Callable[[Tensor, Tensor], tuple[Tensor, ...]]
@@ -155,6 +154,14 @@ def _progress(it: Iterable, enabled: bool, desc: str, total: int | None = None) 
     from tqdm.auto import tqdm
 
     return tqdm(it, desc=desc, total=total, leave=False)
+
+
+def loss_miner(margin: float) -> Miner:
+    """PML's ``PairMarginMiner(0, margin)``: the pairs with a non-zero contrastive loss
+    (LAM eq. 1), the loss pairs of contrastive and online LAM training."""
+    from pytorch_metric_learning.miners import PairMarginMiner
+
+    return PairMarginMiner(pos_margin=0.0, neg_margin=margin)
 
 
 def _find_last_linear(model: nn.Module, last_layer: str | nn.Module | None) -> nn.Linear:
@@ -457,10 +464,7 @@ class BaseMetricLaplace:
 
     @staticmethod
     def _loss_miner(margin: float) -> Miner:
-        from pytorch_metric_learning.miners import PairMarginMiner
-
-        # the pairs with a non-zero contrastive loss (the deterministic baseline's miner)
-        return PairMarginMiner(pos_margin=0.0, neg_margin=margin)
+        return loss_miner(margin)
 
     def _count_pairs(self, z: Tensor, tup: tuple[Tensor, ...]) -> int:
         a1, p, a2, n = split_pairs(tup, z.shape[0])
@@ -999,8 +1003,8 @@ class OnlineMetricLaplace(BaseMetricLaplace):
         :meth:`update_hessian` (a training hook calls it after the backward pass).
 
         1. Mine loss pairs on the mean embeddings with ``miner`` (default
-           ``PairMarginMiner(0, margin)``, as :func:`train_contrastive`) and Hessian pairs
-           with ``hessian_miner`` (default as in :meth:`fit`).
+           :func:`loss_miner`, as :func:`~bayesurl.laplace.train_contrastive`) and Hessian
+           pairs with ``hessian_miner`` (default as in :meth:`fit`).
         2. Draw ``n_weight_samples`` last layers ``theta_s ~ N(theta, (beta relu(H) +
            lambda)^-1)`` by reparameterisation and average ``loss_fn(u_s, y, pairs)`` over
            them; its gradient is the expected gradient of eq. 4 (the backbone runs once;
@@ -1243,107 +1247,3 @@ def MetricLaplace(  # noqa: N802 - factory named like the class it returns (lapl
         hessian_pairs=hessian_pairs,
         **online_kwargs,
     )
-
-
-def train_online(
-    laplace: OnlineMetricLaplace,
-    loader: Iterable[Any],
-    optimizer: torch.optim.Optimizer,
-    epochs: int,
-    *,
-    miner: Miner | None = None,
-    hessian_miner: Miner | None = None,
-    loss_fn: Callable[..., Tensor] | None = None,
-    generator: torch.Generator | None = None,
-    optimize_prior_every: int | None = None,
-    progress: bool = True,
-) -> list[float]:
-    """Train with online LAM for ``epochs`` epochs (LAM eqs. 4-5); returns mean epoch losses.
-
-    ``laplace.dataset_size`` defaults to ``len(loader.dataset)``. Each epoch appends the
-    pair count and the clamped fraction of ``H`` to ``laplace.fit_report``. With
-    ``optimize_prior_every=k`` the prior precision is re-tuned by the marginal likelihood
-    of the running posterior every ``k`` steps (online marginal-likelihood updates in the
-    style of Immer et al., 2021; LAM itself keeps the prior fixed, the default).
-    """
-    if optimize_prior_every is not None and int(optimize_prior_every) < 1:
-        raise ValueError(f"`optimize_prior_every` must be >= 1, got {optimize_prior_every}")
-    if not isinstance(laplace, OnlineMetricLaplace):
-        raise ValueError("`laplace` must be built with mode='online'")
-    if laplace.dataset_size is None:
-        dataset = getattr(loader, "dataset", None)
-        if dataset is None:
-            raise ValueError("pass `dataset_size` to MetricLaplace(mode='online', ...)")
-        laplace.dataset_size = len(dataset)
-    history = []
-    step = 0
-    laplace.model.train()
-    for epoch in range(int(epochs)):
-        total, count = 0.0, 0
-        bar = _progress(loader, progress, f"online LAM epoch {epoch + 1}/{epochs}")
-        for batch in bar:
-            x, y = unpack_batch(batch, labels=True)
-            total += laplace.online_step(
-                x,
-                y,
-                optimizer,
-                miner=miner,
-                hessian_miner=hessian_miner,
-                loss_fn=loss_fn,
-                generator=generator,
-            )
-            count += 1
-            step += 1
-            if optimize_prior_every and step % int(optimize_prior_every) == 0:
-                with contextlib.suppress(ValueError):  # all clamped: keep the prior
-                    laplace.optimize_prior_precision()
-        history.append(total / max(count, 1))
-        laplace.fit_report.append(
-            {
-                "mode": "online",
-                "epoch": epoch,
-                "n_pairs": laplace.n_pairs,
-                "clamped_fraction": laplace.clamped_fraction,
-            }
-        )
-    return history
-
-
-def train_contrastive(
-    model: nn.Module,
-    loader: Iterable[Any],
-    optimizer: torch.optim.Optimizer,
-    epochs: int,
-    *,
-    margin: float = 0.2,
-    miner: Miner | None = None,
-    loss_fn: Callable[..., Tensor] | None = None,
-    progress: bool = True,
-) -> list[float]:
-    """Deterministic contrastive training (LAM eq. 1), the baseline of online LAM.
-
-    Same default miner and loss as :meth:`OnlineMetricLaplace.online_step`; returns mean
-    epoch losses. ``model(x)`` must return the unnormalised embedding.
-    """
-    from bayesurl.losses.contrastive import ContrastiveLoss
-
-    miner = miner if miner is not None else BaseMetricLaplace._loss_miner(margin)
-    loss_fn = loss_fn if loss_fn is not None else ContrastiveLoss(margin=margin)
-    device = next(model.parameters()).device
-    history = []
-    model.train()
-    for epoch in range(int(epochs)):
-        total, count = 0.0, 0
-        for batch in _progress(loader, progress, f"contrastive epoch {epoch + 1}/{epochs}"):
-            x, y = unpack_batch(batch, labels=True)
-            x, y = x.to(device), check_labels(y, x.shape[0]).to(device)
-            emb = F.normalize(model(x), dim=1)
-            tup = miner(emb.detach(), y)
-            loss = loss_fn(emb, y, tup)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += float(loss.detach())
-            count += 1
-        history.append(total / max(count, 1))
-    return history

@@ -397,43 +397,76 @@ class LamEstimator(Estimator):
         progress: bool = False,
         base: Estimator | None = None,
         out: Path | None = None,
+        resume: str | Path | None = None,
     ) -> dict[str, Any]:
-        from bayesurl.data import make_loader
-        from bayesurl.heads.embedding import EmbeddingNet
-        from bayesurl.laplace import MetricLaplace, train_contrastive, train_online
+        """Train the embedding net with :func:`bayesurl.training.fit` (contrastive loss, or
+        online LAM with its Hessian-update hook), then fit / tune the Laplace posterior.
 
-        cfg, e = self.cfg, self.cfg.estimator
+        Adam at the config's learning rate after its warm-up (no cosine decay: LAM trains at
+        a constant rate), full precision (the GGN and the weight draws are taken in the
+        model's dtype); under torchrun the net trains under DDP and every rank fits the same
+        posterior. ``out`` receives fit's checkpoints (``resume`` continues one) and
+        ``laplace.pt``.
+        """
+        from bayesurl.data import make_loader
+        from bayesurl.distributed import broadcast_state, get_world_size, is_main_process
+        from bayesurl.heads.embedding import EmbeddingNet
+        from bayesurl.laplace import (
+            ContrastiveEmbedding,
+            MetricLaplace,
+            OnlineLam,
+            OnlineLaplaceUpdate,
+        )
+        from bayesurl.training import fit
+
+        cfg, e, t = self.cfg, self.cfg.estimator, self.cfg.train
         net = EmbeddingNet(
             cfg.backbone.name, cfg.backbone.embed_dim, **backbone_kwargs(cfg, data.channels)
         ).to(device)
         train = data.sets.train
-        loader = _Batches(
-            make_loader(train, cfg.train.batch_size, shuffle=True, seed=cfg.seed),
-            data.transform,
-            device,
-        )
-        opt = torch.optim.Adam(
-            net.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
-        )
+        # the whole set on every rank: fit shards its own copy under DDP, and the post-hoc
+        # Hessian is summed over all of it on each rank
+        loader = make_loader(train, t.batch_size, shuffle=True, seed=cfg.seed, distributed=False)
         kwargs = dict(e.kwargs)
-        t0 = time.perf_counter()
         if e.mode == "posthoc":
-            margin = kwargs.get("margin", 0.2)
-            losses = train_contrastive(
-                net, loader, opt, _epochs(cfg), margin=margin, progress=progress
-            )
-            la = MetricLaplace(net, **kwargs)
-            la.fit(loader, progress=progress)
+            method: nn.Module = ContrastiveEmbedding(net, margin=kwargs.get("margin", 0.2))
+            hooks = []
         else:
             kwargs.setdefault("dataset_size", len(train))
             la = MetricLaplace(net, mode="online", **kwargs)
             gen = torch.Generator(device=device).manual_seed(cfg.seed)
-            losses = train_online(la, loader, opt, _epochs(cfg), generator=gen, progress=progress)
+            method, hooks = OnlineLam(la, gen), [OnlineLaplaceUpdate(la)]
+        world = get_world_size()
+        t0 = time.perf_counter()
+        result = fit(
+            method,
+            loader,
+            epochs=_epochs(cfg),
+            optimizer="adam",
+            lr=t.lr,
+            min_lr=t.lr,
+            weight_decay=t.weight_decay,
+            warmup_epochs=t.warmup_epochs,
+            grad_accum=max(1, round(t.grad_accum / world)),
+            amp="off",
+            seed=cfg.seed,
+            augment=data.transform.to(device),
+            device=device,
+            progress=progress,
+            checkpoint_dir=out,
+            resume=resume,
+            hooks=hooks,
+        )
+        if world > 1:  # BatchNorm statistics of rank 0 (the checkpoint's) on every rank
+            broadcast_state(net, 0, buffers_only=True)
+        if e.mode == "posthoc":
+            la = MetricLaplace(net, **kwargs)
+            la.fit(_Batches(loader, data.transform, device), progress=progress)
         with contextlib.suppress(ValueError):  # every Hessian entry clamped: keep the prior
             la.optimize_prior_precision()
         train_time = time.perf_counter() - t0
-        self.la, self.net = la, net
-        if out is not None:
+        self.la, self.net, self.result = la, net, result
+        if out is not None and is_main_process():
             out.mkdir(parents=True, exist_ok=True)
             self.checkpoint = out / "laplace.pt"
             with atomic_open(self.checkpoint, "wb") as fh:
@@ -447,7 +480,9 @@ class LamEstimator(Estimator):
                 )
         return {
             "train_time": train_time,
-            "final_loss": float(losses[-1]) if losses else None,
+            "final_loss": float(result.final_loss),
+            "steps": int(result.global_step),
+            "loss_curve": [float(h["loss"]) for h in result.history],
             "prior_precision": float(torch.as_tensor(la.prior_precision).mean()),
             "clamped_fraction": float(la.clamped_fraction),
         }

@@ -216,13 +216,17 @@ def _base_key(cfg: RunConfig, device: torch.device) -> str:
     return json.dumps({**cfg.to_dict(), "device": str(device)}, sort_keys=True, default=str)
 
 
+#: estimator kinds whose fit trains under DDP (:func:`bayesurl.training.fit`)
+DDP_KINDS = ("method", "lam")
+
+
 def refuse_undistributed(cfgs: Sequence[RunConfig], *, argument: str = "cfg") -> None:
     """Raise if any of ``cfgs`` has an estimator whose fit is not distributed.
 
-    Only registry methods (kind ``"method"``) train under DDP (:func:`bayesurl.training.fit`);
-    a post-hoc or LAM estimator's fit is not distributed, and under a process group its loaders
-    would shard the training data, so each rank would fit a different model. Every offending
-    estimator is named in one error, before anything runs.
+    Registry methods (kind ``"method"``) and LAM (kind ``"lam"``) train under DDP
+    (:func:`bayesurl.training.fit`); a post-hoc estimator's fit is not distributed, and under a
+    process group its loaders would shard the training data, so each rank would fit a
+    different model. Every offending estimator is named in one error, before anything runs.
 
     Parameters
     ----------
@@ -234,18 +238,19 @@ def refuse_undistributed(cfgs: Sequence[RunConfig], *, argument: str = "cfg") ->
     Raises
     ------
     ValueError
-        Naming every estimator of a kind other than ``"method"`` and the distributed ones.
+        Naming every estimator of a kind outside :data:`DDP_KINDS` and the distributed ones.
     """
-    bad = {c.estimator.name: c.estimator.kind for c in cfgs if c.estimator.kind != "method"}
+    bad = {c.estimator.name: c.estimator.kind for c in cfgs if c.estimator.kind not in DDP_KINDS}
     if not bad:
         return
-    ok = list(dict.fromkeys(c.estimator.name for c in cfgs if c.estimator.kind == "method"))
+    ok = list(dict.fromkeys(c.estimator.name for c in cfgs if c.estimator.kind in DDP_KINDS))
     listed = ", ".join(f"{n!r} (kind {k!r})" for n, k in bad.items())
     hint = f"; the distributed ones here: {','.join(ok)}" if ok else ""
     raise ValueError(
         f"`{argument}` under torchrun: estimator(s) {listed}, whose fit is not distributed; "
-        f"only kind 'method' trains under DDP{hint}. Run them in one process (the evaluation of a "
-        "checkpoint, `bayesurl evaluate --checkpoint`, is sharded under torchrun)"
+        f"only kinds {', '.join(map(repr, DDP_KINDS))} train under DDP{hint}. Run them in one "
+        "process (the evaluation of a checkpoint, `bayesurl evaluate --checkpoint`, is sharded "
+        "under torchrun)"
     )
 
 
@@ -390,7 +395,7 @@ def run(
     ------
     ValueError, FileNotFoundError
         On a bad config or missing data (always raised, even with ``raise_errors=False``:
-        nothing was run); under torchrun, for an estimator kind other than ``"method"``.
+        nothing was run); under torchrun, for an estimator kind outside :data:`DDP_KINDS`.
     """
     with _torchrun_group([cfg], cfg.device, argument=cfg.name) as rank_device:
         return _run(

@@ -1,4 +1,4 @@
-"""Training: the loop, checkpoints, optimisers and schedules, and torch.distributed helpers.
+"""Training: the trainer and its hooks, checkpoints, optimisers, schedules, torch.distributed.
 
 URL (Kirchhof et al., 2023), section 4 and appendix B: LAMB, linear warm-up + cosine schedule,
 gradient accumulation, two augmented views for the self-supervised methods.
@@ -26,6 +26,11 @@ from bayesurl.training.distributed import (
     is_main_process,
     wrap_ddp,
 )
+from bayesurl.training.hooks import (
+    Checkpointing,
+    EpochEvaluation,
+    ProgressBar,
+)
 from bayesurl.training.loop import AmpMode, TrainResult, fit, prepare_batch
 from bayesurl.training.optim import (
     MultiStep,
@@ -38,11 +43,18 @@ from bayesurl.training.optim import (
     warmup_cosine_factor,
 )
 from bayesurl.training.seed import get_rng_state, seed_everything, set_rng_state
+from bayesurl.training.trainer import Hook, Trainer, TrainPlan
 
 __all__ = [
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_VERSION",
     "AmpMode",
+    "Checkpointing",
+    "EpochEvaluation",
+    "Hook",
+    "ProgressBar",
+    "TrainPlan",
+    "Trainer",
     "DistInfo",
     "MultiStep",
     "OptimizerName",

@@ -10,7 +10,7 @@ controlled experiment (Kirchhof et al., 2023, MCInfoNCE appendix B.3: x 0.1 afte
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from typing import Any
 
@@ -20,6 +20,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 __all__ = [
+    "OPTIMIZERS",
     "MultiStep",
     "OptimizerName",
     "WarmupCosine",
@@ -34,9 +35,25 @@ __all__ = [
 class OptimizerName(str, Enum):
     """Names accepted by :func:`build_optimizer`."""
 
+    ADAM = "adam"
     ADAMW = "adamw"
     LAMB = "lamb"
     SGD = "sgd"
+
+
+def _lamb(params: Any, **kwargs: Any) -> Optimizer:
+    from timm.optim import Lamb
+
+    return Lamb(params, **kwargs)
+
+
+#: the optimiser class (or factory) of each name
+OPTIMIZERS: dict[OptimizerName, Callable[..., Optimizer]] = {
+    OptimizerName.ADAM: torch.optim.Adam,
+    OptimizerName.ADAMW: torch.optim.AdamW,
+    OptimizerName.LAMB: _lamb,
+    OptimizerName.SGD: torch.optim.SGD,
+}
 
 
 def _parse_optimizer(name: str | OptimizerName) -> OptimizerName:
@@ -61,9 +78,10 @@ def build_optimizer(
     ----------
     params : iterable of Tensor or of param-group dicts
         What to optimise (``method.parameters()``).
-    name : {"lamb", "adamw", "sgd"}
+    name : {"lamb", "adamw", "adam", "sgd"}
         ``"lamb"`` is :class:`timm.optim.Lamb`, the optimiser of URL appendix B (You et al.,
         2020, Algorithm 2); ``"adamw"`` is :class:`torch.optim.AdamW` (decoupled weight decay);
+        ``"adam"`` is :class:`torch.optim.Adam` (L2 weight decay; LAM's optimiser);
         ``"sgd"`` is :class:`torch.optim.SGD` (momentum from ``kwargs``).
     lr : float
         Peak learning rate (URL searches it in ``[1e-4, 1e-2]``).
@@ -87,13 +105,7 @@ def build_optimizer(
         raise ValueError(f"`lr` must be a finite number >= 0, got {lr}")
     if not (math.isfinite(weight_decay) and weight_decay >= 0):
         raise ValueError(f"`weight_decay` must be a finite number >= 0, got {weight_decay}")
-    if kind is OptimizerName.LAMB:
-        from timm.optim import Lamb
-
-        return Lamb(params, lr=lr, weight_decay=weight_decay, **kwargs)
-    if kind is OptimizerName.ADAMW:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kwargs)
-    return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, **kwargs)
+    return OPTIMIZERS[kind](params, lr=lr, weight_decay=weight_decay, **kwargs)
 
 
 def warmup_cosine_factor(

@@ -1,0 +1,125 @@
+"""Training hooks: every behaviour of the loop beyond forward, backward and step.
+
+A :class:`~bayesurl.training.trainer.Hook` is called by the
+:class:`~bayesurl.training.trainer.Trainer` at fixed points of a run, in the spirit of PyTorch
+Lightning's callbacks: the trainer keeps the loop (micro-batches, accumulation, mixed
+precision, DDP, the schedule) and a new behaviour (evaluation per epoch, checkpoints, a
+progress bar, the online Laplace update of LAM eq. 5 in
+:mod:`bayesurl.laplace.lam`, an EMA of the weights...) is a hook
+rather than another keyword of :func:`~bayesurl.training.fit`. A hook with a ``key`` and a
+``state_dict`` is saved in every checkpoint under that key and restored on resume.
+
+Events, in the order of one epoch: ``on_epoch_start``; per micro-batch ``on_backward_end``;
+per optimiser step ``on_step_end``; ``on_epoch_end`` (the epoch's record is already in
+``trainer.result.history``; hooks run in list order, so an evaluation placed before the
+checkpoint is part of it). ``on_fit_start`` / ``on_fit_end`` frame the run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bayesurl.distributed import broadcast_state
+from bayesurl.training import distributed as D
+from bayesurl.training.checkpoint import check_serialisable, save_checkpoint
+from bayesurl.training.trainer import Hook, Trainer
+
+__all__ = [
+    "Checkpointing",
+    "EpochEvaluation",
+    "Hook",
+    "ProgressBar",
+    "device_of",
+]
+
+
+class ProgressBar(Hook):
+    """A tqdm bar per epoch with the running loss and learning rate (rank 0 only)."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
+        if not trainer.main:
+            return
+        from tqdm.auto import tqdm
+
+        desc = f"epoch {epoch + 1}/{trainer.plan.epochs}"
+        self.bar = tqdm(total=trainer.plan.n_batches, desc=desc)
+
+    def on_backward_end(self, trainer: Trainer, loss: float) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        if self.bar is not None:
+            running = trainer.epoch_loss / max(trainer.n_seen, 1)
+            self.bar.set_postfix(loss=f"{running:.4g}", lr=f"{trainer.result.lrs[-1]:.3g}")
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class EpochEvaluation(Hook):
+    """``eval_fn(method, epoch) -> mapping of numbers`` after each epoch, stored as
+    ``record["eval"]``; the method is in eval mode and, under DDP, holds rank 0's buffers (the
+    checkpointed model) on every rank, so ``eval_fn`` may gather across ranks."""
+
+    def __init__(self, eval_fn: Callable[[Any, int], Mapping[str, Any]]) -> None:
+        if not callable(eval_fn):
+            raise TypeError(f"`eval_fn` must be callable, got {type(eval_fn).__name__}")
+        self.eval_fn = eval_fn
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        method = trainer.method
+        if trainer.distributed:
+            broadcast_state(method, 0, buffers_only=True)
+        method.eval()
+        evaluated = self.eval_fn(method, record["epoch"] - 1)
+        method.train()
+        record["eval"] = {
+            str(k): (float(v) if isinstance(v, (int, float, Tensor)) else v)
+            for k, v in dict(evaluated or {}).items()
+        }
+        check_serialisable(record["eval"], "eval_fn result")
+
+
+class Checkpointing(Hook):
+    """Rank 0 writes ``directory/last.pt`` after every epoch (and ``epoch_{k}.pt`` with
+    ``keep_epochs``): ``header`` (format, method, config) plus the trainer's resume state."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        header: Mapping[str, Any],
+        keep_epochs: bool = False,
+    ) -> None:
+        self.directory = Path(directory)
+        self.header = dict(header)
+        self.keep_epochs = bool(keep_epochs)
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        state = trainer.resume_state()  # every rank: it gathers the RNG states
+        last = self.directory / "last.pt"
+        if trainer.main:
+            state = {**self.header, **state}
+            trainer.result.checkpoint = save_checkpoint(state, last)
+            if self.keep_epochs:
+                save_checkpoint(state, self.directory / f"epoch_{record['epoch']}.pt")
+        else:
+            trainer.result.checkpoint = last
+        D.barrier()
+
+
+def device_of(method: torch.nn.Module) -> torch.device:
+    """The device of a module's first parameter (CPU for a module without parameters)."""
+    first = next(method.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
