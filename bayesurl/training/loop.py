@@ -285,11 +285,7 @@ def fit(
     if clip_grad is not None and not (math.isfinite(clip_grad) and clip_grad > 0):
         raise ValueError(f"`clip_grad` must be a positive number or None, got {clip_grad}")
     check_number(weight_decay, "weight_decay", low=0.0)
-    if method_kwargs is not None:
-        method_kwargs = dict(method_kwargs)
-        check_serialisable(method_kwargs, "method_kwargs")
-    else:
-        method_kwargs = _recorded_kwargs(method)
+    method_kwargs = _method_record(method, method_kwargs)
 
     device = check_device(device if device is not None else device_of(method), "device")
     if checkpoint_dir is not None:  # before any epoch runs, not when the first one is saved
@@ -330,16 +326,7 @@ def fit(
     if eval_fn is not None:
         all_hooks.append(EpochEvaluation(eval_fn))
     if checkpoint_dir is not None:
-        header = {
-            "format": CHECKPOINT_FORMAT,
-            "version": CHECKPOINT_VERSION,
-            "method": {
-                "name": method.name or type(method).__name__,
-                "registered": bool(method.name),
-                "kwargs": method_kwargs,
-            },
-            "config": config,
-        }
+        header = _checkpoint_header(method, method_kwargs, config)
         all_hooks.append(Checkpointing(checkpoint_dir, header, keep_epoch_checkpoints))
     trainer = Trainer(
         method,
@@ -355,18 +342,52 @@ def fit(
         ddp_kwargs=ddp_kwargs,
     )
     if resume is not None:
-        # CPU first: RNG and generator states must stay on the CPU; the optimiser moves its
-        # state to the parameters' device itself
-        ckpt = load_checkpoint(resume, map_location="cpu", require=RESUME_KEYS)
-        _check_resume_matches(ckpt, resume, method, method_kwargs, config)
-        try:
-            trainer.load_resume_state(ckpt)
-        except ValueError as exc:
-            raise ValueError(f"checkpoint {str(resume)!r} does not fit this run: {exc}") from None
+        _resume(trainer, resume, method_kwargs, config)
         # the schedule follows this call's arguments (LambdaLR restored the saved ones)
         sched.lr_lambdas[0] = WarmupCosine(plan.total_steps, n_warmup, min_factor)
-        del ckpt
     return trainer.run()
+
+
+def _method_record(method: Method, method_kwargs: Mapping[str, Any] | None) -> Any:
+    """The constructor kwargs a checkpoint stores: the given ones (checked) or the record."""
+    if method_kwargs is None:
+        return _recorded_kwargs(method)
+    method_kwargs = dict(method_kwargs)
+    check_serialisable(method_kwargs, "method_kwargs")
+    return method_kwargs
+
+
+def _checkpoint_header(
+    method: Method, method_kwargs: Mapping[str, Any] | None, config: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What every checkpoint of the run holds besides the trainer's resume state."""
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "method": {
+            "name": method.name or type(method).__name__,
+            "registered": bool(method.name),
+            "kwargs": method_kwargs,
+        },
+        "config": config,
+    }
+
+
+def _resume(
+    trainer: Trainer,
+    path: str | os.PathLike[str],
+    method_kwargs: Mapping[str, Any] | None,
+    config: Mapping[str, Any],
+) -> None:
+    """Continue the run of checkpoint ``path`` (refused for another method or plan)."""
+    # CPU first: RNG and generator states must stay on the CPU; the optimiser moves its
+    # state to the parameters' device itself
+    ckpt = load_checkpoint(path, map_location="cpu", require=RESUME_KEYS)
+    _check_resume_matches(ckpt, path, trainer.method, method_kwargs, config)
+    try:
+        trainer.load_resume_state(ckpt)
+    except ValueError as exc:
+        raise ValueError(f"checkpoint {str(path)!r} does not fit this run: {exc}") from None
 
 
 def _check_schedule(

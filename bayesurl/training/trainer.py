@@ -307,8 +307,8 @@ class Trainer:
             if ckpt["scaler"]:
                 self.scaler.load_state_dict(ckpt["scaler"])
             load_hook_states(self.hooks, ckpt.get("hooks", {}))
-        except (RuntimeError, ValueError, KeyError) as exc:
-            raise ValueError(f"the checkpoint does not fit this run: {exc}") from None
+        except (RuntimeError, ValueError, KeyError) as exc:  # one error type for callers
+            raise ValueError(str(exc)) from None
         self.result.epochs = int(ckpt["epoch"])
         self.result.global_step = int(ckpt["global_step"])
         self.result.history = list(ckpt.get("history", []))
