@@ -780,10 +780,13 @@ class DiagMetricLaplace(BaseMetricLaplace):
         for theta in batch.thetas:
             h_batch += self._batch_hessian(batch.phi, batch.pairs, theta)
         h_batch /= batch.thetas.shape[0]
-        if reduce is not None:
-            h_batch = reduce(h_batch)
+        if reduce is None:
+            check_finite(h_batch, "hessian")
+            return decay * self.hessian + batch.scale * h_batch.clamp_min(0.0)
+        # scaled before the mean: a per-rank scale (the tuple count) still leaves one H
+        h_batch = reduce(batch.scale * h_batch)
         check_finite(h_batch, "hessian")
-        return decay * self.hessian + batch.scale * h_batch.clamp_min(0.0)
+        return decay * self.hessian + h_batch.clamp_min(0.0)
 
     def _moments(self, phi: Tensor) -> tuple[Tensor, Tensor]:
         w_var, b_var = self._split(self.posterior_variance)
@@ -1096,8 +1099,9 @@ class OnlineMetricLaplace(BaseMetricLaplace):
         Parameters
         ----------
         reduce : callable, optional
-            Maps the batch curvature to its mean over the processes of a data-parallel run
-            (each process saw one shard of the global batch; ``diag`` only).
+            Maps the scaled batch curvature to its mean over the processes of a data-parallel
+            run (each process saw one shard of the global batch; ``diag`` only), so every
+            process keeps the same ``H``.
 
         Raises
         ------
