@@ -29,6 +29,7 @@ from bayesurl.training.distributed import (
 from bayesurl.training.hooks import (
     Checkpointing,
     EpochEvaluation,
+    ExponentialMovingAverage,
     ProgressBar,
 )
 from bayesurl.training.loop import AmpMode, TrainResult, fit, prepare_batch
@@ -51,6 +52,7 @@ __all__ = [
     "AmpMode",
     "Checkpointing",
     "EpochEvaluation",
+    "ExponentialMovingAverage",
     "Hook",
     "ProgressBar",
     "TrainPlan",

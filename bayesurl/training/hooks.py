@@ -33,6 +33,7 @@ from bayesurl.training.trainer import Hook, Trainer
 __all__ = [
     "Checkpointing",
     "EpochEvaluation",
+    "ExponentialMovingAverage",
     "Hook",
     "ProgressBar",
     "device_of",
@@ -117,6 +118,46 @@ class Checkpointing(Hook):
         else:
             trainer.result.checkpoint = last
         D.barrier()
+
+
+class ExponentialMovingAverage(Hook):
+    """An exponential moving average of the trainable parameters, updated after every
+    optimiser step: ``avg <- decay * avg + (1 - decay) * theta`` (Polyak averaging), starting
+    at the weights of the first step's end. Saved in checkpoints (:attr:`key`).
+    :meth:`copy_to` writes the average into a module of the same layout.
+    """
+
+    key = "ema"
+
+    def __init__(self, decay: float = 0.999) -> None:
+        if not 0.0 <= float(decay) < 1.0:
+            raise ValueError(f"`decay` must lie in [0, 1), got {decay}")
+        self.decay = float(decay)
+        self.average: dict[str, Tensor] = {}
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        with torch.no_grad():
+            for name, p in trainer.method.named_parameters():
+                if not p.requires_grad:
+                    continue
+                if name not in self.average:
+                    self.average[name] = p.detach().clone()
+                else:
+                    self.average[name].mul_(self.decay).add_(p.detach(), alpha=1 - self.decay)
+
+    def copy_to(self, module: torch.nn.Module) -> None:
+        """Write the averaged parameters into ``module`` (names as in the trained method)."""
+        params = dict(module.named_parameters())
+        with torch.no_grad():
+            for name, value in self.average.items():
+                params[name].copy_(value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"decay": self.decay, "average": dict(self.average)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.decay = float(state["decay"])
+        self.average = {k: v.clone() for k, v in dict(state["average"]).items()}
 
 
 def device_of(method: torch.nn.Module) -> torch.device:
