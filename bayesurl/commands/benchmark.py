@@ -1,42 +1,51 @@
 """Train every estimator of a recipe file on the same data and print one comparison table.
 
-A sweep of ``bayesurl run`` (:func:`bayesurl.runs.run_sweep`): every estimator table of the
-data set's TOML recipe (default FashionMNIST zero-shot, upstream classes 0-4, downstream 5-9,
-OOD = scikit-learn digits; URL benchmark, Kirchhof et al., 2023, section 3) -- the twelve
-registry methods, PVU, post-hoc TaU and laplace-torch Laplace on the CE base, LAM post-hoc and
-LAM online -- with the preset's data sizes and training length. Columns: R@1, R-AUROC, AUSC,
-ECE (estimators with a distribution), OOD AUROC, training time; mean +- std over seeds.
-Writes ``results.json``, ``results.csv``, ``recall_vs_rauroc.png`` (URL Fig. 2), each run's
-per-query record (``queries/``) and the HTML report ``report.html`` (:mod:`bayesurl.report`)
-to ``--out``.
+One sweep engine (:func:`bayesurl.runs.run_sweep`) runs every estimator table of the data
+set's TOML recipe (default FashionMNIST zero-shot, OOD = scikit-learn digits; URL benchmark,
+Kirchhof et al., 2023, section 3) -- the twelve registry methods, PVU, post-hoc TaU and
+laplace-torch Laplace on the CE base, LAM post-hoc and LAM online -- with the preset's data
+sizes, training length and plan (``[presets.<name>.sweep]``: class splits, seeds, storage):
 
-Under ``torchrun`` every rank runs the same runs in the same order in one process group: each
-method trains under DDP and is evaluated sharded (issue 16); rank 0 alone prints and writes.
-Estimators whose fit is not distributed (post-hoc) are refused before anything runs, in
-one error naming them. In the stored protocol (``--preset standard``, ``--storage``) rank 0
-claims each run and sends it to the other ranks; ``--worker`` and ``--tune`` are refused
-under ``torchrun`` (:func:`bayesurl.runs.protocol.refuse_under_torchrun`).
+* ``--preset quick`` / ``smoke``: the standard split (upstream 0-4, downstream 5-9), in
+  memory; prints R@1, R-AUROC, AUSC, ECE, OOD AUROC and training time (mean +- std over
+  seeds) and writes ``results.json``, ``results.csv``, ``recall_vs_rauroc.png`` (URL Fig.
+  2), each run's per-query record (``queries/``) and the HTML report ``report.html``
+  (:mod:`bayesurl.report`) to ``--out``. ``--merge`` joins such results made separately (e.g. one seed each).
+* ``--preset standard``: 4 class splits in an Optuna RDB storage
+  (``results/benchmark/standard/sweep.db``): killed and started again it goes on where it
+  stopped; ``--storage URL`` on several machines, the further ones with ``--worker``;
+  ``--tune N`` first runs N Optuna trials per estimator on the validation classes. The
+  report holds t-intervals over the splits, the paired comparison against CE and the
+  split-half reproducibility.
+
+``--storage`` stores any preset's runs; ``--splits`` and ``--seeds`` replace the preset's.
+Under ``torchrun`` every rank runs each run together (DDP training, sharded evaluation) and
+rank 0 alone prints and writes; estimators whose fit is not distributed (post-hoc),
+``--worker`` and ``--tune`` are refused before anything runs.
 
 Examples::
 
     bayesurl benchmark --preset quick --out runs/benchmark
     bayesurl benchmark --methods ce,mcinfonce,pvu --seeds 0,1,2 --set train.epochs=5
+    bayesurl benchmark --preset standard --tune 20
     torchrun --nproc_per_node 2 -m bayesurl benchmark --methods ce,mcinfonce --preset quick
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bayesurl.commands._protocol import (
-    add_protocol_arguments,
-    run_protocol_command,
-    smoke_notice,
-    wants_protocol,
-)
+if TYPE_CHECKING:
+    from bayesurl.runs.results import SweepResults
 
 OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "train and evaluate every estimator on the same zero-shot data; print one table"
+
+#: Default ``--out`` of an in-memory sweep; a stored one writes to ``results/benchmark/<preset>``
+#: unless ``--out`` is given.
+DEFAULT_OUT = "runs/benchmark"
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -86,16 +95,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seeds",
-        default="1",
+        default=None,
         help="comma-separated seeds (0,1,2; one seed: 7,) or a count (3 = seeds 0,1,2); "
-        "default: 1 (seed 0)",
+        "default: the preset's (seed 0)",
+    )
+    parser.add_argument(
+        "--splits",
+        type=int,
+        default=None,
+        help="class splits instead of the preset's (0: the standard zero-shot split)",
     )
     parser.add_argument(
         "--preset",
         default="quick",
-        help="a preset of the recipe file: quick (minutes on 2 CPU cores, smoke scale), full, "
-        "smoke (tests); standard: the reproducible protocol (class splits x seeds, stored, "
-        "resumable; bayesurl.runs.protocol)",
+        help="a preset of the recipe file: smoke (tests), quick (minutes, one split), "
+        "standard (4 class splits, stored, resumable), full",
     )
     parser.add_argument(
         "--set",
@@ -106,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="override a config value of every run (train.epochs=5), repeatable",
     )
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: auto)")
-    parser.add_argument("--out", default="runs/benchmark", help="output folder")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
     parser.add_argument("--root", default=None, help="data folder (= --set data.root=DIR)")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
@@ -114,77 +128,141 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--save-checkpoints",
         action="store_true",
-        help="keep each run's checkpoint in OUT/checkpoints/<estimator>_s<seed>/",
+        help="keep each run's checkpoint in OUT/checkpoints/<estimator>[_split<k>]_s<seed>/",
     )
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="hide the per-run lines")
     parser.add_argument(
         "--merge",
         nargs="+",
         metavar="DIR",
         default=None,
-        help="train nothing: merge the results.json of earlier runs (e.g. one seed each) "
-        "into one table in --out",
+        help="train nothing: merge the results.json of earlier one-split sweeps (e.g. one "
+        "seed each) into one table in --out",
     )
-    add_protocol_arguments(parser)
+    g = parser.add_argument_group("stored sweeps (resumable, several workers)")
+    g.add_argument(
+        "--worker",
+        action="store_true",
+        help="join a running sweep: work on the runs already in --storage, then exit",
+    )
+    g.add_argument(
+        "--storage",
+        default=None,
+        metavar="URL",
+        help="SQLAlchemy URL of the sweep storage (default of a stored preset: "
+        "sqlite:///OUT/sweep.db); postgresql+psycopg2://... for workers on several machines",
+    )
+    g.add_argument(
+        "--tune",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Optuna trials per estimator on the validation classes before the sweep "
+        "(R-AUROC objective, R@1 < 0.1 discarded); chosen settings -> OUT/tuned.json",
+    )
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """The checks of the options that need no data.
+
+    Raises
+    ------
+    ValueError
+        For ``--tune`` < 0, ``--tune`` with ``--worker``, ``--threads`` < 1 or ``--splits``
+        < 0.
+    FileNotFoundError
+        For a ``--root`` that does not exist.
+    """
+    if args.tune < 0:
+        raise ValueError(f"`--tune` must be >= 0, got {args.tune}")
+    if args.worker and args.tune:
+        raise ValueError("`--tune` runs on the first machine only; drop it with --worker")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"`--threads` must be >= 1, got {args.threads}")
+    if args.splits is not None and args.splits < 0:
+        raise ValueError(f"`--splits` must be >= 0, got {args.splits}")
+    if args.root is not None and not Path(args.root).exists():
+        raise FileNotFoundError(f"`--root` {args.root!r} does not exist")
+
+
+def merge(args: argparse.Namespace) -> int:
+    """``--merge``: one table from earlier results; rank 0 alone under torchrun."""
+    from bayesurl._checks import check_output_dir
+    from bayesurl.report import try_report
+    from bayesurl.runs.results import merge_results
+    from bayesurl.runs.runner import launch_rank
+
+    out = check_output_dir(args.out, "--out")
+    if launch_rank() != 0:  # torchrun: merging trains nothing, rank 0 does it alone
+        return 0
+    merged = merge_results(args.merge)
+    merged.save(out)
+    print(merged.table())
+    print(f"merged {len(args.merge)} results into {out / 'results.json'}")
+    print(try_report(out))
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``bayesurl benchmark``; 0 when every run succeeded, 1 if some failed."""
-    if wants_protocol(args):  # the stored class-split protocol (bayesurl.runs.protocol)
-        return run_protocol_command(args)
-    from pathlib import Path
-
+    if args.merge:
+        return merge(args)
     import torch
 
-    from bayesurl._checks import check_device, check_output_dir
-    from bayesurl.report import try_report
-    from bayesurl.runs.results import merge_results
-    from bayesurl.runs.runner import launch_rank
-    from bayesurl.runs.sweep import resolve_estimators, run_sweep
+    from bayesurl._checks import check_device
+    from bayesurl.runs.plan import sweep_preset
+    from bayesurl.runs.sweep import run_sweep
 
-    notice = smoke_notice(args.preset)
-    if notice and not args.merge and launch_rank() == 0:  # torchrun: rank 0 prints
-        print(notice)
-
-    out = check_output_dir(args.out, "--out")
+    check_arguments(args)
     device = check_device(args.device, "--device")
-    if args.merge:
-        if launch_rank() != 0:  # torchrun: merging trains nothing, rank 0 does it alone
-            return 0
-        merged = merge_results(args.merge)
-        merged.save(out)
-        print(merged.table())
-        print(f"merged {len(args.merge)} results into {out / 'results.json'}")
-        print(try_report(out))
-        return 0
-    names = resolve_estimators(args.methods, args.dataset)  # unknown names raise
-    seeds = parse_seeds(args.seeds)
+    seeds = None if args.seeds is None else parse_seeds(args.seeds)
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"`--threads` must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     overrides = list(args.overrides)
     if args.root is not None:
-        if not Path(args.root).exists():
-            raise FileNotFoundError(f"`--root` {args.root!r} does not exist")
         overrides.append(("data.root", str(args.root)))
-    results = run_sweep(
-        names,
+    stored = bool(args.storage or args.worker) or sweep_preset(args.dataset, args.preset).stored
+    out = None if stored and args.out == DEFAULT_OUT else args.out
+    res = run_sweep(
+        args.methods,
         dataset=args.dataset,
         preset=args.preset,
         seeds=seeds,
+        splits=args.splits,
         overrides=overrides,
         device=device,
         out=out,
-        checkpoint_dir=out / "checkpoints" if args.save_checkpoints else None,
+        storage=args.storage,
+        worker=args.worker,
+        tune=args.tune,
+        checkpoint_dir=Path(out) / "checkpoints" if args.save_checkpoints and out else None,
         progress=not args.no_progress,
     )
-    if not results.main_process:  # torchrun: rank 0 reports (and alone wrote the files)
-        return 1 if any(r["error"] for r in results.runs) else 0
-    print(results.table())
-    total = results.settings["total_time"]
-    print(
-        f"total time {total:.1f} s; wrote {out / 'results.json'}, results.csv, recall_vs_rauroc.png"
-    )
-    print(try_report(out))
-    return 1 if any(r["error"] for r in results.runs) else 0
+    if not res.main_process:  # torchrun: rank 0 reports (and alone wrote the files)
+        return 1 if any(r.get("error") for r in res.runs) else 0
+    return report(res)
+
+
+def report(res: SweepResults) -> int:
+    """Print the sweep's outcome and write its HTML report; 0 when every run succeeded."""
+    from bayesurl.report import try_report
+
+    st = res.status or {}
+    plan = res.settings.get("plan", {})
+    one_split = plan.get("splits") == 0
+    if one_split and not (st.get("waiting") or st.get("running")):
+        print(res.table())
+    if plan.get("storage") == "stored" or not one_split:
+        print(
+            f"sweep {plan.get('name')}: {st.get('complete')}/{st.get('total')} runs finished "
+            f"({res.done_here} here), {st.get('running')} running elsewhere, "
+            f"{st.get('failed')} failed"
+        )
+        for key, path in res.paths.items():
+            print(f"  {key}: {path}")
+    else:
+        total = res.settings["total_time"]
+        print(f"total time {total:.1f} s; wrote {', '.join(res.paths.values())}")
+    if res.paths:
+        print(try_report(Path(next(iter(res.paths.values()))).parent))
+    return 1 if st.get("failed") else 0

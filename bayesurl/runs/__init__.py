@@ -9,15 +9,17 @@ The API (ARCHITECTURE.md, "One road for every run"):
   (:mod:`bayesurl.runs.runner`); ``RunResult.to_dict()`` has ``estimator``, ``dataset``,
   ``split``, ``seed``, ``metrics``, ``settings``, ``timings``;
 - :func:`run_sweep` ``(estimators, *, dataset, preset, seeds, overrides, ...) ->
-  SweepResults``: many runs sharing data and trained bases, one table
-  (:mod:`bayesurl.runs.sweep`; ``bayesurl benchmark``);
+  SweepResults``: the one sweep engine of ``bayesurl benchmark`` (:mod:`bayesurl.runs.sweep`):
+  the preset's plan of class splits x seeds (:mod:`bayesurl.runs.plan`), kept in memory or
+  in a resumable storage (:mod:`bayesurl.runs.storage`, extra ``sweep``), optional tuning
+  (:mod:`bayesurl.runs.tuning`), one run function on the one pipeline
+  (:mod:`bayesurl.runs.pipeline`), and the report (:mod:`bayesurl.runs.results` on one split,
+  :mod:`bayesurl.runs.report` and :mod:`bayesurl.runs.aggregate` over class splits);
 - :func:`build_estimator` and the :class:`Estimator` interface (``fit`` /
   ``predict(x, n_samples) -> Output``, :mod:`bayesurl.runs.estimators`);
 - :func:`bayesurl.runs.predict.predict` / :func:`score` / :func:`n_samples_for`: the one
-  embedding loop and sampling rule (:mod:`bayesurl.runs.predict`);
-- the reproducible protocol over class splits x seeds (:mod:`bayesurl.runs.protocol`), its
-  sweep storage on Optuna's RDB storage (:mod:`bayesurl.runs.storage`, extra ``sweep``) and
-  the aggregation of run records (:mod:`bayesurl.runs.aggregate`).
+  embedding loop and sampling rule (:mod:`bayesurl.runs.predict`).
+
 
 Example::
 

@@ -6,7 +6,8 @@ A recipe file ``bayesurl/runs/recipes/<dataset>.toml`` holds
   :class:`DataConfig`, :class:`BackboneConfig`, :class:`TrainConfig`, :class:`EvalConfig`
   fields) and an optional top-level ``seed``;
 - presets, ``[presets.<name>.<section>]``: the benchmark scales (``smoke``, ``quick``,
-  ``full``) as overrides of those defaults;
+  ``standard``, ``full``) as overrides of those defaults, and each preset's ``sweep`` table
+  (class splits, seeds, storage; :class:`bayesurl.runs.plan.SweepPreset`);
 - one table per estimator, ``[estimators.<name>]`` (the :class:`EstimatorConfig` fields, plus
   optional ``train`` / ``eval`` / ``backbone`` / ``data`` sub-tables that override the
   defaults for that estimator only).
@@ -83,6 +84,15 @@ class DataConfig:
     downstream_root : str or None
         ``"imagenet"`` only: folder with ``cub/``, ``cars/``, ``sop/`` whose test classes are
         the zero-shot evaluation sets (URL section 3.2).
+    class_split : dict or None
+        One class split of the embedded sets (``{index, upstream, downstream, val}``, as
+        :meth:`bayesurl.data.class_splits.ClassSplit.to_dict`): train on ``upstream``, retrieve
+        among ``downstream`` (every image of both files, :func:`bayesurl.data.class_splits.
+        split_data`); ``None``: the data set's standard zero-shot split. A sweep preset with
+        ``splits = N`` sets it per run.
+    stage : str
+        ``"final"`` or ``"tune"`` (with ``class_split``: train without the validation classes
+        and retrieve among them, URL section 3 "Hyperparameters").
     """
 
     name: str = "fashion_mnist"
@@ -94,6 +104,8 @@ class DataConfig:
     seed: int = 0
     how_to_get: str = ""
     downstream_root: str | None = None
+    class_split: dict[str, Any] | None = None
+    stage: str = "final"
 
 
 @dataclass
@@ -509,10 +521,12 @@ def _resolve(
                 f"unknown `preset` {preset!r} for {dataset}; valid presets: {', '.join(presets)}"
             )
         for section, table in presets[preset].items():
+            if section == "sweep":  # the sweep's plan (bayesurl.runs.plan), not a run setting
+                continue
             if section not in ("data", "backbone", "train", "eval"):
                 raise ValueError(
                     f"unknown section `presets.{preset}.{section}`; valid: data, backbone, "
-                    "train, eval"
+                    "train, eval, sweep"
                 )
             tables[section] = _merge(tables[section], table)
     est = dict(estimators[estimator])

@@ -87,6 +87,10 @@ def data_key(cfg: RunConfig) -> tuple[Any, ...]:
         d.max_ood,
         d.seed,
         d.downstream_root,
+        None
+        if d.class_split is None
+        else tuple(sorted((k, repr(v)) for k, v in d.class_split.items())),
+        d.stage,
         b.name,
         tuple(sorted((k, repr(v)) for k, v in b.kwargs.items())),
     )
@@ -126,11 +130,15 @@ def build_data(cfg: RunConfig) -> RunData:
     if d.root is not None and not Path(d.root).exists():
         raise FileNotFoundError(f"`data.root` {d.root!r} does not exist")
     tests: dict[str, Any] = {}
-    if name in UPSTREAM:
+    if d.class_split is not None or d.stage != "final":
+        zs = _class_split_sets(cfg, name)
+        channels = data_config(cfg.backbone.name, **backbone_kwargs(cfg, None)).in_chans
+        stats: dict[str, Any] = {}
+    elif name in UPSTREAM:
         zs, tests = _upstream(cfg)
         bcfg = data_config(cfg.backbone.name, **backbone_kwargs(cfg, 3))
         channels = 3
-        stats: dict[str, Any] = {"mean": bcfg.mean, "std": bcfg.std}
+        stats = {"mean": bcfg.mean, "std": bcfg.std}
     elif name in FOLDER:
         if d.root is None:
             how = f": {d.how_to_get}" if d.how_to_get else ""
@@ -175,11 +183,53 @@ def build_data(cfg: RunConfig) -> RunData:
         "channels": channels,
         "data_seed": d.seed,
     }
+    if d.class_split is not None:
+        info.update(class_split=dict(d.class_split), stage=d.stage)
     if tests:
         info["sizes"].update({f"test_{k}": len(v) for k, v in tests.items()})
     return RunData(
         zs.name, zs, int(zs.num_train_classes), channels, transform, augment, info, tests
     )
+
+
+def _class_split_sets(cfg: RunConfig, name: str) -> Any:
+    """The sets of ``data.class_split`` at ``data.stage`` (the benchmark's class-split
+    protocol, :func:`bayesurl.data.class_splits.split_data`; embedded sets only)."""
+    from bayesurl.data.class_splits import ClassSplit, split_data
+
+    d = cfg.data
+    if name not in ("fashion_mnist", "digits"):
+        raise ValueError(
+            f"`data.class_split` needs an embedded data set (fashion_mnist, digits), got {d.name!r}"
+        )
+    if d.stage not in ("final", "tune"):
+        raise ValueError(f"`data.stage` must be 'final' or 'tune', got {d.stage!r}")
+    if d.class_split is None:
+        raise ValueError("`data.stage` 'tune' needs a `data.class_split`")
+    try:
+        cs = d.class_split
+        split = ClassSplit(
+            index=int(cs.get("index", 0)),
+            upstream=tuple(int(c) for c in cs["upstream"]),
+            downstream=tuple(int(c) for c in cs["downstream"]),
+            val=tuple(int(c) for c in cs.get("val", ())),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(
+            "`data.class_split` must be a table {index, upstream, downstream, val} of class "
+            f"indices, got {d.class_split!r} ({exc})"
+        ) from None
+    return split_data(
+        split,
+        stage=d.stage,
+        root=d.root,
+        dataset=name,
+        max_train=d.max_train,
+        max_test=d.max_test,
+        max_id=d.max_test,
+        max_ood=d.max_ood,
+        seed=d.seed,
+    ).with_transform(_Keep())
 
 
 def _upstream(cfg: RunConfig) -> tuple[Any, dict[str, Any]]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from bayesurl.files import atomic_open, write_json
 
-__all__ = ["EXTRA_METRICS", "METRICS", "SweepResults", "merge_results"]
+__all__ = ["EXTRA_METRICS", "METRICS", "SweepResults", "format_stat", "merge_results"]
 
 #: Metrics of the table: ``(result key, column title)``.
 METRICS: tuple[tuple[str, str], ...] = (
@@ -51,7 +51,8 @@ def _mean_std(values: Sequence[float | None]) -> dict[str, Any]:
     return {"mean": mean, "std": std, "n": len(vals)}
 
 
-def _fmt(stat: Mapping[str, Any], key: str) -> str:
+def format_stat(stat: Mapping[str, Any], key: str) -> str:
+    """``"0.512 +- 0.010"`` (one decimal for times; ``"n/a"`` without a mean)."""
     if stat.get("mean") is None:
         return "n/a"
     digits = 1 if key.endswith("_time") else 3
@@ -79,11 +80,21 @@ class SweepResults:
     main_process : bool
         False on the ranks other than 0 of a ``torchrun`` sweep (they neither write nor
         report; not serialised).
+    status : dict or None
+        Counts of the sweep's plan (``waiting``, ``running``, ``complete``, ``failed``,
+        ``total``; ``None`` on the ranks other than 0 of a stored sweep under torchrun).
+    done_here : int
+        Runs this process finished.
+    paths : dict
+        Files written (empty until every run of the plan is finished).
     """
 
     runs: list[dict[str, Any]]
     settings: dict[str, Any]
     main_process: bool = field(default=True, repr=False, compare=False)
+    status: dict[str, int] | None = field(default=None, repr=False, compare=False)
+    done_here: int = field(default=0, repr=False, compare=False)
+    paths: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def estimators(self) -> list[str]:
@@ -110,7 +121,7 @@ class SweepResults:
         head = ["estimator", *(title for _, title in METRICS)]
         rows = []
         for m in self.estimators:
-            row = [m] + [_fmt(summ[m][k], k) for k, _ in METRICS]
+            row = [m] + [format_stat(summ[m][k], k) for k, _ in METRICS]
             if summ[m]["failed"]["n"]:
                 row[0] += f" ({summ[m]['failed']['n']} failed)"
             rows.append(row)

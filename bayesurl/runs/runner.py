@@ -49,6 +49,7 @@ __all__ = [
     "refuse_undistributed",
     "resolve_device",
     "run",
+    "torchrun_group",
     "train",
 ]
 
@@ -291,7 +292,7 @@ def agree_on_outcome(what: str, error: str | None) -> None:
 
 
 @contextlib.contextmanager
-def _torchrun_group(
+def torchrun_group(
     cfgs: Sequence[RunConfig], device: str | None, *, argument: str
 ) -> Iterator[torch.device | None]:
     """Under ``torchrun`` (``WORLD_SIZE > 1``) the default process group for the runs ``cfgs``.
@@ -397,7 +398,7 @@ def run(
         On a bad config or missing data (always raised, even with ``raise_errors=False``:
         nothing was run); under torchrun, for an estimator kind outside :data:`DDP_KINDS`.
     """
-    with _torchrun_group([cfg], cfg.device, argument=cfg.name) as rank_device:
+    with torchrun_group([cfg], cfg.device, argument=cfg.name) as rank_device:
         return _run(
             cfg,
             rank_device if rank_device is not None else resolve_device(cfg.device),

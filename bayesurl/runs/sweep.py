@@ -1,262 +1,619 @@
-"""A sweep: many runs (estimators x seeds) on the same data, one table (``bayesurl benchmark``).
+"""The sweep engine of ``bayesurl benchmark``: plan, store, work, report.
 
-Every row is :func:`bayesurl.runs.runner.run` of the recipe ``<dataset>/<estimator>`` with the
-preset and overrides of the sweep -- the same call ``bayesurl run`` makes, so a row equals the
-single run of the same estimator, data and seed. The runs share one
-:class:`~bayesurl.runs.runner.RunCache`: the data are assembled once and a post-hoc
-estimator's base (CE for PVU, post-hoc TaU, Laplace-on-CE) is trained once per seed.
+A sweep is every (class split, estimator, seed) run of a preset
+(:func:`bayesurl.runs.plan.plan_runs`); each run is ``run_fn(params) -> record``, by default
+:class:`~bayesurl.runs.pipeline.PipelineRun` -- the same :func:`bayesurl.runs.runner.run`
+that ``bayesurl run`` makes, so a row equals the single run of the same estimator, data and
+seed. :func:`run_sweep`
 
-Under ``torchrun`` every rank runs the same runs in the same order in one process group (DDP
-training, sharded evaluation) and rank 0 alone writes (:func:`run_sweep`, Notes).
+1. reads the preset's plan (``[presets.<name>.sweep]``: splits, seeds, storage);
+2. optionally tunes every estimator first (``tune=N``, :mod:`bayesurl.runs.tuning`);
+3. keeps the runs in memory (:class:`MemoryStore`) or in an Optuna RDB storage
+   (:class:`~bayesurl.runs.storage.SweepStorage`: SQLite ``<out>/sweep.db`` or any SQLAlchemy
+   URL; workers on other machines join with ``worker=True``; a killed sweep resumes) and works
+   through them;
+4. reports: on the standard split :class:`~bayesurl.runs.results.SweepResults` (mean +- std
+   over seeds, ``--merge``-able), on class splits :func:`bayesurl.runs.report.write_results`
+   (t-intervals over splits, paired comparison against CE, split-half reproducibility).
 
-This is a small, offline instance of the URL benchmark (Kirchhof et al., 2023, section 3 /
-appendix B) extended with the post-hoc and Laplace estimators (PVU thesis section 5.3; TaU
-section 4; LAM, Warburg et al., 2023, section 3).
+Under ``torchrun`` every rank runs each run together (DDP training, sharded evaluation) and
+rank 0 alone reports: in memory every rank works through the same plan in the same order; with
+a storage rank 0 claims each run and sends it to the other ranks (:func:`lead`,
+:func:`follow`).
+
+A small, offline instance of the URL benchmark (Kirchhof et al., 2023, section 3 / appendix
+B) extended with the post-hoc and Laplace estimators (PVU thesis section 5.3; TaU section 4;
+LAM, Warburg et al., 2023, section 3).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import platform
+import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bayesurl.runs.config import load_recipe, read_recipe_file
-from bayesurl.runs.results import METRICS, SweepResults, _fmt
-from bayesurl.runs.runner import (
-    RunCache,
-    _torchrun_group,
-    agree_on_outcome,
-    resolve_device,
-    run,
+from bayesurl.data.class_splits import class_splits
+from bayesurl.runs.config import load_recipe
+from bayesurl.runs.pipeline import PipelineRun
+from bayesurl.runs.plan import (
+    SweepPreset,
+    plan_runs,
+    resolve_estimators,
+    run_label,
+    smoke_notice,
+    sweep_preset,
 )
+from bayesurl.files import write_json
+from bayesurl.runs.report import jsonable, write_results
+from bayesurl.runs.results import METRICS, SweepResults, format_stat
+from bayesurl.runs.runner import (
+    agree_on_outcome,
+    launched_by_torchrun,
+    resolve_device,
+    torchrun_group,
+)
+from bayesurl.runs.storage import SweepStorage
+from bayesurl.runs.tuning import load_tuned, tune_estimators
 
-__all__ = ["resolve_estimators", "run_sweep"]
+__all__ = [
+    "MemoryStore",
+    "follow",
+    "lead",
+    "refuse_under_torchrun",
+    "resolve_estimators",
+    "resolve_preset",
+    "run_sweep",
+]
+
+RunFn = Callable[[dict[str, Any]], Mapping[str, Any]]
 
 
-def resolve_estimators(estimators: str | Iterable[str] | None, dataset: str) -> list[str]:
-    """Validate estimator names against the tables of ``dataset``'s recipe file.
+class MemoryStore:
+    """The runs of a sweep kept in this process (the in-memory twin of
+    :class:`~bayesurl.runs.storage.SweepStorage`: ``add_runs``, ``work``, ``status``,
+    ``records``, ``failures``, ``tuning_study``).
 
-    Parameters
-    ----------
-    estimators : str, iterable of str or None
-        Names (a comma-separated string is split); ``None`` or ``"all"``: every table, in
-        file order.
-    dataset : str
-        Recipe file name (or ``.toml`` path).
+    A run function's exception propagates (a run records its own failure unless it is asked
+    to raise).
+    """
 
-    Returns
-    -------
-    list of str
-        Lower-case names in the given order, without duplicates.
+    def __init__(self) -> None:
+        self._plan: list[dict[str, Any]] = []
+        self._records: list[dict[str, Any]] = []
+        self._studies: dict[str, Any] = {}
+        self.url = "memory"
+
+    def add_runs(self, runs: Iterable[Mapping[str, Any]]) -> int:
+        """Append the runs; return how many."""
+        new = [dict(r) for r in runs]
+        self._plan += new
+        return len(new)
+
+    def work(self, fn: RunFn, *, on_done: Callable[..., None] | None = None, **_: Any) -> int:
+        """Run every planned run in order; return how many."""
+        done = 0
+        while len(self._records) < len(self._plan):
+            params = self._plan[len(self._records)]
+            record = dict(fn(dict(params)))
+            self._records.append(record)
+            done += 1
+            if on_done is not None:
+                on_done(params, record, record.get("error"))
+        return done
+
+    def status(self) -> dict[str, int]:
+        """Counts of the plan's runs (``failed``: runs whose record carries an error)."""
+        failed = sum(bool(r.get("error")) for r in self._records)
+        return {
+            "waiting": len(self._plan) - len(self._records),
+            "running": 0,
+            "complete": len(self._records) - failed,
+            "failed": failed,
+            "total": len(self._plan),
+        }
+
+    def records(self) -> list[dict[str, Any]]:
+        """The finished runs' records, in plan order."""
+        return [dict(r) for r in self._records]
+
+    def failures(self) -> list[dict[str, Any]]:
+        """``{"key", "error"}`` of the runs that failed."""
+        return [
+            {"key": run_label(p), "error": r["error"]} for p, r in self._runs() if r.get("error")
+        ]
+
+    def _runs(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        return list(zip(self._plan, self._records))
+
+    def tuning_study(self, name: str, *, sampler: Any = None) -> Any:
+        """An in-memory Optuna study (maximise) per ``name``."""
+        from bayesurl.runs.storage import require_optuna
+
+        optuna = require_optuna()
+        if name not in self._studies:
+            self._studies[name] = optuna.create_study(direction="maximize", sampler=sampler)
+        return self._studies[name]
+
+
+# --------------------------------------------------------------------------- torchrun
+def under_torchrun() -> bool:
+    """Whether this process is one rank of a ``torchrun`` launch or a process group."""
+    from bayesurl.distributed import is_distributed
+
+    return launched_by_torchrun() or is_distributed()
+
+
+def refuse_under_torchrun(*, worker: bool = False, tune: int = 0) -> None:
+    """Raise for the parts of a sweep that cannot run under ``torchrun``.
+
+    Under ``torchrun`` every rank runs each run together. Two parts cannot follow it:
+    ``worker=True`` waits for another machine's plan (up to an hour, longer than the process
+    group's collectives may block the other ranks), and ``tune`` runs Optuna's trials on one
+    process. Start a worker per GPU (``CUDA_VISIBLE_DEVICES=k bayesurl benchmark --worker
+    --storage URL``) and tune in one process first instead.
 
     Raises
     ------
     ValueError
-        For an unknown name (listing the valid ones) or an empty list.
+        Under torchrun (``WORLD_SIZE > 1``) or a multi-rank process group, with ``worker`` or
+        ``tune``.
     """
-    valid = list(read_recipe_file(dataset)["estimators"])
-    if estimators is None:
-        return valid
-    if isinstance(estimators, str):
-        estimators = estimators.split(",")
-    names = [str(m).strip().lower() for m in estimators if str(m).strip()]
-    if names == ["all"]:
-        return valid
-    if not names:
-        raise ValueError(f"`estimators` is empty; valid names: {', '.join(valid)}")
-    unknown = [n for n in names if n not in valid]
-    if unknown:
-        raise ValueError(
-            f"unknown estimator(s) {', '.join(repr(u) for u in unknown)} in `estimators`; "
-            f"valid names: {', '.join(valid)}"
+    if not under_torchrun() or not (worker or tune):
+        return
+    what = "`--worker` (`worker=True`)" if worker else "`--tune` (`tune`)"
+    raise ValueError(
+        f"{what} does not run under torchrun: "
+        + (
+            "a worker waits for another machine's plan, longer than the other ranks may wait "
+            "in a collective. Start one worker process per GPU instead "
+            "(`CUDA_VISIBLE_DEVICES=k bayesurl benchmark --worker --storage URL`)"
+            if worker
+            else "the Optuna trials run in one process. Tune first without torchrun (the "
+            "chosen settings go to OUT/tuned.json), then start the sweep under torchrun"
         )
-    return list(dict.fromkeys(names))
+    )
 
 
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (collective)."""
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def agreed(fn: RunFn) -> RunFn:
+    """``fn`` followed by the check that every rank had the same outcome (torchrun)."""
+
+    def run_agreed(params: dict[str, Any]) -> Mapping[str, Any]:
+        try:
+            rec = fn(params)
+        except Exception as exc:
+            agree_on_outcome(run_label(params), f"{type(exc).__name__}: {exc}")
+            raise
+        agree_on_outcome(run_label(params), rec.get("error"))
+        return rec
+
+    return run_agreed
+
+
+def lead(fn: RunFn) -> RunFn:
+    """Rank 0's ``run_fn`` of a stored sweep under torchrun: send the claimed run to the other
+    ranks, run it with them, and check that every rank had the same outcome."""
+    checked = agreed(fn)
+
+    def run_led(params: dict[str, Any]) -> Mapping[str, Any]:
+        _broadcast(params)
+        return checked(params)
+
+    return run_led
+
+
+def follow(fn: RunFn) -> int:
+    """The other ranks of a stored sweep under torchrun: run every run rank 0 sends until it
+    sends ``None``; return how many."""
+    checked = agreed(fn)
+    done = 0
+    while (params := _broadcast(None)) is not None:
+        with contextlib.suppress(Exception):  # rank 0 records the run's error (it raised too)
+            checked(dict(params))
+        done += 1
+    return done
+
+
+# --------------------------------------------------------------------------- the engine
 def run_sweep(
     estimators: str | Iterable[str] | None = None,
     *,
     dataset: str = "fashion_mnist",
-    preset: str | None = "quick",
-    seeds: int | Sequence[int] = (0,),
+    preset: str | SweepPreset | None = "quick",
+    seeds: int | Sequence[int] | None = None,
+    splits: int | None = None,
     overrides: Iterable[str | tuple[str, Any]] = (),
     device: str | torch.device | None = None,
     out: str | os.PathLike[str] | None = None,
+    storage: str | None = None,
+    worker: bool = False,
+    tune: int = 0,
+    run_fn: RunFn | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     progress: bool = True,
     raise_errors: bool = False,
+    poll: float = 10.0,
+    heartbeat_interval: int = 30,
+    plan_timeout: float = 3600.0,
+    log: Callable[[str], None] = print,
 ) -> SweepResults:
-    """Run every (estimator, seed) of ``dataset`` with ``preset``; one :class:`SweepResults`.
+    """Run (or join) the sweep of ``preset`` over ``estimators``; see the module docs.
 
     Parameters
     ----------
     estimators : str, iterable of str or None
-        Estimator tables of the recipe file (``None``: all of them).
+        Estimator tables of the recipe file (``None``: all of them; ignored by a ``worker``).
     dataset : str
         Recipe file (``"fashion_mnist"`` ...).
-    preset : str or None
-        ``[presets.<name>]`` of the file (``"smoke"``, ``"quick"``, ``"full"``).
-    seeds : int or sequence of int
-        Training seeds; an int ``n`` means ``range(n)``.
+    preset : str, SweepPreset or None
+        ``[presets.<name>]`` of the file (``"smoke"``, ``"quick"``, ``"standard"``,
+        ``"full"``), or a plan; ``None``: the file's defaults, one split, in memory.
+    seeds : int or sequence of int, optional
+        Training seeds instead of the preset's (an int ``n`` means ``range(n)``).
+    splits : int, optional
+        Class splits instead of the preset's (``0``: the standard zero-shot split).
     overrides : iterable
         ``"section.key=value"`` overrides applied to every run.
     device : str or torch.device, optional
-        Default: CUDA if available, else CPU.
+        Default: CUDA if available, else CPU (under torchrun ``cuda:LOCAL_RANK``).
     out : path-like, optional
-        Folder for ``results.json``, ``results.csv``, ``recall_vs_rauroc.png`` and each run's
-        per-query record ``queries/<estimator>_s<seed>.npz`` (:mod:`bayesurl.runs.queries`).
+        Results folder (with each run's per-query record ``queries/<run>.npz``,
+        :mod:`bayesurl.runs.queries`); a stored sweep defaults to
+        ``results/benchmark/<preset>``.
+    storage : str, optional
+        SQLAlchemy URL of a sweep storage (default of a stored preset:
+        ``sqlite:///<out>/sweep.db``); giving one stores any preset's runs.
+    worker : bool
+        Only work on the runs already in the storage (no tuning, no planning).
+    tune : int
+        Optuna trials per estimator before the sweep (0: reuse ``<out>/tuned.json``).
+    run_fn : callable, optional
+        ``run_fn(params) -> record``; default :class:`~bayesurl.runs.pipeline.PipelineRun`.
     checkpoint_dir : path-like, optional
-        Keep each run's checkpoint in ``checkpoint_dir/<estimator>_s<seed>/``.
+        Keep each run's checkpoint in ``checkpoint_dir/<estimator>[_split<k>]_s<seed>/``.
     progress : bool
-        A tqdm bar over the runs and one line per finished run.
+        One line per finished run.
     raise_errors : bool
         Re-raise a failing run's exception instead of recording it and going on.
+    poll, heartbeat_interval, plan_timeout
+        Of a stored sweep: seconds between looks while waiting for other workers, between a
+        running run's heartbeats, and how long a ``worker`` waits for the plan.
+    log : callable
+        Progress output (rank 0 only).
 
     Returns
     -------
     SweepResults
-        ``main_process`` is False on the ranks other than 0 of a ``torchrun`` sweep.
+        Every finished run's record and the settings; ``status`` (counts of the plan),
+        ``done_here`` (runs of this process) and ``paths`` (files written; empty until every
+        run is finished); ``main_process`` False on the ranks other than 0 under torchrun.
 
     Raises
     ------
     ValueError
-        For an unknown estimator / preset / override key, an empty seed list or a negative
-        seed (checked for every estimator before anything trains); under ``torchrun``, for
-        estimators whose fit is not distributed (all named in one error,
-        :func:`bayesurl.runs.runner.refuse_undistributed`).
+        For an unknown estimator / preset / override key, empty or negative seeds (checked
+        for every estimator before anything trains); under ``torchrun``, for ``worker``,
+        ``tune`` or estimators whose fit is not distributed (all named in one error).
     RuntimeError
-        Under ``torchrun``, when a run failed on some ranks only
-        (:func:`bayesurl.runs.runner.agree_on_outcome`).
-
-    Notes
-    -----
-    Under ``torchrun --nproc_per_node W`` (issue 16) the sweep initialises one process group
-    for all its runs (``device`` ``None``: ``cuda:LOCAL_RANK`` where CUDA is available, else
-    CPU) and every rank runs the same (estimator, seed) list in the same order: each registry
-    method trains under DDP and is evaluated sharded (:func:`bayesurl.runs.runner.run`), so
-    every rank holds the same metrics; rank 0 alone shows progress, writes ``out`` and the
-    checkpoints, and ``settings["world_size"]`` records ``W``. A run failing on every rank is
-    recorded as usual; one failing on some ranks only stops the sweep on every rank (a rank
-    that fails while the others wait inside a collective cannot be caught, torchrun ends the
-    job).
+        Under ``torchrun``, when a run failed on some ranks only.
     """
-    names = resolve_estimators(estimators, dataset)
-    if isinstance(seeds, bool):
-        raise ValueError(f"`seeds` must be an int or a list of ints, got {seeds!r}")
-    seed_list = list(range(int(seeds))) if isinstance(seeds, int) else [int(s) for s in seeds]
-    if not seed_list or min(seed_list) < 0:
-        raise ValueError(f"`seeds` must hold non-negative integers, got {seed_list}")
+    refuse_under_torchrun(worker=worker, tune=tune)
+    plan = resolve_preset(
+        dataset, preset, seeds=seeds, splits=splits, stored=bool(storage or worker)
+    )
     overrides = list(overrides)
     dev = resolve_device(device)
-
-    def recipes(on: torch.device) -> dict[str, Any]:
-        return {
-            n: load_recipe(f"{dataset}/{n}", [*overrides, ("device", str(on))], preset=preset)
+    if run_fn is None:  # every recipe, preset and override checked before anything trains
+        names = [] if worker else resolve_estimators(estimators, dataset)
+        cfgs = [
+            load_recipe(
+                f"{dataset}/{n}", [*overrides, ("device", str(dev))], preset=plan.recipe_preset
+            )
             for n in names
-        }
-
-    cfgs = recipes(dev)  # every recipe, preset and override checked before anything trains
+        ]
+    else:  # the run function gives the names their meaning
+        names = [] if worker else _names(estimators)
+        cfgs = []
     asked = None if device is None else str(dev)
-    with _torchrun_group(list(cfgs.values()), asked, argument="estimators") as rank_device:
-        if rank_device is not None and rank_device != dev:  # torchrun: cuda:LOCAL_RANK
+    with torchrun_group(cfgs, asked, argument="estimators") as rank_device:
+        if rank_device is not None:  # torchrun: cuda:LOCAL_RANK
             dev = rank_device
-            cfgs = recipes(dev)
-        return _sweep(
-            names,
-            cfgs,
+        sweep = _Sweep(
+            names=names,
+            plan=plan,
             dataset=dataset,
-            preset=preset,
-            seed_list=seed_list,
             overrides=overrides,
-            dev=dev,
+            device=dev,
             out=out,
-            checkpoint_dir=checkpoint_dir,
+            storage=storage,
+            worker=worker,
+            log=log,
             progress=progress,
-            raise_errors=raise_errors,
         )
 
+        def factory(tuned: Mapping[str, Sequence[str]]) -> RunFn:
+            if run_fn is not None:
+                return run_fn
+            return PipelineRun(
+                dataset=dataset,
+                preset=plan,
+                overrides=overrides,
+                tuned=tuned,
+                device=dev,
+                checkpoint_dir=checkpoint_dir,
+                queries_dir=None if sweep.folder is None else sweep.folder / "queries",
+                raise_errors=raise_errors,
+            )
 
-def _sweep(
-    names: list[str],
-    cfgs: dict[str, Any],
-    *,
+        return sweep.go(factory, tune=tune, poll=poll, heartbeat_interval=heartbeat_interval,
+                        plan_timeout=plan_timeout)  # fmt: skip
+
+
+def _names(estimators: str | Iterable[str] | None) -> list[str]:
+    if estimators is None:
+        raise ValueError("`estimators` must be named when a `run_fn` is given")
+    items = estimators.split(",") if isinstance(estimators, str) else estimators
+    names = [str(e).strip() for e in items if str(e).strip()]
+    if not names:
+        raise ValueError("`estimators` is empty")
+    return list(dict.fromkeys(names))
+
+
+def resolve_preset(
     dataset: str,
-    preset: str | None,
-    seed_list: list[int],
-    overrides: list[Any],
-    dev: torch.device,
-    out: str | os.PathLike[str] | None,
-    checkpoint_dir: str | os.PathLike[str] | None,
-    progress: bool,
-    raise_errors: bool,
-) -> SweepResults:
-    from tqdm.auto import tqdm
+    preset: str | SweepPreset | None,
+    *,
+    seeds: int | Sequence[int] | None,
+    splits: int | None,
+    stored: bool,
+) -> SweepPreset:
+    """The plan of ``preset`` with the caller's seeds, splits and storage.
 
-    from bayesurl.distributed import get_world_size, is_main_process
+    Raises
+    ------
+    ValueError
+        For an unknown preset or empty / negative seeds.
+    """
+    if isinstance(preset, SweepPreset):
+        plan = preset
+    elif preset is None:
+        plan = SweepPreset("defaults")
+    else:
+        plan = sweep_preset(dataset, str(preset))
+    changes: dict[str, Any] = {}
+    if seeds is not None:
+        if isinstance(seeds, bool):
+            raise ValueError(f"`seeds` must be an int or a list of ints, got {seeds!r}")
+        changes["seeds"] = tuple(range(int(seeds))) if isinstance(seeds, int) else tuple(seeds)
+        if not changes["seeds"]:
+            raise ValueError(f"`seeds` must hold non-negative integers, got {list(seeds)}")
+    if splits is not None:
+        changes["splits"] = splits
+    if stored:
+        changes["storage"] = "stored"
+    return SweepPreset(**{**asdict(plan), **changes}) if changes else plan
 
-    main = is_main_process()
-    progress = progress and main
-    ckpt = None if checkpoint_dir is None else Path(checkpoint_dir)
-    t0 = time.perf_counter()
-    cache = RunCache()
-    records: list[dict[str, Any]] = []
-    jobs = [(n, s) for n in names for s in seed_list]  # the same order on every rank
-    bar = tqdm(jobs, disable=not progress, desc="sweep", unit="run")
-    first = None
-    for name, seed in bar:
-        bar.set_description(f"{name} seed {seed}")
-        cfg = load_recipe(
-            f"{dataset}/{name}",
-            [*overrides, ("device", str(dev)), ("seed", seed)],
-            preset=preset,
-        )
-        res = run(
-            cfg,
-            cache=cache,
-            out=None if ckpt is None else ckpt / f"{name}_s{seed}",
-            raise_errors=raise_errors,
-            queries=None if out is None else Path(out) / "queries" / f"{name}_s{seed}.npz",
-        )
-        first = first or res
-        rec = res.record()
-        agree_on_outcome(f"{name} seed {seed}", rec["error"])
-        for k, _ in METRICS:
-            rec.setdefault(k, None)
-        records.append(rec)
-        if progress:
-            if rec["error"]:
-                bar.write(f"{name} seed {seed}: FAILED {rec['error']}")
-            else:
-                bar.write(
-                    f"{name} seed {seed}: "
-                    + ", ".join(f"{t} {_fmt({'mean': rec.get(k)}, k)}" for k, t in METRICS)
+
+class _Sweep:
+    """One sweep's state: its plan, store and output (the steps of :func:`run_sweep`)."""
+
+    def __init__(
+        self,
+        *,
+        names: list[str],
+        plan: SweepPreset,
+        dataset: str,
+        overrides: list[Any],
+        device: torch.device,
+        out: str | os.PathLike[str] | None,
+        storage: str | None,
+        worker: bool,
+        log: Callable[[str], None],
+        progress: bool,
+    ) -> None:
+        from bayesurl.distributed import is_main_process
+
+        self.names, self.plan, self.dataset = names, plan, dataset
+        self.overrides, self.device, self.storage, self.worker = overrides, device, storage, worker
+        if out is None and plan.stored:
+            out = Path("results") / "benchmark" / plan.name
+        self.folder = None if out is None else Path(out)
+        self.main = is_main_process()
+        self.distributed = under_torchrun()
+        self.log = log if self.main else (lambda text: None)
+        self.progress = progress
+        self.t0 = time.perf_counter()
+
+    def go(
+        self,
+        factory: Callable[[Mapping[str, Sequence[str]]], RunFn],
+        *,
+        tune: int,
+        poll: float,
+        heartbeat_interval: int,
+        plan_timeout: float,
+    ) -> SweepResults:
+        """Tune, plan, work and report."""
+        tuned = {} if tune or self.folder is None else load_tuned(self.folder)
+        if self.plan.stored and self.distributed and not self.main:
+            done = follow(factory(tuned))
+            return self._result([], {}, None, done, {})
+        notice = smoke_notice(self.plan)
+        if notice:
+            self.log(notice)
+        store = self.open_store(heartbeat_interval)
+        fn = factory(tuned)
+        if tune and not self.worker:
+            split0 = class_splits(max(self.plan.splits, 1))[0]
+            chosen = tune_estimators(
+                self.names, tune, fn, store, split=split0, out=self.folder, log=self.log
+            )
+            tuned = {k: v["overrides"] for k, v in chosen.items()}
+            fn = factory(tuned)
+        if self.worker:
+            self.wait_for_plan(store, poll, plan_timeout)
+        else:
+            runs = plan_runs(self.names, self.plan)
+            for r in runs:
+                r["overrides"] = list(tuned.get(r["estimator"], []))
+            added = store.add_runs(runs)
+            if self.plan.stored:
+                self.log(
+                    f"sweep {self.plan.name!r}: {len(runs)} runs planned, {added} new; "
+                    f"storage {store.url}"
                 )
-    bar.close()
-    info = first.settings["data"] if first is not None else {}
-    settings = {
-        "dataset": info.get("dataset", dataset),
-        "recipe": dataset,
-        "preset": preset,
-        "overrides": [o if isinstance(o, str) else f"{o[0]}={o[1]!r}" for o in overrides],
-        "configs": {n: c.to_dict() for n, c in cfgs.items()},
-        "estimators": names,
-        "seeds": seed_list,
-        "device": str(dev),
-        "world_size": get_world_size(),
-        **{k: info.get(k) for k in ("ood", "upstream_classes", "downstream_classes", "sizes")},
-        "data_seed": info.get("data_seed"),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "total_time": time.perf_counter() - t0,
-    }
-    results = SweepResults(runs=records, settings=settings, main_process=main)
-    if out is not None and main:
-        results.save(out)
-    return results
+        if self.plan.stored and self.distributed:
+            work_fn = lead(fn)
+        elif self.distributed:
+            work_fn = agreed(fn)
+        else:
+            work_fn = fn
+        try:
+            # a stored sweep under torchrun does not wait for runs elsewhere: the other ranks
+            # would wait in a collective
+            done = store.work(
+                work_fn, wait=not self.distributed, poll=poll, on_done=self.on_done(store)
+            )
+        finally:
+            if self.plan.stored and self.distributed:
+                _broadcast(None)  # rank 0 releases the other ranks
+        return self.report(store, done, getattr(fn, "info", {}))
+
+    def open_store(self, heartbeat_interval: int) -> Any:
+        """The storage of a stored sweep, or a :class:`MemoryStore`."""
+        if not self.plan.stored:
+            return MemoryStore()
+        assert self.folder is not None
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return SweepStorage(
+            self.storage,
+            out=self.folder,
+            sweep=self.plan.name,
+            heartbeat_interval=heartbeat_interval,
+        )
+
+    def wait_for_plan(self, store: Any, poll: float, plan_timeout: float) -> None:
+        """A worker waits for the first machine to enqueue the plan (it may still be tuning)."""
+        waited = 0.0
+        while store.status()["total"] == 0 and waited < plan_timeout:
+            time.sleep(poll)
+            waited += poll
+        if store.status()["total"] == 0:
+            raise ValueError(
+                f"no runs in the storage {store.url} after {plan_timeout:.0f} s: start the "
+                "first machine (without --worker) with the same --storage and --preset"
+            )
+
+    def on_done(self, store: Any) -> Callable[[Any, Any, str | None], None]:
+        """One line per finished run; a stored sweep also keeps ``partial_runs.json``."""
+
+        def done(claim: Any, record: Any, error: str | None) -> None:
+            params = getattr(claim, "params", claim)
+            if self.plan.stored and not error and self.folder is not None:
+                # the finished runs so far, readable (and committable) before the sweep ends
+                so_far = {
+                    "preset": self.plan.name,
+                    "status": store.status(),
+                    "runs": store.records(),
+                }
+                write_json(self.folder / "partial_runs.json", jsonable(so_far))
+                )
+            if not (self.progress or self.plan.stored):
+                return
+            st = store.status()
+            head = f"[{st['complete'] + st['failed']}/{st['total']}] {run_label(params)}"
+            if error:
+                self.log(f"{head}: FAILED {error}")
+            else:
+                self.log(
+                    f"{head}: "
+                    + ", ".join(
+                        f"{t} {format_stat({'mean': record.get(k)}, k)}" for k, t in METRICS
+                    )
+                )
+
+        return done
+
+    def report(self, store: Any, done: int, info: Mapping[str, Any]) -> SweepResults:
+        """The sweep's results; written to ``out`` when every run is finished."""
+        status = store.status()
+        records = store.records()
+        finished = status["total"] and status["waiting"] == status["running"] == 0
+        settings = self.settings(store, records, info)
+        paths: dict[str, Any] = {}
+        if finished and self.main and self.folder is not None:
+            if self.plan.splits == 0:
+                paths = SweepResults(runs=records, settings=settings).save(self.folder)
+            else:
+                paths = write_results(records, self.folder, settings)
+            self.log(f"results written to {self.folder}")
+        return self._result(records, settings, status, done, paths)
+
+    def _result(
+        self,
+        records: list[dict[str, Any]],
+        settings: dict[str, Any],
+        status: dict[str, int] | None,
+        done: int,
+        paths: Mapping[str, Any],
+    ) -> SweepResults:
+        return SweepResults(
+            runs=records,
+            settings=settings,
+            main_process=self.main,
+            status=status,
+            done_here=done,
+            paths={k: str(v) for k, v in paths.items()},
+        )
+
+    def settings(
+        self, store: Any, records: list[dict[str, Any]], info: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """What the sweep ran with: preset, plan, data, device, versions, times."""
+        from bayesurl.distributed import get_world_size
+
+        p = self.plan
+        return {
+            "dataset": info.get("dataset", self.dataset),
+            "recipe": self.dataset,
+            "preset": p.name,
+            "plan": {**asdict(p), "storage": p.storage.value},
+            "overrides": [o if isinstance(o, str) else f"{o[0]}={o[1]!r}" for o in self.overrides],
+            "estimators": list(dict.fromkeys(r.get("estimator", r.get("method")) for r in records))
+            or self.names,
+            "seeds": list(p.seeds),
+            "class_splits": [s.to_dict() for s in class_splits(p.splits)] if p.splits else None,
+            "tuned": {} if self.folder is None else load_tuned(self.folder),
+            "storage": None
+            if not p.stored
+            else (store.url if self.storage else f"sqlite:///{self.folder.name}/sweep.db"),
+            "failed_attempts": store.failures(),
+            "device": str(self.device),
+            "world_size": get_world_size(),
+            **{k: info.get(k) for k in ("ood", "upstream_classes", "downstream_classes", "sizes")},
+            "data_seed": info.get("data_seed"),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+            "platform": sys.platform,
+            "machine": platform.machine(),
+            "sum_of_run_times_s": sum(float(r.get("total_time") or 0.0) for r in records),
+            "total_time": time.perf_counter() - self.t0,
+        }

@@ -136,7 +136,7 @@ def test_sweep_ranks_run_the_same_runs_rank0_alone_writes(monkeypatch, tmp_path,
     """One group for the whole sweep; every rank runs every run in order; rank 0 writes."""
     import torch.distributed as dist
 
-    from bayesurl.runs import sweep
+    from bayesurl.runs import pipeline
 
     _torchrun_env(monkeypatch, rank)
     state = {"group": False, "init": 0, "cleanup": 0}
@@ -174,7 +174,7 @@ def test_sweep_ranks_run_the_same_runs_rank0_alone_writes(monkeypatch, tmp_path,
             main_process=rank == 0,
         )
 
-    monkeypatch.setattr(sweep, "run", fake_run)
+    monkeypatch.setattr(pipeline, "run", fake_run)
     out = tmp_path / "b"
     argv = ["benchmark", "--preset", "smoke", "--methods", "mcinfonce,ce", "--seeds", "0,1"]
     assert main([*argv, "--out", str(out), "--save-checkpoints"]) == 0
@@ -213,7 +213,7 @@ def test_stored_protocol_under_torchrun_two_ranks(tmp_path) -> None:
     pytest.importorskip("sqlalchemy")
     out = tmp_path / "proto"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "bayesurl", "benchmark", "--preset", "smoke", "--methods", "ce",
+           "-m", "bayesurl", "benchmark", "--preset", "smoke", "--methods", "ce", "--splits", "2",
            "--storage", f"sqlite:///{out}/sweep.db", "--device", "cpu", "--out", str(out),
            *SETS]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
@@ -226,7 +226,7 @@ def test_stored_protocol_under_torchrun_two_ranks(tmp_path) -> None:
     assert sorted(r["key"] for r in res["runs"]) == ["ce/split0/seed0", "ce/split1/seed0"]
     assert res["settings"]["failed_attempts"] == []
     for rec in res["runs"]:
-        assert rec["error"] is None and rec["n_test"] == 300, rec
+        assert rec["error"] is None and rec["n_test"] == 150, rec  # the smoke preset's cap
         assert isinstance(rec["mixed_r_auroc"], float), rec  # from every rank's rows
 
 

@@ -1,4 +1,5 @@
-"""The protocol sweep with a cheap fake run function: plan, storage, tuning, results files."""
+"""The sweep engine on class splits with a cheap fake run function: plan, storage, tuning,
+results files (moved from test_runs_protocol.py when the two engines became one)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,11 @@ import pytest
 
 pytest.importorskip("optuna")
 
-from bayesurl.runs.protocol import (  # noqa: E402
-    ProtocolPreset,
-    get_protocol_preset,
-    load_tuned,
-    plan_runs,
-    run_protocol,
-)
+from bayesurl.runs.plan import SweepPreset, plan_runs, sweep_preset  # noqa: E402
+from bayesurl.runs.sweep import run_sweep  # noqa: E402
+from bayesurl.runs.tuning import load_tuned  # noqa: E402
 
-PRESET = ProtocolPreset("t", recipe_preset=None, n_splits=4, seeds=(0, 1))
+PRESET = SweepPreset("t", splits=4, seeds=(0, 1), storage="stored")
 QUALITY = {"ce": 0.0, "a": 0.02, "b": 0.05, "c": 0.10}
 
 
@@ -53,15 +50,15 @@ def test_plan_runs_is_estimators_x_splits_x_seeds():
     with pytest.raises(ValueError, match="estimators"):
         plan_runs([], PRESET)
     with pytest.raises(ValueError, match="preset"):
-        get_protocol_preset("huge")
+        sweep_preset("fashion_mnist", "huge")
 
 
 def test_run_protocol_writes_results_and_resumes(tmp_path):
     logs = []
-    res = run_protocol(
+    res = run_sweep(
         list(QUALITY), preset=PRESET, out=tmp_path, run_fn=fake_run, log=logs.append, poll=0.1
     )
-    assert res["status"]["complete"] == 32 and res["done_here"] == 32
+    assert res.status["complete"] == 32 and res.done_here == 32
     doc = json.loads((tmp_path / "results.json").read_text())
     assert len(doc["runs"]) == 32
     assert all({"method", "split", "seed", "r_auroc"} <= set(r) for r in doc["runs"])
@@ -78,28 +75,33 @@ def test_run_protocol_writes_results_and_resumes(tmp_path):
     assert (tmp_path / "recall_vs_rauroc.png").stat().st_size > 10_000
     # starting again runs nothing: every run is finished
     calls = []
-    again = run_protocol(
+    again = run_sweep(
         list(QUALITY),
         preset=PRESET,
         out=tmp_path,
         run_fn=lambda p: calls.append(p) or fake_run(p),
         log=logs.append,
     )
-    assert calls == [] and again["done_here"] == 0
+    assert calls == [] and again.done_here == 0
 
 
 def test_smoke_presets_say_so(tmp_path):
     logs = []
-    p = ProtocolPreset("s", recipe_preset=None, n_splits=2, smoke=True, note="tiny")
-    run_protocol(["ce", "a", "b"], preset=p, out=tmp_path, run_fn=fake_run, log=logs.append)
+    p = SweepPreset("s", splits=2, storage="stored", smoke=True, note="tiny")
+    run_sweep(["ce", "a", "b"], preset=p, out=tmp_path, run_fn=fake_run, log=logs.append)
     assert "smoke-scale" in logs[0] and "--preset standard" in logs[0]
-    assert get_protocol_preset("quick").smoke and not get_protocol_preset("standard").smoke
+    quick, standard = (sweep_preset("fashion_mnist", n) for n in ("quick", "standard"))
+    assert quick.smoke and not standard.smoke
+    assert (quick.splits, quick.stored) == (0, False) and (standard.splits, standard.stored) == (
+        4,
+        True,
+    )
 
 
 def test_tune_two_estimators_and_reuse(tmp_path):
     logs = []
-    p = ProtocolPreset("tn", recipe_preset=None, n_splits=2, seeds=(0,))
-    run_protocol(["ce", "a"], preset=p, out=tmp_path, run_fn=fake_run, tune=12, log=logs.append)
+    p = SweepPreset("tn", splits=2, seeds=(0,), storage="stored")
+    run_sweep(["ce", "a"], preset=p, out=tmp_path, run_fn=fake_run, tune=12, log=logs.append)
     tuned = json.loads((tmp_path / "tuned.json").read_text())
     for est in ("ce", "a"):
         t = tuned[est]
@@ -113,7 +115,7 @@ def test_tune_two_estimators_and_reuse(tmp_path):
         assert r["seen_overrides"] == load_tuned(tmp_path)[r["method"]]
     # a second --tune with the same N runs no further trials
     n_logs = len(logs)
-    run_protocol(["ce", "a"], preset=p, out=tmp_path, run_fn=fake_run, tune=12, log=logs.append)
+    run_sweep(["ce", "a"], preset=p, out=tmp_path, run_fn=fake_run, tune=12, log=logs.append)
     assert not any("tune " in line for line in logs[n_logs:])
 
 
@@ -124,11 +126,11 @@ def test_bad_tuned_file(tmp_path):
 
 
 def test_worker_joins_and_waits_for_a_plan(tmp_path):
-    run_protocol(["ce", "a", "b"], preset=PRESET, out=tmp_path, run_fn=fake_run, log=print)
-    res = run_protocol(None, preset=PRESET, out=tmp_path, worker=True, run_fn=fake_run, log=print)
-    assert res["done_here"] == 0 and res["status"]["complete"] == 24
+    run_sweep(["ce", "a", "b"], preset=PRESET, out=tmp_path, run_fn=fake_run, log=print)
+    res = run_sweep(None, preset=PRESET, out=tmp_path, worker=True, run_fn=fake_run, log=print)
+    assert res.done_here == 0 and res.status["complete"] == 24
     with pytest.raises(ValueError, match="no runs"):
-        run_protocol(
+        run_sweep(
             None,
             preset=PRESET,
             out=tmp_path / "empty",
@@ -140,20 +142,22 @@ def test_worker_joins_and_waits_for_a_plan(tmp_path):
 
 
 def test_pipeline_run_fn_on_a_class_split():
-    """The adapter to the one run pipeline: the run sees the split's classes and data sizes."""
+    """The run function on the one pipeline: the run sees the split's classes and data sizes."""
     import bayesurl.runs.runner  # noqa: F401  (a failing import fails, it is not skipped)
     from bayesurl.data.class_splits import class_splits
-    from bayesurl.runs.protocol import get_protocol_preset, pipeline_run_fn
+    from bayesurl.runs.config import load_recipe
+    from bayesurl.runs.pipeline import PipelineRun
 
-    preset = get_protocol_preset("smoke")
-    fn = pipeline_run_fn(preset=preset, device="cpu")
+    preset = sweep_preset("fashion_mnist", "smoke")
+    max_test = load_recipe("fashion_mnist/ce", preset="smoke").data.max_test
+    fn = PipelineRun(preset=preset, device="cpu")
     split = class_splits(2)[1]  # 5-9 upstream, 0-4 downstream
     rec = fn(
         {"estimator": "ce", "split": 1, "seed": 0, "class_split": split.to_dict(), "stage": "final"}
     )
     assert rec["error"] is None
     assert (rec["method"], rec["split"], rec["seed"]) == ("ce", 1, 0)
-    assert rec["downstream"] == [0, 1, 2, 3, 4] and rec["n_test"] == preset.max_test
+    assert rec["downstream"] == [0, 1, 2, 3, 4] and rec["n_test"] == max_test
     assert 0.0 <= rec["r_auroc"] <= 1.0 and 0.0 <= rec["mixed_r_auroc"] <= 1.0
     # URL's crop test ran on the fitted estimator (a share, not a recorded failure)
     assert rec.get("crop_note") is None and 0.0 <= rec["crop_share"] <= 1.0
@@ -164,7 +168,7 @@ def test_pipeline_run_fn_on_a_class_split():
 
 
 def test_training_curves_plot(tmp_path):
-    from bayesurl.runs.protocol import plot_training_curves
+    from bayesurl.runs.report import plot_training_curves
 
     recs = [
         {"method": "a", "split": 0, "error": None, "loss_curve": [2.0, 1.0], "u_curve": [1, 0.5]},
@@ -177,7 +181,7 @@ def test_training_curves_plot(tmp_path):
 
 
 def test_write_results_keeps_failed_runs_apart(tmp_path):
-    from bayesurl.runs.protocol import write_results
+    from bayesurl.runs.report import write_results
 
     recs = [fake_run({"estimator": e, "split": k, "seed": 0}) for e in QUALITY for k in range(4)]
     recs.append({"method": "a", "split": 9, "seed": 0, "error": "RuntimeError: x", "r@1": None})

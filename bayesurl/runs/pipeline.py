@@ -1,0 +1,155 @@
+"""One run of a sweep on the one run pipeline: a recipe, a split, a seed -> a flat record.
+
+:class:`PipelineRun` loads the recipe ``<dataset>/<estimator>`` with the preset, the sweep's
+overrides, the estimator's tuned overrides, the run's seed and its class split
+(``data.class_split``, ``data.stage``), runs it with :func:`bayesurl.runs.runner.run`
+(:func:`bayesurl.runs.data.build_data` assembles the data) and returns its record (every metric of the
+run, the mixed R-AUROC and URL's crop test included) with the training curves. The
+runs of one split share a :class:`~bayesurl.runs.runner.RunCache` (data built once, a
+post-hoc estimator's base trained once per seed); a new split starts a new one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bayesurl.runs.config import load_recipe
+from bayesurl.runs.plan import SweepPreset
+from bayesurl.runs.report import jsonable
+from bayesurl.runs.results import METRICS
+from bayesurl.runs.runner import RunCache, run
+
+__all__ = ["PipelineRun"]
+
+
+class PipelineRun:
+    """``run_fn(params) -> record`` of the sweep engine on the one run pipeline.
+
+    Parameters
+    ----------
+    dataset : str
+        Recipe file.
+    preset : SweepPreset
+        Its ``recipe_preset`` sets the run settings.
+    overrides : sequence
+        ``"section.key=value"`` overrides of every run.
+    tuned : mapping, optional
+        ``{estimator: [override, ...]}`` chosen by the tuning (used when the run's own
+        ``overrides`` are empty).
+    device : str or torch.device, optional
+        Default: CUDA if available, else CPU.
+    checkpoint_dir : path-like, optional
+        Keep each run's checkpoint in ``checkpoint_dir/<estimator>[_split<k>]_s<seed>/``.
+    queries_dir : path-like, optional
+        Write each run's per-query record to ``queries_dir/<estimator>[_split<k>]_s<seed>.npz``
+        (:mod:`bayesurl.runs.queries`, read by :mod:`bayesurl.report`).
+    raise_errors : bool
+        Re-raise a failing run's exception instead of recording it.
+
+    Attributes
+    ----------
+    info : dict
+        The data description of the last run (sizes, classes), for the sweep's settings.
+    """
+
+    def __init__(
+        self,
+        *,
+        dataset: str = "fashion_mnist",
+        preset: SweepPreset,
+        overrides: Sequence[Any] = (),
+        tuned: Mapping[str, Sequence[str]] | None = None,
+        device: str | torch.device | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        queries_dir: str | os.PathLike[str] | None = None,
+        raise_errors: bool = False,
+    ) -> None:
+        self.dataset = dataset
+        self.preset = preset
+        self.overrides = list(overrides)
+        self.tuned = {k: list(v) for k, v in (tuned or {}).items()}
+        self.device = device
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.queries_dir = None if queries_dir is None else Path(queries_dir)
+        self.raise_errors = raise_errors
+        self.info: dict[str, Any] = {}
+        self._split: Any = None
+        self._cache = RunCache()
+
+    def config(self, params: Mapping[str, Any]) -> Any:
+        """The :class:`~bayesurl.runs.config.RunConfig` of the run ``params``."""
+        est = str(params["estimator"])
+        extra = list(params.get("overrides") or self.tuned.get(est, []))
+        split = (
+            [("data.class_split", dict(params["class_split"]))] if params.get("class_split") else []
+        )
+        dev = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        return load_recipe(
+            f"{self.dataset}/{est}",
+            [
+                *self.overrides,
+                *extra,
+                *split,
+                ("data.stage", str(params.get("stage", "final"))),
+                ("seed", int(params["seed"])),
+                ("device", str(dev)),
+            ],
+            preset=self.preset.recipe_preset,
+        )
+
+    @staticmethod
+    def run_name(params: Mapping[str, Any]) -> str:
+        """``<estimator>[_split<k>]_s<seed>``: the run's checkpoint folder and query record."""
+        split = "" if params.get("class_split") is None else f"_split{params['split']}"
+        return f"{params['estimator']}{split}_s{params['seed']}"
+
+    def checkpoint(self, params: Mapping[str, Any]) -> Path | None:
+        """Where the run keeps its checkpoint (``None``: nowhere)."""
+        if self.checkpoint_dir is None:
+            return None
+        return self.checkpoint_dir / self.run_name(params)
+
+    def queries(self, params: Mapping[str, Any]) -> Path | None:
+        """Where the run writes its per-query record (``None``: nowhere)."""
+        if self.queries_dir is None:
+            return None
+        return self.queries_dir / f"{self.run_name(params)}.npz"
+
+    def __call__(self, params: dict[str, Any]) -> dict[str, Any]:
+        cfg = self.config(params)
+        key = (params.get("split"), params.get("stage", "final"))
+        if key != self._split:  # a new split: new data, new cache (bases are per split too)
+            self._split, self._cache = key, RunCache()
+        data = self._cache.get_data(cfg)
+        self.info = dict(data.info)
+        res = run(
+            cfg,
+            cache=self._cache,
+            out=self.checkpoint(params),
+            queries=self.queries(params),
+            raise_errors=self.raise_errors,
+        )
+        rec = res.record()
+        for k, _ in METRICS:
+            rec.setdefault(k, None)
+        # training curves: loss and the median u of a fixed batch of training images per epoch
+        rec.update(loss_curve=res.fit.get("loss_curve"), u_curve=res.fit.get("u_curve"))
+        cs = params.get("class_split")
+        rec.update(
+            method=cfg.estimator.name,
+            split=int(params.get("split", 0)),
+            seed=cfg.seed,
+            stage=cfg.data.stage,
+            upstream=None if cs is None else list(cs["upstream"]),
+            downstream=None if cs is None else list(cs["downstream"]),
+            overrides=list(params.get("overrides") or self.tuned.get(cfg.estimator.name, [])),
+            total_time=res.timings.get("total"),
+        )
+        if not rec.get("error"):
+            rec.pop("traceback", None)
+        return jsonable(rec)

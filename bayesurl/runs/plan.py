@@ -1,0 +1,211 @@
+"""The plan of a sweep: which estimators, class splits and seeds, and where the runs are kept.
+
+A preset of a recipe file (``[presets.<name>]``) sets the run settings of every run (data
+sizes, training length) and, in its ``sweep`` table, the plan:
+
+``splits``
+    ``0``: the data set's standard zero-shot split (FashionMNIST 0-4 -> 5-9, the folder sets'
+    official classes); ``N``: ``N`` seeded class splits in complementary pairs
+    (:func:`bayesurl.data.class_splits.class_splits`; URL, Kirchhof et al., 2023, section 3
+    averages every model over several downstream sets).
+``seeds``
+    Training seeds per split.
+``storage``
+    ``"memory"``: the runs live in the process (a quick look); ``"stored"``: an Optuna RDB
+    storage (:class:`~bayesurl.runs.storage.SweepStorage`) that survives a kill and that
+    workers on other machines can join.
+
+:func:`plan_runs` lists the runs (split-major, so a worker finishes a split's data before the
+next one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from bayesurl.data.class_splits import class_splits
+from bayesurl.runs.config import read_recipe_file
+
+__all__ = [
+    "SweepPreset",
+    "SweepStore",
+    "plan_runs",
+    "resolve_estimators",
+    "run_label",
+    "smoke_notice",
+    "sweep_preset",
+]
+
+
+class SweepStore(str, Enum):
+    """Where the runs of a sweep are kept."""
+
+    MEMORY = "memory"
+    STORED = "stored"
+
+
+@dataclass(frozen=True)
+class SweepPreset:
+    """The plan of one sweep scale.
+
+    Parameters
+    ----------
+    name : str
+        Preset name; also the sweep's name in a storage.
+    recipe_preset : str or None
+        The recipe file's preset whose run settings every run uses (``None``: the defaults).
+    splits : int
+        ``0``: the standard zero-shot split; ``N >= 1``: ``N`` class splits.
+    seeds : tuple of int
+        Training seeds per split.
+    storage : SweepStore
+        ``"memory"`` or ``"stored"`` (resumable, shareable by workers).
+    smoke : bool
+        A smoke-scale preset: says so when it runs (its ranking is noise, not a verdict).
+    note : str
+        How it was sized.
+    """
+
+    name: str
+    recipe_preset: str | None = None
+    splits: int = 0
+    seeds: tuple[int, ...] = (0,)
+    storage: SweepStore = SweepStore.MEMORY
+    smoke: bool = False
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.splits, bool) or int(self.splits) < 0:
+            raise ValueError(f"`splits` must be an integer >= 0, got {self.splits!r}")
+        seeds = tuple(self.seeds)
+        if not seeds or any(isinstance(s, bool) or int(s) != s or s < 0 for s in seeds):
+            raise ValueError(f"`seeds` must be non-negative integers, got {self.seeds!r}")
+        try:
+            store = SweepStore(self.storage)
+        except ValueError:
+            valid = ", ".join(s.value for s in SweepStore)
+            raise ValueError(f"unknown `storage` {self.storage!r}; valid: {valid}") from None
+        object.__setattr__(self, "seeds", tuple(int(s) for s in seeds))
+        object.__setattr__(self, "storage", store)
+
+    @property
+    def stored(self) -> bool:
+        """Whether the runs live in a sweep storage."""
+        return self.storage is SweepStore.STORED
+
+
+_SWEEP_KEYS = ("splits", "seeds", "storage", "smoke", "note")
+
+
+def sweep_preset(dataset: str, name: str) -> SweepPreset:
+    """The :class:`SweepPreset` of ``[presets.<name>]`` in ``dataset``'s recipe file.
+
+    Raises
+    ------
+    ValueError
+        For an unknown preset (listing the valid ones) or an unknown / bad ``sweep`` key.
+    """
+    presets = read_recipe_file(dataset).get("presets", {})
+    if name not in presets:
+        raise ValueError(
+            f"unknown `preset` {name!r} for {dataset}; valid presets: {', '.join(presets)}"
+        )
+    table = dict(presets[name].get("sweep", {}))
+    unknown = [k for k in table if k not in _SWEEP_KEYS]
+    if unknown:
+        raise ValueError(
+            f"unknown key `presets.{name}.sweep.{unknown[0]}`; valid: {', '.join(_SWEEP_KEYS)}"
+        )
+    if "seeds" in table:
+        table["seeds"] = tuple(table["seeds"])
+    return SweepPreset(name=name, recipe_preset=name, **table)
+
+
+def resolve_estimators(estimators: str | Iterable[str] | None, dataset: str) -> list[str]:
+    """Validate estimator names against the tables of ``dataset``'s recipe file.
+
+    Parameters
+    ----------
+    estimators : str, iterable of str or None
+        Names (a comma-separated string is split); ``None`` or ``"all"``: every table, in
+        file order.
+    dataset : str
+        Recipe file name (or ``.toml`` path).
+
+    Returns
+    -------
+    list of str
+        Lower-case names in the given order, without duplicates.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name (listing the valid ones) or an empty list.
+    """
+    valid = list(read_recipe_file(dataset)["estimators"])
+    if estimators is None:
+        return valid
+    if isinstance(estimators, str):
+        estimators = estimators.split(",")
+    names = [str(m).strip().lower() for m in estimators if str(m).strip()]
+    if names == ["all"]:
+        return valid
+    if not names:
+        raise ValueError(f"`estimators` is empty; valid names: {', '.join(valid)}")
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(
+            f"unknown estimator(s) {', '.join(repr(u) for u in unknown)} in `estimators`; "
+            f"valid names: {', '.join(valid)}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def plan_runs(
+    estimators: Sequence[str], preset: SweepPreset, *, split_seed: int = 0
+) -> list[dict[str, Any]]:
+    """The runs of the sweep: every split x estimator x seed, split-major.
+
+    Each run is ``{"estimator", "split", "seed", "class_split", "stage"}``; ``class_split``
+    is ``None`` on the standard zero-shot split (``preset.splits == 0``, ``split`` 0).
+
+    Raises
+    ------
+    ValueError
+        If ``estimators`` is empty.
+    """
+    if not estimators:
+        raise ValueError("`estimators` is empty")
+    splits = (
+        [(0, None)]
+        if preset.splits == 0
+        else [(sp.index, sp.to_dict()) for sp in class_splits(preset.splits, seed=split_seed)]
+    )
+    return [
+        {"estimator": str(e), "split": k, "seed": int(s), "class_split": cs, "stage": "final"}
+        for k, cs in splits
+        for e in estimators
+        for s in preset.seeds
+    ]
+
+
+def run_label(params: dict[str, Any]) -> str:
+    """``"ce seed 0"`` on the standard split, ``"ce split 1 seed 0"`` on a class split."""
+    split = "" if params.get("class_split") is None else f" split {params.get('split')}"
+    return f"{params.get('estimator')}{split} seed {params.get('seed')}"
+
+
+def smoke_notice(preset: SweepPreset) -> str | None:
+    """The line a smoke-scale preset prints (``None`` for a real one)."""
+    if not preset.smoke:
+        return None
+    scale = preset.note or "few epochs, small sets"
+    return (
+        f"NOTE: --preset {preset.name} is a smoke-scale run ({scale}): its ranking of the "
+        "uncertainties is noise, not a verdict. The real benchmark: `bayesurl benchmark "
+        "--preset standard` (4 class splits, stored and resumable; add machines with --worker "
+        "--storage URL)."
+    )
