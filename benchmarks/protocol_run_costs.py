@@ -29,20 +29,16 @@ def measure(estimators: list[str], log: Path, n_train: int) -> None:
     import torch
 
     from bayesurl.data.class_splits import class_splits
-    from bayesurl.runs.protocol import ProtocolPreset, pipeline_run_fn
+    from bayesurl.runs.pipeline import PipelineRun
+    from bayesurl.runs.plan import SweepPreset
 
     torch.set_num_threads(1)
     done = set()
     if log.is_file():
         done = {json.loads(line)["estimator"] for line in log.read_text().splitlines() if line}
-    preset = ProtocolPreset(
-        "timing",
-        recipe_preset="quick",
-        overrides=("train.epochs=1",),
-        n_splits=1,
-        max_train=n_train,
-    )
-    fn = pipeline_run_fn(preset=preset, device="cpu")
+    preset = SweepPreset("timing", recipe_preset="quick", splits=1)
+    sizes = [f"data.max_train={n_train}", "data.max_test=none", "data.max_ood=none"]
+    fn = PipelineRun(preset=preset, overrides=["train.epochs=1", *sizes], device="cpu")
     split = class_splits(1)[0].to_dict()
     for est in estimators:
         if est in done:

@@ -231,11 +231,11 @@ def combine(base: Path, rerun: Path, keep_before: Path | None = None) -> Path:
     For a sweep of which some estimators were run again after a fix (here: the four vMF
     methods after the kappa-head warm-up fix): every record of an estimator present in
     ``rerun/results.json`` replaces that estimator's records of ``base``; the summary, paired
-    tests, reproducibility and plots are recomputed (:func:`bayesurl.runs.protocol.
+    tests, reproducibility and plots are recomputed (:func:`bayesurl.runs.report.
     write_results`) into ``base``. The original ``base`` files are first copied to
     ``keep_before`` (default ``base/before_rerun``). Returns the new ``results.json``.
     """
-    from bayesurl.runs.protocol import write_results
+    from bayesurl.runs.report import write_results
 
     old = json.loads((base / "results.json").read_text())
     new = json.loads((rerun / "results.json").read_text())
