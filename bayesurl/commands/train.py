@@ -29,16 +29,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.files import write_json
 
 OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "train one method on the upstream classes and save a checkpoint"
 
-#: the embedded zero-shot default and its two sources (28 x 28 grayscale, in memory)
-EMBEDDED = ("default", "fashion_mnist", "digits")
-#: folder data sets read from ``--root`` with their standard zero-shot class splits
-FOLDER = ("cub", "cars", "sop")
-DATASETS = EMBEDDED + FOLDER
+#: the embedded sets (28 x 28 grayscale, in memory) and the folder sets read from ``--root``
+DATASETS = dataset_names(DatasetKind.EMBEDDED, DatasetKind.FOLDER)
 
 
 def _method_arg(text: str) -> tuple[str, Any]:
@@ -158,12 +156,8 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.subset is not None and args.subset < 1:
         raise ValueError(f"`--subset` must be >= 1, got {args.subset}")
     cls = get(args.method)  # unknown names raise, listing the valid ones
-    name = str(args.dataset).lower().replace("-", "_")
-    if name not in DATASETS:
-        raise ValueError(
-            f"unknown `--dataset` {args.dataset!r}; valid names: {', '.join(DATASETS)}"
-        )
-    if name in FOLDER:
+    name, kind = dataset_kind(args.dataset, argument="--dataset", allowed=DATASETS)
+    if kind is DatasetKind.FOLDER:
         if args.root is None:
             raise ValueError(f"`--root` is required for --dataset {name}")
         if args.image_size < 8:
@@ -176,7 +170,7 @@ def build_config(args: argparse.Namespace) -> Any:
         data=DataConfig(
             name=name,
             root=args.root,
-            image_size=args.image_size if name in FOLDER else 28,
+            image_size=args.image_size if kind is DatasetKind.FOLDER else 28,
             max_train=args.subset,
             seed=args.seed,
         ),

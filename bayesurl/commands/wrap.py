@@ -27,10 +27,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
+
 OUTPUT_FILES = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "fit a post-hoc u(x) (pvu, tau or laplace) on a trained checkpoint and save it"
 
-DATASETS = ("default", "fashion_mnist", "digits")
+DATASETS = dataset_names(DatasetKind.EMBEDDED)
 METHODS = ("pvu", "tau", "laplace")
 
 
@@ -97,11 +99,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"`--{name.replace('_', '-')}` must be >= 1")
     if args.subset is not None and args.subset < 1:
         raise ValueError(f"`--subset` must be >= 1, got {args.subset}")
-    dataset = str(args.dataset).lower().replace("-", "_")
-    if dataset not in DATASETS:
-        raise ValueError(
-            f"unknown `--dataset` {args.dataset!r}; valid names: {', '.join(DATASETS)}"
-        )
+    dataset, _ = dataset_kind(args.dataset, argument="--dataset", allowed=DATASETS)
     if not Path(args.checkpoint).is_file():
         raise FileNotFoundError(f"no checkpoint at {args.checkpoint}")
     check_output_file(args.out, "--out")

@@ -18,17 +18,10 @@ from typing import Any
 
 from torch import nn
 
+from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.runs.config import RunConfig
 
-__all__ = ["EMBEDDED", "FOLDER", "UPSTREAM", "RunData", "backbone_kwargs", "build_data", "data_key"]
-
-#: in-memory 28 x 28 grayscale sets (:func:`bayesurl.data.default_zero_shot`)
-EMBEDDED = ("fashion_mnist", "digits", "default")
-#: folder sets with their standard zero-shot class splits (:func:`bayesurl.data.dml_zero_shot`)
-FOLDER = ("cub", "cars", "sop")
-#: upstream-only sets (an ImageFolder ``root/train``), evaluated zero-shot on the test classes
-#: of the folder sets found under ``data.downstream_root`` (URL section 3.2 / appendix B)
-UPSTREAM = ("imagenet",)
+__all__ = ["RunData", "backbone_kwargs", "build_data", "data_key"]
 
 
 @dataclass
@@ -119,10 +112,7 @@ def build_data(cfg: RunConfig) -> RunData:
     from bayesurl.backbones import data_config
 
     d = cfg.data
-    name = d.name.lower().replace("-", "_")
-    valid = EMBEDDED + FOLDER + UPSTREAM
-    if name not in valid:
-        raise ValueError(f"unknown `data.name` {d.name!r}; valid: {', '.join(valid)}")
+    name, kind = dataset_kind(d.name, argument="data.name")
     for key in ("max_train", "max_test", "max_ood"):
         v = getattr(d, key)
         if v is not None and v < 1:
@@ -134,12 +124,12 @@ def build_data(cfg: RunConfig) -> RunData:
         zs = _class_split_sets(cfg, name)
         channels = data_config(cfg.backbone.name, **backbone_kwargs(cfg, None)).in_chans
         stats: dict[str, Any] = {}
-    elif name in UPSTREAM:
+    elif kind is DatasetKind.UPSTREAM:
         zs, tests = _upstream(cfg)
         bcfg = data_config(cfg.backbone.name, **backbone_kwargs(cfg, 3))
         channels = 3
         stats = {"mean": bcfg.mean, "std": bcfg.std}
-    elif name in FOLDER:
+    elif kind is DatasetKind.FOLDER:
         if d.root is None:
             how = f": {d.how_to_get}" if d.how_to_get else ""
             raise ValueError(f"`data.root` is required for {name}{how}; then --set data.root=DIR")
@@ -198,7 +188,7 @@ def _class_split_sets(cfg: RunConfig, name: str) -> Any:
     from bayesurl.data.class_splits import ClassSplit, split_data
 
     d = cfg.data
-    if name not in ("fashion_mnist", "digits"):
+    if name not in ("fashion_mnist", "digits"):  # the class-split pools of split_data
         raise ValueError(
             f"`data.class_split` needs an embedded data set (fashion_mnist, digits), got {d.name!r}"
         )
@@ -257,14 +247,15 @@ def _upstream(cfg: RunConfig) -> tuple[Any, dict[str, Any]]:
     train = ImageFolder(str(folder), transform=to_uint8)
     num_classes = len(train.classes)
     train = _cap(train, d.max_train, d.seed)
+    folder_sets = dataset_names(DatasetKind.FOLDER)
     tests = {
         n: _cap(bd.dml_zero_shot(n, droot / n, transform=to_uint8).test, d.max_test, d.seed)
-        for n in FOLDER
+        for n in folder_sets
         if (droot / n).is_dir()
     }
     if not tests:
         raise FileNotFoundError(
-            f"`data.downstream_root` {str(droot)!r} holds none of {', '.join(FOLDER)}"
+            f"`data.downstream_root` {str(droot)!r} holds none of {', '.join(folder_sets)}"
         )
     first = next(iter(tests.values()))
     zs = bd.ZeroShotData(

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.distributed import launch_rank, launched_by_torchrun
 from bayesurl.files import write_json
 from bayesurl.runs.config import RunConfig
@@ -537,7 +538,7 @@ def _write_queries(path: str | os.PathLike[str], outputs: Any, cfg: RunConfig) -
 
 
 #: Data sets :func:`evaluate_checkpoint` can build (those of ``bayesurl train``).
-CHECKPOINT_DATASETS = ("default", "fashion_mnist", "digits")
+CHECKPOINT_DATASETS = dataset_names(DatasetKind.EMBEDDED)
 
 
 def evaluate_checkpoint(
@@ -607,11 +608,7 @@ def evaluate_checkpoint(
                 dataset = str(json.loads(info.read_text()).get("dataset") or "default")
             except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
                 dataset = "default"
-    name = str(dataset).lower().replace("-", "_")
-    if name not in CHECKPOINT_DATASETS:
-        raise ValueError(
-            f"unknown `dataset` {dataset!r}; valid names: {', '.join(CHECKPOINT_DATASETS)}"
-        )
+    name, _ = dataset_kind(dataset, argument="dataset", allowed=CHECKPOINT_DATASETS)
     for arg, value in (("max_test", max_test), ("max_ood", max_ood)):
         if value is not None and int(value) < 1:
             raise ValueError(f"`{arg}` must be a positive size or None, got {value}")

@@ -534,7 +534,6 @@ class _Sweep:
                     "runs": store.records(),
                 }
                 write_json(self.folder / "partial_runs.json", jsonable(so_far))
-                )
             if not (self.progress or self.plan.stored):
                 return
             st = store.status()

@@ -133,10 +133,28 @@ def test_real_default_sizes():
     _assert_protocol(d, range(5), range(5, 10))
 
 
-def test_registry():
-    assert available_datasets() == ["cars", "cub", "digits", "fashion_mnist", "sop"]
+def test_registry(tmp_path):
+    assert available_datasets() == ["cars", "cub", "digits", "fashion_mnist", "imagenet", "sop"]
     with pytest.raises(ValueError, match=r"valid names: \['cars', 'cub', 'digits'"):
-        get_dataset("imagenet")
+        get_dataset("nosuch")
+    with pytest.raises(FileNotFoundError, match="train"):
+        get_dataset("imagenet", tmp_path)  # an upstream ImageFolder: root/train/<class>/*
     assert len(get_dataset("digits", split="all", size=28)) == 1797
     if REAL:
         assert len(get_dataset("Fashion-MNIST", split="test")) == 10000
+
+
+def test_one_dataset_registry_for_cli_pipeline_and_checkpoints():
+    """The CLI, the run pipeline and the checkpoint loader read one table of names."""
+    from bayesurl.commands import train, wrap
+    from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
+    from bayesurl.runs.runner import CHECKPOINT_DATASETS
+
+    embedded = ("default", "fashion_mnist", "digits")
+    assert dataset_names(DatasetKind.EMBEDDED) == embedded
+    assert wrap.DATASETS == CHECKPOINT_DATASETS == embedded
+    assert train.DATASETS == (*embedded, "cub", "cars", "sop")
+    assert dataset_kind("Fashion-MNIST") == ("fashion_mnist", DatasetKind.EMBEDDED)
+    assert dataset_kind("imagenet")[1] is DatasetKind.UPSTREAM
+    with pytest.raises(ValueError, match=r"unknown `--dataset` 'imagenet'; valid names: default"):
+        dataset_kind("imagenet", argument="--dataset", allowed=train.DATASETS)
