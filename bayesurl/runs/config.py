@@ -10,7 +10,9 @@ A recipe file ``bayesurl/runs/recipes/<dataset>.toml`` holds
   (class splits, seeds, storage; :class:`bayesurl.runs.plan.SweepPreset`);
 - one table per estimator, ``[estimators.<name>]`` (the :class:`EstimatorConfig` fields, plus
   optional ``train`` / ``eval`` / ``backbone`` / ``data`` sub-tables that override the
-  defaults for that estimator only).
+  defaults for that estimator only). With ``inherit = "estimators"`` the file starts from the
+  base table ``recipes/base/estimators.toml`` (every estimator and its defaults, declared
+  once) and states only what differs (:func:`inherit_estimators`).
 
 :func:`load_recipe` resolves ``"<dataset>/<estimator>"`` to a :class:`RunConfig`: defaults,
 then the preset, then the estimator's own sub-tables, then ``--set`` style overrides
@@ -47,6 +49,7 @@ __all__ = [
     "TrainConfig",
     "apply_overrides",
     "describe_recipes",
+    "inherit_estimators",
     "list_recipes",
     "load_recipe",
     "read_recipe_file",
@@ -288,7 +291,20 @@ _SECTIONS: dict[str, type] = {
     "estimator": EstimatorConfig,
 }
 _TOP = ("seed", "device")
-_FILE_KEYS = ("description", "seed", "data", "backbone", "train", "eval", "presets", "estimators")
+_FILE_KEYS = (
+    "inherit",
+    "description",
+    "seed",
+    "data",
+    "backbone",
+    "train",
+    "eval",
+    "presets",
+    "estimators",
+)
+
+#: Folder of the base tables a recipe file inherits (``inherit = "<name>"``).
+BASE_DIR = RECIPE_DIR / "base"
 
 
 # -- typed construction -----------------------------------------------------------------------
@@ -472,9 +488,40 @@ def read_recipe_file(dataset: str | Path) -> dict[str, Any]:
         raise ValueError(
             f"unknown key `{unknown[0]}` in {p.name}; valid top-level keys: {', '.join(_FILE_KEYS)}"
         )
+    if "inherit" in raw:
+        raw["estimators"] = inherit_estimators(raw["inherit"], raw.get("estimators", {}), p.name)
     if not isinstance(raw.get("estimators"), dict) or not raw["estimators"]:
         raise ValueError(f"recipe file {p.name} has no [estimators.<name>] table")
     return raw
+
+
+def inherit_estimators(
+    base: str, own: Mapping[str, Any], where: str = "recipe"
+) -> dict[str, dict[str, Any]]:
+    """The estimator tables of ``BASE_DIR/<base>.toml`` with a file's own tables on top.
+
+    A key of the file's table replaces the base's, ``kwargs`` (and other sub-tables) merge
+    key by key; a name the base does not hold is added after the base's names.
+
+    Raises
+    ------
+    ValueError
+        For an unknown base name (listing the shipped ones) or a base file that is not TOML.
+    """
+    path = BASE_DIR / f"{base}.toml"
+    if not isinstance(base, str) or not path.is_file():
+        names = sorted(f.stem for f in BASE_DIR.glob("*.toml"))
+        raise ValueError(f"unknown `inherit` {base!r} in {where}; valid: {', '.join(names)}")
+    try:
+        tables = tomllib.loads(path.read_text()).get("estimators", {})
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"base table {str(path)!r} is not valid TOML: {exc}") from None
+    if not isinstance(own, Mapping):
+        raise ValueError(f"`estimators` of {where} must be tables [estimators.<name>]")
+    merged = {name: dict(t) for name, t in tables.items()}
+    for name, table in own.items():
+        merged[name] = _merge(merged.get(name, {}), table)
+    return merged
 
 
 def list_recipes() -> dict[str, list[str]]:

@@ -17,6 +17,7 @@ import torch
 
 from bayesurl.cli import main
 from bayesurl.runs import build_estimator, list_recipes, load_recipe
+from bayesurl.runs import config
 from bayesurl.runs.config import RECIPE_DIR, read_recipe_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,7 +148,7 @@ def test_unknown_keys_name_the_key_and_the_valid_ones(tmp_path):
         load_recipe("fashion_mnist/svm")
     with pytest.raises(ValueError, match="valid: .*fashion_mnist"):
         load_recipe("mnist/ce")
-    with pytest.raises(ValueError, match="valid presets: smoke, quick, full"):
+    with pytest.raises(ValueError, match="valid presets: smoke, quick, standard, full"):
         load_recipe("fashion_mnist/ce", preset="huge")
     bad = tmp_path / "mine.toml"
     bad.write_text('[estimators.ce]\nkind = "method"\nlearning_rate = 1.0\n')
@@ -281,3 +282,27 @@ def test_train_command_takes_a_recipe(tmp_path, capsys):
     assert ck["method"]["kwargs"]["embed_dim"] == 16  # the smoke preset's backbone
     assert main(["train", "--out", str(out)]) == 2
     assert "--recipe" in capsys.readouterr().err
+
+
+def test_recipe_files_inherit_one_base_table_of_estimators(tmp_path):
+    """A file states what differs; the base's tables fill in the rest, kwargs key by key."""
+    base = config.tomllib.loads((config.BASE_DIR / "estimators.toml").read_text())["estimators"]
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        'inherit = "estimators"\n[data]\nname = "digits"\n'
+        "[estimators.hetxl]\nkwargs = { n_mc = 4 }\n"
+        '[estimators.extra]\nmethod = "ce"\nnote = "added"\n'
+    )
+    tables = read_recipe_file(str(path))["estimators"]
+    assert list(tables) == [*base, "extra"]
+    assert tables["hetxl"]["kwargs"] == {**base["hetxl"]["kwargs"], "n_mc": 4}
+    assert tables["hetxl"]["note"] == base["hetxl"]["note"]
+    cfg = load_recipe(f"{path}/pvu")
+    assert (cfg.estimator.kind, cfg.estimator.base) == ("posthoc", "ce")
+    # the shipped folder-set files hold only their differences
+    for name in ("cub", "cars", "sop"):
+        text = (config.BASE_DIR.parent / f"{name}.toml").read_text()
+        assert text.count("[estimators.") <= 3, name
+    path.write_text('inherit = "nosuch"\n[estimators.ce]\n')
+    with pytest.raises(ValueError, match="unknown `inherit` 'nosuch'.*valid: estimators"):
+        read_recipe_file(str(path))
