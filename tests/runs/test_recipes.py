@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from bayesurl.cli import main
-from bayesurl.runs import build_estimator, list_recipes, load_recipe
-from bayesurl.runs import config
+from bayesurl.runs import build_estimator, config, list_recipes, load_recipe
 from bayesurl.runs.config import RECIPE_DIR, read_recipe_file
 
 REPO = Path(__file__).resolve().parents[2]
