@@ -10,7 +10,8 @@ sizes, training length and plan (``[presets.<name>.sweep]``: class splits, seeds
   memory; prints R@1, R-AUROC, AUSC, ECE, OOD AUROC and training time (mean +- std over
   seeds) and writes ``results.json``, ``results.csv``, ``recall_vs_rauroc.png`` (URL Fig.
   2), each run's per-query record (``queries/``) and the HTML report ``report.html``
-  (:mod:`bayesurl.report`) to ``--out``. ``--merge`` joins such results made separately (e.g. one seed each).
+  (:mod:`bayesurl.report`) to ``--out``. ``--merge`` joins such results made separately
+  (e.g. one seed each).
 * ``--preset standard``: 4 class splits in an Optuna RDB storage
   (``results/benchmark/standard/sweep.db``): killed and started again it goes on where it
   stopped; ``--storage URL`` on several machines, the further ones with ``--worker``;
