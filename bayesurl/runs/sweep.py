@@ -29,7 +29,6 @@ LAM, Warburg et al., 2023, section 3).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import sys
@@ -42,6 +41,7 @@ from typing import Any
 import torch
 
 from bayesurl.data.class_splits import class_splits
+from bayesurl.files import write_json
 from bayesurl.runs.config import load_recipe
 from bayesurl.runs.pipeline import PipelineRun
 from bayesurl.runs.plan import (
@@ -52,7 +52,6 @@ from bayesurl.runs.plan import (
     smoke_notice,
     sweep_preset,
 )
-from bayesurl.files import write_json
 from bayesurl.runs.report import jsonable, write_results
 from bayesurl.runs.results import METRICS, SweepResults, format_stat
 from bayesurl.runs.runner import (
