@@ -3,9 +3,9 @@
 :class:`PipelineRun` loads the recipe ``<dataset>/<estimator>`` with the preset, the sweep's
 overrides, the estimator's tuned overrides, the run's seed and its class split
 (``data.class_split``, ``data.stage``), runs it with :func:`bayesurl.runs.runner.run`
-(:func:`bayesurl.runs.data.build_data` assembles the data) and returns its record (every metric of the
-run, the mixed R-AUROC and URL's crop test included) with the training curves. The
-runs of one split share a :class:`~bayesurl.runs.runner.RunCache` (data built once, a
+(:func:`bayesurl.runs.data.build_data` assembles the data) and returns its record (every
+metric of the run, the mixed R-AUROC and URL's crop test included) with the training curves.
+The runs of one split share a :class:`~bayesurl.runs.runner.RunCache` (data built once, a
 post-hoc estimator's base trained once per seed); a new split starts a new one.
 """
 
