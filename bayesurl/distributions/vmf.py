@@ -501,6 +501,12 @@ def vmf_cosine_grad_kappa(w: Tensor, kappa: Tensor | float, dim: int) -> Tensor:
     k = _as_float_tensor(kappa, "kappa").to(device=w.device)
     if bool((k <= 0).any()) or not bool(torch.isfinite(k).all()):
         raise ValueError("`kappa` must be positive and finite")
+    try:
+        torch.broadcast_shapes(w.shape, k.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"`w` {tuple(w.shape)} and `kappa` {tuple(k.shape)} do not broadcast"
+        ) from None
     dtype = torch.promote_types(w.dtype, k.dtype) if w.is_floating_point() else k.dtype
     k64 = k.double()
     oma = _vmf_one_minus_a(k64, d)

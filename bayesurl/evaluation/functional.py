@@ -421,6 +421,8 @@ def ausc(uncertainties: Tensor, correct: Tensor, n_levels: int = N_LEVELS) -> Te
 def oracle_curve(correct: Tensor, n_levels: int = N_LEVELS) -> Tensor:
     """Sparsification curve of the oracle that removes wrong queries first."""
     c = _bool(correct, "correct")
+    if c.numel() == 0:  # every level's R@1 would be 0 / 0
+        raise ValueError("`correct` is empty: the oracle curve needs at least one query")
     order = torch.argsort((~c).to(torch.uint8), stable=True)
     return _curve_for_order(c, order, n_levels)
 
@@ -619,6 +621,8 @@ def modal_labels(neighbor_labels: Tensor) -> tuple[Tensor, Tensor]:
     """
     lab = check_tensor(neighbor_labels, "neighbor_labels", ndim=2)
     n_draws, n = lab.shape
+    if n_draws == 0:
+        raise ValueError("`neighbor_labels` has no draws (rows): no label to vote for")
     uniq, inv = torch.unique(lab, return_inverse=True)
     c = uniq.numel()
     col = torch.arange(n, device=lab.device).expand(n_draws, n)

@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from bayesurl._checks import check_tensor
+from bayesurl._checks import check_floating, check_tensor
 from bayesurl.distributed import Shards
 
 __all__ = [
@@ -77,6 +77,7 @@ def normalize(x: Tensor, *, inplace: bool = False) -> Tensor:
         ``x / ||x||`` along the last dimension (spec METRICS.md, cosine similarity); ``x``
         itself when ``inplace``.
     """
+    check_floating(x, "x")
     eps = torch.finfo(x.dtype).tiny ** 0.5
     if not inplace:
         return F.normalize(x, dim=-1, eps=eps)
@@ -229,6 +230,8 @@ def knn_query(
     """
     q = check_tensor(queries, "queries", ndim=2, min_points=1)
     g = check_tensor(gallery, "gallery", ndim=2, min_points=1)
+    check_floating(q, "queries")
+    check_floating(g, "gallery")
     if q.shape[1] != g.shape[1]:
         raise ValueError(
             f"`queries` has dimension {q.shape[1]} but `gallery` has dimension {g.shape[1]}"

@@ -44,6 +44,8 @@ def checked_samples(samples: object, check_values: bool = True) -> Tensor:
         raise ValueError("`samples` needs at least 1 draw, got 0")
     if not s.is_floating_point():
         raise ValueError(f"`samples` must be floating point, got {s.dtype}")
+    if s.dtype in (torch.float16, torch.bfloat16):  # as `evaluate`: the kernels need float32
+        s = s.float()
     if check_values and not all(bool(torch.isfinite(z).all()) for z in s):
         _raise_non_finite(s)
     return s

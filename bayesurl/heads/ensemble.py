@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim
+from bayesurl._checks import check_finite, check_floating, check_ndim
 
 __all__ = ["EnsembleHeads", "average_log_probs"]
 
@@ -25,6 +25,9 @@ def average_log_probs(logits: Tensor) -> Tensor:
     computed with ``logsumexp`` so that the cross-entropy of the average is stable.
     """
     check_ndim(logits, "logits", 3)
+    check_floating(logits, "logits")
+    if logits.shape[0] == 0:
+        raise ValueError("`logits` has no members (K = 0)")
     return torch.logsumexp(F.log_softmax(logits, dim=-1), dim=0) - math.log(logits.shape[0])
 
 

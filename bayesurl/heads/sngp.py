@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from bayesurl._checks import check_finite, check_ndim
+from bayesurl._checks import check_finite, check_ndim, check_same_length, check_tensor
 
 __all__ = [
     "PROBIT_MEAN_FIELD",
@@ -57,6 +57,13 @@ def mean_field_logits(
     """
     if factor < 0:
         raise ValueError(f"`factor` must be >= 0, got {factor}")
+    check_tensor(logits, "logits", ndim=2)
+    check_tensor(variance, "variance", ndim=(1, 2))
+    check_same_length(("logits", logits), ("variance", variance))
+    if variance.ndim == 2 and variance.shape != logits.shape:
+        raise ValueError(
+            f"`variance` must be [N] or [N, C] = {tuple(logits.shape)}, got {tuple(variance.shape)}"
+        )
     if variance.ndim == logits.ndim - 1:
         variance = variance.unsqueeze(-1)
     return logits / torch.sqrt(1.0 + factor * variance)

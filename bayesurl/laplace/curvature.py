@@ -53,7 +53,7 @@ from enum import Enum
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import check_tensor
+from bayesurl._checks import check_finite, check_tensor
 
 __all__ = [
     "Approximation",
@@ -326,4 +326,5 @@ def clamped_fraction(diagonal: Tensor) -> float:
     """
     if diagonal.numel() == 0:
         raise ValueError("`diagonal` is empty")
+    check_finite(diagonal, "diagonal")
     return float((diagonal < 0).double().mean())

@@ -206,6 +206,7 @@ def kappa_from_trace(trace: Tensor, dim: int) -> Tensor:
     Tensor
         ``[N]`` concentration, positive (``inf`` where ``t = 0``).
     """
+    check_finite(trace, "trace")
     t = trace.clamp_min(0.0)
     r2 = 1.0 / (1.0 + t)
     r = r2.sqrt()

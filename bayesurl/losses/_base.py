@@ -225,6 +225,15 @@ def contrastive_log_ratio(
         so the ratio is ``<= 1`` and the loss ``>= 0``. ``True`` (MCI eq. 7): the positive is
         divided by M too, ``c = 1/M``.
     """
+    try:  # pos may broadcast into neg's batch shape, never widen it
+        fits = neg.ndim >= 1 and torch.broadcast_shapes(pos.shape, neg.shape[:-1]) == neg.shape[:-1]
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"`neg` {tuple(neg.shape)} must be `pos` {tuple(pos.shape)} plus a last dim of "
+            "negatives"
+        )
     log_neg_mean, m = masked_log_mean_exp(neg, neg_mask)
     return log_ratio_from_mean(pos, log_neg_mean, m, divide_positive)
 

@@ -22,6 +22,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import Tensor
 
+from bayesurl._checks import check_floating
 from bayesurl.heads.proxies import VMFProxies
 from bayesurl.losses._base import (
     ExplicitKappaLoss,
@@ -75,6 +76,25 @@ def elk_log_kernel(mu1: Tensor, kappa1: Tensor, mu2: Tensor, kappa2: Tensor) -> 
     """
     if mu1.shape[-1] != mu2.shape[-1]:
         raise ValueError(f"`mu1` and `mu2` differ in dimension: {mu1.shape[-1]} vs {mu2.shape[-1]}")
+    check_floating(mu1, "mu1")
+    check_floating(mu2, "mu2")
+    try:
+        batch = torch.broadcast_shapes(mu1.shape[:-1], mu2.shape[:-1])
+    except RuntimeError:
+        raise ValueError(
+            f"`mu1` {tuple(mu1.shape)} and `mu2` {tuple(mu2.shape)}: batch shapes do not broadcast"
+        ) from None
+    for name, k in (("kappa1", kappa1), ("kappa2", kappa2)):
+        shape = torch.as_tensor(k).shape
+        try:  # a [N, 1] kappa against [N] means would silently give an [N, N] result
+            ok = torch.broadcast_shapes(shape, batch) == batch
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"`{name}` of shape {tuple(shape)} does not fit the means' batch shape "
+                f"{tuple(batch)}"
+            )
     for name, t in (("mu1", mu1), ("mu2", mu2), ("kappa1", kappa1), ("kappa2", kappa2)):
         if not torch.isfinite(torch.as_tensor(t)).all():
             raise ValueError(f"`{name}` must be finite")
@@ -104,15 +124,26 @@ def elk_pairwise_log_kernel(
     (``"url_poly"``, URL ``elk_sim``; :mod:`bayesurl.losses.normalizer`).
     """
     norm = check_normalizer(normalizer)
-    check_embeddings(mu, "mu")
-    check_embeddings(ref_mu, "ref_mu")
-    if mu.shape[1] != ref_mu.shape[1]:
-        raise ValueError(
-            f"`mu` and `ref_mu` differ in dimension: {mu.shape[1]} vs {ref_mu.shape[1]}"
-        )
-    k = check_kappa(kappa, mu, "kappa", allow_inf=False)
-    rk = check_kappa(ref_kappa, ref_mu, "ref_kappa", allow_inf=False)
+    mu, k, ref_mu, rk = _check_pairwise(mu, kappa, ref_mu, ref_kappa, ("mu", "ref_mu"))
     return _elk_pairwise_log_kernel(mu, k, ref_mu, rk, norm)
+
+
+def _check_pairwise(
+    mu: Tensor, kappa: Tensor, ref_mu: Tensor, ref_kappa: Tensor, names: tuple[str, str]
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Checked ``(mu, kappa, ref_mu, ref_kappa)`` in one floating dtype (the promoted one of
+    the means), each error naming the caller's argument (``names``: the two means)."""
+    a, b = names
+    ka, kb = a.replace("mu", "kappa"), b.replace("mu", "kappa")
+    check_embeddings(mu, a)
+    check_embeddings(ref_mu, b)
+    if mu.shape[1] != ref_mu.shape[1]:
+        raise ValueError(f"`{a}` and `{b}` differ in dimension: {mu.shape[1]} vs {ref_mu.shape[1]}")
+    dtype = torch.promote_types(mu.dtype, ref_mu.dtype)
+    mu, ref_mu = mu.to(dtype), ref_mu.to(dtype)
+    k = check_kappa(kappa, mu, ka, allow_inf=False)
+    rk = check_kappa(ref_kappa, ref_mu, kb, allow_inf=False)
+    return mu, k, ref_mu, rk
 
 
 def _elk_pairwise_log_kernel(
@@ -153,7 +184,8 @@ def elk_proxy_loss(
     reduction : {"mean", "sum", "none"}
         As in :func:`torch.nn.functional.cross_entropy`.
     """
-    logits = elk_pairwise_log_kernel(mu, kappa, proxy_mu, proxy_kappa)
+    mu, k, proxy_mu, pk = _check_pairwise(mu, kappa, proxy_mu, proxy_kappa, ("mu", "proxy_mu"))
+    logits = _elk_pairwise_log_kernel(mu, k, proxy_mu, pk)
     _check_class_labels(labels, mu, proxy_mu.shape[0])
     return F.cross_entropy(logits, labels, reduction=reduction)
 

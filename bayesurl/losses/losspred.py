@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim, check_same_length
+from bayesurl._checks import check_finite, check_floating, check_ndim, check_same_length
 
 __all__ = ["LossPredictionLoss", "LossPredictor", "losspred_loss"]
 
@@ -25,6 +25,7 @@ __all__ = ["LossPredictionLoss", "LossPredictor", "losspred_loss"]
 def _check_inputs(logits: Tensor, u: Tensor, labels: Tensor) -> None:
     check_ndim(logits, "logits", 2)
     check_ndim(u, "u", 1)
+    check_floating(logits, "logits")
     check_ndim(labels, "labels", 1)
     check_same_length(("logits", logits), ("u", u), ("labels", labels))
     if labels.is_floating_point() or labels.is_complex():

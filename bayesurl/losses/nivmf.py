@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from pytorch_metric_learning.utils import common_functions as c_f
 from torch import Tensor
 
+from bayesurl._checks import check_finite, check_floating
 from bayesurl.distributions.vmf import _sample_vmf
 from bayesurl.heads.proxies import NonIsotropicVMFProxies
 from bayesurl.losses._base import (
@@ -53,7 +54,9 @@ from bayesurl.losses.normalizer import (
 __all__ = ["NivMFLoss", "nivmf_elk_logits", "nivmf_log_density", "nivmf_loss"]
 
 
-def _check_proxies(proxy_mu: Tensor, proxy_kappa: Tensor, dim: int | None = None) -> None:
+def _check_proxies(
+    proxy_mu: Tensor, proxy_kappa: Tensor, dim: int | None = None, name: str = "z"
+) -> None:
     check_embeddings(proxy_mu, "proxy_mu")
     if proxy_kappa.shape != proxy_mu.shape:
         raise ValueError(
@@ -63,7 +66,7 @@ def _check_proxies(proxy_mu: Tensor, proxy_kappa: Tensor, dim: int | None = None
     if not bool(torch.isfinite(proxy_kappa).all()) or bool((proxy_kappa <= 0).any()):
         raise ValueError("`proxy_kappa` must be positive and finite")
     if dim is not None and proxy_mu.shape[1] != dim:
-        raise ValueError(f"`proxy_mu` has dimension {proxy_mu.shape[1]}, the embeddings {dim}")
+        raise ValueError(f"`proxy_mu` has dimension {proxy_mu.shape[1]}, `{name}` has {dim}")
 
 
 _DENSITIES = ("url", "eccv22")
@@ -106,7 +109,11 @@ def nivmf_log_density(
     """
     _check_density(density)
     norm = check_normalizer(normalizer)
+    check_floating(z, "z")
+    check_finite(z.detach(), "z")
     _check_proxies(proxy_mu, proxy_kappa, z.shape[-1])
+    dtype = torch.promote_types(z.dtype, proxy_mu.dtype)  # a half z with float proxies
+    z, proxy_mu, proxy_kappa = z.to(dtype), proxy_mu.to(dtype), proxy_kappa.to(dtype)
     mu = F.normalize(proxy_mu, dim=-1)
     z = F.normalize(z, dim=-1)
     kmu = proxy_kappa * mu  # K mu, [C, D]

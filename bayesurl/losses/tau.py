@@ -90,6 +90,9 @@ def tau_simclr_loss(
         raise ValueError(f"`z1` needs at least 2 images for negatives, got {z1.shape[0]}")
     for name, t in (("z1", z1), ("z2", z2)):
         check_finite(t, name)
+    for name, t in (("s1", s1), ("s2", s2)):  # s = inf is the SimCLR limit; NaN is not
+        if bool(torch.isnan(t.detach()).any()):
+            raise ValueError(f"`{name}` contains NaN")
     if reduction not in ("mean", "none"):
         raise ValueError(f"`reduction` must be 'mean' or 'none', got {reduction!r}")
     v = _variant(variant)

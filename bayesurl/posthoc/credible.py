@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bayesurl._checks import check_finite, check_ndim, check_tensor
+from bayesurl._checks import check_finite, check_floating, check_ndim, check_tensor
 from bayesurl.types import Output
 
 __all__ = ["credible_threshold", "credible_mask", "retrieve", "vmf_cosine_quantile"]
@@ -192,6 +192,8 @@ def _prepare(
         gallery = gallery.embedding
     mu = check_tensor(query_mu, "query_mu", ndim=2)
     gal = check_tensor(gallery, "gallery", ndim=2)
+    check_floating(mu, "query_mu")
+    check_floating(gal, "gallery")
     if mu.shape[1] != gal.shape[1]:
         raise ValueError(
             f"`query_mu` has {mu.shape[1]} dimensions but `gallery` has {gal.shape[1]}"

@@ -27,7 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_int, check_ndim, check_same_length
+from bayesurl._checks import (
+    check_finite,
+    check_floating,
+    check_int,
+    check_ndim,
+    check_same_length,
+)
 from bayesurl.data.batch import unpack_batch
 from bayesurl.posthoc.base import (
     PosthocWrapper,
@@ -127,6 +133,16 @@ def _pairs(n: int, device: torch.device) -> tuple[Tensor, Tensor]:
     return i, (i + n // 2) % n
 
 
+def _check_u_and_losses(u: Tensor, task_loss: Tensor) -> None:
+    """``u [N]`` finite and ``task_loss [N]`` finite or NaN (NaN: an anchor without a loss)."""
+    check_ndim(u, "u", 1)
+    check_ndim(task_loss, "task_loss", 1)
+    check_same_length(("u", u), ("task_loss", task_loss))
+    check_finite(u.detach(), "u")
+    if bool(torch.isinf(task_loss).any()):
+        raise ValueError("`task_loss` contains inf (NaN marks an anchor without a loss)")
+
+
 def ranking_loss(u: Tensor, task_loss: Tensor, margin: float = 0.1) -> Tensor:
     """PVU ranking loss ``mean max(0, -sign(L1 - L2)(u1 - u2) + margin)`` (PVU eq. 3).
 
@@ -145,11 +161,7 @@ def ranking_loss(u: Tensor, task_loss: Tensor, margin: float = 0.1) -> Tensor:
     margin : float
         ``m`` (0.1 in PVU).
     """
-    check_ndim(u, "u", 1)
-    check_ndim(task_loss, "task_loss", 1)
-    check_same_length(("u", u), ("task_loss", task_loss))
-    if bool(torch.isinf(task_loss).any()):
-        raise ValueError("`task_loss` contains inf")
+    _check_u_and_losses(u, task_loss)
     valid = ~torch.isnan(task_loss)
     u, task = u[valid], task_loss.detach()[valid]
     if u.shape[0] < 2:
@@ -163,8 +175,7 @@ def ranking_loss(u: Tensor, task_loss: Tensor, margin: float = 0.1) -> Tensor:
 
 def mse_loss(u: Tensor, task_loss: Tensor) -> Tensor:
     """Plain loss prediction ``mean (u - L)^2`` on detached task losses (PVU eq. 2)."""
-    check_ndim(u, "u", 1)
-    check_same_length(("u", u), ("task_loss", task_loss))
+    _check_u_and_losses(u, task_loss)
     valid = ~torch.isnan(task_loss)
     if not bool(valid.any()):
         raise ValueError("`task_loss` has no finite entry")
@@ -194,8 +205,11 @@ def supcon_task_loss(embedding: Tensor, labels: Tensor, temperature: float = 0.1
     :func:`ranking_loss` leaves them out of its pairs).
     """
     check_ndim(embedding, "embedding", 2)
+    check_floating(embedding, "embedding")
+    check_finite(embedding.detach(), "embedding")
     if labels is None:
         raise ValueError("the supervised contrastive task needs labels: yield (x, y) batches")
+    check_ndim(labels, "labels", 1)
     check_same_length(("embedding", embedding), ("labels", labels))
     z = F.normalize(embedding.detach(), dim=1)
     n = z.shape[0]

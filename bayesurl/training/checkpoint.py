@@ -148,7 +148,7 @@ def load_checkpoint(
         ) from exc
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"checkpoint {str(path)!r} is not a bayesurl training checkpoint")
-    missing = [k for k in require if k not in ckpt]
+    missing = [k for k in (*require, "version") if k not in ckpt]
     if missing:
         raise ValueError(f"checkpoint {str(path)!r} is missing keys: {', '.join(missing)}")
     if int(ckpt["version"]) > CHECKPOINT_VERSION:
