@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -182,3 +184,44 @@ def test_embedding_cache_killed_while_building_is_never_opened(tmp_path):
     # the rebuild removed the old index first, so neither the old nor the half cache opens
     with pytest.raises(FileNotFoundError, match="meta.json missing"):
         EmbeddingCache(tmp_path)
+
+
+def test_unwritable_places_fail_before_touching_the_old_file(tmp_path):
+    p = tmp_path / "r.json"
+    write_json(p, {"a": 1})
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError):  # a parent that is a file: nothing to write into
+        atomic_write(tmp_path / "file" / "r.json", "{}")
+
+
+_READONLY = textwrap.dedent(
+    """
+    import os, sys
+    from bayesurl.files import write_json
+    if os.geteuid() == 0:  # root writes anywhere: drop to nobody for a real read-only folder
+        os.setgid(65534)
+        os.setuid(65534)
+    try:
+        write_json(sys.argv[1], {"a": 2})
+    except PermissionError as exc:
+        print("refused", exc.filename == sys.argv[1] or "")
+    """
+)
+
+
+def test_read_only_folder_refuses_and_keeps_the_previous_results():
+    folder = tempfile.mkdtemp(prefix="bayesurl-ro-")  # outside pytest's root-only tmp tree
+    try:
+        path = os.path.join(folder, "results.json")
+        write_json(path, {"a": 1})
+        os.chmod(path, 0o644)
+        os.chmod(folder, 0o555)
+        run = subprocess.run(
+            [sys.executable, "-c", _READONLY, path], capture_output=True, text=True, timeout=120
+        )
+        assert run.stdout.startswith("refused"), run.stderr
+        assert json.loads(open(path).read()) == {"a": 1}
+        assert sorted(os.listdir(folder)) == ["results.json"]
+    finally:
+        os.chmod(folder, 0o755)
+        shutil.rmtree(folder)
