@@ -33,7 +33,6 @@ The road of ``bayesurl folder`` (:func:`score_folder`):
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import time
@@ -56,6 +55,7 @@ from bayesurl.data.folder import (
     folder_summary,
     scan_image_folder,
 )
+from bayesurl.files import atomic_open, write_json
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, query_record
 
 __all__ = ["FOLDER_FILE", "FolderMethod", "FolderResult", "score_folder"]
@@ -236,7 +236,7 @@ def _write_csv(path: Path, scan: Any, fx: _Features, rec: QueryRecord) -> None:
     ids = fx.ids.tolist()
     rank = np.empty(len(ids), np.int64)
     rank[np.argsort(-rec.u, kind="stable")] = np.arange(1, len(ids) + 1)
-    with path.open("w", newline="") as f:
+    with atomic_open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
             [
@@ -418,7 +418,7 @@ def score_folder(
     }
     _write_csv(paths["csv"], scan, fx, rec)
     rec.save(paths["queries"])
-    paths["json"].write_text(json.dumps(info, indent=1, default=_json_default))
+    write_json(paths["json"], info, indent=1, default=_json_default)
     return FolderResult(rec, metrics, skipped, info, paths)
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from bayesurl.files import atomic_open
 from bayesurl.methods.base import Method
 
 __all__ = [
@@ -83,14 +84,8 @@ def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> P
     """
     check_serialisable(dict(state), "state")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        torch.save(dict(state), tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_open(path, "wb") as fh:
+        torch.save(dict(state), fh)
     return path
 
 
