@@ -392,6 +392,43 @@ def test_missing_and_truncated_files_are_named(tmp_path, case):
         read(target)
 
 
+def _prepare_batch(device):
+    from bayesurl.methods import create
+    from bayesurl.training import prepare_batch
+
+    m = create("ce", backbone="small_convnet", embed_dim=8, num_classes=C)
+    return prepare_batch((torch.randn(2, 1, 28, 28), torch.arange(2)), m, device)
+
+
+def _fit(device):
+    from bayesurl.methods import create
+    from bayesurl.training import fit
+
+    m = create("ce", backbone="small_convnet", embed_dim=8, num_classes=C)
+    return fit(m, [(torch.randn(2, 1, 28, 28), torch.arange(2))], device=device, progress=False)
+
+
+def _two_view_labels(device):
+    from bayesurl.losses import two_view_labels
+
+    return two_view_labels(4, device=device)
+
+
+#: Every public function with a ``device`` argument (``init_from_env`` starts a process group).
+DEVICE_CASES = {
+    "training.fit": _fit,
+    "training.prepare_batch": _prepare_batch,
+    "losses.two_view_labels": _two_view_labels,
+}
+
+
+@pytest.mark.parametrize("case", sorted(DEVICE_CASES))
+@pytest.mark.parametrize("device", ["bogus", "cuda:x", "cuda:99"])
+def test_bad_device_strings_are_named(case, device):
+    with pytest.raises(ValueError, match=rf"`device` '{re.escape(device)}'"):
+        DEVICE_CASES[case](device)
+
+
 FUZZED = [
     (qual, fn)
     for qual, fn in public_functions()
@@ -424,7 +461,8 @@ def test_fuzzer_counts(capsys):
     with capsys.disabled():
         print(
             f"\nfuzzer: {len(every)} public functions, {len(FUZZED)} fuzzed, "
-            f"{len(calls)} bad calls, {len(classes) + len(FILE_CASES)} bad-input classes "
-            f"({', '.join(sorted(classes))}, missing file, truncated file)"
+            f"{len(calls)} bad calls, {len(classes) + 3} bad-input classes "
+            f"({', '.join(sorted(classes))}, missing file, truncated file, bad device); "
+            f"{len(FILE_CASES)} file readers, {len(DEVICE_CASES)} device arguments"
         )
     assert len(FUZZED) >= 50 and classes == set(BAD)

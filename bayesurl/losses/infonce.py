@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from pytorch_metric_learning.losses import NTXentLoss
 from torch import Tensor
 
+from bayesurl._checks import check_device, check_int
 from bayesurl.losses._base import check_embeddings
 
 __all__ = [
@@ -62,7 +63,9 @@ def _check_t(t: float | Tensor, name: str = "inverse_temperature") -> float | Te
 
 def two_view_labels(batch_size: int, device: torch.device | None = None) -> Tensor:
     """Labels ``[0..B-1, 0..B-1]`` that make PML losses treat two views as the only positives."""
-    return torch.arange(batch_size, device=device).repeat(2)
+    if isinstance(device, str):  # a name from a user: parsed and checked, named
+        device = check_device(device, "device")
+    return torch.arange(check_int(batch_size, "batch_size", low=0), device=device).repeat(2)
 
 
 _DENOMINATORS = ("negatives", "all")

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from bayesurl._checks import check_device
 from bayesurl.data.batch import unpack_batch
 from bayesurl.methods.base import Method
 from bayesurl.training import distributed as D
@@ -171,6 +172,8 @@ def prepare_batch(
         If the batch cannot be read (labels are required for a ``supervised`` method), or a
         two-view method gets a single view and no ``augment``.
     """
+    if isinstance(device, str):  # a name from a user: parsed and checked once, named
+        device = check_device(device, "device")
     x, y = unpack_batch(batch, labels=method.supervised)
     x, y = _to_device(x, device), _to_device(y, device)
     is_pair = isinstance(x, (tuple, list))
