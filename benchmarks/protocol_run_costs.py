@@ -13,7 +13,7 @@ kNN, ECE draws), and the standard preset's wall time on 2 cores with two one-thr
 time is inflated by other jobs (the load average is logged per run).
 
     PYTHONPATH=. python benchmarks/protocol_run_costs.py \
-        --log benchmarks/results/protocol_run_costs.jsonl
+        --log results/benchmarks/protocol_run_costs.jsonl
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ if __name__ == "__main__":
         default="ce,elk,mcinfonce,hib,nivmf,infonce,hetxl,sngp,"
         "losspred,ensemble,mcdropout,tau,pvu,tau_posthoc,laplace_ce,lam_posthoc,lam_online",
     )
-    ap.add_argument("--log", type=Path, default=Path("benchmarks/results/protocol_run_costs.jsonl"))
+    ap.add_argument("--log", type=Path, default=Path("results/benchmarks/protocol_run_costs.jsonl"))
     ap.add_argument("--train", type=int, default=2000, help="training images of the measurement")
     ap.add_argument("--max-train", type=int, default=10000)
     ap.add_argument("--epochs", type=int, default=4)

@@ -9,7 +9,7 @@ Examples
 The paper's D = 2 protocol (Table 6: batch 512, 512 MC samples, 8,192 batches)::
 
     python recipes/controlled/mcinfonce.py --dim 2 --seeds 0 1 2 3 4 \\
-        --out recipes/controlled/results/d2_mcinfonce.json
+        --out results/controlled/d2_mcinfonce.json
 
 ELK / HIB rows (Table 3; the authors trained both jointly, not phase-wise)::
 

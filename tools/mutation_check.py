@@ -13,7 +13,7 @@ to show which mutations that suite let through; the exit status then only reflec
 
 Usage::
 
-    python benchmarks/mutation_check.py [--only NAME ...] [--tests-from DIR] [--json OUT.json]
+    python tools/mutation_check.py [--only NAME ...] [--tests-from DIR] [--json OUT.json]
 
 Run from the repository root with the project's Python (the one with pytest installed).
 """
