@@ -8,7 +8,7 @@ Each subcommand lives in its own module under :mod:`bayesurl.commands` and expos
 
 Modules are discovered, so adding a subcommand touches no other file.
 
-User errors (issue 15): a subcommand reports bad input by raising :class:`ValueError`,
+User errors: a subcommand reports bad input by raising :class:`ValueError`,
 :class:`TypeError`, :class:`FileNotFoundError` (or any :class:`OSError`, :class:`KeyError`,
 or :class:`UsageError`); :func:`main` prints it as **one line** on stderr,
 ``bayesurl COMMAND: error: MESSAGE``, and exits with status 2 -- no traceback. ``--debug``
@@ -190,7 +190,7 @@ def _path_arg(check: Any, option: str) -> Any:
 
 
 def _validate_common_options(parser: argparse.ArgumentParser, mod: object) -> None:
-    """Attach the shared validators while parsing, before any work starts (issue 15).
+    """Attach the shared validators while parsing, before any work starts.
 
     - ``--device`` (every subcommand): unparsable names and devices this machine lacks
       (``bogus``, ``cuda`` without CUDA) are argument errors, not a traceback after the data
@@ -290,9 +290,8 @@ def console_main() -> NoReturn:
 
     :func:`main`, then exit. Before the interpreter shuts down, :func:`gc.freeze` moves every
     live object into the collector's permanent generation, so the final garbage collections
-    of the shutdown do not walk torch's ~180,000 objects: 0.35 s of every command's exit on
-    the 2-core CPU machine (``python -c "import torch"`` exits in 1.45 s, 1.07 s with the
-    freeze; issue 16, where start-up and exit were a sixth of a sharded evaluation's time).
+    of the shutdown do not walk torch's ~180,000 objects, a large share of a short command's
+    exit (measured in ``python -c "import torch"``: about a quarter of its time).
     ``atexit`` handlers, ``weakref.finalize`` callbacks and stream flushes still run; only
     cyclic garbage left at exit is not collected, which the operating system reclaims.
     """

@@ -5,7 +5,7 @@
 its data set, with OOD AUROC against held-out upstream data
 (:func:`bayesurl.runs.runner.evaluate_checkpoint`; URL benchmark section 3.2).
 
-Under ``torchrun --nproc_per_node W`` the evaluation is sharded (issue 16): with INPUT.npz each
+Under ``torchrun --nproc_per_node W`` the evaluation is sharded: with INPUT.npz each
 rank reads its rows, with ``--checkpoint`` each rank embeds its block of batches of each set
 (:func:`bayesurl.runs.predict.score`); the exact search passes the shards between the ranks
 and every rank gets the single-process metrics; rank 0 prints and writes ``--json``.
@@ -140,7 +140,7 @@ _ROW_AXIS = {"embeddings": 0, "labels": 0, "uncertainties": 0, "samples": 1}
 def load_npz_shard(
     path: str | Path, rank: int | None = None, world_size: int | None = None
 ) -> dict[str, np.ndarray]:
-    """This rank's contiguous rows of every array of INPUT.npz (sharded evaluation, issue 16).
+    """This rank's contiguous rows of every array of INPUT.npz (sharded evaluation).
 
     Rank ``r`` of ``W`` reads rows :func:`bayesurl.distributed.shard_range` ``(N, r, W)`` of
     ``embeddings``, ``labels``, ``uncertainties`` and ``samples`` (along its N axis) and its
@@ -245,7 +245,7 @@ def _read_rows(
     flat = out.reshape(outer, (hi - lo) * inner)
     for o in range(outer):
         # straight into the result: a temporary of the shard's size, once freed, raised the
-        # allocator's mmap threshold so later freed blocks stayed resident (issue 16)
+        # allocator's mmap threshold so later freed blocks stayed resident
         if flat.shape[1] == 0:  # a rank with no rows
             break
         fh.seek(start + (o * n + lo) * inner * dtype.itemsize)
@@ -276,7 +276,7 @@ def evaluate_npz(
         Torch device to evaluate on.
     distributed : bool
         Under an initialised process group: each rank reads its rows
-        (:func:`load_npz_shard`) and the evaluation is sharded (issue 16); every rank gets
+        (:func:`load_npz_shard`) and the evaluation is sharded; every rank gets
         the metrics.
     **kwargs
         Passed to :func:`~bayesurl.evaluation.evaluate`.
@@ -320,7 +320,7 @@ def format_table(res: dict[str, Any]) -> str:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    """Validate every option before any work (issue 15): one clear error naming the option."""
+    """Validate every option before any work: one clear error naming the option."""
     if args.checkpoint is not None and args.input is not None:
         raise ValueError("give either INPUT.npz or --checkpoint, not both")
     if args.checkpoint is None and args.input is None:
@@ -372,8 +372,8 @@ def _launch_local(args: argparse.Namespace) -> int:
     (forked on CPU, spawned on CUDA).
 
     The modules a rank needs are imported before the fork, once, so every forked rank starts
-    from them (issue 16: torchrun's launcher and W fresh interpreters cost about 1.8 s at start-up
-    on the 2-core CPU machine); a rank's failure stops the others and is reported here.
+    from them (torchrun's launcher starts W fresh interpreters, each importing torch again); a
+    rank's failure stops the others and is reported here.
     """
     import bayesurl.evaluation.evaluator  # noqa: F401  (imported once, before the fork)
     from bayesurl.distributed import launch_local
@@ -389,7 +389,7 @@ def _launch_local(args: argparse.Namespace) -> int:
 
 
 def _run_distributed(args: argparse.Namespace) -> int:
-    """Sharded evaluation under torchrun (issue 16): every rank reads / embeds its rows,
+    """Sharded evaluation under torchrun: every rank reads / embeds its rows,
     rank 0 prints and writes the JSON."""
     from bayesurl.distributed import cleanup, init_from_env, is_main_process
 

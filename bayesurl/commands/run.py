@@ -16,7 +16,7 @@ Examples::
     torchrun --nproc_per_node 2 -m bayesurl run fashion_mnist/mcinfonce --preset smoke
 
 Under ``torchrun`` a registry method trains under DDP and the zero-shot evaluation is sharded
-over the ranks (issue 16, :func:`bayesurl.runs.runner.run`); rank 0 prints and writes.
+over the ranks (:func:`bayesurl.runs.runner.run`); rank 0 prints and writes.
 """
 
 from __future__ import annotations

@@ -211,8 +211,8 @@ class MethodEstimator(Estimator):
         probe = _probe_batch(data, device) if world == 1 else None
 
         def curve(m: nn.Module, epoch: int) -> dict[str, float]:
-            # the uncertainty head's convergence (issue 13: the vMF kappas barely moved in
-            # 3-epoch runs): u on a fixed batch of training images after every epoch
+            # the uncertainty head's convergence (a vMF kappa may barely move in a short run):
+            # u on a fixed batch of training images after every epoch
             with torch.no_grad():
                 u = m(probe, n_samples=0).uncertainty.reshape(-1).double()
             return {"probe_u_mean": float(u.mean()), "probe_u_median": float(u.median())}

@@ -9,7 +9,7 @@ command ran them. :func:`score` is the zero-shot evaluation of URL section 3.2 o
 OOD set against u on the held-out upstream set (spec DATA.md).
 
 Under an initialised ``torch.distributed`` process group with more than one rank (``torchrun``)
-:func:`score` is sharded (issue 16): every rank predicts only its contiguous block of whole
+:func:`score` is sharded: every rank predicts only its contiguous block of whole
 batches of each set (:func:`batch_shard`) and :func:`bayesurl.evaluation.evaluate` runs with
 ``distributed=True``; one process is the ``W = 1`` case of the same code. No
 :class:`~torch.utils.data.distributed.DistributedSampler` is used: it interleaves and pads rows,
@@ -258,7 +258,7 @@ def score(
     against u on ``sets.id_test`` (DATA.md), the mixed 50/50 ``id_test`` / ``test`` R-AUROC
     (URL App. C.5) and, with ``crop_images``, URL's crop test (section 4.5).
 
-    Sharded under ``torch.distributed`` (issue 16): each rank predicts its
+    Sharded under ``torch.distributed``: each rank predicts its
     :func:`batch_shard` of every set and the evaluator runs with ``distributed=True`` (the
     OOD AUROC / AUPRC and the mixed R-AUROC from every rank's rows; the crop test's images are
     the same on every rank). Every rank returns the metrics of the

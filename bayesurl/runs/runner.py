@@ -388,7 +388,7 @@ def run(
     Under ``torchrun --nproc_per_node W`` (and no process group yet) the run initialises the
     default group from the environment: a registry method trains under DDP
     (:func:`bayesurl.training.fit`) and the evaluation is sharded
-    (:func:`~bayesurl.runs.predict.score`, issue 16), every rank computing the single-process
+    (:func:`~bayesurl.runs.predict.score`) every rank computing the single-process
     metrics of the trained model; rank 0 writes
     ``result.json`` (``RunResult.main_process``) and the group is destroyed at the end. The
     device defaults to ``cuda:LOCAL_RANK`` where CUDA is available.
