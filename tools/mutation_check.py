@@ -1,4 +1,4 @@
-"""Mutation check: known-wrong patches must make the relevant tests fail (issue 17).
+"""Mutation check: known-wrong patches must make the relevant tests fail.
 
 A test that cannot fail is a defect. This script copies the repository's tracked files (as they
 are in the working tree) to a temporary directory, checks that the listed tests pass there

@@ -1,4 +1,4 @@
-"""Tables of a finished protocol sweep, for the docs and the closing note (issue 13).
+"""Tables of a finished protocol sweep, for the docs and the closing note.
 
 Reads ``results.json`` written by ``bayesurl benchmark --preset standard`` and writes
 

@@ -1,4 +1,4 @@
-"""``bayesurl benchmark`` (a sweep) under ``torchrun`` (issue 16, end to end).
+"""``bayesurl benchmark`` (a sweep) under ``torchrun``, end to end.
 
 The real launch: two gloo ranks run the same two method runs in the same order (DDP training,
 sharded evaluation), rank 0 alone prints and writes, and every metric of ``results.json``

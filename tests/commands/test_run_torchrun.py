@@ -1,4 +1,4 @@
-"""``bayesurl run`` under a real ``torchrun --nproc_per_node 2`` (issue 16, end to end): the
+"""``bayesurl run`` under a real ``torchrun --nproc_per_node 2`` (end to end): the
 method trains under DDP, the zero-shot evaluation is sharded, rank 0 alone reports and writes,
 and the metrics are those of a single-process evaluation of the trained checkpoint."""
 
