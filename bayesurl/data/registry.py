@@ -6,12 +6,12 @@ digits pair and ImageNet as an upstream-only set. The CLI (``bayesurl train`` / 
 ``evaluate``), the run pipeline (:func:`bayesurl.runs.data.build_data`) and the checkpoint
 loader read their names and kinds here:
 
-* :attr:`DatasetKind.EMBEDDED`: 28 x 28 grayscale sets held in memory, with the zero-shot
+* ``DatasetKind.EMBEDDED``: 28 x 28 grayscale sets held in memory, with the zero-shot
   split of :func:`bayesurl.data.default_zero_shot`; ``"default"`` is Fashion-MNIST with the
   digits standing in when it is absent;
-* :attr:`DatasetKind.FOLDER`: CUB / CARS / SOP read from a folder with their standard zero-shot
+* ``DatasetKind.FOLDER``: CUB / CARS / SOP read from a folder with their standard zero-shot
   class splits (:func:`bayesurl.data.dml_zero_shot`);
-* :attr:`DatasetKind.UPSTREAM`: an ImageFolder ``root/train`` trained on, evaluated zero-shot
+* ``DatasetKind.UPSTREAM``: an ImageFolder ``root/train`` trained on, evaluated zero-shot
   on the test classes of the folder sets (URL section 3.2 / appendix B).
 """
 

@@ -90,8 +90,9 @@ class DataConfig:
     class_split : dict or None
         One class split of the embedded sets (``{index, upstream, downstream, val}``, as
         :meth:`bayesurl.data.class_splits.ClassSplit.to_dict`): train on ``upstream``, retrieve
-        among ``downstream`` (every image of both files, :func:`bayesurl.data.class_splits.
-        split_data`); ``None``: the data set's standard zero-shot split. A sweep preset with
+        among ``downstream`` (every image of both files,
+        :func:`bayesurl.data.class_splits.split_data`); ``None``: the data set's standard
+        zero-shot split. A sweep preset with
         ``splits = N`` sets it per run.
     stage : str
         ``"final"`` or ``"tune"`` (with ``class_split``: train without the validation classes
