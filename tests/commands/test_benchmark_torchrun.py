@@ -53,6 +53,7 @@ def test_bayesurl_benchmark_under_torchrun_two_ranks(tmp_path) -> None:
     assert sorted(p.name for p in out.iterdir()) == [
         "checkpoints",
         "recall_vs_rauroc.png",
+        "report.html",  # the HTML report (bayesurl.report); per-query records need 1 process
         "results.csv",
         "results.json",
     ]
