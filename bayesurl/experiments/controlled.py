@@ -868,10 +868,12 @@ def make_loss(
       vMF positives, M = 8 or 32, it is minimal at c = 1, the reference form at c >= 4
       (``docs/controlled_experiment.rst``). Both agree for M = 1.
     - ``"elk"``: :func:`bayesurl.losses.elk.elk_contrastive_loss` (MCI appendix B.5, eq. 55),
-      similarities ``kappa_pos * log ELK``.
+      similarities ``kappa_pos * log ELK``, the negatives summed as in the MCI code.
     - ``"hib"``: :func:`bayesurl.losses.hib.hib_loss` (MCI appendix B.4, eq. 54: the
       different-pair term ``-log(1 - p)``), ``p = E sigmoid(a z^T z' + b)`` with
-      ``a = hib_scale``, ``b = hib_bias`` (the authors' tuned a = 1, b = 0).
+      ``a = hib_scale``, ``b = hib_bias`` (the authors' tuned a = 1, b = 0); ``log sigmoid``
+      averaged over the samples as in the MCI code (``mc_average="outside"``); its second
+      division of the negative term by M is not reproduced (:mod:`bayesurl.losses.hib`).
 
     ``mu_n = None`` means rolled in-batch negatives (M = 1): anchor ``i`` is contrasted with
     the positive of anchor ``i - 1`` (drawn afresh from its posterior; same distribution as the
@@ -897,7 +899,9 @@ def make_loss(
         def loss(mu_a, k_a, mu_p, k_p, mu_n, k_n, n_samples, generator):  # type: ignore[no-untyped-def]
             if mu_n is None:
                 mu_n, k_n = _rolled(mu_p, k_p)
-            return elk_contrastive_loss(mu_a, k_a, mu_p, k_p, mu_n, k_n, scale=kappa_pos)
+            return elk_contrastive_loss(
+                mu_a, k_a, mu_p, k_p, mu_n, k_n, scale=kappa_pos, negatives="sum"
+            )  # fmt: skip
 
         return loss
     if name == "hib":
@@ -908,7 +912,8 @@ def make_loss(
                 mu_n, k_n = _rolled(mu_p, k_p)
             return hib_loss(
                 mu_a, k_a, mu_p, k_p, mu_n, k_n, n_samples=n_samples, scale=hib_scale,
-                bias=hib_bias, negative_term="log1m_p", eps=0.0, generator=generator,
+                bias=hib_bias, negative_term="log1m_p", eps=0.0, mc_average="outside",
+                generator=generator,
             )  # fmt: skip
 
         return loss

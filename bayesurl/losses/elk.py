@@ -205,6 +205,7 @@ def elk_contrastive_loss(
     *,
     scale: float | Tensor = 1.0,
     divide_positive: bool = False,
+    negatives: str = "mean",
     reduction: str = "mean",
 ) -> Tensor:
     """Contrastive ELK (MCI appendix B.5, eq. 55): InfoNCE with ``scale * log ELK`` similarities.
@@ -213,9 +214,16 @@ def elk_contrastive_loss(
     ``c = 1`` (eq. 55) or ``1/M`` (``divide_positive``). Arguments as in
     :func:`~bayesurl.losses.mcinfonce.mcinfonce_loss` (``mu_neg [B, M, D]`` or ``None`` for
     in-batch SimCLR negatives); concentrations must be finite. ``scale`` (the kappa of MCI
-    eq. 55) may be a 0-dim tensor that requires grad. Note: the MCI reference code sums the
-    negatives (no 1/M); eq. 55 averages them, as done here.
+    eq. 55) may be a 0-dim tensor that requires grad. ``negatives="mean"`` (default) averages
+    the negatives as eq. 55 does; ``"sum"`` sums them as the MCI code does
+    (mkirchhof/Probabilistic_Contrastive_Learning b0f70c0, ``utils/losses.py`` line 73:
+    ``mean(sim_pos) - logsumexp(cat(sim_pos, sim_neg))``; needs ``divide_positive=False``).
+    The two agree for M = 1, the controlled experiment's default.
     """
+    if negatives not in ("mean", "sum"):
+        raise ValueError(f"`negatives` must be 'mean' or 'sum', got {negatives!r}")
+    if negatives == "sum" and divide_positive:
+        raise ValueError("`divide_positive` needs negatives='mean'")
     ka, kp = check_anchor_positive(mu_anchor, kappa_anchor, mu_pos, kappa_pos, allow_inf=False)
     scale = _check_t(scale, "scale")
     b, d = mu_anchor.shape
@@ -226,13 +234,22 @@ def elk_contrastive_loss(
         a1, p, a2, n = lmu.get_all_pairs_indices(two_view_labels(b, mu.device))
         mask = torch.zeros_like(sims, dtype=torch.bool)
         mask[a2, n] = True
-        losses = -contrastive_log_ratio(sims[a1, p], sims[a1], mask[a1], divide_positive)
+        neg = sims[a1] + _log_count(mask[a1], negatives, sims)
+        losses = -contrastive_log_ratio(sims[a1, p], neg, mask[a1], divide_positive)
     else:
         kn = check_explicit_negatives(mu_neg, kappa_neg, b, d, allow_inf=False)
         pos = scale * _elk_log_kernel(mu_anchor, ka, mu_pos, kp)
         neg = scale * _elk_log_kernel(mu_anchor.unsqueeze(1), ka.unsqueeze(1), mu_neg, kn)
+        neg = neg + _log_count(torch.ones_like(neg, dtype=torch.bool), negatives, neg)
         losses = -contrastive_log_ratio(pos, neg, None, divide_positive)
     return reduce_losses(losses, reduction)
+
+
+def _log_count(mask: Tensor, negatives: str, like: Tensor) -> Tensor:
+    """``log M`` per row for ``"sum"`` (a mean of ``e^{s + log M}`` is the sum), else 0."""
+    if negatives == "mean":
+        return like.new_zeros(())
+    return torch.log(mask.sum(-1, keepdim=True).clamp_min(1).to(like.dtype))
 
 
 class ELKLoss(ExplicitKappaLoss):

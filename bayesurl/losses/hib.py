@@ -16,6 +16,12 @@ bf67867 (added with the Pretrained Visual Uncertainties code, line 42:
 the averaged p before the logs (line 32); ``eps`` (default ``1e-5``) does the same, so the
 different-pair ``+log p`` term stops at ``log 1e-5`` instead of falling to
 ``log sigmoid(b - t)``. ``eps=0`` is the formula of URL B.6.
+
+MCI's own HIB (mkirchhof/Probabilistic_Contrastive_Learning b0f70c0, ``utils/losses.py``
+lines 102-111), behind the controlled experiment, differs twice: it averages ``log sigmoid``
+over the samples (the mean outside the log; :func:`hib_loss`'s ``mc_average="outside"``) and
+divides the mean over anchors and negatives by M once more (``negative_weight = 1 / M``;
+no difference at the experiment's default M = 1).
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ def hib_log_match_probability(
     bias: float | Tensor,
     complement: bool = False,
     eps: float = 0.0,
+    mc_average: str = "inside",
 ) -> Tensor:
     """``log p`` (or ``log(1 - p)``) of ``p = mean_k sigmoid(scale * <s1_k, s2_k> + bias)``.
 
@@ -72,6 +79,9 @@ def hib_log_match_probability(
         ``p`` is replaced by ``p + eps`` (the URL code's ``EPS``): ``log(p + eps)`` or
         ``log(1 - p - eps)`` (floored at the dtype's smallest normal number, where the code
         would take the log of a negative number).
+    mc_average : {"inside", "outside"}
+        ``log mean_k sigmoid`` (HIB's p, default) or ``mean_k log sigmoid`` (MCI's code;
+        ``eps`` must then be 0).
 
     Returns
     -------
@@ -80,6 +90,8 @@ def hib_log_match_probability(
     """
     logits = scale * (samples1 * samples2).sum(-1) + bias
     logs = F.logsigmoid(-logits if complement else logits)
+    if mc_average == "outside":
+        return logs.mean(dim=0)
     log_mean = torch.logsumexp(logs, dim=0) - math.log(logs.shape[0])
     if eps == 0.0:
         return log_mean
@@ -109,6 +121,8 @@ def hib_loss(
     bias: float | Tensor = -8.0,
     negative_term: str = "log_p",
     eps: float = 1e-5,
+    mc_average: str = "inside",
+    negative_weight: float = 1.0,
     generator: torch.Generator | None = None,
     reduction: str = "mean",
 ) -> Tensor:
@@ -128,9 +142,21 @@ def hib_loss(
         The different-pair term (URL code 0bd3ea0 / bf67867; module docstring).
     eps : float
         Added to p before the logs, as the URL code's ``EPS`` (module docstring).
+    mc_average : {"inside", "outside"}
+        ``log p`` with p the sample mean (default) or the sample mean of ``log sigmoid``
+        (MCI's code; needs ``eps=0``).
+    negative_weight : float
+        Multiplies the different-pair term (MCI's code: ``1 / M``).
     """
     term = _check_neg_term(negative_term)
     eps = _check_eps(eps)
+    if mc_average not in ("inside", "outside"):
+        raise ValueError(f"`mc_average` must be 'inside' or 'outside', got {mc_average!r}")
+    if mc_average == "outside" and eps != 0.0:
+        raise ValueError("`eps` must be 0 with mc_average='outside' (no p to shift)")
+    if not (math.isfinite(negative_weight) and negative_weight >= 0):
+        raise ValueError(f"`negative_weight` must be finite and >= 0, got {negative_weight}")
+    avg = {"eps": eps, "mc_average": mc_average}
     k = _check_n_samples(n_samples)
     scale = _check_t(scale, "scale")
     if not bool(torch.isfinite(torch.as_tensor(bias).detach()).all()):
@@ -142,28 +168,28 @@ def hib_loss(
         z = _sample_vmf(torch.cat([mu_anchor, mu_pos]), torch.cat([ka, kp]), k, generator=generator)
         n = 2 * b
         partner = torch.cat([torch.arange(b, n), torch.arange(b)]).to(z.device)
-        log_p_pos = hib_log_match_probability(z, z[:, partner], scale, bias, eps=eps)  # [2B]
+        log_p_pos = hib_log_match_probability(z, z[:, partner], scale, bias, **avg)  # [2B]
         neg_mask = ~torch.eye(n, dtype=torch.bool, device=z.device)
         neg_mask[torch.arange(n, device=z.device), partner] = False
         zz = z.unsqueeze(2).expand(-1, -1, n, -1)
         log_neg = hib_log_match_probability(
-            zz, z.unsqueeze(1).expand(-1, n, -1, -1), scale, bias, term == "log1m_p", eps
+            zz, z.unsqueeze(1).expand(-1, n, -1, -1), scale, bias, term == "log1m_p", **avg
         )  # [2B, 2B]
         sign = 1.0 if term == "log_p" else -1.0
         neg_term = sign * (log_neg * neg_mask).sum(-1) / neg_mask.sum(-1)
-        return reduce_losses(-log_p_pos + neg_term, reduction)
+        return reduce_losses(-log_p_pos + negative_weight * neg_term, reduction)
     kn = check_explicit_negatives(mu_neg, kappa_neg, b, d)
     m = mu_neg.shape[1]
     za = _sample_vmf(mu_anchor, ka, k, generator=generator)
     zp = _sample_vmf(mu_pos, kp, k, generator=generator)
     zn = _sample_vmf(mu_neg.reshape(b * m, d), kn.reshape(b * m), k, generator=generator)
     zn = zn.reshape(k, b, m, d)
-    log_p_pos = hib_log_match_probability(za, zp, scale, bias, eps=eps)
+    log_p_pos = hib_log_match_probability(za, zp, scale, bias, **avg)
     log_neg = hib_log_match_probability(
-        za.unsqueeze(2), zn, scale, bias, term == "log1m_p", eps
+        za.unsqueeze(2), zn, scale, bias, term == "log1m_p", **avg
     )  # [B, M]
     sign = 1.0 if term == "log_p" else -1.0
-    return reduce_losses(-log_p_pos + sign * log_neg.mean(-1), reduction)
+    return reduce_losses(-log_p_pos + negative_weight * sign * log_neg.mean(-1), reduction)
 
 
 class HIBLoss(ExplicitKappaLoss):

@@ -196,3 +196,44 @@ def test_contrastive_elk_rejects_bad_explicit_negatives():
         elk_contrastive_loss(mu, k, mu, k, torch.randn(3, 2, 3), torch.ones(3, 2))
     with pytest.raises(ValueError, match="reduction"):
         elk_contrastive_loss(mu, k, mu, k, reduction="max")
+
+
+def test_contrastive_sum_matches_the_mci_code():
+    """MCI ``utils/losses.py`` class ``ELK.forward`` (b0f70c0, lines 58-75) with explicit
+    negatives, in numpy: ``mean(sim_pos) - logsumexp(cat(sim_pos, sim_neg))``, the negatives
+    summed; ``log_ppk`` from scipy's Bessel function."""
+    from scipy.special import logsumexp
+
+    g = torch.Generator().manual_seed(21)
+    b, m, d, scale = 3, 4, 5, 2.0
+    mu_a = torch.nn.functional.normalize(
+        torch.randn(b, d, generator=g, dtype=torch.float64), dim=-1
+    )
+    mu_p = torch.nn.functional.normalize(
+        torch.randn(b, d, generator=g, dtype=torch.float64), dim=-1
+    )
+    mu_n = torch.nn.functional.normalize(
+        torch.randn(b, m, d, generator=g, dtype=torch.float64), dim=-1
+    )
+    ka, kp = torch.rand(b, generator=g) * 20 + 1, torch.rand(b, generator=g) * 20 + 1
+    kn = torch.rand(b, m, generator=g) * 20 + 1
+    ka, kp, kn = ka.double(), kp.double(), kn.double()
+
+    def log_c(k):
+        v = d / 2 - 1
+        return v * np.log(k) - d / 2 * np.log(2 * np.pi) - np.log(ive(v, k)) - k
+
+    def log_ppk(mu1, k1, mu2, k2):
+        k3 = np.linalg.norm(k1[..., None] * mu1 + k2[..., None] * mu2, axis=-1)
+        return (log_c(k1) + log_c(k2) - log_c(k3)) * scale
+
+    a, ka_ = mu_a.numpy()[:, None], ka.numpy()[:, None]
+    sim_pos = log_ppk(a, ka_, mu_p.numpy()[:, None], kp.numpy()[:, None])
+    sim_neg = log_ppk(a, ka_, mu_n.numpy(), kn.numpy())
+    want = -np.mean(sim_pos.mean(1) - logsumexp(np.concatenate([sim_pos, sim_neg], 1), axis=1))
+    got = elk_contrastive_loss(mu_a, ka, mu_p, kp, mu_n, kn, scale=scale, negatives="sum")
+    assert abs(float(got) - want) < 1e-9
+    mean = elk_contrastive_loss(mu_a, ka, mu_p, kp, mu_n, kn, scale=scale)
+    assert abs(float(mean) - want) > 1e-3
+    with pytest.raises(ValueError, match="negatives"):
+        elk_contrastive_loss(mu_a, ka, mu_p, kp, mu_n, kn, negatives="max")

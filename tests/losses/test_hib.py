@@ -187,3 +187,33 @@ def test_matches_the_url_code_by_commit(commit, term):
     no_eps = hib_loss(e1, k1, e2, k2, generator=torch.Generator().manual_seed(2), eps=0.0, **kw)
     if term == "log_p":
         assert abs(float(no_eps) - want) > 1e-2
+
+
+def test_mci_code_variant():
+    """MCI ``utils/losses.py`` class ``HedgedInstance.forward`` (b0f70c0, lines 86-111) in
+    numpy from the samples on: ``mean_k log sigmoid`` and the negative term divided by M
+    after its mean."""
+    g = torch.Generator().manual_seed(13)
+    bsz, m, d, k, a, b = 3, 4, 5, 6, 2.0, 0.5
+    mu_a, mu_p = torch.randn(bsz, d, generator=g), torch.randn(bsz, d, generator=g)
+    mu_n = torch.randn(bsz, m, d, generator=g)
+    ka, kp = torch.rand(bsz, generator=g) * 9 + 1, torch.rand(bsz, generator=g) * 9 + 1
+    kn = torch.rand(bsz, m, generator=g) * 9 + 1
+    got = hib_loss(
+        mu_a, ka, mu_p, kp, mu_n, kn, n_samples=k, scale=a, bias=b, negative_term="log1m_p",
+        eps=0.0, mc_average="outside", negative_weight=1 / m,
+        generator=torch.Generator().manual_seed(3),
+    )  # fmt: skip
+    g2 = torch.Generator().manual_seed(3)
+    za = sample_vmf(mu_a, ka, k, generator=g2).double().numpy()[:, :, None]  # [K, B, 1, D]
+    zp = sample_vmf(mu_p, kp, k, generator=g2).double().numpy()[:, :, None]
+    zn = sample_vmf(mu_n.reshape(-1, d), kn.reshape(-1), k, generator=g2).double().numpy()
+    zn = zn.reshape(k, bsz, m, d)
+    py1_pos = 1 / (1 + np.exp(-(a * (za * zp).sum(-1) + b)))
+    py1_neg = 1 / (1 + np.exp(-(a * (za * zn).sum(-1) + b)))
+    log_py1_pos = np.log(py1_pos).mean(0)
+    log_py0_neg = np.log(1 - py1_neg).mean(0)
+    want = -(log_py1_pos.mean() + log_py0_neg.mean() / log_py0_neg.shape[-1])
+    assert abs(float(got) - want) < 1e-5  # float32 samples
+    with pytest.raises(ValueError, match="eps"):
+        hib_loss(mu_a, ka, mu_p, kp, mc_average="outside")
