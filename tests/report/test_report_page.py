@@ -72,3 +72,18 @@ def test_bad_folders(tmp_path):
 def test_k_must_be_positive(bench_dir):
     with pytest.raises(ValueError, match="`k`"):
         report_model(load_source(bench_dir), k=0)
+
+
+def test_run_command_writes_record_and_report(tmp_path, capsys):
+    from bayesurl.cli import main
+
+    out = tmp_path / "run"
+    small = ["--set", "data.max_train=96", "--set", "data.max_test=60", "--set", "data.max_ood=40"]
+    code = main(["run", "fashion_mnist/ce", "--preset", "smoke", *small, "--out", str(out),
+                 "--no-progress"])  # fmt: skip
+    assert code == 0 and "report" in capsys.readouterr().out
+    result = json.loads((out / "result.json").read_text())
+    rec = read_queries(out / "queries.npz")
+    assert rec.hit.mean() == pytest.approx(result["metrics"]["r@1"], abs=1e-12)
+    model = _model((out / "report.html").read_text())
+    assert [e["name"] for e in model["estimators"]] == ["ce"] and not model["compare"]
