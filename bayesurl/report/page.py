@@ -108,6 +108,49 @@ def _comparable(runs: list[RecordedRun]) -> bool:
     )
 
 
+def _estimator(
+    run: RecordedRun,
+    src: ImageSource,
+    rank: tuple[np.ndarray, np.ndarray],
+    shared: set[int],
+    k: int,
+    thumbs: dict[str, str],
+) -> dict[str, Any]:
+    """One estimator's part of the model; adds the thumbnails it shows to ``thumbs``."""
+    rec = run.record
+    order, pct = rank
+    most = [int(i) for i in order[::-1][:k]]
+    least = [int(i) for i in order[:k]]
+    shown = sorted({*most, *least, *shared})
+    pairs = [(i, int(rec.neighbour[i])) for i in shown]
+    for i, j in pairs:
+        thumbs.setdefault(f"q{i}", src.query(i))
+        thumbs.setdefault(f"q{j}", src.query(j))
+    ood = _ood(run, k)
+    for i, *_ in [] if ood is None else ood["top"] + ood["bottom"]:
+        uri = src.ood(i)
+        if uri is not None:
+            thumbs.setdefault(f"o{i}", uri)
+    return {
+        "name": run.estimator,
+        "seed": run.seed,
+        "n": int(rec.u.size),
+        "labelled": rec.labelled,
+        "metrics": {
+            key: _f(run.metrics[key])
+            for key in ("r@1", "r_auroc", "ausc", "ece", "ood_auroc")
+            if isinstance(run.metrics.get(key), (int, float))
+        },
+        "most": most,
+        "least": least,
+        "q": {str(i): [_f(rec.u[i]), _f(pct[i]), j, bool(rec.hit[i])] for i, j in pairs},
+        "label": {str(x): int(rec.label[x]) for pair in pairs for x in pair},
+        "paths": _paths(rec, pairs),
+        "ood": ood,
+        "per_class": _per_class(run, src.class_names),
+    }
+
+
 def report_model(
     source: ReportSource, *, k: int = 12, compare_k: int = 8, size: int = THUMB_SIZE
 ) -> dict[str, Any]:
@@ -133,56 +176,19 @@ def report_model(
         raise ValueError(f"`k` and `compare_k` must be >= 1, got {k}, {compare_k}")
     thumbs: dict[str, str] = {}
     data_cache: dict[str, Any] = {}
-    sources: dict[int, ImageSource] = {}
     runs = source.runs
     compare = _comparable(runs)
-    ranked = {id(r): _ranked(r.record.u) for r in runs}
+    ranked = [_ranked(r.record.u) for r in runs]
     shared: set[int] = set()
-    if compare:
-        for r in runs:
-            shared.update(int(i) for i in ranked[id(r)][0][::-1][:compare_k])
+    if compare:  # the side-by-side view needs every estimator's view of these queries
+        for order, _ in ranked:
+            shared.update(int(i) for i in order[::-1][:compare_k])
     classes: dict[int, str] = {}
     estimators = []
-    for r in runs:
-        rec = r.record
-        src = sources.setdefault(id(r), image_source(rec, data_cache, size))
+    for r, rank in zip(runs, ranked):
+        src = image_source(r.record, data_cache, size)
         classes.update(src.class_names)
-        order, pct = ranked[id(r)]
-        most = [int(i) for i in order[::-1][:k]]
-        least = [int(i) for i in order[:k]]
-        shown = sorted({*most, *least, *shared})
-        for i in shown:
-            for j in (i, int(rec.neighbour[i])):
-                thumbs.setdefault(f"q{j}", src.query(j))
-        ood = _ood(r, k)
-        if ood is not None:
-            for i, *_ in ood["top"] + ood["bottom"]:
-                uri = src.ood(i)
-                if uri is not None:
-                    thumbs.setdefault(f"o{i}", uri)
-        estimators.append(
-            {
-                "name": r.estimator,
-                "seed": r.seed,
-                "n": int(rec.u.size),
-                "labelled": rec.labelled,
-                "metrics": {
-                    key: _f(r.metrics[key])
-                    for key in ("r@1", "r_auroc", "ausc", "ece", "ood_auroc")
-                    if isinstance(r.metrics.get(key), (int, float))
-                },
-                "most": most,
-                "least": least,
-                "q": {
-                    str(i): [_f(rec.u[i]), _f(pct[i]), int(rec.neighbour[i]), bool(rec.hit[i])]
-                    for i in shown
-                },
-                "label": {str(j): int(rec.label[j]) for i in shown for j in (i, rec.neighbour[i])},
-                "paths": _paths(rec, shown),
-                "ood": ood,
-                "per_class": _per_class(r, src.class_names),
-            }
-        )
+        estimators.append(_estimator(r, src, rank, shared, k, thumbs))
     return {
         "title": source.title,
         "kind": source.kind,
@@ -199,13 +205,12 @@ def report_model(
     }
 
 
-def _paths(rec: Any, shown: list[int]) -> dict[str, str]:
+def _paths(rec: Any, pairs: list[tuple[int, int]]) -> dict[str, str]:
     """File names of the shown folder images (empty for a data set)."""
     paths = rec.meta.get("paths")
     if not paths:
         return {}
-    ids = {j for i in shown for j in (i, int(rec.neighbour[i]))}
-    return {str(j): str(paths[j]) for j in ids}
+    return {str(x): str(paths[x]) for pair in pairs for x in pair}
 
 
 def png_data_uri_file(path: Path) -> str:
