@@ -11,7 +11,17 @@ Prints, in one run and against references measured in the same run:
    divided by one exact deterministic pass on the same points, and the agreement of the
    per-draw 1-NN labels with brute force (exact per-draw search).
 
-Targets (issue 2): exact pass <= 1.05x faiss; S=100 ECE <= 3x one pass at >= 99.5 % agreement.
+Targets: exact pass <= 1.05x faiss; S=100 ECE <= 3x one pass at >= 99.5 % agreement.
+
+The reference's BLAS: faiss-cpu wheels bundle an OpenBLAS that falls back to its slowest
+kernel ("Prescott") on processors it does not know, which would make faiss look several
+times slower than it is. The script prints every loaded BLAS with the kernel it chose
+(threadpoolctl) and, unless ``--faiss-coretype none``, re-executes itself with
+``OPENBLAS_CORETYPE`` pinned (``auto``: SkylakeX where the CPU has AVX-512, Haswell where
+it has AVX2) before faiss is loaded. The pin applies to every OpenBLAS of the process,
+numpy's too (the exact pass's tile products, :func:`bayesurl.evaluation.knn.tile_product`).
+Times are medians of ``--repeats`` interleaved runs, wall and CPU (process) time: on a shared
+machine the CPU time is the steadier measure; the load average is printed.
 
 ``--distributed W`` (issue 16) instead times the whole ``bayesurl evaluate X.npz`` command
 (process start, reading, search, metrics) in one process and under ``torchrun
@@ -39,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -162,6 +173,64 @@ def pml_pass(x: torch.Tensor, y: torch.Tensor) -> float:
     return calc.get_accuracy(x, y, x, y, ref_includes_query=True)["precision_at_1"]
 
 
+def cpu_coretype() -> str | None:
+    """An OpenBLAS kernel the processor supports (``OPENBLAS_CORETYPE``), from its flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(
+                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
+            )
+    except OSError:
+        return None
+    if "avx512f" in flags:
+        return "SkylakeX"
+    return "Haswell" if "avx2" in flags else None
+
+
+def pin_openblas(coretype: str) -> None:
+    """Re-execute this script with ``OPENBLAS_CORETYPE`` set, before any OpenBLAS reads it
+    (numpy's is loaded already, faiss's not yet); a no-op when it is set or ``none``."""
+    if coretype == "none" or "OPENBLAS_CORETYPE" in os.environ:
+        return
+    kernel = cpu_coretype() if coretype == "auto" else coretype
+    if kernel is None:
+        return
+    os.environ["OPENBLAS_CORETYPE"] = kernel
+    os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
+def blas_report() -> list[str]:
+    """Every loaded BLAS: library, version, kernel (threadpoolctl), threads."""
+    from threadpoolctl import threadpool_info
+
+    return [
+        f"{os.path.basename(i['filepath'])} {i.get('version')} kernel={i.get('architecture')} "
+        f"threads={i.get('num_threads')}"
+        for i in threadpool_info()
+        if i.get("user_api") == "blas"
+    ]
+
+
+def product_rates(d: int, repeats: int = 5) -> tuple[float, float]:
+    """GFLOP/s of one ``[4096, d] @ [d, 1024]`` float32 tile through torch (MKL) and through
+    numpy's BLAS (:func:`bayesurl.evaluation.knn.tile_product`), CPU time, median."""
+    from bayesurl.evaluation.knn import blas_threads, tile_product
+
+    a, b = torch.randn(4096, d), torch.randn(1024, d)
+    out = torch.empty(4096, 1024)
+    flops = 2 * 4096 * 1024 * d
+    rates = []
+    for fn in (lambda: torch.mm(a, b.T, out=out), lambda: tile_product(a, b.T, out)):
+        ts = []
+        with blas_threads():
+            for _ in range(repeats):
+                c0 = time.process_time()
+                fn()
+                ts.append(time.process_time() - c0)
+        rates.append(flops / float(np.median(ts)) / 1e9)
+    return rates[0], rates[1]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="N=8000, D=128, ECE N=4000")
@@ -196,12 +265,23 @@ def main(argv: list[str] | None = None) -> None:
         "--no-shared", action="store_true", help="skip the ECE run on the evaluator's shared kNN"
     )
     p.add_argument(
+        "--skip-pml",
+        action="store_true",
+        help="stop after the exact pass / faiss comparison (no PML pass, no ECE part)",
+    )
+    p.add_argument(
         "--repeats",
         type=int,
         default=3,
         help="alternating repetitions of the exact pass and faiss; medians are compared",
     )
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--faiss-coretype",
+        default="auto",
+        help="OPENBLAS_CORETYPE pinned for faiss's bundled OpenBLAS (and numpy's) by re-executing "
+        "the script: auto (SkylakeX with AVX-512, Haswell with AVX2), a kernel name, or none",
+    )
     p.add_argument("--threads", type=int, default=None, help="default 2 (1 with --distributed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -232,6 +312,8 @@ def main(argv: list[str] | None = None) -> None:
         help="with --distributed: also print rank 0's RSS at the evaluation's phase boundaries",
     )
     a = p.parse_args(argv)
+    if argv is None:
+        pin_openblas(a.faiss_coretype)
     if a.quick:
         a.n, a.d = 8000, 128
     if a.distributed is not None:
@@ -249,7 +331,20 @@ def main(argv: list[str] | None = None) -> None:
         have_faiss = True
     except ImportError:
         have_faiss = False
-    print(f"device={device} threads={a.threads} N={a.n} D={a.d} torch={torch.__version__}")
+    load = os.getloadavg()
+    print(
+        f"device={device} threads={a.threads} N={a.n} D={a.d} torch={torch.__version__} "
+        f"cpus={os.cpu_count()} load={load[0]:.2f},{load[1]:.2f},{load[2]:.2f} "
+        f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')}"
+    )
+    for line in blas_report():
+        print(f"  BLAS {line}")
+    if device.type == "cpu":
+        r_torch, r_numpy = product_rates(a.d)
+        print(
+            f"  one [4096, {a.d}] @ [{a.d}, 1024] tile: torch.mm {r_torch:.0f} GFLOP/s, numpy's "
+            f"BLAS (the search's) {r_numpy:.0f} GFLOP/s (CPU time)"
+        )
 
     x, y, u = make_data(a.n, a.d, max(a.n // 30, 2), a.seed, device)
     knn(x[:256], 1)  # warm-up (BLAS threads, allocator)
@@ -258,10 +353,16 @@ def main(argv: list[str] | None = None) -> None:
     # alternate the two, a.repeats times, and compare medians: the machine drifts by 5-10 %
     ours: list[tuple[float, int, tuple[float, float]]] = []
     theirs: list[tuple[float, int, float]] = []
+    cpu_ours: list[float] = []
+    cpu_theirs: list[float] = []
     for _ in range(a.repeats):
+        c0 = time.process_time()
         ours.append(timed(lambda: exact_pass(x, y, u), device))
+        cpu_ours.append(time.process_time() - c0)
         if have_faiss:
+            c0 = time.process_time()
             theirs.append(timed(lambda: faiss_pass(x, y), torch.device("cpu")))
+            cpu_theirs.append(time.process_time() - c0)
     t_ours = float(np.median([o[0] for o in ours]))
     m_ours, (r1, rauroc) = max(o[1] for o in ours), ours[0][2]
     print(
@@ -275,6 +376,16 @@ def main(argv: list[str] | None = None) -> None:
         )
         each = ", ".join(f"{o[0] / f[0]:.3f}" for o, f in zip(ours, theirs))
         print(f"    ratio bayesurl / faiss = {t_ours / t_f:.3f}   (target <= 1.05; each: {each})")
+        c_o, c_f = float(np.median(cpu_ours)), float(np.median(cpu_theirs))
+        each = ", ".join(f"{o / f:.3f}" for o, f in zip(cpu_ours, cpu_theirs))
+        print(
+            f"    CPU time: bayesurl {c_o:.2f} s, faiss {c_f:.2f} s, ratio {c_o / c_f:.3f}"
+            f"   (each: {each})"
+        )
+        load = os.getloadavg()
+        print(f"    load average after: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
+    if a.skip_pml:
+        return
     t_p, m_p, r1_p = timed(lambda: pml_pass(x, y), device)
     print(f"    PML AccuracyCalculator {t_p:8.2f} s  peak {m_p / 2**20:8.0f} MiB  P@1={r1_p:.4f}")
     print(f"    ratio bayesurl / PML   = {t_ours / t_p:.3f}")

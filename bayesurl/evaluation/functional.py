@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from bayesurl._checks import check_same_length, check_tensor
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, normalize
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, neighbor_ids, normalize
 from bayesurl.evaluation.sampled import (  # the search behind the ECE (re-exported)
     checked_samples,
     choose_shortlist,
@@ -94,7 +94,7 @@ def _bool(x: object, name: str) -> Tensor:
 
 def _neighbors(embeddings: Tensor, k: int, neighbors: Tensor | None, memory_budget: int) -> Tensor:
     if neighbors is None:
-        return knn(embeddings, k, memory_budget=memory_budget)[1]
+        return neighbor_ids(embeddings, k, memory_budget)
     nb = check_tensor(neighbors, "neighbors", ndim=2)
     check_same_length(("embeddings", embeddings), ("neighbors", nb))
     if nb.shape[1] < k:

@@ -23,12 +23,16 @@ Decisions fixed by METRICS.md:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from threadpoolctl import ThreadpoolController
 from torch import Tensor
 
 from bayesurl._checks import check_floating, check_tensor
@@ -285,6 +289,13 @@ def knn(
     return _knn(x, x, k, memory_budget, chunk_size, backend, exclude_self=exclude_self)
 
 
+def neighbor_ids(embeddings: Tensor, k: int, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
+    """The ids of :func:`knn` (self excluded) for a caller that reads no similarity: the
+    second pass then recomputes only the rows whose order the first could not certify."""
+    x = check_tensor(embeddings, "embeddings", ndim=2, min_points=2)
+    return _knn(x, x, k, memory_budget, None, "torch", exclude_self=True, exact_values=False)[1]
+
+
 def _knn(
     q: Tensor,
     g: Tensor,
@@ -293,6 +304,7 @@ def _knn(
     chunk_size: int | None,
     backend: str,
     exclude_self: bool,
+    exact_values: bool = True,
 ) -> tuple[Tensor, Tensor]:
     _check_backend(backend)
     if not q.is_floating_point():
@@ -313,7 +325,9 @@ def _knn(
     qn = normalize(q)
     gn = qn if g is q else normalize(g)
     self_index = torch.arange(q.shape[0], device=q.device) if exclude_self else None
-    return search(qn, lambda: [(0, gn)], k, memory_budget, chunk_size, self_index)
+    return search(
+        qn, lambda: [(0, gn)], k, memory_budget, chunk_size, self_index, None, exact_values
+    )
 
 
 def _gemm_slack(d: int, dtype: torch.dtype, device: torch.device) -> float:
@@ -363,8 +377,8 @@ def search(
     process or W ranks, any chunking; issue 16, METRICS.md "ties to the lowest index"):
 
     1. the block products keep each query's top ``k + 1`` (:func:`_topk_chunked`; for
-       ``k = 1`` on CPU the tiled running maximum of :func:`_top1_tiled`, which also counts
-       the items within twice the error bound of the best). With ``s`` the products' error
+       ``k = 1`` on CPU the tiled running maximum of :func:`_top1_tiled`, which also keeps
+       the runner-up's value: its top 2). With ``s`` the products' error
        bound (:func:`_gemm_slack`) and ``t`` the k-th value, every item of the true top-k
        has a computed value ``>= t - 2 s``; a row is *complete* when its last kept value lies
        below that;
@@ -388,17 +402,16 @@ def search(
     m, d = qn.shape
     slack = _gemm_slack(d, qn.dtype, qn.device)
     if k == 1 and qn.device.type == "cpu":
-        # one running maximum and near count over every chunk's tiles (later chunks hold
+        # one running maximum and runner-up over every chunk's tiles (later chunks hold
         # larger indices, so only a strictly better value replaces the best)
         best_v = torch.full((m,), -math.inf, dtype=qn.dtype)
         best_i = torch.zeros(m, dtype=torch.long)
-        near = torch.zeros(m, dtype=torch.long)
+        second = torch.full((m,), -math.inf, dtype=qn.dtype)
         for off, gn in gallery():
             si = None if self_index is None else self_index - off
-            _top1_tiled(
-                qn, gn.T, self_index=si, near=near, slack=slack, best=(best_v, best_i), offset=off
-            )
-        tau, complete = best_v, near <= 1
+            _top1_tiled(qn, gn.T, self_index=si, second=second, best=(best_v, best_i), offset=off)
+        tau = best_v
+        complete = best_v - second > 2 * slack  # the certificate: no item within the bound
         clean = complete
         best_v, best_i = best_v[:, None], best_i[:, None]
     else:
@@ -630,6 +643,34 @@ def search_shards(
     return search(qn, lambda: sh.chunks(qn), k, memory_budget, chunk_size, own, sh, exact_values)
 
 
+def tile_product(q: Tensor, gt: Tensor, out: Tensor) -> Tensor:
+    """``q @ gt`` written into the contiguous ``out``.
+
+    On CPU (float32 / float64) the product goes through numpy's BLAS, an OpenBLAS that picks
+    its kernel for the processor it runs on, while the MKL inside torch keeps its fastest
+    paths for Intel processors (``benchmarks/evaluator.py`` prints both rates). The values may
+    differ in their last bits between the two, which the search allows for anyway: it ranks
+    by the products only where their error bound (:func:`_gemm_slack`, any summation order)
+    separates them. Call it within :func:`blas_threads`.
+    """
+    if out.device.type == "cpu" and out.dtype in (torch.float32, torch.float64):
+        np.matmul(q.detach().numpy(), gt.detach().numpy(), out=out.detach().numpy())
+        return out
+    return torch.mm(q, gt, out=out)
+
+
+@functools.cache
+def _blas_libraries() -> ThreadpoolController:
+    """The BLAS libraries loaded with numpy (found once: a search costs milliseconds)."""
+    return ThreadpoolController().select(user_api="blas")
+
+
+def blas_threads() -> contextlib.AbstractContextManager[object]:
+    """numpy's BLAS (:func:`tile_product`) limited to torch's thread count, as a context:
+    ``torch.set_num_threads`` and the ranks' ``OMP_NUM_THREADS`` govern the whole search."""
+    return _blas_libraries().limit(limits=torch.get_num_threads())
+
+
 def sim_tiles(
     qn: Tensor,
     gt: Tensor,
@@ -650,15 +691,18 @@ def sim_tiles(
     """
     n = gt.shape[1]
     si = None if self_index is None else self_index[r0:r1]
-    for c0 in range(0, n, cols):
-        c1 = min(c0 + cols, n)
-        sims = torch.mm(qn[r0:r1], gt[:, c0:c1], out=buf[: r1 - r0, : c1 - c0])
-        if col_scale is not None:
-            sims.mul_(col_scale[c0:c1])
-        if si is not None:
-            own = ((si >= c0) & (si < c1)).nonzero().squeeze(1)
-            sims[own, si[own] - c0] = -math.inf
-        yield c0, sims
+    flat = buf.view(-1)
+    with blas_threads():
+        for c0 in range(0, n, cols):
+            c1 = min(c0 + cols, n)
+            out = flat[: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0)  # contiguous
+            sims = tile_product(qn[r0:r1], gt[:, c0:c1], out)
+            if col_scale is not None:
+                sims.mul_(col_scale[c0:c1])
+            if si is not None:
+                own = ((si >= c0) & (si < c1)).nonzero().squeeze(1)
+                sims[own, si[own] - c0] = -math.inf
+            yield c0, sims
 
 
 def _top1_tiled(
@@ -669,8 +713,7 @@ def _top1_tiled(
     *,
     self_index: Tensor | None = None,
     col_scale: Tensor | None = None,
-    near: Tensor | None = None,
-    slack: float = 0.0,
+    second: Tensor | None = None,
     best: tuple[Tensor, Tensor] | None = None,
     offset: int = 0,
 ) -> tuple[Tensor, Tensor]:
@@ -678,24 +721,21 @@ def _top1_tiled(
 
     A whole ``[B, N]`` similarity block is written to memory and read back by the max, which
     makes the pass memory-bound for large N; ``4096 x 1024`` tiles (faiss's blocking) stay in
-    cache: 1.02x faiss ``IndexFlatIP`` at N = 60k, D = 512 against 1.11x for whole
-    ``[B, N]`` blocks (``benchmarks/evaluator.py``, 2 threads). Ties go to the
-    lowest index: ``argmax`` returns the first maximal index within a tile and a later tile
-    only replaces the running best when strictly greater. ``self_index`` and ``col_scale``:
-    see :func:`sim_tiles`.
+    cache. Ties go to the lowest index: ``argmax`` returns the first maximal index within a
+    tile and a later tile only replaces the running best when strictly greater.
+    ``self_index`` and ``col_scale``: see :func:`sim_tiles`.
 
-    ``near`` (int64 ``[M]``, zeros) receives, per query, a count that is at least
-    ``min(2, c)`` for the number ``c`` of items whose value lies within ``2 * slack`` of the
-    final best (the best included): each tile adds 1, or 2 when its second value is also
-    within ``2 * slack``; when the best rises within ``2 * slack`` the earlier count is kept
-    (an over-count), when it rises further the earlier items cannot qualify and the count
-    restarts. :func:`search` sends the rows with ``near > 1`` to its exact window search, so
-    the tile's winner may come from ``topk``'s order among equal values only in rows that
-    are searched again.
+    ``second`` (``[M]``, ``-inf``) receives the largest value of every item but the best: a
+    tile that does not raise a row's best offers its maximum, one that does offers the old
+    best and its own second value (``topk(2)`` of the few rows whose best rose, instead of
+    their ``argmax``). :func:`search` certifies a row when ``best - second`` exceeds twice
+    the error bound and sends the others to its exact window search, so the winner of a tie
+    inside a tile (``topk``'s order among equal values) is never kept: the tie makes
+    ``second == best``.
 
     ``best`` (``[M]`` values and int64 ids) is a running maximum of earlier calls, updated in
     place, and ``offset`` the global id of ``gt``'s first column: :func:`search` passes every
-    gallery chunk through one running state (and one ``near``), later chunks with larger ids.
+    gallery chunk through one running state, later chunks with larger ids.
     """
     m, n = qn.shape[0], gt.shape[1]
     if best is None:
@@ -703,34 +743,30 @@ def _top1_tiled(
         best_i = torch.zeros(m, dtype=torch.long)
     else:
         best_v, best_i = best
-    buf = torch.empty(min(rows, m), min(cols, n), dtype=qn.dtype)
+    buf = torch.empty(min(rows, m) * min(cols, n), dtype=qn.dtype)
     for r0 in range(0, m, rows):
         r1 = min(r0 + rows, m)
         bv, bi = best_v[r0:r1], best_i[r0:r1]
-        nr = None if near is None else near[r0:r1]
+        sv = None if second is None else second[r0:r1]
         tiles = sim_tiles(qn, gt, r0, r1, cols, buf, self_index=self_index, col_scale=col_scale)
         for c0, sims in tiles:
             v = sims.amax(dim=1)  # values only (about 3x faster than max with indices) ...
-            if nr is not None:  # rows with an item within 2 slack of their (new) best
-                lo = torch.maximum(bv, v) - 2 * slack
-                hit = (v >= lo).nonzero().squeeze(1)
-                nr.masked_fill_(bv < lo, 0)  # the earlier items are all below: restart
-                if hit.numel():
-                    # the tile's top 2 give the winner and whether a second item is near
-                    # (saturating count: only near <= 1 is read); one topk(2) costs 0.6x an
-                    # argmax plus a count. A tie among the top 2 sends the row to the
-                    # window search, so topk's own order among equal values never decides.
-                    tv, ti = torch.topk(sims.index_select(0, hit), min(2, sims.shape[1]), dim=1)
-                    two = tv[:, -1] >= lo[hit] if tv.shape[1] > 1 else torch.zeros_like(hit)
-                    nr.index_add_(0, hit, 1 + two.long())
-                    up = (v[hit] > bv[hit]).nonzero().squeeze(1)
-                    bv[hit[up]] = v[hit[up]]
-                    bi[hit[up]] = ti[up, 0] + (offset + c0)
+            rise = v > bv
+            up = rise.nonzero().squeeze(1)
+            if sv is not None:  # the bound check: the best's runner-up, never a count
+                torch.maximum(sv, torch.where(rise, bv, v), out=sv)
+            if not up.numel():
                 continue
-            up = (v > bv).nonzero().squeeze(1)
-            if up.numel():  # ... and the index only of the rows whose best improved
+            rows_up = sims.index_select(0, up)  # ... and the index only where the best rose
+            if sv is None:
                 bv[up] = v[up]
-                bi[up] = sims.index_select(0, up).argmax(dim=1) + (offset + c0)
+                bi[up] = rows_up.argmax(dim=1) + (offset + c0)
+                continue
+            tv, ti = torch.topk(rows_up, min(2, rows_up.shape[1]), dim=1)
+            if tv.shape[1] > 1:
+                sv[up] = torch.maximum(sv[up], tv[:, 1])
+            bv[up] = tv[:, 0]
+            bi[up] = ti[:, 0] + (offset + c0)
     return best_v[:, None], best_i[:, None]
 
 
