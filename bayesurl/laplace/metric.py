@@ -688,6 +688,7 @@ class BaseMetricLaplace:
             "geometry": self.geometry.value,
             "margin": self.margin,
             "hessian_scale": self.hessian_scale,
+            "hessian_pairs": self.hessian_pairs.value,
             "mode": self.mode,
             "n_pairs": self.n_pairs,
             "hessian_structure": self.hessian_structure.value,
@@ -730,6 +731,8 @@ class BaseMetricLaplace:
         self.geometry = _enum(Geometry, state["geometry"], "geometry")
         self.margin = float(state["margin"])
         self.hessian_scale = float(state.get("hessian_scale", 1.0))
+        pairs = state.get("hessian_pairs", HessianPairs.INSIDE_MARGIN.value)
+        self.hessian_pairs = _enum(HessianPairs, pairs, "hessian_pairs")
         self.prior_precision = state["prior_precision"]
         self.hessian = h.to(w.device).clone()
         self.n_pairs = int(state.get("n_pairs", 0))

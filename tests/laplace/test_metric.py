@@ -284,7 +284,9 @@ def test_train_online_runs_and_learns():
 def test_state_dict_roundtrip_weights_only():
     x, y = _data()
     net = _net()
-    la = MetricLaplace(net, approximation="positive", geometry="euclidean", margin=1.2)
+    la = MetricLaplace(
+        net, approximation="positive", geometry="euclidean", margin=1.2, hessian_pairs="all_mined"
+    )
     la.fit(_batches(x, y, 32), progress=False)
     la.optimize_prior_precision()
     buf = io.BytesIO()
@@ -298,6 +300,7 @@ def test_state_dict_roundtrip_weights_only():
     torch.testing.assert_close(la2.hessian, la.hessian)
     torch.testing.assert_close(la2.mean, la.mean)
     assert la2.approximation.value == "positive" and la2.margin == 1.2
+    assert la2.hessian_pairs.value == "all_mined"
     torch.testing.assert_close(la2.posterior_variance, la.posterior_variance)
     torch.testing.assert_close(la2.prior_precision, la.prior_precision)
     bad = dict(state)
