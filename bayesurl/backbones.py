@@ -23,7 +23,6 @@ section 5) a small conv net on FashionMNIST, which :class:`SmallConvNet` is.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import os
 import re
@@ -38,6 +37,7 @@ from bayesurl._modules import eval_mode
 __all__ = [
     "PACKAGED_WEIGHTS",
     "BackboneDataConfig",
+    "Identity",
     "PackagedWeights",
     "SmallConvNet",
     "build_backbone",
@@ -47,7 +47,6 @@ __all__ = [
     "load_efficientnet_pytorch",
     "packaged_weights_path",
     "resolve_backbone",
-    "weights_fingerprint",
 ]
 
 #: Pixel mean / std of the FashionMNIST training images on [0, 1] (the small conv net's input).
@@ -112,8 +111,32 @@ class SmallConvNet(nn.Module):
         return self.fc(self.features(x))
 
 
+class Identity(nn.Module):
+    """The backbone of a frozen-feature run: its inputs are the cached features ``[N, F]``.
+
+    Parameters
+    ----------
+    num_features : int
+        Feature dimension F of the cached features.
+    in_channels : int
+        Ignored (accepted so that the run's channel argument passes through).
+    """
+
+    def __init__(self, num_features: int, in_channels: int | None = None) -> None:
+        super().__init__()
+        self.num_features = int(num_features)
+        self.pretrained_cfg: dict[str, Any] = {
+            "input_size": (1, 1, self.num_features),
+            "mean": (0.0,),
+            "std": (1.0,),
+        }
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+
 #: backbone names built by bayesurl itself (anything else is a timm model name)
-_LOCAL_BACKBONES: dict[str, type[nn.Module]] = {"small_convnet": SmallConvNet}
+_LOCAL_BACKBONES: dict[str, type[nn.Module]] = {"small_convnet": SmallConvNet, "identity": Identity}
 
 
 def load_backbone_weights(module: nn.Module, path: str | os.PathLike[str]) -> nn.Module:
@@ -331,20 +354,6 @@ def _packaged_model(name: str, pretrained: bool, kwargs: dict[str, Any]) -> nn.M
         state = torch.load(path, map_location="cpu", weights_only=True)
         load_efficientnet_pytorch(module, state)
     return module
-
-
-def weights_fingerprint(module: nn.Module) -> str:
-    """SHA-256 of a module's state dict (names, dtypes, shapes and values), as hex.
-
-    Identifies the weights a feature cache was extracted with, whatever their source
-    (packaged, a local checkpoint, a seeded random initialisation).
-    """
-    digest = hashlib.sha256()
-    for key, value in module.state_dict().items():
-        t = value.detach().to("cpu").contiguous()
-        digest.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return digest.hexdigest()
 
 
 def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:

@@ -127,6 +127,16 @@ class BackboneConfig:
     pretrained : bool
         Load the packaged ImageNet weights of a name in
         :data:`bayesurl.backbones.PACKAGED_WEIGHTS` (``efficientnet_lite0`` ...; offline).
+    freeze : bool
+        Keep the backbone fixed: its features are extracted once into ``cache`` and every
+        estimator trains on them (:mod:`bayesurl.runs.features`).
+    resolution : int or None
+        Side the images are resized to before a frozen backbone (``None``: its input size).
+    views : int
+        Cached rows per training image with ``freeze``: the plain one and ``views - 1``
+        augmentations (the two-view methods draw among these).
+    cache : str
+        Folder of the frozen-feature store.
     embed_dim : int or None
         Embedding dimension D of the linear projection (``None``: the backbone's features).
     """
@@ -135,6 +145,10 @@ class BackboneConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     checkpoint: str | None = None
     pretrained: bool = False
+    freeze: bool = False
+    resolution: int | None = None
+    views: int = 3
+    cache: str = "runs/features"
     embed_dim: int | None = 64
 
 
@@ -632,6 +646,8 @@ def _validate(cfg: RunConfig) -> None:
         ("train.grad_accum", t.grad_accum),
         ("eval.batch_size", e.batch_size),
         ("data.image_size", cfg.data.image_size),
+        ("backbone.views", b.views),
+        ("backbone.resolution", 1 if b.resolution is None else b.resolution),
     ):
         if value < 1:
             raise ValueError(f"`{where}` must be >= 1, got {value}")

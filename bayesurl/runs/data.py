@@ -21,7 +21,7 @@ from torch import nn
 from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.runs.config import RunConfig
 
-__all__ = ["RunData", "backbone_kwargs", "build_data", "data_key"]
+__all__ = ["RunData", "backbone_kwargs", "build_data", "data_key", "method_backbone"]
 
 
 @dataclass
@@ -48,6 +48,9 @@ class RunData:
     tests : dict
         Several downstream test sets by name (ImageNet upstream: CUB, CARS, SOP); the runner
         scores each and reports their mean. Empty: ``sets.test`` is the one test set.
+    backbone : (str, dict) or None
+        The estimators' backbone name and arguments when the data are not images (frozen
+        features: ``("identity", {"num_features": F})``); ``None``: the config's.
     """
 
     name: str
@@ -58,6 +61,7 @@ class RunData:
     augment: nn.Module
     info: dict[str, Any] = field(default_factory=dict)
     tests: dict[str, Any] = field(default_factory=dict)
+    backbone: tuple[str, dict[str, Any]] | None = None
 
 
 class _Keep(nn.Module):
@@ -86,6 +90,9 @@ def data_key(cfg: RunConfig) -> tuple[Any, ...]:
         d.stage,
         b.name,
         tuple(sorted((k, repr(v)) for k, v in b.kwargs.items())),
+        b.checkpoint,
+        b.pretrained,
+        (b.freeze, b.resolution, b.views, b.cache) if b.freeze else None,
     )
 
 
@@ -177,9 +184,14 @@ def build_data(cfg: RunConfig) -> RunData:
         info.update(class_split=dict(d.class_split), stage=d.stage)
     if tests:
         info["sizes"].update({f"test_{k}": len(v) for k, v in tests.items()})
-    return RunData(
+    data = RunData(
         zs.name, zs, int(zs.num_train_classes), channels, transform, augment, info, tests
     )
+    if cfg.backbone.freeze:
+        from bayesurl.runs.features import frozen_data
+
+        data = frozen_data(cfg, data, backbone_kwargs(cfg, None))
+    return data
 
 
 def _class_split_sets(cfg: RunConfig, name: str) -> Any:
@@ -272,6 +284,13 @@ def _upstream(cfg: RunConfig) -> tuple[Any, dict[str, Any]]:
         image_shape=None,
     )
     return zs, tests
+
+
+def method_backbone(cfg: RunConfig, data: RunData) -> tuple[str, dict[str, Any]]:
+    """Backbone name and arguments of the estimators trained on ``data``."""
+    if data.backbone is not None:
+        return data.backbone[0], dict(data.backbone[1])
+    return cfg.backbone.name, backbone_kwargs(cfg, data.channels)
 
 
 def backbone_kwargs(cfg: RunConfig, channels: int | None) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from bayesurl.files import atomic_open
 from bayesurl.runs.config import RunConfig
-from bayesurl.runs.data import RunData, backbone_kwargs
+from bayesurl.runs.data import RunData, method_backbone
 from bayesurl.types import Output
 
 __all__ = [
@@ -158,11 +158,12 @@ class MethodEstimator(Estimator):
     def build(self, data: RunData) -> nn.Module:
         """The untrained method with the config's backbone and constructor arguments."""
         cfg = self.cfg
+        name, kwargs = method_backbone(cfg, data)
         self.kwargs = {
-            "backbone": cfg.backbone.name,
+            "backbone": name,
             "embed_dim": cfg.backbone.embed_dim,
             "num_classes": data.num_classes,
-            "backbone_kwargs": backbone_kwargs(cfg, data.channels),
+            "backbone_kwargs": kwargs,
             **cfg.estimator.kwargs,
         }
         params = inspect.signature(self.cls.__init__).parameters
@@ -420,9 +421,8 @@ class LamEstimator(Estimator):
         from bayesurl.training import fit
 
         cfg, e, t = self.cfg, self.cfg.estimator, self.cfg.train
-        net = EmbeddingNet(
-            cfg.backbone.name, cfg.backbone.embed_dim, **backbone_kwargs(cfg, data.channels)
-        ).to(device)
+        bname, bkwargs = method_backbone(cfg, data)
+        net = EmbeddingNet(bname, cfg.backbone.embed_dim, **bkwargs).to(device)
         train = data.sets.train
         # the whole set on every rank: fit shards its own copy under DDP, and the post-hoc
         # Hessian is summed over all of it on each rank
