@@ -60,7 +60,7 @@ __all__ = [
 RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 
 #: Estimator kinds (see :mod:`bayesurl.runs.estimators`).
-ESTIMATOR_KINDS = ("method", "posthoc", "lam")
+ESTIMATOR_KINDS = ("method", "posthoc", "lam", "baseline")
 
 
 @dataclass
@@ -213,9 +213,10 @@ class EstimatorConfig:
     ----------
     name : str
         The table's name (the estimator's name in results).
-    kind : {"method", "posthoc", "lam"}
+    kind : {"method", "posthoc", "lam", "baseline"}
         A registry method trained by :func:`bayesurl.training.fit`; a post-hoc wrapper
-        (:func:`bayesurl.wrap`) on a trained ``base``; LAM (:mod:`bayesurl.laplace`).
+        (:func:`bayesurl.wrap`) on a trained ``base``; LAM (:mod:`bayesurl.laplace`); a free
+        ``baseline`` of the input representation (nothing trained).
     method : str or None
         Registry name of a ``method`` estimator (default: ``name``).
     base : str or None

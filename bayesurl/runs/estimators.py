@@ -17,6 +17,8 @@ Kinds (:data:`ESTIMATORS`):
 - ``posthoc``: :func:`bayesurl.wrap` (PVU, thesis section 5.3; post-hoc TaU, TaU section 4;
   last-layer Laplace, LAM section 3, with laplace-torch on a classifier) around a trained base
   method that the runner trains or reuses;
+- ``baseline``: a free, training-free score of the input representation (the pretrained
+  features of a frozen-feature run): ``1 / ||f||`` or the k-NN cosine distance;
 - ``lam``: an embedding net trained with the contrastive loss and a post-hoc last-layer
   Laplace (LAM section 3), or trained with online LAM (LAM eqs. 4-5), via
   :mod:`bayesurl.laplace`.
@@ -29,6 +31,7 @@ import inspect
 import time
 import warnings
 from collections.abc import Iterator
+from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -43,6 +46,8 @@ from bayesurl.types import Output
 
 __all__ = [
     "ESTIMATORS",
+    "BaselineEstimator",
+    "BaselineScore",
     "Estimator",
     "LamEstimator",
     "MethodEstimator",
@@ -491,11 +496,81 @@ class LamEstimator(Estimator):
         return self.la.predictive(x, n_samples=n_samples)
 
 
+class BaselineScore(str, Enum):
+    """Free uncertainty scores of the run's input representation (no training)."""
+
+    INVERSE_NORM = "inverse_norm"
+    KNN_DISTANCE = "knn_distance"
+
+
+class BaselineEstimator(Estimator):
+    """A free baseline: the input representation itself, with a training-free ``u(x)``.
+
+    With ``backbone.freeze`` the inputs are the pretrained features ``f``, so the embedding is
+    ``f`` and ``u`` is ``1 / ||f||`` (``score = "inverse_norm"``; the feature norm tracks how
+    typical an input is for the pretrained network, a reference score of the PVU thesis,
+    section 5.3) or the mean cosine distance to the ``k`` nearest upstream training features
+    (``score = "knn_distance"``). From scratch the inputs are the normalised pixels: the same
+    scores in pixel space.
+    """
+
+    kind = "baseline"
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__(cfg)
+        e = cfg.estimator
+        where = f"estimators.{e.name}.kwargs"
+        unknown = [k for k in e.kwargs if k not in ("score", "k")]
+        if unknown:
+            raise ValueError(f"unknown key `{where}.{unknown[0]}`; valid: score, k")
+        try:
+            self.score = BaselineScore(str(e.kwargs.get("score", "inverse_norm")))
+        except ValueError:
+            valid = ", ".join(s.value for s in BaselineScore)
+            raise ValueError(
+                f"unknown `{where}.score` {e.kwargs.get('score')!r}; valid: {valid}"
+            ) from None
+        self.k = int(e.kwargs.get("k", 10))
+        if self.k < 1:
+            raise ValueError(f"`{where}.k` must be >= 1, got {self.k}")
+        self.gallery: Tensor | None = None
+
+    def fit(
+        self,
+        data: RunData,
+        *,
+        device: torch.device,
+        progress: bool = False,
+        base: Estimator | None = None,
+        out: Path | None = None,
+    ) -> dict[str, Any]:
+        from bayesurl.data import make_loader
+
+        t0 = time.perf_counter()
+        if self.score is BaselineScore.KNN_DISTANCE:
+            loader = make_loader(data.sets.train, 1024, shuffle=False, distributed=False)
+            rows = [x.flatten(1) for x, _ in _Batches(loader, data.transform, device)]
+            self.gallery = nn.functional.normalize(torch.cat(rows).float(), dim=1)
+        return {"train_time": time.perf_counter() - t0}
+
+    def predict(self, x: Tensor, n_samples: int = 0) -> Output:
+        emb = x.flatten(1).float()
+        if self.score is BaselineScore.INVERSE_NORM:
+            u = 1.0 / emb.norm(dim=1).clamp_min(torch.finfo(emb.dtype).tiny)
+        else:
+            assert self.gallery is not None, "fit first"
+            sim = nn.functional.normalize(emb, dim=1) @ self.gallery.to(emb.device).T
+            k = min(self.k, sim.shape[1])
+            u = (1.0 - sim.topk(k, dim=1).values).mean(dim=1)
+        return Output(embedding=emb, uncertainty=u)
+
+
 #: Estimator classes by ``kind``.
 ESTIMATORS: dict[str, type[Estimator]] = {
     "method": MethodEstimator,
     "posthoc": PosthocEstimator,
     "lam": LamEstimator,
+    "baseline": BaselineEstimator,
 }
 
 
