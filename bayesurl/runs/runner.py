@@ -486,7 +486,9 @@ def _run(
             "device": device,
             "seed": cfg.seed,
             "return_outputs": keep_outputs or record,
-            "crop_images": CROP_IMAGES,  # every metric a benchmark reports, a run reports
+            # every metric a benchmark reports, a run reports; cached features have no
+            # pixels to crop
+            "crop_images": CROP_IMAGES if data.backbone is None else 0,
             **evaluate_kwargs,
         }
         if data.tests:  # several downstream sets: each scored, their mean reported
