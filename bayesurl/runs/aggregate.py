@@ -330,19 +330,36 @@ def paired_comparison(
     return out
 
 
-def _balanced_partitions(splits: Sequence[int]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """Every split of ``splits`` into two halves of sizes ``floor(k/2)`` / ``ceil(k/2)``,
-    each unordered partition once (the half holding the first split is listed first when the
-    halves are equal in size)."""
+#: Balanced partitions enumerated exactly up to this many; beyond (e.g. 40 splits: 6.9e10
+#: partitions) :data:`RANDOM_HALVINGS` distinct ones are drawn with a seeded generator.
+MAX_EXACT_PARTITIONS = 5000
+RANDOM_HALVINGS = 2000
+
+
+def _balanced_partitions(
+    splits: Sequence[int], *, seed: int = 0
+) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Splits of ``splits`` into two halves of sizes ``floor(k/2)`` / ``ceil(k/2)``, each
+    unordered partition once (the half holding the first split is listed first when the
+    halves are equal in size): all of them, or :data:`RANDOM_HALVINGS` distinct random ones
+    (seeded) when there are more than :data:`MAX_EXACT_PARTITIONS`."""
     s = sorted(splits)
     k = len(s)
-    out = []
-    for a in itertools.combinations(s, k // 2):
+    total = math.comb(k, k // 2) // (2 if k % 2 == 0 else 1)
+
+    def canonical(a: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        a = tuple(sorted(a))
         b = tuple(x for x in s if x not in a)
-        if k % 2 == 0 and s[0] not in a:
-            continue
-        out.append((a, b))
-    return out
+        return (b, a) if k % 2 == 0 and s[0] not in a else (a, b)
+
+    if total <= MAX_EXACT_PARTITIONS:
+        return list(dict.fromkeys(canonical(a) for a in itertools.combinations(s, k // 2)))
+    rng = np.random.default_rng(seed)
+    seen: dict[tuple[tuple[int, ...], tuple[int, ...]], None] = {}
+    while len(seen) < RANDOM_HALVINGS:
+        perm = rng.permutation(k)[: k // 2]
+        seen.setdefault(canonical([s[i] for i in perm]), None)
+    return list(seen)
 
 
 def split_half_reproducibility(
@@ -352,7 +369,8 @@ def split_half_reproducibility(
     max_partitions: int | None = None,
 ) -> dict[str, Any]:
     """Spearman correlation of the estimators' mean ``metric`` between two disjoint halves of
-    the class splits, over every balanced partition of the splits.
+    the class splits, over every balanced partition of the splits (or, with many splits,
+    :data:`RANDOM_HALVINGS` random ones: the distribution is reported, not one partition).
 
     Parameters
     ----------
@@ -367,9 +385,10 @@ def split_half_reproducibility(
     -------
     dict
         ``{"metric", "estimators", "splits", "partitions": [{"a", "b", "spearman"}], "mean",
-        "min", "max", "first"}``; ``first`` is the partition of the lower split ids against
-        the upper ones (``a = splits[:k // 2]``), ``mean`` / ``min`` / ``max`` run over all
-        partitions. Only estimators with a value on every split enter; a partition whose
+        "min", "max", "median", "q05", "q95", "exhaustive", "first"}``; ``first`` is the
+        partition of the lower split ids against the upper ones (``a = splits[:k // 2]``);
+        ``mean`` / ``min`` / ``max`` / ``median`` / quantiles run over all partitions used.
+        Only estimators with a value on every split enter; a partition whose
         means are constant on one side gets ``spearman = None``.
 
     Raises
@@ -401,6 +420,9 @@ def split_half_reproducibility(
     parts = _balanced_partitions(splits)
     if max_partitions is not None:
         parts = parts[: int(max_partitions)]
+    lower = tuple(splits[: len(splits) // 2])
+    if all(a != lower for a, _ in parts):  # the lower-vs-upper partition is always reported
+        parts.append((lower, tuple(splits[len(splits) // 2 :])))
     rows = []
     for a, b in parts:
         xa = [half_mean(n, a) for n in names]
@@ -420,5 +442,10 @@ def split_half_reproducibility(
         "mean": float(np.mean(vals)) if vals else None,
         "min": float(np.min(vals)) if vals else None,
         "max": float(np.max(vals)) if vals else None,
+        "median": float(np.median(vals)) if vals else None,
+        "q05": float(np.quantile(vals, 0.05)) if vals else None,
+        "q95": float(np.quantile(vals, 0.95)) if vals else None,
+        "exhaustive": len(parts)
+        >= math.comb(len(splits), len(splits) // 2) // (2 if len(splits) % 2 == 0 else 1),
         "first": first,
     }

@@ -200,6 +200,33 @@ def test_split_half_reproducibility_against_loops(n_split):
     assert len(out["partitions"]) == (3 if n_split == 4 else 10)
 
 
+def test_split_half_with_many_splits_draws_distinct_random_halvings():
+    """40 splits have 6.9e10 balanced partitions: a seeded sample of distinct ones is used and
+    its distribution reported; each sampled partition's Spearman against the loop reference."""
+    from bayesurl.runs.aggregate import RANDOM_HALVINGS
+
+    recs = _records(n_est=6, n_split=40, n_seed=1, seed=3)
+    out = split_half_reproducibility(recs, "r_auroc")
+    parts = [(tuple(p["a"]), tuple(p["b"])) for p in out["partitions"]]
+    assert len(set(parts)) == len(parts) >= RANDOM_HALVINGS and not out["exhaustive"]
+    for a, b in parts:
+        assert len(a) == len(b) == 20 and sorted(a + b) == list(range(40)) and 0 in a
+    names = sorted(out["estimators"])
+    for part in out["partitions"][:20]:
+
+        def mean(name, half):
+            v = [r["r_auroc"] for r in recs if r["method"] == name and r["split"] in half]
+            return sum(v) / len(v)
+
+        ref = _spearman_reference(
+            [mean(n, part["a"]) for n in names], [mean(n, part["b"]) for n in names]
+        )
+        assert part["spearman"] == pytest.approx(ref, abs=1e-12)
+    rhos = [p["spearman"] for p in out["partitions"]]
+    assert out["median"] == pytest.approx(float(np.median(rhos)), abs=1e-12)
+    assert out["first"] is not None and out["q05"] <= out["median"] <= out["q95"]
+
+
 def test_split_half_needs_splits_and_estimators():
     with pytest.raises(ValueError, match="2 splits"):
         split_half_reproducibility(_records(4, 1, 2), "r_auroc")
