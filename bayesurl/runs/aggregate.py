@@ -17,6 +17,8 @@ results averaged over downstream sets and seeds) with the intervals and tests ma
   (:func:`scipy.stats.ttest_rel`) and the **Wilcoxon signed-rank test**
   (:func:`scipy.stats.wilcoxon`), both two-sided, and Holm-adjusted p-values over the
   estimators compared.
+* :func:`bootstrap_interval`: a percentile bootstrap interval of a mean (the paired
+  differences get one beside their t-interval).
 * :func:`split_half_reproducibility`: the estimators' mean metric on one half of the class
   splits against the other half, as a **Spearman** correlation
   (:func:`scipy.stats.spearmanr`), for every balanced partition of the splits (the issue asks
@@ -33,6 +35,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "bootstrap_interval",
     "holm",
     "paired_comparison",
     "split_half_reproducibility",
@@ -234,6 +237,31 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return adj.tolist()
 
 
+#: Resamples of :func:`bootstrap_interval`.
+BOOTSTRAP_RESAMPLES = 5000
+
+
+def bootstrap_interval(
+    values: Sequence[float], level: float = 0.95, *, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (Efron & Tibshirani, 1993, section 13.3):
+    :data:`BOOTSTRAP_RESAMPLES` resamples with replacement, seeded.
+
+    Raises
+    ------
+    ValueError
+        With no values or a level outside ``(0, 1)``.
+    """
+    _check_level(level)
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("`values` is empty")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(BOOTSTRAP_RESAMPLES, x.size))].mean(axis=1)
+    tail = (1.0 - float(level)) / 2.0
+    return float(np.quantile(means, tail)), float(np.quantile(means, 1.0 - tail))
+
+
 def paired_comparison(
     records: Iterable[Mapping[str, Any]],
     metric: str,
@@ -260,8 +288,9 @@ def paired_comparison(
     Returns
     -------
     dict
-        ``{estimator: {"n", "mean_diff", "low", "high", "t", "p_t", "p_wilcoxon",
-        "p_t_holm", "p_wilcoxon_holm", "verdict"}}`` with ``diff = estimator - reference``
+        ``{estimator: {"n", "mean_diff", "low", "high", "boot_low", "boot_high", "t", "p_t",
+        "p_wilcoxon", "p_t_holm", "p_wilcoxon_holm", "verdict"}}`` with
+        ``diff = estimator - reference`` (``boot_*``: :func:`bootstrap_interval`)
         (sign flipped for lower-is-better metrics such as ECE, so positive is always better);
         ``verdict`` is ``"better"``, ``"worse"`` or ``"no difference"`` at ``alpha`` by the
         Holm-adjusted t-test. Estimators with fewer than 2 pairs get ``n`` and ``None``
@@ -299,10 +328,12 @@ def paired_comparison(
         row: dict[str, Any] = {"n": len(pairs)}
         if len(pairs) < 2:
             row.update(mean_diff=float(d.mean()) if len(d) else None, low=None, high=None)
+            row.update(boot_low=None, boot_high=None)
             row.update(t=None, p_t=None, p_wilcoxon=None)
             out[name] = row
             continue
         m, lo, hi = t_interval(d, level)
+        row.update(zip(("boot_low", "boot_high"), bootstrap_interval(d, level)))
         if np.all(d == d[0]):  # no spread: the t statistic is undefined
             t, p_t = (math.inf * np.sign(d[0]), 0.0) if d[0] != 0 else (0.0, 1.0)
         else:

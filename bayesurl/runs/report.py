@@ -21,8 +21,10 @@ from bayesurl.files import atomic_open, write_json
 from bayesurl.runs.aggregate import paired_comparison, split_half_reproducibility, summarize
 
 __all__ = [
+    "FREE_BASELINES",
     "REPORT_METRICS",
     "REPRO_METRICS",
+    "best_free_baseline",
     "jsonable",
     "plot_results",
     "plot_training_curves",
@@ -65,6 +67,21 @@ def jsonable(obj: Any) -> Any:
         return str(obj)
 
 
+#: Estimators that train nothing (the input representation's own score): the reference an
+#: uncertainty estimator on pretrained features has to beat.
+FREE_BASELINES: tuple[str, ...] = ("feature_norm", "feature_knn")
+
+
+def best_free_baseline(summary: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The free baseline with the highest mean R-AUROC in ``summary`` (``None``: none ran)."""
+    have = {
+        n: summary[n].get("r_auroc", {}).get("mean")
+        for n in FREE_BASELINES
+        if n in summary and summary[n].get("r_auroc", {}).get("mean") is not None
+    }
+    return max(have, key=lambda n: have[n]) if have else None
+
+
 def write_results(
     records: Sequence[Mapping[str, Any]],
     out: str | os.PathLike[str],
@@ -78,8 +95,10 @@ def write_results(
 
     ``results.json`` holds ``settings``, ``runs`` (every record), ``summary`` (mean and 95 %
     t-interval over the splits' seed means, :func:`~bayesurl.runs.aggregate.summarize`),
-    ``paired_vs_<reference>`` per metric (paired t / Wilcoxon over (split, seed), Holm) and
-    ``reproducibility`` (split-half Spearman for R-AUROC, R@1, OOD AUROC).
+    ``paired_vs_<reference>`` per metric (paired t / Wilcoxon over (split, seed), Holm,
+    bootstrap interval), the same against the best free baseline (``best_free_baseline``,
+    ``paired_vs_best_free_baseline``; :data:`FREE_BASELINES`) and ``reproducibility``
+    (split-half Spearman for R-AUROC, R@1, OOD AUROC).
     """
     import csv
 
@@ -95,6 +114,14 @@ def write_results(
                 paired[m] = paired_comparison(recs, m, reference=reference)
             except ValueError as exc:
                 paired[m] = {"note": str(exc)}
+    free = best_free_baseline(summary)
+    paired_free: dict[str, Any] = {}
+    if free is not None:
+        for m in metrics:
+            try:
+                paired_free[m] = paired_comparison(recs, m, reference=free)
+            except ValueError as exc:
+                paired_free[m] = {"note": str(exc)}
     repro: dict[str, Any] = {}
     for m in REPRO_METRICS:
         try:
@@ -106,6 +133,8 @@ def write_results(
         "runs": recs,
         "summary": jsonable(summary),
         f"paired_vs_{reference}": jsonable(paired),
+        "best_free_baseline": free,
+        "paired_vs_best_free_baseline": jsonable(paired_free),
         "reproducibility": jsonable(repro),
     }
     paths = {"json": folder / "results.json", "csv": folder / "results.csv"}

@@ -234,3 +234,19 @@ def test_split_half_needs_splits_and_estimators():
         split_half_reproducibility(_records(2, 4, 2), "r_auroc")
     with pytest.raises(ValueError, match="3 estimators"):  # ECE only on odd estimators
         split_half_reproducibility(_records(4, 4, 2), "ece")
+
+
+def test_bootstrap_interval_agrees_with_the_t_interval_on_a_large_sample():
+    """Reference: scipy's t quantile; for 400 normal values both intervals nearly coincide."""
+    from scipy import stats
+
+    from bayesurl.runs.aggregate import bootstrap_interval
+
+    x = np.random.default_rng(0).normal(0.3, 1.0, 400)
+    lo, hi = bootstrap_interval(x, 0.95)
+    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+    assert lo < x.mean() < hi
+    assert (hi - lo) == pytest.approx(2 * half, rel=0.1)
+    assert bootstrap_interval([0.2, 0.2, 0.2]) == pytest.approx((0.2, 0.2))
+    with pytest.raises(ValueError, match="`values`"):
+        bootstrap_interval([])

@@ -190,3 +190,17 @@ def test_write_results_keeps_failed_runs_apart(tmp_path):
     assert doc["summary"]["a"]["_runs"] == {"ok": 4, "failed": 1}
     assert doc["summary"]["a"]["r_auroc"]["n"] == 4  # the failed run is not averaged
     assert len(doc["runs"]) == 17 and paths["png"].is_file()
+
+
+def test_best_free_baseline_is_the_one_with_the_higher_r_auroc():
+    from bayesurl.runs.report import best_free_baseline
+
+    summary = {
+        "ce": {"r_auroc": {"mean": 0.9}},
+        "feature_norm": {"r_auroc": {"mean": 0.61}},
+        "feature_knn": {"r_auroc": {"mean": 0.64}},
+    }
+    assert best_free_baseline(summary) == "feature_knn"
+    summary["feature_knn"]["r_auroc"]["mean"] = None
+    assert best_free_baseline(summary) == "feature_norm"
+    assert best_free_baseline({"ce": {"r_auroc": {"mean": 0.5}}}) is None
