@@ -551,6 +551,13 @@ class BaselineEstimator(Estimator):
             loader = make_loader(data.sets.train, 1024, shuffle=False, distributed=False)
             rows = [x.flatten(1) for x, _ in _Batches(loader, data.transform, device)]
             self.gallery = nn.functional.normalize(torch.cat(rows).float(), dim=1)
+        if out is not None:  # what the score needs, loadable with weights_only=True
+            out.mkdir(parents=True, exist_ok=True)
+            self.checkpoint = out / "baseline.pt"
+            state = {"score": self.score.value, "k": self.k, "config": self.cfg.to_dict()}
+            if self.gallery is not None:
+                state["gallery"] = self.gallery.cpu()
+            torch.save(state, self.checkpoint)
         return {"train_time": time.perf_counter() - t0}
 
     def predict(self, x: Tensor, n_samples: int = 0) -> Output:
