@@ -19,9 +19,12 @@ augmentations (:class:`RandomView`) instead of fresh ones. Other sets get row 0 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,13 +33,23 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from torch.utils.data import TensorDataset
 
 from bayesurl._modules import eval_mode
 from bayesurl.files import CorruptedFileError, reuse_or_build, unseal
 from bayesurl.posthoc.base import iterate
 from bayesurl.posthoc.cache import encoder_fingerprint
+from bayesurl.runs.config import RunConfig
 
-__all__ = ["FeatureStore", "FirstView", "FrozenEncoder", "RandomView", "image_digests"]
+__all__ = [
+    "FeatureStore",
+    "FirstView",
+    "FrozenEncoder",
+    "RandomView",
+    "feature_store",
+    "frozen_data",
+    "image_digests",
+]
 
 #: images per extraction batch
 EXTRACT_BATCH = 128
@@ -60,11 +73,7 @@ class FrozenEncoder(nn.Module):
         self.backbone, self.transform, self.resolution = backbone, transform, int(resolution)
 
     def forward(self, images: Tensor) -> Tensor:
-        x = self.transform(images)
-        if x.shape[-1] != self.resolution or x.shape[-2] != self.resolution:
-            size = (self.resolution, self.resolution)
-            x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
-        return self.backbone(x)
+        return self.backbone(_resize(self.transform(images), self.resolution))
 
 
 def image_digests(images: Tensor) -> list[str]:
@@ -164,8 +173,6 @@ class FeatureStore:
         gen = torch.Generator().manual_seed(int(self.seed))
 
         def build(shard: Path) -> dict[str, Any]:
-            import time
-
             t0 = time.perf_counter()
             feats = self._encode(images, views, gen)
             self.timings["extract_seconds"] += time.perf_counter() - t0
@@ -254,7 +261,7 @@ def _images_of(dataset: Any) -> tuple[Tensor, Tensor]:
 
 
 def feature_store(
-    cfg: Any, channels: int, kwargs: dict[str, Any], progress: bool = True
+    cfg: RunConfig, channels: int, kwargs: dict[str, Any], progress: bool = True
 ) -> FeatureStore:
     """The store of ``cfg``'s frozen backbone (built from ``kwargs`` with its weights)."""
     from bayesurl import data as bd
@@ -287,17 +294,12 @@ def feature_store(
     )
 
 
-def frozen_data(cfg: Any, data: Any, kwargs: dict[str, Any], progress: bool = True) -> Any:
+def frozen_data(cfg: RunConfig, data: Any, kwargs: dict[str, Any], progress: bool = True) -> Any:
     """``data`` (:class:`~bayesurl.runs.data.RunData` of images) with each set replaced by its
     cached frozen features: ``train`` ``[N, views, F]``, the others ``[N, 1, F]``; the batch
     transform takes row 0 (:class:`FirstView`), the augmentation a random cached view
     (:class:`RandomView`), and the estimators' backbone is the identity on ``F`` features.
     ``kwargs``: the arguments of the frozen backbone (its weights)."""
-    import copy
-    import dataclasses
-
-    from torch.utils.data import TensorDataset
-
     if data.tests:
         raise ValueError("`backbone.freeze` supports the embedded data sets (one test set)")
     store = feature_store(cfg, data.channels, kwargs, progress)
