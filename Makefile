@@ -6,7 +6,11 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
-MAIN_ARGS ?= --preset quick --out runs/benchmark
+# the main job: frozen ImageNet EfficientNet-Lite0 features (extracted once into
+# runs/features, reused by later runs); `make run PRESET=quick` trains the small conv net
+# from scratch instead
+PRESET ?= pretrained_quick
+MAIN_ARGS ?= --preset $(PRESET) --out runs/benchmark
 
 .PHONY: run test install data mathjax lint docs clean
 
