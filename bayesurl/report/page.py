@@ -134,6 +134,7 @@ def _estimator(
     return {
         "name": run.estimator,
         "seed": run.seed,
+        "split": run.split,
         "n": int(rec.u.size),
         "labelled": rec.labelled,
         "metrics": {

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ class RecordedRun:
     seed: int
     record: QueryRecord
     metrics: dict[str, Any] = field(default_factory=dict)
+    split: int | None = None
 
 
 @dataclass
@@ -65,7 +67,7 @@ class ReportSource:
     plots : list of Path
         PNG files of the folder.
     runs : list of RecordedRun
-        Runs with a per-query record, one per estimator (its lowest seed).
+        Runs with a per-query record, one per estimator (its first class split, lowest seed).
     missing : list of str
         Estimators of the table without a record (said on the page).
     """
@@ -131,23 +133,39 @@ def _benchmark(folder: Path) -> ReportSource:
     ]
     recorded, missing = [], []
     for name, *_ in rows:
-        files = {
-            int(seed): p
-            for p in (folder / "queries").glob(f"{name}_s*.npz")
-            if (seed := p.stem[len(name) + 2 :]).isdigit()
-        }
-        if not files:
+        found = _records_of(folder / "queries", name)
+        if not found:
             missing.append(name)
             continue
-        seed = min(files)
+        (split, seed), path = min(found.items())  # the first class split, the lowest seed
         metrics = next(
-            (r for r in runs if r.get("estimator") == name and int(r.get("seed", -1)) == seed), {}
+            (
+                r
+                for r in runs
+                if r.get("estimator") == name
+                and int(r.get("seed", -1)) == seed
+                and (split is None or int(r.get("split", -1)) == split)
+            ),
+            {},
         )
-        recorded.append(RecordedRun(name, seed, read_queries(files[seed]), dict(metrics)))
+        recorded.append(RecordedRun(name, seed, read_queries(path), dict(metrics), split))
     title = f"bayesurl benchmark: {s.get('dataset', '')} ({s.get('preset', '')})"
     return ReportSource(
         folder, "benchmark", title, settings, _titles(), rows, _plots(folder), recorded, missing
     )
+
+
+def _records_of(folder: Path, name: str) -> dict[tuple[int | None, int], Path]:
+    """``{(class split or None, seed): file}`` of an estimator's records
+    (``<estimator>_s<seed>.npz``, or ``<estimator>_split<k>_s<seed>.npz`` over class splits)."""
+    pattern = re.compile(rf"{re.escape(name)}(?:_split(\d+))?_s(\d+)")
+    out = {}
+    for p in folder.glob(f"{name}_*.npz"):
+        m = pattern.fullmatch(p.stem)
+        if m:
+            split = None if m.group(1) is None else int(m.group(1))
+            out[(split, int(m.group(2)))] = p
+    return out
 
 
 def _single(folder: Path, name: str, kind: str) -> ReportSource:

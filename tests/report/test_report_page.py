@@ -87,3 +87,17 @@ def test_run_command_writes_record_and_report(tmp_path, capsys):
     assert rec.hit.mean() == pytest.approx(result["metrics"]["r@1"], abs=1e-12)
     model = _model((out / "report.html").read_text())
     assert [e["name"] for e in model["estimators"]] == ["ce"] and not model["compare"]
+
+
+def test_records_over_class_splits_are_found(bench_dir, tmp_path):
+    """A protocol over class splits names its records ``<estimator>_split<k>_s<seed>``."""
+    copy = tmp_path / "splits"
+    shutil.copytree(bench_dir, copy, ignore=shutil.ignore_patterns("*.html"))
+    for p in sorted((copy / "queries").glob("*_s0.npz")):
+        shutil.copy(p, p.with_name(p.name.replace("_s0", "_split1_s0")))
+        p.rename(p.with_name(p.name.replace("_s0", "_split0_s3")))
+    model = _model(write_report(copy)["path"].read_text())
+    assert [(e["name"], e["split"], e["seed"]) for e in model["estimators"]] == [
+        ("ce", 0, 3),
+        ("elk", 0, 3),
+    ]
