@@ -4,7 +4,8 @@
   :class:`StanfordOnlineProducts`, by name through :func:`get_dataset`.
 * Splits: :func:`zero_shot_split` (class lists or a seeded permutation), :func:`split_classes`,
   :func:`stratified_split`, :func:`stratified_subsample`, views via :func:`subset`.
-* The embedded default experiment: :func:`default_zero_shot` -> :class:`ZeroShotData`.
+* The embedded default experiment: :func:`default_zero_shot` -> :class:`ZeroShotData`; LAM's
+  closed-set protocol on the same data: :func:`closed_set` (:data:`SPLITS` by :class:`Split`).
 * Transforms: :func:`default_transform`, :func:`default_augmentation`, :class:`TwoViews`.
 * Loaders: :func:`make_loader` (seeded, DistributedSampler-aware), :func:`set_epoch`,
   :func:`as_tensors` (a whole in-memory set as tensors); :func:`plot_images` to look at them.
@@ -63,7 +64,15 @@ from .transforms import (
     default_augmentation,
     default_transform,
 )
-from .zero_shot import ZeroShotData, default_zero_shot, dml_zero_shot, synthetic_ood
+from .zero_shot import (
+    SPLITS,
+    Split,
+    ZeroShotData,
+    closed_set,
+    default_zero_shot,
+    dml_zero_shot,
+    synthetic_ood,
+)
 
 __all__ = [
     "CARS_TEST_CLASSES",
@@ -85,6 +94,8 @@ __all__ = [
     "PilToUint8",
     "RandomResizedCropFlip",
     "RepeatChannels",
+    "SPLITS",
+    "Split",
     "StanfordOnlineProducts",
     "ToFloat",
     "TwoViews",
@@ -93,6 +104,7 @@ __all__ = [
     "as_tensors",
     "available_datasets",
     "check_disjoint",
+    "closed_set",
     "default_augmentation",
     "default_transform",
     "default_zero_shot",

@@ -20,6 +20,13 @@ split 80/20 (seeded, stratified) into ``train``(+``val``) and ``id_test``, ``tes
 downstream digit, and -- as no foreign image set ships offline -- ``ood`` is ``synthetic_ood``:
 seeded smooth noise images (uniform noise on a grid a quarter of the side, bilinearly
 upsampled and min-max scaled to 0-255 per image), as many as the digits (or ``max_ood``).
+
+**Closed set.** :func:`closed_set` is LAM's closed-set protocol (Warburg et al., 2023,
+section 4, Table 2) on the same data: train on every class of the Fashion-MNIST training
+images, retrieve within the t10k images of the same classes; ``id_test`` is that retrieval
+set (the in-distribution side of OOD AUROC), ``ood`` the upsampled digits (LAM uses MNIST,
+which does not ship offline). The digits fallback splits the digits 80/20 into ``train`` and
+``test`` and uses ``synthetic_ood``. :data:`SPLITS` names both builders.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Any
 
 import torch
@@ -39,7 +47,15 @@ from .fmnist import fashion_mnist, find_fashion_mnist
 from .sklearn_digits import load_digits_images
 from .splits import stratified_split, stratified_subsample, zero_shot_split
 
-__all__ = ["ZeroShotData", "default_zero_shot", "dml_zero_shot", "synthetic_ood"]
+__all__ = [
+    "SPLITS",
+    "Split",
+    "ZeroShotData",
+    "closed_set",
+    "default_zero_shot",
+    "dml_zero_shot",
+    "synthetic_ood",
+]
 
 
 @dataclass
@@ -152,6 +168,23 @@ def synthetic_ood(n: int, size: int = 28, *, seed: int = 0) -> ImageTensorDatase
     )
 
 
+def _embedded_name(root: str | os.PathLike[str] | None, force_digits: bool) -> str:
+    """``"fashion_mnist"``, or ``"digits"`` when forced or (no ``root`` given) it is absent."""
+    if force_digits:
+        return "digits"
+    try:
+        find_fashion_mnist(root)
+    except FileNotFoundError as exc:
+        if root is not None:
+            raise
+        warnings.warn(
+            f"{exc} Falling back to the scikit-learn digits (see bayesurl.data.zero_shot).",
+            stacklevel=3,
+        )
+        return "digits"
+    return "fashion_mnist"
+
+
 def _cap(ds: ImageTensorDataset, n: int | None, seed: int) -> ImageTensorDataset:
     if n is None or n >= len(ds):
         return ds
@@ -234,19 +267,7 @@ def default_zero_shot(
             raise ValueError(f"`{arg}` must be a positive size or None, got {value}")
     if int(image_size) < 1:
         raise ValueError(f"`image_size` must be positive, got {image_size}")
-    name = "digits" if force_digits else "fashion_mnist"
-    if not force_digits:
-        try:
-            find_fashion_mnist(root)
-        except FileNotFoundError as exc:
-            if root is not None:
-                raise
-            warnings.warn(
-                f"{exc} Falling back to the scikit-learn digits (see bayesurl.data.zero_shot).",
-                stacklevel=2,
-            )
-            name = "digits"
-
+    name = _embedded_name(root, force_digits)
     if name == "fashion_mnist":
         pool_all = fashion_mnist(root, "train")
         eval_all = fashion_mnist(root, "test")
@@ -351,6 +372,117 @@ def default_zero_shot(
             "sizes": {k: len(v) for k, v in sets.items()},
         },
     )
+
+
+def closed_set(
+    root: str | os.PathLike[str] | None = None,
+    *,
+    val_fraction: float = 0.0,
+    max_train: int | None = None,
+    max_test: int | None = None,
+    max_ood: int | None = None,
+    force_digits: bool = False,
+    image_size: int = 28,
+    transform: Callable[[Any], Any] | None = None,
+    seed: int = 0,
+) -> ZeroShotData:
+    """LAM's closed-set data: train and retrieve on the same classes (see module docs).
+
+    Warburg et al. (2023), section 4, "Closed-Set Retrieval" and Table 2: every class of the
+    training images is trained on, the test images of the same classes are the retrieval set
+    (every image a query) and the in-distribution side of OOD AUROC, against a foreign OOD set.
+
+    Parameters
+    ----------
+    root, max_train, max_ood, force_digits, image_size, transform, seed
+        As for :func:`default_zero_shot` (``max_train`` caps ``train`` before ``val`` is
+        split off, class-balanced).
+    val_fraction : float
+        Share of the training images held out as ``val`` (seeded, stratified; 0: empty).
+    max_test : int, optional
+        Cap on ``test`` (which is also ``id_test``).
+
+    Returns
+    -------
+    ZeroShotData
+        ``upstream_classes == downstream_classes``; ``id_test`` is ``test``; labels are the
+        original class ids (``0..K-1`` for Fashion-MNIST and the digits).
+
+    Raises
+    ------
+    ValueError
+        For a non-positive cap or image size, or ``val_fraction`` outside ``[0, 1)``.
+    """
+    for arg, value in (("max_train", max_train), ("max_test", max_test), ("max_ood", max_ood)):
+        if value is not None and int(value) < 1:
+            raise ValueError(f"`{arg}` must be a positive size or None, got {value}")
+    if int(image_size) < 1:
+        raise ValueError(f"`image_size` must be positive, got {image_size}")
+    if not 0.0 <= float(val_fraction) < 1.0:
+        raise ValueError(f"`val_fraction` must be in [0, 1), got {val_fraction}")
+    name = _embedded_name(root, force_digits)
+    if name == "fashion_mnist":
+        train_all, test_all = fashion_mnist(root, "train"), fashion_mnist(root, "test")
+        size = int(train_all.images.shape[-1])
+        d_img, d_lbl = load_digits_images(size)
+        ood, ood_name = ImageTensorDataset(d_img, d_lbl, name="digits"), "digits"
+    else:
+        size = int(image_size)
+        images, labels = load_digits_images(size)
+        pool = ImageTensorDataset(images, labels, name="digits")
+        keep, held = stratified_split(labels, 0.2, seed=seed)
+        train_all, test_all = subset(pool, keep), subset(pool, held)
+        ood, ood_name = synthetic_ood(len(pool), size, seed=seed), "noise"
+    pool = _cap(train_all, max_train, seed)  # type: ignore[arg-type]
+    if val_fraction > 0:
+        fit_idx, val_idx = stratified_split(pool, val_fraction, seed=seed)
+    else:
+        fit_idx, val_idx = torch.arange(len(pool)), torch.empty(0, dtype=torch.int64)
+    sets: dict[str, Any] = {
+        "train": subset(pool, fit_idx),
+        "val": subset(pool, val_idx),
+        "test": _cap(test_all, max_test, seed),  # type: ignore[arg-type]
+        "ood": _cap(ood, max_ood, seed),
+    }
+    for key, ds in sets.items():
+        ds = _named(ds, f"{name}/{key}" if key != "ood" else f"{ood_name}/ood")
+        sets[key] = ds.with_transform(transform)
+    classes = sorted(int(c) for c in sets["train"].targets.unique())
+    return ZeroShotData(
+        name=name,
+        train=sets["train"],
+        val=sets["val"],
+        test=sets["test"],
+        id_test=sets["test"],
+        ood=sets["ood"],
+        ood_name=ood_name,
+        upstream_classes=classes,
+        downstream_classes=classes,
+        num_train_classes=len(classes),
+        image_shape=tuple(train_all.images.shape[1:]),  # type: ignore[attr-defined]
+        info={
+            "split": Split.CLOSED.value,
+            "val_fraction": float(val_fraction),
+            "seed": seed,
+            "sizes": {k: len(v) for k, v in sets.items()},
+        },
+    )
+
+
+class Split(str, Enum):
+    """How the embedded data divide their classes between training and retrieval."""
+
+    #: URL section 3.2: upstream classes for training, disjoint downstream classes retrieved
+    ZERO_SHOT = "zero_shot"
+    #: LAM section 4 / Table 2: the same classes trained on and retrieved
+    CLOSED = "closed"
+
+
+#: The builder of each :class:`Split` of the embedded data (same keyword arguments).
+SPLITS: dict[Split, Callable[..., ZeroShotData]] = {
+    Split.ZERO_SHOT: default_zero_shot,
+    Split.CLOSED: closed_set,
+}
 
 
 def dml_zero_shot(

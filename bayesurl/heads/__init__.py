@@ -3,7 +3,7 @@ embedding network, the kappa MLP and class proxies of the vMF methods, and the c
 heads (linear, HET-XL, SNGP, ensemble, head-only MC dropout)."""
 
 from bayesurl.heads.classifier import LinearClassifier
-from bayesurl.heads.dropout import MCDropoutHead
+from bayesurl.heads.dropout import MCDropoutHead, block_dropout_linear
 from bayesurl.heads.embedding import EmbeddingNet, build_backbone
 from bayesurl.heads.ensemble import EnsembleHeads, average_log_probs
 from bayesurl.heads.hetxl import HetXLHead, HetXLOutput, mc_softmax_log_probs
@@ -24,6 +24,7 @@ __all__ = [
     "SNGPOutput",
     "VMFProxies",
     "average_log_probs",
+    "block_dropout_linear",
     "build_backbone",
     "inverse_softplus",
     "mc_softmax_log_probs",

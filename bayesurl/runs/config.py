@@ -97,6 +97,10 @@ class DataConfig:
     stage : str
         ``"final"`` or ``"tune"`` (with ``class_split``: train without the validation classes
         and retrieve among them, URL section 3 "Hyperparameters").
+    split : {"zero_shot", "closed"}
+        The embedded sets' class split (:class:`bayesurl.data.Split`): URL's zero-shot
+        upstream / downstream classes, or LAM's closed set (section 4, Table 2: train and
+        retrieve on the same classes, :func:`bayesurl.data.closed_set`).
     """
 
     name: str = "fashion_mnist"
@@ -110,6 +114,7 @@ class DataConfig:
     downstream_root: str | None = None
     class_split: dict[str, Any] | None = None
     stage: str = "final"
+    split: str = "zero_shot"
 
 
 @dataclass
@@ -220,7 +225,8 @@ class EstimatorConfig:
     method : str or None
         Registry name of a ``method`` estimator (default: ``name``).
     base : str or None
-        The estimator table a ``posthoc`` estimator wraps (trained or reused by the runner).
+        The estimator table a ``posthoc`` estimator wraps, or whose trained net a ``lam``
+        estimator starts from (trained or reused by the runner).
     wrapper : str or None
         ``"pvu"``, ``"tau"`` or ``"laplace"`` for ``posthoc``.
     use_base_classifier : bool
@@ -232,7 +238,9 @@ class EstimatorConfig:
         :func:`bayesurl.laplace.MetricLaplace` (``margin``, ``approximation``, ... and any
         option it accepts, e.g. ``hessian_structure``).
     fit : dict
-        Options of the post-hoc fit (``epochs``, ``lr``, ``batch_size``).
+        Options of the post-hoc fit (``epochs``, ``lr``, ``batch_size``); for ``lam``,
+        ``optimize_prior`` (default true: the marginal-likelihood prior precision after the
+        fit; false keeps ``kwargs.prior_precision``, as LAM does).
     paper : dict
         Reference figures of the papers, stored next to the measured metrics.
     note : str
@@ -272,7 +280,7 @@ class RunConfig:
     preset : str or None
         Preset applied.
     base : RunConfig or None
-        The resolved run of a ``posthoc`` estimator's base (same data, seed, overrides).
+        The resolved run of the estimator's ``base`` (same data, seed, overrides).
     source : str
         The recipe file.
     """
@@ -621,11 +629,13 @@ def _resolve(
         source=source,
     )
     _validate(cfg)
-    if kind == "posthoc":
-        if not est_cfg.base or not est_cfg.wrapper:
-            raise ValueError(f"[{where}] of kind 'posthoc' needs `base` and `wrapper`")
+    if kind == "posthoc" and (not est_cfg.base or not est_cfg.wrapper):
+        raise ValueError(f"[{where}] of kind 'posthoc' needs `base` and `wrapper`")
+    if est_cfg.base and kind == "method":
+        raise ValueError(f"[{where}] of kind 'method' has no `base`")
+    if est_cfg.base:
         if base_of is not None:
-            raise ValueError(f"[{where}] is the base of {base_of!r} and cannot be post-hoc itself")
+            raise ValueError(f"[{where}] is the base of {base_of!r} and cannot have a base itself")
         cfg.base = _resolve(
             raw, dataset, est_cfg.base, preset, overrides, source, base_of=estimator
         )

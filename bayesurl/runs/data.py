@@ -3,8 +3,10 @@
 One function, :func:`build_data`, turns a :class:`~bayesurl.runs.config.RunConfig` into a
 :class:`RunData`: the upstream training set, the downstream test set, the held-out upstream
 set and the OOD set of the URL zero-shot protocol (Kirchhof et al., 2023, section 3.2; spec
-DATA.md), all stored as ``uint8`` images, and the per-batch transforms that the backbone's
-data configuration asks for (:func:`bayesurl.backbones.data_config`: channels, mean / std).
+DATA.md) -- or, with ``data.split = "closed"``, LAM's closed set (Warburg et al., 2023,
+section 4: the same classes trained on and retrieved) --, all stored as ``uint8`` images,
+and the per-batch transforms that the backbone's data configuration asks for
+(:func:`bayesurl.backbones.data_config`: channels, mean / std).
 Grayscale images are normalised with their data set's statistics and repeated to the
 backbone's channels; folder images (CUB, CARS, SOP) are RGB crops normalised with the
 backbone's statistics.
@@ -88,6 +90,7 @@ def data_key(cfg: RunConfig) -> tuple[Any, ...]:
         if d.class_split is None
         else tuple(sorted((k, repr(v)) for k, v in d.class_split.items())),
         d.stage,
+        d.split,
         b.name,
         tuple(sorted((k, repr(v)) for k, v in b.kwargs.items())),
         b.checkpoint,
@@ -126,6 +129,17 @@ def build_data(cfg: RunConfig) -> RunData:
             raise ValueError(f"`data.{key}` must be a positive size or none, got {v}")
     if d.root is not None and not Path(d.root).exists():
         raise FileNotFoundError(f"`data.root` {d.root!r} does not exist")
+    try:
+        split = bd.Split(d.split)
+    except ValueError:
+        valid_splits = ", ".join(x.value for x in bd.Split)
+        raise ValueError(f"unknown `data.split` {d.split!r}; valid: {valid_splits}") from None
+    if split is not bd.Split.ZERO_SHOT and (kind is not DatasetKind.EMBEDDED or d.class_split):
+        raise ValueError(
+            f"`data.split` {d.split!r} is available for the embedded sets "
+            f"({', '.join(dataset_names(DatasetKind.EMBEDDED))}) without a `data.class_split`, "
+            f"not {name!r}"
+        )
     tests: dict[str, Any] = {}
     if d.class_split is not None or d.stage != "final":
         zs = _class_split_sets(cfg, name)
@@ -154,7 +168,7 @@ def build_data(cfg: RunConfig) -> RunData:
                 root = bd.find_fashion_mnist()
             except (FileNotFoundError, ValueError):
                 root = None  # default_zero_shot falls back to the digits (with a warning)
-        zs = bd.default_zero_shot(
+        zs = bd.SPLITS[split](
             root,
             force_digits=name == "digits",
             max_train=d.max_train,
@@ -179,6 +193,7 @@ def build_data(cfg: RunConfig) -> RunData:
         },
         "channels": channels,
         "data_seed": d.seed,
+        "split": split.value,
     }
     if d.class_split is not None:
         info.update(class_split=dict(d.class_split), stage=d.stage)

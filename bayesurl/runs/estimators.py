@@ -27,6 +27,7 @@ Kinds (:data:`ESTIMATORS`):
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import time
 import warnings
@@ -375,10 +376,18 @@ class PosthocEstimator(Estimator):
 
 class LamEstimator(Estimator):
     """LAM (Warburg et al., 2023): post-hoc (section 3) or online (eqs. 4-5) last-layer Laplace
-    of an embedding net ending in a linear projection, trained with the contrastive loss."""
+    of an embedding net ending in a linear projection, trained with the contrastive loss.
+
+    With a ``base`` (a trained registry method with an embedding net, e.g. ``contrastive``)
+    the net starts from the base's weights, as the authors' configs resume from the
+    deterministic model: post-hoc LAM then only fits the posterior, online LAM trains on.
+    ``fit = { optimize_prior = false }`` keeps ``kwargs.prior_precision`` (LAM's fixed prior)
+    instead of the marginal-likelihood one.
+    """
 
     kind = "lam"
     MODES: ClassVar[tuple[str, ...]] = ("posthoc", "online")
+    FIT_OPTIONS: ClassVar[tuple[str, ...]] = ("optimize_prior",)
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -389,7 +398,31 @@ class LamEstimator(Estimator):
             )
         if cfg.backbone.embed_dim is None:
             raise ValueError("`backbone.embed_dim` must be set for LAM (its last linear layer)")
+        unknown = [k for k in e.fit if k not in self.FIT_OPTIONS]
+        if unknown:
+            raise ValueError(
+                f"unknown key `estimators.{e.name}.fit.{unknown[0]}`; valid: "
+                f"{', '.join(self.FIT_OPTIONS)}"
+            )
+        if not isinstance(e.fit.get("optimize_prior", True), bool):
+            raise ValueError(f"`estimators.{e.name}.fit.optimize_prior` must be true or false")
         self.la: Any = None
+
+    def _start_net(self, data: RunData, base: Estimator | None, device: torch.device) -> nn.Module:
+        """The base's trained embedding net (a copy), or a fresh one of the config."""
+        from bayesurl.heads.embedding import EmbeddingNet
+
+        cfg = self.cfg
+        if base is None:
+            bname, bkwargs = method_backbone(cfg, data)
+            return EmbeddingNet(bname, cfg.backbone.embed_dim, **bkwargs).to(device)
+        net = getattr(getattr(base, "method", None), "net", None)
+        if not isinstance(net, EmbeddingNet):
+            raise ValueError(
+                f"`estimators.{cfg.estimator.name}.base` {cfg.estimator.base!r} has no "
+                "embedding net (`method.net`) to start LAM from"
+            )
+        return copy.deepcopy(net).to(device)
 
     @property
     def has_distribution(self) -> bool:
@@ -412,11 +445,11 @@ class LamEstimator(Estimator):
         a constant rate), full precision (the GGN and the weight draws are taken in the
         model's dtype); under torchrun the net trains under DDP and every rank fits the same
         posterior. ``out`` receives fit's checkpoints (``resume`` continues one) and
-        ``laplace.pt``.
+        ``laplace.pt``. With a ``base`` the net starts from the base's; post-hoc LAM then
+        trains nothing and only fits the posterior.
         """
         from bayesurl.data import make_loader
         from bayesurl.distributed import broadcast_state, get_world_size, is_main_process
-        from bayesurl.heads.embedding import EmbeddingNet
         from bayesurl.laplace import (
             ContrastiveEmbedding,
             MetricLaplace,
@@ -426,8 +459,7 @@ class LamEstimator(Estimator):
         from bayesurl.training import fit
 
         cfg, e, t = self.cfg, self.cfg.estimator, self.cfg.train
-        bname, bkwargs = method_backbone(cfg, data)
-        net = EmbeddingNet(bname, cfg.backbone.embed_dim, **bkwargs).to(device)
+        net = self._start_net(data, base, device)
         train = data.sets.train
         # the whole set on every rank: fit shards its own copy under DDP, and the post-hoc
         # Hessian is summed over all of it on each rank
@@ -443,32 +475,38 @@ class LamEstimator(Estimator):
             method, hooks = OnlineLam(la, gen), [OnlineLaplaceUpdate(la)]
         world = get_world_size()
         t0 = time.perf_counter()
-        result = fit(
-            method,
-            loader,
-            epochs=_epochs(cfg),
-            optimizer="adam",
-            lr=t.lr,
-            min_lr=t.lr,
-            weight_decay=t.weight_decay,
-            warmup_epochs=t.warmup_epochs,
-            grad_accum=max(1, round(t.grad_accum / world)),
-            amp="off",
-            seed=cfg.seed,
-            augment=data.transform.to(device),
-            device=device,
-            progress=progress,
-            checkpoint_dir=out,
-            resume=resume,
-            hooks=hooks,
+        trained = e.mode == "online" or base is None  # post-hoc on a base: trained already
+        result = (
+            None
+            if not trained
+            else fit(
+                method,
+                loader,
+                epochs=_epochs(cfg),
+                optimizer="adam",
+                lr=t.lr,
+                min_lr=t.lr,
+                weight_decay=t.weight_decay,
+                warmup_epochs=t.warmup_epochs,
+                grad_accum=max(1, round(t.grad_accum / world)),
+                amp="off",
+                seed=cfg.seed,
+                augment=data.transform.to(device),
+                device=device,
+                progress=progress,
+                checkpoint_dir=out,
+                resume=resume,
+                hooks=hooks,
+            )
         )
-        if world > 1:  # BatchNorm statistics of rank 0 (the checkpoint's) on every rank
+        if trained and world > 1:  # BatchNorm statistics of rank 0 (the checkpoint's) on every rank
             broadcast_state(net, 0, buffers_only=True)
         if e.mode == "posthoc":
             la = MetricLaplace(net, **kwargs)
             la.fit(_Batches(loader, data.transform, device), progress=progress)
-        with contextlib.suppress(ValueError):  # every Hessian entry clamped: keep the prior
-            la.optimize_prior_precision()
+        if e.fit.get("optimize_prior", True):
+            with contextlib.suppress(ValueError):  # every Hessian entry clamped: keep the prior
+                la.optimize_prior_precision()
         train_time = time.perf_counter() - t0
         self.la, self.net, self.result = la, net, result
         if out is not None and is_main_process():
@@ -485,9 +523,9 @@ class LamEstimator(Estimator):
                 )
         return {
             "train_time": train_time,
-            "final_loss": float(result.final_loss),
-            "steps": int(result.global_step),
-            "loss_curve": [float(h["loss"]) for h in result.history],
+            "final_loss": None if result is None else float(result.final_loss),
+            "steps": 0 if result is None else int(result.global_step),
+            "loss_curve": [] if result is None else [float(h["loss"]) for h in result.history],
             "prior_precision": float(torch.as_tensor(la.prior_precision).mean()),
             "clamped_fraction": float(la.clamped_fraction),
         }

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from bayesurl.runs.config import load_recipe
+from bayesurl.runs.config import load_recipe, read_recipe_file
 from bayesurl.runs.plan import SweepPreset
 from bayesurl.runs.report import jsonable
 from bayesurl.runs.results import METRICS
@@ -79,7 +79,12 @@ class PipelineRun:
         self.raise_errors = raise_errors
         self.info: dict[str, Any] = {}
         self._split: Any = None
-        self._cache = RunCache()
+        # the estimators other rows start from (a post-hoc wrapper's or LAM's ``base``):
+        # their own rows are kept in the cache, so a base is trained once per seed
+        self._keep = {
+            str(t["base"]) for t in read_recipe_file(dataset)["estimators"].values() if "base" in t
+        }
+        self._cache = RunCache(keep=self._keep)
 
     def config(self, params: Mapping[str, Any]) -> Any:
         """The :class:`~bayesurl.runs.config.RunConfig` of the run ``params``."""
@@ -124,7 +129,7 @@ class PipelineRun:
         cfg = self.config(params)
         key = (params.get("split"), params.get("stage", "final"))
         if key != self._split:  # a new split: new data, new cache (bases are per split too)
-            self._split, self._cache = key, RunCache()
+            self._split, self._cache = key, RunCache(keep=self._keep)
         data = self._cache.get_data(cfg)
         self.info = dict(data.info)
         res = run(

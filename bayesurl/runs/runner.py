@@ -81,10 +81,15 @@ class RunCache:
         :class:`~bayesurl.runs.data.RunData` by :func:`~bayesurl.runs.data.data_key`.
     bases : dict
         ``(estimator, fit report)`` of base runs by their full settings (seed included).
+    keep : set of str
+        Estimator names whose own runs are kept in ``bases`` (a sweep's bases: a
+        ``contrastive`` row is then the net that LAM's rows of the same seed start from,
+        trained once).
     """
 
     data: dict[Any, RunData] = field(default_factory=dict)
     bases: dict[str, tuple[Estimator, dict[str, Any]]] = field(default_factory=dict)
+    keep: set[str] = field(default_factory=set)
 
     def get_data(self, cfg: RunConfig) -> RunData:
         """The data of ``cfg``, built once per :func:`data_key`."""
@@ -473,6 +478,8 @@ def _run(
             progress, f"{cfg.name}: fitted in {fit_report.get('train_time', 0.0):.1f} s; evaluating"
         )
         fit_time = float(fit_report.get("train_time", 0.0))
+        if cfg.estimator.name in cache.keep and base_cfg is None:
+            cache.bases.setdefault(_base_key(cfg, device), (estimator, fit_report))
         module = getattr(estimator, "method", None)
         if get_world_size() > 1 and isinstance(module, torch.nn.Module):
             # DDP keeps the parameters equal, not the buffers of each rank's last forward pass
