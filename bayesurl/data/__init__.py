@@ -5,7 +5,7 @@
 * Splits: :func:`zero_shot_split` (class lists or a seeded permutation), :func:`split_classes`,
   :func:`stratified_split`, :func:`stratified_subsample`, views via :func:`subset`.
 * The embedded default experiment: :func:`default_zero_shot` -> :class:`ZeroShotData`; LAM's
-  closed-set protocol on the same data: :func:`closed_set` (:data:`SPLITS` by :class:`Split`).
+  closed-set protocol on the same data: :func:`closed_set` (``SPLITS`` by :class:`Split`).
 * Transforms: :func:`default_transform`, :func:`default_augmentation`, :class:`TwoViews`.
 * Loaders: :func:`make_loader` (seeded, DistributedSampler-aware), :func:`set_epoch`,
   :func:`as_tensors` (a whole in-memory set as tensors); :func:`plot_images` to look at them.

@@ -26,7 +26,7 @@ section 4, Table 2) on the same data: train on every class of the Fashion-MNIST 
 images, retrieve within the t10k images of the same classes; ``id_test`` is that retrieval
 set (the in-distribution side of OOD AUROC), ``ood`` the upsampled digits (LAM uses MNIST,
 which does not ship offline). The digits fallback splits the digits 80/20 into ``train`` and
-``test`` and uses ``synthetic_ood``. :data:`SPLITS` names both builders.
+``test`` and uses ``synthetic_ood``. ``SPLITS`` names both builders.
 """
 
 from __future__ import annotations

@@ -177,5 +177,5 @@ plt.show()
 # %%
 # A rising sparsification curve means ``u`` ranks the retrieval errors; a falling one means
 # it is inverted. On a run this small (1500 images, 5 epochs, an MLP) the outcome varies
-# from seed to seed -- ``recipes/fashion_mnist/lam.py`` runs the full comparison of every
-# approximation and geometry against LAM's Table 2.
+# from seed to seed -- the recipe ``fashion_mnist_closed.toml`` runs LAM's Table 2 on
+# FashionMNIST (``bayesurl benchmark --dataset fashion_mnist_closed``).

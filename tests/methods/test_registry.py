@@ -11,6 +11,8 @@ from bayesurl.methods.base import Method
 
 CLASSIFIER_METHODS = ["ce", "ensemble", "hetxl", "losspred", "mcdropout", "sngp"]
 VMF_METHODS = ["elk", "hib", "infonce", "mcinfonce", "nivmf"]
+#: LAM eq. 1 and its MC-dropout variant (tests/methods/test_contrastive.py)
+CONTRASTIVE_METHODS = ["contrastive", "contrastive_mcdropout"]
 TINY = {"embed_dim": 16, "num_classes": 3, "backbone_kwargs": {"num_features": 24, "width": 8}}
 
 
@@ -38,8 +40,10 @@ def _make(name, **kw):
 
 def test_available_lists_the_classifier_methods():
     names = methods.available()
-    # the eleven URL methods (URL section 4.1) plus joint TaU (TaU Algorithm 1)
-    assert set(names) == set(CLASSIFIER_METHODS) | set(VMF_METHODS) | {"tau"}
+    # the eleven URL methods (URL section 4.1), joint TaU (TaU Algorithm 1) and LAM's
+    # contrastive baselines (LAM eq. 1, Table 2)
+    expected = set(CLASSIFIER_METHODS) | set(VMF_METHODS) | set(CONTRASTIVE_METHODS) | {"tau"}
+    assert set(names) == expected
     assert names == sorted(names)
     for name in names:
         cls = methods.get(name)
