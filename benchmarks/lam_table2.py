@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> None:
         "recipe", type=Path, help="folder of the recipe's runs (searched for result.json)"
     )
     ap.add_argument("committed", type=Path, help="folder of the committed <row>_s<seed>.json")
-    ap.add_argument("--out", type=Path, default=None, help="markdown file to write")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="markdown file to write (and its .csv beside it)"
+    )
     args = ap.parse_args(argv)
     for arg in ("recipe", "committed"):
         if not getattr(args, arg).is_dir():
@@ -106,6 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     table = compare(args.recipe, args.committed)
     if args.out is not None:
         args.out.write_text(table)
+        # the same cells as quoted CSV, for the docs page's csv-table
+        rows = [line.strip().strip("|").split("|") for line in table.splitlines()]
+        csv = ['"' + '","'.join(c.strip() for c in r) + '"' for i, r in enumerate(rows) if i != 1]
+        args.out.with_suffix(".csv").write_text("\n".join(csv) + "\n")
     print(table)
 
 
