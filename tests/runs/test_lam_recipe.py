@@ -1,9 +1,9 @@
 """LAM Table 2 as a recipe (``fashion_mnist_closed.toml``): LAM rows that start from the
 deterministic row's net, LAM's fixed prior, and the resumable sweep.
 
-Replaces tests/experiments/test_lam_table2.py (the stand-alone driver is gone): its resume
-test is ``test_sweep_resumes_from_recorded_runs``, its kron-row smoke is the sweep below;
-the post-hoc sweep and the aligned ensemble left with the driver.
+Replaces tests/experiments/test_lam_table2.py (the stand-alone driver is gone): its kron-row
+smoke is the sweep below; resuming is the stored sweep's (``--storage``, tested with the
+engine in tests/runs/); the post-hoc sweep and the aligned ensemble left with the driver.
 
 References: the base net's own weights and outputs (the LAM posterior mean must be them),
 the recipe's prior precision, and the recorded ``result.json`` files.
@@ -17,7 +17,6 @@ import math
 import pytest
 import torch
 
-import bayesurl.runs.sweep as sweep_mod
 from bayesurl.runs import load_recipe
 from bayesurl.runs.runner import RunCache, run
 from bayesurl.runs.sweep import run_sweep
@@ -85,26 +84,6 @@ def test_posthoc_lam_is_the_base_net_with_a_fixed_prior():
     torch.testing.assert_close(emb_lam, emb_base, rtol=1e-5, atol=1e-6)
     assert lam.fit["prior_precision"] == pytest.approx(1.0)  # fit.optimize_prior = false
     assert lam.timings["base_fit"] == pytest.approx(base.fit["train_time"])
-
-
-def test_sweep_resumes_from_recorded_runs(table, monkeypatch):
-    res, ckpt = table
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a recorded run was run again")
-
-    monkeypatch.setattr(sweep_mod, "run", refuse)
-    again = run_sweep(
-        ROWS, dataset="fashion_mnist_closed", preset="smoke", seeds=(0,), progress=False,
-        checkpoint_dir=ckpt, raise_errors=True,
-    )  # fmt: skip
-    assert [r["map@5"] for r in again.runs] == [r["map@5"] for r in res.runs]
-    # other settings: the record does not match, the run is run again
-    with pytest.raises(AssertionError, match="run again"):
-        run_sweep(
-            ["deterministic"], dataset="fashion_mnist_closed", preset="smoke", seeds=(0,),
-            overrides=["train.lr=0.002"], progress=False, checkpoint_dir=ckpt, raise_errors=True,
-        )  # fmt: skip
 
 
 @pytest.mark.parametrize(
