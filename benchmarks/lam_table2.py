@@ -8,7 +8,7 @@ mean ± sd over seeds of both, and whether they agree within the seed spread -- 
 differ by at most the sum of the two standard deviations (one seed on a side: its sd is 0).
 
 Run: ``python benchmarks/lam_table2.py results/lam/fashion_mnist_closed_recipe
-recipes/lam/results/fashion_mnist_closed --out results/lam/fashion_mnist_closed_recipe/
+results/lam/fashion_mnist_closed --out results/lam/fashion_mnist_closed_recipe/
 comparison.md``.
 """
 
