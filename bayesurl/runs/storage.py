@@ -142,6 +142,12 @@ def _locked(exc: BaseException) -> bool:
     return "locked" in text or "busy" in text or "could not serialize" in text
 
 
+def _transient(exc: BaseException) -> bool:
+    """Lock contention, or two workers creating the schema of a new storage at once (the
+    loser's ``CREATE TABLE`` finds the winner's table): both pass when tried again."""
+    return _locked(exc) or "already exists" in _one_line(exc).lower()
+
+
 def _retry(
     fn: Callable[[], Any],
     what: str,
@@ -171,7 +177,7 @@ def _retry(
                         "run again once the other process ends"
                     ) from exc
                 raise _corrupted(url, exc) from exc
-            if isinstance(exc, OperationalError) and not _locked(exc):
+            if isinstance(exc, OperationalError) and not _transient(exc):
                 raise _corrupted(url, exc) from exc
             time.sleep(0.02 + random.random() * min(1.0, 0.05 * (i + 1)))
     raise RuntimeError(f"unreachable: {what}")  # pragma: no cover

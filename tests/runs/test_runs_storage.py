@@ -301,3 +301,30 @@ def test_locked_storage_gives_one_line_and_loses_no_finished_run(tmp_path):
         locker.stdout.close()
     store = SweepStorage(out=tmp_path, sweep="test")
     assert len(store.records()) == 3 and store.status()["complete"] == 3
+
+
+def test_a_schema_creation_race_is_retried_not_called_corruption():
+    """Two workers opening a new SQLite storage at once: the loser's ``CREATE TABLE`` fails with
+    "table ... already exists" and passes when tried again; a storage that is really broken
+    still gives the one-line error."""
+    from sqlalchemy.exc import OperationalError
+
+    from bayesurl.runs.storage import StorageError, _retry
+
+    calls = []
+
+    def racy():
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError(
+                "CREATE TABLE studies", {}, Exception("table studies already exists")
+            )
+        return "opened"
+
+    assert _retry(racy, "open", url="sqlite:///x.db") == "opened" and len(calls) == 2
+
+    def broken():
+        raise OperationalError("SELECT", {}, Exception("file is not a database"))
+
+    with pytest.raises(StorageError, match="unreadable"):
+        _retry(broken, "open", url="sqlite:///x.db")
