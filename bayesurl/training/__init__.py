@@ -32,7 +32,7 @@ from bayesurl.training.hooks import (
     ExponentialMovingAverage,
     ProgressBar,
 )
-from bayesurl.training.loop import AmpMode, TrainResult, fit, prepare_batch
+from bayesurl.training.loop import AmpMode, fit
 from bayesurl.training.optim import (
     MultiStep,
     OptimizerName,
@@ -43,8 +43,9 @@ from bayesurl.training.optim import (
     multistep_factor,
     warmup_cosine_factor,
 )
+from bayesurl.training.result import TrainResult
 from bayesurl.training.seed import get_rng_state, seed_everything, set_rng_state
-from bayesurl.training.trainer import Hook, Trainer, TrainPlan
+from bayesurl.training.trainer import Hook, Trainer, TrainPlan, prepare_batch
 
 __all__ = [
     "CHECKPOINT_FORMAT",

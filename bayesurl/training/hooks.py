@@ -34,7 +34,6 @@ __all__ = [
     "Checkpointing",
     "EpochEvaluation",
     "ExponentialMovingAverage",
-    "Hook",
     "ProgressBar",
     "device_of",
 ]

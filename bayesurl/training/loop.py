@@ -7,7 +7,7 @@ two augmented views of each image. :func:`fit` checks its arguments, builds the 
 schedule, restores a checkpoint, and runs a :class:`~bayesurl.training.trainer.Trainer` whose
 hooks (:mod:`bayesurl.training.hooks`) carry everything else: the keywords ``checkpoint_dir``,
 ``eval_fn`` and ``progress`` install the corresponding hook, and ``hooks=`` adds more (LAM's
-online Hessian update, :class:`~bayesurl.training.hooks.OnlineLaplaceUpdate`). Mixed precision
+online Hessian update, :class:`~bayesurl.laplace.lam.OnlineLaplaceUpdate`). Mixed precision
 on GPU, seeded runs, bit-identical resume on CPU, and DistributedDataParallel under
 ``torchrun`` (:mod:`bayesurl.training.distributed`).
 """
@@ -37,9 +37,9 @@ from bayesurl.training.hooks import Checkpointing, EpochEvaluation, ProgressBar,
 from bayesurl.training.optim import WarmupCosine, build_optimizer, build_scheduler
 from bayesurl.training.result import TrainResult
 from bayesurl.training.seed import seed_everything
-from bayesurl.training.trainer import Augment, Hook, Trainer, TrainPlan, prepare_batch
+from bayesurl.training.trainer import Augment, Hook, Trainer, TrainPlan
 
-__all__ = ["AmpMode", "TrainResult", "fit", "prepare_batch"]
+__all__ = ["AmpMode", "fit"]
 
 
 class AmpMode(str, Enum):

@@ -5,7 +5,7 @@ gradients of ``grad_accum`` micro-batches, each loss divided by the number of mi
 its group, so ``k`` micro-batches of a mean-reduced loss give the gradient of one batch ``k``
 times larger (URL: 16 x 128 = 2048); the learning rate follows the scheduler per optimiser
 step. Everything else (checkpoints, evaluation per epoch, progress, LAM's online Hessian
-update) is a :class:`~bayesurl.training.hooks.Hook`. :func:`bayesurl.training.fit` builds a
+update) is a :class:`~bayesurl.training.trainer.Hook`. :func:`bayesurl.training.fit` builds a
 trainer from keyword arguments; build one directly to pass an optimiser or hooks of your own.
 """
 
