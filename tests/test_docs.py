@@ -41,6 +41,8 @@ def _sphinx_build(tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], Pat
         ignore=shutil.ignore_patterns("_build", "tutorials", "generated", "sg_execution_times.rst"),
     )
     (tmp_path / "CHANGELOG.md").write_text((ROOT / "CHANGELOG.md").read_text())
+    # pages include committed result tables (``.. csv-table:: :file: ../results/...``)
+    (tmp_path / "results").symlink_to(ROOT / "results", target_is_directory=True)
     env = dict(os.environ, MPLBACKEND="Agg", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     # offline: no intersphinx, no downloads (timm models are built with pretrained=False)
     env["HF_HUB_OFFLINE"] = "1"
