@@ -175,6 +175,9 @@ class TrainConfig:
         ``"adamw"``, ``"lamb"`` or ``"sgd"`` (:func:`bayesurl.training.fit`).
     warmup_epochs : float
         Linear warm-up before the cosine schedule.
+    min_lr : float
+        Learning rate the cosine schedule ends at; ``min_lr = lr`` (with no warm-up) keeps the
+        rate constant, as LAM's Adam runs do (Warburg et al., 2023, section 5).
     amp : str
         ``"auto"``, ``"off"``, ``"bf16"`` or ``"fp16"``.
     num_workers : int
@@ -189,6 +192,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     optimizer: str = "adamw"
     warmup_epochs: float = 0.0
+    min_lr: float = 0.0
     amp: str = "auto"
     num_workers: int = 0
 
@@ -644,7 +648,12 @@ def _resolve(
     return cfg
 
 
-_OPTIMIZERS = ("adamw", "lamb", "sgd")
+_OPTIMIZERS = (
+    "adam",
+    "adamw",
+    "lamb",
+    "sgd",
+)  # training.optim.OptimizerName, without importing training
 _AMP = ("auto", "off", "bf16", "fp16")
 
 
@@ -668,6 +677,7 @@ def _validate(cfg: RunConfig) -> None:
     for where, value in (
         ("train.weight_decay", t.weight_decay),
         ("train.warmup_epochs", t.warmup_epochs),
+        ("train.min_lr", t.min_lr),
     ):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"`{where}` must be >= 0, got {value}")

@@ -233,6 +233,7 @@ class MethodEstimator(Estimator):
                 epochs=_epochs(cfg),
                 optimizer=t.optimizer,
                 lr=t.lr,
+                min_lr=t.min_lr,
                 weight_decay=t.weight_decay,
                 warmup_epochs=t.warmup_epochs,
                 grad_accum=accum,
