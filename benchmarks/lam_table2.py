@@ -40,6 +40,12 @@ def recipe_runs(folder: Path) -> dict[str, dict[int, dict]]:
         rec = json.loads(path.read_text())
         if not rec.get("error"):
             out.setdefault(rec["estimator"], {})[int(rec["seed"])] = rec["metrics"]
+    # a sweep's own records (results.json / partial_runs.json: flat run records under "runs")
+    for name in ("results.json", "partial_runs.json"):
+        for path in sorted(folder.glob(f"**/{name}")):
+            for rec in json.loads(path.read_text()).get("runs", []):
+                if isinstance(rec, dict) and "estimator" in rec and not rec.get("error"):
+                    out.setdefault(rec["estimator"], {})[int(rec["seed"])] = rec
     return out
 
 
