@@ -40,9 +40,10 @@ def recipe_runs(folder: Path) -> dict[str, dict[int, dict]]:
         rec = json.loads(path.read_text())
         if not rec.get("error"):
             out.setdefault(rec["estimator"], {})[int(rec["seed"])] = rec["metrics"]
-    # a sweep's own records (results.json / partial_runs.json: flat run records under "runs")
+    # a sweep's own records in ``folder`` itself (results.json / partial_runs.json: flat run
+    # records under "runs"); not below it, where other sweeps' records may sit
     for name in ("results.json", "partial_runs.json"):
-        for path in sorted(folder.glob(f"**/{name}")):
+        for path in sorted(folder.glob(name)):
             for rec in json.loads(path.read_text()).get("runs", []):
                 if isinstance(rec, dict) and "estimator" in rec and not rec.get("error"):
                     out.setdefault(rec["estimator"], {})[int(rec["seed"])] = rec
