@@ -67,6 +67,9 @@ class SweepPreset:
         A smoke-scale preset: says so when it runs (its ranking is noise, not a verdict).
     note : str
         How it was sized.
+    verdict : str
+        The preset whose results are the verdict a smoke-scale preset previews (named in its
+        notice).
     """
 
     name: str
@@ -76,6 +79,7 @@ class SweepPreset:
     storage: SweepStore = SweepStore.MEMORY
     smoke: bool = False
     note: str = ""
+    verdict: str = "standard"
 
     def __post_init__(self) -> None:
         if isinstance(self.splits, bool) or int(self.splits) < 0:
@@ -88,6 +92,8 @@ class SweepPreset:
         except ValueError:
             valid = ", ".join(s.value for s in SweepStore)
             raise ValueError(f"unknown `storage` {self.storage!r}; valid: {valid}") from None
+        if not isinstance(self.verdict, str) or not self.verdict:
+            raise ValueError(f"`verdict` must name a preset, got {self.verdict!r}")
         object.__setattr__(self, "seeds", tuple(int(s) for s in seeds))
         object.__setattr__(self, "storage", store)
 
@@ -97,7 +103,7 @@ class SweepPreset:
         return self.storage is SweepStore.STORED
 
 
-_SWEEP_KEYS = ("splits", "seeds", "storage", "smoke", "note")
+_SWEEP_KEYS = ("splits", "seeds", "storage", "smoke", "note", "verdict")
 
 
 def sweep_preset(dataset: str, name: str) -> SweepPreset:
@@ -206,6 +212,6 @@ def smoke_notice(preset: SweepPreset) -> str | None:
     return (
         f"NOTE: --preset {preset.name} is a smoke-scale run ({scale}): its ranking of the "
         "uncertainties is noise, not a verdict. The real benchmark: `bayesurl benchmark "
-        "--preset standard` (4 class splits, stored and resumable; add machines with --worker "
-        "--storage URL)."
+        f"--preset {preset.verdict}` (class splits, stored and resumable; add machines with "
+        "--worker --storage URL)."
     )

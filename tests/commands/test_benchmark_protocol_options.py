@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bayesurl.cli import build_parser, main
-from bayesurl.runs.plan import smoke_notice, sweep_preset
+from bayesurl.runs.plan import SweepPreset, smoke_notice, sweep_preset
 from bayesurl.runs.sweep import resolve_preset
 
 
@@ -31,6 +31,13 @@ def test_smoke_presets_print_how_to_get_the_real_run():
         note = smoke_notice(sweep_preset("fashion_mnist", preset))
         assert "smoke-scale" in note and "--preset standard" in note
     assert smoke_notice(sweep_preset("fashion_mnist", "standard")) is None
+    # the frozen-feature previews point at the pretrained protocol, not the from-scratch one
+    for preset in ("pretrained_smoke", "pretrained_quick"):
+        note = smoke_notice(sweep_preset("fashion_mnist", preset))
+        assert "--preset pretrained`" in note and "--preset standard" not in note
+    assert smoke_notice(sweep_preset("fashion_mnist", "pretrained")) is None
+    with pytest.raises(ValueError, match="verdict"):
+        SweepPreset("x", verdict="")
 
 
 @pytest.mark.parametrize(
