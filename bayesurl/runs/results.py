@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bayesurl.files import atomic_open, write_json
+from bayesurl.runs.report import FREE_BASELINES, best_free_baseline
 
 __all__ = ["EXTRA_METRICS", "METRICS", "SweepResults", "format_stat", "merge_results"]
 
@@ -140,6 +141,20 @@ class SweepResults:
             "ECE n/a: the estimator has only a scalar u (no distribution to sample; see the "
             "docs, Concepts > Metrics).",
         ]
+        free = best_free_baseline(summ)
+        if free is not None:
+            ref = summ[free]["r_auroc"]["mean"]
+            above = [
+                f"{m} {summ[m]['r_auroc']['mean']:.3f}"
+                for m in self.estimators
+                if m not in FREE_BASELINES
+                and summ[m]["r_auroc"]["mean"] is not None
+                and summ[m]["r_auroc"]["mean"] > ref
+            ]
+            lines.append(
+                f"R-AUROC above the best free baseline ({free} {ref:.3f}): "
+                f"{', '.join(above) or 'none'} (means; the paired test needs class splits)"
+            )
         errors = [r for r in self.runs if r["error"]]
         lines += [f"FAILED {r['estimator']} seed {r['seed']}: {r['error']}" for r in errors]
         return "\n".join(lines)

@@ -181,6 +181,21 @@ def test_summary_matches_numpy():
     assert "+-" in res.table()
 
 
+def test_table_names_the_estimators_above_the_best_free_baseline():
+    runs = [
+        {"estimator": m, "seed": 0, "error": None, "r_auroc": v}
+        for m, v in [("ce", 0.55), ("losspred", 0.62), ("elk", 0.61), ("feature_norm", 0.60),
+                     ("feature_knn", 0.58)]
+    ]  # fmt: skip
+    lines = SweepResults(runs=runs, settings={"seeds": [0]}).table().splitlines()
+    assert (
+        "R-AUROC above the best free baseline (feature_norm 0.600): losspred 0.620, elk 0.610"
+        in (lines[-1])
+    )
+    no_free = SweepResults(runs=runs[:2], settings={"seeds": [0]}).table()
+    assert "free baseline" not in no_free
+
+
 def test_failed_run_is_recorded_not_dropped(monkeypatch):
     from bayesurl.runs import estimators
 
