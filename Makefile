@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PINS)
-	$(PIP) install -q -e '.[dev,docs,faiss,pretrained]'
+	$(PIP) install -q -e '.[dev,docs,faiss,pretrained,sweep]'
 	touch $@
 
 install: $(VENV)/.installed
