@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from pytorch_metric_learning.distances import CosineSimilarity
 from pytorch_metric_learning.losses import NTXentLoss
+from pytorch_metric_learning.reducers import MeanReducer
 from torch import Tensor
 
 from bayesurl._checks import check_device, check_int
@@ -244,4 +246,23 @@ class InfoNCELoss(NTXentLoss):
         check_embeddings(z2, "z2")
         if z1.shape != z2.shape:
             raise ValueError(f"`z1` and `z2` must have the same shape, got {z1.shape}, {z2.shape}")
+        if z1.shape[0] >= 2 and self._dense_two_view():
+            # one positive per anchor: the [2B, 2B] similarity matrix holds every term, where
+            # the pair-based path builds a [2B, 2B (2B - 2)] one (same value, B times cheaper)
+            return infonce_loss(
+                z1, z2, self.inverse_temperature, denominator=self.denominator,
+                self_term=self.self_term,
+            )  # fmt: skip
         return self(torch.cat([z1, z2]), two_view_labels(z1.shape[0], z1.device))
+
+    def _dense_two_view(self) -> bool:
+        """Whether :meth:`two_view` equals :func:`infonce_loss`: PML's defaults (cosine
+        similarity of normalised embeddings, mean reducer, no regulariser, this class's terms)."""
+        return (
+            type(self)._compute_loss is InfoNCELoss._compute_loss
+            and type(self.distance) is CosineSimilarity
+            and self.distance.normalize_embeddings
+            and self.distance.power == 1
+            and type(self.reducer) is MeanReducer
+            and self.embedding_regularizer is None
+        )

@@ -171,3 +171,32 @@ def test_logsumexp_positives_match_the_url_code_with_labels():
     assert abs(float(loss(emb, labels)) - want) < 1e-10
     pairs = InfoNCELoss(8.0, reducer=MeanReducer())(emb, labels)
     assert abs(float(pairs) - want) > 1e-3
+
+
+@pytest.mark.parametrize("denominator", ["negatives", "all"])
+@pytest.mark.parametrize("self_term", [None, False, True])
+def test_two_view_dense_path_equals_the_pair_based_path(denominator, self_term):
+    """two_view's [2B, 2B] shortcut gives the value and gradient of PML's pair-based path."""
+    g = torch.Generator().manual_seed(11)
+    z1 = torch.randn(7, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    z2 = torch.randn(7, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    loss = InfoNCELoss(8.0, denominator=denominator, self_term=self_term)
+    assert loss._dense_two_view()
+    dense = loss.two_view(z1, z2)
+    pairs = loss(torch.cat([z1, z2]), two_view_labels(7))
+    assert torch.allclose(dense, pairs, atol=1e-12)
+    g_dense = torch.autograd.grad(dense, (z1, z2))
+    g_pairs = torch.autograd.grad(pairs, (z1, z2))
+    for a, b in zip(g_dense, g_pairs):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_two_view_keeps_the_pair_based_path_for_a_custom_reducer():
+    from pytorch_metric_learning.reducers import SumReducer
+
+    g = torch.Generator().manual_seed(12)
+    z1, z2 = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
+    loss = InfoNCELoss(8.0, reducer=SumReducer())
+    assert not loss._dense_two_view()
+    want = InfoNCELoss(8.0)(torch.cat([z1, z2]), two_view_labels(6)) * 12
+    assert torch.allclose(loss.two_view(z1, z2), want, rtol=1e-5)
