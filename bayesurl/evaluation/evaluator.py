@@ -319,6 +319,7 @@ def evaluate(
     copy: bool = True,
     include: Iterable[str] | None = None,
     exclude: Iterable[str] = (),
+    return_neighbors: bool = False,
 ) -> dict[str, Any]:
     """Every selected retrieval and uncertainty metric defined for the input, from one kNN
     search.
@@ -420,6 +421,10 @@ def evaluate(
         one of its keys (``"ause"``). The names: :data:`bayesurl.evaluation.table.METRICS`.
     exclude : iterable of str
         Metrics not to compute.
+    return_neighbors : bool
+        Also return the search's neighbour ids under ``"neighbors"`` (``[n_r, k]`` Tensor of
+        global row ids, self excluded, this rank's queries; ``None`` when no selected metric
+        searched), so a caller that needs them (the per-query record) does not search again.
 
     Returns
     -------
@@ -428,7 +433,8 @@ def evaluate(
         ``map@5`` (float or None; present even when not selected), the keys of every selected
         metric (``recall@k`` and ``map@k`` for the requested cut-offs, ``rank_correlation``,
         ``mixed_r_auroc``, ``mixed_r@1``, ``crop_share``, ``crop_spearman``, ...), ``n``,
-        ``uncertainty_source`` and ``notes`` (list of str).
+        ``uncertainty_source``, ``notes`` (list of str) and, with ``return_neighbors``,
+        ``neighbors``.
 
     Raises
     ------
@@ -515,6 +521,8 @@ def evaluate(
             res.update(dict.fromkeys(keys))
             _note_missing(ctx.notes, grouped, need, keys)
     res["notes"] = ctx.notes
+    if return_neighbors:
+        res["neighbors"] = ctx.neighbors
     return res
 
 

@@ -279,7 +279,8 @@ def score(
         As for :func:`predict` (each set is predicted with ``seed``).
     return_outputs : bool
         Also return the predicted ``Output`` s and labels under ``"outputs"`` (sharded: this
-        rank's rows, :func:`batch_shard` of each set).
+        rank's rows, :func:`batch_shard` of each set); unsharded, ``outputs["test_neighbors"]``
+        holds the evaluator's neighbour ids of the queries (``[N, k]``, self excluded).
     distributed : bool, optional
         ``None``: shard when a process group with more than one rank is initialised
         (:func:`bayesurl.distributed.is_distributed`); ``False``: every rank evaluates
@@ -348,7 +349,9 @@ def score(
         **extra,
         **shard,
         **evaluate_kwargs,
+        return_neighbors=return_outputs,
     )
+    neighbors = res.pop("neighbors", None)
     res["n_samples"] = int(n_samples)
     res["n_test"] = len(sets.test)
     res["n_id_test"] = None if id_set is None else len(id_set)
@@ -360,6 +363,9 @@ def score(
         res["notes"].append("ood_auroc, ood_auprc: the data have no `id_test` / `ood` set")
     res["eval_time"] = time.perf_counter() - t0
     if return_outputs:
+        if neighbors is not None and not distributed:
+            # the nearest neighbour of every query, for the per-query record
+            outputs["test_neighbors"] = neighbors
         res["outputs"] = outputs
     return res
 

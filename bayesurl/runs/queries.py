@@ -98,6 +98,7 @@ def query_record(
     ood_u: Tensor | None = None,
     id_u: Tensor | None = None,
     meta: dict[str, Any] | None = None,
+    neighbors: Tensor | None = None,
 ) -> QueryRecord:
     """The record of one run's queries: u, nearest neighbour, hit flag (METRICS.md, R@1).
 
@@ -113,6 +114,9 @@ def query_record(
         u of the OOD and held-out upstream images.
     meta : dict, optional
         What rebuilds the images and names the run (see :class:`QueryRecord`).
+    neighbors : Tensor, optional
+        ``[N, k]`` neighbour ids of the queries from a search already made (the evaluator's,
+        self excluded, nearest first); ``None``: searched here.
 
     Raises
     ------
@@ -130,8 +134,13 @@ def query_record(
         )
     if labels is not None and labels.reshape(-1).shape[0] != n:
         raise ValueError(f"length mismatch: `labels` has {labels.numel()} entries, not {n}")
-    _, nb = knn(embedding.detach(), 1)
-    neighbour = nb[:, 0].cpu().numpy().astype(np.int64)
+    if neighbors is None:
+        _, neighbors = knn(embedding.detach(), 1)
+    elif neighbors.ndim != 2 or neighbors.shape[0] != n or neighbors.shape[1] < 1:
+        raise ValueError(
+            f"`neighbors` must be [{n}, k >= 1] neighbour ids, got shape {tuple(neighbors.shape)}"
+        )
+    neighbour = neighbors[:, 0].cpu().numpy().astype(np.int64)
     if labels is None:
         label = np.full(n, -1, np.int64)
         hit = np.zeros(n, bool)
@@ -164,6 +173,7 @@ def record_from_outputs(
         ood_u=None if ood is None else ood[0].uncertainty,
         id_u=None if idt is None else idt[0].uncertainty,
         meta=meta,
+        neighbors=outputs.get("test_neighbors"),
     )
 
 

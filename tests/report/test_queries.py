@@ -37,6 +37,34 @@ def test_record_matches_brute_force():
     assert rec.ood_u.shape == (7,) and rec.id_u.shape == (0,) and rec.labelled
 
 
+def test_record_from_the_evaluators_search_matches_brute_force():
+    """The run reuses the evaluator's neighbours (score(return_outputs=True)); the record is
+    the one a fresh search gives, with ties to the lowest index (repeated rows)."""
+    from types import SimpleNamespace
+    from bayesurl.runs.predict import score
+    from bayesurl.runs.queries import record_from_outputs
+    from bayesurl.types import Output
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(60, 5, generator=g)
+    x[30:40] = x[:10]  # exact ties
+    y = torch.randint(0, 4, (60,), generator=g)
+    test = torch.utils.data.TensorDataset(x, y)
+
+    def fn(batch, n_samples):
+        return Output(embedding=batch, uncertainty=batch.norm(dim=1))
+
+    res = score(fn, SimpleNamespace(test=test, id_test=None, ood=None), None, return_outputs=True)
+    nb = res["outputs"]["test_neighbors"]
+    assert nb.shape[0] == 60
+    rec = record_from_outputs(res["outputs"], {})
+    np.testing.assert_array_equal(rec.neighbour, _brute_nn(x.double().numpy()))
+    fresh = query_record(x, x.norm(dim=1), y)
+    np.testing.assert_array_equal(rec.neighbour, fresh.neighbour)
+    with pytest.raises(ValueError, match="`neighbors`"):
+        query_record(x, x.norm(dim=1), y, neighbors=nb[:5])
+
+
 def test_record_without_labels_has_no_hits():
     x = torch.randn(10, 3, dtype=torch.float64)
     rec = query_record(x, torch.rand(10), None)
