@@ -1,18 +1,24 @@
-"""Tables of a finished protocol sweep, for the docs and the closing note.
+"""Tables of a protocol sweep (``--preset standard`` or ``--preset pretrained``), for the docs
+and the closing note.
 
-Reads ``results.json`` written by ``bayesurl benchmark --preset standard`` and writes
+Reads ``results.json`` written by ``bayesurl benchmark --preset NAME`` and writes
 
-* ``docs/concepts/_standard_results.inc`` (reStructuredText included by
+* ``docs/concepts/_<NAME>_results.inc`` (reStructuredText included by
   ``docs/concepts/which_method.rst``): the per-estimator means with 95 % t-intervals over the
-  class splits, the paired comparison against CE (Holm-adjusted), the split-half
-  reproducibility, URL's crop share and mixed R-AUROC, and the training curves' last-epoch
-  changes;
+  class splits, the paired comparisons against CE and against the best free baseline
+  (Holm-adjusted), the split-half reproducibility over many halvings, URL's crop share and
+  mixed R-AUROC, and the training curves' last-epoch changes;
 * copies of ``results.json``, ``results.csv`` and the two plots under
-  ``docs/_static/benchmark/standard/``;
+  ``docs/_static/benchmark/<NAME>/``;
 
-and prints the same tables as plain text. Usage (repository root)::
+and prints the same tables as plain text. A stored sweep that has not finished keeps its
+finished runs in ``partial_runs.json``; ``--interim`` first writes the results of the class
+splits on which every estimator has finished into ``FOLDER/interim`` and reports those.
+Usage (repository root)::
 
-    python tools/standard_report.py results/benchmark/standard
+    python tools/protocol_report.py results/benchmark/standard
+    python tools/protocol_report.py results/pretrained/protocol --interim
+
 """
 
 from __future__ import annotations
@@ -86,6 +92,8 @@ def reliability(runs: list[dict[str, Any]], metric: str) -> dict[str, float] | N
     ms_e = k * ((table.mean(axis=1) - grand) ** 2).sum() / (n - 1)
     resid = table - table.mean(axis=1, keepdims=True) - table.mean(axis=0, keepdims=True) + grand
     ms_r = (resid**2).sum() / ((n - 1) * (k - 1))
+    if ms_e + (k - 1) * ms_r <= 0:  # the metric does not vary: no reliability to speak of
+        return None
     icc = (ms_e - ms_r) / (ms_e + (k - 1) * ms_r)
     need = math.inf if icc <= 0 else 2 * math.ceil(0.7 * (1 - icc) / (icc * 0.3))
     return {
@@ -96,26 +104,10 @@ def reliability(runs: list[dict[str, Any]], metric: str) -> dict[str, float] | N
     }
 
 
-def report(folder: Path, docs: Path | None) -> str:
-    doc = json.loads((folder / "results.json").read_text())
-    summary, paired, repro = doc["summary"], doc.get("paired_vs_ce", {}), doc["reproducibility"]
-    settings = doc["settings"]
-    order = sorted(summary, key=lambda n: -(summary[n].get("r_auroc", {}).get("mean") or -1.0))
-    rows = [[n, *(_cell(summary[n].get(k)) for k, _ in METRICS)] for n in order]
-    parts = []
-    n_splits = len(settings.get("class_splits", []))
-    parts.append(
-        _list_table(
-            f"Standard preset: mean ± half-width of the 95 % t-interval over {n_splits} class "
-            "splits (seed 0), sorted by R-AUROC",
-            ["estimator", *(t for _, t in METRICS)],
-            rows,
-        )
-    )
-    # paired comparison against CE
-    prow = []
+def _paired_rows(order: list[str], paired: dict[str, Any], reference: str) -> list[list[str]]:
+    rows = []
     for n in order:
-        if n == "ce":
+        if n == reference:
             continue
         cells = []
         for k in ("r_auroc", "r@1", "ood_auroc"):
@@ -127,23 +119,104 @@ def report(folder: Path, docs: Path | None) -> str:
                 f"{p['mean_diff']:+.3f} (p {p['p_t']:.2g}, Holm {p['p_t_holm']:.2g}; "
                 f"{p['verdict']})"
             )
-        prow.append([n, *cells])
+        rows.append([n, *cells])
+    return rows
+
+
+def _spread(r: dict[str, Any]) -> str:
+    """The split-half Spearman over the halvings: every value when few, else quantiles."""
+    vals = [p["spearman"] for p in r["partitions"] if p["spearman"] is not None]
+    if len(vals) <= 10:
+        return ", ".join(f"{v:.2f}" for v in vals)
+    return f"{len(vals)} halvings: 5 % {r['q05']:.2f}, 95 % {r['q95']:.2f}"
+
+
+def complete_splits(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs of the class splits on which every estimator of ``runs`` has finished (a
+    split still running would bias the estimators' means towards the splits they have)."""
+    ok = [r for r in runs if r.get("error") is None]
+    names = {r.get("method", r.get("estimator")) for r in ok}
+    by_split: dict[Any, set[str]] = {}
+    for r in ok:
+        by_split.setdefault(r["split"], set()).add(r.get("method", r.get("estimator")))
+    keep = {k for k, v in by_split.items() if v == names}
+    return [r for r in ok if r["split"] in keep]
+
+
+def write_interim(folder: Path) -> Path:
+    """Results of the complete splits of ``folder/partial_runs.json`` into ``folder/interim``."""
+    from bayesurl.runs.report import write_results
+
+    part = json.loads((folder / "partial_runs.json").read_text())
+    runs = [dict(r, method=r.get("method", r.get("estimator"))) for r in part["runs"]]
+    done = complete_splits(runs)
+    splits = sorted({r["split"] for r in done})
+    if len(splits) < 2:
+        raise SystemExit(f"{folder}: {len(splits)} complete class splits; need >= 2")
+    settings = {
+        "preset": part.get("preset", ""),
+        "interim": True,
+        "status": part.get("status"),
+        "class_splits": splits,
+        "estimators": sorted({r["method"] for r in done}),
+        "sum_of_run_times_s": sum(float(r.get("total_time") or 0.0) for r in done),
+    }
+    out = folder / "interim"
+    write_results(done, out, settings)
+    return out
+
+
+def report(folder: Path, docs: Path | None) -> str:
+    doc = json.loads((folder / "results.json").read_text())
+    summary, paired, repro = doc["summary"], doc.get("paired_vs_ce", {}), doc["reproducibility"]
+    settings = doc["settings"]
+    name = str(settings.get("preset") or "standard")
+    order = sorted(summary, key=lambda n: -(summary[n].get("r_auroc", {}).get("mean") or -1.0))
+    rows = [[n, *(_cell(summary[n].get(k)) for k, _ in METRICS)] for n in order]
+    parts = []
+    n_splits = len(settings.get("class_splits", []))
+    status = settings.get("status")
+    interim = (
+        f" (interim: the {n_splits} splits finished of {status['total'] // len(order)})"
+        if settings.get("interim") and status
+        else ""
+    )
+    parts.append(
+        _list_table(
+            f"Preset {name}{interim}: mean ± half-width of the 95 % t-interval over {n_splits} "
+            "class splits (seed 0), sorted by R-AUROC",
+            ["estimator", *(t for _, t in METRICS)],
+            rows,
+        )
+    )
+    n_est = len(order) - 1
     parts.append(
         _list_table(
             "Paired difference to CE over the (split, seed) pairs: mean difference, paired "
-            "t-test p and its Holm-adjusted value over the 16 estimators",
+            f"t-test p and its Holm-adjusted value over the {n_est} other estimators",
             ["estimator", "R-AUROC", "R@1", "OOD AUROC"],
-            prow,
+            _paired_rows(order, paired, "ce"),
         )
     )
+    free = doc.get("best_free_baseline")
+    if free:
+        parts.append(
+            _list_table(
+                f"Paired difference to the best free baseline ({free}, by mean R-AUROC), as above",
+                ["estimator", "R-AUROC", "R@1", "OOD AUROC"],
+                _paired_rows(order, doc.get("paired_vs_best_free_baseline", {}), free),
+            )
+        )
     rrow = []
     for k, t in (("r_auroc", "R-AUROC"), ("r@1", "R@1"), ("ood_auroc", "OOD AUROC")):
         r = repro.get(k, {})
         if r.get("mean") is None:
-            rrow.append([t, "n/a", "n/a", "n/a", str(r.get("note", ""))])
+            rrow.append([t, "n/a", "n/a", "n/a", "n/a", str(r.get("note", ""))])
             continue
-        parts_s = ", ".join(f"{p['spearman']:.2f}" for p in r["partitions"])
-        rrow.append([t, f"{r['mean']:.2f}", f"{r['min']:.2f}", f"{r['max']:.2f}", parts_s])
+        med = r.get("median", r["mean"])
+        rrow.append(
+            [t, f"{med:.2f}", f"{r['mean']:.2f}", f"{r['min']:.2f}", f"{r['max']:.2f}", _spread(r)]
+        )
     for row in rrow:
         key = {"R-AUROC": "r_auroc", "R@1": "r@1", "OOD AUROC": "ood_auroc"}[row[0]]
         rel = reliability(doc["runs"], key)
@@ -160,15 +233,17 @@ def report(folder: Path, docs: Path | None) -> str:
     parts.append(
         _list_table(
             "Split-half reproducibility: Spearman correlation of the estimators' mean metric "
-            "between two disjoint halves of the class splits, over every balanced partition; "
-            "variance decomposition over estimator x split (two-way, one seed) and the number "
-            "of splits a split-half correlation of 0.7 would need by Spearman-Brown",
+            "between two disjoint halves of the class splits, over every balanced partition "
+            "(or 2,000 random halvings); variance decomposition over estimator x split "
+            "(two-way, one seed) and the number of splits a split-half correlation of 0.7 "
+            "would need by Spearman-Brown",
             [
                 "metric",
+                "median",
                 "mean",
                 "min",
                 "max",
-                "per partition",
+                "distribution",
                 "SD between estimators",
                 "SD estimator x split",
                 "ICC (one split)",
@@ -212,12 +287,12 @@ def report(folder: Path, docs: Path | None) -> str:
     )
     text = "\n".join(parts)
     if docs is not None:
-        inc = docs / "concepts" / "_standard_results.inc"
+        inc = docs / "concepts" / f"_{name}_results.inc"
         inc.write_text(
-            ".. generated by tools/standard_report.py from "
-            "results/benchmark/standard/results.json; do not edit\n\n" + text
+            f".. generated by tools/protocol_report.py from {folder}/results.json; do not "
+            "edit\n\n" + text
         )
-        static = docs / "_static" / "benchmark" / "standard"
+        static = docs / "_static" / "benchmark" / name
         static.mkdir(parents=True, exist_ok=True)
         for f in ("results.json", "results.csv", "recall_vs_rauroc.png", "training_curves.png"):
             if (folder / f).exists():
@@ -269,7 +344,15 @@ def main() -> None:
         default=None,
         help="a sweep folder whose estimators replace those of FOLDER (see combine())",
     )
+    ap.add_argument(
+        "--interim",
+        action="store_true",
+        help="report the complete class splits of FOLDER/partial_runs.json (an unfinished "
+        "stored sweep), written to FOLDER/interim",
+    )
     a = ap.parse_args()
+    if a.interim:
+        a.folder = write_interim(a.folder)
     if a.rerun is not None:
         combine(a.folder, a.rerun)
     print(report(a.folder, None if a.no_docs else a.docs))

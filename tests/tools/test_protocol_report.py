@@ -1,0 +1,68 @@
+"""tools/protocol_report.py: the interim report of an unfinished stored sweep."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location(
+        "protocol_report", ROOT / "tools" / "protocol_report.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(est, split, r_auroc, error=None):
+    return {
+        "estimator": est, "split": split, "seed": 0, "error": error,
+        "r@1": 0.8, "r_auroc": r_auroc, "ood_auroc": 0.7, "ece": None, "ausc": 0.9,
+    }  # fmt: skip
+
+
+def test_complete_splits_keeps_only_the_splits_every_estimator_finished():
+    tool = _tool()
+    runs = [
+        _run("ce", 0, 0.5), _run("elk", 0, 0.6), _run("pvu", 0, 0.55),
+        _run("ce", 1, 0.5), _run("elk", 1, 0.6),  # pvu still running on split 1
+        _run("ce", 2, 0.5), _run("elk", 2, 0.6), _run("pvu", 2, 0.5, error="boom"),
+        _run("ce", 3, 0.5), _run("elk", 3, 0.6), _run("pvu", 3, 0.55),
+    ]  # fmt: skip
+    for r in runs:
+        r["method"] = r["estimator"]
+    kept = tool.complete_splits(runs)
+    assert sorted({r["split"] for r in kept}) == [0, 3]
+    assert len(kept) == 6 and all(r["error"] is None for r in kept)
+
+
+def test_interim_report_writes_results_of_the_complete_splits(tmp_path):
+    tool = _tool()
+    runs = []
+    for split in range(4):
+        for i, est in enumerate(("ce", "elk", "pvu", "feature_norm")):
+            runs.append(_run(est, split, 0.5 + 0.02 * i + 0.01 * split))
+    runs.append(_run("ce", 4, 0.9))  # split 4 unfinished: must not enter the means
+    status = {"waiting": 11, "running": 1, "complete": 17, "failed": 0, "total": 20}
+    (tmp_path / "partial_runs.json").write_text(
+        json.dumps({"preset": "demo", "status": status, "runs": runs})
+    )
+    out = tool.write_interim(tmp_path)
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["settings"]["class_splits"] == [0, 1, 2, 3]
+    assert doc["summary"]["ce"]["r_auroc"]["mean"] == pytest.approx(0.515)
+    text = tool.report(out, None)
+    assert "interim: the 4 splits finished of 5" in text
+    assert "best free baseline (feature_norm" in text
+
+
+def test_interim_report_needs_two_complete_splits(tmp_path):
+    tool = _tool()
+    runs = [dict(_run(e, 0, 0.5), method=e) for e in ("ce", "elk", "pvu")]
+    (tmp_path / "partial_runs.json").write_text(json.dumps({"preset": "x", "runs": runs}))
+    with pytest.raises(SystemExit, match="1 complete class splits"):
+        tool.write_interim(tmp_path)
