@@ -71,8 +71,14 @@ class EmbeddingNet(nn.Module):
         check_ndim(f, "backbone output", 2)
         return f
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Embeddings ``[N, D]`` (unnormalised)."""
+    def embed_with_features(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Embeddings ``[N, D]`` (unnormalised) and the backbone features ``[N, F]`` they
+        project, from one backbone pass (for heads that read the features)."""
         if isinstance(x, Tensor):
             check_finite(x, "x")
-        return self.proj(self.features(x))
+        f = self.features(x)
+        return self.proj(f), f
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Embeddings ``[N, D]`` (unnormalised)."""
+        return self.embed_with_features(x)[0]

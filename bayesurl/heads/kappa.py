@@ -2,9 +2,14 @@
 
 MCInfoNCE, ELK, nivMF and HIB predict a vMF posterior ``vMF(mu(x), kappa(x))`` per input; mu is
 the normalised embedding and kappa comes from a 3-layer MLP on the embedding (URL appendix
-B.3-B.6). Its initial value is "either randomly initialized or warmed up to 0.001" (URL B.3):
-the warm-up *rescales* the head's output by a fixed factor so that its mean uncertainty
-``u = 1/kappa`` on the first batch is ``warmup_u``, as the URL code does
+B.3-B.6). With ``hidden_dim=0`` the head is one linear layer: HIB (Oh et al., ICLR 2019,
+arXiv:1810.00319) predicts each embedding's mean and spread as outputs of the same network
+features, and LAM's HIB baseline (Warburg et al., 2023, Table 2, ref. [33]) reads its
+concentration by one linear layer from the conv features; the methods then feed the head the
+backbone features instead of the embedding (:class:`~bayesurl.methods._vmf.KappaInput`).
+Its initial value is "either randomly initialized or warmed up to 0.001" (URL B.3): the warm-up
+*rescales* the head's output by a fixed factor so that its mean uncertainty ``u = 1/kappa`` on
+the first batch is ``warmup_u``, as the URL code does
 (``UncertaintyWrapper.initialize_avg_uncertainty`` sets ``unc_scaler = target / mean u``, a
 constant multiplier of the predicted uncertainty). A multiplicative warm-up keeps the softplus
 at its initial operating point, so an optimiser step changes ``log kappa`` by about as much as
@@ -25,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim
+from bayesurl._checks import check_finite, check_int, check_ndim, check_number
 
 __all__ = ["KappaHead", "inverse_softplus"]
 
@@ -41,28 +46,43 @@ def inverse_softplus(y: Tensor | float) -> Tensor:
     return y + torch.log(-torch.expm1(-y))
 
 
+def _mlp(in_dim: int, hidden_dim: int) -> nn.Sequential:
+    """``in_dim -> hidden -> hidden -> 1`` with LeakyReLUs, or ``Linear(in_dim, 1)`` for 0."""
+    if hidden_dim == 0:
+        return nn.Sequential(nn.Linear(in_dim, 1))
+    return nn.Sequential(
+        nn.Linear(in_dim, hidden_dim),
+        nn.LeakyReLU(),
+        nn.Linear(hidden_dim, hidden_dim),
+        nn.LeakyReLU(),
+        nn.Linear(hidden_dim, 1),
+    )
+
+
 class KappaHead(nn.Module):
-    """3-layer MLP ``[N, D] -> [N]`` predicting a positive vMF concentration kappa(x).
+    """3-layer MLP (or one linear layer) ``[N, D] -> [N]`` predicting a vMF concentration.
 
     ``kappa = s * softplus(MLP(e)) + min_kappa`` (URL appendix B.3-B.6: "a 3-layer MLP attached
-    to the embeddings"); the uncertainty of the methods is ``u(x) = 1/kappa(x)``. ``s`` is a
-    fixed (not learned) scale, 1 unless the warm-up sets it: like the URL code's
-    ``unc_scaler`` it multiplies the head's output, so ``d log kappa / d MLP(e) =
-    sigmoid / softplus`` stays O(1) after a warm-up to ``u = 0.001`` and the optimiser moves
-    kappa on a log scale (see the module docstring).
+    to the embeddings"; HIB, Oh et al. 2019, and LAM's HIB baseline: one linear layer on the
+    backbone features, ``hidden_dim=0``); the uncertainty of the methods is
+    ``u(x) = 1/kappa(x)``. ``s`` is a fixed (not learned) scale, 1 unless the warm-up sets it:
+    like the URL code's ``unc_scaler`` it multiplies the head's output, so
+    ``d log kappa / d MLP(e) = sigmoid / softplus`` stays O(1) after a warm-up to ``u = 0.001``
+    and the optimiser moves kappa on a log scale (see the module docstring).
 
     Parameters
     ----------
     in_dim : int
-        Embedding dimension D.
+        Input dimension D (the embedding's, or the backbone features' F).
     hidden_dim : int, optional
-        Width of the two hidden layers (default ``max(in_dim, 16)``).
+        Width of the two hidden layers (default ``max(in_dim, 16)``); ``0``: no hidden layer,
+        ``MLP`` is one ``Linear(in_dim, 1)`` (HIB's head).
     warmup_u : float, optional
         If given, the first call of :meth:`warmup_` (done by the methods on their first
         training batch) sets the scale ``s`` so that the batch's mean ``1/kappa`` equals
         ``warmup_u`` (URL B.3: 0.001). ``None`` keeps the random initialisation (``s = 1``).
     min_kappa : float
-        Lower bound added to the scaled softplus output, keeps ``u`` finite.
+        Lower bound added to the scaled softplus output, keeps ``u`` finite (LAM's HIB: 0.01).
 
     Examples
     --------
@@ -83,23 +103,20 @@ class KappaHead(nn.Module):
             raise ValueError(f"`in_dim` must be a positive integer, got {in_dim}")
         if warmup_u is not None and not (math.isfinite(warmup_u) and warmup_u > 0):
             raise ValueError(f"`warmup_u` must be a positive finite float or None, got {warmup_u}")
-        if not min_kappa >= 0:
-            raise ValueError(f"`min_kappa` must be >= 0, got {min_kappa}")
+        min_kappa = check_number(min_kappa, "min_kappa", low=0.0)
         if warmup_u is not None and not warmup_u * min_kappa < 1.0:
             raise ValueError(
                 f"`warmup_u` must be below 1/min_kappa = {1.0 / min_kappa:g}, got {warmup_u}"
             )
-        h = int(hidden_dim) if hidden_dim is not None else max(int(in_dim), 16)
+        h = (
+            max(int(in_dim), 16)
+            if hidden_dim is None
+            else check_int(hidden_dim, "hidden_dim", low=0)
+        )
         self.in_dim = int(in_dim)
         self.warmup_u = warmup_u
-        self.min_kappa = float(min_kappa)
-        self.mlp = nn.Sequential(
-            nn.Linear(self.in_dim, h),
-            nn.LeakyReLU(),
-            nn.Linear(h, h),
-            nn.LeakyReLU(),
-            nn.Linear(h, 1),
-        )
+        self.min_kappa = min_kappa
+        self.mlp = _mlp(self.in_dim, h)
         # saved in checkpoints so a resumed run does not warm up twice
         self.register_buffer("warmed_up", torch.tensor(warmup_u is None))
         # the warm-up's fixed output scale s (a buffer: saved, never optimised)
@@ -114,7 +131,8 @@ class KappaHead(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, embedding: Tensor) -> Tensor:
-        """Concentrations ``kappa [N] > 0`` for embeddings ``[N, D]`` (unnormalised is fine)."""
+        """Concentrations ``kappa [N] > 0`` for inputs ``[N, D]`` (embeddings, unnormalised is
+        fine, or backbone features)."""
         check_ndim(embedding, "embedding", 2)
         if embedding.shape[1] != self.in_dim:
             raise ValueError(

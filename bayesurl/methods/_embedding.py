@@ -10,6 +10,7 @@ classifier-style methods (:class:`~bayesurl.methods.ce.ClassifierMethod`) share:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -148,9 +149,18 @@ class EmbeddingMethod(Method):
         A shape error inside the backbone becomes a :class:`ValueError` naming ``x`` and its
         shape (out-of-memory errors pass through unchanged).
         """
+        return self._through_net(self.net, x)
+
+    def embed_with_features(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Unnormalised embeddings ``[N, D]`` and the backbone features ``[N, F]`` they
+        project, from one backbone pass; errors as :meth:`embed`."""
+        return self._through_net(self.net.embed_with_features, x)
+
+    def _through_net(self, call: Callable[[Tensor], Any], x: Tensor) -> Any:
+        """``call(x)`` on a checked batch, a backbone shape error raised as naming ``x``."""
         x = self._check_x(x)
         try:
-            return self.net(x)
+            return call(x)
         except RuntimeError as err:
             if isinstance(err, torch.OutOfMemoryError):
                 raise

@@ -23,8 +23,10 @@ class ELK(VMFMethod):
 
     Parameters
     ----------
-    backbone, embed_dim, num_classes, backbone_kwargs, kappa_hidden, warmup_u
+    backbone, embed_dim, num_classes, backbone_kwargs
         See :class:`~bayesurl.methods._vmf.VMFMethod`; ``num_classes`` (>= 2) is required.
+    kappa_hidden, warmup_u, kappa_input, min_kappa
+        The kappa head: see :class:`~bayesurl.methods._vmf.VMFMethod`.
         ``warmup_u`` defaults to 0.001 here (URL B.3's warmed-up start): from the random
         initialisation (kappa ~ 0.7) the vMF samples are nearly uniform for D >= 16 and the
         loss has no usable signal.
@@ -47,10 +49,21 @@ class ELK(VMFMethod):
         warmup_u: float | None = 1e-3,
         kappa_scale: float = 16.0,
         shared_proxy_kappa: bool = False,
+        kappa_input: str = "embedding",
+        min_kappa: float = 1e-4,
     ) -> None:
         if num_classes is None:
             raise ValueError("`num_classes` is required for ELK")
-        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs, kappa_hidden, warmup_u)
+        super().__init__(
+            backbone,
+            embed_dim,
+            num_classes,
+            backbone_kwargs,
+            kappa_hidden,
+            warmup_u,
+            kappa_input=kappa_input,
+            min_kappa=min_kappa,
+        )
         self.loss_fn = ELKLoss(
             num_classes, self.embed_dim, kappa_scale, shared_kappa=shared_proxy_kappa
         )

@@ -19,8 +19,10 @@ class HIB(VMFMethod):
 
     Parameters
     ----------
-    backbone, embed_dim, num_classes, backbone_kwargs, kappa_hidden, warmup_u
+    backbone, embed_dim, num_classes, backbone_kwargs
         See :class:`~bayesurl.methods._vmf.VMFMethod` (``num_classes`` only bounds the labels).
+    kappa_hidden, warmup_u, kappa_input, min_kappa
+        The kappa head: see :class:`~bayesurl.methods._vmf.VMFMethod`.
         ``warmup_u`` defaults to 0.001 here (URL B.3's warmed-up start): from the random
         initialisation (kappa ~ 0.7) the vMF samples are nearly uniform for D >= 16 and the
         loss has no usable signal.
@@ -53,8 +55,19 @@ class HIB(VMFMethod):
         n_samples: int = 16,
         negative_term: str = "log_p",
         eps: float = 1e-5,
+        kappa_input: str = "embedding",
+        min_kappa: float = 1e-4,
     ) -> None:
-        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs, kappa_hidden, warmup_u)
+        super().__init__(
+            backbone,
+            embed_dim,
+            num_classes,
+            backbone_kwargs,
+            kappa_hidden,
+            warmup_u,
+            kappa_input=kappa_input,
+            min_kappa=min_kappa,
+        )
         self.loss_fn = HIBLoss(scale, bias, n_samples, negative_term, eps=eps)
         self.hparams.update(
             scale=float(scale),

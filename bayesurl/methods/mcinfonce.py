@@ -24,8 +24,10 @@ class MCInfoNCE(VMFMethod):
 
     Parameters
     ----------
-    backbone, embed_dim, num_classes, backbone_kwargs, kappa_hidden, warmup_u
+    backbone, embed_dim, num_classes, backbone_kwargs
         See :class:`~bayesurl.methods._vmf.VMFMethod` (``num_classes`` is ignored).
+    kappa_hidden, warmup_u, kappa_input, min_kappa
+        The kappa head: see :class:`~bayesurl.methods._vmf.VMFMethod`.
         ``warmup_u`` defaults to 0.001 here (URL B.3's warmed-up start): from the random
         initialisation (kappa ~ 0.7) the vMF samples are nearly uniform for D >= 16 and the
         loss has no usable signal.
@@ -66,8 +68,19 @@ class MCInfoNCE(VMFMethod):
         mc_average: str = "inside",
         self_term: bool | None = None,
         sampler: str = "exact",
+        kappa_input: str = "embedding",
+        min_kappa: float = 1e-4,
     ) -> None:
-        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs, kappa_hidden, warmup_u)
+        super().__init__(
+            backbone,
+            embed_dim,
+            num_classes,
+            backbone_kwargs,
+            kappa_hidden,
+            warmup_u,
+            kappa_input=kappa_input,
+            min_kappa=min_kappa,
+        )
         self.loss_fn = MCInfoNCELoss(
             inverse_temperature,
             n_samples,

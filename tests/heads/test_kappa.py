@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -66,6 +67,24 @@ def test_bad_input():
         head(torch.randn(2, 3, 1))
     with pytest.raises(ValueError, match="embedding"):
         KappaHead(3, warmup_u=0.1).warmup_(torch.full((2, 3), float("nan")))
+    with pytest.raises(ValueError, match="hidden_dim"):
+        KappaHead(3, hidden_dim=-1)
+    with pytest.raises(TypeError, match="hidden_dim"):
+        KappaHead(3, hidden_dim=2.5)
+    with pytest.raises(ValueError, match="min_kappa"):
+        KappaHead(3, min_kappa=float("nan"))
+
+
+def test_hidden_dim_zero_is_one_linear_layer():
+    torch.manual_seed(3)
+    head = KappaHead(7, hidden_dim=0, min_kappa=0.01).double()
+    (lin,) = list(head.mlp)
+    assert isinstance(lin, torch.nn.Linear) and (lin.in_features, lin.out_features) == (7, 1)
+    x = torch.randn(5, 7, dtype=torch.float64)
+    w, b = lin.weight.detach().numpy()[0], float(lin.bias)
+    z = x.numpy() @ w + b
+    ref = np.log1p(np.exp(-np.abs(z))) + np.maximum(z, 0.0) + 0.01
+    np.testing.assert_allclose(head(x).detach().numpy(), ref, rtol=1e-13)
 
 
 def _warm(head: KappaHead, x: torch.Tensor) -> KappaHead:

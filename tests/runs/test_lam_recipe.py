@@ -69,6 +69,25 @@ def test_lam_rows_start_from_the_deterministic_net(table):
             assert metrics(name)[key] == pytest.approx(det[key], abs=2e-3), (name, key)
 
 
+def test_hib_row_reads_kappa_linearly_from_the_conv_features(table):
+    """The hib row is LAM's HIB: ``kappa = softplus(Linear(1600 -> 1)(h)) + 0.01`` of the conv
+    features ``h`` before the 3-d embedding layer, no warm-up (the trained checkpoint's own
+    weights, the formula in float64)."""
+    from bayesurl.training.checkpoint import load_method_from_checkpoint
+
+    _, ckpt = table
+    m = load_method_from_checkpoint(ckpt / "hib_s0" / "last.pt").double()
+    assert m.hparams["kappa_input"] == "features" and m.hparams["warmup_u"] is None
+    (lin,) = list(m.kappa_head.mlp)
+    assert (lin.in_features, lin.out_features) == (1600, 1) and m.embed_dim == 3
+    x = torch.randn(5, 1, 28, 28, generator=torch.Generator().manual_seed(0)).double()
+    with torch.no_grad():
+        h = m.net.backbone(x)
+        out = m(x)
+    ref = torch.nn.functional.softplus(h @ lin.weight[0] + lin.bias[0]) + 0.01
+    torch.testing.assert_close(out.kappa, ref, rtol=1e-12, atol=0)
+
+
 def test_posthoc_lam_is_the_base_net_with_a_fixed_prior():
     cfg = load_recipe("fashion_mnist_closed/lam_posthoc", preset="smoke")
     assert cfg.base is not None and cfg.base.estimator.method == "contrastive"
