@@ -5,7 +5,12 @@ heads (linear, HET-XL, SNGP, ensemble, head-only MC dropout)."""
 from bayesurl.heads.classifier import LinearClassifier
 from bayesurl.heads.dropout import MCDropoutHead, block_dropout_linear
 from bayesurl.heads.embedding import EmbeddingNet, build_backbone
-from bayesurl.heads.ensemble import EnsembleHeads, average_log_probs
+from bayesurl.heads.ensemble import (
+    EnsembleHeads,
+    average_log_probs,
+    orthogonal_procrustes,
+    pool_embeddings,
+)
 from bayesurl.heads.hetxl import HetXLHead, HetXLOutput, mc_softmax_log_probs
 from bayesurl.heads.kappa import KappaHead, inverse_softplus
 from bayesurl.heads.proxies import NonIsotropicVMFProxies, VMFProxies
@@ -29,5 +34,7 @@ __all__ = [
     "inverse_softplus",
     "mc_softmax_log_probs",
     "mean_field_logits",
+    "orthogonal_procrustes",
+    "pool_embeddings",
     "spectral_normalize",
 ]

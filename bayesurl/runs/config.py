@@ -60,7 +60,7 @@ __all__ = [
 RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 
 #: Estimator kinds (see :mod:`bayesurl.runs.estimators`).
-ESTIMATOR_KINDS = ("method", "posthoc", "lam", "baseline")
+ESTIMATOR_KINDS = ("method", "posthoc", "lam", "baseline", "deep_ensemble")
 
 
 @dataclass
@@ -222,15 +222,17 @@ class EstimatorConfig:
     ----------
     name : str
         The table's name (the estimator's name in results).
-    kind : {"method", "posthoc", "lam", "baseline"}
+    kind : {"method", "posthoc", "lam", "baseline", "deep_ensemble"}
         A registry method trained by :func:`bayesurl.training.fit`; a post-hoc wrapper
         (:func:`bayesurl.wrap`) on a trained ``base``; LAM (:mod:`bayesurl.laplace`); a free
-        ``baseline`` of the input representation (nothing trained).
+        ``baseline`` of the input representation (nothing trained); a deep ensemble of
+        independently trained copies of the ``base``.
     method : str or None
         Registry name of a ``method`` estimator (default: ``name``).
     base : str or None
-        The estimator table a ``posthoc`` estimator wraps, or whose trained net a ``lam``
-        estimator starts from (trained or reused by the runner).
+        The estimator table a ``posthoc`` estimator wraps, whose trained net a ``lam``
+        estimator starts from, or that a ``deep_ensemble`` copies (trained or reused by the
+        runner).
     wrapper : str or None
         ``"pvu"``, ``"tau"`` or ``"laplace"`` for ``posthoc``.
     use_base_classifier : bool
@@ -240,7 +242,8 @@ class EstimatorConfig:
     kwargs : dict
         Constructor options: of the method, of the wrapper, or of
         :func:`bayesurl.laplace.MetricLaplace` (``margin``, ``approximation``, ... and any
-        option it accepts, e.g. ``hessian_structure``).
+        option it accepts, e.g. ``hessian_structure``); ``members`` and ``align`` of a
+        ``deep_ensemble``.
     fit : dict
         Options of the post-hoc fit (``epochs``, ``lr``, ``batch_size``); for ``lam``,
         ``optimize_prior`` (default true: the marginal-likelihood prior precision after the

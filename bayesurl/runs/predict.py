@@ -295,8 +295,9 @@ def score(
     Returns
     -------
     dict
-        The evaluator's result plus ``ood_auroc`` / ``ood_auprc``, ``n_samples``, ``n_test``,
-        ``n_id_test``, ``n_ood`` and ``eval_time`` (seconds, this rank's).
+        The evaluator's result plus ``ood_auroc`` / ``ood_auprc``, ``n_samples`` (the draws
+        the predictions held), ``n_test``, ``n_id_test``, ``n_ood`` and ``eval_time`` (seconds,
+        this rank's).
 
     Raises
     ------
@@ -352,7 +353,8 @@ def score(
         return_neighbors=return_outputs,
     )
     neighbors = res.pop("neighbors", None)
-    res["n_samples"] = int(n_samples)
+    # the draws behind the ECE: a deep ensemble's are its K members, whatever was asked
+    res["n_samples"] = 0 if n_samples == 0 or out.samples is None else int(out.samples.shape[0])
     res["n_test"] = len(sets.test)
     res["n_id_test"] = None if id_set is None else len(id_set)
     res["n_ood"] = None if ood_set is None else len(ood_set)
