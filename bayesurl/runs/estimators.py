@@ -548,8 +548,8 @@ class DeepEnsembleEstimator(Estimator):
     :class:`MethodEstimator` / :func:`bayesurl.training.fit`, member ``k`` with seed
     ``seed + k``. Member 0 is the fitted ``base`` itself (the base run of this seed); member
     ``k`` is bit for bit the plain run of the base at seed ``seed + k``, so at seed 0 with three
-    members the ensemble is that of the base's rows of seeds 0, 1 and 2 (the committed table's
-    ``ensemble_from_seeds`` construction). The predictive's draws are the ``K`` normalised
+    members the ensemble is that of the base's rows of seeds 0, 1 and 2 (the ensemble of
+    ``results/lam/fashion_mnist_closed/``). The predictive's draws are the ``K`` normalised
     member embeddings, the embedding their normalised mean and ``u = 1 / kappa_hat`` of them
     (:func:`bayesurl.heads.ensemble.pool_embeddings`), as the LAM code averages its members.
 
@@ -649,19 +649,14 @@ class DeepEnsembleEstimator(Estimator):
     def _fit_rotations(self, data: RunData, device: torch.device) -> Tensor:
         """``[K, D, D]`` maps of each member onto member 0, fitted on the training images."""
         from bayesurl.data import make_loader
-        from bayesurl.heads.ensemble import orthogonal_procrustes, pool_embeddings
+        from bayesurl.heads.ensemble import orthogonal_procrustes
 
         loader = make_loader(
             data.sets.train, self.cfg.eval.batch_size, shuffle=False, distributed=False
         )
-        # normalised as in the predictive, float64 for the SVD
-        z = torch.cat(
-            [
-                pool_embeddings(self._member_embeddings(x))[1]
-                for x, _ in _Batches(loader, data.transform, device)
-            ],
-            dim=1,
-        ).double()
+        batches = _Batches(loader, data.transform, device)
+        z = torch.cat([self._member_embeddings(x) for x, _ in batches], dim=1).double()
+        z = nn.functional.normalize(z, dim=-1)  # the draws of the predictive, before rotation
         return torch.stack([orthogonal_procrustes(zk, z[0]) for zk in z])
 
     def predict(self, x: Tensor, n_samples: int = 0) -> Output:
