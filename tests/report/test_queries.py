@@ -1,10 +1,14 @@
 """The per-query record (bayesurl.runs.queries) against brute-force loops."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
-from bayesurl.runs.queries import QueryRecord, query_record, read_queries
+from bayesurl.runs.predict import score
+from bayesurl.runs.queries import QueryRecord, query_record, read_queries, record_from_outputs
+from bayesurl.types import Output
 
 
 def _brute_nn(x: np.ndarray) -> np.ndarray:
@@ -40,11 +44,6 @@ def test_record_matches_brute_force():
 def test_record_from_the_evaluators_search_matches_brute_force():
     """The run reuses the evaluator's neighbours (score(return_outputs=True)); the record is
     the one a fresh search gives, with ties to the lowest index (repeated rows)."""
-    from types import SimpleNamespace
-    from bayesurl.runs.predict import score
-    from bayesurl.runs.queries import record_from_outputs
-    from bayesurl.types import Output
-
     g = torch.Generator().manual_seed(2)
     x = torch.randn(60, 5, generator=g)
     x[30:40] = x[:10]  # exact ties
