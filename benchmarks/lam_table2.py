@@ -19,7 +19,17 @@ import json
 import statistics
 from pathlib import Path
 
-ROWS = ("deterministic", "mc_dropout", "hib", "lam_posthoc", "lam_online", "lam_posthoc_kron")
+ROWS = (
+    "deterministic",
+    "mc_dropout",
+    "deep_ensemble",
+    "deep_ensemble_aligned",
+    "hib",
+    "lam_posthoc",
+    "lam_online",
+    "lam_posthoc_kron",
+    "lam_online_kron",
+)
 METRICS = (
     ("map@1", "mAP@1"),
     ("map@5", "mAP@5"),
@@ -74,9 +84,13 @@ def _cell(s: tuple[float, float, int] | None) -> str:
     return f"{s[0]:.3f}" if s[2] == 1 else f"{s[0]:.3f} ± {s[1]:.3f}"
 
 
-def compare(recipe: Path, committed: Path) -> str:
-    """The markdown table (see module docstring)."""
+def compare(recipe: Path, committed: Path, also: tuple[Path, ...] = ()) -> str:
+    """The markdown table (see module docstring); ``also``: more folders of recipe runs (other
+    sweeps of the same recipe), read after ``recipe``."""
     new, old = recipe_runs(recipe), committed_runs(committed)
+    for folder in also:
+        for row, seeds in recipe_runs(folder).items():
+            new.setdefault(row, {}).update(seeds)
     head = ["row", "seeds (recipe / committed)"]
     for _, title in METRICS:
         head += [f"{title} recipe", f"{title} committed"]
@@ -106,13 +120,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("committed", type=Path, help="folder of the committed <row>_s<seed>.json")
     ap.add_argument(
+        "--also", type=Path, action="append", default=[], help="another folder of recipe runs"
+    )
+    ap.add_argument(
         "--out", type=Path, default=None, help="markdown file to write (and its .csv beside it)"
     )
     args = ap.parse_args(argv)
-    for arg in ("recipe", "committed"):
-        if not getattr(args, arg).is_dir():
-            raise SystemExit(f"`{arg}` {getattr(args, arg)} is not a folder")
-    table = compare(args.recipe, args.committed)
+    for folder in (args.recipe, args.committed, *args.also):
+        if not folder.is_dir():
+            raise SystemExit(f"{folder} is not a folder")
+    table = compare(args.recipe, args.committed, tuple(args.also))
     if args.out is not None:
         args.out.write_text(table)
         # the same cells as quoted CSV, for the docs page's csv-table
