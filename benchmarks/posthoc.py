@@ -34,29 +34,30 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from bayesurl.backbones import SmallConvNet
-from bayesurl.data import default_augmentation, default_transform, fashion_mnist
+from bayesurl.data import (
+    TransformedLoader,
+    default_augmentation,
+    default_transform,
+    fashion_mnist,
+    make_loader,
+)
 from bayesurl.posthoc import EmbeddingCache, wrap
 
 
-class _AugmentedLoader:
-    """A fixed labelled image set with a fresh random flip + noise augmentation per pass."""
+def _batches(
+    x: torch.Tensor, y: torch.Tensor, batch: int, transform: nn.Module, *, seed: int = 0
+) -> TransformedLoader:
+    """Reshuffled ``(transform(x), y)`` batches of a fixed image set, fresh draws per pass."""
+    loader = make_loader(TensorDataset(x, y), batch, shuffle=True, seed=seed)
+    return TransformedLoader(loader, transform)
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int = 0) -> None:
-        self.x, self.y, self.batch = x, y, batch
-        self.g = torch.Generator().manual_seed(seed)
 
-    def __len__(self) -> int:
-        return (len(self.x) + self.batch - 1) // self.batch
-
-    def __iter__(self):
-        for s in range(0, len(self.x), self.batch):
-            xb = self.x[s : s + self.batch]
-            flip = torch.rand(len(xb), generator=self.g) < 0.5
-            xb = torch.where(flip[:, None, None, None], xb.flip(-1), xb)
-            xb = xb + 0.05 * torch.randn(xb.shape, generator=self.g)
-            yield xb, self.y[s : s + self.batch]
+def _flip_noise() -> nn.Module:
+    """Horizontal flip and pixel noise on float images (no crop, rotation or normalisation)."""
+    return default_augmentation(3, scale=(1.0, 1.0), degrees=0.0, normalize=False)
 
 
 class _Encoder(nn.Module):
@@ -103,7 +104,7 @@ def bench_pvu(args: argparse.Namespace) -> dict[str, float]:
     uncached = wrap(enc, "pvu", classifier=clf)
     t_uncached = _timed(
         lambda: uncached.fit(
-            _AugmentedLoader(x, y, args.batch),
+            _batches(x, y, args.batch, _flip_noise()),
             cached=False,
             epochs=args.epochs,
             progress=progress,
@@ -112,7 +113,11 @@ def bench_pvu(args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         cache = EmbeddingCache.build(
-            enc, _AugmentedLoader(x, y, args.batch), tmp, passes=args.epochs, progress=progress
+            enc,
+            _batches(x, y, args.batch, _flip_noise()),
+            tmp,
+            passes=args.epochs,
+            progress=progress,
         )
         t_build = time.perf_counter() - t0
         cached = wrap(enc, "pvu", classifier=clf)
@@ -129,8 +134,8 @@ def bench_laplace(args: argparse.Namespace) -> dict[str, float]:
     torch.manual_seed(1)
     enc = _Encoder().eval()
     n_fit = 2 * args.batch
-    fit_loader = _AugmentedLoader(
-        torch.randn(n_fit, 3, 64, 64), torch.arange(n_fit) % 8, args.batch
+    fit_loader = _batches(
+        torch.randn(n_fit, 3, 64, 64), torch.arange(n_fit) % 8, args.batch, _flip_noise()
     )
     wrapped = wrap(enc, "laplace", margin=1.0)
     wrapped.fit(fit_loader, progress=not args.no_progress)
@@ -146,31 +151,6 @@ def bench_laplace(args: argparse.Namespace) -> dict[str, float]:
             },
             args.repeats,
         )
-
-
-class _Batches:
-    """Shuffled batches of uint8 images: evaluation transform, one or two augmented views."""
-
-    def __init__(self, x, y, batch, *, views=0, seed=0, shuffle=True):
-        self.x, self.y, self.batch, self.views, self.shuffle = x, y, batch, views, shuffle
-        self.g = torch.Generator().manual_seed(seed)
-        self.aug, self.plain = default_augmentation(), default_transform()
-
-    def __len__(self) -> int:
-        return (len(self.x) + self.batch - 1) // self.batch
-
-    def __iter__(self):
-        order = torch.randperm(len(self.x), generator=self.g) if self.shuffle else None
-        for s in range(0, len(self.x), self.batch):
-            idx = order[s : s + self.batch] if order is not None else slice(s, s + self.batch)
-            xb, yb = self.x[idx], self.y[idx]
-            if self.views == 1:
-                xb = self.aug(xb, self.g)
-            elif self.views == 2:
-                xb = (self.aug(xb, self.g), self.aug(xb, self.g))
-            else:
-                xb = self.plain(xb)
-            yield xb, yb
 
 
 def _r1_wrong(emb: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -193,13 +173,14 @@ def bench_fashion(args: argparse.Namespace) -> None:
     x_in, y_in = xte[yte < 5][:n_eval], yte[yte < 5][:n_eval]
     x_out, y_out = xte[yte >= 5][:n_eval], yte[yte >= 5][:n_eval]
 
+    augment, plain = default_augmentation(), default_transform()
     enc = SmallConvNet(1, num_features=64, width=16)
     clf = nn.Linear(64, 5)
     opt = torch.optim.Adam([*enc.parameters(), *clf.parameters()], lr=2e-3)
     t0 = time.perf_counter()
     enc.train()
     for _ in range(args.fashion_epochs):
-        for xb, yb in _Batches(xtr, ytr, 128, views=1, seed=args.seed):
+        for xb, yb in _batches(xtr, ytr, 128, augment, seed=args.seed):
             loss = F.cross_entropy(clf(enc(xb)), yb)
             opt.zero_grad()
             loss.backward()
@@ -240,7 +221,7 @@ def bench_fashion(args: argparse.Namespace) -> None:
     w = wrap(enc, "pvu", classifier=clf)
     t0 = time.perf_counter()
     w.fit(
-        _Batches(xtr, ytr, 128, views=1, seed=args.seed),
+        _batches(xtr, ytr, 128, augment, seed=args.seed),
         epochs=args.fashion_epochs,
         lr=1e-3,
         progress=progress,
@@ -252,7 +233,8 @@ def bench_fashion(args: argparse.Namespace) -> None:
     w = wrap(enc, "tau")
     t0 = time.perf_counter()
     w.fit(
-        _Batches(xtr, ytr, 128, views=2, seed=args.seed),
+        _batches(xtr, ytr, 128, nn.Identity(), seed=args.seed),
+        augment=augment,
         epochs=args.fashion_epochs,
         lr=1e-2,
         progress=progress,
@@ -269,7 +251,7 @@ def bench_fashion(args: argparse.Namespace) -> None:
             continue
         t0 = time.perf_counter()
         try:
-            w.fit(_Batches(xtr, ytr, 256, seed=args.seed), progress=progress)
+            w.fit(_batches(xtr, ytr, 256, plain, seed=args.seed), progress=progress)
         except ValueError as exc:
             print(f"  {name}: fit failed: {exc}")
             continue

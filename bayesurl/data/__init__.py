@@ -8,6 +8,7 @@
   closed-set protocol on the same data: :func:`closed_set` (``SPLITS`` by :class:`Split`).
 * Transforms: :func:`default_transform`, :func:`default_augmentation`, :class:`TwoViews`.
 * Loaders: :func:`make_loader` (seeded, DistributedSampler-aware), :func:`set_epoch`,
+  :class:`TransformedLoader` (its batches moved to a device and transformed there),
   :func:`as_tensors` (a whole in-memory set as tensors); :func:`plot_images` to look at them.
 * Batches: :func:`unpack_batch`, the one reader of ``x`` / ``(x, y)`` / ``((x1, x2), y)`` /
   dict loader batches.
@@ -40,7 +41,7 @@ from .fmnist import (
     find_fashion_mnist,
 )
 from .idx import read_idx
-from .loaders import UnpaddedDistributedSampler, make_loader, set_epoch
+from .loaders import TransformedLoader, UnpaddedDistributedSampler, make_loader, set_epoch
 from .plot import plot_images
 from .registry import available_datasets, get_dataset
 from .sklearn_digits import digits, load_digits_images, upsample_uint8
@@ -101,6 +102,7 @@ __all__ = [
     "StanfordOnlineProducts",
     "ToFloat",
     "TwoViews",
+    "TransformedLoader",
     "UnpaddedDistributedSampler",
     "ZeroShotData",
     "as_tensors",

@@ -8,14 +8,15 @@ are given explicitly) and otherwise shuffles with a seeded generator, so runs re
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-__all__ = ["UnpaddedDistributedSampler", "make_loader", "set_epoch"]
+__all__ = ["TransformedLoader", "UnpaddedDistributedSampler", "make_loader", "set_epoch"]
 
 
 class UnpaddedDistributedSampler(DistributedSampler):
@@ -148,3 +149,46 @@ def set_epoch(loader: DataLoader, epoch: int) -> None:
     sampler = getattr(loader, "sampler", None)
     if isinstance(sampler, DistributedSampler):
         sampler.set_epoch(int(epoch))
+
+
+class TransformedLoader:
+    """A loader whose ``(x, y)`` batches are moved to ``device`` and transformed there.
+
+    The data sets keep ``uint8`` images and are normalised / augmented per batch on the
+    training device (:func:`~bayesurl.data.default_transform`,
+    :func:`~bayesurl.data.default_augmentation`); this wraps a loader of such batches for a
+    consumer that wants ready inputs (a training loop, a post-hoc ``fit``). Re-iterable: each
+    pass starts a pass of ``loader`` and draws fresh augmentations.
+
+    Parameters
+    ----------
+    loader : iterable
+        Yields ``(x, y)`` batches (e.g. :func:`make_loader`); ``len(loader)`` is passed on.
+    transform : nn.Module
+        Applied to each ``x`` on ``device`` (``nn.Identity()`` only moves it).
+    device : torch.device or str
+        Where the batches go (CPU by default).
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[tuple[Tensor, Tensor]],
+        transform: nn.Module,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.loader, self.device = loader, torch.device(device)
+        self.transform = transform.to(self.device)
+        self.dataset = getattr(loader, "dataset", None)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        # the loader's iterator starts here, as ``iter(DataLoader)`` does (it draws the
+        # workers' base seed from the loader's generator), so a consumer that calls ``iter``
+        # sees the batches a plain DataLoader would give it
+        batches = iter(self.loader)
+        return (
+            (self.transform(x.to(self.device)), torch.as_tensor(y).to(self.device))
+            for x, y in batches
+        )

@@ -34,7 +34,6 @@ import dataclasses
 import inspect
 import time
 import warnings
-from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar
@@ -43,6 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from bayesurl.data import TransformedLoader
 from bayesurl.files import atomic_open
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, method_backbone
@@ -59,27 +59,6 @@ __all__ = [
     "PosthocEstimator",
     "build_estimator",
 ]
-
-
-class _Batches:
-    """A loader whose ``(x, y)`` batches are moved to ``device`` and transformed there."""
-
-    def __init__(self, loader: Any, transform: nn.Module, device: torch.device) -> None:
-        self.loader, self.transform, self.device = loader, transform.to(device), device
-        self.dataset = getattr(loader, "dataset", None)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        # the loader's iterator starts here, as ``iter(DataLoader)`` does (it draws the
-        # workers' base seed from the loader's generator), so a consumer that calls ``iter``
-        # sees the batches a plain DataLoader would give it
-        batches = iter(self.loader)
-        return (
-            (self.transform(x.to(self.device)), torch.as_tensor(y).to(self.device))
-            for x, y in batches
-        )
 
 
 def _epochs(cfg: RunConfig) -> int:
@@ -350,13 +329,13 @@ class PosthocEstimator(Estimator):
         batch = int(fit_kw.pop("batch_size", cfg.train.batch_size))
         loader = make_loader(data.sets.train, batch, shuffle=True, seed=cfg.seed)
         if self.wrapper_name == "pvu":
-            batches: Any = _Batches(loader, data.augment, device)
+            batches: Any = TransformedLoader(loader, data.augment, device)
             fit_kw["batch_size"] = batch
         elif self.wrapper_name == "tau":
-            batches = _Batches(loader, nn.Identity(), device)
+            batches = TransformedLoader(loader, nn.Identity(), device)
             fit_kw["augment"] = data.augment.to(device)
         else:
-            batches = _Batches(loader, data.transform, device)
+            batches = TransformedLoader(loader, data.transform, device)
         t0 = time.perf_counter()
         report = self.wrapped.fit(batches, progress=progress, **fit_kw)
         train_time = time.perf_counter() - t0
@@ -508,7 +487,7 @@ class LamEstimator(Estimator):
             broadcast_state(net, 0, buffers_only=True)
         if e.mode == "posthoc":
             la = MetricLaplace(net, **kwargs)
-            la.fit(_Batches(loader, data.transform, device), progress=progress)
+            la.fit(TransformedLoader(loader, data.transform, device), progress=progress)
         if e.fit.get("optimize_prior", True):
             with contextlib.suppress(ValueError):  # every Hessian entry clamped: keep the prior
                 la.optimize_prior_precision()
@@ -654,7 +633,7 @@ class DeepEnsembleEstimator(Estimator):
         loader = make_loader(
             data.sets.train, self.cfg.eval.batch_size, shuffle=False, distributed=False
         )
-        batches = _Batches(loader, data.transform, device)
+        batches = TransformedLoader(loader, data.transform, device)
         z = torch.cat([self._member_embeddings(x) for x, _ in batches], dim=1).double()
         z = nn.functional.normalize(z, dim=-1)  # the draws of the predictive, before rotation
         return torch.stack([orthogonal_procrustes(zk, z[0]) for zk in z])
@@ -727,7 +706,7 @@ class BaselineEstimator(Estimator):
         t0 = time.perf_counter()
         if self.score is BaselineScore.KNN_DISTANCE:
             loader = make_loader(data.sets.train, 1024, shuffle=False, distributed=False)
-            rows = [x.flatten(1) for x, _ in _Batches(loader, data.transform, device)]
+            rows = [x.flatten(1) for x, _ in TransformedLoader(loader, data.transform, device)]
             self.gallery = nn.functional.normalize(torch.cat(rows).float(), dim=1)
         if out is not None:  # what the score needs, loadable with weights_only=True
             out.mkdir(parents=True, exist_ok=True)

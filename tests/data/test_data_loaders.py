@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, TensorDataset
 
 from bayesurl.data import (
     ImageTensorDataset,
+    TransformedLoader,
     TwoViews,
     default_augmentation,
+    default_transform,
     make_loader,
     set_epoch,
 )
@@ -147,3 +149,23 @@ def test_transforms_follow_cuda_device():
         out = t(x)
         out = out if isinstance(out, torch.Tensor) else out[0]
         assert out.device == x.device
+
+
+def test_transformed_loader_transforms_the_loaders_batches():
+    x = torch.randint(0, 256, (10, 1, 4, 4), dtype=torch.uint8)
+    y = torch.arange(10)
+    batches = TransformedLoader(
+        make_loader(TensorDataset(x, y), 4, shuffle=True, seed=3), default_transform()
+    )
+    plain = make_loader(TensorDataset(x, y), 4, shuffle=True, seed=3)
+    assert len(batches) == len(plain) == 3
+    for _ in range(2):  # re-iterable: each pass is a pass of the loader
+        got = list(batches)
+        want = list(plain)
+        assert len(got) == 3
+        for (gx, gy), (wx, wy) in zip(got, want, strict=True):
+            # the normalisation written out: (x / 255 - mean) / std
+            ref = (wx.double() / 255.0 - 0.2860) / 0.3530
+            torch.testing.assert_close(gx.double(), ref, rtol=1e-6, atol=1e-6)
+            assert torch.equal(gy, wy)
+    assert len(batches.dataset) == 10
