@@ -1,5 +1,5 @@
 """The sweep engine on class splits with a cheap fake run function: plan, storage, tuning,
-results files (moved from test_runs_protocol.py when the two engines became one)."""
+results files."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_plan_runs_is_estimators_x_splits_x_seeds():
         sweep_preset("fashion_mnist", "huge")
 
 
-def test_run_protocol_writes_results_and_resumes(tmp_path):
+def test_stored_sweep_writes_results_and_resumes(tmp_path):
     logs = []
     res = run_sweep(
         list(QUALITY), preset=PRESET, out=tmp_path, run_fn=fake_run, log=logs.append, poll=0.1
