@@ -141,9 +141,22 @@ def infonce_loss(
     check_embeddings(z2, "z2")
     if z1.shape != z2.shape:
         raise ValueError(f"`z1` and `z2` must have the same shape, got {z1.shape} and {z2.shape}")
+    if z1.shape[0] < 2:
+        raise ValueError(f"`z1` needs at least 2 rows (one negative), got {z1.shape[0]}")
+    losses = _dense_losses(z1, z2, t, denominator, with_self)
+    if reduction == "none":
+        return losses
+    if reduction == "mean":
+        return losses.mean()
+    raise ValueError(f"`reduction` must be 'mean' or 'none', got {reduction!r}")
+
+
+def _dense_losses(
+    z1: Tensor, z2: Tensor, t: float | Tensor, denominator: str, with_self: bool
+) -> Tensor:
+    """Per-anchor losses ``[2B]`` of checked views ``[B, D]`` (B >= 2) from the ``[2B, 2B]``
+    similarity matrix."""
     b = z1.shape[0]
-    if b < 2:
-        raise ValueError(f"`z1` needs at least 2 rows (one negative), got {b}")
     z = F.normalize(torch.cat([z1, z2]), dim=-1)
     logits = t * z @ z.T
     eye = torch.eye(2 * b, dtype=torch.bool, device=z.device)
@@ -154,12 +167,7 @@ def infonce_loss(
     if denominator == "negatives":
         logits = logits.index_put((rows, target), pos.new_tensor(float("-inf")))
     losses = torch.logsumexp(_with_zero(logits, with_self), 1)
-    losses = losses - torch.logsumexp(_with_zero(pos.unsqueeze(1), with_self), 1)
-    if reduction == "none":
-        return losses
-    if reduction == "mean":
-        return losses.mean()
-    raise ValueError(f"`reduction` must be 'mean' or 'none', got {reduction!r}")
+    return losses - torch.logsumexp(_with_zero(pos.unsqueeze(1), with_self), 1)
 
 
 class InfoNCELoss(NTXentLoss):
@@ -249,10 +257,8 @@ class InfoNCELoss(NTXentLoss):
         if z1.shape[0] >= 2 and self._dense_two_view():
             # one positive per anchor: the [2B, 2B] similarity matrix holds every term, where
             # the pair-based path builds a [2B, 2B (2B - 2)] one (same value, B times cheaper)
-            return infonce_loss(
-                z1, z2, self.inverse_temperature, denominator=self.denominator,
-                self_term=self.self_term,
-            )  # fmt: skip
+            t = self.inverse_temperature
+            return _dense_losses(z1, z2, t, self.denominator, self.self_term).mean()
         return self(torch.cat([z1, z2]), two_view_labels(z1.shape[0], z1.device))
 
     def _dense_two_view(self) -> bool:
