@@ -37,7 +37,10 @@ class PipelineRun:
     preset : SweepPreset
         Its ``recipe_preset`` sets the run settings.
     overrides : sequence
-        ``"section.key=value"`` overrides of every run.
+        ``"section.key=value"`` overrides of every run, applied after the run's
+        ``sweep_overrides`` (the planning machine's, stored with each run of a stored sweep,
+        so a worker started without them runs what the lead planned; its own come on top,
+        e.g. a local cache path).
     tuned : mapping, optional
         ``{estimator: [override, ...]}`` chosen by the tuning (used when the run's own
         ``overrides`` are empty).
@@ -94,9 +97,13 @@ class PipelineRun:
             [("data.class_split", dict(params["class_split"]))] if params.get("class_split") else []
         )
         dev = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        lead = [
+            o if isinstance(o, str) else (o[0], o[1]) for o in params.get("sweep_overrides", [])
+        ]
         return load_recipe(
             f"{self.dataset}/{est}",
             [
+                *lead,
                 *self.overrides,
                 *extra,
                 *split,

@@ -463,6 +463,20 @@ class SweepStorage:
             out[name] += 1
         return out
 
+    def other_sweeps(self) -> list[str]:
+        """Names of the other sweeps with runs in the same storage (a worker given the wrong
+        ``--preset`` finds them here instead of waiting for a plan that never comes)."""
+        studies = self._retry(lambda: self._storage.get_all_studies(), "list studies")
+        names = []
+        for st in studies:
+            name = st.study_name
+            if not name.startswith("sweep:") or name == f"sweep:{self.sweep}":
+                continue
+            sid = self._storage.get_study_id_from_name(name)
+            if self._storage.get_n_trials(sid) > 0:
+                names.append(name.removeprefix("sweep:"))
+        return sorted(names)
+
     def records(self) -> list[dict[str, Any]]:
         """The records of the finished runs (one per key, the canonical trial's), in the
         plan's order."""

@@ -280,7 +280,8 @@ def run_sweep(
         SQLAlchemy URL of a sweep storage (default of a stored preset:
         ``sqlite:///<out>/sweep.db``); giving one stores any preset's runs.
     worker : bool
-        Only work on the runs already in the storage (no tuning, no planning).
+        Only work on the runs already in the storage (no tuning, no planning). Each run
+        carries the planning machine's ``overrides``; the worker's own apply after them.
     tune : int
         Optuna trials per estimator before the sweep (0: reuse ``<out>/tuned.json``).
     run_fn : callable, optional
@@ -470,8 +471,11 @@ class _Sweep:
             self.wait_for_plan(store, poll, plan_timeout)
         else:
             runs = plan_runs(self.names, self.plan)
+            shared = [o if isinstance(o, str) else [o[0], o[1]] for o in self.overrides]
             for r in runs:
                 r["overrides"] = list(tuned.get(r["estimator"], []))
+                # every worker runs with the lead's --set (then its own, e.g. a local path)
+                r["sweep_overrides"] = shared
             added = store.add_runs(runs)
             if self.plan.stored:
                 self.log(
@@ -510,6 +514,12 @@ class _Sweep:
 
     def wait_for_plan(self, store: Any, poll: float, plan_timeout: float) -> None:
         """A worker waits for the first machine to enqueue the plan (it may still be tuning)."""
+        others = store.other_sweeps() if store.status()["total"] == 0 else []
+        if others:
+            raise ValueError(
+                f"the storage {store.url} holds no runs of sweep {self.plan.name!r} but runs of "
+                f"{', '.join(repr(o) for o in others)}: give the lead's --preset (and --dataset)"
+            )
         waited = 0.0
         while store.status()["total"] == 0 and waited < plan_timeout:
             time.sleep(poll)

@@ -141,6 +141,37 @@ def test_worker_joins_and_waits_for_a_plan(tmp_path):
         )
 
 
+def test_worker_with_the_wrong_preset_is_told_which_sweeps_the_storage_holds(tmp_path):
+    run_sweep(["ce", "a"], preset=PRESET, out=tmp_path, run_fn=fake_run)
+    other = SweepPreset("other", splits=2, seeds=(0,), storage="stored")
+    with pytest.raises(ValueError, match="runs of 't'"):
+        run_sweep(None, preset=other, out=tmp_path, worker=True, run_fn=fake_run, plan_timeout=60)
+
+
+def test_worker_runs_with_the_leads_overrides(tmp_path):
+    """A worker started without the lead's --set gets them from each stored run; the
+    pipeline applies them first and a worker's own --set after them."""
+    from bayesurl.runs.pipeline import PipelineRun
+
+    seen = []
+
+    def record(params):
+        seen.append(list(params.get("sweep_overrides", [])))
+        return fake_run(params)
+
+    lead = ["train.epochs=3", ("data.max_train", 120)]
+    run_sweep(["ce"], preset=PRESET, out=tmp_path, overrides=lead, run_fn=record)
+    assert seen and all(s == ["train.epochs=3", ["data.max_train", 120]] for s in seen)
+    fn = PipelineRun(preset=sweep_preset("fashion_mnist", "smoke"), overrides=["train.epochs=2"])
+    params = {"estimator": "ce", "split": 0, "seed": 0, "sweep_overrides": seen[0]}
+    cfg = fn.config(params)
+    assert cfg.data.max_train == 120  # the lead's
+    assert cfg.train.epochs == 2  # the worker's own, after the lead's
+    assert (
+        PipelineRun(preset=sweep_preset("fashion_mnist", "smoke")).config(params).train.epochs == 3
+    )
+
+
 def test_pipeline_run_fn_on_a_class_split():
     """The run function on the one pipeline: the run sees the split's classes and data sizes."""
     import bayesurl.runs.runner  # noqa: F401  (a failing import fails, it is not skipped)
