@@ -531,6 +531,11 @@ class BackboneDataConfig:
     crop_pct: float = 1.0
     interpolation: str = "bilinear"
 
+    def grayscale_statistics(self) -> dict[str, float]:
+        """``mean`` / ``std`` for a grayscale image repeated to the backbone's channels: the
+        input statistics averaged over them."""
+        return {"mean": sum(self.mean) / len(self.mean), "std": sum(self.std) / len(self.std)}
+
 
 def data_config(backbone: str | nn.Module, **kwargs: Any) -> BackboneDataConfig:
     """Channels, mean / std and input size a backbone expects.

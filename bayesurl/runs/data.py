@@ -143,8 +143,9 @@ def build_data(cfg: RunConfig) -> RunData:
     tests: dict[str, Any] = {}
     if d.class_split is not None or d.stage != "final":
         zs = _class_split_sets(cfg, name)
-        channels = data_config(cfg.backbone.name, **backbone_kwargs(cfg, None)).in_chans
-        stats: dict[str, Any] = pretrained_statistics(cfg)
+        dc = data_config(cfg.backbone.name, **backbone_kwargs(cfg, None))
+        channels = dc.in_chans
+        stats: dict[str, Any] = dc.grayscale_statistics() if cfg.backbone.pretrained else {}
     elif kind is DatasetKind.UPSTREAM:
         zs, tests = _upstream(cfg)
         bcfg = data_config(cfg.backbone.name, **backbone_kwargs(cfg, 3))
@@ -178,18 +179,16 @@ def build_data(cfg: RunConfig) -> RunData:
             seed=d.seed,
         )
         zs = zs.with_transform(_Keep())
-        channels = data_config(cfg.backbone.name, **backbone_kwargs(cfg, None)).in_chans
+        dc = data_config(cfg.backbone.name, **backbone_kwargs(cfg, None))
+        channels = dc.in_chans
         # grayscale: the data set's own statistics repeated to the channels, or the pretrained
         # weights' own (averaged over their channels)
-        stats = pretrained_statistics(cfg)
+        stats = dc.grayscale_statistics() if cfg.backbone.pretrained else {}
     transform = bd.default_transform(channels, **stats)
     augment = bd.default_augmentation(channels, **stats)
     if cfg.backbone.pretrained and not cfg.backbone.freeze and kind is DatasetKind.EMBEDDED:
         # fine-tuning a pretrained backbone on small images: at the size it was made with
-        size = (
-            cfg.backbone.resolution
-            or data_config(cfg.backbone.name, **backbone_kwargs(cfg, None)).input_size[-1]
-        )
+        size = cfg.backbone.resolution or dc.input_size[-1]
         transform = nn.Sequential(*transform, bd.Resize(size))
         augment = nn.Sequential(augment, bd.Resize(size))
     info = {
@@ -309,18 +308,6 @@ def _upstream(cfg: RunConfig) -> tuple[Any, dict[str, Any]]:
         image_shape=None,
     )
     return zs, tests
-
-
-def pretrained_statistics(cfg: RunConfig) -> dict[str, Any]:
-    """``mean`` / ``std`` of a grayscale embedded set's transform: the pretrained weights' input
-    statistics averaged over their channels (the grayscale image is repeated to them, as the
-    frozen-feature road does), or ``{}`` (the data set's own) for a backbone trained here."""
-    from bayesurl.backbones import data_config
-
-    if not cfg.backbone.pretrained:
-        return {}
-    dc = data_config(cfg.backbone.name, **backbone_kwargs(cfg, None))
-    return {"mean": sum(dc.mean) / len(dc.mean), "std": sum(dc.std) / len(dc.std)}
 
 
 def method_backbone(cfg: RunConfig, data: RunData) -> tuple[str, dict[str, Any]]:

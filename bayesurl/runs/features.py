@@ -266,7 +266,7 @@ def feature_store(
     dc = data_config(backbone)
     resolution = int(cfg.backbone.resolution or dc.input_size[-1])
     # grayscale images: one mean / std for the repeated channel (the backbone's average)
-    mean, std = sum(dc.mean) / len(dc.mean), sum(dc.std) / len(dc.std)
+    mean, std = dc.grayscale_statistics().values()
     transform = bd.default_transform(dc.in_chans, mean=mean, std=std)
     augment = bd.default_augmentation(dc.in_chans, mean=mean, std=std)
     description = {
