@@ -15,9 +15,10 @@ sizes, training length and plan (``[presets.<name>.sweep]``: class splits, seeds
 * ``--preset standard``: 4 class splits in an Optuna RDB storage
   (``results/benchmark/standard/sweep.db``): killed and started again it goes on where it
   stopped; ``--storage URL`` on several machines, the further ones with ``--worker``;
-  ``--tune N`` first runs N Optuna trials per estimator on the validation classes. The
-  report holds t-intervals over the splits, the paired comparison against CE and the
-  split-half reproducibility.
+  ``--tune N`` first runs N Optuna trials per estimator on the validation classes
+  (``--tune-only``: and stops; ``OUT/tuned.toml`` is the ``[presets.<name>.tuned]`` table
+  that commits the chosen settings to the recipe). The report holds t-intervals over the
+  splits, the paired comparison against CE and the split-half reproducibility.
 
 ``--storage`` stores any preset's runs; ``--splits`` and ``--seeds`` replace the preset's.
 Under ``torchrun`` every rank runs each run together (DDP training, sharded evaluation) and
@@ -29,6 +30,7 @@ Examples::
     bayesurl benchmark --preset quick --out runs/benchmark
     bayesurl benchmark --methods ce,mcinfonce,pvu --seeds 0,1,2 --set train.epochs=5
     bayesurl benchmark --preset standard --tune 20
+    bayesurl benchmark --preset pretrained --tune 20 --tune-only --out runs/tune
     torchrun --nproc_per_node 2 -m bayesurl benchmark --methods ce,mcinfonce --preset quick
 """
 
@@ -159,7 +161,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="Optuna trials per estimator on the validation classes before the sweep "
-        "(R-AUROC objective, R@1 < 0.1 discarded); chosen settings -> OUT/tuned.json",
+        "(R-AUROC objective, R@1 < 0.1 discarded); chosen settings -> OUT/tuned.json and "
+        "OUT/tuned.toml (the recipe's [presets.NAME.tuned] table)",
+    )
+    g.add_argument(
+        "--tune-only",
+        action="store_true",
+        help="stop after --tune: plan and run nothing (then commit OUT/tuned.toml)",
     )
 
 
@@ -178,6 +186,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"`--tune` must be >= 0, got {args.tune}")
     if args.worker and args.tune:
         raise ValueError("`--tune` runs on the first machine only; drop it with --worker")
+    if args.tune_only and not args.tune:
+        raise ValueError("`--tune-only` needs `--tune N`")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"`--threads` must be >= 1, got {args.threads}")
     if args.splits is not None and args.splits < 0:
@@ -236,12 +246,25 @@ def run(args: argparse.Namespace) -> int:
         storage=args.storage,
         worker=args.worker,
         tune=args.tune,
+        tune_only=args.tune_only,
         checkpoint_dir=Path(out) / "checkpoints" if args.save_checkpoints and out else None,
         progress=not args.no_progress,
     )
     if not res.main_process:  # torchrun: rank 0 reports (and alone wrote the files)
         return 1 if any(r.get("error") for r in res.runs) else 0
+    if args.tune_only:
+        return report_tuned(res, out)
     return report(res)
+
+
+def report_tuned(res: SweepResults, out: str | None) -> int:
+    """Print the settings ``--tune-only`` chose and where they were written; 0."""
+    from bayesurl.runs.tuning import tuned_table
+
+    print(tuned_table(res.settings["tuned"], res.settings.get("preset")), end="")
+    if out is not None:
+        print(f"written to {Path(out) / 'tuned.json'} and {Path(out) / 'tuned.toml'}")
+    return 0
 
 
 def report(res: SweepResults) -> int:

@@ -6,8 +6,9 @@ A recipe file ``bayesurl/runs/recipes/<dataset>.toml`` holds
   :class:`DataConfig`, :class:`BackboneConfig`, :class:`TrainConfig`, :class:`EvalConfig`
   fields) and an optional top-level ``seed``;
 - presets, ``[presets.<name>.<section>]``: the benchmark scales (``smoke``, ``quick``,
-  ``standard``, ``full``) as overrides of those defaults, and each preset's ``sweep`` table
-  (class splits, seeds, storage; :class:`bayesurl.runs.plan.SweepPreset`);
+  ``standard``, ``full``) as overrides of those defaults, each preset's ``sweep`` table
+  (class splits, seeds, storage; :class:`bayesurl.runs.plan.SweepPreset`) and its optional
+  ``tuned`` table (per estimator the settings a ``--tune`` search chose, :func:`preset_tuned`);
 - one table per estimator, ``[estimators.<name>]`` (the :class:`EstimatorConfig` fields, plus
   optional ``train`` / ``eval`` / ``backbone`` / ``data`` sub-tables that override the
   defaults for that estimator only). With ``inherit = "estimators"`` the file starts from the
@@ -15,7 +16,8 @@ A recipe file ``bayesurl/runs/recipes/<dataset>.toml`` holds
   once) and states only what differs (:func:`inherit_estimators`).
 
 :func:`load_recipe` resolves ``"<dataset>/<estimator>"`` to a :class:`RunConfig`: defaults,
-then the preset, then the estimator's own sub-tables, then ``--set`` style overrides
+then the preset, then the estimator's own sub-tables, then the preset's tuned settings of the
+estimator, then ``--set`` style overrides
 (``"train.epochs=5"``, ``"estimator.kwargs.inverse_temperature=8"``). Every key is checked:
 an unknown key is a :class:`ValueError` naming it and the valid keys. Values are TOML literals
 (``5``, ``1e-3``, ``"adamw"``, ``true``, ``{width = 8}``); ``none`` clears an optional value.
@@ -52,6 +54,7 @@ __all__ = [
     "inherit_estimators",
     "list_recipes",
     "load_recipe",
+    "preset_tuned",
     "read_recipe_file",
     "recipe_path",
 ]
@@ -571,6 +574,37 @@ def _split_name(name: str) -> tuple[str, str]:
     return dataset, estimator.lower()
 
 
+def preset_tuned(raw: Mapping[str, Any], preset: str | None, where: str) -> dict[str, list[str]]:
+    """The tuned settings a preset commits: ``[presets.<name>.tuned]``, checked.
+
+    The table maps an estimator to the ``"key=value"`` overrides that
+    :func:`bayesurl.runs.tuning.tune_estimators` chose for it (``tuned.toml`` of a ``--tune``
+    sweep). They apply after the estimator's own tables and before ``--set``; a post-hoc or
+    LAM row's base takes its own tuned entry, so it is the same net as the base's row.
+
+    Raises
+    ------
+    ValueError
+        If the table is not ``{estimator: [str, ...]}`` or names an estimator the recipe does
+        not hold.
+    """
+    if preset is None:
+        return {}
+    table = raw.get("presets", {}).get(preset, {}).get("tuned", {})
+    key = f"presets.{preset}.tuned"
+    if not isinstance(table, Mapping):
+        raise ValueError(f"`{key}` in {where} must be a table {{estimator = [overrides]}}")
+    out: dict[str, list[str]] = {}
+    for name, items in table.items():
+        if name not in raw["estimators"]:
+            valid = ", ".join(raw["estimators"])
+            raise ValueError(f"`{key}` names unknown estimator {name!r}; valid: {valid}")
+        if not isinstance(items, list) or not all(isinstance(o, str) for o in items):
+            raise ValueError(f'`{key}.{name}` must be a list of "key=value" strings')
+        out[name] = list(items)
+    return out
+
+
 def _resolve(
     raw: dict[str, Any],
     dataset: str,
@@ -599,12 +633,12 @@ def _resolve(
                 f"unknown `preset` {preset!r} for {dataset}; valid presets: {', '.join(presets)}"
             )
         for section, table in presets[preset].items():
-            if section == "sweep":  # the sweep's plan (bayesurl.runs.plan), not a run setting
+            if section in ("sweep", "tuned"):  # the sweep's plan and its tuned settings
                 continue
             if section not in ("data", "backbone", "train", "eval"):
                 raise ValueError(
                     f"unknown section `presets.{preset}.{section}`; valid: data, backbone, "
-                    "train, eval, sweep"
+                    "train, eval, sweep, tuned"
                 )
             tables[section] = _merge(tables[section], table)
     est = dict(estimators[estimator])
@@ -614,7 +648,8 @@ def _resolve(
     est["name"] = estimator
     tables["estimator"] = est
     own = [o for o in overrides if not _split_override(o)[0][0] == "estimator"]
-    apply_overrides(tables, overrides if base_of is None else own)
+    tuned = preset_tuned(raw, preset, dataset).get(estimator, [])
+    apply_overrides(tables, [*tuned, *(overrides if base_of is None else own)])
     where = f"estimators.{estimator}"
     est_cfg: EstimatorConfig = _build(EstimatorConfig, tables["estimator"], where)
     kind = est_cfg.kind.lower()

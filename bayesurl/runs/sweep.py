@@ -42,7 +42,7 @@ import torch
 
 from bayesurl.data.class_splits import class_splits
 from bayesurl.files import write_json
-from bayesurl.runs.config import load_recipe
+from bayesurl.runs.config import load_recipe, read_recipe_file
 from bayesurl.runs.pipeline import PipelineRun
 from bayesurl.runs.plan import (
     SweepPreset,
@@ -244,6 +244,7 @@ def run_sweep(
     storage: str | None = None,
     worker: bool = False,
     tune: int = 0,
+    tune_only: bool = False,
     run_fn: RunFn | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     progress: bool = True,
@@ -284,6 +285,9 @@ def run_sweep(
         carries the planning machine's ``overrides``; the worker's own apply after them.
     tune : int
         Optuna trials per estimator before the sweep (0: reuse ``<out>/tuned.json``).
+    tune_only : bool
+        Stop after tuning: nothing is planned, the chosen settings are in
+        ``SweepResults.settings["tuned"]`` (and ``<out>/tuned.json`` / ``tuned.toml``).
     run_fn : callable, optional
         ``run_fn(params) -> record``; default :class:`~bayesurl.runs.pipeline.PipelineRun`.
     checkpoint_dir : path-like, optional
@@ -310,11 +314,14 @@ def run_sweep(
     ValueError
         For an unknown estimator / preset / override key, empty or negative seeds (checked
         for every estimator before anything trains); under ``torchrun``, for ``worker``,
-        ``tune`` or estimators whose fit is not distributed (all named in one error).
+        ``tune`` or estimators whose fit is not distributed (all named in one error);
+        ``tune_only`` without ``tune`` or with ``worker``.
     RuntimeError
         Under ``torchrun``, when a run failed on some ranks only.
     """
     refuse_under_torchrun(worker=worker, tune=tune)
+    if tune_only and (tune < 1 or worker):
+        raise ValueError("`tune_only` needs `tune` > 0 and no `worker`")
     plan = resolve_preset(
         dataset, preset, seeds=seeds, splits=splits, stored=bool(storage or worker)
     )
@@ -362,8 +369,14 @@ def run_sweep(
                 raise_errors=raise_errors,
             )
 
-        return sweep.go(factory, tune=tune, poll=poll, heartbeat_interval=heartbeat_interval,
-                        plan_timeout=plan_timeout)  # fmt: skip
+        return sweep.go(
+            factory,
+            tune=tune,
+            tune_only=tune_only,
+            poll=poll,
+            heartbeat_interval=heartbeat_interval,
+            plan_timeout=plan_timeout,
+        )
 
 
 def _names(estimators: str | Iterable[str] | None) -> list[str]:
@@ -446,11 +459,12 @@ class _Sweep:
         factory: Callable[[Mapping[str, Sequence[str]]], RunFn],
         *,
         tune: int,
+        tune_only: bool,
         poll: float,
         heartbeat_interval: int,
         plan_timeout: float,
     ) -> SweepResults:
-        """Tune, plan, work and report."""
+        """Tune, plan, work and report (``tune_only``: tune and stop)."""
         tuned = {} if tune or self.folder is None else load_tuned(self.folder)
         if self.plan.stored and self.distributed and not self.main:
             done = follow(factory(tuned))
@@ -463,9 +477,20 @@ class _Sweep:
         if tune and not self.worker:
             split0 = class_splits(max(self.plan.splits, 1))[0]
             chosen = tune_estimators(
-                self.names, tune, fn, store, split=split0, out=self.folder, log=self.log
+                self.names,
+                tune,
+                fn,
+                store,
+                split=split0,
+                out=self.folder,
+                tables=read_recipe_file(self.dataset)["estimators"],
+                preset=self.plan.recipe_preset,
+                log=self.log,
             )
             tuned = {k: v["overrides"] for k, v in chosen.items()}
+            if tune_only:
+                settings = {"preset": self.plan.name, "tuned": chosen}
+                return self._result([], settings, None, 0, {})
             fn = factory(tuned)
         if self.worker:
             self.wait_for_plan(store, poll, plan_timeout)

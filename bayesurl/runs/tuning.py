@@ -3,7 +3,15 @@
 Per estimator, ``N`` TPE trials on the class-disjoint validation classes of the first class
 split (``data.stage = "tune"``); the objective is the R-AUROC and trials with R@1 < 0.1 are
 discarded (URL, Kirchhof et al., 2023, section 3, "Hyperparameters"). The chosen settings go
-to ``<out>/tuned.json`` and every later run of the sweep reuses them.
+to ``<out>/tuned.json``, which every later run of the sweep in ``<out>`` reuses, and to
+``<out>/tuned.toml``, the ``[presets.<name>.tuned]`` table that commits them to the recipe
+(:func:`bayesurl.runs.config.preset_tuned`).
+
+What is searched depends on the estimator's recipe table (:func:`search_space`): a trained
+method its learning rate and its own keys (:data:`TUNE_SPACES`); a post-hoc wrapper the rate
+of its own fit, on top of its base's chosen settings (bases are tuned first, so the wrapper
+sits on the same net as the base's row); a free baseline or a wrapper without a fit of its
+own (laplace-torch's prior precision comes from the marginal likelihood) nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from typing import Any
 from bayesurl.data.class_splits import ClassSplit
 from bayesurl.files import write_json
 
-__all__ = ["TUNE_SPACES", "load_tuned", "search_space", "tune_estimators"]
+__all__ = ["TUNE_SPACES", "load_tuned", "search_space", "tune_estimators", "tuned_table"]
 
 #: Search spaces (URL appendix B): ``{override key: ("log" | "float" | "int", low, high)}``.
 #: Every estimator tunes the learning rate in URL's range [1e-4, 1e-2]; some add their own.
@@ -31,9 +39,46 @@ TUNE_SPACES: dict[str, dict[str, tuple[str, float, float]]] = {
 }
 
 
-def search_space(estimator: str) -> dict[str, tuple[str, float, float]]:
-    """The search space of ``estimator``: the learning rate and its own keys."""
+#: The rate of a post-hoc wrapper's own fit (``[estimators.<name>.fit]``), URL's range.
+_WRAPPER_SPACE: dict[str, tuple[str, float, float]] = {"estimator.fit.lr": ("log", 1e-4, 1e-2)}
+
+
+def search_space(
+    estimator: str, table: Mapping[str, Any] | None = None
+) -> dict[str, tuple[str, float, float]]:
+    """The search space of ``estimator`` given its recipe table (see the module docs).
+
+    Parameters
+    ----------
+    estimator : str
+        Estimator name (the key of :data:`TUNE_SPACES`).
+    table : mapping, optional
+        Its ``[estimators.<name>]`` table (``kind``, ``fit``); ``None``: a trained method.
+
+    Returns
+    -------
+    dict
+        ``{override key: (kind, low, high)}``; empty when there is nothing to tune.
+    """
+    table = table or {}
+    kind = str(table.get("kind", "method")).lower()
+    if kind == "baseline":
+        return {}
+    if kind == "posthoc":
+        return dict(_WRAPPER_SPACE) if "lr" in (table.get("fit") or {}) else {}
     return {**TUNE_SPACES["_default"], **TUNE_SPACES.get(estimator, {})}
+
+
+def _base_first(estimators: Sequence[str], tables: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """``estimators`` with every base that is also listed moved before its first user."""
+    order: list[str] = []
+    for est in estimators:
+        base = (tables.get(est) or {}).get("base")
+        if base in estimators and base not in order:
+            order.append(str(base))
+        if est not in order:
+            order.append(est)
+    return order
 
 
 def _suggest(trial: Any, space: Mapping[str, tuple[str, float, float]]) -> list[str]:
@@ -57,6 +102,8 @@ def tune_estimators(
     *,
     split: ClassSplit,
     out: str | os.PathLike[str] | None = None,
+    tables: Mapping[str, Mapping[str, Any]] | None = None,
+    preset: str | None = None,
     min_r1: float = 0.1,
     seed: int = 0,
     log: Callable[[str], None] = print,
@@ -70,24 +117,62 @@ def tune_estimators(
     :class:`~bayesurl.runs.storage.SweepStorage`, or in-memory studies), so a restarted or
     multi-worker search goes on where it stopped and stops at ``n_trials`` finished trials.
 
+    Parameters
+    ----------
+    estimators : sequence of str
+        Estimators to tune; a listed base is tuned before the rows built on it.
+    n_trials : int
+        Finished (complete or discarded) trials per estimator with something to tune.
+    run_fn : callable
+        ``run_fn(params) -> record`` of one run (:class:`~bayesurl.runs.pipeline.PipelineRun`).
+    store : SweepStorage or MemoryStore
+        Where the Optuna studies live.
+    split : ClassSplit
+        The class split whose validation classes are tuned on.
+    out : path-like, optional
+        Folder of ``tuned.json`` and ``tuned.toml``.
+    tables : mapping, optional
+        The recipe's estimator tables (``kind``, ``base``, ``fit``; :func:`search_space`).
+    preset : str, optional
+        Preset named in the header of ``tuned.toml``.
+    min_r1 : float
+        Trials below this R@1 are discarded.
+    seed : int
+        Training seed of every trial and seed of the TPE sampler.
+    log : callable
+        One line per finished trial.
+
     Returns
     -------
     dict
-        ``{estimator: {"overrides", "params", "r_auroc", "r@1", "trials", "discarded"}}``
-        (``overrides`` empty when every trial was discarded: the recipe's defaults stay);
-        also written to ``<out>/tuned.json`` when ``out`` is given.
+        ``{estimator: {"overrides", "own", "params", "r_auroc", "r@1", "trials",
+        "discarded"}}``: ``own`` the estimator's chosen settings (empty when every trial was
+        discarded or there is nothing to tune: the recipe's defaults stay), ``overrides``
+        its base's chosen run settings followed by ``own`` (what a run of the row needs);
+        also written to ``<out>/tuned.json`` and ``<out>/tuned.toml`` when ``out`` is given.
     """
     import optuna
 
     if int(n_trials) < 1:
         raise ValueError(f"`n_trials` must be positive, got {n_trials}")
+    tables = tables or {}
     st = optuna.trial.TrialState
     chosen: dict[str, dict[str, Any]] = {}
-    for est in estimators:
-        space = search_space(est)
+    for est in _base_first(estimators, tables):
+        space = search_space(est, tables.get(est))
+        base = (tables.get(est) or {}).get("base")
+        # the base's run settings (its rate, not its own estimator keys) come first
+        base_own = chosen.get(str(base), {}).get("own", [])
+        under = [o for o in base_own if not o.startswith("estimator.")]
+        if not space:
+            chosen[est] = {**_choice(under, None, 0), "skipped": "nothing to tune"}
+            log(f"tune {est}: nothing to tune")
+            continue
         study = store.tuning_study(est, sampler=optuna.samplers.TPESampler(seed=seed))
 
-        def objective(trial: Any, est: str = est, space: Mapping[str, Any] = space) -> float:
+        def objective(
+            trial: Any, est: str = est, space: Mapping[str, Any] = space, under: list[str] = under
+        ) -> float:
             overrides = _suggest(trial, space)
             rec = run_fn(
                 {
@@ -96,7 +181,7 @@ def tune_estimators(
                     "seed": seed,
                     "class_split": split.to_dict(),
                     "stage": "tune",
-                    "overrides": overrides,
+                    "overrides": [*under, *overrides],
                 }
             )
             for k in ("r@1", "r_auroc"):
@@ -124,25 +209,52 @@ def tune_estimators(
             )
         complete = study.get_trials(deepcopy=False, states=(st.COMPLETE,))
         pruned = study.get_trials(deepcopy=False, states=(st.PRUNED,))
-        if complete:
-            best = max(complete, key=lambda t: t.value)
-            chosen[est] = {
-                "overrides": [f"{k}={v!r}" for k, v in best.params.items()],
-                "params": dict(best.params),
-                "r_auroc": best.value,
-                "r@1": best.user_attrs.get("r@1"),
-                "trials": len(complete) + len(pruned),
-                "discarded": len(pruned),
-            }
-        else:
-            chosen[est] = {"overrides": [], "params": {}, "r_auroc": None, "r@1": None}
-            chosen[est].update(trials=len(pruned), discarded=len(pruned))
+        best = max(complete, key=lambda t: t.value) if complete else None
+        chosen[est] = _choice(under, best, len(complete), len(pruned))
     if out is not None:
         path = Path(out) / "tuned.json"
         old = json.loads(path.read_text()) if path.is_file() else {}
         old.update(chosen)
         write_json(path, old)
+        (Path(out) / "tuned.toml").write_text(tuned_table(old, preset))
     return chosen
+
+
+def _choice(under: list[str], best: Any, complete: int, pruned: int = 0) -> dict[str, Any]:
+    """The record of one estimator's search: ``best`` an Optuna trial or ``None``."""
+    own = [] if best is None else [f"{k}={v!r}" for k, v in best.params.items()]
+    return {
+        "overrides": [*under, *own],
+        "own": own,
+        "params": {} if best is None else dict(best.params),
+        "r_auroc": None if best is None else best.value,
+        "r@1": None if best is None else best.user_attrs.get("r@1"),
+        "trials": complete + pruned,
+        "discarded": pruned,
+    }
+
+
+def tuned_table(chosen: Mapping[str, Mapping[str, Any]], preset: str | None) -> str:
+    """The ``[presets.<preset>.tuned]`` TOML table of ``chosen`` (:func:`tune_estimators`).
+
+    Every estimator with settings of its own gets one line of ``"key=value"`` strings and a
+    comment with its validation R-AUROC and trial count; a post-hoc row lists only its own
+    settings, its base takes the base's line.
+    """
+    head = f"[presets.{preset or '<name>'}.tuned]"
+    lines = [
+        "# chosen by `bayesurl benchmark --tune`: URL's selection on the validation classes",
+        head,
+    ]
+    for est, c in chosen.items():
+        own = list(c.get("own", c.get("overrides", [])))
+        if not own:
+            continue
+        items = ", ".join(json.dumps(o) for o in own)
+        ra = c.get("r_auroc")
+        note = f"validation R-AUROC {ra:.4f}, " if isinstance(ra, float) else ""
+        lines.append(f"{est} = [{items}]  # {note}{c.get('trials')} trials")
+    return "\n".join(lines) + "\n"
 
 
 def load_tuned(out: str | os.PathLike[str]) -> dict[str, list[str]]:
