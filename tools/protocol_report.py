@@ -8,6 +8,9 @@ Reads ``results.json`` written by ``bayesurl benchmark --preset NAME`` and write
   class splits, the paired comparisons against CE and against the best free baseline
   (Holm-adjusted), the split-half reproducibility over many halvings, URL's crop share and
   mixed R-AUROC, and the training curves' last-epoch changes;
+* ``docs/concepts/_<NAME>_verdict.inc``: the verdict in words with its numbers -- the
+  split-half Spearman, the R-AUROC order, who beats CE and the best free baseline after Holm,
+  where URL's loss prediction and MCInfoNCE rank, OOD and R@1 (:func:`verdict`);
 * copies of ``results.json``, ``results.csv`` and the two plots under
   ``docs/_static/benchmark/<NAME>/``;
 
@@ -18,6 +21,8 @@ Usage (repository root)::
 
     python tools/protocol_report.py results/benchmark/standard
     python tools/protocol_report.py results/pretrained/protocol --interim
+    python tools/protocol_report.py results/pretrained/protocol_tuned --interim \
+        --name pretrained_tuned   # NAME: the docs files (default: the preset)
 
 """
 
@@ -166,11 +171,92 @@ def write_interim(folder: Path) -> Path:
     return out
 
 
-def report(folder: Path, docs: Path | None) -> str:
+FREE_BASELINES = ("feature_norm", "feature_knn")
+
+
+def _significant(table: dict[str, Any], metric: str, sign: int) -> str:
+    """The estimators whose paired difference has ``sign`` and Holm p < 0.05, or "none"."""
+    out = []
+    for k, v in table.get(metric, {}).items():
+        if not isinstance(v, dict) or v.get("p_t_holm") is None or v["p_t_holm"] >= 0.05:
+            continue
+        if (v["mean_diff"] > 0) == (sign > 0):
+            p = f"{v['p_t_holm']:.2g}" if v["p_t_holm"] > 0 else "< 1e-300"
+            out.append(f"{k} ({v['mean_diff']:+.3f}, Holm p {p})")
+    return ", ".join(out) or "none"
+
+
+def _ci(summary: dict[str, Any], name: str, metric: str) -> str:
+    v = summary[name][metric]
+    return f"{v['mean']:.3f} ± {(v['high'] - v['low']) / 2:.3f}"
+
+
+def _num(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
+
+
+def _ordinal(i: int) -> str:
+    return f"{i}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(i if i < 20 else i % 10, 'th') }"
+
+
+def verdict(doc: dict[str, Any]) -> str:
+    """The verdict of a protocol's ``results.json`` as reStructuredText bullets.
+
+    Every number comes from ``doc``; the words only say which way each comparison went, so
+    the text stays true when the results change.
+    """
+    s, rep = doc["summary"], doc["reproducibility"]
+    pc, pf = doc.get("paired_vs_ce", {}), doc.get("paired_vs_best_free_baseline", {})
+    free = doc.get("best_free_baseline")
+    n = len(doc["settings"].get("class_splits", []))
+    order = sorted(s, key=lambda k: -(s[k]["r_auroc"]["mean"] or 0.0))
+    trained = [k for k in order if k not in FREE_BASELINES]
+    rr = rep["r_auroc"]
+    lines = [
+        f"* **Split-half Spearman of the R-AUROC ranking** over {len(rr['partitions'])} random "
+        f"halvings of the {n} class splits: median **{_num(rr.get('median'))}** (5 / 95 %: "
+        f"{_num(rr.get('q05'))} / {_num(rr.get('q95'))}); R@1 "
+        f"{_num(rep['r@1'].get('median'))}, OOD AUROC {_num(rep['ood_auroc'].get('median'))}.",
+        "* **R-AUROC, best first**: "
+        + ", ".join(f"{k} {s[k]['r_auroc']['mean']:.3f}" for k in order)
+        + f" (CE {_ci(s, 'ce', 'r_auroc')}).",
+        f"* **Against CE** (paired over the splits, Holm over the {len(s) - 1} others), "
+        f"R-AUROC better: {_significant(pc, 'r_auroc', 1)}; worse: "
+        f"{_significant(pc, 'r_auroc', -1)}.",
+    ]
+    if free:
+        lines.append(
+            f"* **Against the best free baseline** ({free}, R-AUROC {_ci(s, free, 'r_auroc')}), "
+            f"R-AUROC better: {_significant(pf, 'r_auroc', 1)}; worse: "
+            f"{_significant(pf, 'r_auroc', -1)}."
+        )
+    url = [k for k in ("losspred", "mcinfonce") if k in trained]
+    if url:
+        ranks = " and ".join(
+            f"{k} {_ordinal(trained.index(k) + 1)} ({_ci(s, k, 'r_auroc')})" for k in url
+        )
+        better = {k for k, v in pc.get("r_auroc", {}).items()
+                  if isinstance(v, dict) and (v.get("p_t_holm") or 1.0) < 0.05
+                  and v["mean_diff"] > 0}  # fmt: skip
+        held = [k for k in url if k in better]
+        lines.append(
+            f"* **URL's observation** (loss prediction and MCInfoNCE among the best R-AUROC): "
+            f"of the {len(trained)} trained estimators {ranks}; ahead of CE after Holm: "
+            f"{', '.join(held) or 'neither'}."
+        )
+    lines += [
+        f"* **OOD AUROC** (CE {_ci(s, 'ce', 'ood_auroc')}), better than CE: "
+        f"{_significant(pc, 'ood_auroc', 1)}; worse: {_significant(pc, 'ood_auroc', -1)}.",
+        f"* **R@1** (CE {_ci(s, 'ce', 'r@1')}), better than CE: {_significant(pc, 'r@1', 1)}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def report(folder: Path, docs: Path | None, name: str | None = None) -> str:
     doc = json.loads((folder / "results.json").read_text())
     summary, paired, repro = doc["summary"], doc.get("paired_vs_ce", {}), doc["reproducibility"]
     settings = doc["settings"]
-    name = str(settings.get("preset") or "standard")
+    name = name or str(settings.get("preset") or "standard")
     order = sorted(summary, key=lambda n: -(summary[n].get("r_auroc", {}).get("mean") or -1.0))
     rows = [[n, *(_cell(summary[n].get(k)) for k, _ in METRICS)] for n in order]
     parts = []
@@ -287,11 +373,11 @@ def report(folder: Path, docs: Path | None) -> str:
     )
     text = "\n".join(parts)
     if docs is not None:
+        head = f".. generated by tools/protocol_report.py from {folder}/results.json; do not edit"
         inc = docs / "concepts" / f"_{name}_results.inc"
-        inc.write_text(
-            f".. generated by tools/protocol_report.py from {folder}/results.json; do not "
-            "edit\n\n" + text
-        )
+        inc.write_text(head + "\n\n" + text)
+        if "ce" in summary and summary["ce"].get("r_auroc"):
+            (docs / "concepts" / f"_{name}_verdict.inc").write_text(head + "\n\n" + verdict(doc))
         static = docs / "_static" / "benchmark" / name
         static.mkdir(parents=True, exist_ok=True)
         for f in ("results.json", "results.csv", "recall_vs_rauroc.png", "training_curves.png"):
@@ -350,12 +436,18 @@ def main() -> None:
         help="report the complete class splits of FOLDER/partial_runs.json (an unfinished "
         "stored sweep), written to FOLDER/interim",
     )
+    ap.add_argument(
+        "--name",
+        default=None,
+        help="name of the docs files (_NAME_results.inc, _static/benchmark/NAME); default: "
+        "the preset",
+    )
     a = ap.parse_args()
     if a.interim:
         a.folder = write_interim(a.folder)
     if a.rerun is not None:
         combine(a.folder, a.rerun)
-    print(report(a.folder, None if a.no_docs else a.docs))
+    print(report(a.folder, None if a.no_docs else a.docs, a.name))
 
 
 if __name__ == "__main__":

@@ -66,3 +66,28 @@ def test_interim_report_needs_two_complete_splits(tmp_path):
     (tmp_path / "partial_runs.json").write_text(json.dumps({"preset": "x", "runs": runs}))
     with pytest.raises(SystemExit, match="1 complete class splits"):
         tool.write_interim(tmp_path)
+
+
+def test_verdict_names_who_beats_ce_and_is_written_under_the_given_name(tmp_path):
+    tool = _tool()
+    noise = [0.01, -0.02, 0.015, -0.005, 0.02, -0.01, 0.0, 0.005]
+    runs = []
+    for split, e in enumerate(noise):
+        for est, level in (("ce", 0.5), ("pvu", 0.6), ("elk", 0.44), ("losspred", 0.49),
+                           ("feature_norm", 0.48)):  # fmt: skip
+            jitter = 0.004 * ((split * 7 + len(est)) % 3 - 1)  # paired, not identical
+            runs.append(dict(_run(est, split, level + e + jitter), method=est))
+    (tmp_path / "partial_runs.json").write_text(json.dumps({"preset": "demo", "runs": runs}))
+    out = tool.write_interim(tmp_path)
+    doc = json.loads((out / "results.json").read_text())
+    text = tool.verdict(doc)
+    assert "R-AUROC better: pvu (+0.099" in text
+    assert "worse: elk (-0.060" in text
+    assert "R-AUROC, best first**: pvu 0.6" in text
+    assert "losspred 3rd" in text and "ahead of CE after Holm: neither" in text
+    docs = tmp_path / "docs"
+    (docs / "concepts").mkdir(parents=True)
+    tool.report(out, docs, "demo_tuned")
+    inc = (docs / "concepts" / "_demo_tuned_verdict.inc").read_text()
+    assert inc.endswith(text) and (docs / "concepts" / "_demo_tuned_results.inc").is_file()
+    assert (docs / "_static" / "benchmark" / "demo_tuned" / "results.json").is_file()
