@@ -91,3 +91,29 @@ def test_verdict_names_who_beats_ce_and_is_written_under_the_given_name(tmp_path
     inc = (docs / "concepts" / "_demo_tuned_verdict.inc").read_text()
     assert inc.endswith(text) and (docs / "concepts" / "_demo_tuned_results.inc").is_file()
     assert (docs / "_static" / "benchmark" / "demo_tuned" / "results.json").is_file()
+
+
+def test_against_pairs_each_estimator_with_itself_in_the_other_sweep(tmp_path):
+    tool = _tool()
+    docs = []
+    for shift, name in ((0.0, "default"), (0.05, "tuned")):
+        runs = []
+        for split in range(6):
+            e = 0.01 * ((split * 5) % 4)
+            for est in ("ce", "pvu"):
+                gain = shift + 0.002 * (split % 3) if est == "pvu" else 0.0
+                runs.append(dict(_run(est, split, 0.5 + e + gain), method=est))
+        if name == "tuned":
+            runs = [r for r in runs if r["split"] != 5]  # not finished there: not paired
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "partial_runs.json").write_text(json.dumps({"preset": "p", "runs": runs}))
+        docs.append(json.loads((tool.write_interim(folder) / "results.json").read_text()))
+    text = tool.against(docs[1], docs[0], "the defaults")
+    assert "over the 5 class splits both finished" in text
+    rows = text.split("* - ")
+    ce = next(r for r in rows if r.startswith("ce\n"))
+    pvu = next(r for r in rows if r.startswith("pvu\n"))
+    assert "+0.000 (p 1, Holm 1)" in ce
+    r_auroc = pvu.split("\n")[1]
+    assert "+0.050" in r_auroc and "Holm 1)" not in r_auroc
