@@ -42,7 +42,7 @@ import torch
 
 from bayesurl.data.class_splits import class_splits
 from bayesurl.files import write_json
-from bayesurl.runs.config import load_recipe, read_recipe_file
+from bayesurl.runs.config import load_recipe, preset_tuned, read_recipe_file
 from bayesurl.runs.pipeline import PipelineRun
 from bayesurl.runs.plan import (
     SweepPreset,
@@ -634,6 +634,10 @@ class _Sweep:
             "seeds": list(p.seeds),
             "class_splits": [s.to_dict() for s in class_splits(p.splits)] if p.splits else None,
             "tuned": {} if self.folder is None else load_tuned(self.folder),
+            # the settings the recipe commits for this preset (applied under "tuned")
+            "recipe_tuned": preset_tuned(
+                read_recipe_file(self.dataset), p.recipe_preset, self.dataset
+            ),
             "storage": None
             if not p.stored
             else (store.url if self.storage else f"sqlite:///{self.folder.name}/sweep.db"),

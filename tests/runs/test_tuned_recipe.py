@@ -162,3 +162,9 @@ def test_tune_only_plans_nothing(tmp_path):
     assert (tmp_path / "tuned.toml").is_file() and not (tmp_path / "results.json").exists()
     with pytest.raises(ValueError, match="tune_only"):
         run_sweep(["ce"], preset=p, out=tmp_path, run_fn=_fake(seen), tune_only=True)
+
+
+def test_a_sweep_records_the_settings_its_recipe_commits(recipe):
+    res = run_sweep(["ce"], dataset=recipe, preset="p", run_fn=_fake([]), log=lambda s: None)
+    assert res.settings["recipe_tuned"]["ce"] == ["train.lr=0.004"]
+    assert set(res.settings["recipe_tuned"]) == {"ce", "pvu", "infonce"}
