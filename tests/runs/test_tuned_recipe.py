@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
+import sys
 
 import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 pytest.importorskip("optuna")
 
