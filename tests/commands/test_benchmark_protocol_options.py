@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from bayesurl.cli import build_parser, main
 from bayesurl.runs.plan import SweepPreset, smoke_notice, sweep_preset
 from bayesurl.runs.sweep import resolve_preset
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 
 def _args(*argv):
@@ -45,9 +52,27 @@ def test_smoke_presets_print_how_to_get_the_real_run():
     [
         (["--preset", "standard", "--tune", "-1"], "--tune"),
         (["--worker", "--tune", "2"], "--tune"),
+        (["--tune-only"], "--tune-only"),
         (["--preset", "standard", "--threads", "0"], "--threads"),
     ],
 )
 def test_bad_protocol_arguments(argv, match, capsys):
     assert main(["benchmark", *argv]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_tune_only_searches_writes_the_recipe_table_and_runs_nothing(tmp_path, capsys):
+    """The smoke preset end to end: CE and PVU (its wrapper rate, on CE's choice) are tuned,
+    the free baseline runs no trial, nothing is planned."""
+    out = tmp_path / "tune"
+    argv = ["benchmark", "--preset", "smoke", "--methods", "pvu,feature_norm,ce", "--tune",
+            "2", "--tune-only", "--out", str(out), "--storage", f"sqlite:///{tmp_path}/t.db",
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "[presets.smoke.tuned]" in text and "tune feature_norm: nothing to tune" in text
+    table = tomllib.loads((out / "tuned.toml").read_text())["presets"]["smoke"]["tuned"]
+    assert set(table) == {"ce", "pvu"}
+    assert table["ce"][0].startswith("train.lr=")
+    assert table["pvu"][0].startswith("estimator.fit.lr=")
+    assert not (out / "results.json").exists() and not (out / "partial_runs.json").exists()
