@@ -174,15 +174,24 @@ def write_interim(folder: Path) -> Path:
 FREE_BASELINES = ("feature_norm", "feature_knn")
 
 
+def _significant_rows(table: dict[str, Any], metric: str, sign: int) -> dict[str, Any]:
+    """The paired rows whose difference has ``sign`` and Holm p < 0.05, by estimator."""
+    return {
+        k: v
+        for k, v in table.get(metric, {}).items()
+        if isinstance(v, dict)
+        and v.get("p_t_holm") is not None
+        and v["p_t_holm"] < 0.05
+        and (v["mean_diff"] > 0) == (sign > 0)
+    }
+
+
 def _significant(table: dict[str, Any], metric: str, sign: int) -> str:
-    """The estimators whose paired difference has ``sign`` and Holm p < 0.05, or "none"."""
+    """:func:`_significant_rows` as text, or "none"."""
     out = []
-    for k, v in table.get(metric, {}).items():
-        if not isinstance(v, dict) or v.get("p_t_holm") is None or v["p_t_holm"] >= 0.05:
-            continue
-        if (v["mean_diff"] > 0) == (sign > 0):
-            p = f"{v['p_t_holm']:.2g}" if v["p_t_holm"] > 0 else "< 1e-300"
-            out.append(f"{k} ({v['mean_diff']:+.3f}, Holm p {p})")
+    for k, v in _significant_rows(table, metric, sign).items():
+        p = f"{v['p_t_holm']:.2g}" if v["p_t_holm"] > 0 else "< 1e-300"
+        out.append(f"{k} ({v['mean_diff']:+.3f}, Holm p {p})")
     return ", ".join(out) or "none"
 
 
@@ -235,10 +244,7 @@ def verdict(doc: dict[str, Any]) -> str:
         ranks = " and ".join(
             f"{k} {_ordinal(trained.index(k) + 1)} ({_ci(s, k, 'r_auroc')})" for k in url
         )
-        better = {k for k, v in pc.get("r_auroc", {}).items()
-                  if isinstance(v, dict) and (v.get("p_t_holm") or 1.0) < 0.05
-                  and v["mean_diff"] > 0}  # fmt: skip
-        held = [k for k in url if k in better]
+        held = [k for k in url if k in _significant_rows(pc, "r_auroc", 1)]
         lines.append(
             f"* **URL's observation** (loss prediction and MCInfoNCE among the best R-AUROC): "
             f"of the {len(trained)} trained estimators {ranks}; ahead of CE after Holm: "

@@ -253,17 +253,17 @@ def run(args: argparse.Namespace) -> int:
     if not res.main_process:  # torchrun: rank 0 reports (and alone wrote the files)
         return 1 if any(r.get("error") for r in res.runs) else 0
     if args.tune_only:
-        return report_tuned(res, out)
+        return report_tuned(res)
     return report(res)
 
 
-def report_tuned(res: SweepResults, out: str | None) -> int:
+def report_tuned(res: SweepResults) -> int:
     """Print the settings ``--tune-only`` chose and where they were written; 0."""
     from bayesurl.runs.tuning import tuned_table
 
     print(tuned_table(res.settings["tuned"], res.settings.get("preset")), end="")
-    if out is not None:
-        print(f"written to {Path(out) / 'tuned.json'} and {Path(out) / 'tuned.toml'}")
+    if res.paths:
+        print(f"written to {' and '.join(res.paths.values())}")
     return 0
 
 

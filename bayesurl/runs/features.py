@@ -266,15 +266,14 @@ def feature_store(
     dc = data_config(backbone)
     resolution = int(cfg.backbone.resolution or dc.input_size[-1])
     # grayscale images: one mean / std for the repeated channel (the backbone's average)
-    mean, std = dc.grayscale_statistics().values()
-    transform = bd.default_transform(dc.in_chans, mean=mean, std=std)
-    augment = bd.default_augmentation(dc.in_chans, mean=mean, std=std)
+    stats = dc.grayscale_statistics()
+    transform = bd.default_transform(dc.in_chans, **stats)
+    augment = bd.default_augmentation(dc.in_chans, **stats)
     description = {
         "backbone": cfg.backbone.name,
         "channels_in": int(channels),
         "in_chans": dc.in_chans,
-        "mean": mean,
-        "std": std,
+        **stats,
         "resolution": resolution,
         "augment": "default_augmentation",
     }

@@ -490,7 +490,10 @@ class _Sweep:
             tuned = {k: v["overrides"] for k, v in chosen.items()}
             if tune_only:
                 settings = {"preset": self.plan.name, "tuned": chosen}
-                return self._result([], settings, None, 0, {})
+                written = {} if self.folder is None else {
+                    f: self.folder / f for f in ("tuned.json", "tuned.toml")
+                }  # fmt: skip
+                return self._result([], settings, None, 0, written)
             fn = factory(tuned)
         if self.worker:
             self.wait_for_plan(store, poll, plan_timeout)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bayesurl.data.class_splits import ClassSplit
-from bayesurl.files import write_json
+from bayesurl.files import atomic_write, write_json
 
 __all__ = ["TUNE_SPACES", "load_tuned", "search_space", "tune_estimators", "tuned_table"]
 
@@ -216,7 +216,7 @@ def tune_estimators(
         old = json.loads(path.read_text()) if path.is_file() else {}
         old.update(chosen)
         write_json(path, old)
-        (Path(out) / "tuned.toml").write_text(tuned_table(old, preset))
+        atomic_write(Path(out) / "tuned.toml", tuned_table(old, preset))
     return chosen
 
 

@@ -71,6 +71,7 @@ def test_tune_only_searches_writes_the_recipe_table_and_runs_nothing(tmp_path, c
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "[presets.smoke.tuned]" in text and "tune feature_norm: nothing to tune" in text
+    assert f"written to {out / 'tuned.json'} and {out / 'tuned.toml'}" in text
     table = tomllib.loads((out / "tuned.toml").read_text())["presets"]["smoke"]["tuned"]
     assert set(table) == {"ce", "pvu"}
     assert table["ce"][0].startswith("train.lr=")

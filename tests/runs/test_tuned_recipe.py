@@ -165,6 +165,7 @@ def test_tune_only_plans_nothing(tmp_path):
     assert res.runs == [] and len(seen) == 3
     assert res.settings["tuned"]["ce"]["trials"] == 3
     assert (tmp_path / "tuned.toml").is_file() and not (tmp_path / "results.json").exists()
+    assert res.paths == {f: str(tmp_path / f) for f in ("tuned.json", "tuned.toml")}
     with pytest.raises(ValueError, match="tune_only"):
         run_sweep(["ce"], preset=p, out=tmp_path, run_fn=_fake(seen), tune_only=True)
 
