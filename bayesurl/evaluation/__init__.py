@@ -44,6 +44,7 @@ from bayesurl.evaluation.knn import (
     normalize,
     rank_budget,
 )
+from bayesurl.evaluation.memo import NeighborMemo
 
 if TYPE_CHECKING:  # loaded lazily at run time (see the module docstring)
     from bayesurl.evaluation.metrics import (
@@ -101,6 +102,7 @@ __all__ = [
     "DEFAULT_MEMORY_BUDGET",
     "ECEResult",
     "MAPAtK",
+    "NeighborMemo",
     "OODAUPRC",
     "OODAUROC",
     "RAUROC",

@@ -320,6 +320,7 @@ def evaluate(
     include: Iterable[str] | None = None,
     exclude: Iterable[str] = (),
     return_neighbors: bool = False,
+    neighbors: Tensor | None = None,
 ) -> dict[str, Any]:
     """Every selected retrieval and uncertainty metric defined for the input, from one kNN
     search.
@@ -425,6 +426,15 @@ def evaluate(
         Also return the search's neighbour ids under ``"neighbors"`` (``[n_r, k]`` Tensor of
         global row ids, self excluded, this rank's queries; ``None`` when no selected metric
         searched), so a caller that needs them (the per-query record) does not search again.
+    neighbors : Tensor, optional
+        ``[n_r, k']`` neighbour ids of these very ``embeddings`` from an earlier search (the
+        ``"neighbors"`` that ``return_neighbors`` returned, or
+        :class:`~bayesurl.evaluation.NeighborMemo`): used instead of the search when ``k'`` is
+        at least the number of neighbours the selected metrics need (their first columns),
+        else ignored. Several uncertainties of one embedding (a post-hoc estimator and its
+        base, two free baselines of the same features) then cost one search. Ids are nearest
+        first, self excluded, ties to the lowest index (the search's order); they are not
+        checked against the embeddings. Single process only (not with ``distributed``).
 
     Returns
     -------
@@ -503,14 +513,18 @@ def evaluate(
     res: dict[str, Any] = dict.fromkeys(REQUIRED_KEYS)
     res["n"] = n
     res["uncertainty_source"] = u_source
+    given = _given_neighbors(neighbors, n, distributed)
     runnable = [m for m in selected if _missing(m, ctx) is None]
     wanted = [m.neighbours(ctx) for m in runnable if m.neighbours is not None]
     if any(wanted):  # the one search, with the largest request
         k = min(max(wanted), n - 1)
-        # copy=False: the given embeddings are not read after the search (the samples' mean
-        # is read again by the ECE), normalise them in place
-        inplace = not copy and embeddings is not None
-        ctx.neighbors = _search(x, k, sh, options["memory_budget"], backend, inplace)
+        if given is not None and given.shape[1] >= k:
+            ctx.neighbors = given[:, :k].to(x.device)
+        else:
+            # copy=False: the given embeddings are not read after the search (the samples'
+            # mean is read again by the ECE), normalise them in place
+            inplace = not copy and embeddings is not None
+            ctx.neighbors = _search(x, k, sh, options["memory_budget"], backend, inplace)
     grouped: dict[Need, int] = {}
     for metric in selected:
         need = _missing(metric, ctx)
@@ -524,6 +538,25 @@ def evaluate(
     if return_neighbors:
         res["neighbors"] = ctx.neighbors
     return res
+
+
+def _given_neighbors(neighbors: object | None, n: int, distributed: bool) -> Tensor | None:
+    """The checked ``neighbors`` argument: ``[n, k']`` integer ids in ``[0, n)``."""
+    if neighbors is None:
+        return None
+    if distributed:  # a bad shard on one rank would leave the others waiting in the search
+        raise ValueError("`neighbors` is for a single-process evaluation, not `distributed`")
+    nb = check_tensor(neighbors, "neighbors", ndim=2, finite=False)
+    if nb.dtype.is_floating_point or nb.dtype.is_complex or nb.dtype == torch.bool:
+        raise ValueError(f"`neighbors` must hold integer ids, got {nb.dtype}")
+    if nb.shape[0] != n:
+        raise ValueError(f"length mismatch: `neighbors` has {nb.shape[0]} rows, expected {n}")
+    if nb.numel() and (int(nb.min()) < 0 or int(nb.max()) >= n):
+        raise ValueError(f"`neighbors` holds ids outside [0, {n})")
+    nb = nb.long()
+    if bool((nb == torch.arange(n, device=nb.device)[:, None]).any()):
+        raise ValueError("`neighbors` lists a query as its own neighbour (self is excluded)")
+    return nb
 
 
 def _search(

@@ -33,6 +33,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from bayesurl._modules import eval_mode
+from bayesurl.distributed import is_distributed
+from bayesurl.evaluation import NeighborMemo, evaluate
 from bayesurl.types import Output
 
 __all__ = [
@@ -247,6 +249,7 @@ def score(
     distributed: bool | None = None,
     group: dist.ProcessGroup | None = None,
     crop_images: int = 0,
+    neighbor_memo: NeighborMemo | None = None,
     **evaluate_kwargs: Any,
 ) -> dict[str, Any]:
     """Zero-shot evaluation of ``fn`` on ``sets`` (a :class:`~bayesurl.data.ZeroShotData`).
@@ -289,6 +292,10 @@ def score(
         The process group of the sharded evaluation (default: the default group).
     crop_images : int
         Evenly spaced ``test`` images of URL's crop test (0: none), predicted without draws.
+    neighbor_memo : NeighborMemo, optional
+        Reuse the kNN search of a test embedding scored before, bit for bit the same (a
+        post-hoc estimator and its base; the free baselines of one feature set), and keep
+        this one's; not with the sharded evaluation.
     **evaluate_kwargs
         Passed to :func:`bayesurl.evaluation.evaluate` (``ks``, ``ece_mode``, ...).
 
@@ -304,9 +311,6 @@ def score(
     ValueError
         Without a ``test`` set, or ``distributed=True`` without a process group.
     """
-    from bayesurl.distributed import is_distributed
-    from bayesurl.evaluation import evaluate
-
     t0 = time.perf_counter()
     if getattr(sets, "test", None) is None:
         raise ValueError("`data` has no `test` set")
@@ -342,6 +346,9 @@ def score(
     if crop_images:
         extra.update(_crop_inputs(fn, sets.test, transform, int(crop_images), device))
     shard = {"distributed": True, "group": group} if distributed else {}
+    memo = None if distributed else neighbor_memo
+    backend = str(evaluate_kwargs.get("backend", "torch"))
+    known = None if memo is None else memo.get(out.embedding, backend)
     res = evaluate(
         out.embedding,
         y.to(out.embedding.device),
@@ -350,9 +357,16 @@ def score(
         **extra,
         **shard,
         **evaluate_kwargs,
-        return_neighbors=return_outputs,
+        return_neighbors=return_outputs or memo is not None,
+        neighbors=known,
     )
     neighbors = res.pop("neighbors", None)
+    if (
+        memo is not None
+        and neighbors is not None
+        and (known is None or neighbors.shape[1] > known.shape[1])
+    ):
+        memo.put(out.embedding, neighbors, backend)
     # the draws behind the ECE: a deep ensemble's are its K members, whatever was asked
     res["n_samples"] = 0 if n_samples == 0 or out.samples is None else int(out.samples.shape[0])
     res["n_test"] = len(sets.test)

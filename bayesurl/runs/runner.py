@@ -9,7 +9,9 @@ config and seed give the same metrics whichever caller runs it.
 
 A :class:`RunCache` shared by several runs (a sweep) keeps the assembled data and the fitted
 base methods, so PVU, post-hoc TaU and Laplace-on-CE wrap the CE run of the same seed instead
-of training it again.
+of training it again, and the kNN searches of the test embeddings
+(:class:`~bayesurl.evaluation.NeighborMemo`), so the rows that keep their base's embedding, or
+score the same frozen features, search once.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 
 from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.distributed import launch_rank, launched_by_torchrun
+from bayesurl.evaluation import NeighborMemo
 from bayesurl.files import write_json
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
@@ -85,11 +88,14 @@ class RunCache:
         Estimator names whose own runs are kept in ``bases`` (a sweep's bases: a
         ``contrastive`` row is then the net that LAM's rows of the same seed start from,
         trained once).
+    memos : dict
+        :class:`~bayesurl.evaluation.NeighborMemo` by folder (:meth:`neighbor_memo`).
     """
 
     data: dict[Any, RunData] = field(default_factory=dict)
     bases: dict[str, tuple[Estimator, dict[str, Any]]] = field(default_factory=dict)
     keep: set[str] = field(default_factory=set)
+    memos: dict[str | None, NeighborMemo] = field(default_factory=dict)
 
     def get_data(self, cfg: RunConfig) -> RunData:
         """The data of ``cfg``, built once per :func:`data_key`."""
@@ -97,6 +103,15 @@ class RunCache:
         if key not in self.data:
             self.data[key] = build_data(cfg)
         return self.data[key]
+
+    def neighbor_memo(self, cfg: RunConfig) -> NeighborMemo:
+        """The search memo of ``cfg``'s runs: beside the frozen-feature store
+        (``<backbone.cache>/neighbors``, shared by every worker of a sweep) with
+        ``backbone.freeze``, else in memory."""
+        folder = str(Path(cfg.backbone.cache) / "neighbors") if cfg.backbone.freeze else None
+        if folder not in self.memos:
+            self.memos[folder] = NeighborMemo(folder)
+        return self.memos[folder]
 
 
 @dataclass
@@ -496,6 +511,7 @@ def _run(
             # every metric a benchmark reports, a run reports; cached features have no
             # pixels to crop
             "crop_images": CROP_IMAGES if data.backbone is None else 0,
+            "neighbor_memo": cache.neighbor_memo(cfg),
             **evaluate_kwargs,
         }
         if data.tests:  # several downstream sets: each scored, their mean reported

