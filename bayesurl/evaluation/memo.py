@@ -9,15 +9,17 @@ them back to :func:`~bayesurl.evaluation.evaluate` (``neighbors=``) when the sam
 again, bit for bit. Nothing else is assumed: a different tensor is a different key.
 
 Entries live in memory (the last ``max_entries``) and, with ``folder``, on disk as sealed
-folders (:func:`bayesurl.files.seal`, read back with ``weights_only=True``), so the workers of
-a stored sweep share them; a missing, truncated or altered entry is a miss (with a warning),
-never read.
+folders (:func:`bayesurl.files.seal`, read back with ``weights_only=True``; the last
+``max_disk_entries`` written are kept), so the workers of a stored sweep share them; a missing,
+truncated or altered entry is a miss (with a warning), never read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
 import warnings
 from collections import OrderedDict
 from pathlib import Path
@@ -31,6 +33,8 @@ from bayesurl.files import CorruptedFileError, atomic_open, seal, unseal
 __all__ = ["NeighborMemo"]
 
 _FILE = "neighbors.pt"
+#: part of every key: a change to the search's order or tie rule must not reuse older ids
+_SEARCH = "exact-cosine-ties-to-lowest-index-v1"
 
 
 class NeighborMemo:
@@ -43,6 +47,9 @@ class NeighborMemo:
         only.
     max_entries : int
         Entries kept in memory (least recently used dropped first).
+    max_disk_entries : int
+        Entries kept in ``folder`` (the oldest written removed first): about 2.8 MB each for
+        35,000 queries and 10 neighbours, so a 40-split sweep keeps the last few splits' only.
 
     Examples
     --------
@@ -57,9 +64,16 @@ class NeighborMemo:
     True
     """
 
-    def __init__(self, folder: str | os.PathLike[str] | None = None, *, max_entries: int = 4):
+    def __init__(
+        self,
+        folder: str | os.PathLike[str] | None = None,
+        *,
+        max_entries: int = 4,
+        max_disk_entries: int = 64,
+    ):
         self.folder = None if folder is None else Path(os.fspath(folder))
         self.max_entries = check_int(max_entries, "max_entries", low=1)
+        self.max_disk_entries = check_int(max_disk_entries, "max_disk_entries", low=1)
         self._memory: OrderedDict[str, Tensor] = OrderedDict()
         #: lookups answered (from memory or disk) and missed, for reports and tests
         self.hits = 0
@@ -70,7 +84,7 @@ class NeighborMemo:
         """Hex digest of the search backend and the embedding's shape, dtype and bytes."""
         x = check_tensor(embeddings, "embeddings", ndim=2, finite=False)
         h = hashlib.blake2b(digest_size=16)
-        h.update(f"{backend}|{x.dtype}|{tuple(x.shape)}|".encode())
+        h.update(f"{_SEARCH}|{backend}|{x.dtype}|{tuple(x.shape)}|".encode())
         flat = x.detach().cpu().contiguous().reshape(-1)
         h.update(flat.view(torch.uint8).numpy().data if flat.numel() else b"")
         return h.hexdigest()
@@ -113,6 +127,19 @@ class NeighborMemo:
             with atomic_open(entry / _FILE, "wb") as fh:
                 torch.save(nb, fh)
             seal(entry, {"key": key, "rows": nb.shape[0], "k": nb.shape[1]}, [_FILE])
+            self._prune()
+
+    def _prune(self) -> None:
+        """Remove the oldest entries beyond ``max_disk_entries`` (another worker may be
+        removing them too)."""
+        assert self.folder is not None
+        entries = []
+        for p in self.folder.iterdir():
+            with contextlib.suppress(OSError):
+                if p.is_dir():
+                    entries.append((p.stat().st_mtime, p))
+        for _, p in sorted(entries)[: max(0, len(entries) - self.max_disk_entries)]:
+            shutil.rmtree(p, ignore_errors=True)
 
     def _remember(self, key: str, nb: Tensor) -> None:
         self._memory[key] = nb

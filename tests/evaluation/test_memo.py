@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -150,3 +152,17 @@ def test_r_at_1_of_given_neighbors_matches_functional():
     res = evaluate(x, y, uncertainties=u, neighbors=nb)
     assert res["r@1"] == pytest.approx(float(Fm.r_at_1(x, y)[0]))
     assert res["r_auroc"] == pytest.approx(float(Fm.r_auroc(u, Fm.r_at_1(x, y)[1])))
+
+
+def test_disk_keeps_the_last_entries_only(tmp_path):
+    memo = NeighborMemo(tmp_path, max_disk_entries=2)
+    xs = [_data(seed=s)[0] for s in range(3)]
+    for i, x in enumerate(xs):
+        memo.put(x, torch.ones(x.shape[0], 1, dtype=torch.long))
+        entry = tmp_path / NeighborMemo.key(x)
+        os.utime(entry, (i, i))  # written in this order, whatever the clock's resolution
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(NeighborMemo.key(x) for x in xs[1:])
+    fresh = NeighborMemo(tmp_path)
+    assert fresh.get(xs[0]) is None and fresh.get(xs[2]) is not None
+    with pytest.raises(ValueError, match="max_disk_entries"):
+        NeighborMemo(tmp_path, max_disk_entries=0)
