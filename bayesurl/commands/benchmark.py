@@ -17,8 +17,9 @@ sizes, training length and plan (``[presets.<name>.sweep]``: class splits, seeds
   stopped; ``--storage URL`` on several machines, the further ones with ``--worker``;
   ``--tune N`` first runs N Optuna trials per estimator on the validation classes
   (``--tune-only``: and stops; ``OUT/tuned.toml`` is the ``[presets.<name>.tuned]`` table
-  that commits the chosen settings to the recipe). The report holds t-intervals over the
-  splits, the paired comparison against CE and the split-half reproducibility.
+  that commits the chosen settings to the recipe; ``--untuned`` runs without that table,
+  at the recipe's defaults). The report holds t-intervals over the splits, the paired
+  comparison against CE and the split-half reproducibility.
 
 ``--storage`` stores any preset's runs; ``--splits`` and ``--seeds`` replace the preset's.
 Under ``torchrun`` every rank runs each run together (DDP training, sharded evaluation) and
@@ -169,6 +170,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="stop after --tune: plan and run nothing (then commit OUT/tuned.toml)",
     )
+    g.add_argument(
+        "--untuned",
+        action="store_true",
+        help="ignore the preset's committed [presets.NAME.tuned] table: the recipe's default "
+        "settings (how results/pretrained/protocol ran); a --worker follows the lead's choice",
+    )
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -247,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
         worker=args.worker,
         tune=args.tune,
         tune_only=args.tune_only,
+        recipe_tuned=not args.untuned,
         checkpoint_dir=Path(out) / "checkpoints" if args.save_checkpoints and out else None,
         progress=not args.no_progress,
     )

@@ -614,6 +614,7 @@ def _resolve(
     source: str,
     *,
     base_of: str | None = None,
+    tuned: bool = True,
 ) -> RunConfig:
     estimators = raw["estimators"]
     if estimator not in estimators:
@@ -648,8 +649,8 @@ def _resolve(
     est["name"] = estimator
     tables["estimator"] = est
     own = [o for o in overrides if not _split_override(o)[0][0] == "estimator"]
-    tuned = preset_tuned(raw, preset, dataset).get(estimator, [])
-    apply_overrides(tables, [*tuned, *(overrides if base_of is None else own)])
+    chosen = preset_tuned(raw, preset, dataset).get(estimator, []) if tuned else []
+    apply_overrides(tables, [*chosen, *(overrides if base_of is None else own)])
     where = f"estimators.{estimator}"
     est_cfg: EstimatorConfig = _build(EstimatorConfig, tables["estimator"], where)
     kind = est_cfg.kind.lower()
@@ -679,7 +680,7 @@ def _resolve(
         if base_of is not None:
             raise ValueError(f"[{where}] is the base of {base_of!r} and cannot have a base itself")
         cfg.base = _resolve(
-            raw, dataset, est_cfg.base, preset, overrides, source, base_of=estimator
+            raw, dataset, est_cfg.base, preset, overrides, source, base_of=estimator, tuned=tuned
         )
         if cfg.base.estimator.kind != "method":
             raise ValueError(f"`{where}.base` {est_cfg.base!r} must be of kind 'method'")
@@ -740,6 +741,7 @@ def load_recipe(
     overrides: Iterable[str | tuple[str, Any]] = (),
     *,
     preset: str | None = None,
+    tuned: bool = True,
 ) -> RunConfig:
     """Read ``"<dataset>/<estimator>"`` into a :class:`RunConfig`.
 
@@ -753,6 +755,9 @@ def load_recipe(
         estimator, the others also its post-hoc base.
     preset : str, optional
         A ``[presets.<name>]`` of the file (``"smoke"``, ``"quick"``, ``"full"``).
+    tuned : bool
+        Apply the preset's committed tuned settings (``[presets.<name>.tuned]``,
+        :func:`preset_tuned`); ``False`` gives the recipe's default settings.
 
     Returns
     -------
@@ -768,7 +773,7 @@ def load_recipe(
     raw = read_recipe_file(dataset)
     path = recipe_path(dataset)
     ds_name = path.stem if str(dataset).endswith(".toml") else str(dataset).lower()
-    return _resolve(raw, ds_name, estimator, preset, list(overrides), str(path))
+    return _resolve(raw, ds_name, estimator, preset, list(overrides), str(path), tuned=tuned)
 
 
 def _fmt_value(v: Any) -> str:

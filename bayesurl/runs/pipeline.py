@@ -44,6 +44,10 @@ class PipelineRun:
     tuned : mapping, optional
         ``{estimator: [override, ...]}`` chosen by the tuning (used when the run's own
         ``overrides`` are empty).
+    recipe_tuned : bool
+        Apply the preset's committed tuned settings (``[presets.<name>.tuned]``); a stored
+        run's own ``recipe_tuned`` (the planning machine's choice) wins, so a worker runs
+        what the lead planned.
     device : str or torch.device, optional
         Default: CUDA if available, else CPU.
     checkpoint_dir : path-like, optional
@@ -67,6 +71,7 @@ class PipelineRun:
         preset: SweepPreset,
         overrides: Sequence[Any] = (),
         tuned: Mapping[str, Sequence[str]] | None = None,
+        recipe_tuned: bool = True,
         device: str | torch.device | None = None,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         queries_dir: str | os.PathLike[str] | None = None,
@@ -76,6 +81,7 @@ class PipelineRun:
         self.preset = preset
         self.overrides = list(overrides)
         self.tuned = {k: list(v) for k, v in (tuned or {}).items()}
+        self.recipe_tuned = bool(recipe_tuned)
         self.device = device
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.queries_dir = None if queries_dir is None else Path(queries_dir)
@@ -112,6 +118,7 @@ class PipelineRun:
                 ("device", str(dev)),
             ],
             preset=self.preset.recipe_preset,
+            tuned=bool(params.get("recipe_tuned", self.recipe_tuned)),
         )
 
     @staticmethod

@@ -245,6 +245,7 @@ def run_sweep(
     worker: bool = False,
     tune: int = 0,
     tune_only: bool = False,
+    recipe_tuned: bool = True,
     run_fn: RunFn | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     progress: bool = True,
@@ -288,6 +289,10 @@ def run_sweep(
     tune_only : bool
         Stop after tuning: nothing is planned, the chosen settings are in
         ``SweepResults.settings["tuned"]`` (and ``<out>/tuned.json`` / ``tuned.toml``).
+    recipe_tuned : bool
+        Apply the tuned settings the recipe commits for the preset
+        (``[presets.<name>.tuned]``); ``False`` runs the recipe's defaults (stored with each
+        planned run, so the workers follow the lead).
     run_fn : callable, optional
         ``run_fn(params) -> record``; default :class:`~bayesurl.runs.pipeline.PipelineRun`.
     checkpoint_dir : path-like, optional
@@ -331,7 +336,10 @@ def run_sweep(
         names = [] if worker else resolve_estimators(estimators, dataset)
         cfgs = [
             load_recipe(
-                f"{dataset}/{n}", [*overrides, ("device", str(dev))], preset=plan.recipe_preset
+                f"{dataset}/{n}",
+                [*overrides, ("device", str(dev))],
+                preset=plan.recipe_preset,
+                tuned=recipe_tuned,
             )
             for n in names
         ]
@@ -353,6 +361,7 @@ def run_sweep(
             worker=worker,
             log=log,
             progress=progress,
+            recipe_tuned=recipe_tuned,
         )
 
         def factory(tuned: Mapping[str, Sequence[str]]) -> RunFn:
@@ -363,6 +372,7 @@ def run_sweep(
                 preset=plan,
                 overrides=overrides,
                 tuned=tuned,
+                recipe_tuned=recipe_tuned,
                 device=dev,
                 checkpoint_dir=checkpoint_dir,
                 queries_dir=None if sweep.folder is None else sweep.folder / "queries",
@@ -440,6 +450,7 @@ class _Sweep:
         worker: bool,
         log: Callable[[str], None],
         progress: bool,
+        recipe_tuned: bool = True,
     ) -> None:
         from bayesurl.distributed import is_main_process
 
@@ -452,6 +463,7 @@ class _Sweep:
         self.distributed = under_torchrun()
         self.log = log if self.main else (lambda text: None)
         self.progress = progress
+        self.recipe_tuned = recipe_tuned
         self.t0 = time.perf_counter()
 
     def go(
@@ -504,6 +516,7 @@ class _Sweep:
                 r["overrides"] = list(tuned.get(r["estimator"], []))
                 # every worker runs with the lead's --set (then its own, e.g. a local path)
                 r["sweep_overrides"] = shared
+                r["recipe_tuned"] = self.recipe_tuned
             added = store.add_runs(runs)
             if self.plan.stored:
                 self.log(
@@ -637,10 +650,14 @@ class _Sweep:
             "seeds": list(p.seeds),
             "class_splits": [s.to_dict() for s in class_splits(p.splits)] if p.splits else None,
             "tuned": {} if self.folder is None else load_tuned(self.folder),
-            # the settings the recipe commits for this preset (applied under "tuned")
+            # the settings the recipe commits for this preset, as applied ({} when the
+            # sweep ran the recipe's defaults: recipe_tuned_applied false)
             "recipe_tuned": preset_tuned(
                 read_recipe_file(self.dataset), p.recipe_preset, self.dataset
-            ),
+            )
+            if self.recipe_tuned
+            else {},
+            "recipe_tuned_applied": self.recipe_tuned,
             "storage": None
             if not p.stored
             else (store.url if self.storage else f"sqlite:///{self.folder.name}/sweep.db"),

@@ -174,3 +174,51 @@ def test_a_sweep_records_the_settings_its_recipe_commits(recipe):
     res = run_sweep(["ce"], dataset=recipe, preset="p", run_fn=_fake([]), log=lambda s: None)
     assert res.settings["recipe_tuned"]["ce"] == ["train.lr=0.004"]
     assert set(res.settings["recipe_tuned"]) == {"ce", "pvu", "infonce"}
+
+
+def test_untuned_gives_the_recipe_defaults(recipe):
+    ce = load_recipe(f"{recipe}/ce", preset="p", tuned=False)
+    assert ce.train.lr == pytest.approx(1e-3) and ce.train.epochs == 2  # the preset still
+    pvu = load_recipe(f"{recipe}/pvu", preset="p", tuned=False)
+    assert pvu.base is not None and pvu.base.train.lr == pytest.approx(1e-3)
+    assert "lr" not in pvu.estimator.fit or pvu.estimator.fit["lr"] != pytest.approx(2e-4)
+    inf = load_recipe(f"{recipe}/infonce", preset="p", tuned=False)
+    assert inf.estimator.kwargs.get("inverse_temperature") != pytest.approx(30.0)
+
+
+def test_an_untuned_sweep_stamps_its_runs_so_workers_follow(recipe):
+    from bayesurl.runs.pipeline import PipelineRun
+
+    params: list = []
+    p = SweepPreset("p", recipe_preset="p", splits=0, seeds=(0,))
+    res = run_sweep(
+        ["ce"], dataset=recipe, preset=p, run_fn=lambda r: params.append(r) or {"r@1": 0.5},
+        recipe_tuned=False, log=lambda s: None,
+    )  # fmt: skip
+    assert [r["recipe_tuned"] for r in params] == [False]
+    assert res.settings["recipe_tuned"] == {} and res.settings["recipe_tuned_applied"] is False
+    # a worker started without --untuned runs what the lead planned
+    worker = PipelineRun(dataset=recipe, preset=p)
+    assert worker.config(params[0]).train.lr == pytest.approx(1e-3)
+    assert worker.config({**params[0], "recipe_tuned": True}).train.lr == pytest.approx(4e-3)
+    tuned = run_sweep(["ce"], dataset=recipe, preset=p, run_fn=_fake([]), log=lambda s: None)
+    assert tuned.settings["recipe_tuned_applied"] is True
+
+
+def test_benchmark_untuned_reaches_the_sweep(monkeypatch, tmp_path):
+    from bayesurl.cli import main
+    from bayesurl.runs import sweep
+
+    seen = {}
+
+    def fake(*args, **kwargs):
+        seen.update(kwargs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(sweep, "run_sweep", fake)
+    with pytest.raises(SystemExit):
+        main(["benchmark", "--preset", "smoke", "--untuned", "--out", str(tmp_path)])
+    assert seen["recipe_tuned"] is False
+    with pytest.raises(SystemExit):
+        main(["benchmark", "--preset", "smoke", "--out", str(tmp_path)])
+    assert seen["recipe_tuned"] is True
