@@ -11,8 +11,8 @@ Reads ``results.json`` written by ``bayesurl benchmark --preset NAME`` and write
 * ``docs/concepts/_<NAME>_verdict.inc``: the verdict in words with its numbers -- the
   split-half Spearman, the R-AUROC order, who beats CE and the best free baseline after Holm,
   where URL's loss prediction and MCInfoNCE rank, OOD and R@1 (:func:`verdict`);
-* copies of ``results.json``, ``results.csv`` and the two plots under
-  ``docs/_static/benchmark/<NAME>/``;
+* copies of the two plots under ``docs/_static/benchmark/<NAME>/`` (the pages link the raw
+  ``results.json`` / ``results.csv`` in ``results/`` itself);
 
 and prints the same tables as plain text. A stored sweep that has not finished keeps its
 finished runs in ``partial_runs.json``; ``--interim`` first writes the results of the class
@@ -438,7 +438,8 @@ def report(
             (docs / "concepts" / f"_{name}_verdict.inc").write_text(head + "\n\n" + verdict(doc))
         static = docs / "_static" / "benchmark" / name
         static.mkdir(parents=True, exist_ok=True)
-        for f in ("results.json", "results.csv", "recall_vs_rauroc.png", "training_curves.png"):
+        # the figures only: the pages link the raw numbers in results/ (no second copy)
+        for f in ("recall_vs_rauroc.png", "training_curves.png"):
             if (folder / f).exists():
                 shutil.copy2(folder / f, static / f)
     return text
