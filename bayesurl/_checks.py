@@ -100,6 +100,12 @@ def check_floating(x: Tensor, name: str) -> None:
         )
 
 
+def check_integer(x: Tensor, name: str, what: str = "integers") -> None:
+    """Raise ValueError naming ``name`` unless ``x`` has an integer dtype (not bool)."""
+    if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+        raise ValueError(f"`{name}` must hold {what}, got dtype {x.dtype}")
+
+
 def check_nonzero_rows(x: Tensor, name: str) -> None:
     """Raise if a row of the 2-D ``x`` is all zeros (it has no direction: cosine undefined).
 

@@ -29,6 +29,7 @@ from torch import Tensor
 from bayesurl._checks import (
     check_choice,
     check_int,
+    check_integer,
     check_ints,
     check_nonzero_rows,
     check_tensor,
@@ -547,8 +548,7 @@ def _given_neighbors(neighbors: object | None, n: int, distributed: bool) -> Ten
     if distributed:  # a bad shard on one rank would leave the others waiting in the search
         raise ValueError("`neighbors` is for a single-process evaluation, not `distributed`")
     nb = check_tensor(neighbors, "neighbors", ndim=2, finite=False)
-    if nb.dtype.is_floating_point or nb.dtype.is_complex or nb.dtype == torch.bool:
-        raise ValueError(f"`neighbors` must hold integer ids, got {nb.dtype}")
+    check_integer(nb, "neighbors", "integer ids")
     if nb.shape[0] != n:
         raise ValueError(f"length mismatch: `neighbors` has {nb.shape[0]} rows, expected {n}")
     if nb.numel() and (int(nb.min()) < 0 or int(nb.max()) >= n):

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from bayesurl._checks import check_int, check_tensor
+from bayesurl._checks import check_int, check_integer, check_tensor
 from bayesurl.files import CorruptedFileError, atomic_open, seal, unseal
 
 __all__ = ["NeighborMemo"]
@@ -91,10 +91,21 @@ class NeighborMemo:
 
     def get(self, embeddings: Tensor, backend: str = "torch") -> Tensor | None:
         """The ids stored for ``embeddings`` (``[N, k]`` int64 on the CPU), or ``None``."""
-        key = self.key(embeddings, backend)
+        return self.lookup(self.key(embeddings, backend), embeddings.shape[0])
+
+    def put(self, embeddings: Tensor, neighbors: Tensor, backend: str = "torch") -> None:
+        """Keep the ids ``[N, k]`` that the search of ``embeddings`` returned.
+
+        An entry with at least as many columns is kept as it is (its first ``k`` columns are
+        the same ids).
+        """
+        self.store(self.key(embeddings, backend), neighbors, embeddings.shape[0])
+
+    def lookup(self, key: str, rows: int) -> Tensor | None:
+        """:meth:`get` by a :meth:`key` already computed (the hash reads every byte once)."""
         hit = self._memory.get(key)
         if hit is None and self.folder is not None:
-            hit = self._load(key, embeddings.shape[0])
+            hit = self._load(key, rows)
             if hit is not None:
                 self._remember(key, hit)
         if hit is None:
@@ -104,19 +115,14 @@ class NeighborMemo:
         self.hits += 1
         return hit
 
-    def put(self, embeddings: Tensor, neighbors: Tensor, backend: str = "torch") -> None:
-        """Keep the ids ``[N, k]`` that the search of ``embeddings`` returned.
-
-        An entry with at least as many columns is kept as it is (its first ``k`` columns are
-        the same ids).
-        """
+    def store(self, key: str, neighbors: Tensor, rows: int) -> None:
+        """:meth:`put` by a :meth:`key` already computed, for ``rows`` queries."""
         nb = check_tensor(neighbors, "neighbors", ndim=2, finite=False)
-        if nb.dtype.is_floating_point or nb.shape[0] != embeddings.shape[0]:
+        check_integer(nb, "neighbors", "integer ids")
+        if nb.shape[0] != rows:
             raise ValueError(
-                f"`neighbors` must be [{embeddings.shape[0]}, k] integer ids, got "
-                f"{tuple(nb.shape)} {nb.dtype}"
+                f"length mismatch: `neighbors` has {nb.shape[0]} rows, expected {rows}"
             )
-        key = self.key(embeddings, backend)
         old = self._memory.get(key)
         if old is not None and old.shape[1] >= nb.shape[1]:
             return

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim
+from bayesurl._checks import check_finite, check_integer, check_ndim
 from bayesurl.data.batch import unpack_batch
 from bayesurl.heads.embedding import EmbeddingNet
 from bayesurl.methods.base import Method
@@ -133,8 +133,7 @@ class EmbeddingMethod(Method):
         x, y = unpack_batch(batch, labels=True)  # structure, and len(y) == len(x)
         x = self._check_x(x)
         check_ndim(y, "y", 1)
-        if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
-            raise ValueError(f"`y` must hold integer class labels, got dtype {y.dtype}")
+        check_integer(y, "y", "integer class labels")
         if self.num_classes is not None and y.numel():
             if int(y.min()) < 0 or int(y.max()) >= self.num_classes:
                 raise ValueError(

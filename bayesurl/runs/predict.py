@@ -347,8 +347,12 @@ def score(
         extra.update(_crop_inputs(fn, sets.test, transform, int(crop_images), device))
     shard = {"distributed": True, "group": group} if distributed else {}
     memo = None if distributed else neighbor_memo
-    backend = str(evaluate_kwargs.get("backend", "torch"))
-    known = None if memo is None else memo.get(out.embedding, backend)
+    n_test = out.embedding.shape[0]
+    # hashed once, before the search (which may normalise the embedding in place)
+    key, known = "", None
+    if memo is not None:
+        key = memo.key(out.embedding, str(evaluate_kwargs.get("backend", "torch")))
+        known = memo.lookup(key, n_test)
     res = evaluate(
         out.embedding,
         y.to(out.embedding.device),
@@ -366,7 +370,7 @@ def score(
         and neighbors is not None
         and (known is None or neighbors.shape[1] > known.shape[1])
     ):
-        memo.put(out.embedding, neighbors, backend)
+        memo.store(key, neighbors, n_test)
     # the draws behind the ECE: a deep ensemble's are its K members, whatever was asked
     res["n_samples"] = 0 if n_samples == 0 or out.samples is None else int(out.samples.shape[0])
     res["n_test"] = len(sets.test)

@@ -70,6 +70,7 @@ def test_too_few_columns_search_again():
     [
         (lambda nb: nb[:-1], "rows"),
         (lambda nb: nb.float(), "integer"),
+        (lambda nb: nb > 0, "integer"),
         (lambda nb: nb[:, 0], "neighbors"),
         (lambda nb: nb + 1000, "outside"),
         (lambda nb: torch.arange(nb.shape[0])[:, None].expand_as(nb), "own neighbour"),
@@ -144,6 +145,8 @@ def test_bad_put_names_the_argument():
         NeighborMemo().put(x, torch.zeros(x.shape[0] - 1, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="neighbors"):
         NeighborMemo().put(x, torch.zeros(x.shape[0], 2))
+    with pytest.raises(ValueError, match="integer ids"):
+        NeighborMemo().put(x, torch.zeros(x.shape[0], 2, dtype=torch.bool))
 
 
 def test_r_at_1_of_given_neighbors_matches_functional():

@@ -165,16 +165,21 @@ def test_base_is_trained_once_and_reused(monkeypatch):
 def test_rows_that_keep_their_base_embedding_search_once(monkeypatch):
     """PVU, post-hoc TaU and laplace-torch keep the CE net's embedding: one kNN search for
     the four rows, the same metrics as searching each time."""
+    from bayesurl.evaluation import NeighborMemo
     from bayesurl.evaluation import evaluator as ev
     from bayesurl.runs import RunCache
 
     calls = []
     search = ev._search
     monkeypatch.setattr(ev, "_search", lambda *a, **k: calls.append(1) or search(*a, **k))
+    hashes = []
+    key = NeighborMemo.key
+    monkeypatch.setattr(NeighborMemo, "key", staticmethod(lambda *a: hashes.append(1) or key(*a)))
     cache = RunCache()
     names = ("ce", "pvu", "tau_posthoc", "laplace_ce")
     shared = {n: run(load_recipe(f"fashion_mnist/{n}", preset="smoke"), cache=cache) for n in names}
     assert len(calls) == 1
+    assert len(hashes) == 4  # each row's embedding hashed once, the miss included
     memo = cache.memos[None]  # not frozen: in memory
     assert (memo.hits, memo.misses) == (3, 1)
     for n in names[1:]:
