@@ -12,7 +12,18 @@ from torch import Tensor, nn
 
 from bayesurl._checks import check_ndim
 
-__all__ = ["TemperatureHead", "inverse_temperature", "temperature"]
+__all__ = [
+    "TAU_UNCERTAINTIES",
+    "TemperatureHead",
+    "check_tau_uncertainty",
+    "inverse_temperature",
+    "log_temperature_ratio",
+    "tau_uncertainty",
+    "temperature",
+]
+
+#: The values of TaU's ``uncertainty`` option (:func:`tau_uncertainty`), default first.
+TAU_UNCERTAINTIES = ("log_temperature", "temperature", "logit")
 
 
 def _check_scale(scale: float) -> float:
@@ -41,13 +52,60 @@ def inverse_temperature(s: Tensor, scale: float = 0.1) -> Tensor:
 
 
 def temperature(s: Tensor, scale: float = 0.1) -> Tensor:
-    """``tau = scale / sigmoid(s) = scale (1 + exp(-s))``, the TaU uncertainty u(x).
+    """``tau = scale / sigmoid(s) = scale (1 + exp(-s))``, the temperature (TaU section 2).
 
     Computed as ``scale * (1 + exp(-s))`` so it never divides by an underflowed sigmoid; it is
     strictly decreasing in ``s`` and ``tau > scale`` wherever ``exp(-s)`` does not underflow
     (``tau -> scale`` as ``s -> inf``; TaU section 2, the lower bound ``M``).
     """
     return _check_scale(scale) * (1.0 + torch.exp(-s))
+
+
+def log_temperature_ratio(s: Tensor) -> Tensor:
+    """``log(tau / scale) = log(1 + exp(-s)) = softplus(-s)``: the log of the temperature in
+    units of its lower bound ``M = scale``, TaU's default u(x).
+
+    It ranks inputs exactly as ``tau`` does, is ``>= 0`` (0 for the most certain input, the
+    floor ``tau = M``) and keeps float32 resolution where ``tau`` itself ties at ``M``:
+    ``softplus(-s)`` is about ``exp(-s)`` for large ``s``, representable up to ``s ~ 87``,
+    while ``M (1 + exp(-s))`` rounds to ``M`` once ``exp(-s)`` drops below the float32
+    spacing at 1 (``s > ~16.6``). This is TaU appendix A's reason for scoring OOD inputs
+    with the pre-sigmoid value, on the temperature's own (log) scale.
+    """
+    return torch.nn.functional.softplus(-s)
+
+
+def tau_uncertainty(s: Tensor, scale: float, kind: str) -> Tensor:
+    """TaU's u(x) from the temperature logits ``s`` (higher = less certain for every kind).
+
+    Parameters
+    ----------
+    s : Tensor
+        Temperature logits.
+    scale : float
+        Lower bound ``M`` of ``tau``.
+    kind : {"log_temperature", "temperature", "logit"}
+        ``"log_temperature"`` (default of the methods): ``u = log(tau / M) = softplus(-s)``
+        (:func:`log_temperature_ratio`); ``"temperature"``: ``u = tau = M (1 + e^-s)`` (TaU
+        section 2); ``"logit"``: ``u = -s``, the raw pre-sigmoid score of TaU appendix A
+        (same ranking, any real value).
+    """
+    if kind == "log_temperature":
+        return log_temperature_ratio(s)
+    if kind == "temperature":
+        return temperature(s, scale)
+    if kind == "logit":
+        return -s
+    raise ValueError(f"`uncertainty` must be one of {', '.join(TAU_UNCERTAINTIES)}, got {kind!r}")
+
+
+def check_tau_uncertainty(kind: str) -> str:
+    """``kind`` if it is a value of TaU's ``uncertainty`` option, else a ``ValueError``."""
+    if kind not in TAU_UNCERTAINTIES:
+        raise ValueError(
+            f"`uncertainty` must be one of {', '.join(TAU_UNCERTAINTIES)}, got {kind!r}"
+        )
+    return kind
 
 
 class TemperatureHead(nn.Module):
@@ -103,5 +161,5 @@ class TemperatureHead(nn.Module):
         return inverse_temperature(s, self.scale)
 
     def temperature(self, s: Tensor) -> Tensor:
-        """``tau = scale (1 + exp(-s))``, the uncertainty."""
+        """``tau = scale (1 + exp(-s))``."""
         return temperature(s, self.scale)

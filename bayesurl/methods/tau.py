@@ -4,12 +4,13 @@ The encoder outputs ``D + 1`` values: the first ``D`` are the embedding, the las
 gives ``1/tau = sigmoid(s) / scale``; the loss is SimCLR with each row scaled by its own
 ``1/tau`` (:func:`bayesurl.losses.tau.tau_simclr_loss`). Self-supervised, two views per image.
 
-The reported uncertainty is an option (``uncertainty``): ``"logit"`` (default) ``u = -s``, the
-pre-sigmoid logit that TaU appendix A ("Optimization Stability") uses for OOD detection
-because ``tau = scale (1 + e^-s)`` stops resolving inputs in float32 once ``e^-s`` drops below
-the float32 spacing at 1 (``s > ~16.6``: every such input gets ``u = scale`` exactly, a tie);
-``"temperature"``: ``u = tau`` itself (TaU section 2). Both rank inputs the same way wherever
-``tau`` has no ties.
+The reported uncertainty is an option (``uncertainty``), higher = less certain for each:
+``"log_temperature"`` (default) ``u = log(tau / scale) = softplus(-s)``, the log of the
+temperature in units of its floor (>= 0; it keeps float32 resolution where ``tau = scale (1 +
+e^-s)`` ties at ``scale``, once ``s > ~16.6``: TaU appendix A's reason for scoring OOD inputs
+before the sigmoid); ``"temperature"``: ``u = tau`` itself (TaU section 2); ``"logit"``:
+``u = -s``, the raw pre-sigmoid score. All three rank inputs the same way wherever ``tau`` has
+no ties (:func:`bayesurl.heads.temperature.tau_uncertainty`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch import Tensor, nn
 
 from bayesurl.data.batch import unpack_batch
 from bayesurl.heads.embedding import EmbeddingNet
-from bayesurl.heads.temperature import temperature
+from bayesurl.heads.temperature import check_tau_uncertainty, tau_uncertainty
 from bayesurl.losses.tau import _variant, tau_simclr_loss
 from bayesurl.methods._embedding import _json_backbone
 from bayesurl.methods.base import Method, register
@@ -46,8 +47,9 @@ class TaU(Method):
         :class:`~bayesurl.losses.tau.TaUVariant` (the reference code removes the positive from
         the denominator, scales each row's denominator by its own temperature and both rows'
         positive by view 1's).
-    uncertainty : {"logit", "temperature"}
-        ``u = -s`` (the pre-sigmoid logit, TaU appendix A; default) or ``u = tau``.
+    uncertainty : {"log_temperature", "temperature", "logit"}
+        ``u = log(tau / scale) = softplus(-s)`` (default), ``u = tau`` (TaU section 2) or
+        ``u = -s`` (the pre-sigmoid logit, TaU appendix A); see the module docs.
     backbone_kwargs : dict, optional
         Passed to :class:`~bayesurl.heads.embedding.EmbeddingNet`.
     num_classes : int, optional
@@ -66,12 +68,10 @@ class TaU(Method):
         variant: str = "paper",
         backbone_kwargs: dict[str, Any] | None = None,
         num_classes: int | None = None,
-        uncertainty: str = "logit",
+        uncertainty: str = "log_temperature",
     ) -> None:
         super().__init__()
-        if uncertainty not in ("logit", "temperature"):
-            raise ValueError(f"`uncertainty` must be 'logit' or 'temperature', got {uncertainty!r}")
-        self.uncertainty = uncertainty
+        self.uncertainty = check_tau_uncertainty(uncertainty)
         if int(embed_dim) != embed_dim or embed_dim < 1:
             raise ValueError(f"`embed_dim` must be a positive integer, got {embed_dim}")
         self.embed_dim = int(embed_dim)
@@ -96,11 +96,11 @@ class TaU(Method):
         return out[:, : self.embed_dim], out[:, self.embed_dim]
 
     def forward(self, x: Tensor, n_samples: int = 0) -> Output:
-        """Embedding and ``u = -s`` (``uncertainty="logit"``) or ``tau = scale (1 + e^-s)``."""
+        """Embedding and u: ``log(tau / scale)``, ``tau`` or ``-s`` (``uncertainty``)."""
         if n_samples:
             raise ValueError("TaU defines no embedding distribution; use n_samples=0")
         z, s = self.encode(x)
-        u = -s if self.uncertainty == "logit" else temperature(s, self.scale)
+        u = tau_uncertainty(s, self.scale, self.uncertainty)
         return Output(embedding=z, uncertainty=u)
 
     def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:

@@ -3,9 +3,11 @@
 Freeze any encoder and train only a temperature head ``s(e)`` with the TaU-SimCLR loss on two
 augmented views: ``1/tau = sigmoid(s)/scale`` (TaU Algorithm 1). The embedding stays the
 encoder's; only the per-input temperature is learned. The reported u(x) is an option, as for
-:class:`bayesurl.methods.tau.TaU`: ``"logit"`` (default) ``u = -s``, the pre-sigmoid score TaU
-appendix A uses (``tau = scale (1 + e^-s)`` ties in float32 once s > ~16.6), or
-``"temperature"``, ``u = tau`` (Algorithm 1).
+:class:`bayesurl.methods.tau.TaU`: ``"log_temperature"`` (default) ``u = log(tau / scale) =
+softplus(-s)``, the temperature's log in units of its floor, which keeps float32 resolution
+where ``tau = scale (1 + e^-s)`` ties (s > ~16.6; TaU appendix A scores OOD inputs before the
+sigmoid for that reason); ``"temperature"``, ``u = tau`` (Algorithm 1); or ``"logit"``,
+``u = -s``. Higher = less certain for each.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch import Tensor, nn
 
 from bayesurl._checks import check_int
 from bayesurl.data.batch import unpack_batch
-from bayesurl.heads.temperature import TemperatureHead
+from bayesurl.heads.temperature import TemperatureHead, check_tau_uncertainty, tau_uncertainty
 from bayesurl.losses.tau import TaUVariant, _variant, tau_simclr_loss
 from bayesurl.posthoc.base import (
     PosthocWrapper,
@@ -60,9 +62,9 @@ class PosthocTaU(PosthocWrapper):
         TaU-SimCLR loss variant (:class:`~bayesurl.losses.tau.TaUVariant`).
     hidden : int
         Hidden width of the head (0: linear, the paper's post-hoc head).
-    uncertainty : {"logit", "temperature"}
-        u(x) reported: ``-s`` (default; TaU appendix A) or ``tau`` (TaU Algorithm 1). Both
-        rank inputs the same way up to float32 ties of ``tau``.
+    uncertainty : {"log_temperature", "temperature", "logit"}
+        u(x) reported: ``log(tau / scale)`` (default), ``tau`` (TaU Algorithm 1) or ``-s``
+        (TaU appendix A). All rank inputs the same way up to float32 ties of ``tau``.
     embed_dim : int, optional
         D. When omitted it is known only for an ``nn.Linear`` encoder (or a Sequential ending
         in one) and a registry method; otherwise the head is built from the first embeddings
@@ -77,13 +79,11 @@ class PosthocTaU(PosthocWrapper):
         scale: float = 0.1,
         variant: str | TaUVariant = "paper",
         hidden: int = 0,
-        uncertainty: str = "logit",
+        uncertainty: str = "log_temperature",
         embed_dim: int | None = None,
     ) -> None:
         super().__init__(encoder)
-        if uncertainty not in ("logit", "temperature"):
-            raise ValueError(f"`uncertainty` must be 'logit' or 'temperature', got {uncertainty!r}")
-        self.uncertainty = uncertainty
+        self.uncertainty = check_tau_uncertainty(uncertainty)
         self.scale = float(scale)
         self.variant = _variant(variant)
         self.hidden = int(hidden)
@@ -123,7 +123,7 @@ class PosthocTaU(PosthocWrapper):
 
     def uncertainty_from(self, embedding: Tensor) -> Tensor:
         s = self.logit(embedding)
-        return -s if self.uncertainty == "logit" else self.head.temperature(s)
+        return tau_uncertainty(s, self.scale, self.uncertainty)
 
     def fit(
         self,

@@ -92,26 +92,36 @@ def test_bad_input():
         TaU(_MLP(), embed_dim=0)
 
 
-def test_uncertainty_options_rank_alike_and_logit_breaks_float32_ties():
-    """u = -s (TaU appendix A) vs u = tau = 0.1 (1 + e^-s): same order, no float32 ties."""
+def test_uncertainty_options_rank_alike_and_log_temperature_breaks_float32_ties():
+    """u = log(tau / 0.1) (default) vs u = tau = 0.1 (1 + e^-s) vs u = -s: same order, and
+    the default matches an independent float64 log of the temperature."""
     import math
 
     m = TaU(_MLP(), embed_dim=5, scale=0.1)
-    assert m.uncertainty == "logit" and m.hparams["uncertainty"] == "logit"
+    assert m.uncertainty == "log_temperature" and m.hparams["uncertainty"] == "log_temperature"
     t = TaU(_MLP(), embed_dim=5, scale=0.1, uncertainty="temperature")
+    g = TaU(_MLP(), embed_dim=5, scale=0.1, uncertainty="logit")
     t.load_state_dict(m.state_dict())
+    g.load_state_dict(m.state_dict())
     x = _batch(n=16)[0][0]
-    u_logit, u_tau = m(x).uncertainty, t(x).uncertainty
+    u_log, u_tau, u_logit = m(x).uncertainty, t(x).uncertainty, g(x).uncertainty
     s = m.encode(x)[1]
     torch.testing.assert_close(u_logit, -s)
     want = [0.1 * (1 + math.exp(-v)) for v in s.tolist()]
     assert torch.allclose(u_tau.double(), torch.tensor(want, dtype=torch.float64), rtol=1e-6)
+    want_log = [math.log(w / 0.1) for w in want]
+    assert torch.allclose(u_log.double(), torch.tensor(want_log, dtype=torch.float64), rtol=1e-5)
+    assert bool((u_log >= 0).all())
+    assert torch.equal(torch.argsort(u_log), torch.argsort(u_tau))
     assert torch.equal(torch.argsort(u_logit), torch.argsort(u_tau))
     with torch.no_grad():  # s = 17, 18, 19: tau ties at 0.1 in float32, -s does not
         m.net.proj.weight[5].zero_()
         t.net.proj.weight[5].zero_()
-    big = torch.tensor([17.0, 18.0, 19.0])
+    big = torch.tensor([17.0, 18.0, 19.0, 60.0])
     assert len(set((0.1 * (1.0 + torch.exp(-big))).tolist())) == 1
-    assert len(set((-big).tolist())) == 3
+    from bayesurl.heads.temperature import log_temperature_ratio
+
+    assert len(set(log_temperature_ratio(big).tolist())) == 4
+    assert len(set((-big).tolist())) == 4
     with pytest.raises(ValueError, match="uncertainty"):
         TaU(_MLP(), embed_dim=5, uncertainty="tau")

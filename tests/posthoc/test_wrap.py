@@ -212,10 +212,12 @@ def test_posthoc_tau_trains_head_only_and_tau_above_scale():
         assert torch.equal(v, enc_state[k]), k
     x = torch.randn(20, 1, 4, 4)
     with torch.no_grad():
-        u = w(x).uncertainty  # default: u = -s (TaU appendix A)
+        u = w(x).uncertainty  # default: u = log(tau / scale) = log(1 + e^-s)
         s = w.head(enc(x)).reshape(-1)
-    torch.testing.assert_close(u, -s)
-    # u = tau = scale (1 + e^-s) (TaU Algorithm 1): above the scale, same ranking as -s
+    torch.testing.assert_close(
+        u.double(), torch.log1p(torch.exp(-s.double())), rtol=1e-5, atol=1e-7
+    )
+    # u = tau = scale (1 + e^-s) (TaU Algorithm 1): above the scale, same ranking
     w.uncertainty = "temperature"
     with torch.no_grad():
         tau = w(x).uncertainty
