@@ -206,7 +206,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 def merge(args: argparse.Namespace) -> int:
     """``--merge``: one table from earlier results; rank 0 alone under torchrun."""
     from bayesurl._checks import check_output_dir
-    from bayesurl.report import try_report
+    from bayesurl.report import print_notes, try_report
     from bayesurl.runs.results import merge_results
     from bayesurl.runs.runner import launch_rank
 
@@ -216,6 +216,7 @@ def merge(args: argparse.Namespace) -> int:
     merged = merge_results(args.merge)
     merged.save(out)
     print(merged.table())
+    print_notes(out)
     print(f"merged {len(args.merge)} results into {out / 'results.json'}")
     print(try_report(out))
     return 0
@@ -277,13 +278,15 @@ def report_tuned(res: SweepResults) -> int:
 
 def report(res: SweepResults) -> int:
     """Print the sweep's outcome and write its HTML report; 0 when every run succeeded."""
-    from bayesurl.report import try_report
+    from bayesurl.report import print_notes, try_report
 
     st = res.status or {}
     plan = res.settings.get("plan", {})
     one_split = plan.get("splits") == 0
     if one_split and not (st.get("waiting") or st.get("running")):
         print(res.table())
+        if res.paths:
+            print_notes(Path(next(iter(res.paths.values()))).parent)
     if plan.get("storage") == "stored" or not one_split:
         print(
             f"sweep {plan.get('name')}: {st.get('complete')}/{st.get('total')} runs finished "

@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Score the folder, write the CSV and the report; 0 on success."""
     from bayesurl.backbones import PACKAGED_WEIGHTS
-    from bayesurl.report import try_report
+    from bayesurl.report import print_notes, try_report
     from bayesurl.runs.folder import score_folder
 
     pretrained = not args.random_weights and args.backbone in PACKAGED_WEIGHTS
@@ -94,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
     if res.metrics is not None:
         keys = ("r@1", "r_auroc", "ausc", "map@5")
         print(" ".join(f"{k}={res.metrics[k]:.4f}" for k in keys if res.metrics.get(k) is not None))
-    print(f"wrote {res.paths['csv']}, {res.paths['json'].name}, {res.paths['queries'].name}")
+    print_notes(args.out)
+    print(
+        f"wrote {res.paths['csv']} (read {res.paths['readme'].name} beside it), "
+        f"{res.paths['json'].name}, {res.paths['queries'].name}"
+    )
     print(try_report(args.out))
     return 0

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from bayesurl._checks import check_device, check_output_dir
-    from bayesurl.report import try_report
+    from bayesurl.report import print_notes, try_report
     from bayesurl.runs import list_recipes, load_recipe
     from bayesurl.runs import run as run_one
     from bayesurl.runs.queries import QUERIES_FILE
@@ -87,5 +87,6 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {out / 'result.json'}"
         + (f", checkpoint {result.checkpoint}" if result.checkpoint else "")
     )
+    print_notes(out)
     print(try_report(out))
     return 0

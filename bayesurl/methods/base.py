@@ -49,6 +49,15 @@ class Method(nn.Module):
     def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:  # pragma: no cover
         raise NotImplementedError
 
+    def untrained_loss(self) -> float | None:
+        """The training loss of a model that has learned nothing, where the loss fixes one.
+
+        ``None`` here (a contrastive or vMF loss has no value that holds for every data set);
+        the softmax classifiers return ``ln C``, the cross-entropy of a uniform prediction.
+        :mod:`bayesurl.evaluation.notes` compares the last training loss with it.
+        """
+        return None
+
     def on_epoch_start(self, epoch: int) -> None:
         """Called by the training loop before each epoch (default: nothing)."""
 

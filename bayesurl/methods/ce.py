@@ -7,6 +7,7 @@ base shared by the classifier-style methods (CE, HET-XL, SNGP, Losspred, Ensembl
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch.nn.functional as F
@@ -56,6 +57,10 @@ class ClassifierMethod(EmbeddingMethod):
         backbone_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
+
+    def untrained_loss(self) -> float:
+        """``ln C``: the cross-entropy of a uniform softmax (Losspred adds a term >= 0)."""
+        return math.log(self.num_classes)
 
 
 @register("ce")

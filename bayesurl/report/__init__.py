@@ -14,6 +14,8 @@ from __future__ import annotations
 from bayesurl.report.images import png_data_uri
 from bayesurl.report.page import (
     REPORT_FILE,
+    notes_lines,
+    print_notes,
     render_report,
     report_line,
     report_model,
@@ -26,7 +28,9 @@ __all__ = [
     "REPORT_FILE",
     "ReportSource",
     "load_source",
+    "notes_lines",
     "png_data_uri",
+    "print_notes",
     "render_report",
     "report_line",
     "report_model",

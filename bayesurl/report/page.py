@@ -10,7 +10,11 @@ code only says so to the browser. It shows
   ranked by u, marked where u is above the 95th percentile of the held-out upstream images'
   u (the ones a threshold at that level would flag); u per class;
 - for several estimators on the same queries: two of them side by side on the most uncertain
-  queries of either.
+  queries of either;
+- the notes of :mod:`bayesurl.evaluation.notes` (u nearly constant, u inverted, a model at
+  chance), above the results and in each estimator's section; u is printed with the digits
+  (:func:`~bayesurl.evaluation.notes.u_digits`) that tell two cards apart, beside its
+  percentile.
 
 The data behind it are a JSON model (:func:`report_model`) that the page's script renders.
 """
@@ -27,12 +31,15 @@ from typing import Any
 
 import numpy as np
 
+from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_write
 from bayesurl.report.images import THUMB_SIZE, ImageSource, image_source
 from bayesurl.report.sources import RecordedRun, ReportSource, load_source
 
 __all__ = [
     "REPORT_FILE",
+    "notes_lines",
+    "print_notes",
     "render_report",
     "report_line",
     "report_model",
@@ -50,6 +57,12 @@ _TEMPLATE = Path(__file__).with_name("page.html")
 def _f(x: Any) -> float | None:
     x = float(x)
     return round(x, 6) if np.isfinite(x) else None
+
+
+def _fu(x: Any) -> float | None:
+    """A u value kept to 9 significant digits (not 6 decimals: u may be 1e-5 in size)."""
+    x = float(x)
+    return float(f"{x:.9g}") if np.isfinite(x) else None
 
 
 def _ranked(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -72,8 +85,8 @@ def _per_class(run: RecordedRun, names: dict[int, str]) -> list[dict[str, Any]]:
                 "name": names.get(int(c), str(int(c))) if c >= 0 else "unlabelled",
                 "n": int(m.sum()),
                 "r1": _f(rec.hit[m].mean()) if rec.labelled else None,
-                "mean": _f(rec.u[m].mean()),
-                "q": [_f(v) for v in q],
+                "mean": _fu(rec.u[m].mean()),
+                "q": [_fu(v) for v in q],
             }
         )
     return rows
@@ -86,9 +99,9 @@ def _ood(run: RecordedRun, k: int) -> dict[str, Any] | None:
     ref = rec.id_u if rec.id_u.size else rec.u
     thr = float(np.quantile(ref, FLAG_QUANTILE))
     order = np.argsort(-rec.ood_u, kind="stable")
-    item = lambda i: [int(i), _f(rec.ood_u[i]), bool(rec.ood_u[i] > thr)]  # noqa: E731
+    item = lambda i: [int(i), _fu(rec.ood_u[i]), bool(rec.ood_u[i] > thr)]  # noqa: E731
     return {
-        "threshold": _f(thr),
+        "threshold": _fu(thr),
         "reference": "held-out upstream images" if rec.id_u.size else "downstream queries",
         "flagged": _f((rec.ood_u > thr).mean()),
         "n": int(rec.ood_u.size),
@@ -144,11 +157,13 @@ def _estimator(
         },
         "most": most,
         "least": least,
-        "q": {str(i): [_f(rec.u[i]), _f(pct[i]), j, bool(rec.hit[i])] for i, j in pairs},
+        "q": {str(i): [_fu(rec.u[i]), _f(pct[i]), j, bool(rec.hit[i])] for i, j in pairs},
         "label": {str(x): int(rec.label[x]) for pair in pairs for x in pair},
         "paths": _paths(rec, pairs),
         "ood": ood,
         "per_class": _per_class(run, src.class_names),
+        "u_digits": u_digits(np.concatenate([rec.u, rec.ood_u])),
+        "notes": [n.text for n in rec.notes()],
     }
 
 
@@ -204,6 +219,17 @@ def report_model(
         "classes": {str(c): n for c, n in classes.items()},
         "thumbs": thumbs,
     }
+
+
+def notes_lines(source: ReportSource) -> list[str]:
+    """One printable line per note of each recorded run of ``source`` (the CLI tables): the
+    same notes the report shows (:meth:`bayesurl.runs.queries.QueryRecord.notes`)."""
+    many = len(source.runs) > 1
+    lines = []
+    for r in source.runs:
+        who = f"{r.estimator} (seed {r.seed}): " if many else ""
+        lines += [f"note: {who}{n.text}" for n in r.record.notes()]
+    return lines
 
 
 def _paths(rec: Any, pairs: list[tuple[int, int]]) -> dict[str, str]:
@@ -277,6 +303,17 @@ def report_line(info: dict[str, Any]) -> str:
     if info["missing"]:
         line += f"; no per-query record for {', '.join(info['missing'])}"
     return line
+
+
+def print_notes(path: str | os.PathLike[str]) -> None:
+    """Print :func:`notes_lines` of a result folder under a command's table (nothing when the
+    folder holds no readable record: the report line then says why)."""
+    try:
+        source = load_source(path)
+    except (ValueError, OSError, KeyError):
+        return
+    for line in notes_lines(source):
+        print(line)
 
 
 def try_report(path: str | os.PathLike[str], **options: Any) -> str:

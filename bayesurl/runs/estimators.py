@@ -238,6 +238,7 @@ class MethodEstimator(Estimator):
             "train_time": float(result.train_time),
             "train_cpu_time": time.process_time() - cpu0,
             "final_loss": float(result.final_loss),
+            "untrained_loss": getattr(method, "untrained_loss", lambda: None)(),
             "steps": int(result.global_step),
             "epochs": int(result.epochs),
             "loss_curve": [float(h["loss"]) for h in result.history],

@@ -26,6 +26,8 @@ The road of ``bayesurl folder`` (:func:`score_folder`):
    (:func:`bayesurl.evaluation.evaluate`).
 5. **Write** ``uncertainty.csv`` (every file of the folder: path, class, u, its rank, the
    nearest neighbour and its class, right / wrong, or the error of an unreadable file),
+   its companion page ``README.md`` (what u is, the columns, and the notes of
+   :mod:`bayesurl.evaluation.notes`: u nearly constant, u inverted, R@1 at chance),
    ``queries.npz`` (:mod:`bayesurl.runs.queries`) and ``folder.json``; the command adds the
    report.
 """
@@ -55,6 +57,7 @@ from bayesurl.data.folder import (
     folder_summary,
     scan_image_folder,
 )
+from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_open, write_json
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, query_record
 
@@ -64,6 +67,17 @@ __all__ = ["FOLDER_FILE", "FolderMethod", "FolderResult", "score_folder"]
 FOLDER_FILE = "folder.json"
 #: The per-image table.
 CSV_FILE = "uncertainty.csv"
+#: Its companion page: what u is, the columns, the notes.
+README_FILE = "README.md"
+#: What u is, per method (as :doc:`/concepts/uncertainty` defines it).
+U_MEANING = {
+    "tau": "the learned temperature on a log scale, log(tau / 0.1) = log(1 + e^-s) >= 0 "
+    "(post-hoc TaU, TaU section 4)",
+    "pvu": "the PVU head's score, trained to rank the images by their contrastive loss: "
+    "only its order means something (thesis section 5.3)",
+    "laplace": "1 / kappa of the last-layer Laplace predictive of the embedding (LAM "
+    "section 3): the spread of the embedding under the posterior",
+}
 
 
 class FolderMethod(str, Enum):
@@ -236,6 +250,7 @@ def _write_csv(path: Path, scan: Any, fx: _Features, rec: QueryRecord) -> None:
     ids = fx.ids.tolist()
     rank = np.empty(len(ids), np.int64)
     rank[np.argsort(-rec.u, kind="stable")] = np.arange(1, len(ids) + 1)
+    digits = max(6, u_digits(rec.u))
     with atomic_open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
@@ -257,7 +272,7 @@ def _write_csv(path: Path, scan: Any, fx: _Features, rec: QueryRecord) -> None:
                 [
                     scan.paths[i],
                     cls(i),
-                    f"{rec.u[row]:.6g}",
+                    f"{rec.u[row]:.{digits}g}",
                     int(rank[row]),
                     scan.paths[j],
                     cls(j),
@@ -267,6 +282,60 @@ def _write_csv(path: Path, scan: Any, fx: _Features, rec: QueryRecord) -> None:
             )
         for i, err in fx.skipped:
             w.writerow([scan.paths[i], cls(i), "", "", "", "", "", err])
+
+
+def _write_readme(
+    path: Path,
+    method: FolderMethod,
+    info: dict[str, Any],
+    rec: QueryRecord,
+    metrics: dict[str, Any] | None,
+) -> None:
+    """The companion page of ``uncertainty.csv``: what u is, the columns, the notes."""
+    d = u_digits(rec.u)
+    lo, med, hi = np.quantile(rec.u, [0.0, 0.5, 1.0]) if rec.u.size else (np.nan,) * 3
+    notes = rec.notes()
+    lines = [
+        f"# {info['title']}",
+        "",
+        *info["describe"],
+        "",
+        *(
+            []
+            if metrics is None
+            else [
+                "Metrics: "
+                + ", ".join(
+                    f"{k} {metrics[k]:.4f}"
+                    for k in ("r@1", "r_auroc", "ausc")
+                    if metrics.get(k) is not None
+                ),
+                "",
+            ]
+        ),
+        f"## What u is ({method.value})",
+        "",
+        f"u = {U_MEANING[method.value]}. Higher u = less certain.",
+        f"Over the {rec.u.size} readable images u runs from {lo:.{d}g} (median {med:.{d}g}) "
+        f"to {hi:.{d}g}; `u_rank` 1 is the most uncertain image.",
+        "",
+        f"## Columns of {CSV_FILE}",
+        "",
+        "- `path`, `class`: the image and its class sub-folder (empty without sub-folders)",
+        "- `u`, `u_rank`: its uncertainty and rank (1 = highest u)",
+        "- `neighbour`, `neighbour_class`, `neighbour_right`: its nearest other image (cosine "
+        "of the embeddings) and, with classes, whether that shares its class (1) or not (0)",
+        "- `error`: why an unreadable file was skipped",
+        "",
+        "## Notes",
+        "",
+    ]
+    lines += [f"- {n.text}" for n in notes] or [
+        "None: the checks for u nearly constant, u inverted (R-AUROC below 0.5 beyond noise) "
+        "and R@1 at chance found nothing."
+    ]
+    with atomic_open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def score_folder(
@@ -416,7 +485,9 @@ def score_folder(
         "queries": folder / QUERIES_FILE,
         "json": folder / FOLDER_FILE,
     }
+    paths["readme"] = folder / README_FILE
     _write_csv(paths["csv"], scan, fx, rec)
+    _write_readme(paths["readme"], method, info, rec, metrics)
     rec.save(paths["queries"])
     write_json(paths["json"], info, indent=1, default=_json_default)
     return FolderResult(rec, metrics, skipped, info, paths)

@@ -22,6 +22,7 @@ import numpy as np
 from torch import Tensor
 
 from bayesurl.evaluation import knn
+from bayesurl.evaluation.notes import Note, result_notes
 from bayesurl.files import atomic_open
 
 __all__ = ["QUERIES_FILE", "QueryRecord", "query_record", "read_queries", "record_from_outputs"]
@@ -49,7 +50,8 @@ class QueryRecord:
         u of the OOD images and of the held-out upstream images (empty when absent).
     meta : dict
         ``name`` (estimator), ``seed``, ``config`` (the run's data / backbone settings,
-        to rebuild the images) or ``paths`` / ``classes`` (a folder), ``labelled``.
+        to rebuild the images) or ``paths`` / ``classes`` (a folder), ``labelled``, and
+        ``fit`` (``final_loss`` and ``untrained_loss`` where the training reported them).
     """
 
     u: np.ndarray
@@ -64,6 +66,21 @@ class QueryRecord:
     def labelled(self) -> bool:
         """Whether the queries carry classes (R@1 and the right / wrong marks are defined)."""
         return bool(self.meta.get("labelled", bool((self.label >= 0).all())))
+
+    def notes(self) -> list[Note]:
+        """The notes a person reads beside this run: u nearly constant, R-AUROC or OOD AUROC
+        inverted, the model at chance (:func:`bayesurl.evaluation.notes.result_notes`)."""
+        fit = self.meta.get("fit") or {}
+        labelled = self.labelled
+        return result_notes(
+            self.u,
+            hit=self.hit if labelled else None,
+            labels=self.label if labelled else None,
+            ood_u=self.ood_u,
+            id_u=self.id_u,
+            final_loss=fit.get("final_loss"),
+            untrained_loss=fit.get("untrained_loss"),
+        )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the record as one compressed ``.npz`` (``meta`` as a JSON string)."""

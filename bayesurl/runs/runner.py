@@ -524,7 +524,7 @@ def _run(
             res = score(estimator.predict, data.sets, data.transform, **kw)
         result.outputs = res.pop("outputs", None)
         if record:
-            _write_queries(queries, result.outputs, cfg)
+            _write_queries(queries, result.outputs, cfg, fit_report)
             result.outputs = result.outputs if keep_outputs else None
         if keep_outputs:
             result.fitted, result.transform = estimator, data.transform
@@ -548,14 +548,22 @@ def _run(
     return result
 
 
-def _write_queries(path: str | os.PathLike[str], outputs: Any, cfg: RunConfig) -> None:
+def _write_queries(
+    path: str | os.PathLike[str], outputs: Any, cfg: RunConfig, fit_report: dict[str, Any]
+) -> None:
     """The per-query record of a run (:mod:`bayesurl.runs.queries`), with what rebuilds its
-    images (the data and backbone settings)."""
+    images (the data and backbone settings) and the training loss its notes compare with the
+    untrained value."""
     meta = {
         "name": cfg.estimator.name,
         "seed": cfg.seed,
         "dataset": cfg.dataset,
         "config": {"data": cfg.to_dict()["data"], "backbone": cfg.to_dict()["backbone"]},
+        "fit": {
+            k: fit_report[k]
+            for k in ("final_loss", "untrained_loss")
+            if isinstance(fit_report.get(k), (int, float))
+        },
     }
     rec = record_from_outputs(outputs, meta)
     if rec is not None:
