@@ -445,7 +445,10 @@ def evaluate(
         metric (``recall@k`` and ``map@k`` for the requested cut-offs, ``rank_correlation``,
         ``mixed_r_auroc``, ``mixed_r@1``, ``crop_share``, ``crop_spearman``, ...), ``n``,
         ``uncertainty_source``, ``notes`` (list of str) and, with ``return_neighbors``,
-        ``neighbors``.
+        ``neighbors``. A shortlist ECE adds ``ece_shortlist`` (L), ``ece_shortlist_miss_rate``
+        (the pilot's estimated fraction of per-draw neighbours not kept, at most ``tolerance``:
+        above it every draw is searched exactly, these fields are left out and ``notes`` says
+        so) and ``ece_candidates_per_query`` (docs: concepts/metrics, "The shortlist fields").
 
     Raises
     ------

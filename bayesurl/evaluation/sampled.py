@@ -683,7 +683,9 @@ def neighbors_per_draw(
         if pilot["miss_rate"] > tolerance:
             # no shortlist up to the cap is accurate enough: fall back to exact searches
             if info is not None:
-                info.update(pilot, shortlist=float(n - 1), fallback_exact=1.0)
+                info.update(
+                    pilot, shortlist=float(n - 1), fallback_exact=1.0, rejected_shortlist=float(L)
+                )
             return neighbors_per_draw(
                 s, mode="exact", shortlist=None, candidates=None, tolerance=tolerance,
                 margin=None, memory_budget=memory_budget, info=None, progress=progress,

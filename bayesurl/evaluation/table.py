@@ -392,15 +392,20 @@ def _ece_neighbours(ctx: EvalContext) -> int:
         if plan["info"]["miss_rate"] > tol:
             # no affordable shortlist keeps the per-draw neighbours exact enough: search each
             # draw exactly rather than report an ECE from wrong neighbours
-            ctx.notes.append(
-                f"ece: the largest shortlist ({plan['shortlist']}) misses an estimated "
-                f"{plan['info']['miss_rate']:.2%} of per-draw neighbours (> tolerance {tol}); "
-                "searched every draw exactly"
-            )
+            ctx.notes.append(_exact_fallback_note(plan["shortlist"], plan["info"], tol))
             plan.update(mode="exact", shortlist=None, info={})
             share = False
     plan["share"] = share
     return int(plan["shortlist"] or 0) if share else 0
+
+
+def _exact_fallback_note(shortlist: int, pilot: dict[str, float], tol: float) -> str:
+    """The note of an ECE whose shortlist missed more than ``tol`` of the pilot's per-draw
+    neighbours and that searched every draw exactly instead (``ece_shortlist*`` absent)."""
+    return (
+        f"ece: the largest shortlist ({shortlist}) misses an estimated {pilot['miss_rate']:.2%} "
+        f"of per-draw neighbours (> tolerance {tol}); searched every draw exactly"
+    )
 
 
 def _ece(ctx: EvalContext) -> dict[str, Any]:
@@ -418,7 +423,14 @@ def _ece(ctx: EvalContext) -> dict[str, Any]:
     nb_draws = sh.gather(nb_draws.T.contiguous()).T  # [S, N] global ids
     ece = Fm.ece_from_neighbors(nb_draws, ctx.labels_all.to(s.device), s.shape[0], o["n_bins"])
     out: dict[str, Any] = {"ece": _f(ece.ece)}
-    if plan["mode"] == "shortlist":
+    if info.get("fallback_exact"):
+        # the search's own pilot (queries other than the mean embedding) found no shortlist
+        # within the tolerance and searched every draw exactly: report the exact pass, not the
+        # rejected shortlist and its miss rate
+        ctx.notes.append(
+            _exact_fallback_note(int(info["rejected_shortlist"]), info, o["tolerance"])
+        )
+    elif plan["mode"] == "shortlist":
         out["ece_shortlist"] = int(info["shortlist"])
         if "miss_rate" in info:
             out["ece_shortlist_miss_rate"] = info["miss_rate"]

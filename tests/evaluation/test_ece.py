@@ -315,3 +315,31 @@ def test_threshold_pattern_matches_brute_force(margin: float, tile: tuple[int, i
         assert row[crow[i] : crow[i + 1]].tolist() == [i] * len(got)
     if margin == 5.0:  # every row hits the cap
         assert int(crow[-1]) == 150 * L
+
+
+def test_fallback_with_given_embeddings_reports_the_exact_pass_not_the_rejected_shortlist():
+    """With `x` given (not the samples' mean) the search plans its own shortlist; when that
+    pilot misses more than the tolerance the ECE is the exact pass's, and no field reports the
+    rejected shortlist or its miss rate (once: 599 candidates and a 37 % "miss rate")."""
+    from bayesurl.evaluation import evaluate
+
+    g = torch.Generator().manual_seed(0)
+    mean = torch.nn.functional.normalize(
+        torch.randn(600, 8, generator=g, dtype=torch.float64), dim=-1
+    )
+    s = torch.nn.functional.normalize(
+        mean + 2.0 * torch.randn(6, 600, 8, generator=g, dtype=torch.float64), dim=-1
+    )
+    labels = torch.randint(0, 5, (600,), generator=g)
+    res = evaluate(mean, labels, samples=s)
+    ref = evaluate(mean, labels, samples=s, ece_mode="exact")
+    assert res["ece"] == ref["ece"]
+    assert not any(k.startswith("ece_") for k in res), res
+    assert any("searched every draw exactly" in n for n in res["notes"])
+    # an ECE that keeps its shortlist reports a miss rate within the tolerance
+    tight = torch.nn.functional.normalize(
+        mean + 0.01 * torch.randn(6, 600, 8, generator=g, dtype=torch.float64), dim=-1
+    )
+    for x in (mean, None):
+        ok = evaluate(x, labels, samples=tight, tolerance=1e-3)
+        assert 0.0 <= ok["ece_shortlist_miss_rate"] <= 1e-3 and ok["ece_shortlist"] >= 1
