@@ -28,6 +28,7 @@ __all__ = [
     "encode",
     "known_embedding_dim",
     "load",
+    "wrapper_names",
 ]
 
 #: tag written into every saved wrapper
@@ -156,6 +157,11 @@ def register_wrapper(name: str):
         return cls
 
     return deco
+
+
+def wrapper_names() -> list[str]:
+    """The names of the registered wrappers (``pvu``, ``tau``, ``laplace``), sorted."""
+    return sorted(_WRAPPERS)
 
 
 def wrapper_class(name: str) -> type[PosthocWrapper]:
