@@ -481,7 +481,7 @@ def _run(
         main_process=main,
     )
     try:
-        base, base_time = None, 0.0
+        base, base_time, base_report = None, 0.0, {}
         if base_cfg is not None:
             _say(progress, f"{cfg.name}: base {base_cfg.estimator.name} (seed {cfg.seed})")
             base, base_report = _fit_base(base_cfg, data, cache, device)
@@ -524,7 +524,8 @@ def _run(
             res = score(estimator.predict, data.sets, data.transform, **kw)
         result.outputs = res.pop("outputs", None)
         if record:
-            _write_queries(queries, result.outputs, cfg, fit_report)
+            # a post-hoc u inherits its base's training: at chance if the base is
+            _write_queries(queries, result.outputs, cfg, {**base_report, **fit_report})
             result.outputs = result.outputs if keep_outputs else None
         if keep_outputs:
             result.fitted, result.transform = estimator, data.transform
