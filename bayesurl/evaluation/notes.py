@@ -24,7 +24,6 @@ something or not. These rules, declared here once, say when it did not; every di
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -38,7 +37,6 @@ __all__ = [
     "Note",
     "auroc_null_z",
     "chance_r1",
-    "format_notes",
     "result_notes",
     "u_digits",
 ]
@@ -247,8 +245,3 @@ def u_digits(u: object, *, minimum: int = 3, maximum: int = 8) -> int:
         return minimum
     need = math.floor(math.log10(top)) - math.floor(math.log10(step)) + 1
     return int(min(max(need, minimum), maximum))
-
-
-def format_notes(notes: Sequence[Note], prefix: str = "note: ") -> list[str]:
-    """One printable line per note (the CLI tables)."""
-    return [f"{prefix}{n.text}" for n in notes]
