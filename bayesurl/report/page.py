@@ -123,9 +123,10 @@ def _estimator(
     least = [int(i) for i in order[:k]]
     shown = sorted({*most, *least, *shared})
     pairs = [(i, int(rec.neighbour[i])) for i in shown]
-    for i, j in pairs:
-        thumbs.setdefault(f"q{i}", src.query(i))
-        thumbs.setdefault(f"q{j}", src.query(j))
+    for x in sorted({x for pair in pairs for x in pair}):
+        uri = src.query(x)
+        if uri is not None:
+            thumbs.setdefault(f"q{x}", uri)
     ood = _ood(run, k)
     for i, *_ in [] if ood is None else ood["top"] + ood["bottom"]:
         uri = src.ood(i)
@@ -149,6 +150,8 @@ def _estimator(
         "paths": _paths(rec, pairs),
         "ood": ood,
         "per_class": _per_class(run, src.class_names),
+        # why the galleries have no pictures, in words (None: every image was found)
+        "images": src.problem,
     }
 
 
@@ -185,11 +188,14 @@ def report_model(
         for order, _ in ranked:
             shared.update(int(i) for i in order[::-1][:compare_k])
     classes: dict[int, str] = {}
+    sources: dict[str, str] = {}
     estimators = []
     for r, rank in zip(runs, ranked):
         src = image_source(r.record, data_cache, size)
         classes.update(src.class_names)
         estimators.append(_estimator(r, src, rank, shared, k, thumbs))
+        for key, name in src.names.items():
+            sources.setdefault(key, name)
     return {
         "title": source.title,
         "kind": source.kind,
@@ -203,6 +209,7 @@ def report_model(
         "compare_k": int(compare_k),
         "classes": {str(c): n for c, n in classes.items()},
         "thumbs": thumbs,
+        "sources": {key: sources[key] for key in thumbs if key in sources},
     }
 
 

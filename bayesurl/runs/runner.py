@@ -38,6 +38,7 @@ from bayesurl.files import write_json
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
 from bayesurl.runs.estimators import Estimator, build_estimator
+from bayesurl.runs.features import source_digests
 from bayesurl.runs.predict import n_samples_for, score
 from bayesurl.runs.queries import record_from_outputs
 
@@ -524,7 +525,7 @@ def _run(
             res = score(estimator.predict, data.sets, data.transform, **kw)
         result.outputs = res.pop("outputs", None)
         if record:
-            _write_queries(queries, result.outputs, cfg)
+            _write_queries(queries, result.outputs, cfg, data)
             result.outputs = result.outputs if keep_outputs else None
         if keep_outputs:
             result.fitted, result.transform = estimator, data.transform
@@ -548,16 +549,25 @@ def _run(
     return result
 
 
-def _write_queries(path: str | os.PathLike[str], outputs: Any, cfg: RunConfig) -> None:
+def _write_queries(
+    path: str | os.PathLike[str], outputs: Any, cfg: RunConfig, data: RunData
+) -> None:
     """The per-query record of a run (:mod:`bayesurl.runs.queries`), with what rebuilds its
-    images (the data and backbone settings)."""
+    images (the data and backbone settings) and the digest of each query's and OOD image's
+    pixels (for cached features, the store's link from each row to its image)."""
     meta = {
         "name": cfg.estimator.name,
         "seed": cfg.seed,
         "dataset": cfg.dataset,
         "config": {"data": cfg.to_dict()["data"], "backbone": cfg.to_dict()["backbone"]},
     }
-    rec = record_from_outputs(outputs, meta)
+    ood = getattr(data.sets, "ood", None)
+    rec = record_from_outputs(
+        outputs,
+        meta,
+        source=source_digests(data.sets.test),
+        ood_source=None if ood is None else source_digests(ood),
+    )
     if rec is not None:
         rec.save(path)
 
