@@ -180,7 +180,11 @@ def _check_ids(name: str, ids: np.ndarray, dataset: Any, what: str) -> None:
 def _dataset_source(record: QueryRecord, cache: dict[str, Any], size: int) -> ImageSource:
     """Images of a run: the run's data rebuilt from the settings in its record."""
     run_cfg = _images_config(record)
-    key = json.dumps(run_cfg.to_dict(), sort_keys=True, default=str)
+    # the estimators of a benchmark share their data: one rebuild for all their records
+    settings = run_cfg.to_dict()
+    key = json.dumps(
+        {k: settings[k] for k in ("dataset", "data", "backbone")}, sort_keys=True, default=str
+    )
     if key not in cache:
         cache[key] = build_data(run_cfg).sets
     sets = cache[key]
