@@ -8,7 +8,7 @@ vector) and reads the downstream test image and the OOD image of each id; a fold
 names its files. Where the record keeps the digest of each image's pixels
 (:func:`bayesurl.runs.queries.source_ids`) the rebuilt images are checked against them, else
 their classes against the record's. Images that cannot be had back (data moved or changed, a
-record without data settings) are not drawn: :attr:`ImageSource.problem` says why in words,
+record without data settings) are not drawn: ``ImageSource.problem`` says why in words,
 and the page prints it.
 
 Each thumbnail is a PNG whose longer side is at most ``size`` pixels: larger images are
@@ -97,7 +97,7 @@ class ImageSource:
         Thumbnail side.
     name : callable, optional
         ``(kind, id, image) -> str`` naming the source of a shown image (``kind`` ``"q"`` or
-        ``"o"``); the names are collected in :attr:`names` by thumbnail key.
+        ``"o"``); the names are collected in ``names`` by thumbnail key.
     problem : str, optional
         Why there are no images (``query`` is then ``None``).
 
@@ -241,7 +241,7 @@ def image_source(
 
     ``cache`` (a dict shared across the records of a benchmark) keeps rebuilt data sets.
     Where the images cannot be had back, the source has none and says why
-    (:attr:`ImageSource.problem`).
+    (``ImageSource.problem``).
     """
     if "paths" in record.meta:
         return _folder_source(record, size)
