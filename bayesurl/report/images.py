@@ -166,9 +166,14 @@ def _images_config(record: QueryRecord) -> RunConfig:
     )
 
 
-def _check_ids(name: str, ids: np.ndarray, dataset: Any, what: str) -> None:
-    """Raise unless the rebuilt ``dataset``'s images have the digests the record kept."""
-    found = source_ids([pixel_digest(dataset[i][0]) for i in range(len(dataset))])
+def _check_ids(
+    name: str, ids: np.ndarray, dataset: Any, what: str, cache: dict[str, Any], key: str
+) -> None:
+    """Raise unless the rebuilt ``dataset``'s images have the digests the record kept
+    (the rebuilt set's ids are computed once per ``key`` and kept in ``cache``)."""
+    if key not in cache:
+        cache[key] = source_ids([pixel_digest(dataset[i][0]) for i in range(len(dataset))])
+    found = cache[key]
     bad = np.flatnonzero(found != ids)
     if bad.size:
         raise ValueError(
@@ -197,7 +202,7 @@ def _dataset_source(record: QueryRecord, cache: dict[str, Any], size: int) -> Im
     if ood is not None and len(ood) != len(record.ood_u):
         ood = None  # the record kept no OOD u for these images
     if record.source.size:
-        _check_ids("query", record.source, test, "query")
+        _check_ids("query", record.source, test, "query", cache, key + " test ids")
     else:  # a record from before the images' digests were kept: their classes must agree
         labels = np.array([int(test[i][1]) for i in range(len(test))])
         bad = np.flatnonzero(labels != record.label)
@@ -207,7 +212,7 @@ def _dataset_source(record: QueryRecord, cache: dict[str, Any], size: int) -> Im
                 f"{int(record.label[bad[0]])}: the data changed since the run"
             )
     if ood is not None and record.ood_source.size:
-        _check_ids("OOD image", record.ood_source, ood, "OOD")
+        _check_ids("OOD image", record.ood_source, ood, "OOD", cache, key + " ood ids")
 
     def name(kind: str, i: int, image: Any) -> str:
         which = "test" if kind == "q" else "OOD"
