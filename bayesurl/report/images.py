@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 
 from bayesurl.data.fmnist import FASHION_MNIST_CLASSES
@@ -203,13 +204,15 @@ def _dataset_source(record: QueryRecord, cache: dict[str, Any], size: int) -> Im
         ood = None  # the record kept no OOD u for these images
     if record.source.size:
         _check_ids("query", record.source, test, "query", cache, key + " test ids")
-    else:  # a record from before the images' digests were kept: their classes must agree
-        labels = np.array([int(test[i][1]) for i in range(len(test))])
-        bad = np.flatnonzero(labels != record.label)
+    elif isinstance(getattr(test, "targets", None), torch.Tensor):
+        # a record from before the images' ids were kept: the classes of an in-memory set
+        # are checked at once (of any other set, image by image as it is read)
+        bad = np.flatnonzero(test.targets.cpu().numpy() != record.label)
         if bad.size:
             raise ValueError(
-                f"query {int(bad[0])}: the rebuilt data give class {labels[bad[0]]}, the record "
-                f"{int(record.label[bad[0]])}: the data changed since the run"
+                f"query {int(bad[0])}: the rebuilt data give class "
+                f"{int(test.targets[bad[0]])}, the record {int(record.label[bad[0]])}: the "
+                "data changed since the run"
             )
     if ood is not None and record.ood_source.size:
         _check_ids("OOD image", record.ood_source, ood, "OOD", cache, key + " ood ids")
@@ -218,11 +221,20 @@ def _dataset_source(record: QueryRecord, cache: dict[str, Any], size: int) -> Im
         which = "test" if kind == "q" else "OOD"
         return f"{sets.name} {which} #{i} sha1:{pixel_digest(image)}"
 
+    def query(i: int) -> Any:
+        img, label = test[i]
+        if not record.source.size and int(label) != int(record.label[i]):
+            # a record from before the images' ids were kept: at least the classes must agree
+            raise ValueError(
+                f"query {i}: the rebuilt data give class {int(label)}, the record "
+                f"{int(record.label[i])}: the data changed since the run"
+            )
+        return img
+
     names = dict(enumerate(FASHION_MNIST_CLASSES)) if sets.name == "fashion_mnist" else {}
     return ImageSource(
-        lambda i: test[i][0], None if ood is None else (lambda i: ood[i][0]), names, size,
-        name=name,
-    )  # fmt: skip
+        query, None if ood is None else (lambda i: ood[i][0]), names, size, name=name
+    )
 
 
 def _folder_source(record: QueryRecord, size: int) -> ImageSource:

@@ -131,3 +131,12 @@ def test_old_record_without_ids_still_shows_images(bench_dir, tmp_path):
         assert read_queries(p).source.size == 0
     m = model(write_report(copy)["path"].read_text())
     assert m["thumbs"] and all(e["images"] is None for e in m["estimators"])
+    # such a record whose classes no longer match the rebuilt data: words, no picture
+    for p in (copy / "queries").glob("*.npz"):
+        rec = read_queries(p)
+        rec.label = np.roll(rec.label, 1)
+        rec.save(p)
+        assert read_queries(p).source.size == 0
+    m = model(write_report(copy)["path"].read_text())
+    assert m["thumbs"] == {}
+    assert all("the data changed since the run" in e["images"] for e in m["estimators"])
