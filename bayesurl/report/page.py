@@ -136,14 +136,15 @@ def _estimator(
     least = [int(i) for i in order[:k]]
     shown = sorted({*most, *least, *shared})
     pairs = [(i, int(rec.neighbour[i])) for i in shown]
-    for i, j in pairs:
-        thumbs.setdefault(f"q{i}", src.query(i))
-        thumbs.setdefault(f"q{j}", src.query(j))
+    # the estimators of a benchmark share their queries: each image is encoded once
+    keys = [f"q{x}" for x in sorted({x for pair in pairs for x in pair})]
     ood = _ood(run, k)
-    for i, *_ in [] if ood is None else ood["top"] + ood["bottom"]:
-        uri = src.ood(i)
-        if uri is not None:
-            thumbs.setdefault(f"o{i}", uri)
+    keys += [f"o{i}" for i, *_ in ([] if ood is None else ood["top"] + ood["bottom"])]
+    for key in keys:
+        if key not in thumbs:
+            uri = (src.query if key[0] == "q" else src.ood)(int(key[1:]))
+            if uri is not None:
+                thumbs[key] = uri
     return {
         "name": run.estimator,
         "seed": run.seed,
@@ -164,6 +165,8 @@ def _estimator(
         "per_class": _per_class(run, src.class_names),
         "u_digits": u_digits(np.concatenate([rec.u, rec.ood_u])),
         "notes": [n.text for n in rec.notes()],
+        # why the galleries have no pictures, in words (None: every image was found)
+        "images": src.problem,
     }
 
 
@@ -200,11 +203,14 @@ def report_model(
         for order, _ in ranked:
             shared.update(int(i) for i in order[::-1][:compare_k])
     classes: dict[int, str] = {}
+    sources: dict[str, str] = {}
     estimators = []
     for r, rank in zip(runs, ranked):
         src = image_source(r.record, data_cache, size)
         classes.update(src.class_names)
         estimators.append(_estimator(r, src, rank, shared, k, thumbs))
+        for key, name in src.names.items():
+            sources.setdefault(key, name)
     return {
         "title": source.title,
         "kind": source.kind,
@@ -218,6 +224,7 @@ def report_model(
         "compare_k": int(compare_k),
         "classes": {str(c): n for c, n in classes.items()},
         "thumbs": thumbs,
+        "sources": {key: sources[key] for key in thumbs if key in sources},
     }
 
 

@@ -15,6 +15,11 @@ Training images get ``views`` rows: row 0 the deterministic transform, rows ``1.
 random augmentations (:func:`bayesurl.data.default_augmentation`) drawn once at extraction; the
 two-view methods (InfoNCE, MCInfoNCE, HIB, TaU) draw their two views among these cached
 augmentations (:class:`RandomView`) instead of fresh ones. Other sets get row 0 only.
+
+Each set of cached features keeps the link back to its pictures: :class:`CachedFeatures`
+holds, per row, the SHA-1 digest of the image it was encoded from (the store's address of
+that image), so a run's per-query record and its report name the image a feature row came
+from (:func:`source_digests`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from bayesurl.posthoc.cache import encoder_fingerprint
 from bayesurl.runs.config import RunConfig
 
 __all__ = [
+    "CachedFeatures",
     "FeatureStore",
     "FirstView",
     "FrozenEncoder",
@@ -49,6 +55,7 @@ __all__ = [
     "feature_store",
     "frozen_data",
     "image_digests",
+    "source_digests",
 ]
 
 #: images per extraction batch
@@ -134,14 +141,20 @@ class FeatureStore:
         blob = json.dumps(self.key(views), sort_keys=True, default=str).encode()
         return Path(self.directory) / hashlib.sha256(blob).hexdigest()[:16]
 
-    def features(self, images: Tensor, *, augmented: bool = False) -> Tensor:
+    def features(
+        self, images: Tensor, *, augmented: bool = False, digests: list[str] | None = None
+    ) -> Tensor:
         """Features ``[N, V, F]`` (float32) of ``images`` (``uint8 [N, C, H, W]``).
 
         ``V = views`` when ``augmented`` else 1. Images not in the store yet are encoded
-        into a new sealed shard first.
+        into a new sealed shard first. ``digests``: :func:`image_digests` of ``images``,
+        when the caller has them already.
         """
         views = int(self.views) if augmented else 1
-        digests = image_digests(images)
+        if digests is None:
+            digests = image_digests(images)
+        elif len(digests) != len(images):
+            raise ValueError(f"`digests` holds {len(digests)} entries for {len(images)} `images`")
         folder = self.folder(views)
         index = _load_shards(folder)
         missing: dict[str, int] = {}
@@ -217,6 +230,45 @@ def _load_shards(folder: Path) -> dict[str, tuple[np.ndarray, int]]:
         for row, digest in enumerate((shard / "digests.txt").read_text().split()):
             index.setdefault(digest, (feats, row))
     return index
+
+
+class CachedFeatures(TensorDataset):
+    """Cached features ``[N, V, F]`` and labels, with the source image of every row.
+
+    Parameters
+    ----------
+    features : Tensor
+        ``[N, V, F]`` frozen-backbone features.
+    labels : Tensor
+        ``[N]`` classes.
+    digests : list of str
+        SHA-1 hex digest of the ``uint8`` image row ``i`` was encoded from
+        (:func:`image_digests`): the link from a cached row back to its picture.
+    """
+
+    def __init__(self, features: Tensor, labels: Tensor, digests: list[str]) -> None:
+        super().__init__(features, labels)
+        if len(digests) != len(features):
+            raise ValueError(
+                f"`digests` holds {len(digests)} entries for {len(features)} feature rows"
+            )
+        self.digests = list(digests)
+
+
+def source_digests(dataset: Any) -> list[str] | None:
+    """SHA-1 digest of the source image of each item of ``dataset``, in order.
+
+    :class:`CachedFeatures` keep them from the extraction; a set of ``uint8`` images in
+    memory (:class:`bayesurl.data.ImageTensorDataset`) is hashed here. ``None`` for any other
+    set (images read from files on demand: their paths name them).
+    """
+    from bayesurl.data import ImageTensorDataset
+
+    if isinstance(dataset, CachedFeatures):
+        return list(dataset.digests)
+    if isinstance(dataset, ImageTensorDataset):
+        return image_digests(dataset.images)
+    return None
 
 
 class FirstView(nn.Module):
@@ -304,9 +356,10 @@ def frozen_data(cfg: RunConfig, data: Any, kwargs: dict[str, Any], progress: boo
         if ds is None or len(ds) == 0:
             continue
         images, labels = _images_of(ds)
-        feats = store.features(images, augmented=name == "train")
+        digests = image_digests(images)
+        feats = store.features(images, augmented=name == "train", digests=digests)
         dim = int(feats.shape[-1])
-        setattr(sets, name, TensorDataset(feats, labels))
+        setattr(sets, name, CachedFeatures(feats, labels, digests))
     info = {
         **data.info,
         "frozen": {

@@ -7,13 +7,18 @@ METRICS.md) and whether that neighbour shares its class, and, per OOD image, its
 turns a run's predicted outputs into that record and keeps it beside the run's results as one
 compressed ``.npz`` (a few bytes per query; no embeddings). Images are not stored: the report
 reads them from the data set by id (the record keeps the data settings that rebuild it) or,
-for a folder of one's own images, from the file paths kept in the record.
+for a folder of one's own images, from the file paths kept in the record. Each query and OOD
+image is also named by the SHA-1 digest of its pixels (its first 8 bytes, :func:`source_ids`;
+for cached features the digest the feature store keeps per row,
+:class:`bayesurl.runs.features.CachedFeatures`), so the report shows the very image the
+run scored and says so in words where the rebuilt data differ.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +30,14 @@ from bayesurl.evaluation import knn
 from bayesurl.evaluation.notes import Note, result_notes
 from bayesurl.files import atomic_open
 
-__all__ = ["QUERIES_FILE", "QueryRecord", "query_record", "read_queries", "record_from_outputs"]
+__all__ = [
+    "QUERIES_FILE",
+    "QueryRecord",
+    "query_record",
+    "read_queries",
+    "record_from_outputs",
+    "source_ids",
+]
 
 #: File name of a single run's record (``bayesurl run``); a sweep keeps one per run under
 #: ``queries/<estimator>_s<seed>.npz``.
@@ -48,6 +60,9 @@ class QueryRecord:
         ``[N]`` bool, neighbour shares the query's class (all False without labels).
     ood_u, id_u : ndarray
         u of the OOD images and of the held-out upstream images (empty when absent).
+    source, ood_source : ndarray
+        ``uint64`` id of the image of every query / OOD image (:func:`source_ids`; empty when
+        the run did not know them, e.g. records written before they were kept).
     meta : dict
         ``name`` (estimator), ``seed``, ``config`` (the run's data / backbone settings,
         to rebuild the images) or ``paths`` / ``classes`` (a folder), ``labelled``, and
@@ -61,6 +76,8 @@ class QueryRecord:
     ood_u: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     id_u: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     meta: dict[str, Any] = field(default_factory=dict)
+    source: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    ood_source: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
 
     @property
     def labelled(self) -> bool:
@@ -97,8 +114,20 @@ class QueryRecord:
                 ood_u=self.ood_u.astype(np.float32),
                 id_u=self.id_u.astype(np.float32),
                 meta=np.array(json.dumps(self.meta, default=str)),
+                source=self.source.astype(np.uint64),
+                ood_source=self.ood_source.astype(np.uint64),
             )
         return p
+
+
+def source_ids(digests: Sequence[str] | None) -> np.ndarray:
+    """``uint64`` ids of images from their SHA-1 hex digests (the first 8 bytes, big-endian).
+
+    ``None`` gives an empty array (no ids known).
+    """
+    if digests is None:
+        return np.zeros(0, np.uint64)
+    return np.array([int(d[:16], 16) for d in digests], dtype=np.uint64)
 
 
 def _numpy(t: Tensor | None) -> np.ndarray:
@@ -116,6 +145,8 @@ def query_record(
     id_u: Tensor | None = None,
     meta: dict[str, Any] | None = None,
     neighbors: Tensor | None = None,
+    source: Sequence[str] | None = None,
+    ood_source: Sequence[str] | None = None,
 ) -> QueryRecord:
     """The record of one run's queries: u, nearest neighbour, hit flag (METRICS.md, R@1).
 
@@ -134,6 +165,9 @@ def query_record(
     neighbors : Tensor, optional
         ``[N, k]`` neighbour ids of the queries from a search already made (the evaluator's,
         self excluded, nearest first); ``None``: searched here.
+    source, ood_source : sequence of str, optional
+        SHA-1 hex digests of the query / OOD images
+        (:func:`bayesurl.runs.features.source_digests`), kept as :func:`source_ids`.
 
     Raises
     ------
@@ -166,17 +200,27 @@ def query_record(
         hit = label[neighbour] == label
     info = dict(meta or {})
     info.setdefault("labelled", labels is not None)
+    ood = _numpy(ood_u)
+    for name, ids, size in (("source", source, n), ("ood_source", ood_source, ood.size)):
+        if ids is not None and len(ids) != size:
+            raise ValueError(f"length mismatch: `{name}` has {len(ids)} entries, not {size}")
     return QueryRecord(
-        _numpy(uncertainty), label, neighbour, hit, _numpy(ood_u), _numpy(id_u), info
-    )
+        _numpy(uncertainty), label, neighbour, hit, ood, _numpy(id_u), info,
+        source_ids(source), source_ids(ood_source),
+    )  # fmt: skip
 
 
 def record_from_outputs(
-    outputs: dict[str, tuple[Any, Tensor]], meta: dict[str, Any]
+    outputs: dict[str, tuple[Any, Tensor]],
+    meta: dict[str, Any],
+    *,
+    source: Sequence[str] | None = None,
+    ood_source: Sequence[str] | None = None,
 ) -> QueryRecord | None:
     """:func:`query_record` of the ``outputs`` a run keeps (``score(return_outputs=True)``).
 
-    ``None`` when the estimator gives no u (nothing to rank).
+    ``source`` / ``ood_source``: digests of the test / OOD images (as for
+    :func:`query_record`). ``None`` when the estimator gives no u (nothing to rank).
     """
     out, y = outputs["test"]
     if out.uncertainty is None:
@@ -191,6 +235,8 @@ def record_from_outputs(
         id_u=None if idt is None else idt[0].uncertainty,
         meta=meta,
         neighbors=outputs.get("test_neighbors"),
+        source=source,
+        ood_source=None if ood is None else ood_source,
     )
 
 
@@ -217,12 +263,18 @@ def read_queries(path: str | os.PathLike[str]) -> QueryRecord:
                 ood_u=z["ood_u"],
                 id_u=z["id_u"],
                 meta=json.loads(str(z["meta"])),
+                # records written before the images' ids were kept have none
+                source=z["source"] if "source" in z.files else np.zeros(0, np.uint64),
+                ood_source=z["ood_source"] if "ood_source" in z.files else np.zeros(0, np.uint64),
             )
     except (KeyError, ValueError, OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{str(p)!r} is not a bayesurl query record: {exc}") from None
     n = rec.u.shape[0]
-    if not (rec.label.shape[0] == rec.neighbour.shape[0] == rec.hit.shape[0] == n) or (
-        n and (rec.neighbour.min() < 0 or rec.neighbour.max() >= n)
+    if (
+        not (rec.label.shape[0] == rec.neighbour.shape[0] == rec.hit.shape[0] == n)
+        or (n and (rec.neighbour.min() < 0 or rec.neighbour.max() >= n))
+        or rec.source.size not in (0, n)
+        or rec.ood_source.size not in (0, rec.ood_u.size)
     ):
         raise ValueError(f"{str(p)!r} is not a consistent query record (array lengths / ids)")
     return rec

@@ -38,6 +38,7 @@ from bayesurl.files import write_json
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
 from bayesurl.runs.estimators import Estimator, build_estimator
+from bayesurl.runs.features import source_digests
 from bayesurl.runs.predict import n_samples_for, score
 from bayesurl.runs.queries import record_from_outputs
 
@@ -525,7 +526,7 @@ def _run(
         result.outputs = res.pop("outputs", None)
         if record:
             # a post-hoc u inherits its base's training: at chance if the base is
-            _write_queries(queries, result.outputs, cfg, {**base_report, **fit_report})
+            _write_queries(queries, result.outputs, cfg, data, {**base_report, **fit_report})
             result.outputs = result.outputs if keep_outputs else None
         if keep_outputs:
             result.fitted, result.transform = estimator, data.transform
@@ -550,11 +551,16 @@ def _run(
 
 
 def _write_queries(
-    path: str | os.PathLike[str], outputs: Any, cfg: RunConfig, fit_report: dict[str, Any]
+    path: str | os.PathLike[str],
+    outputs: Any,
+    cfg: RunConfig,
+    data: RunData,
+    fit_report: dict[str, Any],
 ) -> None:
     """The per-query record of a run (:mod:`bayesurl.runs.queries`), with what rebuilds its
-    images (the data and backbone settings) and the training loss its notes compare with the
-    untrained value."""
+    images (the data and backbone settings), the digest of each query's and OOD image's pixels
+    (for cached features, the store's link from each row to its image) and the training loss
+    its notes compare with the untrained value."""
     meta = {
         "name": cfg.estimator.name,
         "seed": cfg.seed,
@@ -566,7 +572,13 @@ def _write_queries(
             if isinstance(fit_report.get(k), (int, float))
         },
     }
-    rec = record_from_outputs(outputs, meta)
+    ood = getattr(data.sets, "ood", None)
+    rec = record_from_outputs(
+        outputs,
+        meta,
+        source=source_digests(data.sets.test),
+        ood_source=None if ood is None else source_digests(ood),
+    )
     if rec is not None:
         rec.save(path)
 

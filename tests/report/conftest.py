@@ -1,6 +1,9 @@
-"""A small benchmark folder shared by the report tests (one smoke sweep, two estimators)."""
+"""Result folders shared by the report tests: a smoke sweep (two estimators) and a pretrained
+smoke benchmark on frozen features."""
 
 import pytest
+
+from bayesurl.cli import main
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +22,14 @@ def bench_dir(tmp_path_factory):
         raise_errors=True,
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def pretrained_dir(tmp_path_factory):
+    """``bayesurl benchmark --preset pretrained_smoke`` (frozen features, own cache)."""
+    out = tmp_path_factory.mktemp("pretrained")
+    code = main(["benchmark", "--methods", "ce", "--preset", "pretrained_smoke", "--device",
+                 "cpu", "--out", str(out / "bench"), "--set", f"backbone.cache={out / 'features'}",
+                 "--no-progress"])  # fmt: skip
+    assert code == 0
+    return out / "bench"

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from bayesurl.runs.predict import score
-from bayesurl.runs.queries import QueryRecord, query_record, read_queries, record_from_outputs
+from bayesurl.runs.queries import (
+    QueryRecord,
+    query_record,
+    read_queries,
+    record_from_outputs,
+    source_ids,
+)
 from bayesurl.types import Output
 
 
@@ -77,6 +83,32 @@ def test_save_read_round_trip(tmp_path):
     for key in ("u", "label", "neighbour", "hit", "ood_u", "id_u"):
         np.testing.assert_array_equal(getattr(back, key), getattr(rec, key))
     assert back.meta == {"name": "ce", "seed": 2, "labelled": True}
+
+
+def test_image_ids_round_trip_and_old_records(tmp_path):
+    """Each query's and OOD image's id (first 8 bytes of its SHA-1, big-endian) is kept; a
+    record written without them reads back with none."""
+    import hashlib
+
+    imgs = torch.randint(0, 256, (6, 1, 5, 5), dtype=torch.uint8)
+    digests = [hashlib.sha1(im.numpy().tobytes()).hexdigest() for im in imgs]
+    ids = source_ids(digests)
+    assert ids.dtype == np.uint64
+    assert [int(i) for i in ids] == [int.from_bytes(bytes.fromhex(d)[:8], "big") for d in digests]
+    rec = query_record(torch.randn(4, 3), torch.rand(4), torch.arange(4), ood_u=torch.rand(2),
+                       source=digests[:4], ood_source=digests[4:])  # fmt: skip
+    back = read_queries(rec.save(tmp_path / "q.npz"))
+    np.testing.assert_array_equal(back.source, ids[:4])
+    np.testing.assert_array_equal(back.ood_source, ids[4:])
+    with np.load(tmp_path / "q.npz") as z:
+        np.savez_compressed(tmp_path / "old.npz", **{k: z[k] for k in z.files if "source" not in k})
+    old = read_queries(tmp_path / "old.npz")
+    assert old.source.size == 0 and old.ood_source.size == 0
+    with pytest.raises(ValueError, match="`source`"):
+        query_record(torch.randn(4, 3), torch.rand(4), None, source=digests[:3])
+    with pytest.raises(ValueError, match="`ood_source`"):
+        query_record(torch.randn(4, 3), torch.rand(4), None, ood_u=torch.rand(2),
+                     ood_source=digests[:1])  # fmt: skip
 
 
 def test_bad_input_and_corrupt_file(tmp_path):

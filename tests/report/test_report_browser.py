@@ -2,7 +2,9 @@
 
 The test's own script is appended to a copy of the page; Chromium loads it from a file:// URL,
 runs the page's and the test's scripts and dumps the DOM, from which the test reads what the
-browser saw: every image decoded (naturalWidth > 0), no resource fetched and no
+browser saw: every image decoded and drawn on a canvas, its pixels read back (size, mean and
+spread of the red channel: each thumbnail a picture, the same the PNG in the model holds, not
+a flat or one-pixel-high strip), no resource fetched and no
 Content-Security-Policy violation (nothing requested from any host), the galleries' items, and
 the results table's order after clicks on a column title.
 
@@ -15,8 +17,10 @@ import re
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 import torch
+from _pictures import MIN_SIDE, MIN_STD, decode
 
 from bayesurl.report import write_report
 
@@ -48,7 +52,19 @@ window.addEventListener("load", () => setTimeout(() => {
     galleries[s.dataset.estimator] = g;
   });
   const imgs = Array.from(document.images);
+  const pixels = imgs.filter(i => i.complete && i.naturalWidth > 0).map(i => {
+    const c = document.createElement("canvas");
+    c.width = i.naturalWidth; c.height = i.naturalHeight;
+    const x = c.getContext("2d");
+    x.drawImage(i, 0, 0);
+    const d = x.getImageData(0, 0, c.width, c.height).data;
+    let s = 0, s2 = 0;
+    for (let k = 0; k < d.length; k += 4) { s += d[k]; s2 += d[k] * d[k]; }
+    const n = d.length / 4, mean = s / n, std = Math.sqrt(Math.max(s2 / n - mean * mean, 0));
+    return {alt: i.alt, w: c.width, h: c.height, mean: mean, std: std};
+  });
   const out = {
+    pixels,
     images: imgs.length,
     broken: imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt),
     schemes: [...new Set(imgs.map(i => i.src.split(":")[0]))],
@@ -86,11 +102,25 @@ def _model(html):
     return json.loads(m.group(1))
 
 
+def _assert_shows_pictures(seen, model):
+    """What the browser drew of each thumbnail is a picture, the PNG the model holds."""
+    shown = [p for p in seen["pixels"] if re.fullmatch(r"[qo]\d+", p["alt"])]
+    assert shown and {p["alt"] for p in shown} <= set(model["thumbs"])
+    for p in shown:
+        a = decode(model["thumbs"][p["alt"]])
+        red = (a if a.ndim == 2 else a[..., 0]).astype(np.float64)
+        assert (p["h"], p["w"]) == a.shape[:2] and min(a.shape[:2]) >= MIN_SIDE, p
+        assert p["std"] > MIN_STD, p
+        assert p["mean"] == pytest.approx(red.mean(), abs=0.5), p
+        assert p["std"] == pytest.approx(red.std(), abs=0.5), p
+
+
 def test_report_in_browser(bench_dir, tmp_path):
     path = write_report(bench_dir, k=6)["path"]
     seen = _open(path, tmp_path)
     model = _model(path.read_text())
     assert seen["images"] > 2 * 6 * 2 and seen["broken"] == []
+    _assert_shows_pictures(seen, model)
     assert seen["schemes"] == ["data"]
     assert seen["resources"] == [] and seen["violations"] == []
     for est in model["estimators"]:
@@ -136,6 +166,15 @@ def test_folder_report_in_browser(tmp_path):
     seen = _open(path, tmp_path)
     model = _model(path.read_text())
     assert seen["broken"] == [] and seen["resources"] == [] and seen["violations"] == []
+    _assert_shows_pictures(seen, model)
     (est,) = model["estimators"]
     assert seen["galleries"]["tau"]["most"] == [str(q) for q in est["most"]]
     assert "broken.png" in " ".join(model["settings"])  # the skipped file is named on the page
+
+
+def test_pretrained_report_in_browser(pretrained_dir, tmp_path):
+    """Frozen features: the browser draws the input images, not the feature vectors."""
+    path = pretrained_dir / "report.html"
+    seen = _open(path, tmp_path)
+    assert seen["broken"] == [] and seen["resources"] == [] and seen["violations"] == []
+    _assert_shows_pictures(seen, _model(path.read_text()))

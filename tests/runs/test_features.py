@@ -99,6 +99,23 @@ def test_digests_tell_images_apart():
     assert dx[0] == dy[0] and dx[2] == dy[2] and dx[1] != dy[1]
 
 
+def test_cached_rows_keep_their_source_images_digest():
+    """Each cached row names the image it came from (hashlib on the image's bytes)."""
+    import hashlib
+
+    from bayesurl.data import ImageTensorDataset
+    from bayesurl.runs.features import CachedFeatures, source_digests
+
+    imgs = torch.randint(0, 256, (5, 1, 6, 6), dtype=torch.uint8)
+    ref = [hashlib.sha1(bytes(im.numpy().ravel())).hexdigest() for im in imgs]
+    assert source_digests(ImageTensorDataset(imgs, torch.arange(5))) == ref
+    cached = CachedFeatures(torch.randn(5, 1, 3), torch.arange(5), ref)
+    assert source_digests(cached) == ref and len(cached[0]) == 2
+    assert source_digests(torch.utils.data.TensorDataset(imgs)) is None
+    with pytest.raises(ValueError, match="`digests`"):
+        CachedFeatures(torch.randn(5, 1, 3), torch.arange(5), ref[:4])
+
+
 def test_views_pick_the_plain_row_or_a_cached_augmentation():
     x = torch.arange(4 * 3 * 2, dtype=torch.float64).reshape(4, 3, 2)
     torch.testing.assert_close(FirstView()(x), x[:, 0])
