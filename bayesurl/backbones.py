@@ -438,7 +438,7 @@ def _no_local_weights(name: str) -> ValueError:
     )
 
 
-def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
+def _check_timm_name(name: str) -> None:
     import timm
 
     if not timm.is_model(name):
@@ -446,6 +446,12 @@ def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
             f"unknown `backbone` {name!r}: neither {', '.join(_LOCAL_BACKBONES)} nor a timm model "
             "name (timm.list_models() lists them)"
         )
+
+
+def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
+    import timm
+
+    _check_timm_name(name)
     kwargs["pretrained"] = False  # timm's pretrained=True would reach for the hub
     kwargs.setdefault("num_classes", 0)
     return timm.create_model(name, **kwargs)
@@ -482,6 +488,7 @@ def resolve_backbone(backbone: str | nn.Module, **timm_kwargs: Any) -> tuple[nn.
         if backbone.lower() in PACKAGED_WEIGHTS:
             module = _packaged_model(backbone, pretrained and not checkpoint, kwargs)
         elif pretrained and not checkpoint:
+            _check_timm_name(backbone)
             raise _no_local_weights(backbone)
         else:
             module = _timm_model(backbone, kwargs)

@@ -105,6 +105,11 @@ def test_a_name_without_local_weights_fails_at_once_with_one_line(offline, name)
     assert "\n" not in message and "checkpoint=" in message and "tf_efficientnet_lite0" in message
 
 
+def test_an_unknown_name_is_named_as_unknown_before_the_weights():
+    with pytest.raises(ValueError, match="unknown `backbone` 'no_such_net'"):
+        build_backbone("no_such_net", pretrained=True)
+
+
 def test_a_local_checkpoint_satisfies_pretrained(tmp_path, offline):
     ref, _ = build_backbone("resnet18")
     path = tmp_path / "resnet18.pt"
