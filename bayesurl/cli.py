@@ -55,7 +55,7 @@ class UsageError(Exception):
     """A user error that is neither a bad value nor a missing file (one line, exit 2)."""
 
 
-USER_ERRORS = (UsageError, ValueError, TypeError, OSError, KeyError, RankFailedError)
+USER_ERRORS = (UsageError, ValueError, TypeError, OSError, KeyError, ImportError, RankFailedError)
 
 _ROLE = re.compile(r":[a-zA-Z:]+:`([^`]*)`")
 _LITERAL = re.compile(r"``([^`]*)``")

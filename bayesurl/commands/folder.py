@@ -19,7 +19,8 @@ thesis section 5.3), ``laplace`` (last-layer Laplace on an identity read-out, LA
 Examples::
 
     bayesurl folder photos/ --out runs/photos
-    bayesurl folder photos/ --method laplace --backbone small_convnet --out runs/photos_la
+    bayesurl folder photos/ --method laplace --backbone small_convnet --random-weights \
+        --out runs/photos_la
 """
 
 from __future__ import annotations
@@ -40,12 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backbone",
         default=DEFAULT_BACKBONE,
-        help=f"encoder (default {DEFAULT_BACKBONE}, pretrained); small_convnet or a timm name",
+        help=f"encoder (default {DEFAULT_BACKBONE}, pretrained); another needs --random-weights",
     )
     parser.add_argument(
         "--random-weights",
         action="store_true",
-        help="do not load the backbone's packaged ImageNet weights (names without them never do)",
+        help="encode with random weights (needed for a backbone without packaged weights)",
     )
     parser.add_argument(
         "--image-size", type=int, default=None, help="input side (default: the backbone's)"
@@ -70,7 +71,12 @@ def run(args: argparse.Namespace) -> int:
     from bayesurl.report import print_notes, try_report
     from bayesurl.runs.folder import score_folder
 
-    pretrained = not args.random_weights and args.backbone in PACKAGED_WEIGHTS
+    pretrained = not args.random_weights
+    if pretrained and args.backbone.lower() not in PACKAGED_WEIGHTS:
+        raise ValueError(
+            f"`--backbone` {args.backbone!r} has no packaged pretrained weights "
+            f"({', '.join(PACKAGED_WEIGHTS)}): pass --random-weights to encode with random weights"
+        )
     res = score_folder(
         args.images,
         out=args.out,

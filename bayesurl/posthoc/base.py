@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from bayesurl._checks import check_finite, check_ndim, check_output_file, match_module_dtype
 from bayesurl._modules import eval_mode
+from bayesurl.backbones import watch_input_range
 from bayesurl.files import atomic_open
 from bayesurl.types import Output
 
@@ -142,10 +143,17 @@ def probe_width(encoder: nn.Module, input_shape: Sequence[int]) -> int | None:
 
 
 def as_encoder(encoder: nn.Module) -> nn.Module:
-    """``encoder`` itself, or a :class:`MethodEncoder` around a registry method."""
+    """``encoder`` itself, or a :class:`MethodEncoder` around a registry method.
+
+    An encoder that declares its input (a timm model) gets
+    :func:`~bayesurl.backbones.watch_input_range`: one warning for images outside it.
+    """
     from bayesurl.methods.base import Method
 
-    return MethodEncoder(encoder) if isinstance(encoder, Method) else encoder
+    if isinstance(encoder, Method):
+        return MethodEncoder(encoder)
+    watch_input_range(encoder)
+    return encoder
 
 
 def register_wrapper(name: str):

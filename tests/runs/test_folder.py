@@ -78,7 +78,8 @@ def test_command_writes_csv_and_report(tmp_path, capsys):
     images = _folder(tmp_path / "imgs", corrupt=False)
     out = tmp_path / "out"
     code = main(["folder", str(images), "--out", str(out), "--backbone", "small_convnet",
-                 "--epochs", "1", "--batch-size", "8", "--no-progress"])  # fmt: skip
+                 "--random-weights", "--epochs", "1", "--batch-size", "8",
+                 "--no-progress"])  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
     assert "r@1=" in printed and "report" in printed
