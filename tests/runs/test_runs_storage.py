@@ -69,39 +69,14 @@ def _log(log: Path) -> tuple[Counter, Counter, set[str]]:
     return starts, ends, pids
 
 
-#: A PostgreSQL database for the multi-machine variant, e.g.
-#: ``postgresql+psycopg2://user:pw@localhost/db`` (its tables are dropped first).
-PG_URL = os.environ.get("BAYESURL_TEST_POSTGRES_URL")
-
-
-def _fresh_postgres(url: str) -> str:
-    import sqlalchemy as sa
-
-    engine = sa.create_engine(url)
-    meta = sa.MetaData()
-    meta.reflect(engine)
-    meta.drop_all(engine)
-    engine.dispose()
-    return url
-
-
 @pytest.mark.parametrize(
-    "backend",
-    [
-        "sqlite",
-        pytest.param(
-            "postgresql",
-            marks=pytest.mark.skipif(
-                PG_URL is None, reason="set BAYESURL_TEST_POSTGRES_URL to a PostgreSQL database"
-            ),
-        ),
-    ],
+    "backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 )
-def test_two_worker_processes_share_one_storage(tmp_path, backend):
+def test_two_worker_processes_share_one_storage(tmp_path, backend, request):
     if backend == "sqlite":
         url = default_storage_url(tmp_path / "out")
     else:
-        url = _fresh_postgres(PG_URL)
+        url = request.getfixturevalue("postgres").new_database()
     log = tmp_path / "log.txt"
     sizes = (3, 2, 3)  # 18 runs
     procs = [_spawn(tmp_path, url, log, sizes, 0.05) for _ in range(2)]
