@@ -19,6 +19,7 @@ import glob
 import os
 import pwd
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -125,6 +126,16 @@ class PostgresServer:
                 if attempt == 2:
                     raise
         atexit.register(self.stop)
+        # a pytest killed by a signal runs no atexit: this shell stops the server after it
+        stop = shlex.join(
+            [*self._as, str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
+             "stop"]
+        )  # fmt: skip
+        subprocess.Popen(
+            ["sh", "-c", f"while kill -0 {os.getpid()}; do sleep 2; done; {stop}; "
+             f"rm -rf {shlex.quote(str(self.folder))}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
         return self
 
     def _pg_start(self) -> None:

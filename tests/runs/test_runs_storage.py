@@ -303,3 +303,38 @@ def test_a_schema_creation_race_is_retried_not_called_corruption():
 
     with pytest.raises(StorageError, match="unreadable"):
         _retry(broken, "open", url="sqlite:///x.db")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg2://ann:s3cr%40t%2Fpw@db-host:5432/bayesurl",
+        "postgresql://ann:plainpw@db-host/bayesurl?sslmode=require",
+        "mysql+pymysql://root:pa:ss@127.0.0.1/x",
+    ],
+)
+def test_redact_url_hides_the_password_and_keeps_the_rest(url):
+    from sqlalchemy.engine import make_url
+
+    from bayesurl.runs.storage import redact_url
+
+    shown = redact_url(url)
+    given, seen = make_url(url), make_url(shown)
+    assert given.password and given.password not in shown and "***" in shown
+    assert str(url.split("@")[0].split(":")[-1]) not in shown  # nor its URL-encoded form
+    for part in ("drivername", "username", "host", "port", "database", "query"):
+        assert getattr(seen, part) == getattr(given, part)
+    assert redact_url("sqlite:////tmp/x/sweep.db") == "sqlite:////tmp/x/sweep.db"
+
+
+def test_a_bad_url_is_one_line_without_its_password():
+    from bayesurl.runs.storage import StorageError
+
+    for url in (
+        "postgresql+psycopg2://ann:Sentinel99@host:notaport/db",
+        "nodialect://a:Sentinel99@h/d",
+    ):
+        with pytest.raises(StorageError) as e:
+            SweepStorage(url)
+        assert "Sentinel99" not in str(e.value) and "\n" not in str(e.value)
+        assert "***" in str(e.value)
