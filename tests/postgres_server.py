@@ -100,7 +100,10 @@ class PostgresServer:
 
     def start(self) -> PostgresServer:
         """``initdb`` a new cluster and start it (a few seconds)."""
-        self.folder = Path(tempfile.mkdtemp(prefix="bayesurl-pg-"))
+        base = tempfile.gettempdir()
+        if self._uid is not None and not os.stat(base).st_mode & 0o001:
+            base = "/tmp"  # the postgres user must reach the folder
+        self.folder = Path(tempfile.mkdtemp(prefix="bayesurl-pg-", dir=base))
         self._chown(self.folder)
         pwfile = self.folder / "pw"
         pwfile.write_text(self.password + "\n")
