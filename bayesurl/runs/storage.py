@@ -784,7 +784,10 @@ class SweepStorage:
     def _take(self, trial_id: int) -> bool:
         optuna = require_optuna()
 
+        tries = []
+
         def go() -> bool:
+            tries.append(1)
             try:
                 return bool(
                     self._storage.set_trial_state_values(
@@ -794,7 +797,14 @@ class SweepStorage:
             except optuna.exceptions.UpdateFinishedTrialError:
                 return False
 
-        return bool(self._retry(go, "claim"))
+        taken = bool(self._retry(go, "claim"))
+        if not taken and len(tries) > 1:
+            # a retry found the trial taken: the first try may have been committed with its
+            # answer lost (connection dropped). Such a RUNNING trial has no heartbeat, and
+            # Optuna never calls a trial without one stale; one beat lets the stale check give
+            # it back if it is nobody's (a beat on another worker's trial changes nothing)
+            self._retry(lambda: self._storage.record_heartbeat(trial_id), "heartbeat")
+        return taken
 
     def _retire(self, trial_id: int, why: str) -> None:
         optuna = require_optuna()

@@ -338,3 +338,37 @@ def test_a_bad_url_is_one_line_without_its_password():
             SweepStorage(url)
         assert "Sentinel99" not in str(e.value) and "\n" not in str(e.value)
         assert "***" in str(e.value)
+
+
+def test_a_claim_whose_answer_was_lost_is_given_back_after_the_grace_period(tmp_path):
+    """The connection drops after the claim's ``WAITING -> RUNNING`` was committed: the retry
+    finds the trial taken. The run must not stay RUNNING forever (Optuna never calls a trial
+    without a heartbeat stale): it is failed after the grace period and run once."""
+    from sqlalchemy.exc import OperationalError
+
+    store = SweepStorage(out=tmp_path, sweep="lost", heartbeat_interval=1, grace_period=1)
+    store.add_runs([{"estimator": "a", "split": 0, "seed": 0}])
+    real = store.storage.set_trial_state_values
+    dropped = []
+
+    def commit_then_drop(trial_id, state, values=None):
+        out = real(trial_id, state=state, values=values)
+        if not dropped:
+            dropped.append(trial_id)
+            raise OperationalError("COMMIT", {}, Exception("server closed the connection"))
+        return out
+
+    store.storage.set_trial_state_values = commit_then_drop
+    assert store.claim() is None  # taken by the lost first try, nobody's now
+    assert store.status()["running"] == 1
+    store.storage.set_trial_state_values = real
+    deadline = time.monotonic() + 30  # the grace period is 1 s
+    while store.status()["running"] and time.monotonic() < deadline:
+        store.fail_stale()
+        time.sleep(0.2)
+    assert store.status()["running"] == 0 and store.status()["waiting"] == 1
+    calls = []
+    store.work(lambda p: calls.append(p) or {"r_auroc": 0.7}, wait=False)
+    assert len(calls) == 1
+    assert store.status() == {"waiting": 0, "running": 0, "complete": 1, "failed": 0, "total": 1}
+    assert [f["error"] for f in store.failures()] == ["crashed"]
