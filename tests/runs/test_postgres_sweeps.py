@@ -202,7 +202,10 @@ def test_four_workers_as_the_docs_show_match_a_sqlite_sweep_and_leak_no_password
     assert any(c.endswith("report.html") for c in checked)
     assert any("***@" in o for o, _ in outs[:4])  # the URL was shown, redacted
     names = sorted({re.sub(r"machine\d|[^/]*\.npz$", "*", c) for c in checked})
-    print(f"\nSENTINEL checked {len(checked)} files ({', '.join(names)}) and 8 outputs")
+    print(
+        f"\nSENTINEL checked {len(checked)} files ({', '.join(names)}) "
+        f"and {2 * len(outs)} outputs (stdout, stderr)"
+    )
 
 
 def _smoke(heartbeat: int, worker: bool = False) -> str:
