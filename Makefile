@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PINS)
-	$(PIP) install -q -e '.[dev,docs,faiss,pretrained,sweep]'
+	$(PIP) install -q -e '.[dev,docs,faiss,pretrained,sweep,postgres]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -15,6 +15,9 @@ import mpmath
 import pytest
 import torch
 
+#: the throwaway PostgreSQL server of the storage tests (fixture ``postgres``)
+pytest_plugins = ("postgres_server",)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread_per_worker():

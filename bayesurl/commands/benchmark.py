@@ -157,6 +157,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "sqlite:///OUT/sweep.db); postgresql+psycopg2://... for workers on several machines",
     )
     g.add_argument(
+        "--heartbeat",
+        type=int,
+        default=30,
+        metavar="SECONDS",
+        help="seconds between a running run's heartbeats; a run whose worker stays silent for "
+        "4 heartbeats (killed, machine lost) is given to another worker (default: 30)",
+    )
+    g.add_argument(
+        "--poll",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between looks while waiting for the plan or for runs elsewhere (default: 10)",
+    )
+    g.add_argument(
         "--tune",
         type=int,
         default=0,
@@ -184,8 +199,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     Raises
     ------
     ValueError
-        For ``--tune`` < 0, ``--tune`` with ``--worker``, ``--threads`` < 1 or ``--splits``
-        < 0.
+        For ``--tune`` < 0, ``--tune`` with ``--worker``, ``--threads`` < 1, ``--heartbeat``
+        < 1, ``--poll`` <= 0 or ``--splits`` < 0.
     FileNotFoundError
         For a ``--root`` that does not exist.
     """
@@ -197,6 +212,10 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError("`--tune-only` needs `--tune N`")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"`--threads` must be >= 1, got {args.threads}")
+    if args.heartbeat < 1:
+        raise ValueError(f"`--heartbeat` must be >= 1 second, got {args.heartbeat}")
+    if not args.poll > 0:
+        raise ValueError(f"`--poll` must be > 0 seconds, got {args.poll}")
     if args.splits is not None and args.splits < 0:
         raise ValueError(f"`--splits` must be >= 0, got {args.splits}")
     if args.root is not None and not Path(args.root).exists():
@@ -258,6 +277,8 @@ def run(args: argparse.Namespace) -> int:
         recipe_tuned=not args.untuned,
         checkpoint_dir=Path(out) / "checkpoints" if args.save_checkpoints and out else None,
         progress=not args.no_progress,
+        poll=args.poll,
+        heartbeat_interval=args.heartbeat,
     )
     if not res.main_process:  # torchrun: rank 0 reports (and alone wrote the files)
         return 1 if any(r.get("error") for r in res.runs) else 0

@@ -34,7 +34,20 @@ reported as failed (:meth:`SweepStorage.failures`; ``add_runs(..., retry_failed=
 it one more). Ctrl-C or SIGTERM gives the claimed run back at once (``FAIL`` marked
 ``interrupted``, not counted as an attempt).
 
-Optuna is an optional dependency: ``pip install bayesurl[sweep]``.
+**Connections.** A database that does not answer when a worker starts, refuses the login
+(wrong password) or needs a driver that is not installed is a :class:`StorageError` at once
+(one line). A connection lost while the sweep runs (the database restarted, the network
+down) is waited for: every storage call retries for up to ``lock_timeout`` seconds, with the
+engine's connections checked before use (``pool_pre_ping``); a run in progress keeps running
+meanwhile. Retried writes are idempotent (a second enqueue of a key is retired as a duplicate,
+a second ``COMPLETE`` is ignored).
+
+**Secrets.** The URL may carry a database password: :attr:`SweepStorage.url`, every error
+message and therefore every results file and progress line show it with the password as
+``***`` (:func:`redact_url`); the full URL is used to connect only.
+
+Optuna is an optional dependency: ``pip install bayesurl[sweep]`` (``bayesurl[postgres]``
+adds the PostgreSQL driver psycopg2).
 """
 
 from __future__ import annotations
@@ -43,10 +56,12 @@ import contextlib
 import math
 import os
 import random
+import re
 import signal
 import sqlite3
 import threading
 import time
+import urllib.parse
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -59,6 +74,7 @@ __all__ = [
     "StorageError",
     "SweepStorage",
     "default_storage_url",
+    "redact_url",
     "require_optuna",
     "run_key",
 ]
@@ -93,6 +109,49 @@ def run_key(estimator: str, split: int, seed: int) -> str:
         if isinstance(v, bool) or int(v) != v or int(v) < 0:
             raise ValueError(f"`{arg}` must be a non-negative integer, got {v!r}")
     return f"{est}/split{int(split)}/seed{int(seed)}"
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password shown as ``***`` (the form every message, progress line and
+    results file shows: a storage URL may carry a database password).
+
+    Examples
+    --------
+    >>> redact_url("postgresql+psycopg2://ann:secret@db-host:5432/bayesurl")
+    'postgresql+psycopg2://ann:***@db-host:5432/bayesurl'
+    >>> redact_url("sqlite:///results/sweep.db")
+    'sqlite:///results/sweep.db'
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    text = str(url)
+    try:
+        return make_url(text).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):  # not parseable: hide whatever sits between : and @
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", text)
+
+
+def _password(url: str) -> str | None:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        pw = make_url(str(url)).password
+    except (ArgumentError, ValueError):
+        m = re.search(r"://[^:/@]*:([^@]*)@", str(url))
+        pw = m.group(1) if m else None
+    return str(pw) if pw else None
+
+
+def _scrub(text: str, url: str) -> str:
+    """``text`` with ``url`` and its password (as given and URL-decoded) hidden."""
+    text = text.replace(str(url), redact_url(url))
+    pw = _password(url)
+    if pw:
+        for secret in {pw, urllib.parse.quote(pw, safe=""), urllib.parse.quote_plus(pw)}:
+            text = text.replace(secret, "***")
+    return text
 
 
 def default_storage_url(out: str | os.PathLike[str]) -> str:
@@ -142,6 +201,49 @@ def _locked(exc: BaseException) -> bool:
     return "locked" in text or "busy" in text or "could not serialize" in text
 
 
+#: Driver messages of a lost or refused database connection (PostgreSQL restarted, network
+#: down): a running sweep waits for the database to come back.
+_DISCONNECTED = (
+    "could not connect",
+    "connection refused",
+    "server closed the connection",
+    "terminating connection",
+    "the database system is",
+    "connection already closed",
+    "no connection to the server",
+    "could not receive data",
+    "could not send data",
+    "ssl syscall",
+    "timeout expired",
+    "connection timed out",
+    "could not translate host name",
+    "network is unreachable",
+    "no route to host",
+    "connection reset",
+    "cannot connect now",
+)
+
+
+def _disconnected(exc: BaseException) -> bool:
+    if getattr(exc, "connection_invalidated", False):
+        return True
+    text = _one_line(exc).lower()
+    return "password authentication" not in text and any(m in text for m in _DISCONNECTED)
+
+
+def _refused_login(exc: BaseException) -> bool:
+    """The server answered but refused the connection: wrong password, unknown user or
+    database, no ``pg_hba.conf`` entry (no use waiting)."""
+    text = _one_line(exc).lower()
+    markers = (
+        "password authentication failed",
+        "no password supplied",
+        "pg_hba.conf",
+        "does not exist",
+    )
+    return "fatal:" in text and any(m in text for m in markers)
+
+
 def _transient(exc: BaseException) -> bool:
     """Lock contention, or two workers creating the schema of a new storage at once (the
     loser's ``CREATE TABLE`` finds the winner's table): both pass when tried again."""
@@ -155,39 +257,63 @@ def _retry(
     also: tuple[type[BaseException], ...] = (),
     wait: float = LOCK_TIMEOUT,
     url: str = "",
+    reconnect: bool = True,
 ) -> Any:
     """Call ``fn``, retrying on lock contention (SQLite ``database is locked``, serialisation
     failures; plus the exception types ``also``) with a short random back-off, for at most
     ``tries`` attempts and ``wait`` seconds; then, or on a corrupted database, raise
-    :class:`StorageError` (one line naming ``url``). Other errors propagate."""
+    :class:`StorageError` (one line naming ``url`` with its password hidden). A lost
+    connection (the database restarted) is retried for ``wait`` seconds when ``reconnect``,
+    else it is at once a :class:`StorageError`; so is a refused login. Other errors
+    propagate."""
     optuna = require_optuna()
     from sqlalchemy.exc import OperationalError
 
     start = time.monotonic()
-    for i in range(tries):
+    i = 0
+    while True:
         try:
             return fn()
         except (optuna.exceptions.StorageInternalError, OperationalError, *also) as exc:
             spent = time.monotonic() - start
-            if i == tries - 1 or spent >= wait:
+            if _refused_login(exc):
+                raise StorageError(
+                    f"sweep storage {redact_url(url)} refused the connection "
+                    f"({_scrub(_one_line(exc), url)}): check the user, password and database "
+                    "name of --storage"
+                ) from exc
+            if _disconnected(exc):
+                if not reconnect or spent >= wait:
+                    why = f"did not answer for {spent:.0f} s" if reconnect else "does not answer"
+                    raise _unreachable(url, exc, why) from exc
+                time.sleep(0.5 + random.random() * 0.5)
+                continue
+            i += 1
+            if i >= tries or spent >= wait:
                 if _locked(exc):
                     raise StorageError(
-                        f"sweep storage {url} stayed locked by another process for "
-                        f"{spent:.0f} s ({what}: {_one_line(exc)}); its finished runs are kept: "
-                        "run again once the other process ends"
+                        f"sweep storage {redact_url(url)} stayed locked by another process for "
+                        f"{spent:.0f} s ({what}: {_scrub(_one_line(exc), url)}); its finished "
+                        "runs are kept: run again once the other process ends"
                     ) from exc
                 raise _corrupted(url, exc) from exc
             if isinstance(exc, OperationalError) and not _transient(exc):
                 raise _corrupted(url, exc) from exc
-            time.sleep(0.02 + random.random() * min(1.0, 0.05 * (i + 1)))
-    raise RuntimeError(f"unreachable: {what}")  # pragma: no cover
+            time.sleep(0.02 + random.random() * min(1.0, 0.05 * i))
 
 
 def _corrupted(url: str, exc: BaseException) -> StorageError:
     return StorageError(
-        f"sweep storage {url} is unreadable ({_one_line(exc)}); it was left untouched: restore "
-        "it from a copy (or `sqlite3 FILE .recover` for SQLite) to keep its finished runs, or "
-        "give another --storage / --out to start a new sweep"
+        f"sweep storage {redact_url(url)} is unreadable ({_scrub(_one_line(exc), url)}); it was "
+        "left untouched: restore it from a copy (or `sqlite3 FILE .recover` for SQLite) to keep "
+        "its finished runs, or give another --storage / --out to start a new sweep"
+    )
+
+
+def _unreachable(url: str, exc: BaseException, why: str) -> StorageError:
+    return StorageError(
+        f"sweep storage {redact_url(url)} {why} ({_scrub(_one_line(exc), url)}); its finished "
+        "runs are kept in the database: start the same command again once it answers"
     )
 
 
@@ -303,7 +429,13 @@ class SweepStorage:
         Attempts per run (crashes and errors) before the sweep gives up on it.
     lock_timeout : float
         Seconds a storage call waits for another process's lock (e.g. a SQLite file held by a
-        hung process) before :class:`StorageError`.
+        hung process), or for a database that stopped answering (restarted) to come back,
+        before :class:`StorageError`.
+
+    Attributes
+    ----------
+    url : str
+        The storage URL with its password hidden (``***``): safe to print and to store.
 
     Raises
     ------
@@ -312,7 +444,9 @@ class SweepStorage:
         positive.
     StorageError
         (a ``ValueError``) If the storage is not a database, is corrupted, or stays locked
-        longer than ``lock_timeout``; one line naming it. The storage is left untouched.
+        longer than ``lock_timeout``; if ``url`` is not a URL, its database does not answer
+        or refuses the login, or its driver is not installed; one line naming it (password
+        hidden). The storage is left untouched.
     ImportError
         If Optuna is not installed.
 
@@ -335,7 +469,8 @@ class SweepStorage:
         lock_timeout: float = LOCK_TIMEOUT,
     ) -> None:
         optuna = require_optuna()
-        from sqlalchemy.exc import DatabaseError
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError, DatabaseError
 
         if url is None:
             if out is None:
@@ -351,7 +486,17 @@ class SweepStorage:
         grace = 4 * int(heartbeat_interval) if grace_period is None else int(grace_period)
         if grace < 1:
             raise ValueError(f"`grace_period` must be a positive integer, got {grace_period}")
-        self.url = str(url)
+        self._url = str(url)
+        #: the storage URL with its password hidden (for messages and results files)
+        self.url = redact_url(self._url)
+        try:
+            make_url(self._url)
+        except (ArgumentError, ValueError) as exc:
+            raise StorageError(
+                f"`url` {self.url!r} is not a SQLAlchemy URL "
+                f"({_scrub(_one_line(exc), self._url)}), e.g. sqlite:///path/sweep.db or "
+                "postgresql+psycopg2://user:password@host:5432/database"
+            ) from None
         self.sweep = str(sweep)
         self.max_attempts = int(max_attempts)
         self.heartbeat_interval = int(heartbeat_interval)
@@ -362,19 +507,36 @@ class SweepStorage:
         try:
             self._open(optuna)
         except (sqlite3.DatabaseError, DatabaseError) as exc:  # not a database, malformed
-            raise _corrupted(self.url, exc) from None
+            raise _corrupted(self._url, exc) from None
+        except ArgumentError as exc:
+            raise StorageError(
+                f"sweep storage {self.url}: {_scrub(_one_line(exc), self._url)}"
+            ) from None
+        except ImportError as exc:  # the URL's database driver is not installed
+            raise StorageError(
+                f"sweep storage {self.url} needs a database driver that is not installed "
+                f"({_one_line(exc)}); for postgresql+psycopg2:// run "
+                "pip install 'bayesurl[postgres]'"
+            ) from None
 
     def _open(self, optuna: Any) -> None:
+        from sqlalchemy.engine import make_url
         from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-        _enable_wal(self.url, self.lock_timeout)
+        _enable_wal(self._url, self.lock_timeout)
         engine_kwargs: dict[str, Any] = {}
-        if self.url.startswith("sqlite"):
+        parsed = make_url(self._url)
+        if parsed.get_backend_name() == "sqlite":
             engine_kwargs["connect_args"] = {"timeout": min(60.0, self.lock_timeout)}
+        else:
+            # a connection dropped by a database restart is replaced before use
+            engine_kwargs["pool_pre_ping"] = True
+            if parsed.get_driver_name() == "psycopg2":
+                engine_kwargs["connect_args"] = {"connect_timeout": 10}
         self._storage = self._retry(
             _quiet(
                 lambda: optuna.storages.RDBStorage(
-                    self.url,
+                    self._url,
                     engine_kwargs=engine_kwargs,
                     heartbeat_interval=self.heartbeat_interval,
                     grace_period=self.grace_period,
@@ -384,8 +546,9 @@ class SweepStorage:
             # two processes creating the schema at once: the loser's alembic stamp (or, on
             # PostgreSQL, its CREATE TABLE) fails
             also=(IntegrityError, ProgrammingError),
+            reconnect=False,  # a database that does not answer at start is an error at once
         )
-        if self.url.startswith("sqlite"):
+        if parsed.get_backend_name() == "sqlite":
             _serialise_sqlite(self._storage.engine)
         self._study = self._retry(
             lambda: optuna.create_study(
@@ -399,10 +562,16 @@ class SweepStorage:
         self._study_id = self._study._study_id
 
     def _retry(
-        self, fn: Callable[[], Any], what: str, also: tuple[type[BaseException], ...] = ()
+        self,
+        fn: Callable[[], Any],
+        what: str,
+        also: tuple[type[BaseException], ...] = (),
+        reconnect: bool = True,
     ) -> Any:
         """:func:`_retry` with this storage's lock timeout and URL in its errors."""
-        return _retry(fn, what, also=also, wait=self.lock_timeout, url=self.url)
+        return _retry(
+            fn, what, also=also, wait=self.lock_timeout, url=self._url, reconnect=reconnect
+        )
 
     # ------------------------------------------------------------------ reading
     @property
@@ -615,7 +784,10 @@ class SweepStorage:
     def _take(self, trial_id: int) -> bool:
         optuna = require_optuna()
 
+        tries = []
+
         def go() -> bool:
+            tries.append(1)
             try:
                 return bool(
                     self._storage.set_trial_state_values(
@@ -625,7 +797,14 @@ class SweepStorage:
             except optuna.exceptions.UpdateFinishedTrialError:
                 return False
 
-        return bool(self._retry(go, "claim"))
+        taken = bool(self._retry(go, "claim"))
+        if not taken and len(tries) > 1:
+            # a retry found the trial taken: the first try may have been committed with its
+            # answer lost (connection dropped). Such a RUNNING trial has no heartbeat, and
+            # Optuna never calls a trial without one stale; one beat lets the stale check give
+            # it back if it is nobody's (a beat on another worker's trial changes nothing)
+            self._retry(lambda: self._storage.record_heartbeat(trial_id), "heartbeat")
+        return taken
 
     def _retire(self, trial_id: int, why: str) -> None:
         optuna = require_optuna()

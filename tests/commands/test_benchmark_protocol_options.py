@@ -54,6 +54,8 @@ def test_smoke_presets_print_how_to_get_the_real_run():
         (["--worker", "--tune", "2"], "--tune"),
         (["--tune-only"], "--tune-only"),
         (["--preset", "standard", "--threads", "0"], "--threads"),
+        (["--preset", "standard", "--heartbeat", "0"], "--heartbeat"),
+        (["--preset", "standard", "--poll", "0"], "--poll"),
     ],
 )
 def test_bad_protocol_arguments(argv, match, capsys):

@@ -69,39 +69,14 @@ def _log(log: Path) -> tuple[Counter, Counter, set[str]]:
     return starts, ends, pids
 
 
-#: A PostgreSQL database for the multi-machine variant, e.g.
-#: ``postgresql+psycopg2://user:pw@localhost/db`` (its tables are dropped first).
-PG_URL = os.environ.get("BAYESURL_TEST_POSTGRES_URL")
-
-
-def _fresh_postgres(url: str) -> str:
-    import sqlalchemy as sa
-
-    engine = sa.create_engine(url)
-    meta = sa.MetaData()
-    meta.reflect(engine)
-    meta.drop_all(engine)
-    engine.dispose()
-    return url
-
-
 @pytest.mark.parametrize(
-    "backend",
-    [
-        "sqlite",
-        pytest.param(
-            "postgresql",
-            marks=pytest.mark.skipif(
-                PG_URL is None, reason="set BAYESURL_TEST_POSTGRES_URL to a PostgreSQL database"
-            ),
-        ),
-    ],
+    "backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 )
-def test_two_worker_processes_share_one_storage(tmp_path, backend):
+def test_two_worker_processes_share_one_storage(tmp_path, backend, request):
     if backend == "sqlite":
         url = default_storage_url(tmp_path / "out")
     else:
-        url = _fresh_postgres(PG_URL)
+        url = request.getfixturevalue("postgres").new_database()
     log = tmp_path / "log.txt"
     sizes = (3, 2, 3)  # 18 runs
     procs = [_spawn(tmp_path, url, log, sizes, 0.05) for _ in range(2)]
@@ -328,3 +303,72 @@ def test_a_schema_creation_race_is_retried_not_called_corruption():
 
     with pytest.raises(StorageError, match="unreadable"):
         _retry(broken, "open", url="sqlite:///x.db")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg2://ann:s3cr%40t%2Fpw@db-host:5432/bayesurl",
+        "postgresql://ann:plainpw@db-host/bayesurl?sslmode=require",
+        "mysql+pymysql://root:pa:ss@127.0.0.1/x",
+    ],
+)
+def test_redact_url_hides_the_password_and_keeps_the_rest(url):
+    from sqlalchemy.engine import make_url
+
+    from bayesurl.runs.storage import redact_url
+
+    shown = redact_url(url)
+    given, seen = make_url(url), make_url(shown)
+    assert given.password and given.password not in shown and "***" in shown
+    assert str(url.split("@")[0].split(":")[-1]) not in shown  # nor its URL-encoded form
+    for part in ("drivername", "username", "host", "port", "database", "query"):
+        assert getattr(seen, part) == getattr(given, part)
+    assert redact_url("sqlite:////tmp/x/sweep.db") == "sqlite:////tmp/x/sweep.db"
+
+
+def test_a_bad_url_is_one_line_without_its_password():
+    from bayesurl.runs.storage import StorageError
+
+    for url in (
+        "postgresql+psycopg2://ann:Sentinel99@host:notaport/db",
+        "nodialect://a:Sentinel99@h/d",
+    ):
+        with pytest.raises(StorageError) as e:
+            SweepStorage(url)
+        assert "Sentinel99" not in str(e.value) and "\n" not in str(e.value)
+        assert "***" in str(e.value)
+
+
+def test_a_claim_whose_answer_was_lost_is_given_back_after_the_grace_period(tmp_path):
+    """The connection drops after the claim's ``WAITING -> RUNNING`` was committed: the retry
+    finds the trial taken. The run must not stay RUNNING forever (Optuna never calls a trial
+    without a heartbeat stale): it is failed after the grace period and run once."""
+    from sqlalchemy.exc import OperationalError
+
+    store = SweepStorage(out=tmp_path, sweep="lost", heartbeat_interval=1, grace_period=1)
+    store.add_runs([{"estimator": "a", "split": 0, "seed": 0}])
+    real = store.storage.set_trial_state_values
+    dropped = []
+
+    def commit_then_drop(trial_id, state, values=None):
+        out = real(trial_id, state=state, values=values)
+        if not dropped:
+            dropped.append(trial_id)
+            raise OperationalError("COMMIT", {}, Exception("server closed the connection"))
+        return out
+
+    store.storage.set_trial_state_values = commit_then_drop
+    assert store.claim() is None  # taken by the lost first try, nobody's now
+    assert store.status()["running"] == 1
+    store.storage.set_trial_state_values = real
+    deadline = time.monotonic() + 30  # the grace period is 1 s
+    while store.status()["running"] and time.monotonic() < deadline:
+        store.fail_stale()
+        time.sleep(0.2)
+    assert store.status()["running"] == 0 and store.status()["waiting"] == 1
+    calls = []
+    store.work(lambda p: calls.append(p) or {"r_auroc": 0.7}, wait=False)
+    assert len(calls) == 1
+    assert store.status() == {"waiting": 0, "running": 0, "complete": 1, "failed": 0, "total": 1}
+    assert [f["error"] for f in store.failures()] == ["crashed"]
