@@ -45,8 +45,11 @@ __all__ = [
     "knn",
     "knn_query",
     "knn_sharded",
+    "low_precision",
     "normalize",
     "rank_budget",
+    "search_precision",
+    "search_stats",
 ]
 
 #: Default bytes allowed for one chunk of the query-gallery similarity matrix (256 MiB).
