@@ -672,15 +672,19 @@ def _row_parallel(m: int, device: torch.device, fn: Callable[[int, int], None]) 
 
 
 def _residual_norms(x: Tensor, xb: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """float64 norms of ``x``, of its bfloat16 copy ``xb`` and of their difference (exact in
-    float64), by row blocks (no ``[N, D]`` float64 copy)."""
+    """Upper bounds (float64) of the norms of ``x``, of its bfloat16 copy ``xb`` and of their
+    difference, by row blocks. In ``x``'s dtype the difference is exact (``xb`` is ``x`` with
+    fewer significant bits) and a norm is off by at most ``(d + 2)`` units of its roundoff, so
+    each norm gets twice that on top."""
+    d = x.shape[1]
+    grow = 1 + 2 * (d + 2) * torch.finfo(x.dtype).eps
     nx, nb, nr = (torch.empty(x.shape[0], dtype=torch.float64, device=x.device) for _ in "abc")
     for a in range(0, x.shape[0], 4096):
-        xd, bd = x[a : a + 4096].double(), xb[a : a + 4096].double()
-        nx[a : a + 4096] = xd.norm(dim=1)
-        nb[a : a + 4096] = bd.norm(dim=1)
-        nr[a : a + 4096] = (xd - bd).norm(dim=1)
-    return nx, nb, nr
+        xs, bs = x[a : a + 4096], xb[a : a + 4096].to(x.dtype)
+        nx[a : a + 4096] = xs.norm(dim=1)
+        nb[a : a + 4096] = bs.norm(dim=1)
+        nr[a : a + 4096] = (xs - bs).norm(dim=1)
+    return nx * grow, nb * grow, nr * grow
 
 
 def _lowp_bound(
@@ -750,9 +754,9 @@ def _search_lowp(
     g_max = [0.0, 0.0, 0.0]
     window = None
     for off, gn in gallery():
-        gb = gn.to(torch.bfloat16)
+        gb = qb if gn is qn else gn.to(torch.bfloat16)
         if gn.shape[0]:
-            stats = _residual_norms(gn, gb)
+            stats = q_stats if gn is qn else _residual_norms(gn, gb)
             g_max = [max(g, float(v.max())) for g, v in zip(g_max, stats, strict=True)]
         if window is None:  # the window of the first chunk (the certificate uses the final bound)
             a, _ = _lowp_bound(q_stats, tuple(g_max), d)
@@ -778,11 +782,23 @@ def _search_lowp(
     a, _ = _lowp_bound(q_stats, tuple(g_max), d)
     # candidates: every kept item within the window of the final k-th value
     keep = torch.isfinite(cand_v) & (cand_i >= 0) & (cand_v >= floor[:, None])
+    edge = torch.maximum(floor, drop).double()
+    u64 = 2.0**-53
+    slack64 = (d + 2) * u64 / (1 - (d + 2) * u64) * 1.01 * q_stats[0] * g_max[0] + 1e-300
+    upper = edge + _BF16_U * 1.01 * edge.abs() + a + slack64
+    lone = torch.zeros(m, dtype=torch.bool, device=dev)
+    if k == 1 and not exact_values:
+        # one candidate whose bound alone clears every other item: its id needs no float64
+        p = torch.where(keep, cand_v, -math.inf).amax(dim=1).double()
+        low = p - _BF16_U * 1.01 * p.abs() - a - slack64
+        lone = (keep.sum(dim=1) == 1) & (low > upper)
     val = torch.full((m, cap), -math.inf, dtype=torch.float64, device=dev)
+    val[lone] = torch.where(keep[lone], cand_v[lone].double(), -math.inf)
     step = 512
     for off, gn in gallery():
         loc = cand_i - off
-        r, c = (keep & (loc >= 0) & (loc < gn.shape[0])).nonzero(as_tuple=True)
+        mine = keep & ~lone[:, None] & (loc >= 0) & (loc < gn.shape[0])
+        r, c = mine.nonzero(as_tuple=True)
         for b0 in range(0, r.numel(), step):
             rr, cc = r[b0 : b0 + step], c[b0 : b0 + step]
             val[rr, cc] = _pair_sims(qn[rr], gn[loc[rr, cc]])
@@ -791,11 +807,7 @@ def _search_lowp(
     ids, val = ids.gather(1, order), val.gather(1, order)
     order = val.argsort(dim=1, descending=True, stable=True)[:, :k]
     out_i, out_v = ids.gather(1, order), val.gather(1, order)
-    edge = torch.maximum(floor, drop).double()
-    u64 = 2.0**-53
-    slack64 = (d + 2) * u64 / (1 - (d + 2) * u64) * 1.01 * q_stats[0] * g_max[0] + 1e-300
-    upper = edge + _BF16_U * 1.01 * edge.abs() + a + slack64
-    certified = torch.isfinite(out_v[:, -1]) & (out_v[:, -1] > upper)
+    certified = lone | (torch.isfinite(out_v[:, -1]) & (out_v[:, -1] > upper))
     fail = (~certified).nonzero().squeeze(1)
     _STATS["lowp_queries"] += m
     _STATS["certified"] += m - fail.numel()

@@ -223,3 +223,16 @@ def test_precision_report_and_switch() -> None:
         with low_precision("yes"):  # type: ignore[arg-type]
             pass
     assert not math.isnan(float(search_stats()["fallback"]))
+
+
+def test_ids_only_search_equal() -> None:
+    """The evaluator's ids-only search (no float64 for a lone certified candidate)."""
+    g = _gen(9)
+    x = torch.randn(3000, 96, generator=g)
+    x[2000:2100] = x[:100]  # duplicates: two candidates, re-ranked in float64
+    with low_precision(False):
+        ref = KNN.neighbor_ids(x, 1)
+    with low_precision(True):
+        got = KNN.neighbor_ids(x, 1)
+    assert torch.equal(got, ref)
+    assert torch.equal(got, _brute(x, x, 1, True))
