@@ -611,7 +611,8 @@ def search_stats(reset: bool = False) -> dict[str, int]:
 
 
 def _lowp_applies(qn: Tensor, k: int) -> bool:
-    if qn.dtype not in (torch.float32, torch.float64) or qn.shape[0] == 0:
+    # the same answer on every rank (a rank without queries runs the collective passes too)
+    if qn.dtype not in (torch.float32, torch.float64):
         return False
     if qn.device.type not in ("cpu", "cuda"):
         return False
@@ -742,7 +743,10 @@ def _search_lowp(
     m, d = qn.shape
     dev = qn.device
     cap = capacity if capacity is not None else k + max(k, 31)
-    if m * cap * 12 > memory_budget:  # candidate lists beyond the budget: the float32 path
+    over = float(m * cap * 12 > memory_budget)
+    if shards is not None:
+        over = shards.sum(over)  # collective: every rank takes the same path
+    if over:  # candidate lists beyond the budget: the float32 path
         return _search_exact(
             qn, gallery, k, memory_budget, chunk_size, self_index, shards, exact_values
         )
