@@ -722,23 +722,29 @@ def _search_lowp(
     exact_values: bool,
     capacity: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """:func:`search` with a bfloat16 candidate pass (issue 34).
+    """:func:`search` with a bfloat16 candidate pass.
 
     1. **Candidates.** The queries and every gallery chunk are rounded to bfloat16 and
        multiplied tile by tile (query blocks split across threads, :func:`_row_parallel`).
-       With ``p`` the bfloat16 products, ``e(p) = a + u |p|`` their error bound
-       (:func:`_lowp_bound`), ``W = 2 (a + u s)`` per query and ``T`` the running k-th largest
-       ``p``, every item with ``p >= T - W`` enters the query's candidate list (at most
-       ``capacity``; ``drop`` keeps the largest ``p`` pushed out). A tile whose row maximum
-       lies below ``T - W`` costs one ``amax``.
+       With ``p`` the bfloat16 products and ``e(p) = a + u |p|`` their error bound
+       (:func:`_lowp_bound`), each query keeps a ``floor``: the running maximum of
+       ``T - W(T)`` over the running k-th largest ``p`` (``T``; for k = 1 the tile's own
+       maximum counts before its items are read), with ``W(T) = 2.04 (a + u |T|) / (1 - u)``,
+       the widest gap two bounds can open. Every item with ``p >= floor`` enters the query's
+       candidate list (at most ``capacity``, default ``k + max(k, 31)``; ``drop`` keeps the
+       largest ``p`` pushed out). A tile whose row maximum lies below the floor costs one
+       ``amax``; in the others only blocks of :data:`_LOWP_BLOCK` columns that reach it are
+       read.
     2. **Re-rank.** Each candidate gets its float64 similarity computed as the float32 path
        computes it (:func:`_pair_sims`: the same bits), and the top-k is taken in (similarity
-       descending, id ascending) order.
-    3. **Certificate.** Every item outside the list has ``p <= E = max(T - W, drop)``, hence
-       an exact similarity ``<= E + u |E| + a``, and a float64 one at most ``gamma_d`` (float64)
-       above that. When the k-th re-ranked similarity exceeds this strictly, no outside item
-       can enter the top-k or tie with its last member: the row is certified. The others
-       (``search_stats()["fallback"]``) run :func:`_search_exact`.
+       descending, id ascending) order. For k = 1 without ``exact_values`` a lone candidate
+       whose lower bound ``p - e(p)`` already clears the certificate needs no float64 value.
+    3. **Certificate.** Every item outside the list has ``p <= E = max(floor, drop)`` (the
+       floor only rises), hence an exact similarity ``<= E + u |E| + a``, and a float64 one
+       at most ``gamma_d`` (float64) above that. When the k-th re-ranked similarity exceeds
+       this strictly, no outside item can enter the top-k or tie with its last member: the
+       row is certified. The others (``search_stats()["fallback"]``) run
+       :func:`_search_exact`; collective under ``shards``, as every pass here.
     """
     m, d = qn.shape
     dev = qn.device
