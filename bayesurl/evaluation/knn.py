@@ -525,6 +525,11 @@ def _bf16_accumulates_in_fp32(device: torch.device) -> bool:
 
 
 @functools.cache
+def _sums_in_fp32(device_type: str) -> bool:
+    return _bf16_accumulates_in_fp32(torch.device(device_type))
+
+
+@functools.cache
 def _precision_choice(device_type: str) -> tuple[str, str]:
     if device_type == "cuda":
         if not torch.cuda.is_bf16_supported():
@@ -540,7 +545,7 @@ def _precision_choice(device_type: str) -> tuple[str, str]:
         reason = f"CPU flags {', '.join(fast)} (torch {torch.backends.cpu.get_cpu_capability()})"
     else:
         return "float32", f"no bfloat16 candidate pass on {device_type}"
-    if not _bf16_accumulates_in_fp32(torch.device(device_type)):
+    if not _sums_in_fp32(device_type):
         return "float32", "bfloat16 products do not accumulate in float32"
     return "bfloat16", reason
 
@@ -567,8 +572,12 @@ def search_precision(device: torch.device | str = "cpu") -> tuple[str, str]:
         What decided it (CPU flags, GPU name, or what is missing).
     """
     dev = torch.device(device)
-    if _FORCE_LOWP[0] is not None:
-        return ("bfloat16", "forced") if _FORCE_LOWP[0] else ("float32", "forced")
+    if _FORCE_LOWP[0] is False:
+        return "float32", "forced"
+    if _FORCE_LOWP[0] and dev.type in ("cpu", "cuda"):
+        if _sums_in_fp32(dev.type):  # the bound's premise holds, fast or not
+            return "bfloat16", "forced"
+        return "float32", "forced, but bfloat16 products do not accumulate in float32 here"
     return _precision_choice(dev.type)
 
 
