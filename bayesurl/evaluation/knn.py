@@ -494,6 +494,11 @@ _TASK_ROWS = 2048
 _LOWP_COLS = 1024
 _LOWP_BLOCK = 32
 
+#: Narrower embeddings keep the float32 path unless forced: at D = 64 the products are a small
+#: share of the pass and the candidate bookkeeping outweighs their gain (sampled ECE, N = 35k,
+#: S = 10: 1.15x the float32 path's CPU time; ``results/benchmarks/evaluator_precision.txt``).
+_LOWP_MIN_D = 128
+
 #: Forced choice of :func:`search` (None: automatic, see :func:`search_precision`).
 _FORCE_LOWP: list[bool | None] = [None]
 
@@ -556,8 +561,9 @@ def search_precision(device: torch.device | str = "cpu") -> tuple[str, str]:
     ``"bfloat16"`` where the device multiplies bfloat16 fast (CPU flags ``avx512_bf16`` /
     ``amx_bf16`` / ARM ``bf16``, or a CUDA GPU) and sums its products in float32 (checked once
     per process): bfloat16 products propose the candidates, float64 re-ranks them, and a
-    certificate proves every returned neighbour exact; ``"float32"`` otherwise. The results
-    are the same bit for bit either way.
+    certificate proves every returned neighbour exact; ``"float32"`` otherwise. Embeddings
+    narrower than 128 keep the float32 path unless forced (:func:`low_precision`): too little
+    to gain there. The results are the same bit for bit either way.
 
     Parameters
     ----------
@@ -624,6 +630,8 @@ def _lowp_applies(qn: Tensor, k: int) -> bool:
     if qn.dtype not in (torch.float32, torch.float64):
         return False
     if qn.device.type not in ("cpu", "cuda"):
+        return False
+    if _FORCE_LOWP[0] is None and qn.shape[1] < _LOWP_MIN_D:
         return False
     return search_precision(qn.device)[0] == "bfloat16"
 
