@@ -58,8 +58,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from bayesurl.distributed import Shards
 from bayesurl.evaluation import functional as Fm
-from bayesurl.evaluation.knn import knn
+from bayesurl.evaluation import low_precision, search_precision, search_stats
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, search_shards
 
 
 class PeakMemory:
@@ -285,6 +287,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None, help="default 2 (1 with --distributed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--feat-n", type=int, default=20_000, help="with --precision: N of the 1,280-d search"
+    )
+    p.add_argument(
         "--distributed",
         type=int,
         default=None,
@@ -307,6 +312,13 @@ def main(argv: list[str] | None = None) -> None:
         "weighs less at larger N)",
     )
     p.add_argument(
+        "--precision",
+        action="store_true",
+        help="compare the bfloat16 candidate pass, the float32 path and faiss at 1 and 2 threads "
+        "(neighbours checked identical), the 1,280-d feature search and a sampled-ECE run "
+        "with the exact per-draw fallback, before / after",
+    )
+    p.add_argument(
         "--phases",
         action="store_true",
         help="with --distributed: also print rank 0's RSS at the evaluation's phase boundaries",
@@ -316,6 +328,8 @@ def main(argv: list[str] | None = None) -> None:
         pin_openblas(a.faiss_coretype)
     if a.quick:
         a.n, a.d = 8000, 128
+    if a.precision:
+        return precision_main(a)
     if a.distributed is not None:
         for n in a.sweep_n or [a.n]:
             a.n = n
@@ -463,6 +477,186 @@ def main(argv: list[str] | None = None) -> None:
         f"{t_nn / t_pass:.2f} passes)"
     )
     print(f"    mean confidence {float(res.confidence.mean()):.3f}")
+
+
+def _ids_pass(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> tuple[float, float, Any]:
+    """The evaluator's exact R@1 + R-AUROC from one ids-only search (its ``_search``)."""
+    sh = Shards.local(x.shape[0])
+    nb = search_shards(x, 1, sh, DEFAULT_MEMORY_BUDGET, None, exact_values=False)[1][:, 0]
+    correct = y[nb] == y
+    return float(correct.double().mean()), float(Fm.r_auroc(u, correct)), nb
+
+
+def _faiss_ids(x: torch.Tensor, y: torch.Tensor) -> tuple[float, Any]:
+    import faiss
+
+    xn = x.cpu().numpy()
+    index = faiss.IndexFlatIP(xn.shape[1])
+    index.add(xn)
+    _, idx = index.search(xn, 2)
+    own = idx[:, 0] == np.arange(len(xn))
+    nn = torch.from_numpy(np.where(own, idx[:, 1], idx[:, 0])).long()
+    return float((y[nn] == y).double().mean()), nn
+
+
+def _alternate(
+    runs: dict[str, Callable[[], Any]], repeats: int
+) -> dict[str, tuple[list[float], list[float], Any]]:
+    """Wall and CPU times of every run, ``repeats`` rounds, the order rotated each round."""
+    out: dict[str, tuple[list[float], list[float], Any]] = {n: ([], [], None) for n in runs}
+    names = list(runs)
+    for rep in range(repeats):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            c0, t0 = time.process_time(), time.perf_counter()
+            res = runs[name]()
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            out[name][0].append(wall)
+            out[name][1].append(cpu)
+            if out[name][2] is None:
+                out[name] = (out[name][0], out[name][1], res)
+    return out
+
+
+def _med(v: list[float]) -> float:
+    return float(np.median(v))
+
+
+def precision_main(a: argparse.Namespace) -> None:
+    """``--precision``: the bfloat16 candidate pass against the float32 path and faiss."""
+    try:
+        import faiss
+    except ImportError:
+        faiss = None
+    precision, reason = search_precision("cpu")
+    load = os.getloadavg()
+    print(
+        f"N={a.n} D={a.d} repeats={a.repeats} (alternating, order rotated) "
+        f"torch={torch.__version__}"
+        f" cpus={os.cpu_count()} load={load[0]:.2f},{load[1]:.2f},{load[2]:.2f} "
+        f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')}\n"
+        f"candidate pass chosen: {precision} ({reason}); torch CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()}"
+    )
+    for line in blas_report():
+        print(f"  BLAS {line}")
+    r_torch, r_numpy = product_rates(a.d)
+    xb, yb = torch.randn(4096, a.d).bfloat16(), torch.randn(a.d, 1024).bfloat16()
+    c0 = time.process_time()
+    for _ in range(5):
+        torch.mm(xb, yb)
+    r_bf16 = 5 * 2 * 4096 * 1024 * a.d / (time.process_time() - c0) / 1e9
+    print(
+        f"  one [4096, {a.d}] @ [{a.d}, 1024] tile: float32 torch.mm {r_torch:.0f}, numpy's BLAS "
+        f"{r_numpy:.0f}, bfloat16 torch.mm {r_bf16:.0f} GFLOP/s (CPU time)"
+    )
+    x, y, u = make_data(a.n, a.d, max(a.n // 30, 2), a.seed, torch.device("cpu"))
+    threads_list = [1, 2] if a.threads is None else [a.threads]
+    cpu_at: dict[str, dict[int, float]] = {}
+    for threads in threads_list:
+        torch.set_num_threads(threads)
+        runs: dict[str, Callable[[], Any]] = {}
+        for name, flag in (("bfloat16", True), ("float32", False)):
+            runs[name] = lambda flag=flag: _with_precision(flag, lambda: _ids_pass(x, y, u))
+        if faiss is not None:
+            faiss.omp_set_num_threads(threads)
+            runs["faiss"] = lambda: _faiss_ids(x, y)
+        _ids_pass(x[:512], y[:512], u[:512])
+        search_stats(reset=True)
+        res = _alternate(runs, a.repeats)
+        stats = search_stats(reset=True)
+        print(f"\n[threads={threads}] exact R@1 + R-AUROC, N={a.n}, D={a.d}")
+        for name, (walls, cpus, _) in res.items():
+            cpu_at.setdefault(name, {})[threads] = _med(cpus)
+            each = ", ".join(f"{w:.1f}/{c:.1f}" for w, c in zip(walls, cpus))
+            print(
+                f"  {name:9s} wall {_med(walls):7.2f} s  CPU {_med(cpus):7.2f} s  "
+                f"(each wall/CPU: {each})"
+            )
+        nb16, nb32 = res["bfloat16"][2][2], res["float32"][2][2]
+        r16, r32 = res["bfloat16"][2][:2], res["float32"][2][:2]
+        print(
+            f"  R@1 / R-AUROC bfloat16 {r16[0]:.6f} / {r16[1]:.6f}, float32 {r32[0]:.6f} / "
+            f"{r32[1]:.6f}; neighbours identical: {bool(torch.equal(nb16, nb32))}"
+        )
+        print(
+            f"  candidate pass: {stats['certified']} rows certified, {stats['fallback']} fell "
+            f"back, {stats['candidates'] / max(stats['lowp_queries'], 1):.2f} candidates per row"
+        )
+        if faiss is not None:
+            nbf = res["faiss"][2][1]
+            print(
+                f"  neighbours identical to faiss: {bool(torch.equal(nb16, nbf))} "
+                f"({int((nb16 != nbf).sum())} differ)"
+            )
+            wf, cf = _med(res["faiss"][0]), _med(res["faiss"][1])
+            for name in ("bfloat16", "float32"):
+                w, c = _med(res[name][0]), _med(res[name][1])
+                print(f"  {name} / faiss: wall {w / wf:.3f}, CPU {c / cf:.3f}")
+        w16, w32 = _med(res["bfloat16"][0]), _med(res["float32"][0])
+        c16, c32 = _med(res["bfloat16"][1]), _med(res["float32"][1])
+        print(f"  bfloat16 / float32: wall {w16 / w32:.3f}, CPU {c16 / c32:.3f}")
+    if len(threads_list) == 2:
+        print(
+            "\nCPU time at 2 threads / 1 thread: "
+            + ", ".join(f"{n} {v[2] / v[1]:.3f}" for n, v in cpu_at.items())
+        )
+    load = os.getloadavg()
+    print(f"load average after: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
+    # -------------------------------------------------- the 1,280-d feature search
+    torch.set_num_threads(threads_list[-1])
+    n_f = a.feat_n
+    xf, yf, uf = make_data(n_f, 1280, max(n_f // 30, 2), a.seed + 2, torch.device("cpu"))
+    runs = {
+        name: (lambda flag=flag: _with_precision(flag, lambda: _ids_pass(xf, yf, uf)))
+        for name, flag in (("bfloat16", True), ("float32", False))
+    }
+    res = _alternate(runs, a.repeats)
+    print(f"\n[features] exact R@1 + R-AUROC, N={n_f}, D=1280, threads={threads_list[-1]}")
+    for name, (walls, cpus, _) in res.items():
+        print(f"  {name:9s} wall {_med(walls):7.2f} s  CPU {_med(cpus):7.2f} s")
+    print(
+        f"  bfloat16 / float32: wall {_med(res['bfloat16'][0]) / _med(res['float32'][0]):.3f}, "
+        f"CPU {_med(res['bfloat16'][1]) / _med(res['float32'][1]):.3f}; neighbours identical: "
+        f"{bool(torch.equal(res['bfloat16'][2][2], res['float32'][2][2]))}"
+    )
+    # -------------------------------------------------- sampled ECE (HET-XL's shapes)
+    n_e, d_e, s_e = a.ece_n or 35_000, 64, 10
+    xe, ye, _ = make_data(n_e, d_e, max(n_e // 30, 2), a.seed + 3, torch.device("cpu"))
+    g = torch.Generator().manual_seed(a.seed)
+    samples = xe + a.noise * torch.randn(s_e, n_e, d_e, generator=g) / d_e**0.5
+    infos: dict[str, dict[str, float]] = {}
+
+    def ece(flag: bool) -> Any:
+        info: dict[str, float] = {}
+        out = _with_precision(flag, lambda: Fm.retrieval_ece(samples, ye, info=info))
+        infos[str(flag)] = info
+        return out
+
+    runs = {"bfloat16": lambda: ece(True), "float32": lambda: ece(False)}
+    res = _alternate(runs, a.repeats)
+    info = infos["True"]
+    print(
+        f"\n[sampled ECE] S={s_e} draws, N={n_e}, D={d_e} (HET-XL's shapes in the pretrained "
+        f"protocol), noise {a.noise}, threads={threads_list[-1]}: shortlist miss-rate "
+        f"{info.get('miss_rate', float('nan')):.3g}, exact per-draw fallback "
+        f"{bool(info.get('fallback_exact'))}"
+    )
+    for name, (walls, cpus, _) in res.items():
+        print(f"  {name:9s} wall {_med(walls):7.2f} s  CPU {_med(cpus):7.2f} s")
+    e16, e32 = res["bfloat16"][2], res["float32"][2]
+    print(
+        f"  bfloat16 / float32: wall {_med(res['bfloat16'][0]) / _med(res['float32'][0]):.3f}, "
+        f"CPU {_med(res['bfloat16'][1]) / _med(res['float32'][1]):.3f}; ECE {float(e16.ece):.6f} "
+        f"vs {float(e32.ece):.6f}, per-draw neighbours identical: "
+        f"{bool(torch.equal(e16.neighbors, e32.neighbors))}"
+    )
+    load = os.getloadavg()
+    print(f"load average after: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (shared machine)")
+
+
+def _with_precision(flag: bool, fn: Callable[[], Any]) -> Any:
+    with low_precision(flag):
+        return fn()
 
 
 #: neighbours of the one search of ``bayesurl evaluate`` with its default ``--ks 1 5 10``

@@ -41,8 +41,11 @@ from bayesurl.evaluation.knn import (
     knn,
     knn_query,
     knn_sharded,
+    low_precision,
     normalize,
     rank_budget,
+    search_precision,
+    search_stats,
 )
 from bayesurl.evaluation.memo import NeighborMemo
 
@@ -121,6 +124,7 @@ __all__ = [
     "knn",
     "knn_query",
     "knn_sharded",
+    "low_precision",
     "map_at_k",
     "mean_from_samples",
     "modal_labels",
@@ -139,6 +143,8 @@ __all__ = [
     "recall_at_k",
     "retrieval_ece",
     "sampled_neighbors",
+    "search_precision",
+    "search_stats",
     "sparsification_curve",
     "uncertainty_from_samples",
 ]

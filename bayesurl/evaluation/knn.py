@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -44,8 +45,11 @@ __all__ = [
     "knn",
     "knn_query",
     "knn_sharded",
+    "low_precision",
     "normalize",
     "rank_budget",
+    "search_precision",
+    "search_stats",
 ]
 
 #: Default bytes allowed for one chunk of the query-gallery similarity matrix (256 MiB).
@@ -367,6 +371,34 @@ def search(
 ) -> tuple[Tensor, Tensor]:
     """Exact top-k of the normalised queries ``qn`` over normalised gallery chunks.
 
+    Where the processor multiplies bfloat16 fast (:func:`search_precision`), a bfloat16
+    candidate pass with a rigorous error bound proposes the neighbours, float64 re-ranks them
+    and a certificate proves them exact (:func:`_search_lowp`); the rows it cannot certify,
+    and every search elsewhere, take the float32 path (:func:`_search_exact`). Both give the
+    same neighbours and values bit for bit. Arguments as :func:`_search_exact`.
+    """
+    if _lowp_applies(qn, k):
+        return _search_lowp(
+            qn, gallery, k, memory_budget, chunk_size, self_index, shards, exact_values
+        )
+    return _search_exact(
+        qn, gallery, k, memory_budget, chunk_size, self_index, shards, exact_values
+    )
+
+
+def _search_exact(
+    qn: Tensor,
+    gallery: ChunkSource,
+    k: int,
+    memory_budget: int,
+    chunk_size: int | None,
+    self_index: Tensor | None,
+    shards: Shards | None = None,
+    exact_values: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Exact top-k of the normalised queries ``qn`` over normalised gallery chunks, float32
+    (or ``qn``'s dtype) block products.
+
     ``gallery()`` yields ``(global offset, rows)`` in ascending offset order (one chunk
     ``(0, gallery)`` in one process; every rank's shard in turn under
     :func:`bayesurl.distributed.ring_chunks`); it is called twice (two passes).
@@ -409,7 +441,15 @@ def search(
         second = torch.full((m,), -math.inf, dtype=qn.dtype)
         for off, gn in gallery():
             si = None if self_index is None else self_index - off
-            _top1_tiled(qn, gn.T, self_index=si, second=second, best=(best_v, best_i), offset=off)
+            gt = gn.T
+
+            def block(r0: int, r1: int, gt: Tensor = gt, si: Tensor | None = si, off: int = off):
+                _top1_tiled(
+                    qn[r0:r1], gt, self_index=None if si is None else si[r0:r1],
+                    second=second[r0:r1], best=(best_v[r0:r1], best_i[r0:r1]), offset=off,
+                )  # fmt: skip
+
+            _row_parallel(m, qn.device, block)
         tau = best_v
         complete = best_v - second > 2 * slack  # the certificate: no item within the bound
         clean = complete
@@ -435,6 +475,450 @@ def search(
         qn, gallery, k, best_v, best_i, tau, complete, clean, slack, memory_budget,
         self_index, shards, exact_values,
     )  # fmt: skip
+
+
+#: Unit roundoff of bfloat16 (8 significant bits): round-to-nearest moves a value by at most
+#: this fraction of its magnitude.
+_BF16_U = 2.0**-8
+
+#: The window below the running k-th value ``T`` within which items become candidates is
+#: ``c + _WINDOW_REL |T|`` (:func:`_search_lowp`).
+_WINDOW_REL = 2.04 * _BF16_U / (1 - _BF16_U)
+
+#: Query rows per task of the threaded passes: ~30 tasks at M = 60k keep two threads busy to
+#: the end; a [2048, 1024] tile stays in the last-level cache.
+_TASK_ROWS = 2048
+
+#: Gallery columns per tile of the bfloat16 candidate pass, and per block of its gate (a
+#: block's maximum decides whether its items are read at all).
+_LOWP_COLS = 1024
+_LOWP_BLOCK = 32
+
+#: Narrower embeddings keep the float32 path unless forced: at D = 64 the products are a small
+#: share of the pass and the candidate bookkeeping outweighs their gain (sampled ECE, N = 35k,
+#: S = 10: 1.15x the float32 path's CPU time; ``results/benchmarks/evaluator_precision.txt``).
+_LOWP_MIN_D = 128
+
+#: Forced choice of :func:`search` (None: automatic, see :func:`search_precision`).
+_FORCE_LOWP: list[bool | None] = [None]
+
+#: Counters of :func:`search_stats`.
+_STATS = {"lowp_queries": 0, "certified": 0, "fallback": 0, "candidates": 0}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return set()
+
+
+def _bf16_accumulates_in_fp32(device: torch.device) -> bool:
+    """Whether ``torch.mm`` on bfloat16 sums in float32 and rounds once (the error bound of
+    :func:`_lowp_bound` assumes it): ``1 + 255 * 2**-9`` would stay ``1`` if every partial
+    sum were rounded to bfloat16."""
+    a = torch.full((1, 256), 2.0**-9, dtype=torch.bfloat16, device=device)
+    a[0, 0] = 1.0
+    b = torch.ones(256, 1, dtype=torch.bfloat16, device=device)
+    with _exact_bf16_reduction():
+        got = float(torch.mm(a, b))
+    return abs(got - (1 + 255 * 2.0**-9)) <= _BF16_U * 1.5
+
+
+@functools.cache
+def _sums_in_fp32(device_type: str) -> bool:
+    return _bf16_accumulates_in_fp32(torch.device(device_type))
+
+
+@functools.cache
+def _precision_choice(device_type: str) -> tuple[str, str]:
+    if device_type == "cuda":
+        if not torch.cuda.is_bf16_supported():
+            return "float32", "the GPU has no bfloat16 products"
+        reason = f"bfloat16 products on {torch.cuda.get_device_name()}"
+    elif device_type == "cpu":
+        flags = _cpu_flags()
+        fast = sorted(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+        if not fast:
+            return "float32", "the CPU has no bfloat16 instructions (avx512_bf16, amx_bf16, bf16)"
+        if not torch.backends.mkldnn.is_available():
+            return "float32", "torch was built without oneDNN (its bfloat16 products)"
+        reason = f"CPU flags {', '.join(fast)} (torch {torch.backends.cpu.get_cpu_capability()})"
+    else:
+        return "float32", f"no bfloat16 candidate pass on {device_type}"
+    if not _sums_in_fp32(device_type):
+        return "float32", "bfloat16 products do not accumulate in float32"
+    return "bfloat16", reason
+
+
+def search_precision(device: torch.device | str = "cpu") -> tuple[str, str]:
+    """The candidate pass :func:`knn` and the evaluator's searches use on ``device``.
+
+    ``"bfloat16"`` where the device multiplies bfloat16 fast (CPU flags ``avx512_bf16`` /
+    ``amx_bf16`` / ARM ``bf16``, or a CUDA GPU) and sums its products in float32 (checked once
+    per process): bfloat16 products propose the candidates, float64 re-ranks them, and a
+    certificate proves every returned neighbour exact; ``"float32"`` otherwise. Embeddings
+    narrower than 128 keep the float32 path unless forced (:func:`low_precision`): too little
+    to gain there. The results are the same bit for bit either way.
+
+    Parameters
+    ----------
+    device : torch.device or str
+        Device of the embeddings.
+
+    Returns
+    -------
+    precision : str
+        ``"bfloat16"`` or ``"float32"``.
+    reason : str
+        What decided it (CPU flags, GPU name, or what is missing).
+    """
+    dev = torch.device(device)
+    if _FORCE_LOWP[0] is False:
+        return "float32", "forced"
+    if _FORCE_LOWP[0] and dev.type in ("cpu", "cuda"):
+        if _sums_in_fp32(dev.type):  # the bound's premise holds, fast or not
+            return "bfloat16", "forced"
+        return "float32", "forced, but bfloat16 products do not accumulate in float32 here"
+    return _precision_choice(dev.type)
+
+
+@contextlib.contextmanager
+def low_precision(enabled: bool | None) -> Iterator[None]:
+    """Force the bfloat16 candidate pass on (``True``) or off (``False``) within the context,
+    or leave the choice to :func:`search_precision` (``None``); for benchmarks and tests (the
+    results are the same either way)."""
+    if enabled not in (True, False, None):
+        raise ValueError(f"`enabled` must be True, False or None, got {enabled!r}")
+    old = _FORCE_LOWP[0]
+    _FORCE_LOWP[0] = enabled
+    try:
+        yield
+    finally:
+        _FORCE_LOWP[0] = old
+
+
+def search_stats(reset: bool = False) -> dict[str, int]:
+    """Counters of the bfloat16 candidate pass since the last reset: ``lowp_queries`` (rows it
+    searched), ``certified`` (rows whose neighbours it proved exact), ``fallback`` (rows sent
+    to the float32 pass because the certificate failed) and ``candidates`` (float64 re-ranked
+    pairs).
+
+    Parameters
+    ----------
+    reset : bool
+        Set the counters to zero after reading them.
+
+    Returns
+    -------
+    dict
+        The counters.
+    """
+    out = dict(_STATS)
+    if reset:
+        for key in _STATS:
+            _STATS[key] = 0
+    return out
+
+
+def _lowp_applies(qn: Tensor, k: int) -> bool:
+    # the same answer on every rank (a rank without queries runs the collective passes too)
+    if qn.dtype not in (torch.float32, torch.float64):
+        return False
+    if qn.device.type not in ("cpu", "cuda"):
+        return False
+    if _FORCE_LOWP[0] is None and qn.shape[1] < _LOWP_MIN_D:
+        return False
+    return search_precision(qn.device)[0] == "bfloat16"
+
+
+@contextlib.contextmanager
+def _exact_bf16_reduction() -> Iterator[None]:
+    """cuBLAS may reduce bfloat16 products in bfloat16 unless told not to (the bound assumes
+    float32 sums); no effect on CPU."""
+    flag = torch.backends.cuda.matmul
+    old = flag.allow_bf16_reduced_precision_reduction
+    flag.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        flag.allow_bf16_reduced_precision_reduction = old
+
+
+def _row_parallel(m: int, device: torch.device, fn: Callable[[int, int], None]) -> None:
+    """``fn(r0, r1)`` over ``[0, m)`` in blocks of :data:`_TASK_ROWS` rows, on
+    ``torch.get_num_threads()`` threads that each multiply with one thread (CPU).
+
+    Splitting the queries keeps every thread on its own products, so CPU time does not grow
+    with the thread count (each product split across threads waited on its slowest part).
+    The blocks write disjoint rows; the torch and BLAS kernels release the GIL.
+    """
+    step = _TASK_ROWS if device.type == "cpu" else 4 * _TASK_ROWS  # GPU: fewer launches
+    blocks = [(r0, min(r0 + step, m)) for r0 in range(0, m, step)]
+    threads = min(torch.get_num_threads(), len(blocks)) if device.type == "cpu" else 1
+    if threads <= 1:
+        for r0, r1 in blocks:
+            fn(r0, r1)
+        return
+    todo = iter(blocks)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        torch.set_num_threads(1)  # this thread's own setting
+        while not errors:
+            with lock:
+                block = next(todo, None)
+            if block is None:
+                return
+            try:
+                fn(*block)
+            except BaseException as exc:  # re-raised in the calling thread
+                errors.append(exc)
+
+    with _blas_libraries().limit(limits=1):
+        pool = [threading.Thread(target=work) for _ in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    if errors:
+        raise errors[0]
+
+
+def _residual_norms(x: Tensor, xb: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Upper bounds (float64) of the norms of ``x``, of its bfloat16 copy ``xb`` and of their
+    difference, by row blocks. In ``x``'s dtype the difference is exact (``xb`` is ``x`` with
+    fewer significant bits) and a norm is off by at most ``(d + 2)`` units of its roundoff, so
+    each norm gets twice that on top."""
+    d = x.shape[1]
+    grow = 1 + 2 * (d + 2) * torch.finfo(x.dtype).eps
+    nx, nb, nr = (torch.empty(x.shape[0], dtype=torch.float64, device=x.device) for _ in "abc")
+    for a in range(0, x.shape[0], 4096):
+        xs, bs = x[a : a + 4096], xb[a : a + 4096].to(x.dtype)
+        nx[a : a + 4096] = xs.norm(dim=1)
+        nb[a : a + 4096] = bs.norm(dim=1)
+        nr[a : a + 4096] = (xs - bs).norm(dim=1)
+    return nx * grow, nb * grow, nr * grow
+
+
+def _lowp_bound(
+    q_stats: tuple[Tensor, Tensor, Tensor], g_max: tuple[float, float, float], d: int
+) -> tuple[Tensor, Tensor]:
+    """Per query ``(a, s)``: the computed bfloat16 product ``p`` of query and any gallery row
+    satisfies ``|p - exact| <= a + u |p|`` with ``u`` :data:`_BF16_U`; ``s`` bounds ``|p|``.
+
+    With ``q = qb + rq`` (``qb`` its bfloat16 rounding) and ``x = xb + rx``,
+    ``q.x - qb.xb = rq.x + qb.rx``, so ``|q.x - qb.xb| <= ||rq|| ||x|| + ||qb|| ||rx||``
+    (Cauchy-Schwarz, with the norms of the actual residuals). The products of two bfloat16
+    numbers are exact in float32, their float32 sum is off by at most ``gamma_d ||qb|| ||xb||``
+    (Higham, any order), and the one rounding of that sum to bfloat16 by at most ``u |p|``.
+    Terms get 1 % on top, plus ``1e-30`` for subnormals flushed to zero.
+    """
+    nq, nqb, nrq = q_stats
+    gx, gxb, grx = g_max
+    u32 = 2.0**-24
+    gamma = (d + 2) * u32 / (1 - (d + 2) * u32)
+    a = (nrq * gx + nqb * grx + gamma * nqb * gxb) * 1.01 + 1e-30
+    s = nqb * gxb * (1 + gamma) * 1.01
+    return a, s
+
+
+def _search_lowp(
+    qn: Tensor,
+    gallery: ChunkSource,
+    k: int,
+    memory_budget: int,
+    chunk_size: int | None,
+    self_index: Tensor | None,
+    shards: Shards | None,
+    exact_values: bool,
+    capacity: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`search` with a bfloat16 candidate pass.
+
+    1. **Candidates.** The queries and every gallery chunk are rounded to bfloat16 and
+       multiplied tile by tile (query blocks split across threads, :func:`_row_parallel`).
+       With ``p`` the bfloat16 products and ``e(p) = a + u |p|`` their error bound
+       (:func:`_lowp_bound`), each query keeps a ``floor``: the running maximum of
+       ``T - W(T)`` over the running k-th largest ``p`` (``T``; for k = 1 the tile's own
+       maximum counts before its items are read), with ``W(T) = 2.04 (a + u |T|) / (1 - u)``,
+       the widest gap two bounds can open. Every item with ``p >= floor`` enters the query's
+       candidate list (at most ``capacity``, default ``k + max(k, 31)``; ``drop`` keeps the
+       largest ``p`` pushed out). A tile whose row maximum lies below the floor costs one
+       ``amax``; in the others only blocks of :data:`_LOWP_BLOCK` columns that reach it are
+       read.
+    2. **Re-rank.** Each candidate gets its float64 similarity computed as the float32 path
+       computes it (:func:`_pair_sims`: the same bits), and the top-k is taken in (similarity
+       descending, id ascending) order. For k = 1 without ``exact_values`` a lone candidate
+       whose lower bound ``p - e(p)`` already clears the certificate needs no float64 value.
+    3. **Certificate.** Every item outside the list has ``p <= E = max(floor, drop)`` (the
+       floor only rises), hence an exact similarity ``<= E + u |E| + a``, and a float64 one
+       at most ``gamma_d`` (float64) above that. When the k-th re-ranked similarity exceeds
+       this strictly, no outside item can enter the top-k or tie with its last member: the
+       row is certified. The others (``search_stats()["fallback"]``) run
+       :func:`_search_exact`; collective under ``shards``, as every pass here.
+    """
+    m, d = qn.shape
+    dev = qn.device
+    cap = capacity if capacity is not None else k + max(k, 31)
+    over = float(m * cap * 12 > memory_budget)
+    if shards is not None:
+        over = shards.sum(over)  # collective: every rank takes the same path
+    if over:  # candidate lists beyond the budget: the float32 path
+        return _search_exact(
+            qn, gallery, k, memory_budget, chunk_size, self_index, shards, exact_values
+        )
+    qb = qn.to(torch.bfloat16)
+    q_stats = _residual_norms(qn, qb)
+    cand_v = torch.full((m, cap), -math.inf, dtype=torch.float32, device=dev)
+    cand_i = torch.full((m, cap), -1, dtype=torch.long, device=dev)
+    floor = torch.full((m,), -math.inf, dtype=torch.float32, device=dev)
+    drop = torch.full((m,), -math.inf, dtype=torch.float32, device=dev)
+    g_max = [0.0, 0.0, 0.0]
+    window = None
+    for off, gn in gallery():
+        gb = qb if gn is qn else gn.to(torch.bfloat16)
+        if gn.shape[0]:
+            stats = q_stats if gn is qn else _residual_norms(gn, gb)
+            g_max = [max(g, float(v.max())) for g, v in zip(g_max, stats, strict=True)]
+        if window is None:  # the window of the first chunk (the certificate uses the final bound)
+            a, _ = _lowp_bound(q_stats, tuple(g_max), d)
+            window = (2.04 * a / (1 - _BF16_U) + 1e-12).float()
+        si = None if self_index is None else self_index - off
+        gbt = gb.T
+
+        def block(
+            r0: int,
+            r1: int,
+            gbt: Tensor = gbt,
+            si: Tensor | None = si,
+            off: int = off,
+            window: Tensor = window,
+        ) -> None:
+            _lowp_candidates(
+                qb[r0:r1], gbt, k, None if si is None else si[r0:r1], off, window[r0:r1],
+                cand_v[r0:r1], cand_i[r0:r1], floor[r0:r1], drop[r0:r1],
+            )  # fmt: skip
+
+        with _exact_bf16_reduction():
+            _row_parallel(m, dev, block)
+    a, _ = _lowp_bound(q_stats, tuple(g_max), d)
+    # candidates: every kept item within the window of the final k-th value
+    keep = torch.isfinite(cand_v) & (cand_i >= 0) & (cand_v >= floor[:, None])
+    edge = torch.maximum(floor, drop).double()
+    u64 = 2.0**-53
+    slack64 = (d + 2) * u64 / (1 - (d + 2) * u64) * 1.01 * q_stats[0] * g_max[0] + 1e-300
+    upper = edge + _BF16_U * 1.01 * edge.abs() + a + slack64
+    lone = torch.zeros(m, dtype=torch.bool, device=dev)
+    if k == 1 and not exact_values:
+        # one candidate whose bound alone clears every other item: its id needs no float64
+        p = torch.where(keep, cand_v, -math.inf).amax(dim=1).double()
+        low = p - _BF16_U * 1.01 * p.abs() - a - slack64
+        lone = (keep.sum(dim=1) == 1) & (low > upper)
+    val = torch.full((m, cap), -math.inf, dtype=torch.float64, device=dev)
+    val[lone] = torch.where(keep[lone], cand_v[lone].double(), -math.inf)
+    step = 512
+    for off, gn in gallery():
+        loc = cand_i - off
+        mine = keep & ~lone[:, None] & (loc >= 0) & (loc < gn.shape[0])
+        r, c = mine.nonzero(as_tuple=True)
+        for b0 in range(0, r.numel(), step):
+            rr, cc = r[b0 : b0 + step], c[b0 : b0 + step]
+            val[rr, cc] = _pair_sims(qn[rr], gn[loc[rr, cc]])
+    ids = torch.where(keep, cand_i, torch.iinfo(torch.long).max)
+    order = ids.argsort(dim=1)
+    ids, val = ids.gather(1, order), val.gather(1, order)
+    order = val.argsort(dim=1, descending=True, stable=True)[:, :k]
+    out_i, out_v = ids.gather(1, order), val.gather(1, order)
+    certified = lone | (torch.isfinite(out_v[:, -1]) & (out_v[:, -1] > upper))
+    fail = (~certified).nonzero().squeeze(1)
+    _STATS["lowp_queries"] += m
+    _STATS["certified"] += m - fail.numel()
+    _STATS["fallback"] += fail.numel()
+    _STATS["candidates"] += int(keep.sum())
+    out_v = out_v.to(qn.dtype)
+    n_fail = float(fail.numel()) if shards is None else shards.sum(float(fail.numel()))
+    if n_fail:  # collective under shards: every rank enters the float32 pass
+        fv, fi = _search_exact(
+            qn[fail], gallery, k, memory_budget, chunk_size,
+            None if self_index is None else self_index[fail], shards, exact_values,
+        )  # fmt: skip
+        out_v[fail], out_i[fail] = fv, fi
+    return out_v, out_i
+
+
+def _lowp_candidates(
+    qb: Tensor,
+    gbt: Tensor,
+    k: int,
+    self_index: Tensor | None,
+    offset: int,
+    window: Tensor,
+    cand_v: Tensor,
+    cand_i: Tensor,
+    floor: Tensor,
+    drop: Tensor,
+) -> None:
+    """Pass 1 of :func:`_search_lowp` for one block of bfloat16 queries ``qb`` against the
+    bfloat16 gallery chunk ``gbt`` ``[D, n]`` (ids ``offset ..``); updates the candidate lists
+    ``cand_v`` / ``cand_i`` ``[R, C]``, the running limit ``floor`` and ``drop`` in place."""
+    r, n = qb.shape[0], gbt.shape[1]
+    if not n:
+        return
+    cap = cand_v.shape[1]
+    cols = min(_LOWP_COLS if qb.device.type == "cpu" else 16 * _LOWP_COLS, n)
+    buf = torch.empty(r * cols, dtype=torch.bfloat16, device=qb.device)
+    for c0 in range(0, n, cols):
+        c1 = min(c0 + cols, n)
+        sims = torch.mm(qb, gbt[:, c0:c1], out=buf[: r * (c1 - c0)].view(r, c1 - c0))
+        if self_index is not None:
+            own = ((self_index >= c0) & (self_index < c1)).nonzero().squeeze(1)
+            sims[own, self_index[own] - c0] = -math.inf
+        w = c1 - c0
+        bw = _LOWP_BLOCK if w % _LOWP_BLOCK == 0 else w
+        rmax = sims.amax(dim=1).float()
+        if k == 1:  # the tile's own best raises the limit before its items are read
+            torch.maximum(floor, rmax - (window + _WINDOW_REL * rmax.abs()), out=floor)
+        lim = floor
+        # two gates: the rows whose maximum reaches their limit, then their blocks of bw
+        # columns that do (bfloat16 reductions over short runs are slow: float32 there)
+        hot = (rmax >= lim).nonzero().squeeze(1)
+        if not hot.numel():
+            continue
+        sub = sims.index_select(0, hot).float()
+        if k > 1 and hot.numel() * 4 > r:  # early tiles: most rows take part, merge them whole
+            new_v = sub.masked_fill_(sub < lim[hot, None], -math.inf)
+            new_i = torch.arange(c0 + offset, c1 + offset, device=qb.device)
+            new_i = new_i.expand(hot.numel(), -1)
+        else:
+            blocks = sub.view(hot.numel(), w // bw, bw)
+            sr, hb = (blocks.amax(dim=2) >= lim[hot, None]).nonzero(as_tuple=True)
+            hr = hot[sr]  # row-major: ascending
+            vals = blocks[sr, hb]  # [H, bw]
+            ei, ec = (vals >= lim[hr, None]).nonzero(as_tuple=True)
+            hot, count = torch.unique_consecutive(hr[ei], return_counts=True)
+            width = int(count.max())
+            slot = torch.repeat_interleave(torch.arange(hot.numel(), device=qb.device), count)
+            pos = torch.arange(ei.numel(), device=qb.device) - (count.cumsum(0) - count)[slot]
+            new_v = vals.new_full((hot.numel(), width), -math.inf)
+            new_i = cand_i.new_full((hot.numel(), width), -1)
+            new_v[slot, pos] = vals[ei, ec]
+            new_i[slot, pos] = hb[ei] * bw + ec + (c0 + offset)
+        mv = torch.cat([cand_v[hot], new_v], dim=1)
+        mi = torch.cat([cand_i[hot], new_i], dim=1)
+        tv, tj = torch.topk(mv, min(cap + 1, mv.shape[1]), dim=1)
+        if tv.shape[1] > cap:  # the largest value pushed out of the list
+            drop[hot] = torch.maximum(drop[hot], tv[:, cap])
+        cand_v[hot] = tv[:, :cap]
+        cand_i[hot] = mi.gather(1, tj[:, :cap])
+        t = tv[:, k - 1]
+        lim = t - (window[hot] + _WINDOW_REL * t.abs())
+        floor[hot] = torch.maximum(floor[hot], lim)
 
 
 def _exact_order(
