@@ -53,6 +53,7 @@ adds the PostgreSQL driver psycopg2).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import math
 import os
 import random
@@ -501,6 +502,7 @@ class SweepStorage:
         self.max_attempts = int(max_attempts)
         self.heartbeat_interval = int(heartbeat_interval)
         self.grace_period = grace
+        self._beaten: set[int] = set()  # running trials given their one heartbeat here
         if not (isinstance(lock_timeout, (int, float)) and lock_timeout > 0):
             raise ValueError(f"`lock_timeout` must be a positive number, got {lock_timeout!r}")
         self.lock_timeout = float(lock_timeout)
@@ -731,6 +733,7 @@ class SweepStorage:
         workers) and enqueue their keys again (up to ``max_attempts``)."""
         optuna = require_optuna()
         self._retry(_quiet(lambda: optuna.storages.fail_stale_trials(self._study)), "fail stale")
+        self._beat_unbeaten()
         self.add_runs(
             [
                 dict(ts[-1].user_attrs["params"])
@@ -738,6 +741,28 @@ class SweepStorage:
                 if not self._live(ts) and self._attempts(ts) < self.max_attempts
             ]
         )
+
+    def _beat_unbeaten(self) -> None:
+        """One heartbeat for each running trial older than ``grace_period`` that this process
+        has not seen before.
+
+        A worker killed between its claim's commit and its first heartbeat leaves a RUNNING
+        trial without any heartbeat, and Optuna never calls such a trial stale. One beat makes
+        it eligible: if nobody beats it again it is failed after ``grace_period``. A trial of a
+        live worker is beaten anyway, so the extra beat changes nothing; a trial is beaten at
+        most once per process, so a dead worker's stale beat is not kept fresh by the pollers.
+        """
+        optuna = require_optuna()
+        now = datetime.datetime.now()
+        for t in self._trials():
+            if (
+                t.state == optuna.trial.TrialState.RUNNING
+                and t._trial_id not in self._beaten
+                and t.datetime_start is not None
+                and (now - t.datetime_start).total_seconds() > self.grace_period
+            ):
+                self._beaten.add(t._trial_id)
+                self._retry(lambda t=t: self._storage.record_heartbeat(t._trial_id), "heartbeat")
 
     def claim(self) -> Claim | None:
         """Claim one waiting run for this worker (``WAITING -> RUNNING``), or ``None``.

@@ -372,3 +372,26 @@ def test_a_claim_whose_answer_was_lost_is_given_back_after_the_grace_period(tmp_
     assert len(calls) == 1
     assert store.status() == {"waiting": 0, "running": 0, "complete": 1, "failed": 0, "total": 1}
     assert [f["error"] for f in store.failures()] == ["crashed"]
+
+
+def test_a_worker_killed_before_its_first_heartbeat_loses_no_run(tmp_path):
+    """The claim's ``WAITING -> RUNNING`` is committed and the worker dies before it records a
+    heartbeat: Optuna never calls such a trial stale, so the run would stay RUNNING forever.
+    It must be failed after the grace period and run once."""
+    import optuna
+
+    store = SweepStorage(out=tmp_path, sweep="unbeaten", heartbeat_interval=1, grace_period=1)
+    store.add_runs([{"estimator": "a", "split": 0, "seed": 0}])
+    (trial,) = store.storage.get_all_trials(store._study_id)
+    # the dead worker's only act: the claim's commit, no heartbeat
+    store.storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.RUNNING)
+    assert store.status()["running"] == 1
+    deadline = time.monotonic() + 30  # the grace period is 1 s
+    while store.status()["running"] and time.monotonic() < deadline:
+        store.fail_stale()
+        time.sleep(0.2)
+    assert store.status()["running"] == 0 and store.status()["waiting"] == 1
+    calls = []
+    store.work(lambda p: calls.append(p) or {"r_auroc": 0.7}, wait=False)
+    assert len(calls) == 1
+    assert store.status() == {"waiting": 0, "running": 0, "complete": 1, "failed": 0, "total": 1}
