@@ -72,6 +72,9 @@ class FrozenEncoder(nn.Module):
         super().__init__()
         self.backbone, self.transform, self.resolution = backbone, transform, int(resolution)
         self.resize = Resize(self.resolution)
+        # frozen: in eval mode from the start, so that the store's eval_mode block restores
+        # eval mode, not a new module's training flag, to the backbone
+        self.eval()
 
     def forward(self, images: Tensor) -> Tensor:
         return self.backbone(self.resize(self.transform(images)))
