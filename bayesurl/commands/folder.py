@@ -1,8 +1,9 @@
 """Uncertainty of every image in a folder of one's own: ``uncertainty.csv`` and a report.
 
 ``bayesurl folder DIR`` takes ``DIR/<class>/<image>`` (class sub-folders: labelled) or
-``DIR/<image>`` (flat: unlabelled), encodes every image once with a frozen backbone (streamed
-with a progress bar; only the features stay in memory), fits a post-hoc u on the features
+``DIR/<image>`` (flat: unlabelled), decodes every image once and encodes it once per view with
+a frozen backbone (streamed with a progress bar; only the features stay in memory; ``--cache``
+keeps the plain features for a later run), fits a post-hoc u on the features
 without the labels (the two augmented views of an image are its positive pair) and writes to
 ``--out``:
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 import argparse
 
 HELP = "u(x) for every image of a folder (class sub-folders or flat): CSV and report"
-OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
+OUTPUT_DIRS = ("out", "cache")  # checked while parsing (bayesurl.cli)
 #: the default encoder: EfficientNet-Lite0 with its packaged ImageNet weights
 DEFAULT_BACKBONE = "efficientnet_lite0"
 
@@ -60,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers", type=int, default=0, help="image-decoding processes (default 0)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cache",
+        default=None,
+        help="feature-store folder that keeps the plain features: a later run over the same "
+        "images reads them instead of encoding them again (default: none kept)",
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument("--strict", action="store_true", help="stop on an unreadable image")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -92,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         strict=args.strict,
         progress=not args.no_progress,
+        cache=args.cache,
     )
     for line in res.info["describe"]:
         print(line)

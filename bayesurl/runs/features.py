@@ -79,6 +79,9 @@ class FrozenEncoder(nn.Module):
         super().__init__()
         self.backbone, self.transform, self.resolution = backbone, transform, int(resolution)
         self.resize = Resize(self.resolution)
+        # frozen: in eval mode from the start, so that the store's eval_mode block restores
+        # eval mode, not a new module's training flag, to the backbone
+        self.eval()
 
     def forward(self, images: Tensor) -> Tensor:
         return self.backbone(self.resize(self.transform(images)))
@@ -127,6 +130,9 @@ class FeatureStore:
             raise ValueError("`augment` is required for `views` > 1")
         self.fingerprint = encoder_fingerprint(self.encoder.backbone)
         self.timings: dict[str, float] = {"extract_images": 0.0, "extract_seconds": 0.0}
+        # verified shards read once per store object: a caller that streams many small calls
+        # (``bayesurl folder``, one call per batch) would otherwise re-verify every shard per call
+        self._indices: dict[Path, dict[str, tuple[np.ndarray, int]]] = {}
 
     def key(self, views: int) -> dict[str, Any]:
         """What the features of one store depend on."""
@@ -156,14 +162,16 @@ class FeatureStore:
         elif len(digests) != len(images):
             raise ValueError(f"`digests` holds {len(digests)} entries for {len(images)} `images`")
         folder = self.folder(views)
-        index = _load_shards(folder)
+        if folder not in self._indices:
+            self._indices[folder] = _load_shards(folder)
+        index = self._indices[folder]
         missing: dict[str, int] = {}
         for i, d in enumerate(digests):
             if d not in index:
                 missing.setdefault(d, i)
         if missing:
-            self._extract(folder, images[list(missing.values())], list(missing), views)
-            index = _load_shards(folder)
+            shard = self._extract(folder, images[list(missing.values())], list(missing), views)
+            _load_shard(shard, index)
         out = np.empty((len(images), views, self.dim(index)), dtype=np.float32)
         by_shard: dict[int, tuple[np.ndarray, list[int], list[int]]] = {}
         for pos, d in enumerate(digests):
@@ -181,7 +189,7 @@ class FeatureStore:
         first = next(iter(index.values()), None)
         return 0 if first is None else int(first[0].shape[-1])
 
-    def _extract(self, folder: Path, images: Tensor, digests: list[str], views: int) -> None:
+    def _extract(self, folder: Path, images: Tensor, digests: list[str], views: int) -> Path:
         name = hashlib.sha256("".join(digests).encode()).hexdigest()[:16]
         key = {**self.key(views), "images": name}
         gen = torch.Generator().manual_seed(int(self.seed))
@@ -196,6 +204,7 @@ class FeatureStore:
             return {"files": ["features.npy", "digests.txt"], "meta": {"n": len(digests)}}
 
         reuse_or_build(folder / f"shard-{name}", build, key=key)
+        return folder / f"shard-{name}"
 
     @torch.no_grad()
     def _encode(self, images: Tensor, views: int, gen: torch.Generator) -> np.ndarray:
@@ -212,7 +221,7 @@ class FeatureStore:
                         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
                         aug = self.augment(x)  # type: ignore[misc]
                     rows.append(self.encoder.backbone(self.encoder.resize(aug)))
-                chunks.append(torch.stack(rows, dim=1).float().numpy())
+                chunks.append(torch.stack(rows, dim=1).float().cpu().numpy())
         return np.concatenate(chunks)
 
 
@@ -223,12 +232,9 @@ def _load_shards(folder: Path) -> dict[str, tuple[np.ndarray, int]]:
         return index
     for shard in sorted(folder.glob("shard-*")):
         try:
-            unseal(shard)
+            _load_shard(shard, index)
         except (FileNotFoundError, CorruptedFileError):
             continue  # an unfinished or corrupted shard is rebuilt by the next extraction
-        feats = np.load(shard / "features.npy", mmap_mode="r")
-        for row, digest in enumerate((shard / "digests.txt").read_text().split()):
-            index.setdefault(digest, (feats, row))
     return index
 
 
@@ -269,6 +275,14 @@ def source_digests(dataset: Any) -> list[str] | None:
     if isinstance(dataset, ImageTensorDataset):
         return image_digests(dataset.images)
     return None
+
+
+def _load_shard(shard: Path, index: dict[str, tuple[np.ndarray, int]]) -> None:
+    """Add the rows of one verified shard to ``index`` (the first shard of a digest wins)."""
+    unseal(shard)
+    feats = np.load(shard / "features.npy", mmap_mode="r")
+    for row, digest in enumerate((shard / "digests.txt").read_text().split()):
+        index.setdefault(digest, (feats, row))
 
 
 class FirstView(nn.Module):

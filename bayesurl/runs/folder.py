@@ -4,12 +4,15 @@ The road of ``bayesurl folder`` (:func:`score_folder`):
 
 1. **Scan** the folder (:func:`bayesurl.data.folder.scan_image_folder`): class sub-folders
    give labels, a flat folder has none.
-2. **Encode** once, streaming: batches of decoded images go through the frozen backbone
-   (``--backbone``, with its packaged ImageNet weights where ``pretrained``) with a progress
-   bar; only the ``[N, D]`` features stay in memory, never the images. A file that cannot be
-   decoded is skipped with a warning, counted and listed (or, with ``strict``, named in a
-   ``ValueError``). For up to ``fit_max`` images (a seeded sample) ``views`` random
-   augmentations are encoded too.
+2. **Encode**, streaming: each image is decoded once (the next batch is decoded while the
+   current one is encoded) and encoded once per view: its plain row through the frozen-feature
+   store (:class:`bayesurl.runs.features.FeatureStore`, content-addressed, so a ``cache``
+   folder shared by later runs encodes an image it has seen before no more) by the frozen
+   backbone (``--backbone``, with its packaged ImageNet weights where ``pretrained``), and for
+   up to ``fit_max`` images (a seeded sample) ``views`` random augmentations, drawn batch by
+   batch from one seeded stream. A progress bar runs; only the ``[N, D]`` features stay in
+   memory, never the images. A file that cannot be decoded is skipped with a warning, counted
+   and listed (or, with ``strict``, named in a ``ValueError``).
 3. **Fit** the post-hoc u on the cached features without looking at the labels: the two
    augmented views of an image are its positive pair (instance discrimination, as SimCLR /
    TaU section 4 train), so a labelled folder's R@1 and R-AUROC are not optimistic:
@@ -37,8 +40,11 @@ from __future__ import annotations
 import csv
 import math
 import os
+import tempfile
 import time
 import warnings
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -59,6 +65,7 @@ from bayesurl.data.folder import (
 )
 from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_open, write_json
+from bayesurl.runs.features import FeatureStore, FrozenEncoder
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, query_record
 
 __all__ = ["FOLDER_FILE", "FolderMethod", "FolderResult", "score_folder"]
@@ -122,10 +129,23 @@ class _Features:
     skipped: list[tuple[int, str]]
 
 
+def _prefetched(batches: Iterable[Any]) -> Iterator[Any]:
+    """The items of ``batches``, the next one read in a thread while the caller works on this.
+
+    Decoding (PIL) and the backbone (torch kernels, which release the GIL) then overlap.
+    """
+    end = object()
+    it = iter(batches)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(next, it, end)
+        while (item := pending.result()) is not end:
+            pending = pool.submit(next, it, end)
+            yield item
+
+
 def _encode(
-    encoder: nn.Module,
+    store: FeatureStore,
     data: ReadableImages,
-    transform: nn.Module,
     augment: nn.Module,
     *,
     fit_ids: set[int],
@@ -137,16 +157,18 @@ def _encode(
     progress: bool,
     strict: bool,
 ) -> _Features:
-    """One streaming pass: features of every readable image, views of the fit sample."""
+    """One streaming pass: each image decoded once; its plain row from ``store``, the
+    ``views`` augmentations of the fit sample from ``store``'s backbone."""
     from tqdm.auto import tqdm
 
     loader = DataLoader(
         data, batch_size=batch_size, num_workers=workers, collate_fn=collate_readable
     )
+    backbone = store.encoder.backbone
     feats, ids, labels, view_feats, skipped = [], [], [], [], []
     bar = tqdm(total=len(data), disable=not progress, desc="encoding", unit="img")
     with torch.no_grad():
-        for x, y, idx, bad in loader:
+        for x, y, idx, bad in loader if workers else _prefetched(loader):
             for i, err in bad:
                 if strict:
                     raise ValueError(f"cannot read image {data.scan.paths[i]!r}: {err}")
@@ -156,13 +178,13 @@ def _encode(
             skipped.extend(bad)
             if x is not None:
                 x = x.to(device)
-                feats.append(encoder(transform(x)).float().cpu())
+                feats.append(store.features(x)[:, 0])
                 ids.append(idx)
                 labels.append(y)
                 keep = torch.tensor([int(i) in fit_ids for i in idx], dtype=torch.bool)
                 if views and bool(keep.any()):
                     xs = x[keep.to(device)]
-                    v = [encoder(augment(xs, generator)).float().cpu() for _ in range(views)]
+                    v = [backbone(augment(xs, generator)).float().cpu() for _ in range(views)]
                     view_feats.append(torch.stack(v, dim=1))
             bar.update(len(idx) + len(bad))
     bar.close()
@@ -356,6 +378,7 @@ def score_folder(
     seed: int = 0,
     strict: bool = False,
     progress: bool = True,
+    cache: str | os.PathLike[str] | None = None,
 ) -> FolderResult:
     """Score every image of a folder (see the module docs).
 
@@ -389,6 +412,12 @@ def score_folder(
         Raise on the first unreadable image instead of skipping it.
     progress : bool
         Progress bar over the images.
+    cache : path-like, optional
+        Folder of the frozen-feature store (:class:`bayesurl.runs.features.FeatureStore`) the
+        plain features are kept in: a later run over the same images with the same backbone,
+        weights, size and normalisation reads them instead of encoding them again (the
+        augmented views are always encoded afresh). Default: a temporary folder, removed at
+        the end.
 
     Raises
     ------
@@ -420,15 +449,22 @@ def score_folder(
     size = int(image_size or dcfg.input_size[1])
     transform = default_transform(3, mean=dcfg.mean, std=dcfg.std).to(dev)
     augment = default_augmentation(3, mean=dcfg.mean, std=dcfg.std).to(dev)
+    description = {"backbone": backbone, "in_chans": 3, "mean": list(dcfg.mean),
+                   "std": list(dcfg.std), "resolution": size}  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     n = len(scan.paths)
     fit_ids = set(torch.randperm(n, generator=gen)[: int(fit_max)].tolist())
     aug_gen = torch.Generator(device=dev).manual_seed(seed)
-    fx = _encode(
-        encoder, ReadableImages(scan, size), transform, augment, fit_ids=fit_ids, views=views,
-        batch_size=batch_size, workers=workers, device=dev, generator=aug_gen,
-        progress=progress, strict=strict,
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bayesurl-folder-") as tmp:
+        store = FeatureStore(
+            tmp if cache is None else cache, FrozenEncoder(encoder, transform, size), None, 1,
+            description, seed=seed, progress=False,
+        )  # fmt: skip
+        fx = _encode(
+            store, ReadableImages(scan, size), augment, fit_ids=fit_ids, views=views,
+            batch_size=batch_size, workers=workers, device=dev, generator=aug_gen,
+            progress=progress, strict=strict,
+        )  # fmt: skip
     t_encode = time.perf_counter() - t0
     wrapped, fit_report = _fit(
         method, fx.views[:, :2], epochs=epochs, batch_size=batch_size, lr=lr, generator=gen

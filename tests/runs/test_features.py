@@ -255,3 +255,28 @@ def test_free_baselines_share_one_search_on_disk(tmp_path, monkeypatch):
     for key in ("r@1", "map@5", "r_auroc", "ausc", "mixed_r_auroc"):
         assert knn.metrics[key] == fresh.metrics[key], key
     assert knn.metrics["r@1"] == norm.metrics["r@1"]
+
+
+def test_store_leaves_the_frozen_backbone_in_eval_mode(tmp_path):
+    store = _store(tmp_path)
+    store.features(_images(4, 0))
+    # a backbone left in training mode would encode the next batch with batch statistics
+    assert not store.encoder.training and not store.encoder.backbone.training
+
+
+def test_store_verifies_each_shard_once_per_store(tmp_path, monkeypatch):
+    import bayesurl.runs.features as features
+
+    verified = []
+    unseal = features.unseal
+    monkeypatch.setattr(features, "unseal", lambda shard: verified.append(shard) or unseal(shard))
+    store = _store(tmp_path)
+    batches = [_images(3, seed) for seed in range(5)]
+    ref = [store.features(b) for b in batches]  # five calls, five new shards
+    assert len(verified) == 5
+    torch.testing.assert_close(store.features(torch.cat(batches)), torch.cat(ref))
+    assert len(verified) == 5  # nothing new to read: the index of the earlier calls is kept
+    # a new store object over the same folder reads the five shards once
+    again = _store(tmp_path)
+    torch.testing.assert_close(again.features(torch.cat(batches)), torch.cat(ref))
+    assert len(verified) == 10

@@ -8,7 +8,12 @@ import pytest
 import torch
 from PIL import Image
 
+import bayesurl.runs.folder as road
+from bayesurl.backbones import build_backbone, data_config
 from bayesurl.cli import main
+from bayesurl.data import default_augmentation, default_transform
+from bayesurl.data.folder import ReadableImages, scan_image_folder
+from bayesurl.data.transforms import PilToUint8
 from bayesurl.runs.folder import score_folder
 from bayesurl.runs.queries import read_queries
 
@@ -85,3 +90,123 @@ def test_command_writes_csv_and_report(tmp_path, capsys):
     assert "r@1=" in printed and "report" in printed
     assert (out / "uncertainty.csv").is_file() and (out / "report.html").is_file()
     assert main(["folder", str(tmp_path / "absent"), "--out", str(out)]) == 2
+
+
+def _spy_backbone(monkeypatch):
+    """Record the rows every backbone built by the folder road encodes."""
+
+    rows = []
+    build = road.build_backbone
+
+    def spied(*args, **kwargs):
+        model, info = build(*args, **kwargs)
+        model.register_forward_hook(lambda m, inp, out: rows.append(inp[0].shape[0]))
+        return model, info
+
+    monkeypatch.setattr(road, "build_backbone", spied)
+    return rows
+
+
+def _capture_features(monkeypatch):
+    """Record what the road hands on: the views the u is fitted on, the features it scores."""
+    seen = {}
+    fit, predict = road._fit, road._predict
+
+    def spied_fit(method, views, **kwargs):
+        seen["views"] = views
+        return fit(method, views, **kwargs)
+
+    def spied_predict(wrapped, feats, batch_size):
+        seen["feats"] = feats
+        return predict(wrapped, feats, batch_size)
+
+    monkeypatch.setattr(road, "_fit", spied_fit)
+    monkeypatch.setattr(road, "_predict", spied_predict)
+    return seen
+
+
+def test_each_image_decoded_once_and_encoded_once_per_view(tmp_path, monkeypatch):
+    images = _folder(tmp_path / "imgs")  # 18 readable images and one broken file
+    decoded = []
+    getitem = ReadableImages.__getitem__
+
+    def spied_getitem(self, index):
+        decoded.append(index)
+        return getitem(self, index)
+
+    monkeypatch.setattr(ReadableImages, "__getitem__", spied_getitem)
+    rows = _spy_backbone(monkeypatch)
+    seen = _capture_features(monkeypatch)
+    with pytest.warns(UserWarning, match="broken.png"):
+        score_folder(images, out=tmp_path / "out", fit_max=10, **FAST)
+    assert sorted(decoded) == list(range(19))  # every file once, the broken one included
+    fit_rows = seen["views"].shape[0]
+    assert fit_rows in (9, 10)  # the seeded sample of 10 files, less the broken one if drawn
+    # one plain row per readable image, two augmented views per readable fit image
+    assert sum(rows) == 18 + 2 * fit_rows
+
+
+def test_outputs_equal_a_per_image_reference(tmp_path, monkeypatch):
+    """Brute force: each image decoded and encoded alone, the views' draws replayed."""
+    images = _folder(tmp_path / "imgs")
+    seen = _capture_features(monkeypatch)
+    with pytest.warns(UserWarning, match="broken.png"):
+        res = score_folder(images, out=tmp_path / "out", fit_max=10, seed=3, **FAST)
+
+    scan = scan_image_folder(images)
+    torch.manual_seed(3)
+    backbone, _ = build_backbone("small_convnet", in_chans=3)
+    backbone.eval()
+    cfg = data_config(backbone)
+    size = cfg.input_size[1]
+    transform = default_transform(3, mean=cfg.mean, std=cfg.std)
+    augment = default_augmentation(3, mean=cfg.mean, std=cfg.std)
+    pixels = {}
+    for i, rel in enumerate(scan.paths):
+        try:
+            with Image.open(scan.root / rel) as im:
+                im.load()
+                pixels[i] = PilToUint8(size)(im)
+        except OSError:
+            continue
+    gen = torch.Generator().manual_seed(3)
+    fit_ids = set(torch.randperm(len(scan.paths), generator=gen)[:10].tolist())
+    aug_gen = torch.Generator().manual_seed(3)
+    plain, views = [], []
+    with torch.no_grad():
+        for i in sorted(pixels):
+            plain.append(backbone(transform(pixels[i][None]))[0])
+        batch = FAST["batch_size"]
+        for lo in range(0, len(scan.paths), batch):  # the documented stream: batch by batch
+            sub = [
+                i
+                for i in range(lo, min(lo + batch, len(scan.paths)))
+                if i in pixels and i in fit_ids
+            ]
+            if not sub:
+                continue
+            drawn = [augment(torch.stack([pixels[i] for i in sub]), aug_gen) for _ in range(2)]
+            for k in range(len(sub)):
+                views.append(torch.stack([backbone(d[k : k + 1])[0] for d in drawn]))
+    ref_plain, ref_views = torch.stack(plain).double(), torch.stack(views).double()
+    torch.testing.assert_close(seen["feats"].double(), ref_plain, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(seen["views"].double(), ref_views, rtol=1e-5, atol=1e-6)
+    # the nearest neighbours (cosine, self excluded) of the reference features
+    unit = ref_plain / ref_plain.norm(dim=1, keepdim=True)
+    sim = unit @ unit.T
+    sim.fill_diagonal_(-float("inf"))
+    assert res.record.neighbour.tolist() == sim.argmax(dim=1).tolist()
+
+
+def test_cache_reuses_the_plain_features_and_changes_nothing(tmp_path, monkeypatch):
+    images = _folder(tmp_path / "imgs", corrupt=False)
+    rows = _spy_backbone(monkeypatch)
+    cache = tmp_path / "cache"
+    score_folder(images, out=tmp_path / "a", cache=cache, **FAST)
+    first = sum(rows)
+    rows.clear()
+    score_folder(images, out=tmp_path / "b", cache=cache, **FAST)
+    assert first == 3 * 18 and sum(rows) == 2 * 18  # the second run encodes the views only
+    assert (tmp_path / "a" / "uncertainty.csv").read_bytes() == (
+        tmp_path / "b" / "uncertainty.csv"
+    ).read_bytes()
