@@ -16,8 +16,8 @@ the same weights and the same data, the script fits the post-hoc last-layer Lapl
   miner, evidence-optimised prior).
 
 It prints the Hessians' agreement, the Spearman correlation of the per-image u, R@1,
-R-AUROC and OOD AUROC (MNIST digits as OOD) of every u, all scored by :func:`bayesurl.evaluate`,
-and the feature-norm evidence of ``docs/concepts/laplace.rst`` (how u follows
+R-AUROC and OOD AUROC (scikit-learn digits as OOD) of every u, all scored by
+``bayesurl.evaluate``, and the feature-norm evidence of ``docs/concepts/laplace.rst`` (how u follows
 ``||phi|| / ||z||``, the last layer's input and output norms).
 
 Usage (from the repository root; AUTHORS_DIR laid out as the authors' README says, i.e. holding
@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import bayesurl
 from bayesurl.data import as_tensors, default_transform, default_zero_shot
 from bayesurl.files import atomic_write
-from bayesurl.laplace import MetricLaplace
+from bayesurl.laplace import MetricLaplace, train_online
 
 MARGIN = 0.2
 MAX_PAIRS = 5000  # the authors' ``max_pairs`` default
@@ -97,6 +97,90 @@ def train_pml_net(x: torch.Tensor, y: torch.Tensor) -> nn.Sequential:
             loss.backward()
             opt.step()
     return net.eval()
+
+
+def _loader(x: torch.Tensor, y: torch.Tensor) -> DataLoader:
+    """Online training batches as in ``plot_7``: one loader seeded 0, iterated every epoch."""
+    gen = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(x, y), 128, shuffle=True, generator=gen)
+
+
+def _authors_loss():
+    """The LAM code's training loss for ``loss: arccos``: PML's hinge contrastive loss on
+    normalised embeddings (``configure_metric_loss``)."""
+    from pytorch_metric_learning import distances, losses
+
+    return losses.ContrastiveLoss(pos_margin=0, neg_margin=MARGIN, distance=distances.LpDistance())
+
+
+def authors_online(x, y, mods, epochs: int = 5):
+    """The authors' ``LaplaceOnlineModel.training_step`` (e0188f4) on the tutorial's net.
+
+    Same init (seed 0), batches (128, one seeded loader over the epochs) and optimiser
+    (Adam 1e-3) as the online net of ``plot_7_pml_to_lam.py``; their settings otherwise: one
+    weight draw per step from ``N(theta, 1 / (relu(H) + 1))``, PML ``ContrastiveLoss(0, margin,
+    LpDistance())`` on the tuples of ``TripletMarginMiner("all")``, the Hessian of at most
+    5,000 of those tuples scaled by ``N^2 / #tuples``, ``H <- 0.999 H + relu(H_batch)``
+    from ``H = N``. Returns ``(body, lin, H)``.
+    """
+    triplet_miner_cls, arccos_calc_cls, diag_laplace_cls, convert_to_stochman = mods
+    torch.manual_seed(0)
+    net = _net()
+    body, lin = net[:-1], convert_to_stochman(nn.Sequential(net[-1]))
+    opt = torch.optim.Adam(list(body.parameters()) + list(lin.parameters()), lr=1e-3)
+    laplace = diag_laplace_cls()
+    calc = arccos_calc_cls(wrt="weight", shape="diagonal", speed="half", method="fix")
+    n = len(y)
+    hessian = laplace.init_hessian(n, lin, "cpu")
+    loss_fn = _authors_loss()
+    miner = triplet_miner_cls(margin=MARGIN, type_of_triplets="all")
+    loader = _loader(x, y)
+    for _ in range(epochs):
+        for xb, yb in loader:
+            phi = body(xb)
+            sigma_q = laplace.posterior_scale(torch.relu(hessian))
+            mu_q = torch.nn.utils.parameters_to_vector(lin.parameters()).unsqueeze(1)
+            theta = laplace.sample(mu_q, sigma_q, 1)[0]
+            torch.nn.utils.vector_to_parameters(theta, lin.parameters())
+            z = nn.functional.normalize(lin(phi), dim=-1)
+            loss = loss_fn(z, torch.zeros(len(yb)), miner(z, yb))
+            with torch.no_grad():
+                tup = miner(z, yb)
+                n_tup = len(tup[0])
+                if n_tup > MAX_PAIRS:
+                    keep = torch.randperm(n_tup)[:MAX_PAIRS]
+                    tup = tuple(t[keep] for t in tup)
+                h = calc.compute_hessian(phi.detach(), lin, tup)
+                h = laplace.scale(h, min(n_tup, MAX_PAIRS), n**2)
+            torch.nn.utils.vector_to_parameters(mu_q.squeeze(1), lin.parameters())
+            hessian = 0.999 * hessian + torch.relu(h)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return body.eval(), lin, hessian
+
+
+def authors_u(lin, hessian, phi_sets, n_draws: int = N_DRAWS):
+    """Their ``sample`` + ``forward``: ``N_DRAWS`` last layers, ``u = sum_d std_s``, and the
+    mean of the normalised draws as the embedding."""
+    from stochman.laplace import DiagLaplace
+
+    laplace = DiagLaplace()
+    mu_q = torch.nn.utils.parameters_to_vector(lin.parameters()).detach().unsqueeze(1)
+    sigma_q = laplace.posterior_scale(torch.relu(hessian), prior_prec=torch.tensor(1.0))
+    torch.manual_seed(0)
+    draws = laplace.sample(mu_q, sigma_q, n_draws)
+    out = []
+    with torch.no_grad():
+        for phi in phi_sets:
+            zs = []
+            for theta in draws:
+                torch.nn.utils.vector_to_parameters(theta, lin.parameters())
+                zs.append(nn.functional.normalize(lin(phi), dim=-1))
+            zs = torch.stack(zs)
+            out.append((nn.functional.normalize(zs.mean(0), dim=1), zs.std(dim=0).sum(dim=1)))
+    torch.nn.utils.vector_to_parameters(mu_q.squeeze(1), lin.parameters())
+    return out
 
 
 def main() -> int:
@@ -153,22 +237,8 @@ def main() -> int:
     h_theirs = 0
     for idx, tup in batches:
         h_theirs = h_theirs + calc.compute_hessian(phi_tr[idx], lin, tup)
-    laplace = diag_laplace_cls()
-    mu_q = torch.nn.utils.parameters_to_vector(lin.parameters()).unsqueeze(1)
-    sigma_q = laplace.posterior_scale(torch.relu(h_theirs), prior_prec=torch.tensor(1.0))
-    torch.manual_seed(0)
-    draws = laplace.sample(mu_q, sigma_q, N_DRAWS)
-
-    def theirs_u(phi: torch.Tensor) -> torch.Tensor:
-        zs = []
-        with torch.no_grad():
-            for theta in draws:
-                torch.nn.utils.vector_to_parameters(theta, lin.parameters())
-                zs.append(nn.functional.normalize(lin(phi), dim=-1))
-        torch.nn.utils.vector_to_parameters(mu_q.squeeze(1), lin.parameters())
-        return torch.stack(zs).std(dim=0).sum(dim=1)
-
-    u_theirs = {"test": theirs_u(phi_te), "ood": theirs_u(phi_ood)}
+    (_, u_te), (_, u_ood) = authors_u(lin, h_theirs, (phi_te, phi_ood))
+    u_theirs = {"test": u_te, "ood": u_ood}
 
     # ours on the very same tuples and prior, then with its own defaults
     loader = [(x_tr[idx], y_tr[idx]) for idx, _ in batches]
@@ -199,7 +269,8 @@ def main() -> int:
     say("LAM post-hoc (fixed / arccos) on one PML-trained net: bayesurl vs the authors' code")
     say("net: conv 16-32, fc 128, linear 32; PML ContrastiveLoss(0, 0.2, LpDistance normalised)")
     say("  + MultiSimilarityMiner(0.1), Adam 1e-3, 5 epochs, 3,000 FashionMNIST train images;")
-    say("  test 1,000 FashionMNIST (unseen classes), OOD 500 MNIST; seed 0, 1 thread")
+    say("  test 1,000 FashionMNIST (unseen classes 5-9), OOD 500 scikit-learn digits (8x8")
+    say("  upsampled to 28x28); seed 0, 1 thread")
     say("authors: bayesian-metric-learning e0188f4 + stochman 1d285ae (ArccosHessianCalculator")
     say(f"  fix, DiagLaplace, TripletMarginMiner all, max {MAX_PAIRS} tuples/batch, prior 1)")
     say(f"trained net: sum of |weights| {checksum:.6f}")
@@ -234,6 +305,42 @@ def main() -> int:
         ("||x||", torch.cat([x_te, x_ood]).flatten(1).norm(dim=1)),
     ]:  # fmt: skip
         say(f"  {name:22s} {spearmanr(u_own.numpy(), v.numpy())[0]:7.3f}")
+
+    # online: each side trains its own net from the same init and batch order
+    say("")
+    say("Online LAM (fixed / arccos, margin 0.2, Adam 1e-3, 5 epochs, batches of 128): each")
+    say("trains its own net from the same init (seed 0) and batch order, so u is compared per")
+    say("image across two nets; R@1 of each net's own mean embedding.")
+    body_o, lin_o, h_o = authors_online(x_tr, y_tr, mods)
+    with torch.no_grad():
+        pho_te, pho_ood = body_o(x_te), body_o(x_ood)
+    (emb_o, uo_te), (_, uo_ood) = authors_u(lin_o, h_o, (pho_te, pho_ood))
+    online_rows = {"theirs (their online training step)": (emb_o, uo_te, uo_ood)}
+    triplets = triplet_miner_cls(margin=MARGIN, type_of_triplets="all")
+    for name, kw, extra in [
+        ("ours, the authors' settings", dict(hessian_pairs="all_mined", alpha=0.001,
+          init_hessian=float(len(y_tr)), online_scale="dataset_squared_over_tuples"),
+         dict(miner=triplets, hessian_miner=triplets, loss_fn=_authors_loss())),
+        ("ours, plot_7's settings", dict(alpha=0.01), {}),
+    ]:  # fmt: skip
+        torch.manual_seed(0)
+        net_o = _net()
+        la_o = MetricLaplace(
+            net_o, mode="online", approximation="fixed", geometry="arccos", margin=MARGIN,
+            prior_precision=1.0, dataset_size=len(y_tr), **kw,
+        )  # fmt: skip
+        opt_o = torch.optim.Adam(net_o.parameters(), lr=1e-3)
+        train_online(la_o, _loader(x_tr, y_tr), opt_o, epochs=5, progress=False,
+                     generator=torch.Generator().manual_seed(0), **extra)  # fmt: skip
+        net_o.eval()
+        out_te, out_ood = la_o.predictive(x_te), la_o.predictive(x_ood)
+        online_rows[name] = (out_te.embedding, out_te.uncertainty, out_ood.uncertainty)
+    say(f"{'u':46s} {'R@1':>6s} {'R-AUROC':>8s} {'OOD AUROC':>9s} {'Spearman vs theirs':>19s}")
+    both = torch.cat([uo_te, uo_ood])
+    for name, (emb_r, ut, uo) in online_rows.items():
+        r = bayesurl.evaluate(emb_r, y_te, uncertainties=ut, ood_uncertainties=uo)
+        rho = spearmanr(both.numpy(), torch.cat([ut, uo]).double().numpy())[0]
+        say(f"{name:46s} {r['r@1']:6.3f} {r['r_auroc']:8.3f} {r['ood_auroc']:9.3f} {rho:19.3f}")
     say("")
     say(f"({time.time() - t0:.0f} s; machine shared with other sessions)")
     if args.out:

@@ -17,9 +17,11 @@ analysis.
 # Train with PML, as you already do
 # ---------------------------------
 # FashionMNIST classes 0-4 for training (3,000 images), the unseen classes 5-9 for
-# retrieval, MNIST digits as out-of-distribution (OOD) images (:doc:`/concepts/zero_shot`).
+# retrieval, scikit-learn's 8x8 digits (upsampled to 28x28) as out-of-distribution (OOD) images
+# (:doc:`/concepts/zero_shot`).
 import warnings
 
+import matplotlib.pyplot as plt
 import torch
 from pytorch_metric_learning import distances, losses, miners
 from scipy.stats import spearmanr
@@ -76,43 +78,33 @@ net.eval()
 # %%
 # PML's options in ``MetricLaplace``'s terms
 # ------------------------------------------
-# ==========================================  =============================================
-# PML                                         ``MetricLaplace``
-# ==========================================  =============================================
-# ``ContrastiveLoss(pos_margin=0,             ``margin=m``. LAM's loss is the *squared*
-# neg_margin=m)``                             contrastive loss (``0.5 d^2`` for positives,
-#                                             ``0.5 max(0, m - d)^2`` for negatives); PML's
-#                                             is the hinge ``d`` / ``max(0, m - d)``. Same
-#                                             pairs, same margin, a different curvature per
-#                                             pair: the Hessian is LAM's. A ``pos_margin > 0``
-#                                             has no counterpart (positives always count).
-# ``LpDistance(normalize_embeddings=True)``   both geometries: ``"arccos"`` keeps the L2
-# (PML's default)                             normalisation inside the loss (its exact
-#                                             Hessian, LAM's best), ``"euclidean"``
-#                                             linearises it as part of the model.
-# ``CosineSimilarity()`` with                 the same normalised embeddings; a negative
-# ``neg_margin=s``                            similarity margin ``s`` is the distance margin
-#                                             ``m = sqrt(2 - 2 s)``.
-# ``LpDistance(normalize_embeddings=False)``  not covered: LAM's embedding is
-#                                             ``normalize(W phi + b)``.
-# your miner                                  ``fit(loader, miner=your_miner)``: any PML
-#                                             miner gives the Hessian pairs (default: the
-#                                             hardest positive and negative per anchor).
-#                                             Negatives outside the margin have a flat loss
-#                                             and add nothing, unless
-#                                             ``hessian_pairs="all_mined"`` (the LAM
-#                                             authors' code, see below).
-# your training loop                          post-hoc: keep it, then ``fit``. Online:
-#                                             ``mode="online"`` and :func:`train_online`
-#                                             replace it (LAM's own loss over weight draws).
-# ==========================================  =============================================
+# - ``ContrastiveLoss(pos_margin=0, neg_margin=m)`` -> ``margin=m``. LAM's loss is the
+#   *squared* contrastive loss (``0.5 d^2`` for positives, ``0.5 max(0, m - d)^2`` for
+#   negatives), PML's the hinge (``d`` and ``max(0, m - d)``): the same pairs count at the
+#   same margin, with LAM's curvature per pair. A ``pos_margin > 0`` has no counterpart
+#   (every positive pair enters the Hessian).
+# - ``LpDistance(normalize_embeddings=True)`` (PML's default) -> either geometry:
+#   ``geometry="arccos"`` keeps the L2 normalisation inside the loss (its exact Hessian,
+#   LAM's best setting), ``"euclidean"`` linearises it as part of the model.
+# - ``CosineSimilarity()`` with ``neg_margin=s`` -> the same normalised embeddings; a
+#   negative pair is inside the margin when ``cos > s``, i.e. ``||u_a - u_n|| <
+#   sqrt(2 - 2 s)``: ``margin=sqrt(2 - 2 * s)``.
+# - ``LpDistance(normalize_embeddings=False)`` -> not covered: LAM's embedding is
+#   ``normalize(W phi + b)``.
+# - your miner -> ``la.fit(loader, miner=your_miner)``: any PML miner gives the Hessian
+#   pairs (default: the hardest positive and hardest negative of each anchor). Negatives
+#   outside the margin have a flat loss and add nothing, unless
+#   ``hessian_pairs="all_mined"`` (what the LAM authors' code does, see below).
+# - your training loop -> post-hoc: keep it and call ``fit`` afterwards. Online:
+#   ``mode="online"`` with :func:`bayesurl.laplace.train_online` replaces it (LAM's own
+#   loss, averaged over weight draws; ``miner=`` / ``loss_fn=`` take PML's).
 #
 # Post-hoc LAM: three pair sets, one trained net
 # ----------------------------------------------
 # The defaults; the training miner as the Hessian miner; and the LAM authors' setting
 # (every tuple of a ``TripletMarginMiner("all")`` enters the Hessian, negatives outside
 # the margin included, batches of 64, prior precision 1). Each u is scored by
-# :func:`bayesurl.evaluate` next to ``1 / ||z||``, the inverse norm of the same net's
+# :func:`~bayesurl.evaluation.evaluate` next to ``1 / ||z||``, the inverse norm of the same net's
 # unnormalised embedding (no Laplace at all).
 with torch.no_grad():
     z_test, z_ood = net(x_test), net(x_ood)
@@ -181,6 +173,28 @@ print(
     f"{int(dead.sum())} of {dead.numel()} last-layer input features never fire on the training "
     f"images; fraction of OOD activations among them: {ood_fires:.3f}"
 )
+
+
+n_id = len(x_test)
+inv_norm = 1 / z_all.norm(dim=1)
+fig, axes = plt.subplots(1, 3, figsize=(13, 4), layout="constrained")
+for ax, (title, v) in zip(
+    axes[[0, 2]], (("post-hoc LAM u (defaults)", u_def), ("1/||z|| (no Laplace)", inv_norm))
+):
+    bins = torch.linspace(float(v.min()), float(v.max()), 40).numpy()
+    ax.hist(v[:n_id].numpy(), bins=bins, alpha=0.6, density=True, label="test (FashionMNIST)")
+    ax.hist(v[n_id:].numpy(), bins=bins, alpha=0.6, density=True, label="OOD (digits)")
+    ax.set(xlabel=title, ylabel="density", title=title)
+    ax.legend()
+axes[1].scatter(gain[:n_id], u_def[:n_id], s=4, alpha=0.5, label="test (FashionMNIST)")
+axes[1].scatter(gain[n_id:], u_def[n_id:], s=4, alpha=0.5, label="OOD (digits)")
+axes[1].set(
+    xlabel="||phi||^2 / ||z||^2 (inverse gain of the last layer)",
+    ylabel="post-hoc LAM u (defaults)",
+    title=f"u follows the gain (Spearman {rho_gain:.2f})",
+)
+axes[1].legend()
+plt.show()
 
 # %%
 # The authors' setting works here by a side effect: it subtracts the curvature of mined
