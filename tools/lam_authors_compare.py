@@ -285,6 +285,33 @@ def main() -> int:
         say(f"{name:46s} {r['r@1']:6.3f} {r['r_auroc']:8.3f} {r['ood_auroc']:9.3f} {rho:19.3f}")
 
     say("")
+    say("ours: OOD AUROC by Hessian pair set (rows; arccos unless named) and prior precision")
+    priors = (1e-2, 1.0, 1e2)
+    say(f"{'pairs / approximation':46s} {'evidence':>9s}" + "".join(f"{p:>9g}" for p in priors))
+    triplets = triplet_miner_cls(margin=MARGIN, type_of_triplets="all")
+    for name, approx, miner_s, pairs, batch in [
+        ("hardest pos + neg, inside margin / fixed", "fixed", None, "inside_margin", 128),
+        ("hardest pos + neg / positive (euclidean)", "positive", None, "inside_margin", 128),
+        ("triplets 'all', inside margin / fixed", "fixed", triplets, "inside_margin", 64),
+        ("triplets 'all', every mined / fixed", "fixed", triplets, "all_mined", 64),
+        ("triplets 'all' / positive (euclidean)", "positive", triplets, "inside_margin", 64),
+    ]:
+        geometry = "euclidean" if approx == "positive" else "arccos"
+        la = MetricLaplace(net, approximation=approx, geometry=geometry, margin=MARGIN,
+                           hessian_pairs=pairs)  # fmt: skip
+        la.fit(DataLoader(TensorDataset(x_tr, y_tr), batch), miner=miner_s, progress=False)
+        cells = []
+        for prior in (None, *priors):
+            if prior is None:
+                la.optimize_prior_precision()
+            else:
+                la.prior_precision = prior
+            r = bayesurl.evaluate(emb, y_te, uncertainties=la.predictive(x_te).uncertainty,
+                                  ood_uncertainties=la.predictive(x_ood).uncertainty)  # fmt: skip
+            cells.append(f"{r['ood_auroc']:9.3f}")
+        say(f"{name:46s} " + "".join(cells) + f"   (clamped {la.clamped_fraction:.3f})")
+
+    say("")
     say("feature norms (mean over images), ID test vs OOD:")
     for name, a, b in [
         ("||phi|| (last layer's input)", phi_te.norm(dim=1), phi_ood.norm(dim=1)),
