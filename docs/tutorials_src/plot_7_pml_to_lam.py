@@ -208,7 +208,9 @@ plt.show()
 # Online LAM
 # ----------
 # Online LAM trains a fresh net with weights drawn from the running posterior (its own
-# loss replaces the PML loop). On this net its u is inverted as well.
+# loss replaces the PML loop). With the defaults its u is inverted as well; the authors'
+# online training step, and ``MetricLaplace`` online with their pair set and scaling, give
+# OOD AUROC about 0.87 on this data (``results/lam/pml_comparison.txt``).
 torch.manual_seed(0)
 net_online = make_net()
 la_online = MetricLaplace(
