@@ -177,9 +177,9 @@ plt.show()
 # %%
 # A rising sparsification curve means ``u`` ranks the retrieval errors; a falling one means
 # it is inverted -- and on this small run (1,500 images, 5 epochs, an MLP on raw pixels)
-# **both LAM variants are inverted for retrieval**: R-AUROC about 0.45 (post-hoc) and 0.43
-# (online), below the 0.5 of a random u (800 queries, about 200 errors: 0.5 +- 0.04 is
-# chance). For OOD the two disagree: online LAM separates the digits (OOD AUROC about
+# **neither LAM variant ranks the retrieval errors**: R-AUROC about 0.455 for post-hoc LAM
+# (at the edge of chance: 800 queries and about 200 errors make 0.5 +- 0.048 chance) and
+# about 0.43 for online LAM (below chance: inverted). For OOD the two disagree: online LAM separates the digits (OOD AUROC about
 # 0.8), post-hoc LAM does not (about 0.36, inverted). The inverse norm of the same
 # post-hoc net's embedding, ``1/||z||``, is no better judge here: it ranks retrieval
 # errors (R-AUROC about 0.62) but rates the digits *more* certain (OOD AUROC about 0.13).
@@ -207,18 +207,35 @@ rho = spearmanr(torch.cat([u_in[name], u_out[name]]).numpy(), gain.numpy())[0]
 print(f"1/||z|| of the post-hoc net: R-AUROC {norm['r_auroc']:.3f}  ", end="")
 print(f"OOD AUROC {norm['ood_auroc']:.3f}")
 print(f"Spearman(post-hoc LAM u, ||phi||^2/||z||^2) = {rho:.3f}")
+
+
+def chance_band(n1: int, n2: int) -> float:
+    """Two standard errors of an AUROC of 0.5 with ``n1`` / ``n2`` cases (Hanley-McNeil)."""
+    return 2 * ((n1 + n2 + 1) / (12 * n1 * n2)) ** 0.5
+
+
 for key, r in scores.items():
-    for metric in ("r_auroc", "ood_auroc"):
-        if r[metric] < 0.5:
-            print(f"note: {key} {metric} {r[metric]:.3f} < 0.5 -- u is inverted for this task")
+    n_err = round((1 - r["r@1"]) * len(y_test))
+    bands = {
+        "r_auroc": chance_band(n_err, len(y_test) - n_err),
+        "ood_auroc": chance_band(len(y_test), len(x_ood)),
+    }
+    for metric, band in bands.items():
+        if r[metric] < 0.5 - band:
+            print(f"note: {key} {metric} {r[metric]:.3f} < 0.5 - {band:.3f}: u is inverted here")
+        elif r[metric] <= 0.5 + band:
+            print(f"note: {key} {metric} {r[metric]:.3f} is within {band:.3f} of chance")
 
 # %%
 # The figures above are checked, so a change that moves them fails the docs build and
 # sends someone back to this text.
 post, online = scores["post-hoc LAM"], scores["online LAM"]
-assert 0.70 <= post["r@1"] <= 0.82 and 0.68 <= online["r@1"] <= 0.82
-assert 0.38 <= post["r_auroc"] <= 0.52, post["r_auroc"]
-assert 0.35 <= online["r_auroc"] <= 0.50, online["r_auroc"]
-assert 0.25 <= post["ood_auroc"] <= 0.50, post["ood_auroc"]
-assert 0.70 <= online["ood_auroc"] <= 0.90, online["ood_auroc"]
-assert rho >= 0.6, rho
+if data.name != "fashion_mnist":  # the ranges below were measured on FashionMNIST
+    print(f"figures not checked: the data is {data.name!r}, not FashionMNIST")
+else:
+    assert 0.70 <= post["r@1"] <= 0.82 and 0.68 <= online["r@1"] <= 0.82
+    assert 0.38 <= post["r_auroc"] <= 0.52, post["r_auroc"]
+    assert 0.35 <= online["r_auroc"] <= 0.50, online["r_auroc"]
+    assert 0.25 <= post["ood_auroc"] <= 0.50, post["ood_auroc"]
+    assert 0.70 <= online["ood_auroc"] <= 0.90, online["ood_auroc"]
+    assert rho >= 0.6, rho
