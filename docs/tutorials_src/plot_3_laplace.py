@@ -179,8 +179,9 @@ plt.show()
 # it is inverted -- and on this small run (1,500 images, 5 epochs, an MLP on raw pixels)
 # **neither LAM variant ranks the retrieval errors**: R-AUROC about 0.455 for post-hoc LAM
 # (at the edge of chance: 800 queries and about 200 errors make 0.5 +- 0.048 chance) and
-# about 0.43 for online LAM (below chance: inverted). For OOD the two disagree: online LAM separates the digits (OOD AUROC about
-# 0.8), post-hoc LAM does not (about 0.36, inverted). The inverse norm of the same
+# about 0.43 for online LAM (below chance: inverted). For OOD the two disagree: online LAM
+# separates the digits (OOD AUROC about 0.8), post-hoc LAM does not (about 0.36,
+# inverted). The inverse norm of the same
 # post-hoc net's embedding, ``1/||z||``, is no better judge here: it ranks retrieval
 # errors (R-AUROC about 0.62) but rates the digits *more* certain (OOD AUROC about 0.13).
 #
