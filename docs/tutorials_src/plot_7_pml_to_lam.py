@@ -201,9 +201,10 @@ plt.show()
 # The authors' setting works here by a side effect: it subtracts the curvature of mined
 # negatives whose loss is flat (outside the margin), which clamps 7 % of the
 # diagonal to zero and leaves the prior variance on weights of features the digits use
-# more (18 % of their squared feature mass, 13 % of the clothes'). It is not the GGN of
-# the contrastive loss, so do not expect it to carry over; check OOD AUROC on held-out
-# data before trusting any u.
+# more (18 % of their squared feature mass, 13 % of the clothes'). It does the same on
+# the MLP of :doc:`/tutorials/plot_3_laplace`, but it is not the GGN of the contrastive
+# loss and nothing guarantees it elsewhere: check OOD AUROC on held-out data before
+# trusting any u.
 #
 # Online LAM
 # ----------
@@ -234,9 +235,10 @@ results["online"] = score(
 
 # %%
 # What is trustworthy here: the embeddings (R@1 about 0.85) and, for OOD, the inverse
-# norm ``1/||z||`` -- not LAM's u. The checks below keep this page honest: if a change
-# to :mod:`bayesurl.laplace` moves these figures out of their ranges, the docs build fails
-# and the text above must be revisited.
+# norm ``1/||z||`` or LAM with the authors' pair set, both checked on held-out digits --
+# not LAM's u with the defaults, and no u for ranking retrieval errors. The checks below
+# keep this page honest: if a change to :mod:`bayesurl.laplace` moves these figures out of
+# their ranges, the docs build fails and the text above must be revisited.
 if data.name != "fashion_mnist":  # the ranges below were measured on FashionMNIST
     print(f"figures not checked: the data is {data.name!r}, not FashionMNIST")
 else:
