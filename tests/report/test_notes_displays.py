@@ -83,7 +83,8 @@ def _folder(root, n=8, noise=30, grey=False):
 
 def _folder_cli(images, out):
     return main(["folder", str(images), "--out", str(out), "--backbone", "small_convnet",
-                 "--epochs", "1", "--batch-size", "8", "--no-progress"])  # fmt: skip
+                 "--random-weights", "--epochs", "1", "--batch-size", "8",
+                 "--no-progress"])  # fmt: skip
 
 
 def test_folder_readme_and_table_note_a_constant_u(tmp_path, capsys, monkeypatch):

@@ -98,7 +98,8 @@ def test_folder_road(tmp_path, capsys):
         Image.fromarray(img).save(p)
     out = tmp_path / "out"
     code = main(["folder", str(root), "--out", str(out), "--backbone", "small_convnet",
-                 "--epochs", "1", "--batch-size", "8", "--no-progress", "--random-weights"])  # fmt: skip
+                 "--random-weights", "--epochs", "1", "--batch-size", "8",
+                 "--no-progress"])  # fmt: skip
     assert code == 0
     m = assert_pictures((out / "report.html").read_text(), folder=root)
     assert {Path(n).parent.name for n in m["sources"].values()} <= {"c0", "c1", "c2"}
