@@ -191,9 +191,10 @@ def crossfit_splits(
     gives a split with ``V_g`` upstream (its ``val``) and ``V_h`` downstream; with
     ``n_upstream = num_classes / 2`` and ``|V_g| = |V_h|`` it is followed by its complement
     (``V_h`` upstream and its ``val``, ``V_g`` downstream), so every class is downstream
-    equally often. The choices run in lexicographic order, so split 0 holds ``V_1`` and the
-    lowest free classes upstream and split 1 is its complement (the splits a tuning of ``V_1``
-    and of ``V_2`` trains on).
+    equally often. Split 0 holds ``V_1`` and the lowest free classes upstream and split 1 is
+    its complement (the splits a tuning of ``V_1`` and of ``V_2`` trains on); the other pairs
+    follow in a seeded random order, so a protocol stopped early has run a random sample of
+    pairs.
 
     Parameters
     ----------
@@ -204,10 +205,9 @@ def crossfit_splits(
     n_upstream : int, optional
         Upstream classes per split; default ``num_classes // 2``.
     n_splits : int, optional
-        Keep this many splits (even for complementary pairs; the pairs are drawn without
-        replacement, seeded, and stay in their lexicographic order); default all of them.
+        Keep the first this many splits (even for complementary pairs); default all of them.
     seed : int
-        Seed of that draw.
+        Seed of the order of the pairs after the first.
 
     Returns
     -------
@@ -263,16 +263,18 @@ def crossfit_splits(
             if twin:
                 base.append((comp, sets[h]))
     units = [base[i : i + 2] for i in range(0, len(base), 2)] if paired else [[b] for b in base]
+    # the first unit (the lowest free classes: the splits the searches train on) leads, the
+    # others follow in a seeded order, so any prefix of the plan is a random sample of pairs
+    gen = torch.Generator().manual_seed(int(seed))
+    order = [0, *(1 + torch.randperm(len(units) - 1, generator=gen)).tolist()]
+    units = [units[i] for i in order]
     if n_splits is not None:
         n = int(n_splits)
         if n < 1 or n > len(base):
             raise ValueError(f"`n_splits` must be in [1, {len(base)}], got {n_splits}")
         if paired and n % 2:
             raise ValueError(f"`n_splits` must be even (complementary pairs), got {n_splits}")
-        keep = n // 2 if paired else n
-        gen = torch.Generator().manual_seed(int(seed))
-        pick = sorted(torch.randperm(len(units), generator=gen)[:keep].tolist())
-        units = [units[i] for i in pick]
+        units = units[: n // 2 if paired else n]
     out = []
     for up, val in (s for unit in units for s in unit):
         down = tuple(c for c in range(k) if c not in up)

@@ -59,6 +59,11 @@ def test_crossfit_splits_for_many_classes_and_a_draw():
     assert len(some) == 12 and [s.index for s in some] == list(range(12))
     assert {s.upstream for s in some} <= {s.upstream for s in every}
     assert some == crossfit_splits(sets, num_classes=20, n_splits=12, seed=1)
+    # a prefix of the plan: the first pair, then a seeded sample of the others
+    again = crossfit_splits(sets, num_classes=20, seed=1)
+    assert [s.upstream for s in some] == [s.upstream for s in again[:12]]
+    assert some[0].upstream == every[0].upstream
+    assert [s.upstream for s in some] != [s.upstream for s in every[:12]]
 
 
 @pytest.mark.parametrize(
