@@ -51,12 +51,20 @@ from typing import Any
 import torch
 
 from .base import ImageTensorDataset, subset
+from .clipart import clipart
 from .fmnist import fashion_mnist, find_fashion_mnist
-from .sklearn_digits import load_digits_images
+from .sklearn_digits import load_digits_images, upsample_uint8
 from .splits import stratified_split, stratified_subsample
 from .zero_shot import ZeroShotData, synthetic_ood
 
-__all__ = ["ClassSplit", "class_splits", "crossfit_splits", "split_data", "tuning_leaks"]
+__all__ = [
+    "SPLIT_DATASETS",
+    "ClassSplit",
+    "class_splits",
+    "crossfit_splits",
+    "split_data",
+    "tuning_leaks",
+]
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,7 @@ def class_splits(
     n_upstream: int | None = None,
     n_val: int = 2,
     seed: int = 0,
+    val_classes: Sequence[int] | None = None,
 ) -> list[ClassSplit]:
     """Seeded, distinct class splits in complementary pairs (see module docs).
 
@@ -113,6 +122,11 @@ def class_splits(
         Validation classes taken from the upstream ones (>= 1, < ``n_upstream``).
     seed : int
         Seed of the permutations (a private generator).
+    val_classes : sequence of int, optional
+        Fixed validation classes: upstream in every split (the ``val`` of every split) and
+        never downstream, so settings tuned on them are clean for every split. The other
+        classes are split as above (``n_upstream`` of them upstream, default half) and
+        ``n_val`` is ignored.
 
     Returns
     -------
@@ -123,6 +137,8 @@ def class_splits(
     ValueError
         On counts out of range, or when ``n_splits`` distinct splits do not exist.
     """
+    if val_classes is not None:
+        return _fixed_val_splits(n_splits, int(num_classes), n_upstream, val_classes, int(seed))
     k = int(num_classes)
     n_up = k // 2 if n_upstream is None else int(n_upstream)
     if int(n_splits) < 1:
@@ -163,6 +179,28 @@ def class_splits(
         perm = torch.randperm(len(up), generator=gen)[: int(n_val)].tolist()
         val = tuple(sorted(up[j] for j in perm))
         out.append(ClassSplit(index=i, upstream=up, downstream=down, val=val))
+    return out
+
+
+def _fixed_val_splits(
+    n_splits: int, k: int, n_upstream: int | None, val_classes: Sequence[int], seed: int
+) -> list[ClassSplit]:
+    """:func:`class_splits` of the classes outside ``val_classes``, which join every upstream."""
+    val = _classes(val_classes, "val_classes")
+    bad = [c for c in val if not 0 <= c < k]
+    if bad:
+        raise ValueError(f"`val_classes` names classes {bad} outside 0..{k - 1}")
+    rest = [c for c in range(k) if c not in val]
+    if not val or len(rest) < 2:
+        raise ValueError(
+            f"`val_classes` must name at least one class and leave two of {k}, got {list(val)}"
+        )
+    inner = class_splits(n_splits, num_classes=len(rest), n_upstream=n_upstream, n_val=1, seed=seed)
+    out = []
+    for sp in inner:
+        up = tuple(sorted((*val, *(rest[c] for c in sp.upstream))))
+        down = tuple(rest[c] for c in sp.downstream)
+        out.append(ClassSplit(index=sp.index, upstream=up, downstream=down, val=val))
     return out
 
 
@@ -340,11 +378,38 @@ def tuning_leaks(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+#: The data sets :func:`split_data` splits by class.
+SPLIT_DATASETS = ("fashion_mnist", "digits", "clipart")
+
+
+def _clipart_ood(size: int) -> tuple[ImageTensorDataset, str]:
+    """The OOD set of the clip art: Fashion-MNIST's test photographs of clothes (the digits
+    where it is absent), RGB at ``size``."""
+    try:
+        ood, name = fashion_mnist(None, "test"), "fashion_mnist"
+        images = ood.images.unsqueeze(1) if ood.images.ndim == 3 else ood.images
+        images = upsample_uint8(images, size)
+    except FileNotFoundError:
+        images, _ = load_digits_images(size)
+        name = "digits"
+    images = images.expand(-1, 3, -1, -1).contiguous()
+    labels = torch.zeros(len(images), dtype=torch.int64)
+    return ImageTensorDataset(images, labels, name=f"{name}/ood"), name
+
+
 def _pool(
-    dataset: str, root: str | os.PathLike[str] | None, seed: int
+    dataset: str, root: str | os.PathLike[str] | None, seed: int, image_size: int | None = None
 ) -> tuple[ImageTensorDataset, torch.Tensor, ImageTensorDataset, str]:
     """All images of the data set, a ``held`` flag (official test file / held-out 20 %), the
     OOD set and its name."""
+    if dataset == "clipart":
+        size = int(image_size or 128)
+        pool = clipart(root, "all", size=size)
+        _, held_idx = stratified_split(pool.targets, 0.2, seed=seed)
+        held = torch.zeros(len(pool), dtype=torch.bool)
+        held[held_idx] = True
+        ood, ood_name = _clipart_ood(size)
+        return ImageTensorDataset(pool.images, pool.targets, name="clipart"), held, ood, ood_name
     if dataset == "fashion_mnist":
         find_fashion_mnist(root)
         tr, te = fashion_mnist(root, "train"), fashion_mnist(root, "test")
@@ -383,6 +448,7 @@ def split_data(
     max_ood: int | None = None,
     transform: Callable[[Any], Any] | None = None,
     seed: int = 0,
+    image_size: int | None = None,
 ) -> ZeroShotData:
     """The sets of one class split for the final runs or for tuning (see module docs).
 
@@ -395,14 +461,18 @@ def split_data(
         tuning (train without the validation classes, retrieve among them).
     root : path-like, optional
         Fashion-MNIST location (default system path).
-    dataset : {"fashion_mnist", "digits"}
-        The embedded data set (digits: 1,797 images, OOD = seeded noise images).
+    dataset : {"fashion_mnist", "digits", "clipart"}
+        The data set (digits: 1,797 images, OOD = seeded noise images; clipart: the Open Clip
+        Art drawings of :func:`bayesurl.data.clipart.clipart`, 20 % of each class held out,
+        OOD = Fashion-MNIST's test images, or the digits where it is absent).
     max_train, max_test, max_id, max_ood : int, optional
         Class-balanced caps on ``train``, ``test`` (retrieval), ``id_test`` and ``ood``.
     transform : callable, optional
         Per-item transform of every set.
     seed : int
-        Seed of the caps and of the digits' held-out split.
+        Seed of the caps and of the held-out split (digits, clipart).
+    image_size : int, optional
+        Side of the clipart images (default 128); the embedded sets keep their 28 px.
 
     Returns
     -------
@@ -420,14 +490,14 @@ def split_data(
     """
     if stage not in ("final", "tune"):
         raise ValueError(f"`stage` must be 'final' or 'tune', got {stage!r}")
-    if dataset not in ("fashion_mnist", "digits"):
-        raise ValueError(f"`dataset` must be 'fashion_mnist' or 'digits', got {dataset!r}")
+    if dataset not in SPLIT_DATASETS:
+        raise ValueError(f"`dataset` must be one of {list(SPLIT_DATASETS)}, got {dataset!r}")
     for arg, v in (("max_train", max_train), ("max_test", max_test), ("max_id", max_id)):
         if v is not None and int(v) < 1:
             raise ValueError(f"`{arg}` must be a positive size or None, got {v}")
     if max_ood is not None and int(max_ood) < 1:
         raise ValueError(f"`max_ood` must be a positive size or None, got {max_ood}")
-    pool, held, ood, ood_name = _pool(dataset, root, seed)
+    pool, held, ood, ood_name = _pool(dataset, root, seed, image_size)
     present = set(pool.targets.unique().tolist())
     bad = sorted({*split.upstream, *split.downstream} - present)
     if bad:

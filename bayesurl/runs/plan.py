@@ -15,6 +15,11 @@ sizes, training length) and, in its ``sweep`` table, the plan:
     ``0`` or ``None``: all of them), so settings tuned on a split's own validation set were
     never chosen on its downstream classes. ``classes``: the data set's number of classes
     (default 10).
+``val_classes``
+    Fixed validation classes (e.g. six of clipart's classes): upstream in every split and
+    never downstream, the other classes split in complementary pairs
+    (:func:`bayesurl.data.class_splits.class_splits`), so settings tuned on them are clean for
+    every split.
 ``seeds``
     Training seeds per split.
 ``storage``
@@ -82,6 +87,8 @@ class SweepPreset:
         Validation sets of a cross-fitted plan (module docs); ``None``: seeded class splits.
     classes : int
         Number of classes of the data set (class splits).
+    val_classes : tuple of int, optional
+        Validation classes upstream in every split and never downstream (module docs).
     """
 
     name: str
@@ -94,6 +101,7 @@ class SweepPreset:
     verdict: str = "standard"
     crossfit: tuple[tuple[int, ...], ...] | None = None
     classes: int = 10
+    val_classes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.splits, bool) or int(self.splits) < 0:
@@ -114,6 +122,12 @@ class SweepPreset:
             sets = tuple(tuple(int(c) for c in v) for v in self.crossfit)
             object.__setattr__(self, "crossfit", sets)
             preset_splits(self)  # the sets are checked where the plan is made
+        if self.val_classes is not None:
+            if self.crossfit is not None:
+                raise ValueError("`val_classes` and `crossfit` exclude each other")
+            object.__setattr__(self, "val_classes", tuple(int(c) for c in self.val_classes))
+            if self.splits:
+                preset_splits(self)
 
     @property
     def n_splits(self) -> int:
@@ -126,7 +140,17 @@ class SweepPreset:
         return self.storage is SweepStore.STORED
 
 
-_SWEEP_KEYS = ("splits", "seeds", "storage", "smoke", "note", "verdict", "crossfit", "classes")
+_SWEEP_KEYS = (
+    "splits",
+    "seeds",
+    "storage",
+    "smoke",
+    "note",
+    "verdict",
+    "crossfit",
+    "classes",
+    "val_classes",
+)
 
 
 def sweep_preset(dataset: str, name: str) -> SweepPreset:
@@ -152,6 +176,8 @@ def sweep_preset(dataset: str, name: str) -> SweepPreset:
         table["seeds"] = tuple(table["seeds"])
     if "crossfit" in table:
         table["crossfit"] = tuple(tuple(v) for v in table["crossfit"])
+    if "val_classes" in table:
+        table["val_classes"] = tuple(table["val_classes"])
     return SweepPreset(name=name, recipe_preset=name, **table)
 
 
@@ -199,7 +225,7 @@ def preset_splits(preset: SweepPreset, *, split_seed: int = 0) -> list[ClassSpli
     """The class splits of ``preset`` (empty on the standard zero-shot split).
 
     Cross-fitted (``crossfit``) when the preset names validation sets, else ``splits``
-    seeded splits in complementary pairs.
+    seeded splits in complementary pairs (with ``val_classes`` upstream in every one).
     """
     if preset.crossfit is not None:
         return crossfit_splits(
@@ -210,7 +236,12 @@ def preset_splits(preset: SweepPreset, *, split_seed: int = 0) -> list[ClassSpli
         )
     if preset.splits == 0:
         return []
-    return class_splits(preset.splits, num_classes=preset.classes, seed=split_seed)
+    return class_splits(
+        preset.splits,
+        num_classes=preset.classes,
+        seed=split_seed,
+        val_classes=preset.val_classes,
+    )
 
 
 def plan_runs(
