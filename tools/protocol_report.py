@@ -138,14 +138,26 @@ def _spread(r: dict[str, Any]) -> str:
 
 def complete_splits(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The runs of the class splits on which every estimator of ``runs`` has finished (a
-    split still running would bias the estimators' means towards the splits they have)."""
+    split still running would bias the estimators' means towards the splits they have); when
+    the splits come in complementary pairs, only the pairs of which both splits are complete
+    (a pair holds every class once downstream)."""
+    from bayesurl.runs.aggregate import complementary_pairs
+
     ok = [r for r in runs if r.get("error") is None]
     names = {r.get("method", r.get("estimator")) for r in ok}
     by_split: dict[Any, set[str]] = {}
     for r in ok:
         by_split.setdefault(r["split"], set()).add(r.get("method", r.get("estimator")))
     keep = {k for k, v in by_split.items() if v == names}
-    return [r for r in ok if r["split"] in keep]
+    done = [r for r in ok if r["split"] in keep]
+    if done and all(r.get("downstream") for r in done):
+        pair_of = complementary_pairs(done)
+        size: dict[int, int] = {}
+        for k in set(pair_of):
+            size[pair_of[k]] = size.get(pair_of[k], 0) + 1
+        if any(n == 2 for n in size.values()):
+            done = [r for r in done if size[pair_of[r["split"]]] == 2]
+    return done
 
 
 def write_interim(folder: Path) -> Path:
@@ -161,6 +173,7 @@ def write_interim(folder: Path) -> Path:
     settings = {
         "preset": part.get("preset", ""),
         "interim": True,
+        "complete_pairs": True,
         "status": part.get("status"),
         "class_splits": splits,
         "estimators": sorted({r["method"] for r in done}),
