@@ -270,7 +270,8 @@ def verdict_table(doc: dict[str, Any]) -> str:
         f"R-AUROC per estimator: mean ± half-width of the 95 % t-interval over the splits; "
         f"paired difference to CE, the test against chance (0.5) and the paired difference "
         f"to the best free baseline above chance ({free or 'none is above chance'}), each a "
-        f"t-test with the {unit} as the unit, Holm-adjusted over the estimators",
+        f't-test with the {unit} as the unit, Holm-adjusted over the estimators ("at '
+        'chance": not distinguishable from 0.5 at Holm p < 0.05)',
         ["estimator", "R-AUROC", "vs CE", "vs chance", f"vs {free or 'free baseline'}"],
         rows,
     )
@@ -334,7 +335,17 @@ def verdict(doc: dict[str, Any]) -> str:
         ks = [k for k in order if (ch.get(k) or {}).get("verdict") == word]
         return ", ".join(f"{k} {s[k]['r_auroc']['mean']:.3f}" for k in ks) or "none"
 
-    lines = [
+    lines = []
+    st = doc["settings"].get("status") or {}
+    if doc["settings"].get("interim") and st.get("total"):
+        planned = st["total"] // max(len(s), 1)
+        lines.append(
+            f"* **Interim**: the {n} class splits"
+            + (f" ({n // 2} complementary pairs)" if doc.get("paired_vs_ce_pairs") else "")
+            + f" on which every estimator had finished when the protocol was stopped, of "
+            f"{planned} planned."
+        )
+    lines += [
         f"* **Split-half Spearman of the R-AUROC ranking** over the {n} class splits: random "
         f"halvings {h('random')}; pair-preserving {h('pairs')}; class-held-out {h('class')}.",
         f"* **Against chance** (R-AUROC 0.5, per {unit[:-1]}, Holm): above: "
