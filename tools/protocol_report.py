@@ -138,14 +138,26 @@ def _spread(r: dict[str, Any]) -> str:
 
 def complete_splits(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The runs of the class splits on which every estimator of ``runs`` has finished (a
-    split still running would bias the estimators' means towards the splits they have)."""
+    split still running would bias the estimators' means towards the splits they have); when
+    the splits come in complementary pairs, only the pairs of which both splits are complete
+    (a pair holds every class once downstream)."""
+    from bayesurl.runs.aggregate import complementary_pairs
+
     ok = [r for r in runs if r.get("error") is None]
     names = {r.get("method", r.get("estimator")) for r in ok}
     by_split: dict[Any, set[str]] = {}
     for r in ok:
         by_split.setdefault(r["split"], set()).add(r.get("method", r.get("estimator")))
     keep = {k for k, v in by_split.items() if v == names}
-    return [r for r in ok if r["split"] in keep]
+    done = [r for r in ok if r["split"] in keep]
+    if done and all(r.get("downstream") for r in done):
+        pair_of = complementary_pairs(done)
+        size: dict[int, int] = {}
+        for k in set(pair_of):
+            size[pair_of[k]] = size.get(pair_of[k], 0) + 1
+        if any(n == 2 for n in size.values()):
+            done = [r for r in done if size[pair_of[r["split"]]] == 2]
+    return done
 
 
 def write_interim(folder: Path) -> Path:
@@ -161,6 +173,7 @@ def write_interim(folder: Path) -> Path:
     settings = {
         "preset": part.get("preset", ""),
         "interim": True,
+        "complete_pairs": True,
         "status": part.get("status"),
         "class_splits": splits,
         "estimators": sorted({r["method"] for r in done}),
@@ -257,7 +270,8 @@ def verdict_table(doc: dict[str, Any]) -> str:
         f"R-AUROC per estimator: mean ± half-width of the 95 % t-interval over the splits; "
         f"paired difference to CE, the test against chance (0.5) and the paired difference "
         f"to the best free baseline above chance ({free or 'none is above chance'}), each a "
-        f"t-test with the {unit} as the unit, Holm-adjusted over the estimators",
+        f't-test with the {unit} as the unit, Holm-adjusted over the estimators ("at '
+        'chance": not distinguishable from 0.5 at Holm p < 0.05)',
         ["estimator", "R-AUROC", "vs CE", "vs chance", f"vs {free or 'free baseline'}"],
         rows,
     )
@@ -321,7 +335,17 @@ def verdict(doc: dict[str, Any]) -> str:
         ks = [k for k in order if (ch.get(k) or {}).get("verdict") == word]
         return ", ".join(f"{k} {s[k]['r_auroc']['mean']:.3f}" for k in ks) or "none"
 
-    lines = [
+    lines = []
+    st = doc["settings"].get("status") or {}
+    if doc["settings"].get("interim") and st.get("total"):
+        planned = st["total"] // max(len(s), 1)
+        lines.append(
+            f"* **Interim**: the {n} class splits"
+            + (f" ({n // 2} complementary pairs)" if doc.get("paired_vs_ce_pairs") else "")
+            + f" on which every estimator had finished when the protocol was stopped, of "
+            f"{planned} planned."
+        )
+    lines += [
         f"* **Split-half Spearman of the R-AUROC ranking** over the {n} class splits: random "
         f"halvings {h('random')}; pair-preserving {h('pairs')}; class-held-out {h('class')}.",
         f"* **Against chance** (R-AUROC 0.5, per {unit[:-1]}, Holm): above: "

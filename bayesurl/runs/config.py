@@ -706,7 +706,8 @@ def select_tuned(
         raise ValueError(
             f"the tuned settings of {where} come in {len(sets)} sets tuned on different classes "
             f"({'; '.join(str(list(t.tuned_on or ())) for t in sets)}): give a "
-            "`data.class_split`, or run the defaults (--untuned)"
+            "`data.class_split` whose upstream classes hold one set's, or run the defaults "
+            "(`bayesurl benchmark --untuned`, `load_recipe(..., tuned=False)`)"
         )
     up = {int(c) for c in class_split.get("upstream", ())}
     val = tuple(sorted(int(c) for c in class_split.get("val", ())))

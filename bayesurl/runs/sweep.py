@@ -340,14 +340,18 @@ def run_sweep(
     dev = resolve_device(device)
     if run_fn is None:  # every recipe, preset and override checked before anything trains
         names = [] if worker else resolve_estimators(estimators, dataset)
+        # one split per validation set: each run's tuned settings must exist for its split
+        firsts = {sp.val: sp for sp in preset_splits(plan)}
+        checks: list[list[Any]] = [[("data.class_split", sp.to_dict())] for sp in firsts.values()]
         cfgs = [
             load_recipe(
                 f"{dataset}/{n}",
-                [*overrides, ("device", str(dev))],
+                [*overrides, *check, ("device", str(dev))],
                 preset=plan.recipe_preset,
                 tuned=recipe_tuned,
             )
             for n in names
+            for check in checks or [[]]
         ]
     else:  # the run function gives the names their meaning
         names = [] if worker else _names(estimators)

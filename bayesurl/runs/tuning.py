@@ -208,6 +208,8 @@ def tune_estimators(
             return float(ra)
 
         done = len(study.get_trials(deepcopy=False, states=(st.COMPLETE, st.PRUNED)))
+        if done:  # a resumed search: a sampler seeded as at the start would repeat its trials
+            study.sampler = optuna.samplers.TPESampler(seed=seed + done)
         if done < int(n_trials):
             study.optimize(
                 objective,

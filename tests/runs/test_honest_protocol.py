@@ -281,3 +281,27 @@ def test_pair_preserving_halvings_keep_pairs_together():
         assert p["spearman"] == pytest.approx(stats.spearmanr(xa, xb).statistic)
     with pytest.raises(ValueError, match="halving"):
         split_half_reproducibility(recs, "r_auroc", halving="nope")
+
+
+def test_a_resumed_search_does_not_repeat_its_trials(tmp_path):
+    from bayesurl.data.class_splits import class_splits
+    from bayesurl.runs.storage import SweepStorage
+    from bayesurl.runs.tuning import tune_estimators
+
+    def fake(params):
+        lr = float(params["overrides"][0].split("=")[1])
+        return {"r@1": 0.5, "r_auroc": 0.5 + lr}
+
+    split = class_splits(1)[0]
+    for n in (3, 6):  # a search stopped after 3 trials, then resumed to 6 by a new process
+        store = SweepStorage(None, out=tmp_path, sweep="t")
+        tune_estimators(["ce"], n, fake, store, split=split, log=lambda s: None)
+    trials = store.tuning_study("ce").get_trials(deepcopy=False)
+    lrs = [t.params["train.lr"] for t in trials]
+    assert len(lrs) == 6 and len(set(lrs)) == 6
+
+
+def test_without_a_class_split_several_tuned_sets_are_refused():
+    with pytest.raises(ValueError, match="come in 2 sets"):
+        load_recipe("fashion_mnist/ce", preset="pretrained")
+    assert load_recipe("fashion_mnist/ce", preset="pretrained", tuned=False).tuned_on == []
