@@ -53,8 +53,8 @@ def cross_domain(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"domains": [la, lb], "estimators": common, "metrics": {}}
     for key, _ in METRICS:
         means = {}
-        for label, doc in docs.items():
-            m = {n: (doc["summary"][n].get(key) or {}).get("mean") for n in common}
+        for label, d in docs.items():
+            m = {n: (d["summary"][n].get(key) or {}).get("mean") for n in common}
             means[label] = {n: v for n, v in m.items() if v is not None}
         both = [n for n in common if all(n in means[lab] for lab in docs)]
         if len(both) < 3:
@@ -68,8 +68,8 @@ def cross_domain(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "rank": ranks,
             "spearman": float(res.statistic),
             "p": float(res.pvalue),
-            "split_half": {lab: _halvings(doc, key) for lab, doc in docs.items()},
-            "splits": {lab: len(doc["settings"].get("class_splits") or []) for lab in docs},
+            "split_half": {lab: _halvings(d, key) for lab, d in docs.items()},
+            "splits": {lab: len({r["split"] for r in docs[lab]["runs"]}) for lab in docs},
         }
     return out
 
