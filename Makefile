@@ -24,12 +24,19 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 # FashionMNIST from Debian when apt is usable; otherwise the bundled scikit-learn digits are used.
+# Open Clip Art (the `clipart` data set) from Debian likewise; without it `--dataset clipart`
+# says how to install it.
 data:
 	@if [ -d /usr/share/datasets/fashion-mnist ]; then echo "FashionMNIST present"; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) \
 	  || echo "apt-get failed: falling back to scikit-learn digits"; \
 	else echo "apt not usable: falling back to scikit-learn digits"; fi
+	@if [ -d /usr/share/openclipart/png ]; then echo "Open Clip Art present"; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && apt-get install -y -qq openclipart-png) \
+	  || echo "apt-get failed: no clipart (sudo apt-get install -y openclipart-png)"; \
+	else echo "apt not usable: no clipart (sudo apt-get install -y openclipart-png)"; fi
 
 run: install data
 	$(VENV)/bin/bayesurl benchmark $(MAIN_ARGS)

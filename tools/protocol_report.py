@@ -122,7 +122,7 @@ def _paired_rows(order: list[str], paired: dict[str, Any], reference: str) -> li
                 continue
             cells.append(
                 f"{p['mean_diff']:+.3f} (p {p['p_t']:.2g}, Holm {p['p_t_holm']:.2g}; "
-                f"{p['verdict']})"
+                f"{p['verdict'] or 'verdict withheld'})"
             )
         rows.append([n, *cells])
     return rows
@@ -138,14 +138,26 @@ def _spread(r: dict[str, Any]) -> str:
 
 def complete_splits(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The runs of the class splits on which every estimator of ``runs`` has finished (a
-    split still running would bias the estimators' means towards the splits they have)."""
+    split still running would bias the estimators' means towards the splits they have); when
+    the splits come in complementary pairs, only the pairs of which both splits are complete
+    (a pair holds every class once downstream)."""
+    from bayesurl.runs.aggregate import complementary_pairs
+
     ok = [r for r in runs if r.get("error") is None]
     names = {r.get("method", r.get("estimator")) for r in ok}
     by_split: dict[Any, set[str]] = {}
     for r in ok:
         by_split.setdefault(r["split"], set()).add(r.get("method", r.get("estimator")))
     keep = {k for k, v in by_split.items() if v == names}
-    return [r for r in ok if r["split"] in keep]
+    done = [r for r in ok if r["split"] in keep]
+    if done and all(r.get("downstream") for r in done):
+        pair_of = complementary_pairs(done)
+        size: dict[int, int] = {}
+        for k in set(pair_of):
+            size[pair_of[k]] = size.get(pair_of[k], 0) + 1
+        if any(n == 2 for n in size.values()):
+            done = [r for r in done if size[pair_of[r["split"]]] == 2]
+    return done
 
 
 def write_interim(folder: Path) -> Path:
@@ -161,6 +173,7 @@ def write_interim(folder: Path) -> Path:
     settings = {
         "preset": part.get("preset", ""),
         "interim": True,
+        "complete_pairs": True,
         "status": part.get("status"),
         "class_splits": splits,
         "estimators": sorted({r["method"] for r in done}),
@@ -208,36 +221,155 @@ def _ordinal(i: int) -> str:
     return f"{i}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(i if i < 20 else i % 10, 'th') }"
 
 
+def _halving_cells(r: dict[str, Any] | None) -> list[str]:
+    if not r or r.get("median") is None:
+        return ["n/a", "n/a", "n/a"]
+    return [f"{r['median']:.2f}", f"{r['q05']:.2f}", f"{r['min']:.2f}"]
+
+
+def _pairs_table(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    """The paired tests with the complementary pair as the unit where the doc has them."""
+    return doc.get(f"{key}_pairs") or doc.get(key, {})
+
+
+def _p(row: dict[str, Any] | None, key: str = "p_t_holm") -> str:
+    if not row or row.get(key) is None:
+        return "n/a"
+    v = row[key]
+    return "< 1e-300" if v == 0 else f"{v:.2g}"
+
+
+def verdict_table(doc: dict[str, Any]) -> str:
+    """Per estimator: mean R-AUROC with its 95 % interval over the splits, the Holm p-values
+    against CE, against chance and against the best above-chance free baseline (the
+    complementary pair as the unit where the splits come in pairs)."""
+    s = doc["summary"]
+    pc = _pairs_table(doc, "paired_vs_ce").get("r_auroc", {})
+    pf = _pairs_table(doc, "paired_vs_best_free_baseline").get("r_auroc", {})
+    ch = doc.get("vs_chance", {})
+    free = doc.get("best_free_baseline")
+    unit = "complementary pair" if doc.get("paired_vs_ce_pairs") else "split"
+    order = sorted(s, key=lambda k: -(s[k].get("r_auroc", {}).get("mean") or -1.0))
+    rows = []
+    for n in order:
+        c = ch.get(n) or {}
+        d = pc.get(n) or {}
+        f = pf.get(n) or {}
+        rows.append(
+            [
+                n,
+                _cell(s[n].get("r_auroc")),
+                "(reference)" if n == "ce" else f"{d.get('mean_diff', 0):+.3f}, Holm p {_p(d)}",
+                f"{c.get('verdict') or 'n/a'}, Holm p {_p(c)}",
+                "(reference)"
+                if n == free
+                else ("n/a" if not f else f"{f.get('mean_diff', 0):+.3f}, Holm p {_p(f)}"),
+            ]
+        )
+    return _list_table(
+        f"R-AUROC per estimator: mean ± half-width of the 95 % t-interval over the splits; "
+        f"paired difference to CE, the test against chance (0.5) and the paired difference "
+        f"to the best free baseline above chance ({free or 'none is above chance'}), each a "
+        f't-test with the {unit} as the unit, Holm-adjusted over the estimators ("at '
+        'chance": not distinguishable from 0.5 at Holm p < 0.05)',
+        ["estimator", "R-AUROC", "vs CE", "vs chance", f"vs {free or 'free baseline'}"],
+        rows,
+    )
+
+
+def halvings_table(doc: dict[str, Any]) -> str:
+    """Split-half Spearman of the R-AUROC ranking for random, pair-preserving and
+    class-held-out halvings (median, 5 %, minimum) and each class's value."""
+    by = doc.get("reproducibility_by") or {"random": doc["reproducibility"]}
+    rows = []
+    for h, label in (
+        ("random", "random halvings of the splits"),
+        ("pairs", "pair-preserving halvings (complementary pairs kept together)"),
+        ("class", "class-held-out (splits with class c downstream vs c upstream)"),
+    ):
+        for m, t in (("r_auroc", "R-AUROC"), ("r@1", "R@1"), ("ood_auroc", "OOD AUROC")):
+            r = (by.get(h) or {}).get(m)
+            n = len((r or {}).get("partitions", []))
+            rows.append([f"{label}, {t}", str(n), *_halving_cells(r)])
+    cls = ((by.get("class") or {}).get("r_auroc") or {}).get("per_class") or {}
+    per = ", ".join(f"{c}: {v:.2f}" for c, v in cls.items() if v is not None)
+    return _list_table(
+        "Split-half Spearman correlation of the estimators' mean metric between two halves of "
+        "the class splits: median, 5 % quantile and minimum over the halvings"
+        + (f"; class-held-out R-AUROC per class: {per}" if per else ""),
+        ["halving, metric", "halvings", "median", "5 %", "min"],
+        rows,
+    )
+
+
 def verdict(doc: dict[str, Any]) -> str:
     """The verdict of a protocol's ``results.json`` as reStructuredText bullets.
 
     Every number comes from ``doc``; the words only say which way each comparison went, so
-    the text stays true when the results change.
+    the text stays true when the results change. One line and nothing else when the runs'
+    settings may have been tuned on their own downstream classes (``tuning_check``).
     """
-    s, rep = doc["summary"], doc["reproducibility"]
-    pc, pf = doc.get("paired_vs_ce", {}), doc.get("paired_vs_best_free_baseline", {})
+    check = doc.get("tuning_check")
+    if not check or not check.get("ok"):
+        line = (check or {}).get("line") or (
+            "NO VERDICT: these results carry no tuning check (the classes each run's settings "
+            "were tuned on are not recorded)"
+        )
+        return f"* **{line}**\n"
+    s = doc["summary"]
+    by = doc.get("reproducibility_by") or {"random": doc["reproducibility"]}
+    pc = _pairs_table(doc, "paired_vs_ce")
+    pf = _pairs_table(doc, "paired_vs_best_free_baseline")
+    ch = doc.get("vs_chance", {})
     free = doc.get("best_free_baseline")
-    n = len(doc["settings"].get("class_splits", []))
+    n = len(doc["settings"].get("class_splits") or [])
+    unit = "complementary pairs" if doc.get("paired_vs_ce_pairs") else "splits"
     order = sorted(s, key=lambda k: -(s[k]["r_auroc"]["mean"] or 0.0))
     trained = [k for k in order if k not in FREE_BASELINES]
-    rr = rep["r_auroc"]
-    lines = [
-        f"* **Split-half Spearman of the R-AUROC ranking** over {len(rr['partitions'])} random "
-        f"halvings of the {n} class splits: median **{_num(rr.get('median'))}** (5 / 95 %: "
-        f"{_num(rr.get('q05'))} / {_num(rr.get('q95'))}); R@1 "
-        f"{_num(rep['r@1'].get('median'))}, OOD AUROC {_num(rep['ood_auroc'].get('median'))}.",
-        "* **R-AUROC, best first**: "
-        + ", ".join(f"{k} {s[k]['r_auroc']['mean']:.3f}" for k in order)
-        + f" (CE {_ci(s, 'ce', 'r_auroc')}).",
-        f"* **Against CE** (paired over the splits, Holm over the {len(s) - 1} others), "
-        f"R-AUROC better: {_significant(pc, 'r_auroc', 1)}; worse: "
+
+    def h(name: str) -> str:
+        r = (by.get(name) or {}).get("r_auroc") or {}
+        return f"{_num(r.get('median'))} (5 %: {_num(r.get('q05'))}, min {_num(r.get('min'))})"
+
+    def chance(word: str) -> str:
+        ks = [k for k in order if (ch.get(k) or {}).get("verdict") == word]
+        return ", ".join(f"{k} {s[k]['r_auroc']['mean']:.3f}" for k in ks) or "none"
+
+    lines = []
+    st = doc["settings"].get("status") or {}
+    if doc["settings"].get("interim") and st.get("total"):
+        planned = st["total"] // max(len(s), 1)
+        lines.append(
+            f"* **Interim**: the {n} class splits"
+            + (f" ({n // 2} complementary pairs)" if doc.get("paired_vs_ce_pairs") else "")
+            + f" on which every estimator had finished when the protocol was stopped, of "
+            f"{planned} planned."
+        )
+    lines += [
+        f"* **Split-half Spearman of the R-AUROC ranking** over the {n} class splits: random "
+        f"halvings {h('random')}; pair-preserving {h('pairs')}; class-held-out {h('class')}.",
+        f"* **Against chance** (R-AUROC 0.5, per {unit[:-1]}, Holm): above: "
+        f"{chance('above')}; below: {chance('below')}; not distinguishable: "
+        f"{chance('at chance')}.",
+        f"* **Against CE** (CE {_ci(s, 'ce', 'r_auroc')}; paired per {unit[:-1]}, Holm over "
+        f"the {len(s) - 1} others), R-AUROC better: {_significant(pc, 'r_auroc', 1)}; worse: "
         f"{_significant(pc, 'r_auroc', -1)}.",
     ]
     if free:
         lines.append(
-            f"* **Against the best free baseline** ({free}, R-AUROC {_ci(s, free, 'r_auroc')}), "
-            f"R-AUROC better: {_significant(pf, 'r_auroc', 1)}; worse: "
-            f"{_significant(pf, 'r_auroc', -1)}."
+            f"* **Against the best free baseline above chance** ({free}, R-AUROC "
+            f"{_ci(s, free, 'r_auroc')}), R-AUROC better: {_significant(pf, 'r_auroc', 1)}; "
+            f"worse: {_significant(pf, 'r_auroc', -1)}."
+        )
+    else:
+        lines.append(
+            "* **No free baseline is above chance**, so none is a bar to beat: "
+            + ", ".join(
+                f"{k} {s[k]['r_auroc']['mean']:.3f} ({(ch.get(k) or {}).get('verdict')})"
+                for k in FREE_BASELINES
+                if k in s
+            )
+            + "."
         )
     url = [k for k in ("losspred", "mcinfonce") if k in trained]
     if url:
@@ -309,13 +441,19 @@ def report(
     other: tuple[Path, str] | None = None,
 ) -> str:
     doc = json.loads((folder / "results.json").read_text())
-    summary, paired, repro = doc["summary"], doc.get("paired_vs_ce", {}), doc["reproducibility"]
+    summary, repro = doc["summary"], doc["reproducibility"]
     settings = doc["settings"]
     name = name or str(settings.get("preset") or "standard")
     order = sorted(summary, key=lambda n: -(summary[n].get("r_auroc", {}).get("mean") or -1.0))
     rows = [[n, *(_cell(summary[n].get(k)) for k, _ in METRICS)] for n in order]
     parts = []
-    n_splits = len(settings.get("class_splits", []))
+    check = doc.get("tuning_check")
+    if not check or not check.get("ok"):
+        parts.append(verdict(doc))
+    else:
+        parts.append(verdict_table(doc))
+    parts.append(halvings_table(doc))
+    n_splits = len(settings.get("class_splits") or [])
     status = settings.get("status")
     interim = (
         f" (interim: the {n_splits} splits finished of {status['total'] // len(order)})"
@@ -331,21 +469,22 @@ def report(
         )
     )
     n_est = len(order) - 1
+    unit = "complementary pairs" if doc.get("paired_vs_ce_pairs") else "(split, seed) pairs"
     parts.append(
         _list_table(
-            "Paired difference to CE over the (split, seed) pairs: mean difference, paired "
+            f"Paired difference to CE over the {unit}: mean difference, paired "
             f"t-test p and its Holm-adjusted value over the {n_est} other estimators",
             ["estimator", "R-AUROC", "R@1", "OOD AUROC"],
-            _paired_rows(order, paired, "ce"),
+            _paired_rows(order, _pairs_table(doc, "paired_vs_ce"), "ce"),
         )
     )
     free = doc.get("best_free_baseline")
     if free:
         parts.append(
             _list_table(
-                f"Paired difference to the best free baseline ({free}, by mean R-AUROC), as above",
+                f"Paired difference to the best free baseline above chance ({free}), as above",
                 ["estimator", "R-AUROC", "R@1", "OOD AUROC"],
-                _paired_rows(order, doc.get("paired_vs_best_free_baseline", {}), free),
+                _paired_rows(order, _pairs_table(doc, "paired_vs_best_free_baseline"), free),
             )
         )
     rrow = []

@@ -181,6 +181,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "OUT/tuned.toml (the recipe's [presets.NAME.tuned] table)",
     )
     g.add_argument(
+        "--tune-split",
+        type=int,
+        default=0,
+        metavar="K",
+        help="tune on class split K's validation classes (training on its other upstream "
+        "classes); in a cross-fitted preset split K holds the K-th validation set",
+    )
+    g.add_argument(
         "--tune-only",
         action="store_true",
         help="stop after --tune: plan and run nothing (then commit OUT/tuned.toml)",
@@ -210,6 +218,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError("`--tune` runs on the first machine only; drop it with --worker")
     if args.tune_only and not args.tune:
         raise ValueError("`--tune-only` needs `--tune N`")
+    if getattr(args, "tune_split", 0) < 0:
+        raise ValueError(f"`--tune-split` must be >= 0, got {args.tune_split}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"`--threads` must be >= 1, got {args.threads}")
     if args.heartbeat < 1:
@@ -274,6 +284,7 @@ def run(args: argparse.Namespace) -> int:
         worker=args.worker,
         tune=args.tune,
         tune_only=args.tune_only,
+        tune_split=args.tune_split,
         recipe_tuned=not args.untuned,
         checkpoint_dir=Path(out) / "checkpoints" if args.save_checkpoints and out else None,
         progress=not args.no_progress,

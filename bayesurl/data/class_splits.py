@@ -26,25 +26,45 @@ three seeds, and tunes each model on a class-disjoint validation split. On the e
     classes trained on.
 
 Sizes can be capped (class-balanced, seeded) for quick runs.
+
+**Tuning that never sees an evaluated class.** The settings a search chooses on a split's
+validation classes are only clean for runs on which those classes are not downstream: a
+choice scored on images that are later the evaluated queries is selection on the test set.
+:func:`crossfit_splits` builds the splits of a cross-fitted protocol for any number of classes
+from two or more disjoint **validation sets** ``V_1, V_2, ...``: for each ordered choice
+``V_g`` upstream, ``V_h`` downstream (``g < h``) the rest of the upstream classes is drawn from
+the classes in no validation set, and every such split comes with its complement (``V_h``
+upstream, ``V_g`` downstream). A split's ``val`` is the validation set on its upstream side:
+the one whose tuned settings its runs use, so no run's settings were chosen on one of its
+downstream classes. :func:`tuning_leaks` checks run records for exactly that.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .base import ImageTensorDataset, subset
+from .clipart import clipart
 from .fmnist import fashion_mnist, find_fashion_mnist
-from .sklearn_digits import load_digits_images
+from .sklearn_digits import load_digits_images, upsample_uint8
 from .splits import stratified_split, stratified_subsample
 from .zero_shot import ZeroShotData, synthetic_ood
 
-__all__ = ["ClassSplit", "class_splits", "split_data"]
+__all__ = [
+    "SPLIT_DATASETS",
+    "ClassSplit",
+    "class_splits",
+    "crossfit_splits",
+    "split_data",
+    "tuning_leaks",
+]
 
 
 @dataclass(frozen=True)
@@ -85,6 +105,7 @@ def class_splits(
     n_upstream: int | None = None,
     n_val: int = 2,
     seed: int = 0,
+    val_classes: Sequence[int] | None = None,
 ) -> list[ClassSplit]:
     """Seeded, distinct class splits in complementary pairs (see module docs).
 
@@ -101,6 +122,11 @@ def class_splits(
         Validation classes taken from the upstream ones (>= 1, < ``n_upstream``).
     seed : int
         Seed of the permutations (a private generator).
+    val_classes : sequence of int, optional
+        Fixed validation classes: upstream in every split (the ``val`` of every split) and
+        never downstream, so settings tuned on them are clean for every split. The other
+        classes are split as above (``n_upstream`` of them upstream, default half) and
+        ``n_val`` is ignored.
 
     Returns
     -------
@@ -111,6 +137,8 @@ def class_splits(
     ValueError
         On counts out of range, or when ``n_splits`` distinct splits do not exist.
     """
+    if val_classes is not None:
+        return _fixed_val_splits(n_splits, int(num_classes), n_upstream, val_classes, int(seed))
     k = int(num_classes)
     n_up = k // 2 if n_upstream is None else int(n_upstream)
     if int(n_splits) < 1:
@@ -154,11 +182,234 @@ def class_splits(
     return out
 
 
+def _fixed_val_splits(
+    n_splits: int, k: int, n_upstream: int | None, val_classes: Sequence[int], seed: int
+) -> list[ClassSplit]:
+    """:func:`class_splits` of the classes outside ``val_classes``, which join every upstream."""
+    val = _classes(val_classes, "val_classes")
+    bad = [c for c in val if not 0 <= c < k]
+    if bad:
+        raise ValueError(f"`val_classes` names classes {bad} outside 0..{k - 1}")
+    rest = [c for c in range(k) if c not in val]
+    if not val or len(rest) < 2:
+        raise ValueError(
+            f"`val_classes` must name at least one class and leave two of {k}, got {list(val)}"
+        )
+    inner = class_splits(n_splits, num_classes=len(rest), n_upstream=n_upstream, n_val=1, seed=seed)
+    out = []
+    for sp in inner:
+        up = tuple(sorted((*val, *(rest[c] for c in sp.upstream))))
+        down = tuple(rest[c] for c in sp.downstream)
+        out.append(ClassSplit(index=sp.index, upstream=up, downstream=down, val=val))
+    return out
+
+
+def _classes(values: Any, name: str) -> tuple[int, ...]:
+    try:
+        out = tuple(sorted(int(v) for v in values))
+    except (TypeError, ValueError):
+        raise ValueError(f"`{name}` must be a list of class indices, got {values!r}") from None
+    if len(set(out)) != len(out):
+        raise ValueError(f"`{name}` repeats a class: {list(values)!r}")
+    return out
+
+
+def crossfit_splits(
+    val_sets: Sequence[Sequence[int]],
+    *,
+    num_classes: int = 10,
+    n_upstream: int | None = None,
+    n_splits: int | None = None,
+    seed: int = 0,
+) -> list[ClassSplit]:
+    """Class splits of a cross-fitted protocol: no split's ``val`` is downstream (module docs).
+
+    For every ordered pair of validation sets ``(V_g, V_h)``, ``g < h``, each choice of the
+    remaining ``n_upstream - |V_g|`` upstream classes among the classes in no validation set
+    gives a split with ``V_g`` upstream (its ``val``) and ``V_h`` downstream; with
+    ``n_upstream = num_classes / 2`` and ``|V_g| = |V_h|`` it is followed by its complement
+    (``V_h`` upstream and its ``val``, ``V_g`` downstream), so every class is downstream
+    equally often. Split 0 holds ``V_1`` and the lowest free classes upstream and split 1 is
+    its complement (the splits a tuning of ``V_1`` and of ``V_2`` trains on); the other pairs
+    follow in a seeded random order, so a protocol stopped early has run a random sample of
+    pairs.
+
+    Parameters
+    ----------
+    val_sets : sequence of sequence of int
+        Two or more disjoint sets of validation classes, each smaller than ``n_upstream``.
+    num_classes : int
+        Classes ``0..num_classes-1``.
+    n_upstream : int, optional
+        Upstream classes per split; default ``num_classes // 2``.
+    n_splits : int, optional
+        Keep the first this many splits (even for complementary pairs); default all of them.
+    seed : int
+        Seed of the order of the pairs after the first.
+
+    Returns
+    -------
+    list of ClassSplit
+        Indexed ``0..n-1``; complementary pairs at ``2j`` / ``2j + 1``.
+
+    Raises
+    ------
+    ValueError
+        On fewer than two validation sets, overlapping sets, a class outside the data, a set
+        that does not fit upstream, an odd ``n_splits`` with complementary pairs, or more
+        splits asked for than exist.
+    """
+    k = int(num_classes)
+    n_up = k // 2 if n_upstream is None else int(n_upstream)
+    if k < 2 or not 1 <= n_up < k:
+        raise ValueError(f"`n_upstream` must be in [1, {k - 1}], got {n_upstream}")
+    sets = [_classes(v, f"val_sets[{i}]") for i, v in enumerate(val_sets)]
+    if len(sets) < 2:
+        raise ValueError(
+            f"`val_sets` needs at least two validation sets (cross-fitting), got {len(sets)}"
+        )
+    seen: set[int] = set()
+    for i, v in enumerate(sets):
+        if not v:
+            raise ValueError(f"`val_sets[{i}]` is empty")
+        bad = [c for c in v if not 0 <= c < k]
+        if bad:
+            raise ValueError(f"`val_sets[{i}]` names classes {bad} outside 0..{k - 1}")
+        if seen & set(v):
+            raise ValueError(f"`val_sets` overlap in classes {sorted(seen & set(v))}")
+        if len(v) >= n_up or len(v) > k - n_up:
+            raise ValueError(
+                f"`val_sets[{i}]` ({len(v)} classes) must fit upstream ({n_up} classes, one "
+                f"trained class at least) and downstream ({k - n_up} classes)"
+            )
+        seen |= set(v)
+    free = [c for c in range(k) if c not in seen]
+    base: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # (upstream, val) of each split
+    paired = True
+    for g, h in itertools.combinations(range(len(sets)), 2):
+        need = n_up - len(sets[g])
+        if need > len(free):
+            raise ValueError(
+                f"`val_sets[{g}]` leaves {need} upstream classes to fill from {len(free)} free ones"
+            )
+        for rest in itertools.combinations(free, need):
+            up = tuple(sorted((*sets[g], *rest)))
+            comp = tuple(c for c in range(k) if c not in up)
+            twin = set(sets[h]) <= set(comp) and len(comp) == n_up
+            paired = paired and twin
+            base.append((up, sets[g]))
+            if twin:
+                base.append((comp, sets[h]))
+    units = [base[i : i + 2] for i in range(0, len(base), 2)] if paired else [[b] for b in base]
+    # the first unit (the lowest free classes: the splits the searches train on) leads, the
+    # others follow in a seeded order, so any prefix of the plan is a random sample of pairs
+    gen = torch.Generator().manual_seed(int(seed))
+    order = [0, *(1 + torch.randperm(len(units) - 1, generator=gen)).tolist()]
+    units = [units[i] for i in order]
+    if n_splits is not None:
+        n = int(n_splits)
+        if n < 1 or n > len(base):
+            raise ValueError(f"`n_splits` must be in [1, {len(base)}], got {n_splits}")
+        if paired and n % 2:
+            raise ValueError(f"`n_splits` must be even (complementary pairs), got {n_splits}")
+        units = units[: n // 2 if paired else n]
+    out = []
+    for up, val in (s for unit in units for s in unit):
+        down = tuple(c for c in range(k) if c not in up)
+        out.append(ClassSplit(index=len(out), upstream=up, downstream=down, val=val))
+    return out
+
+
+def tuning_leaks(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Which run records were tuned on one of their own downstream classes.
+
+    Parameters
+    ----------
+    records : sequence of mapping
+        Run records with ``downstream`` (the run's downstream classes; ``None`` on a data
+        set's standard split) and ``tuned_on`` (the classes whose validation scores chose the
+        run's settings; ``[]``: the recipe's defaults).
+
+    Returns
+    -------
+    dict
+        ``{"ok", "leaky": [{"method", "split", "seed", "classes"}], "unrecorded": n,
+        "line"}``: ``ok`` when no finished run's ``tuned_on`` meets its downstream classes and
+        every finished run records ``tuned_on``; ``line`` says why not in one sentence.
+    """
+    leaky, unrecorded = [], 0
+    for r in records:
+        if r.get("error") is not None:
+            continue
+        tuned = r.get("tuned_on")
+        if tuned is None:
+            unrecorded += 1
+            continue
+        meet = sorted(set(int(c) for c in tuned) & set(int(c) for c in (r.get("downstream") or [])))
+        if meet:
+            leaky.append(
+                {
+                    "method": r.get("method", r.get("estimator")),
+                    "split": r.get("split"),
+                    "seed": r.get("seed"),
+                    "classes": meet,
+                }
+            )
+    if leaky:
+        splits = sorted({x["split"] for x in leaky})
+        line = (
+            f"NO VERDICT: {len(leaky)} runs (splits {', '.join(map(str, splits[:8]))}"
+            f"{' ...' if len(splits) > 8 else ''}) use settings tuned on classes that are "
+            "downstream in their own split (selection on the test classes); run a cross-fitted "
+            "plan (sweep.crossfit) or the recipe's defaults (--untuned)"
+        )
+    elif unrecorded:
+        line = (
+            f"NO VERDICT: {unrecorded} runs do not record `tuned_on` (the classes their "
+            "settings were tuned on), so a selection on their test classes cannot be ruled out"
+        )
+    else:
+        line = "tuning check: no run's settings were tuned on one of its downstream classes"
+    return {
+        "ok": not leaky and not unrecorded,
+        "leaky": leaky,
+        "unrecorded": unrecorded,
+        "line": line,
+    }
+
+
+#: The data sets :func:`split_data` splits by class.
+SPLIT_DATASETS = ("fashion_mnist", "digits", "clipart")
+
+
+def _clipart_ood(size: int) -> tuple[ImageTensorDataset, str]:
+    """The OOD set of the clip art: Fashion-MNIST's test photographs of clothes (the digits
+    where it is absent), RGB at ``size``."""
+    try:
+        ood, name = fashion_mnist(None, "test"), "fashion_mnist"
+        images = ood.images.unsqueeze(1) if ood.images.ndim == 3 else ood.images
+        images = upsample_uint8(images, size)
+    except FileNotFoundError:
+        images, _ = load_digits_images(size)
+        name = "digits"
+    images = images.expand(-1, 3, -1, -1).contiguous()
+    labels = torch.zeros(len(images), dtype=torch.int64)
+    return ImageTensorDataset(images, labels, name=f"{name}/ood"), name
+
+
 def _pool(
-    dataset: str, root: str | os.PathLike[str] | None, seed: int
+    dataset: str, root: str | os.PathLike[str] | None, seed: int, image_size: int | None = None
 ) -> tuple[ImageTensorDataset, torch.Tensor, ImageTensorDataset, str]:
     """All images of the data set, a ``held`` flag (official test file / held-out 20 %), the
     OOD set and its name."""
+    if dataset == "clipart":
+        size = int(image_size or 128)
+        pool = clipart(root, "all", size=size)
+        _, held_idx = stratified_split(pool.targets, 0.2, seed=seed)
+        held = torch.zeros(len(pool), dtype=torch.bool)
+        held[held_idx] = True
+        ood, ood_name = _clipart_ood(size)
+        return ImageTensorDataset(pool.images, pool.targets, name="clipart"), held, ood, ood_name
     if dataset == "fashion_mnist":
         find_fashion_mnist(root)
         tr, te = fashion_mnist(root, "train"), fashion_mnist(root, "test")
@@ -197,6 +448,7 @@ def split_data(
     max_ood: int | None = None,
     transform: Callable[[Any], Any] | None = None,
     seed: int = 0,
+    image_size: int | None = None,
 ) -> ZeroShotData:
     """The sets of one class split for the final runs or for tuning (see module docs).
 
@@ -209,14 +461,18 @@ def split_data(
         tuning (train without the validation classes, retrieve among them).
     root : path-like, optional
         Fashion-MNIST location (default system path).
-    dataset : {"fashion_mnist", "digits"}
-        The embedded data set (digits: 1,797 images, OOD = seeded noise images).
+    dataset : {"fashion_mnist", "digits", "clipart"}
+        The data set (digits: 1,797 images, OOD = seeded noise images; clipart: the Open Clip
+        Art drawings of :func:`bayesurl.data.clipart.clipart`, 20 % of each class held out,
+        OOD = Fashion-MNIST's test images, or the digits where it is absent).
     max_train, max_test, max_id, max_ood : int, optional
         Class-balanced caps on ``train``, ``test`` (retrieval), ``id_test`` and ``ood``.
     transform : callable, optional
         Per-item transform of every set.
     seed : int
-        Seed of the caps and of the digits' held-out split.
+        Seed of the caps and of the held-out split (digits, clipart).
+    image_size : int, optional
+        Side of the clipart images (default 128); the embedded sets keep their 28 px.
 
     Returns
     -------
@@ -234,14 +490,14 @@ def split_data(
     """
     if stage not in ("final", "tune"):
         raise ValueError(f"`stage` must be 'final' or 'tune', got {stage!r}")
-    if dataset not in ("fashion_mnist", "digits"):
-        raise ValueError(f"`dataset` must be 'fashion_mnist' or 'digits', got {dataset!r}")
+    if dataset not in SPLIT_DATASETS:
+        raise ValueError(f"`dataset` must be one of {list(SPLIT_DATASETS)}, got {dataset!r}")
     for arg, v in (("max_train", max_train), ("max_test", max_test), ("max_id", max_id)):
         if v is not None and int(v) < 1:
             raise ValueError(f"`{arg}` must be a positive size or None, got {v}")
     if max_ood is not None and int(max_ood) < 1:
         raise ValueError(f"`max_ood` must be a positive size or None, got {max_ood}")
-    pool, held, ood, ood_name = _pool(dataset, root, seed)
+    pool, held, ood, ood_name = _pool(dataset, root, seed, image_size)
     present = set(pool.targets.unique().tolist())
     bad = sorted({*split.upstream, *split.downstream} - present)
     if bad:

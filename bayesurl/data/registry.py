@@ -12,7 +12,10 @@ loader read their names and kinds here:
 * ``DatasetKind.FOLDER``: CUB / CARS / SOP read from a folder with their standard zero-shot
   class splits (:func:`bayesurl.data.dml_zero_shot`);
 * ``DatasetKind.UPSTREAM``: an ImageFolder ``root/train`` trained on, evaluated zero-shot
-  on the test classes of the folder sets (URL section 3.2 / appendix B).
+  on the test classes of the folder sets (URL section 3.2 / appendix B);
+* ``DatasetKind.POOL``: many-class image sets held in memory and used through the
+  class-split protocol only (:func:`bayesurl.data.class_splits.split_data`): ``"clipart"``,
+  the Open Clip Art drawings (:mod:`bayesurl.data.clipart`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from .clipart import clipart
 from .dml import CUB200, Cars196, StanfordOnlineProducts
 from .fmnist import fashion_mnist
 from .sklearn_digits import digits
@@ -47,6 +51,7 @@ class DatasetKind(str, Enum):
     EMBEDDED = "embedded"
     FOLDER = "folder"
     UPSTREAM = "upstream"
+    POOL = "pool"
 
 
 def _needs_root(cls: type) -> Callable[..., Dataset]:
@@ -89,6 +94,7 @@ DATASETS: dict[str, DatasetSpec] = {
     "cars": DatasetSpec(DatasetKind.FOLDER, _needs_root(Cars196)),
     "sop": DatasetSpec(DatasetKind.FOLDER, _needs_root(StanfordOnlineProducts)),
     "imagenet": DatasetSpec(DatasetKind.UPSTREAM, _image_folder),
+    "clipart": DatasetSpec(DatasetKind.POOL, clipart),
 }
 
 
@@ -140,21 +146,23 @@ def get_dataset(
 
     Parameters
     ----------
-    name : {"fashion_mnist", "digits", "cub", "cars", "sop", "imagenet"}
+    name : {"fashion_mnist", "digits", "cub", "cars", "sop", "imagenet", "clipart"}
         Which data set.
     root : str or PathLike, optional
-        Where it lies. Fashion-MNIST defaults to ``/usr/share/datasets/fashion-mnist``; digits
-        are bundled with scikit-learn; CUB / CARS / SOP need it.
+        Where it lies. Fashion-MNIST defaults to ``/usr/share/datasets/fashion-mnist``, clipart
+        to ``/usr/share/openclipart/png``; digits are bundled with scikit-learn; CUB / CARS /
+        SOP need it.
     split : str
-        ``"train"``/``"test"`` for Fashion-MNIST; ``"all"``/``"train"``/``"test"`` for digits;
+        ``"train"``/``"test"`` for Fashion-MNIST; ``"all"``/``"train"``/``"test"`` for digits
+        and clipart;
         ``"train"``/``"val"``/``"train_noval"``/``"test"``/``"all"`` for the class splits of
         CUB / CARS / SOP (URL Sec. 3.2; see :mod:`bayesurl.data.dml`); the sub-folder of
         ``root`` for ``"imagenet"``.
     transform : callable, optional
         Per-item transform.
     **kwargs
-        Passed to the loader (e.g. ``size=28`` for digits, ``val_seed`` / ``relabel`` for the
-        folder data sets).
+        Passed to the loader (e.g. ``size=28`` for digits or ``size=128`` for clipart,
+        ``val_seed`` / ``relabel`` for the folder data sets).
 
     Returns
     -------

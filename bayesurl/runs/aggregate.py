@@ -36,6 +36,8 @@ import numpy as np
 
 __all__ = [
     "bootstrap_interval",
+    "chance_test",
+    "complementary_pairs",
     "holm",
     "paired_comparison",
     "split_half_reproducibility",
@@ -269,6 +271,7 @@ def paired_comparison(
     reference: str = "ce",
     level: float = 0.95,
     alpha: float = 0.05,
+    unit: str = "run",
 ) -> dict[str, dict[str, Any]]:
     """Each estimator against ``reference`` on the same (split, seed) pairs.
 
@@ -284,6 +287,9 @@ def paired_comparison(
         Confidence level of the mean difference's interval.
     alpha : float
         Significance level of the verdict (Holm-adjusted paired t-test).
+    unit : {"run", "pair"}
+        The observation: each (split, seed) run pair, or each complementary pair of splits
+        (:func:`complementary_pairs`; the differences of its runs averaged).
 
     Returns
     -------
@@ -306,7 +312,10 @@ def paired_comparison(
     _check_level(level)
     if not 0.0 < float(alpha) < 1.0:
         raise ValueError(f"`alpha` must be in (0, 1), got {alpha}")
+    if unit not in ("run", "pair"):
+        raise ValueError(f"`unit` must be 'run' or 'pair', got {unit!r}")
     recs = _ok(records)
+    pair_of = complementary_pairs(recs) if unit == "pair" else {}
     sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
     table: dict[str, dict[tuple[int, int], float]] = {}
     for r in recs:
@@ -325,6 +334,12 @@ def paired_comparison(
             continue
         pairs = sorted(set(vals) & set(ref))
         d = np.array([sign * (vals[k] - ref[k]) for k in pairs], dtype=np.float64)
+        if unit == "pair":  # one observation per complementary pair
+            groups: dict[int, list[float]] = {}
+            for key, x in zip(pairs, d):
+                groups.setdefault(pair_of[key[0]], []).append(float(x))
+            pairs = sorted(groups)  # type: ignore[assignment]
+            d = np.array([np.mean(groups[g]) for g in pairs], dtype=np.float64)
         row: dict[str, Any] = {"n": len(pairs)}
         if len(pairs) < 2:
             row.update(mean_diff=float(d.mean()) if len(d) else None, low=None, high=None)
@@ -398,6 +413,7 @@ def split_half_reproducibility(
     metric: str,
     *,
     max_partitions: int | None = None,
+    halving: str = "random",
 ) -> dict[str, Any]:
     """Spearman correlation of the estimators' mean ``metric`` between two disjoint halves of
     the class splits, over every balanced partition of the splits (or, with many splits,
@@ -411,6 +427,12 @@ def split_half_reproducibility(
         E.g. ``"r_auroc"``, ``"r@1"``, ``"ood_auroc"``.
     max_partitions : int, optional
         Use only the first partitions (in :func:`itertools.combinations` order).
+    halving : {"random", "pairs", "class"}
+        ``"random"``: balanced partitions of the splits; ``"pairs"``: balanced partitions of
+        the complementary pairs (:func:`complementary_pairs`), each pair's splits on one
+        side; ``"class"``: for each class the splits with it downstream against the splits
+        with it upstream (``per_class`` holds each class's Spearman; the statistics run over
+        the classes).
 
     Returns
     -------
@@ -429,6 +451,8 @@ def split_half_reproducibility(
     """
     from scipy import stats
 
+    if halving not in ("random", "pairs", "class"):
+        raise ValueError(f"`halving` must be 'random', 'pairs' or 'class', got {halving!r}")
     recs = _ok(records)
     per: dict[str, dict[int, list[float]]] = {}
     for r in recs:
@@ -448,12 +472,30 @@ def split_half_reproducibility(
     def half_mean(name: str, half: Sequence[int]) -> float:
         return float(np.mean([x for s in half for x in per[name][s]]))
 
-    parts = _balanced_partitions(splits)
+    if halving == "class":
+        return {**_class_halvings(recs, per, names, metric), "splits": splits}
+    lower = tuple(splits[: len(splits) // 2])
+    if halving == "pairs":
+        pair_of = complementary_pairs(recs)
+        units = sorted(set(pair_of[s] for s in splits))
+        if len(units) < 2:
+            raise ValueError("pair-preserving halvings need >= 2 complementary pairs")
+        members = {u: [s for s in splits if pair_of[s] == u] for u in units}
+        parts = [
+            (
+                tuple(sorted(s for u in a for s in members[u])),
+                tuple(sorted(s for u in b for s in members[u])),
+            )
+            for a, b in _balanced_partitions(units)
+        ]
+        total = math.comb(len(units), len(units) // 2) // (2 if len(units) % 2 == 0 else 1)
+    else:
+        parts = _balanced_partitions(splits)
+        total = math.comb(len(splits), len(splits) // 2) // (2 if len(splits) % 2 == 0 else 1)
     if max_partitions is not None:
         parts = parts[: int(max_partitions)]
-    lower = tuple(splits[: len(splits) // 2])
-    if all(a != lower for a, _ in parts):  # the lower-vs-upper partition is always reported
-        parts.append((lower, tuple(splits[len(splits) // 2 :])))
+    if halving == "random" and all(a != lower for a, _ in parts):
+        parts.append((lower, tuple(splits[len(splits) // 2 :])))  # always reported
     rows = []
     for a, b in parts:
         xa = [half_mean(n, a) for n in names]
@@ -467,16 +509,194 @@ def split_half_reproducibility(
     first = next((r["spearman"] for r in rows if r["a"] == splits[: len(splits) // 2]), None)
     return {
         "metric": metric,
+        "halving": halving,
         "estimators": names,
         "splits": splits,
         "partitions": rows,
+        **_spread_of(vals),
+        "exhaustive": len(parts) >= total,
+        "first": first,
+    }
+
+
+def complementary_pairs(records: Iterable[Mapping[str, Any]]) -> dict[int, int]:
+    """``{split: pair id}``: splits whose ``upstream`` is the other's ``downstream`` share an
+    id (the lower split's); a split without its complement is a unit of its own.
+
+    Raises
+    ------
+    ValueError
+        If a split's records disagree on its classes.
+    """
+    classes: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    for r in records:
+        if not isinstance(r, Mapping):
+            raise ValueError(f"`records` must hold mappings, got {type(r).__name__}")
+        k = _int(r, "split")
+        cl = (
+            tuple(sorted(int(c) for c in r.get("upstream") or ())),
+            tuple(sorted(int(c) for c in r.get("downstream") or ())),
+        )
+        if classes.setdefault(k, cl) != cl:
+            raise ValueError(f"the records of split {k} disagree on its classes")
+    by_up = {cl[0]: k for k, cl in classes.items() if cl[0]}
+    out: dict[int, int] = {}
+    for k in sorted(classes):
+        if k in out:
+            continue
+        up, down = classes[k]
+        twin = by_up.get(down) if down else None
+        out[k] = k
+        if twin is not None and twin != k and twin not in out and classes[twin][1] == up:
+            out[twin] = k
+    return out
+
+
+def _per_split(recs: Sequence[Mapping[str, Any]], metric: str) -> dict[str, dict[int, float]]:
+    """Per estimator, per split: the metric's mean over seeds."""
+    per: dict[str, dict[int, list[float]]] = {}
+    for r in recs:
+        v = _value(r, metric)
+        if v is not None:
+            per.setdefault(_name(r), {}).setdefault(_int(r, "split"), []).append(v)
+    return {n: {k: float(np.mean(v)) for k, v in d.items()} for n, d in per.items()}
+
+
+def chance_test(
+    records: Iterable[Mapping[str, Any]],
+    metric: str = "r_auroc",
+    *,
+    chance: float = 0.5,
+    unit: str = "pair",
+    level: float = 0.95,
+    alpha: float = 0.05,
+) -> dict[str, dict[str, Any]]:
+    """Each estimator's ``metric`` against ``chance`` (R-AUROC 0.5: u ranks the retrieval
+    errors no better than a coin), two-sided, Holm over the estimators.
+
+    Parameters
+    ----------
+    records : iterable of mapping
+        Run records (with ``upstream`` / ``downstream`` for ``unit="pair"``).
+    metric : str
+        The metric tested.
+    chance : float
+        Its value without any signal.
+    unit : {"pair", "split"}
+        The observation: each complementary pair's mean (:func:`complementary_pairs`) or
+        each split's mean over seeds.
+    level, alpha : float
+        Confidence level of the interval; significance level of the verdict.
+
+    Returns
+    -------
+    dict
+        ``{estimator: {"n", "mean", "low", "high", "t", "p_t", "p_wilcoxon", "p_t_holm",
+        "p_wilcoxon_holm", "verdict"}}`` with ``verdict`` ``"above"``, ``"below"`` or ``"at
+        chance"`` by the Holm-adjusted t-test (``None`` with fewer than 2 observations).
+
+    Raises
+    ------
+    ValueError
+        On an unknown ``unit``, a ``level`` / ``alpha`` outside (0, 1) or malformed records.
+    """
+    from scipy import stats
+
+    if unit not in ("pair", "split"):
+        raise ValueError(f"`unit` must be 'pair' or 'split', got {unit!r}")
+    _check_level(level)
+    if not 0.0 < float(alpha) < 1.0:
+        raise ValueError(f"`alpha` must be in (0, 1), got {alpha}")
+    recs = _ok(records)
+    pair_of = complementary_pairs(recs) if unit == "pair" else {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, d in _per_split(recs, metric).items():
+        groups: dict[int, list[float]] = {}
+        for k, v in d.items():
+            groups.setdefault(pair_of.get(k, k), []).append(v)
+        x = np.array([np.mean(groups[g]) for g in sorted(groups)], dtype=np.float64)
+        row: dict[str, Any] = {"n": int(x.size), "mean": float(x.mean())}
+        if x.size < 2:
+            row.update(low=None, high=None, t=None, p_t=None, p_wilcoxon=None)
+        else:
+            m, lo, hi = t_interval(x, level)
+            dx = x - float(chance)
+            if np.all(dx == dx[0]):
+                t, p_t = (math.inf * np.sign(dx[0]), 0.0) if dx[0] != 0 else (0.0, 1.0)
+            else:
+                res = stats.ttest_1samp(x, float(chance))
+                t, p_t = float(res.statistic), float(res.pvalue)
+            p_w = None if np.all(dx == 0) else float(stats.wilcoxon(dx).pvalue)
+            row.update(low=lo, high=hi, t=float(t), p_t=p_t, p_wilcoxon=p_w)
+        out[name] = row
+    for key in ("p_t", "p_wilcoxon"):
+        have = [n for n in out if out[n][key] is not None]
+        adj = holm([out[n][key] for n in have]) if have else []
+        for n in out:
+            out[n][f"{key}_holm"] = None
+        for n, a in zip(have, adj):
+            out[n][f"{key}_holm"] = a
+    for r in out.values():
+        p = r["p_t_holm"]
+        if p is None:
+            r["verdict"] = None
+        elif p < alpha:
+            r["verdict"] = "above" if r["mean"] > chance else "below"
+        else:
+            r["verdict"] = "at chance"
+    return out
+
+
+def _spread_of(vals: Sequence[float]) -> dict[str, Any]:
+    return {
         "mean": float(np.mean(vals)) if vals else None,
         "min": float(np.min(vals)) if vals else None,
         "max": float(np.max(vals)) if vals else None,
         "median": float(np.median(vals)) if vals else None,
         "q05": float(np.quantile(vals, 0.05)) if vals else None,
         "q95": float(np.quantile(vals, 0.95)) if vals else None,
-        "exhaustive": len(parts)
-        >= math.comb(len(splits), len(splits) // 2) // (2 if len(splits) % 2 == 0 else 1),
-        "first": first,
+    }
+
+
+def _class_halvings(
+    recs: Sequence[Mapping[str, Any]],
+    per: Mapping[str, Mapping[int, list[float]]],
+    names: Sequence[str],
+    metric: str,
+) -> dict[str, Any]:
+    """For each class: the splits with it downstream against those with it upstream."""
+    from scipy import stats
+
+    down: dict[int, set[int]] = {}
+    up: dict[int, set[int]] = {}
+    for r in recs:
+        k = _int(r, "split")
+        for c in r.get("downstream") or ():
+            down.setdefault(int(c), set()).add(k)
+        for c in r.get("upstream") or ():
+            up.setdefault(int(c), set()).add(k)
+    if not down:
+        raise ValueError("class-held-out halvings need records with `downstream` classes")
+    rows = []
+    for c in sorted(set(down) | set(up)):
+        a, b = sorted(down.get(c, ())), sorted(up.get(c, ()))
+        if not a or not b:
+            rows.append({"class": c, "a": a, "b": b, "spearman": None})
+            continue
+        xa = [float(np.mean([x for s in a for x in per[n][s]])) for n in names]
+        xb = [float(np.mean([x for s in b for x in per[n][s]])) for n in names]
+        rho = (
+            None
+            if len(set(xa)) < 2 or len(set(xb)) < 2
+            else float(stats.spearmanr(xa, xb).statistic)
+        )
+        rows.append({"class": c, "a": a, "b": b, "spearman": rho})
+    vals = [r["spearman"] for r in rows if r["spearman"] is not None]
+    return {
+        "metric": metric,
+        "halving": "class",
+        "estimators": list(names),
+        "partitions": rows,
+        "per_class": {str(r["class"]): r["spearman"] for r in rows},
+        **_spread_of(vals),
     }

@@ -8,7 +8,9 @@ A recipe file ``bayesurl/runs/recipes/<dataset>.toml`` holds
 - presets, ``[presets.<name>.<section>]``: the benchmark scales (``smoke``, ``quick``,
   ``standard``, ``full``) as overrides of those defaults, each preset's ``sweep`` table
   (class splits, seeds, storage; :class:`bayesurl.runs.plan.SweepPreset`) and its optional
-  ``tuned`` table (per estimator the settings a ``--tune`` search chose, :func:`preset_tuned`);
+  ``tuned`` table (per estimator the settings a ``--tune`` search chose, with the classes they
+  were chosen on, ``tuned_on``; one table, or one sub-table per validation set of a
+  cross-fitted plan: :func:`tuned_sets`, :func:`preset_tuned`);
 - one table per estimator, ``[estimators.<name>]`` (the :class:`EstimatorConfig` fields, plus
   optional ``train`` / ``eval`` / ``backbone`` / ``data`` sub-tables that override the
   defaults for that estimator only). With ``inherit = "estimators"`` the file starts from the
@@ -25,6 +27,7 @@ an unknown key is a :class:`ValueError` naming it and the valid keys. Values are
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import sys
@@ -54,9 +57,12 @@ __all__ = [
     "inherit_estimators",
     "list_recipes",
     "load_recipe",
+    "TunedSet",
     "preset_tuned",
+    "tuned_sets",
     "read_recipe_file",
     "recipe_path",
+    "select_tuned",
 ]
 
 #: Folder of the shipped recipe files (one per data set).
@@ -293,6 +299,11 @@ class RunConfig:
         The resolved run of the estimator's ``base`` (same data, seed, overrides).
     source : str
         The recipe file.
+    tuned_on : list of int or None
+        The classes whose validation scores chose the preset's tuned settings this
+        estimator got (``[]``: none applied; ``None``: applied, but the table does not say).
+    tuned_trained_on : list of int or None
+        The classes that search trained on (transparency; ``None``: not recorded).
     """
 
     dataset: str
@@ -306,6 +317,8 @@ class RunConfig:
     preset: str | None = None
     base: RunConfig | None = None
     source: str = ""
+    tuned_on: list[int] | None = field(default_factory=list)
+    tuned_trained_on: list[int] | None = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python (JSON-ready) settings."""
@@ -574,35 +587,161 @@ def _split_name(name: str) -> tuple[str, str]:
     return dataset, estimator.lower()
 
 
-def preset_tuned(raw: Mapping[str, Any], preset: str | None, where: str) -> dict[str, list[str]]:
-    """The tuned settings a preset commits: ``[presets.<name>.tuned]``, checked.
+@dataclass(frozen=True)
+class TunedSet:
+    """One table of tuned settings a preset commits.
 
-    The table maps an estimator to the ``"key=value"`` overrides that
-    :func:`bayesurl.runs.tuning.tune_estimators` chose for it (``tuned.toml`` of a ``--tune``
-    sweep). They apply after the estimator's own tables and before ``--set``; a post-hoc or
-    LAM row's base takes its own tuned entry, so it is the same net as the base's row.
-
-    Raises
-    ------
-    ValueError
-        If the table is not ``{estimator: [str, ...]}`` or names an estimator the recipe does
-        not hold.
+    Attributes
+    ----------
+    name : str
+        The sub-table's name (``""``: the flat ``[presets.<name>.tuned]`` table).
+    tuned_on : tuple of int or None
+        The validation classes whose scores chose the settings (``None``: not recorded).
+    trained_on : tuple of int or None
+        The classes the search trained on.
+    table : dict
+        ``{estimator: ["key=value", ...]}``.
     """
-    if preset is None:
-        return {}
-    table = raw.get("presets", {}).get(preset, {}).get("tuned", {})
-    key = f"presets.{preset}.tuned"
-    if not isinstance(table, Mapping):
-        raise ValueError(f"`{key}` in {where} must be a table {{estimator = [overrides]}}")
+
+    name: str
+    tuned_on: tuple[int, ...] | None
+    trained_on: tuple[int, ...] | None
+    table: dict[str, list[str]]
+
+
+_SET_KEYS = ("tuned_on", "trained_on")
+
+
+def _tuned_table(
+    raw: Mapping[str, Any], table: Mapping[str, Any], key: str
+) -> tuple[dict[str, list[str]], dict[str, tuple[int, ...] | None]]:
     out: dict[str, list[str]] = {}
+    classes: dict[str, tuple[int, ...] | None] = {k: None for k in _SET_KEYS}
     for name, items in table.items():
+        if name in _SET_KEYS:
+            if not isinstance(items, list) or not all(
+                isinstance(c, int) and not isinstance(c, bool) for c in items
+            ):
+                raise ValueError(f"`{key}.{name}` must be a list of class indices")
+            classes[name] = tuple(sorted(items))
+            continue
         if name not in raw["estimators"]:
             valid = ", ".join(raw["estimators"])
             raise ValueError(f"`{key}` names unknown estimator {name!r}; valid: {valid}")
         if not isinstance(items, list) or not all(isinstance(o, str) for o in items):
             raise ValueError(f'`{key}.{name}` must be a list of "key=value" strings')
         out[name] = list(items)
-    return out
+    return out, classes
+
+
+def tuned_sets(raw: Mapping[str, Any], preset: str | None, where: str) -> list[TunedSet]:
+    """The tuned settings a preset commits, checked: one :class:`TunedSet` per table.
+
+    ``[presets.<name>.tuned]`` maps an estimator to the ``"key=value"`` overrides that
+    :func:`bayesurl.runs.tuning.tune_estimators` chose for it (``tuned.toml`` of a ``--tune``
+    sweep), with ``tuned_on`` (the validation classes) and ``trained_on`` (the classes the
+    search trained on). A cross-fitted plan commits one sub-table per validation set,
+    ``[presets.<name>.tuned.<set>]``, each with its own ``tuned_on``; a run takes the set
+    tuned on classes of its own upstream side (:func:`preset_tuned`).
+
+    Raises
+    ------
+    ValueError
+        If a table is not ``{estimator: [str, ...]}``, names an estimator the recipe does not
+        hold, a sub-table lacks ``tuned_on``, or two sets share a class.
+    """
+    if preset is None:
+        return []
+    table = raw.get("presets", {}).get(preset, {}).get("tuned", {})
+    key = f"presets.{preset}.tuned"
+    if not isinstance(table, Mapping):
+        raise ValueError(f"`{key}` in {where} must be a table {{estimator = [overrides]}}")
+    if not table:
+        return []
+    nested = [k for k, v in table.items() if isinstance(v, Mapping)]
+    if not nested:
+        est, cl = _tuned_table(raw, table, key)
+        return [TunedSet("", cl["tuned_on"], cl["trained_on"], est)]
+    if len(nested) != len(table):
+        flat = [k for k in table if k not in nested]
+        raise ValueError(
+            f"`{key}` mixes sub-tables ({', '.join(nested)}) with flat entries "
+            f"({', '.join(flat)}); put every entry in a sub-table with its `tuned_on`"
+        )
+    sets = []
+    seen: set[int] = set()
+    for name in nested:
+        est, cl = _tuned_table(raw, table[name], f"{key}.{name}")
+        if cl["tuned_on"] is None:
+            raise ValueError(f"`{key}.{name}` needs `tuned_on` (its validation classes)")
+        if seen & set(cl["tuned_on"]):
+            raise ValueError(f"`{key}` sets share classes {sorted(seen & set(cl['tuned_on']))}")
+        seen |= set(cl["tuned_on"])
+        sets.append(TunedSet(name, cl["tuned_on"], cl["trained_on"], est))
+    return sets
+
+
+def select_tuned(
+    sets: list[TunedSet], class_split: Mapping[str, Any] | None, where: str
+) -> TunedSet | None:
+    """The set of ``sets`` a run on ``class_split`` uses (``None``: there is none).
+
+    One set whose ``tuned_on`` is unrecorded is used as it is (its runs then record
+    ``tuned_on = None`` and a report cannot rule a leak out). Otherwise the run takes the set
+    whose ``tuned_on`` lies in its upstream classes (the split's ``val`` first).
+
+    Raises
+    ------
+    ValueError
+        When several sets exist and no class split says which, or when no set's classes lie
+        upstream (every set would have chosen the settings on a downstream class).
+    """
+    if not sets:
+        return None
+    if len(sets) == 1 and sets[0].tuned_on is None:
+        return sets[0]
+    if class_split is None:
+        if len(sets) == 1:
+            return sets[0]
+        raise ValueError(
+            f"the tuned settings of {where} come in {len(sets)} sets tuned on different classes "
+            f"({'; '.join(str(list(t.tuned_on or ())) for t in sets)}): give a "
+            "`data.class_split` whose upstream classes hold one set's, or run the defaults "
+            "(`bayesurl benchmark --untuned`, `load_recipe(..., tuned=False)`)"
+        )
+    up = {int(c) for c in class_split.get("upstream", ())}
+    val = tuple(sorted(int(c) for c in class_split.get("val", ())))
+    fit = [t for t in sets if t.tuned_on is not None and set(t.tuned_on) <= up]
+    same = [t for t in fit if t.tuned_on == val]
+    if same or fit:
+        return (same or fit)[0]
+    raise ValueError(
+        f"no tuned set of {where} was tuned on upstream classes of the split {sorted(up)} "
+        f"(sets: {'; '.join(str(list(t.tuned_on or ())) for t in sets)}): its settings would "
+        "have been chosen on a downstream class; run the defaults (--untuned) or tune on this "
+        "split (--tune)"
+    )
+
+
+def preset_tuned(
+    raw: Mapping[str, Any],
+    preset: str | None,
+    where: str,
+    class_split: Mapping[str, Any] | None = None,
+) -> dict[str, list[str]]:
+    """The tuned settings a preset commits for a run on ``class_split``, checked.
+
+    They apply after the estimator's own tables and before ``--set``; a post-hoc or LAM
+    row's base takes its own tuned entry, so it is the same net as the base's row. With
+    several sets (:func:`tuned_sets`) the split picks one (:func:`select_tuned`).
+
+    Raises
+    ------
+    ValueError
+        As :func:`tuned_sets` and :func:`select_tuned`.
+    """
+    chosen = select_tuned(tuned_sets(raw, preset, where), class_split, where)
+    return {} if chosen is None else dict(chosen.table)
 
 
 def _resolve(
@@ -649,7 +788,13 @@ def _resolve(
     est["name"] = estimator
     tables["estimator"] = est
     own = [o for o in overrides if not _split_override(o)[0][0] == "estimator"]
-    chosen = preset_tuned(raw, preset, dataset).get(estimator, []) if tuned else []
+    tset = None
+    if tuned:
+        sets = tuned_sets(raw, preset, dataset)
+        if sets:  # the run's class split (after the overrides) picks the set
+            probe = apply_overrides(copy.deepcopy(tables), overrides if base_of is None else own)
+            tset = select_tuned(sets, probe["data"].get("class_split"), dataset)
+    chosen = [] if tset is None else tset.table.get(estimator, [])
     apply_overrides(tables, [*chosen, *(overrides if base_of is None else own)])
     where = f"estimators.{estimator}"
     est_cfg: EstimatorConfig = _build(EstimatorConfig, tables["estimator"], where)
@@ -671,6 +816,9 @@ def _resolve(
         preset=preset,
         source=source,
     )
+    if chosen and tset is not None:
+        cfg.tuned_on = None if tset.tuned_on is None else list(tset.tuned_on)
+        cfg.tuned_trained_on = None if tset.trained_on is None else list(tset.trained_on)
     _validate(cfg)
     if kind == "posthoc" and (not est_cfg.base or not est_cfg.wrapper):
         raise ValueError(f"[{where}] of kind 'posthoc' needs `base` and `wrapper`")

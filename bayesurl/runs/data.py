@@ -141,11 +141,15 @@ def build_data(cfg: RunConfig) -> RunData:
             f"not {name!r}"
         )
     tests: dict[str, Any] = {}
-    if d.class_split is not None or d.stage != "final":
+    if d.class_split is not None or d.stage != "final" or kind is DatasetKind.POOL:
         zs = _class_split_sets(cfg, name)
         dc = data_config(cfg.backbone.name, **backbone_kwargs(cfg, None))
         channels = dc.in_chans
-        stats: dict[str, Any] = dc.grayscale_statistics() if cfg.backbone.pretrained else {}
+        stats: dict[str, Any] = {}
+        if kind is DatasetKind.POOL:  # RGB images: the backbone's own statistics
+            stats = {"mean": dc.mean, "std": dc.std}
+        elif cfg.backbone.pretrained:
+            stats = dc.grayscale_statistics()
     elif kind is DatasetKind.UPSTREAM:
         zs, tests = _upstream(cfg)
         bcfg = data_config(cfg.backbone.name, **backbone_kwargs(cfg, 3))
@@ -221,19 +225,21 @@ def build_data(cfg: RunConfig) -> RunData:
 def _class_split_sets(cfg: RunConfig, name: str) -> Any:
     """The sets of ``data.class_split`` at ``data.stage`` (the benchmark's class-split
     protocol, :func:`bayesurl.data.class_splits.split_data`; embedded sets only)."""
-    from bayesurl.data.class_splits import ClassSplit, split_data
+    from bayesurl.data.class_splits import SPLIT_DATASETS, ClassSplit, class_splits, split_data
+    from bayesurl.data.clipart import clipart_classes
 
     d = cfg.data
-    if name not in ("fashion_mnist", "digits"):  # the class-split pools of split_data
+    if name not in SPLIT_DATASETS:  # the class-split pools of split_data
         raise ValueError(
-            f"`data.class_split` needs an embedded data set (fashion_mnist, digits), got {d.name!r}"
+            f"`data.class_split` needs one of {', '.join(SPLIT_DATASETS)}, got {d.name!r}"
         )
     if d.stage not in ("final", "tune"):
         raise ValueError(f"`data.stage` must be 'final' or 'tune', got {d.stage!r}")
-    if d.class_split is None:
+    if d.class_split is None and d.stage != "final":
         raise ValueError("`data.stage` 'tune' needs a `data.class_split`")
+    # a pool set without a class split: its first split (the lower half of the classes up)
+    cs = d.class_split or class_splits(1, num_classes=len(clipart_classes()))[0].to_dict()
     try:
-        cs = d.class_split
         split = ClassSplit(
             index=int(cs.get("index", 0)),
             upstream=tuple(int(c) for c in cs["upstream"]),
@@ -255,6 +261,7 @@ def _class_split_sets(cfg: RunConfig, name: str) -> Any:
         max_id=d.max_test,
         max_ood=d.max_ood,
         seed=d.seed,
+        image_size=d.image_size,
     ).with_transform(_Keep())
 
 

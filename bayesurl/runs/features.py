@@ -331,8 +331,11 @@ def feature_store(
     backbone, _ = build_backbone(cfg.backbone.name, **kwargs)
     dc = data_config(backbone)
     resolution = int(cfg.backbone.resolution or dc.input_size[-1])
-    # grayscale images: one mean / std for the repeated channel (the backbone's average)
-    stats = dc.grayscale_statistics()
+    # grayscale images: one mean / std for the repeated channel (the backbone's average);
+    # images with the backbone's channels (clipart's RGB): its own per-channel statistics
+    stats: dict[str, Any] = dc.grayscale_statistics()
+    if int(channels) == dc.in_chans != 1:
+        stats = {"mean": list(dc.mean), "std": list(dc.std)}
     transform = bd.default_transform(dc.in_chans, **stats)
     augment = bd.default_augmentation(dc.in_chans, **stats)
     description = {

@@ -12,6 +12,7 @@ post-hoc estimator's base trained once per seed); a new split starts a new one.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,24 @@ class PipelineRun:
             tuned=bool(params.get("recipe_tuned", self.recipe_tuned)),
         )
 
+    def tuned_classes(self, cfg: Any, params: Mapping[str, Any]) -> dict[str, list[int] | None]:
+        """``tuned_on`` / ``tuned_trained_on`` of the run: the union over the settings it got
+        (the recipe's tuned set for the estimator and its base, the sweep's own search);
+        ``[]`` when none were tuned, ``None`` when some were but their classes are unknown."""
+        own = params.get("overrides") or self.tuned.get(cfg.estimator.name)
+        parts = [(cfg.tuned_on, cfg.tuned_trained_on)]
+        if cfg.base is not None:
+            parts.append((cfg.base.tuned_on, cfg.base.tuned_trained_on))
+        if own:
+            parts.append((params.get("tuned_on"), params.get("tuned_trained_on")))
+        out: dict[str, list[int] | None] = {}
+        for i, key in enumerate(("tuned_on", "tuned_trained_on")):
+            vals = [p[i] for p in parts]
+            out[key] = (
+                None if any(v is None for v in vals) else sorted({int(c) for v in vals for c in v})  # type: ignore[union-attr]
+            )
+        return out
+
     @staticmethod
     def run_name(params: Mapping[str, Any]) -> str:
         """``<estimator>[_split<k>]_s<seed>``: the run's checkpoint folder and query record."""
@@ -140,6 +159,7 @@ class PipelineRun:
         return self.queries_dir / f"{self.run_name(params)}.npz"
 
     def __call__(self, params: dict[str, Any]) -> dict[str, Any]:
+        cpu0 = time.process_time()
         cfg = self.config(params)
         key = (params.get("split"), params.get("stage", "final"))
         if key != self._split:  # a new split: new data, new cache (bases are per split too)
@@ -168,6 +188,10 @@ class PipelineRun:
             downstream=None if cs is None else list(cs["downstream"]),
             overrides=list(params.get("overrides") or self.tuned.get(cfg.estimator.name, [])),
             total_time=res.timings.get("total"),
+            # the process's CPU time for the run, data assembly included (wall time on a
+            # shared machine measures the neighbours)
+            cpu_time=time.process_time() - cpu0,
+            **self.tuned_classes(cfg, params),
         )
         if not rec.get("error"):
             rec.pop("traceback", None)

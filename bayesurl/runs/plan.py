@@ -8,6 +8,18 @@ sizes, training length) and, in its ``sweep`` table, the plan:
     official classes); ``N``: ``N`` seeded class splits in complementary pairs
     (:func:`bayesurl.data.class_splits.class_splits`; URL, Kirchhof et al., 2023, section 3
     averages every model over several downstream sets).
+``crossfit``
+    Two or more disjoint lists of validation classes (e.g. ``[[3, 4], [6, 8]]``): the splits
+    are then the cross-fitted ones of :func:`bayesurl.data.class_splits.crossfit_splits`
+    (each split's validation set upstream, another downstream, with complements; ``splits``
+    ``0`` or ``None``: all of them), so settings tuned on a split's own validation set were
+    never chosen on its downstream classes. ``classes``: the data set's number of classes
+    (default 10).
+``val_classes``
+    Fixed validation classes (e.g. six of clipart's classes): upstream in every split and
+    never downstream, the other classes split in complementary pairs
+    (:func:`bayesurl.data.class_splits.class_splits`), so settings tuned on them are clean for
+    every split.
 ``seeds``
     Training seeds per split.
 ``storage``
@@ -26,13 +38,14 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from bayesurl.data.class_splits import class_splits
+from bayesurl.data.class_splits import ClassSplit, class_splits, crossfit_splits
 from bayesurl.runs.config import read_recipe_file
 
 __all__ = [
     "SweepPreset",
     "SweepStore",
     "plan_runs",
+    "preset_splits",
     "resolve_estimators",
     "run_label",
     "smoke_notice",
@@ -70,6 +83,12 @@ class SweepPreset:
     verdict : str
         The preset whose results are the verdict a smoke-scale preset previews (named in its
         notice).
+    crossfit : tuple of tuple of int, optional
+        Validation sets of a cross-fitted plan (module docs); ``None``: seeded class splits.
+    classes : int
+        Number of classes of the data set (class splits).
+    val_classes : tuple of int, optional
+        Validation classes upstream in every split and never downstream (module docs).
     """
 
     name: str
@@ -80,6 +99,9 @@ class SweepPreset:
     smoke: bool = False
     note: str = ""
     verdict: str = "standard"
+    crossfit: tuple[tuple[int, ...], ...] | None = None
+    classes: int = 10
+    val_classes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.splits, bool) or int(self.splits) < 0:
@@ -96,6 +118,21 @@ class SweepPreset:
             raise ValueError(f"`verdict` must name a preset, got {self.verdict!r}")
         object.__setattr__(self, "seeds", tuple(int(s) for s in seeds))
         object.__setattr__(self, "storage", store)
+        if self.crossfit is not None:
+            sets = tuple(tuple(int(c) for c in v) for v in self.crossfit)
+            object.__setattr__(self, "crossfit", sets)
+            preset_splits(self)  # the sets are checked where the plan is made
+        if self.val_classes is not None:
+            if self.crossfit is not None:
+                raise ValueError("`val_classes` and `crossfit` exclude each other")
+            object.__setattr__(self, "val_classes", tuple(int(c) for c in self.val_classes))
+            if self.splits:
+                preset_splits(self)
+
+    @property
+    def n_splits(self) -> int:
+        """Number of class splits (0: the standard zero-shot split)."""
+        return len(preset_splits(self)) if self.crossfit is not None else int(self.splits)
 
     @property
     def stored(self) -> bool:
@@ -103,7 +140,17 @@ class SweepPreset:
         return self.storage is SweepStore.STORED
 
 
-_SWEEP_KEYS = ("splits", "seeds", "storage", "smoke", "note", "verdict")
+_SWEEP_KEYS = (
+    "splits",
+    "seeds",
+    "storage",
+    "smoke",
+    "note",
+    "verdict",
+    "crossfit",
+    "classes",
+    "val_classes",
+)
 
 
 def sweep_preset(dataset: str, name: str) -> SweepPreset:
@@ -127,6 +174,10 @@ def sweep_preset(dataset: str, name: str) -> SweepPreset:
         )
     if "seeds" in table:
         table["seeds"] = tuple(table["seeds"])
+    if "crossfit" in table:
+        table["crossfit"] = tuple(tuple(v) for v in table["crossfit"])
+    if "val_classes" in table:
+        table["val_classes"] = tuple(table["val_classes"])
     return SweepPreset(name=name, recipe_preset=name, **table)
 
 
@@ -170,6 +221,29 @@ def resolve_estimators(estimators: str | Iterable[str] | None, dataset: str) -> 
     return list(dict.fromkeys(names))
 
 
+def preset_splits(preset: SweepPreset, *, split_seed: int = 0) -> list[ClassSplit]:
+    """The class splits of ``preset`` (empty on the standard zero-shot split).
+
+    Cross-fitted (``crossfit``) when the preset names validation sets, else ``splits``
+    seeded splits in complementary pairs (with ``val_classes`` upstream in every one).
+    """
+    if preset.crossfit is not None:
+        return crossfit_splits(
+            preset.crossfit,
+            num_classes=preset.classes,
+            n_splits=int(preset.splits) or None,
+            seed=split_seed,
+        )
+    if preset.splits == 0:
+        return []
+    return class_splits(
+        preset.splits,
+        num_classes=preset.classes,
+        seed=split_seed,
+        val_classes=preset.val_classes,
+    )
+
+
 def plan_runs(
     estimators: Sequence[str], preset: SweepPreset, *, split_seed: int = 0
 ) -> list[dict[str, Any]]:
@@ -185,11 +259,8 @@ def plan_runs(
     """
     if not estimators:
         raise ValueError("`estimators` is empty")
-    splits = (
-        [(0, None)]
-        if preset.splits == 0
-        else [(sp.index, sp.to_dict()) for sp in class_splits(preset.splits, seed=split_seed)]
-    )
+    found = preset_splits(preset, split_seed=split_seed)
+    splits = [(sp.index, sp.to_dict()) for sp in found] if found else [(0, None)]
     return [
         {"estimator": str(e), "split": k, "seed": int(s), "class_split": cs, "stage": "final"}
         for k, cs in splits

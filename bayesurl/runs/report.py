@@ -17,8 +17,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.files import atomic_open, write_json
-from bayesurl.runs.aggregate import paired_comparison, split_half_reproducibility, summarize
+from bayesurl.runs.aggregate import (
+    chance_test,
+    complementary_pairs,
+    paired_comparison,
+    split_half_reproducibility,
+    summarize,
+)
 
 __all__ = [
     "FREE_BASELINES",
@@ -49,6 +56,9 @@ REPORT_METRICS: tuple[str, ...] = (
 #: Metrics whose split-half reproducibility is reported.
 REPRO_METRICS: tuple[str, ...] = ("r_auroc", "r@1", "ood_auroc")
 
+#: The halvings of the split-half reproducibility (``split_half_reproducibility``).
+HALVINGS: tuple[str, ...] = ("random", "pairs", "class")
+
 
 def jsonable(obj: Any) -> Any:
     """``obj`` with non-finite floats as ``None`` and unknown objects as text (JSON-ready)."""
@@ -72,13 +82,23 @@ def jsonable(obj: Any) -> Any:
 FREE_BASELINES: tuple[str, ...] = ("feature_norm", "feature_knn")
 
 
-def best_free_baseline(summary: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """The free baseline with the highest mean R-AUROC in ``summary`` (``None``: none ran)."""
+def best_free_baseline(
+    summary: Mapping[str, Mapping[str, Any]],
+    chance: Mapping[str, Mapping[str, Any]] | None = None,
+) -> str | None:
+    """The free baseline with the highest mean R-AUROC in ``summary`` (``None``: none ran).
+
+    With ``chance`` (:func:`~bayesurl.runs.aggregate.chance_test` of R-AUROC) only a free
+    baseline significantly above chance counts: one at or below chance is no bar to beat
+    (``None`` when no free baseline is above chance).
+    """
     have = {
         n: summary[n].get("r_auroc", {}).get("mean")
         for n in FREE_BASELINES
         if n in summary and summary[n].get("r_auroc", {}).get("mean") is not None
     }
+    if chance is not None:
+        have = {n: v for n, v in have.items() if (chance.get(n) or {}).get("verdict") == "above"}
     return max(have, key=lambda n: have[n]) if have else None
 
 
@@ -93,49 +113,76 @@ def write_results(
     """Write ``results.json``, ``results.csv``, ``recall_vs_rauroc.png`` and
     ``training_curves.png`` (when the runs carry curves) to ``out``.
 
-    ``results.json`` holds ``settings``, ``runs`` (every record), ``summary`` (mean and 95 %
-    t-interval over the splits' seed means, :func:`~bayesurl.runs.aggregate.summarize`),
+    ``results.json`` holds ``settings``, ``runs`` (every record), ``tuning_check``
+    (:func:`~bayesurl.data.class_splits.tuning_leaks`: when a run's settings were tuned on one
+    of its downstream classes, or a run does not say, ``verdict`` is that one line and every
+    comparison's ``verdict`` word is withheld), ``summary`` (mean and 95 % t-interval over
+    the splits' seed means, :func:`~bayesurl.runs.aggregate.summarize`),
     ``paired_vs_<reference>`` per metric (paired t / Wilcoxon over (split, seed), Holm,
-    bootstrap interval), the same against the best free baseline (``best_free_baseline``,
-    ``paired_vs_best_free_baseline``; :data:`FREE_BASELINES`) and ``reproducibility``
-    (split-half Spearman for R-AUROC, R@1, OOD AUROC).
+    bootstrap interval), ``paired_vs_<reference>_pairs`` (the same with the complementary
+    pair as the unit), ``vs_chance`` (R-AUROC against 0.5 per pair, Holm), the same against
+    the best free baseline that is above chance (``best_free_baseline``,
+    ``paired_vs_best_free_baseline[_pairs]``; :data:`FREE_BASELINES`; ``None`` when none is),
+    ``reproducibility`` (split-half Spearman for R-AUROC, R@1, OOD AUROC over random
+    halvings) and ``reproducibility_by`` (per halving of :data:`HALVINGS`: random,
+    pair-preserving, class-held-out).
     """
     import csv
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     recs = [jsonable(dict(r)) for r in records]
+    check = tuning_leaks(recs)
     summary = summarize(recs, metrics)
     names = {r.get("method", r.get("estimator")) for r in recs if r.get("error") is None}
-    paired: dict[str, Any] = {}
-    if reference in names:
-        for m in metrics:
-            try:
-                paired[m] = paired_comparison(recs, m, reference=reference)
-            except ValueError as exc:
-                paired[m] = {"note": str(exc)}
-    free = best_free_baseline(summary)
-    paired_free: dict[str, Any] = {}
-    if free is not None:
-        for m in metrics:
-            try:
-                paired_free[m] = paired_comparison(recs, m, reference=free)
-            except ValueError as exc:
-                paired_free[m] = {"note": str(exc)}
+    paired_units = {"": "run", "_pairs": "pair"} if _paired(recs) else {"": "run"}
+
+    def compare(ref: str) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {suffix: {} for suffix in paired_units}
+        for suffix, unit in paired_units.items():
+            for m in metrics:
+                try:
+                    out[suffix][m] = paired_comparison(recs, m, reference=ref, unit=unit)
+                except ValueError as exc:
+                    out[suffix][m] = {"note": str(exc)}
+        return out
+
+    paired = compare(reference) if reference in names else {s: {} for s in paired_units}
+    try:
+        vs_chance: dict[str, Any] = chance_test(
+            recs, "r_auroc", unit="pair" if "_pairs" in paired_units else "split"
+        )
+    except ValueError as exc:
+        vs_chance = {"note": str(exc)}
+    free = best_free_baseline(summary, vs_chance if "note" not in vs_chance else None)
+    paired_free = compare(free) if free is not None else {s: {} for s in paired_units}
     repro: dict[str, Any] = {}
+    repro_by: dict[str, dict[str, Any]] = {h: {} for h in HALVINGS}
     for m in REPRO_METRICS:
-        try:
-            repro[m] = split_half_reproducibility(recs, m)
-        except ValueError as exc:
-            repro[m] = {"note": str(exc)}
+        for h in HALVINGS:
+            try:
+                repro_by[h][m] = split_half_reproducibility(recs, m, halving=h)
+            except ValueError as exc:
+                repro_by[h][m] = {"note": str(exc)}
+        repro[m] = repro_by["random"][m]
+    if not check["ok"]:  # the numbers stay, the words that would read as a verdict go
+        for table in (*paired.values(), *paired_free.values()):
+            for rows in table.values():
+                for row in rows.values():
+                    if isinstance(row, dict) and "verdict" in row:
+                        row["verdict"] = None
     doc = {
         "settings": jsonable(dict(settings)),
+        "tuning_check": check,
+        "verdict": None if check["ok"] else check["line"],
         "runs": recs,
         "summary": jsonable(summary),
-        f"paired_vs_{reference}": jsonable(paired),
+        **{f"paired_vs_{reference}{s}": jsonable(p) for s, p in paired.items()},
+        "vs_chance": jsonable(vs_chance),
         "best_free_baseline": free,
-        "paired_vs_best_free_baseline": jsonable(paired_free),
+        **{f"paired_vs_best_free_baseline{s}": jsonable(p) for s, p in paired_free.items()},
         "reproducibility": jsonable(repro),
+        "reproducibility_by": jsonable(repro_by),
     }
     paths = {"json": folder / "results.json", "csv": folder / "results.csv"}
     write_json(paths["json"], doc)
@@ -161,6 +208,16 @@ def write_results(
     if curves is not None:
         paths["curves"] = curves
     return paths
+
+
+def _paired(recs: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the splits come in complementary pairs (at least two of them)."""
+    ok = [r for r in recs if r.get("error") is None and r.get("downstream")]
+    if not ok:
+        return False
+    pair_of = complementary_pairs(ok)
+    units = set(pair_of.values())
+    return len(units) >= 2 and len(units) < len(pair_of)
 
 
 def plot_results(

@@ -40,13 +40,14 @@ from typing import Any
 
 import torch
 
-from bayesurl.data.class_splits import class_splits
+from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.files import write_json
-from bayesurl.runs.config import load_recipe, preset_tuned, read_recipe_file
+from bayesurl.runs.config import load_recipe, read_recipe_file, tuned_sets
 from bayesurl.runs.pipeline import PipelineRun
 from bayesurl.runs.plan import (
     SweepPreset,
     plan_runs,
+    preset_splits,
     resolve_estimators,
     run_label,
     smoke_notice,
@@ -61,7 +62,7 @@ from bayesurl.runs.runner import (
     torchrun_group,
 )
 from bayesurl.runs.storage import SweepStorage
-from bayesurl.runs.tuning import load_tuned, tune_estimators
+from bayesurl.runs.tuning import load_tuned, load_tuned_classes, tune_estimators
 
 __all__ = [
     "MemoryStore",
@@ -245,6 +246,7 @@ def run_sweep(
     worker: bool = False,
     tune: int = 0,
     tune_only: bool = False,
+    tune_split: int = 0,
     recipe_tuned: bool = True,
     run_fn: RunFn | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -289,6 +291,10 @@ def run_sweep(
     tune_only : bool
         Stop after tuning: nothing is planned, the chosen settings are in
         ``SweepResults.settings["tuned"]`` (and ``<out>/tuned.json`` / ``tuned.toml``).
+    tune_split : int
+        The class split whose validation classes the search is scored on (its ``val``; it
+        trains on the split's other upstream classes). In a cross-fitted plan split ``g``
+        holds the ``g``-th validation set (``0`` and ``1`` for two sets).
     recipe_tuned : bool
         Apply the tuned settings the recipe commits for the preset
         (``[presets.<name>.tuned]``); ``False`` runs the recipe's defaults (stored with each
@@ -334,14 +340,18 @@ def run_sweep(
     dev = resolve_device(device)
     if run_fn is None:  # every recipe, preset and override checked before anything trains
         names = [] if worker else resolve_estimators(estimators, dataset)
+        # one split per validation set: each run's tuned settings must exist for its split
+        firsts = {sp.val: sp for sp in preset_splits(plan)}
+        checks: list[list[Any]] = [[("data.class_split", sp.to_dict())] for sp in firsts.values()]
         cfgs = [
             load_recipe(
                 f"{dataset}/{n}",
-                [*overrides, ("device", str(dev))],
+                [*overrides, *check, ("device", str(dev))],
                 preset=plan.recipe_preset,
                 tuned=recipe_tuned,
             )
             for n in names
+            for check in checks or [[]]
         ]
     else:  # the run function gives the names their meaning
         names = [] if worker else _names(estimators)
@@ -383,6 +393,7 @@ def run_sweep(
             factory,
             tune=tune,
             tune_only=tune_only,
+            tune_split=tune_split,
             poll=poll,
             heartbeat_interval=heartbeat_interval,
             plan_timeout=plan_timeout,
@@ -473,6 +484,7 @@ class _Sweep:
         tune: int,
         tune_only: bool,
         poll: float,
+        tune_split: int = 0,
         heartbeat_interval: int,
         plan_timeout: float,
     ) -> SweepResults:
@@ -487,13 +499,19 @@ class _Sweep:
         store = self.open_store(heartbeat_interval)
         fn = factory(tuned)
         if tune and not self.worker:
-            split0 = class_splits(max(self.plan.splits, 1))[0]
+            splits = preset_splits(self.plan) or preset_splits(
+                SweepPreset("tune", splits=1, classes=self.plan.classes)
+            )
+            if not 0 <= int(tune_split) < len(splits):
+                raise ValueError(
+                    f"`tune_split` must be in [0, {len(splits) - 1}], got {tune_split}"
+                )
             chosen = tune_estimators(
                 self.names,
                 tune,
                 fn,
                 store,
-                split=split0,
+                split=splits[int(tune_split)],
                 out=self.folder,
                 tables=read_recipe_file(self.dataset)["estimators"],
                 preset=self.plan.recipe_preset,
@@ -512,8 +530,12 @@ class _Sweep:
         else:
             runs = plan_runs(self.names, self.plan)
             shared = [o if isinstance(o, str) else [o[0], o[1]] for o in self.overrides]
+            classes = {} if self.folder is None else load_tuned_classes(self.folder)
             for r in runs:
                 r["overrides"] = list(tuned.get(r["estimator"], []))
+                if r["overrides"]:  # settings of this sweep's own search: its classes
+                    on, trained = classes.get(r["estimator"], (None, None))
+                    r["tuned_on"], r["tuned_trained_on"] = on, trained
                 # every worker runs with the lead's --set (then its own, e.g. a local path)
                 r["sweep_overrides"] = shared
                 r["recipe_tuned"] = self.recipe_tuned
@@ -608,10 +630,11 @@ class _Sweep:
         settings = self.settings(store, records, info)
         paths: dict[str, Any] = {}
         if finished and self.main and self.folder is not None:
-            if self.plan.splits == 0:
+            if self.plan.n_splits == 0:
                 paths = SweepResults(runs=records, settings=settings).save(self.folder)
             else:
                 paths = write_results(records, self.folder, settings)
+                self.log(tuning_leaks(records)["line"])
             self.log(f"results written to {self.folder}")
         return self._result(records, settings, status, done, paths)
 
@@ -648,15 +671,21 @@ class _Sweep:
             "estimators": list(dict.fromkeys(r.get("estimator", r.get("method")) for r in records))
             or self.names,
             "seeds": list(p.seeds),
-            "class_splits": [s.to_dict() for s in class_splits(p.splits)] if p.splits else None,
+            "class_splits": [s.to_dict() for s in preset_splits(p)] or None,
             "tuned": {} if self.folder is None else load_tuned(self.folder),
             # the settings the recipe commits for this preset, as applied ({} when the
             # sweep ran the recipe's defaults: recipe_tuned_applied false)
-            "recipe_tuned": preset_tuned(
-                read_recipe_file(self.dataset), p.recipe_preset, self.dataset
-            )
+            "recipe_tuned": [
+                {
+                    "name": t.name,
+                    "tuned_on": t.tuned_on,
+                    "trained_on": t.trained_on,
+                    "settings": t.table,
+                }
+                for t in tuned_sets(read_recipe_file(self.dataset), p.recipe_preset, self.dataset)
+            ]
             if self.recipe_tuned
-            else {},
+            else [],
             "recipe_tuned_applied": self.recipe_tuned,
             "storage": None
             if not p.stored

@@ -26,7 +26,14 @@ from typing import Any
 from bayesurl.data.class_splits import ClassSplit
 from bayesurl.files import atomic_write, write_json
 
-__all__ = ["TUNE_SPACES", "load_tuned", "search_space", "tune_estimators", "tuned_table"]
+__all__ = [
+    "TUNE_SPACES",
+    "load_tuned",
+    "load_tuned_classes",
+    "search_space",
+    "tune_estimators",
+    "tuned_table",
+]
 
 #: Search spaces (URL appendix B): ``{override key: ("log" | "float" | "int", low, high)}``.
 #: Every estimator tunes the learning rate in URL's range [1e-4, 1e-2]; some add their own.
@@ -146,8 +153,11 @@ def tune_estimators(
     -------
     dict
         ``{estimator: {"overrides", "own", "params", "r_auroc", "r@1", "trials",
-        "discarded"}}``: ``own`` the estimator's chosen settings (empty when every trial was
-        discarded or there is nothing to tune: the recipe's defaults stay), ``overrides``
+        "discarded", "tuned_on", "trained_on"}}`` (``tuned_on``: the validation classes that
+        scored the trials, ``trained_on``: the classes the trials trained on; every run with
+        these settings records them): ``own`` the estimator's chosen settings (empty when
+        every trial was discarded or there is nothing to tune: the recipe's defaults stay),
+        ``overrides``
         its base's chosen run settings followed by ``own`` (what a run of the row needs);
         also written to ``<out>/tuned.json`` and ``<out>/tuned.toml`` when ``out`` is given.
     """
@@ -198,6 +208,8 @@ def tune_estimators(
             return float(ra)
 
         done = len(study.get_trials(deepcopy=False, states=(st.COMPLETE, st.PRUNED)))
+        if done:  # a resumed search: a sampler seeded as at the start would repeat its trials
+            study.sampler = optuna.samplers.TPESampler(seed=seed + done)
         if done < int(n_trials):
             study.optimize(
                 objective,
@@ -211,9 +223,18 @@ def tune_estimators(
         pruned = study.get_trials(deepcopy=False, states=(st.PRUNED,))
         best = max(complete, key=lambda t: t.value) if complete else None
         chosen[est] = _choice(under, best, len(complete), len(pruned))
+    trained = sorted(c for c in split.upstream if c not in split.val)
+    for c in chosen.values():
+        c.update(tuned_on=sorted(split.val), trained_on=trained)
     if out is not None:
         path = Path(out) / "tuned.json"
         old = json.loads(path.read_text()) if path.is_file() else {}
+        stale = [e for e, c in old.items() if c.get("tuned_on") not in (None, sorted(split.val))]
+        if stale:
+            raise ValueError(
+                f"{path} holds settings tuned on other classes ({', '.join(stale)}); tune "
+                "each validation set into its own folder"
+            )
         old.update(chosen)
         write_json(path, old)
         atomic_write(Path(out) / "tuned.toml", tuned_table(old, preset))
@@ -235,17 +256,26 @@ def _choice(under: list[str], best: Any, complete: int, pruned: int = 0) -> dict
 
 
 def tuned_table(chosen: Mapping[str, Mapping[str, Any]], preset: str | None) -> str:
-    """The ``[presets.<preset>.tuned]`` TOML table of ``chosen`` (:func:`tune_estimators`).
+    """The TOML table of ``chosen`` (:func:`tune_estimators`) for the recipe.
 
-    Every estimator with settings of its own gets one line of ``"key=value"`` strings and a
-    comment with its validation R-AUROC and trial count; a post-hoc row lists only its own
-    settings, its base takes the base's line.
+    ``[presets.<preset>.tuned.val_<classes>]`` (one sub-table per validation set, so the
+    sets of a cross-fitted plan sit side by side; ``[presets.<preset>.tuned]`` when the
+    classes are not recorded) with ``tuned_on`` and ``trained_on``; every estimator with
+    settings of its own gets one line of ``"key=value"`` strings and a comment with its
+    validation R-AUROC and trial count; a post-hoc row lists only its own settings, its base
+    takes the base's line.
     """
-    head = f"[presets.{preset or '<name>'}.tuned]"
+    ons = {json.dumps(c.get("tuned_on")) for c in chosen.values()}
+    on = chosen[next(iter(chosen))].get("tuned_on") if len(ons) == 1 and chosen else None
+    trained = chosen[next(iter(chosen))].get("trained_on") if on is not None else None
+    head = f"[presets.{preset or '<name>'}.tuned"
+    head += f".val_{'_'.join(str(c) for c in on)}]" if on else "]"
     lines = [
         "# chosen by `bayesurl benchmark --tune`: URL's selection on the validation classes",
         head,
     ]
+    if on:
+        lines += [f"tuned_on = {json.dumps(list(on))}", f"trained_on = {json.dumps(trained)}"]
     for est, c in chosen.items():
         own = list(c.get("own", c.get("overrides", [])))
         if not own:
@@ -255,6 +285,18 @@ def tuned_table(chosen: Mapping[str, Mapping[str, Any]], preset: str | None) -> 
         note = f"validation R-AUROC {ra:.4f}, " if isinstance(ra, float) else ""
         lines.append(f"{est} = [{items}]  # {note}{c.get('trials')} trials")
     return "\n".join(lines) + "\n"
+
+
+def load_tuned_classes(
+    out: str | os.PathLike[str],
+) -> dict[str, tuple[list[int] | None, list[int] | None]]:
+    """``{estimator: (tuned_on, trained_on)}`` of ``<out>/tuned.json`` (``None``: not
+    recorded; ``{}`` if the file is absent)."""
+    path = Path(out) / "tuned.json"
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return {str(k): (v.get("tuned_on"), v.get("trained_on")) for k, v in data.items()}
 
 
 def load_tuned(out: str | os.PathLike[str]) -> dict[str, list[str]]:

@@ -72,9 +72,13 @@ def test_tune_only_searches_writes_the_recipe_table_and_runs_nothing(tmp_path, c
             "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "[presets.smoke.tuned]" in text and "tune feature_norm: nothing to tune" in text
+    # smoke: the standard split 0-4 -> 5-9, validation classes 0, 4 (trained on 1-3)
+    assert "[presets.smoke.tuned.val_0_4]" in text
+    assert "tune feature_norm: nothing to tune" in text
     assert f"written to {out / 'tuned.json'} and {out / 'tuned.toml'}" in text
     table = tomllib.loads((out / "tuned.toml").read_text())["presets"]["smoke"]["tuned"]
+    table = table["val_0_4"]
+    assert table.pop("tuned_on") == [0, 4] and table.pop("trained_on") == [1, 2, 3]
     assert set(table) == {"ce", "pvu"}
     assert table["ce"][0].startswith("train.lr=")
     assert table["pvu"][0].startswith("estimator.fit.lr=")

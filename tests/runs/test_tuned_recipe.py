@@ -137,15 +137,35 @@ def test_bases_are_tuned_first_and_wrappers_train_on_the_chosen_base(tmp_path):
     assert chosen["feature_norm"]["skipped"] == "nothing to tune"
     # tuned.toml is the recipe table that reproduces the choice
     text = (tmp_path / "tuned.toml").read_text()
+    split = class_splits(2)[0]
+    trained = sorted(set(split.upstream) - set(split.val))
+    # one sub-table per validation set, naming the classes that scored and trained the search
     table = tomllib.loads(text)["presets"]["p"]["tuned"]
-    assert table == {"ce": ce_own, "pvu": chosen["pvu"]["own"]}
-    assert json.loads((tmp_path / "tuned.json").read_text())["pvu"]["own"] == table["pvu"]
+    name = "val_" + "_".join(map(str, split.val))
+    assert table == {
+        name: {
+            "tuned_on": list(split.val),
+            "trained_on": trained,
+            "ce": ce_own,
+            "pvu": chosen["pvu"]["own"],
+        }
+    }
+    saved = json.loads((tmp_path / "tuned.json").read_text())
+    assert saved["pvu"]["own"] == table[name]["pvu"]
+    assert saved["ce"]["tuned_on"] == list(split.val) and saved["ce"]["trained_on"] == trained
     recipe = tmp_path / "r.toml"
     recipe.write_text('inherit = "estimators"\n[presets.p]\n' + text.split("\n", 1)[1])
     raw = read_recipe_file(str(recipe))
-    assert preset_tuned(raw, "p", "r.toml") == table
-    pvu = load_recipe(f"{recipe}/pvu", preset="p")
+    cs = split.to_dict()
+    assert preset_tuned(raw, "p", "r.toml", cs) == {"ce": ce_own, "pvu": chosen["pvu"]["own"]}
+    pvu = load_recipe(f"{recipe}/pvu", [("data.class_split", cs)], preset="p")
     assert pvu.base.train.lr == pytest.approx(float(ce_own[0].split("=")[1]))
+    assert pvu.tuned_on == list(split.val) and pvu.tuned_trained_on == trained
+    # the complement split has the validation classes downstream: no set fits it
+    comp = class_splits(2)[1].to_dict()
+    with pytest.raises(ValueError, match="downstream class"):
+        load_recipe(f"{recipe}/pvu", [("data.class_split", comp)], preset="p")
+    assert load_recipe(f"{recipe}/pvu", [("data.class_split", comp)], preset="p", tuned=False)
 
 
 def test_tuned_table_skips_rows_without_settings():
@@ -172,8 +192,9 @@ def test_tune_only_plans_nothing(tmp_path):
 
 def test_a_sweep_records_the_settings_its_recipe_commits(recipe):
     res = run_sweep(["ce"], dataset=recipe, preset="p", run_fn=_fake([]), log=lambda s: None)
-    assert res.settings["recipe_tuned"]["ce"] == ["train.lr=0.004"]
-    assert set(res.settings["recipe_tuned"]) == {"ce", "pvu", "infonce"}
+    (only,) = res.settings["recipe_tuned"]  # one set, its classes not recorded
+    assert only["tuned_on"] is None and only["settings"]["ce"] == ["train.lr=0.004"]
+    assert set(only["settings"]) == {"ce", "pvu", "infonce"}
 
 
 def test_untuned_gives_the_recipe_defaults(recipe):
@@ -196,7 +217,7 @@ def test_an_untuned_sweep_stamps_its_runs_so_workers_follow(recipe):
         recipe_tuned=False, log=lambda s: None,
     )  # fmt: skip
     assert [r["recipe_tuned"] for r in params] == [False]
-    assert res.settings["recipe_tuned"] == {} and res.settings["recipe_tuned_applied"] is False
+    assert res.settings["recipe_tuned"] == [] and res.settings["recipe_tuned_applied"] is False
     # a worker started without --untuned runs what the lead planned
     worker = PipelineRun(dataset=recipe, preset=p)
     assert worker.config(params[0]).train.lr == pytest.approx(1e-3)
