@@ -280,7 +280,7 @@ def verdict_table(doc: dict[str, Any]) -> str:
 def halvings_table(doc: dict[str, Any]) -> str:
     """Split-half Spearman of the R-AUROC ranking for random, pair-preserving and
     class-held-out halvings (median, 5 %, minimum) and each class's value."""
-    by = doc.get("reproducibility_by") or {"random": doc["reproducibility"]}
+    by = {"random": doc["reproducibility"], **(doc.get("reproducibility_by") or {})}
     rows = []
     for h, label in (
         ("random", "random halvings of the splits"),
@@ -317,7 +317,7 @@ def verdict(doc: dict[str, Any]) -> str:
         )
         return f"* **{line}**\n"
     s = doc["summary"]
-    by = doc.get("reproducibility_by") or {"random": doc["reproducibility"]}
+    by = {"random": doc["reproducibility"], **(doc.get("reproducibility_by") or {})}
     pc = _pairs_table(doc, "paired_vs_ce")
     pf = _pairs_table(doc, "paired_vs_best_free_baseline")
     ch = doc.get("vs_chance", {})

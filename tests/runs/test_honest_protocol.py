@@ -160,6 +160,10 @@ def test_the_report_refuses_a_leaky_plan(tmp_path):
     clean = _records(tuned_on=lambda s: list(s.val))
     doc = json.loads(Path(write_results(clean, tmp_path / "b", {})["json"]).read_text())
     assert doc["tuning_check"]["ok"] and doc["verdict"] is None
+    assert set(doc["reproducibility_by"]) == {"pairs", "class"}
+    assert doc["reproducibility_by"]["class"]["r_auroc"]["min"] is not None
+    assert doc["paired_vs_ce_pairs"]["r_auroc"]["m0"]["n"] == 4  # four complementary pairs
+    assert doc["vs_chance"]["ce"]["n"] == 4
     assert all(r["verdict"] is not None for r in doc["paired_vs_ce"]["r_auroc"].values())
     # a run that does not say what it was tuned on cannot be cleared either
     for r in clean[:1]:

@@ -17,7 +17,8 @@ import torch
 
 from bayesurl.cli import main
 from bayesurl.runs import build_estimator, config, list_recipes, load_recipe
-from bayesurl.runs.config import RECIPE_DIR, read_recipe_file
+from bayesurl.runs.config import RECIPE_DIR, read_recipe_file, tuned_sets
+from bayesurl.runs.plan import preset_splits, sweep_preset
 
 REPO = Path(__file__).resolve().parents[2]
 FOLDER_DATASETS = ["cub", "cars", "sop"]
@@ -39,7 +40,12 @@ def test_every_dataset_and_estimator_table_resolves():
         assert "smoke" in presets, dataset
         for name in names:
             for preset in (None, *presets):
-                cfg = load_recipe(f"{dataset}/{name}", preset=preset)
+                # tuned tables per validation set: a run names its split (and so its table)
+                split = []
+                if preset is not None and len(tuned_sets(raw, preset, dataset)) > 1:
+                    first = preset_splits(sweep_preset(dataset, preset))[0]
+                    split = [("data.class_split", first.to_dict())]
+                cfg = load_recipe(f"{dataset}/{name}", split, preset=preset)
                 assert cfg.estimator.name == name and cfg.dataset == dataset
                 build_estimator(cfg)  # checks the method / wrapper / LAM options
 
