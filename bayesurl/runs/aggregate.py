@@ -357,14 +357,7 @@ def paired_comparison(
         p_w = None if np.all(d == 0) else float(stats.wilcoxon(d).pvalue)
         row.update(mean_diff=m, low=lo, high=hi, t=float(t), p_t=p_t, p_wilcoxon=p_w)
         out[name] = row
-    tested = [n for n, r in out.items() if r["p_t"] is not None]
-    for key in ("p_t", "p_wilcoxon"):
-        have = [n for n in tested if out[n][key] is not None]
-        adj = holm([out[n][key] for n in have]) if have else []
-        for n in out:
-            out[n][f"{key}_holm"] = None
-        for n, a in zip(have, adj):
-            out[n][f"{key}_holm"] = a
+    _holm_columns(out, [n for n, r in out.items() if r["p_t"] is not None])
     for r in out.values():
         p = r.get("p_t_holm")
         if p is None:
@@ -629,13 +622,7 @@ def chance_test(
             p_w = None if np.all(dx == 0) else float(stats.wilcoxon(dx).pvalue)
             row.update(low=lo, high=hi, t=float(t), p_t=p_t, p_wilcoxon=p_w)
         out[name] = row
-    for key in ("p_t", "p_wilcoxon"):
-        have = [n for n in out if out[n][key] is not None]
-        adj = holm([out[n][key] for n in have]) if have else []
-        for n in out:
-            out[n][f"{key}_holm"] = None
-        for n, a in zip(have, adj):
-            out[n][f"{key}_holm"] = a
+    _holm_columns(out, list(out))
     for r in out.values():
         p = r["p_t_holm"]
         if p is None:
@@ -700,3 +687,15 @@ def _class_halvings(
         "per_class": {str(r["class"]): r["spearman"] for r in rows},
         **_spread_of(vals),
     }
+
+
+def _holm_columns(out: dict[str, dict[str, Any]], names: list[str]) -> None:
+    """Holm-adjust the ``p_t`` and ``p_wilcoxon`` of the rows ``names`` of ``out`` in place
+    (``<key>_holm``; ``None`` for every row without that p-value)."""
+    for key in ("p_t", "p_wilcoxon"):
+        have = [n for n in names if out[n][key] is not None]
+        adj = holm([out[n][key] for n in have]) if have else []
+        for n in out:
+            out[n][f"{key}_holm"] = None
+        for n, a in zip(have, adj):
+            out[n][f"{key}_holm"] = a

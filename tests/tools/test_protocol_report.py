@@ -22,6 +22,7 @@ def _run(est, split, r_auroc, error=None):
     return {
         "estimator": est, "split": split, "seed": 0, "error": error,
         "r@1": 0.8, "r_auroc": r_auroc, "ood_auroc": 0.7, "ece": None, "ausc": 0.9,
+        "tuned_on": [],  # default settings: chosen on no class
     }  # fmt: skip
 
 
@@ -57,7 +58,7 @@ def test_interim_report_writes_results_of_the_complete_splits(tmp_path):
     assert doc["summary"]["ce"]["r_auroc"]["mean"] == pytest.approx(0.515)
     text = tool.report(out, None)
     assert "interim: the 4 splits finished of 5" in text
-    assert "best free baseline (feature_norm" in text
+    assert "best free baseline above chance (feature_norm" in text
 
 
 def test_interim_report_needs_two_complete_splits(tmp_path):
@@ -83,7 +84,8 @@ def test_verdict_names_who_beats_ce_and_is_written_under_the_given_name(tmp_path
     text = tool.verdict(doc)
     assert "R-AUROC better: pvu (+0.099" in text
     assert "worse: elk (-0.060" in text
-    assert "R-AUROC, best first**: pvu 0.6" in text
+    assert "above: pvu 0.6" in text and "below: feature_norm 0.48" in text
+    assert "No free baseline is above chance" in text  # feature_norm is no bar to beat
     assert "losspred 3rd" in text and "ahead of CE after Holm: neither" in text
     docs = tmp_path / "docs"
     (docs / "concepts").mkdir(parents=True)
