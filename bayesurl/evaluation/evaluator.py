@@ -38,7 +38,6 @@ from bayesurl.distributed import Shards, raise_if_any
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import sampled as Sm
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, rank_budget, search_shards
-from bayesurl.evaluation.notes import result_notes
 from bayesurl.evaluation.table import MISSING, EvalContext, Metric, Need, select_metrics
 from bayesurl.types import Output
 
@@ -445,10 +444,7 @@ def evaluate(
         ``map@5`` (float or None; present even when not selected), the keys of every selected
         metric (``recall@k`` and ``map@k`` for the requested cut-offs, ``rank_correlation``,
         ``mixed_r_auroc``, ``mixed_r@1``, ``crop_share``, ``crop_spearman``, ...), ``n``,
-        ``uncertainty_source``, ``notes`` (list of str: why a metric is missing and, in a
-        single-process evaluation with u, what a person would misread in the numbers: u nearly
-        constant, R-AUROC or OOD AUROC inverted, R@1 at chance;
-        :func:`bayesurl.evaluation.notes.result_notes`) and, with ``return_neighbors``,
+        ``uncertainty_source``, ``notes`` (list of str) and, with ``return_neighbors``,
         ``neighbors``. A shortlist ECE adds ``ece_shortlist`` (L), ``ece_shortlist_miss_rate``
         (the pilot's estimated fraction of per-draw neighbours not kept, at most ``tolerance``:
         above it every draw is searched exactly, these fields are left out and ``notes`` says
@@ -542,17 +538,6 @@ def evaluate(
             keys = metric.keys(options)
             res.update(dict.fromkeys(keys))
             _note_missing(ctx.notes, grouped, need, keys)
-    if not distributed and ctx.u is not None and ctx.neighbors is not None:
-        # what a person would misread in these numbers: u constant or inverted, R@1 at chance
-        hit = ctx.y[ctx.neighbors[:, 0]] == ctx.y
-        found = result_notes(
-            ctx.u.detach().cpu().numpy(),
-            hit=hit.cpu().numpy(),
-            labels=ctx.y.cpu().numpy(),
-            ood_u=None if ctx.ood_u is None else ctx.ood_u.detach().cpu().numpy(),
-            id_u=None if ctx.id_u is None else ctx.id_u.detach().cpu().numpy(),
-        )
-        ctx.notes.extend(note.text for note in found)
     res["notes"] = ctx.notes
     if return_neighbors:
         res["neighbors"] = ctx.neighbors

@@ -93,8 +93,6 @@ with torch.no_grad():
             f"{name:8s} R@1 {results[name]['r@1']:.3f}  R-AUROC {results[name]['r_auroc']:.3f}  "
             f"OOD AUROC {results[name]['ood_auroc']:.3f}"
         )
-        for note in results[name]["notes"]:  # u inverted or constant, R@1 at chance
-            print("  note:", note)
 # the docs build checks the figures of this page: the frozen encoder retrieves well and PVU's
 # u ranks its failures better than chance
 assert 0.75 <= results["pvu"]["r@1"] <= 0.88, f"R@1 {results['pvu']['r@1']:.3f}"

@@ -113,8 +113,6 @@ with torch.no_grad():
             f"{name:8s} R@1 {results[name]['r@1']:.3f}  R-AUROC {results[name]['r_auroc']:.3f}  "
             f"OOD AUROC {results[name]['ood_auroc']:.3f}"
         )
-        for note in results[name]["notes"]:  # u inverted or constant, R@1 at chance
-            print("  note:", note)
 # the docs build checks the figure of this page: the ImageNet features retrieve unseen
 # FashionMNIST classes well (inputs scaled twice, i.e. blank, would give about 0.49)
 r1 = results["laplace"]["r@1"]
