@@ -134,8 +134,9 @@ def test_real_default_sizes():
 
 
 def test_registry(tmp_path):
-    assert available_datasets() == ["cars", "cub", "digits", "fashion_mnist", "imagenet", "sop"]
-    with pytest.raises(ValueError, match=r"valid names: \['cars', 'cub', 'digits'"):
+    names = ["cars", "clipart", "cub", "digits", "fashion_mnist", "imagenet", "sop"]
+    assert available_datasets() == names
+    with pytest.raises(ValueError, match=r"valid names: \['cars', 'clipart', 'cub', 'digits'"):
         get_dataset("nosuch")
     with pytest.raises(FileNotFoundError, match="train"):
         get_dataset("imagenet", tmp_path)  # an upstream ImageFolder: root/train/<class>/*
