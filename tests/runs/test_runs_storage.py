@@ -340,6 +340,20 @@ def test_a_bad_url_is_one_line_without_its_password():
         assert "***" in str(e.value)
 
 
+def _given_back_then_run_once(store: SweepStorage) -> None:
+    """The one run a dead worker left RUNNING is failed as stale within 30 s (the grace period
+    is 1 s), waits again, and the next worker runs it exactly once."""
+    deadline = time.monotonic() + 30  # the grace period is 1 s
+    while store.status()["running"] and time.monotonic() < deadline:
+        store.fail_stale()
+        time.sleep(0.2)
+    assert store.status()["running"] == 0 and store.status()["waiting"] == 1
+    calls = []
+    store.work(lambda p: calls.append(p) or {"r_auroc": 0.7}, wait=False)
+    assert len(calls) == 1
+    assert store.status() == {"waiting": 0, "running": 0, "complete": 1, "failed": 0, "total": 1}
+
+
 def test_a_claim_whose_answer_was_lost_is_given_back_after_the_grace_period(tmp_path):
     """The connection drops after the claim's ``WAITING -> RUNNING`` was committed: the retry
     finds the trial taken. The run must not stay RUNNING forever (Optuna never calls a trial
@@ -362,15 +376,7 @@ def test_a_claim_whose_answer_was_lost_is_given_back_after_the_grace_period(tmp_
     assert store.claim() is None  # taken by the lost first try, nobody's now
     assert store.status()["running"] == 1
     store.storage.set_trial_state_values = real
-    deadline = time.monotonic() + 30  # the grace period is 1 s
-    while store.status()["running"] and time.monotonic() < deadline:
-        store.fail_stale()
-        time.sleep(0.2)
-    assert store.status()["running"] == 0 and store.status()["waiting"] == 1
-    calls = []
-    store.work(lambda p: calls.append(p) or {"r_auroc": 0.7}, wait=False)
-    assert len(calls) == 1
-    assert store.status() == {"waiting": 0, "running": 0, "complete": 1, "failed": 0, "total": 1}
+    _given_back_then_run_once(store)
     assert [f["error"] for f in store.failures()] == ["crashed"]
 
 
@@ -386,12 +392,4 @@ def test_a_worker_killed_before_its_first_heartbeat_loses_no_run(tmp_path):
     # the dead worker's only act: the claim's commit, no heartbeat
     store.storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.RUNNING)
     assert store.status()["running"] == 1
-    deadline = time.monotonic() + 30  # the grace period is 1 s
-    while store.status()["running"] and time.monotonic() < deadline:
-        store.fail_stale()
-        time.sleep(0.2)
-    assert store.status()["running"] == 0 and store.status()["waiting"] == 1
-    calls = []
-    store.work(lambda p: calls.append(p) or {"r_auroc": 0.7}, wait=False)
-    assert len(calls) == 1
-    assert store.status() == {"waiting": 0, "running": 0, "complete": 1, "failed": 0, "total": 1}
+    _given_back_then_run_once(store)
