@@ -392,9 +392,10 @@ def verdict(doc: dict[str, Any]) -> str:
 
 def against(doc: dict[str, Any], other: dict[str, Any], label: str) -> str:
     """Paired difference of each estimator of ``doc`` to the same estimator in ``other`` over
-    the (split, seed) pairs both finished (e.g. tuned minus default settings); Holm over the
-    estimators. A table as text (reStructuredText)."""
-    from bayesurl.runs.aggregate import holm, paired_comparison
+    the (split, seed) pairs both finished (e.g. tuned minus default settings), one observation
+    per complementary pair of splits (their differences averaged: the two splits of a pair
+    share their ten classes); Holm over the estimators. A table as text (reStructuredText)."""
+    from bayesurl.runs.aggregate import complementary_pairs, holm, paired_comparison
 
     mine = [r for r in doc["runs"] if r.get("error") is None]
     theirs = [r for r in other["runs"] if r.get("error") is None]
@@ -408,13 +409,16 @@ def against(doc: dict[str, Any], other: dict[str, Any], label: str) -> str:
             recs += [dict(r, method="other") for r in theirs if r["method"] == n]
             recs = [r for r in recs if (r["split"], r["seed"]) in keys]
             try:
-                rows[n] = paired_comparison(recs, metric, reference="other")["this"]
+                rows[n] = paired_comparison(recs, metric, reference="other", unit="pair")["this"]
             except (ValueError, KeyError):  # no run with this metric
                 continue
         tested = [n for n, r in rows.items() if r.get("p_t") is not None]
         for n, p in zip(tested, holm([rows[n]["p_t"] for n in tested]) if tested else []):
             rows[n]["p_holm"] = p
         cells[metric] = rows
+    units = len(
+        set(complementary_pairs([r for r in mine if (r["split"], r["seed"]) in keys]).values())
+    )
     table = []
     for n in names:
         row = [n]
@@ -426,9 +430,9 @@ def against(doc: dict[str, Any], other: dict[str, Any], label: str) -> str:
             row.append(f"{r['mean_diff']:+.3f} (p {r['p_t']:.2g}, Holm {r['p_holm']:.2g})")
         table.append(row)
     return _list_table(
-        f"Paired difference to {label} over the {len(keys)} class splits both finished: mean "
-        f"difference, paired t-test p and its Holm-adjusted value over the {len(names)} "
-        "estimators",
+        f"Paired difference to {label} over the {len(keys)} class splits both finished, "
+        f"{units} complementary pairs as the unit: mean difference, paired t-test p and its "
+        f"Holm-adjusted value over the {len(names)} estimators",
         ["estimator", "R-AUROC", "R@1", "OOD AUROC"],
         table,
     )

@@ -4,7 +4,9 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import scipy.stats
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,3 +123,33 @@ def test_against_pairs_each_estimator_with_itself_in_the_other_sweep(tmp_path):
     assert "+0.000 (p 1, Holm 1)" in ce
     r_auroc = pvu.split("\n")[1]
     assert "+0.050" in r_auroc and "Holm 1)" not in r_auroc
+
+
+def test_against_uses_the_complementary_pair_as_the_unit(tmp_path):
+    """Splits 2k and 2k+1 swap their classes: the test runs on the 3 pair means, checked
+    against scipy's paired t-test on them (independently of the tool's aggregation)."""
+    tool = _tool()
+    classes = [((0, 1), (2, 3)), ((2, 3), (0, 1))]
+    gains = {0: 0.01, 1: 0.05, 2: 0.02, 3: 0.08, 4: 0.03, 5: 0.01}
+    docs = []
+    for name in ("default", "tuned"):
+        runs = []
+        for split in range(6):
+            up, down = classes[split % 2]
+            up = tuple(c + 10 * (split // 2) for c in up)
+            down = tuple(c + 10 * (split // 2) for c in down)
+            for est in ("ce", "pvu"):
+                gain = gains[split] if (est == "pvu" and name == "tuned") else 0.0
+                r = dict(_run(est, split, 0.5 + 0.01 * split + gain), method=est)
+                r.update(upstream=list(up), downstream=list(down))
+                runs.append(r)
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "partial_runs.json").write_text(json.dumps({"preset": "p", "runs": runs}))
+        docs.append(json.loads((tool.write_interim(folder) / "results.json").read_text()))
+    text = tool.against(docs[1], docs[0], "the defaults")
+    assert "6 class splits both finished, 3 complementary pairs as the unit" in text
+    pair_means = [np.mean([gains[2 * k], gains[2 * k + 1]]) for k in range(3)]
+    p = scipy.stats.ttest_1samp(pair_means, 0.0).pvalue
+    pvu = next(r for r in text.split("* - ") if r.startswith("pvu\n"))
+    assert f"{np.mean(pair_means):+.3f} (p {p:.2g}," in pvu.split("\n")[1]
