@@ -38,7 +38,10 @@ def _ranks(means: dict[str, float]) -> dict[str, float]:
 
 
 def _halvings(doc: dict[str, Any], metric: str) -> dict[str, Any]:
-    by = doc.get("reproducibility_by") or {"random": doc.get("reproducibility", {})}
+    # the random halvings are the top-level "reproducibility" where "reproducibility_by" lists
+    # only the other kinds
+    by = dict(doc.get("reproducibility_by") or {})
+    by.setdefault("random", doc.get("reproducibility") or {})
     out = {}
     for h in ("random", "class"):
         r = (by.get(h) or {}).get(metric) or {}

@@ -513,8 +513,12 @@ def split_half_reproducibility(
 
 
 def complementary_pairs(records: Iterable[Mapping[str, Any]]) -> dict[int, int]:
-    """``{split: pair id}``: splits whose ``upstream`` is the other's ``downstream`` share an
-    id (the lower split's); a split without its complement is a unit of its own.
+    """``{split: pair id}``: splits that swap their classes share an id (the lower split's); a
+    split without its complement is a unit of its own.
+
+    Two splits swap their classes when each one's ``downstream`` is the other's ``upstream``
+    less the classes upstream in both (validation classes kept upstream in every split, as
+    the clipart protocol does); the two then share all their classes.
 
     Raises
     ------
@@ -532,15 +536,20 @@ def complementary_pairs(records: Iterable[Mapping[str, Any]]) -> dict[int, int]:
         )
         if classes.setdefault(k, cl) != cl:
             raise ValueError(f"the records of split {k} disagree on its classes")
-    by_up = {cl[0]: k for k, cl in classes.items() if cl[0]}
+
+    def swapped(a: int, b: int) -> bool:
+        up_a, down_a = (set(c) for c in classes[a])
+        up_b, down_b = (set(c) for c in classes[b])
+        both = up_a & up_b
+        return bool(down_a) and down_a == up_b - both and down_b == up_a - both
+
     out: dict[int, int] = {}
     for k in sorted(classes):
         if k in out:
             continue
-        up, down = classes[k]
-        twin = by_up.get(down) if down else None
         out[k] = k
-        if twin is not None and twin != k and twin not in out and classes[twin][1] == up:
+        twin = next((t for t in sorted(classes) if t not in out and swapped(k, t)), None)
+        if twin is not None:
             out[twin] = k
     return out
 

@@ -190,6 +190,21 @@ def test_complementary_pairs_from_the_classes():
     assert complementary_pairs(lone)[0] == 0 and 1 not in complementary_pairs(lone)
 
 
+def test_complementary_pairs_with_validation_classes_upstream_in_every_split():
+    """Validation classes 0, 1 upstream everywhere (the clipart design): splits 2k and 2k+1
+    swap the other classes; a split that shares only some of them is nobody's twin."""
+    val = [0, 1]
+    halves = [([2, 3, 4], [5, 6, 7]), ([2, 5, 6], [3, 4, 7]), ([3, 5, 7], [2, 4, 6])]
+    recs = []
+    for i, (a, b) in enumerate(halves):
+        recs.append({"split": 2 * i, "upstream": val + a, "downstream": b})
+        recs.append({"split": 2 * i + 1, "upstream": val + b, "downstream": a})
+    recs.append({"split": 6, "upstream": val + [2, 3, 7], "downstream": [4, 5, 6]})
+    recs.append({"split": 7, "upstream": val + [4, 5, 6], "downstream": [2, 3]})
+    pair_of = complementary_pairs(recs)
+    assert pair_of == {0: 0, 1: 0, 2: 2, 3: 2, 4: 4, 5: 4, 6: 6, 7: 7}
+
+
 def test_paired_comparison_per_pair_is_scipy_on_the_pair_means():
     recs = _records()
     got = paired_comparison(recs, "r_auroc", unit="pair")
