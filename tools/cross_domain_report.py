@@ -12,8 +12,8 @@ and writes, for R-AUROC, R@1 and OOD AUROC:
   class-held-out halvings: median, minimum), so a cross-domain correlation can be read
   against how well each ranking reproduces within its own domain.
 
-    PYTHONPATH=. python tools/cross_domain_report.py results/clipart/protocol \\
-        results/pretrained/protocol --labels clipart FashionMNIST \\
+    python tools/cross_domain_report.py results/clipart/protocol \\
+        results/pretrained/crossfit/default --labels clipart FashionMNIST \\
         --out results/clipart/cross_domain.json --docs docs/concepts/_cross_domain.inc
 """
 
