@@ -125,6 +125,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, nargs="+", default=[2])
     parser.add_argument("--before", default="2f7d5ab", help="git revision of the old road")
+    parser.add_argument(
+        "--method",
+        default="tau",
+        help="bayesurl folder --method: tau (default; encodes 2 augmented views of every fitted "
+        "image besides the plain one), pvu or laplace (the plain encoding only)",
+    )
     parser.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="folder_road-"))
@@ -152,7 +158,7 @@ def run_roads(args: argparse.Namespace, work: Path, images: Path, old_tree: Path
         ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     print(f"{args.images} Open Clip Art PNGs, 224 px, EfficientNet-Lite0 (ImageNet weights),")
-    print(f"bayesurl folder defaults (--method tau); before = {args.before}, after = {rev}")
+    print(f"bayesurl folder --method {args.method}; before = {args.before}, after = {rev}")
     print(f"load average at start: {os.getloadavg()[0]:.1f} (machine shared with other jobs)")
     rates: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
     identical = []
@@ -168,7 +174,7 @@ def run_roads(args: argparse.Namespace, work: Path, images: Path, old_tree: Path
                     cmd = [sys.executable, "-c", BARE, str(images)]
                 else:
                     cmd = [sys.executable, "-m", "bayesurl", "folder", str(images),
-                           "--out", str(out), "--no-progress"]  # fmt: skip
+                           "--out", str(out), "--no-progress", "--method", args.method]  # fmt: skip
                 wall, cpu = timed(cmd, env, trees[road])
                 rates[threads, road].append((wall, cpu))
                 print(f"  threads {threads} repeat {rep} {road:6s}: {wall:7.1f} s wall, "
