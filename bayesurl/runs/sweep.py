@@ -6,8 +6,11 @@ A sweep is every (class split, estimator, seed) run of a preset
 that ``bayesurl run`` makes, so a row equals the single run of the same estimator, data and
 seed. :func:`run_sweep`
 
-1. reads the preset's plan (``[presets.<name>.sweep]``: splits, seeds, storage);
-2. optionally tunes every estimator first (``tune=N``, :mod:`bayesurl.runs.tuning`);
+1. reads the preset's plan (``[presets.<name>.sweep]``: splits, seeds, storage) and resolves
+   every run's config once (:func:`bayesurl.runs.plan.plan_sweep`; the options are a
+   :class:`SweepOptions`);
+2. optionally tunes every estimator first (``tune=N``, :mod:`bayesurl.runs.tuning`; the runs
+   are then planned again with the chosen settings);
 3. keeps the runs in memory (:class:`MemoryStore`) or in an Optuna RDB storage
    (:class:`~bayesurl.runs.storage.SweepStorage`: SQLite ``<out>/sweep.db`` or any SQLAlchemy
    URL; workers on other machines join with ``worker=True``; a killed sweep resumes) and works
