@@ -14,6 +14,9 @@ sweep's options, the command's parsed arguments, or an argument named ``override
     How many such calls return.
 ``modules``
     The modules visited, with the number of such calls in each.
+``resolutions``, ``recipe reads``
+    Calls of ``load_recipe`` (a recipe resolved into a config) and of ``read_recipe_file``
+    (a TOML file parsed), whatever their arguments.
 
 With ``--functions REV [REV ...] --files PATH ...`` it also counts the functions over 80
 lines or 12 parameters (``self`` / ``cls`` not counted) of those files at each git revision.
@@ -73,6 +76,7 @@ def walk(argv: list[str]) -> dict[str, Any]:
     tracked: set[int] = set()
     path: list[str] = []
     returns = 0
+    counted = collections.Counter()
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         nonlocal returns
@@ -84,6 +88,8 @@ def walk(argv: list[str]) -> dict[str, Any]:
         if event != "call" or not frame.f_code.co_filename.startswith(package):
             return
         code = frame.f_code
+        if code.co_name in ("load_recipe", "read_recipe_file"):
+            counted[code.co_name] += 1
         n = code.co_argcount + code.co_kwonlyargcount
         n += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)  # *args, **kwargs
         local = frame.f_locals
@@ -118,6 +124,8 @@ def walk(argv: list[str]) -> dict[str, Any]:
         "returns": returns,
         "calls": len(path),
         "modules": collections.Counter(path),
+        "resolutions": counted["load_recipe"],
+        "reads": counted["read_recipe_file"],
     }
 
 
@@ -166,6 +174,10 @@ def main() -> None:
                 "benchmark", "--preset", "smoke", "--methods", "ce", "--device", "cpu",
                 "--out", f"{tmp}/bench", "--no-progress",
             ],
+            "bayesurl benchmark, 2 estimators x 2 seeds": [
+                "benchmark", "--preset", "smoke", "--methods", "ce,pvu", "--seeds", "2",
+                "--device", "cpu", "--out", f"{tmp}/bench2", "--no-progress",
+            ],
         }  # fmt: skip
         for title, argv in commands.items():
             res = walk(argv)
@@ -173,7 +185,8 @@ def main() -> None:
             print(f"{title} ({shown}):")
             print(
                 f"  rooms {res['rooms']}, returns {res['returns']} "
-                f"(calls {res['calls']}; exit {res['exit']})"
+                f"(calls {res['calls']}; exit {res['exit']}); resolutions {res['resolutions']}, "
+                f"recipe reads {res['reads']}"
             )
             for mod, n in sorted(res["modules"].items(), key=lambda kv: -kv[1]):
                 print(f"    {mod}: {n}")

@@ -126,8 +126,8 @@ class PipelineRun:
 
     def _adds_settings(self, params: Mapping[str, Any]) -> bool:
         """Whether this machine's overrides or tuned settings change what the run planned."""
-        own = plain_overrides(self.overrides)
-        if own and own != plain_overrides(params.get("sweep_overrides", [])):
+        lead = list(params.get("sweep_overrides", []))
+        if self.overrides and plain_overrides(self.overrides) != lead:
             return True
         return not params.get("overrides") and bool(self.tuned.get(str(params["estimator"])))
 
