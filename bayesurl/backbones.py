@@ -38,6 +38,7 @@ import os
 import re
 import sys
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,12 @@ __all__ = [
 
 #: Pixel mean / std of the FashionMNIST training images on [0, 1] (the small conv net's input).
 _GRAY_MEAN, _GRAY_STD = 0.2860, 0.3530
+
+
+def _gray_config(in_channels: int) -> dict[str, Any]:
+    """28 x 28 grayscale images (repeated to ``in_channels``) with FashionMNIST's statistics."""
+    c = int(in_channels)
+    return {"input_size": (c, 28, 28), "mean": (_GRAY_MEAN,) * c, "std": (_GRAY_STD,) * c}
 
 
 class SmallConvNet(nn.Module):
@@ -95,12 +102,7 @@ class SmallConvNet(nn.Module):
     ) -> None:
         super().__init__()
         self.num_features = num_features
-        c = int(in_channels)
-        self.pretrained_cfg: dict[str, Any] = {
-            "input_size": (c, 28, 28),
-            "mean": (_GRAY_MEAN,) * c,
-            "std": (_GRAY_STD,) * c,
-        }
+        self.pretrained_cfg = self.input_config(in_channels)
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, width, 3, padding=1),
             nn.BatchNorm2d(width),
@@ -121,6 +123,11 @@ class SmallConvNet(nn.Module):
             nn.Linear(2 * width, num_features),
         )
 
+    @staticmethod
+    def input_config(in_channels: int = 1, **_: Any) -> dict[str, Any]:
+        """The :attr:`pretrained_cfg` of a net with these constructor arguments."""
+        return _gray_config(in_channels)
+
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(self.features(x))
 
@@ -139,11 +146,12 @@ class Identity(nn.Module):
     def __init__(self, num_features: int, in_channels: int | None = None) -> None:
         super().__init__()
         self.num_features = int(num_features)
-        self.pretrained_cfg: dict[str, Any] = {
-            "input_size": (1, 1, self.num_features),
-            "mean": (0.0,),
-            "std": (1.0,),
-        }
+        self.pretrained_cfg = self.input_config(num_features)
+
+    @staticmethod
+    def input_config(num_features: int, **_: Any) -> dict[str, Any]:
+        """The :attr:`pretrained_cfg` of the features ``[N, num_features]``."""
+        return {"input_size": (1, 1, int(num_features)), "mean": (0.0,), "std": (1.0,)}
 
     def forward(self, x: Tensor) -> Tensor:
         return x
@@ -181,11 +189,7 @@ class LamConvNet(nn.Module):
         c = int(in_channels)
         self.num_features = 64 * 5 * 5
         self.feature_groups = 64
-        self.pretrained_cfg: dict[str, Any] = {
-            "input_size": (c, 28, 28),
-            "mean": (_GRAY_MEAN,) * c,
-            "std": (_GRAY_STD,) * c,
-        }
+        self.pretrained_cfg = self.input_config(c)
         self.features = nn.Sequential(
             nn.Conv2d(c, 32, 3),
             nn.ReLU(),
@@ -196,11 +200,17 @@ class LamConvNet(nn.Module):
             nn.Flatten(),
         )
 
+    @staticmethod
+    def input_config(in_channels: int = 1, **_: Any) -> dict[str, Any]:
+        """The :attr:`pretrained_cfg` of a net with these constructor arguments."""
+        return _gray_config(in_channels)
+
     def forward(self, x: Tensor) -> Tensor:
         return self.features(x)
 
 
-#: backbone names built by bayesurl itself (anything else is a timm model name)
+#: backbone names built by bayesurl itself (each class answers ``input_config(**kwargs)``, its
+#: ``pretrained_cfg`` without building it) (anything else is a timm model name)
 _LOCAL_BACKBONES: dict[str, type[nn.Module]] = {
     "small_convnet": SmallConvNet,
     "identity": Identity,
@@ -587,37 +597,67 @@ class BackboneDataConfig:
 def data_config(backbone: str | nn.Module, **kwargs: Any) -> BackboneDataConfig:
     """Channels, mean / std and input size a backbone expects.
 
-    For a name the backbone is built (random weights, cheap; ``pretrained`` and
-    ``checkpoint`` are ignored since weights do not change the input) with ``kwargs``; timm models
-    answer through ``timm.data.resolve_model_data_config``, other modules through a
-    ``pretrained_cfg`` dict (as :class:`SmallConvNet` has) or the ``in_channels`` of their
-    first ``nn.Conv2d`` with ImageNet statistics.
+    A name answers from its configuration, nothing is built (as timm's pretrained configs
+    answer, ``timm.models.resolve_pretrained_cfg``): bayesurl's own backbones from their
+    ``input_config(**kwargs)``, timm names (a :data:`PACKAGED_WEIGHTS` name: the architecture
+    its weights fit) through ``timm.data.resolve_data_config`` of their pretrained config, with
+    ``in_chans`` from ``kwargs`` (default 3); ``pretrained`` and ``checkpoint`` are ignored since
+    weights do not change the input. A module answers from its ``pretrained_cfg`` (timm's
+    ``resolve_model_data_config`` for a timm model) or, without one, from the ``in_channels``
+    of its first ``nn.Conv2d`` with ImageNet statistics. Statistics of fewer channels than the
+    configuration's (e.g. timm's ``in_chans=1``) are averaged over them.
 
     Raises
     ------
     ValueError
         For an unknown backbone name (naming ``backbone``).
     """
-    module = backbone
     if isinstance(backbone, str):
-        kwargs = {k: v for k, v in kwargs.items() if k not in ("checkpoint", "pretrained")}
-        module, _ = build_backbone(backbone, **kwargs)
-    cfg = getattr(module, "pretrained_cfg", None)
+        return _config_of(*_named_config(backbone, kwargs))
+    cfg = getattr(backbone, "pretrained_cfg", None)
+    conv = next((m for m in backbone.modules() if isinstance(m, nn.Conv2d)), None)
     if not isinstance(cfg, dict) or "mean" not in cfg:
-        conv = next((m for m in module.modules() if isinstance(m, nn.Conv2d)), None)
         c = int(conv.in_channels) if conv is not None else 3
         cfg = {"input_size": (c, 224, 224), "mean": (0.485, 0.456, 0.406)[:c]}
         cfg["std"] = (0.229, 0.224, 0.225)[:c]
     elif "architecture" in cfg or "hf_hub_id" in cfg or "url" in cfg:
         from timm.data import resolve_model_data_config
 
-        cfg = resolve_model_data_config(module)
+        cfg = resolve_model_data_config(backbone)
+    return _config_of(cfg, None if conv is None else int(conv.in_channels))
+
+
+def _named_config(name: str, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """The pretrained config of backbone ``name`` and the channels it is built with."""
+    kw = {k: v for k, v in kwargs.items() if k not in ("checkpoint", "pretrained", "probe_input")}
+    local = _LOCAL_BACKBONES.get(name.lower())
+    if local is not None:
+        if "in_chans" in kw:
+            kw["in_channels"] = kw.pop("in_chans")
+        cfg = local.input_config(**kw)  # type: ignore[attr-defined]
+        return cfg, int(cfg["input_size"][0])
+    from timm.data import resolve_data_config
+    from timm.models import resolve_pretrained_cfg
+
+    spec = PACKAGED_WEIGHTS.get(name.lower())
+    arch = spec.architecture if spec is not None else name
+    _check_timm_name(arch)
+    pretrained = resolve_pretrained_cfg(
+        arch,
+        pretrained_cfg=kw.get("pretrained_cfg"),
+        pretrained_cfg_overlay=kw.get("pretrained_cfg_overlay"),
+    )
+    cfg = resolve_data_config(pretrained_cfg=pretrained.to_dict())
+    return cfg, int(kw.get("in_chans", 3))
+
+
+def _config_of(cfg: Mapping[str, Any], channels: int | None) -> BackboneDataConfig:
+    """A :class:`BackboneDataConfig` of a timm-style config for ``channels`` input channels."""
     size = tuple(int(s) for s in cfg["input_size"])
     mean = tuple(float(m) for m in cfg["mean"])
     std = tuple(float(s) for s in cfg["std"])
-    conv = next((m for m in module.modules() if isinstance(m, nn.Conv2d)), None)
-    if conv is not None and int(conv.in_channels) != size[0]:  # e.g. timm's in_chans=1
-        c = int(conv.in_channels)  # statistics averaged over the configured channels
+    if channels is not None and channels != size[0]:  # e.g. timm's in_chans=1
+        c = channels  # statistics averaged over the configured channels
         size = (c, size[1], size[2])
         mean, std = (sum(mean) / len(mean),) * c, (sum(std) / len(std),) * c
     return BackboneDataConfig(

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from bayesurl.backbones import (
+    PACKAGED_WEIGHTS,
     SmallConvNet,
     build_backbone,
     data_config,
@@ -29,6 +30,38 @@ def test_data_config_matches_timm_and_the_small_convnet():
     assert data_config("small_convnet", in_chans=3).in_chans == 3
     assert data_config("resnet18", in_chans=1).in_chans == 1
     assert data_config(SmallConvNet(in_channels=3)).mean == (0.2860,) * 3
+
+
+def _registered_backbones() -> list[tuple[str, dict]]:
+    """Every backbone bayesurl names: its own, the packaged-weights names, every recipe's."""
+    from bayesurl.runs.config import list_recipes, read_recipe_file
+
+    found = {("small_convnet", ()), ("lam_convnet", ()), ("identity", (("num_features", 7),))}
+    found |= {(n, ()) for n in PACKAGED_WEIGHTS}
+    for dataset in list_recipes():
+        raw = read_recipe_file(dataset)
+        tables = [raw, *raw.get("presets", {}).values(), *raw["estimators"].values()]
+        for t in tables:
+            b = t.get("backbone", {})
+            if "name" in b:
+                found.add((b["name"], tuple(sorted(dict(b.get("kwargs", {})).items()))))
+    return [(n, dict(kw)) for n, kw in sorted(found)]
+
+
+@pytest.mark.parametrize("name, kwargs", _registered_backbones())
+def test_data_config_of_a_name_equals_the_built_models(name, kwargs, monkeypatch):
+    """A name answers from its configuration, and the answer equals the built module's."""
+    pytest.importorskip("timm")
+    import bayesurl.backbones as bb
+
+    for chans in (None, 1, 3):
+        kw = dict(kwargs) if chans is None else {**kwargs, "in_chans": chans}
+        built = data_config(build_backbone(name, **kw)[0])
+        with monkeypatch.context() as m:  # nothing may be built to answer
+            m.setattr(bb, "build_backbone", None)
+            m.setattr(bb, "resolve_backbone", None)
+            m.setattr(bb, "_timm_model", None)
+            assert data_config(name, **kw, pretrained=True, checkpoint="x.pt") == built, kw
 
 
 def test_unknown_timm_name_is_a_value_error_naming_backbone():

@@ -38,11 +38,13 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from bayesurl.runs.results import SweepResults
+    from bayesurl.runs.sweep import SweepOptions
 
 OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "train and evaluate every estimator on the same zero-shot data; print one table"
@@ -124,7 +126,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="override a config value of every run (train.epochs=5), repeatable",
     )
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: auto)")
-    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"output folder (default: {DEFAULT_OUT}; a stored sweep: results/benchmark/PRESET)",
+    )
     parser.add_argument("--root", default=None, help="data folder (= --set data.root=DIR)")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
@@ -202,34 +208,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """The checks of the options that need no data.
+    """The checks of the options that :func:`~bayesurl.runs.sweep.run_sweep` does not make
+    (its :class:`~bayesurl.runs.sweep.SweepOptions` checks the sweep's own).
 
     Raises
     ------
     ValueError
-        For ``--tune`` < 0, ``--tune`` with ``--worker``, ``--threads`` < 1, ``--heartbeat``
-        < 1, ``--poll`` <= 0 or ``--splits`` < 0.
+        For ``--threads`` < 1.
     FileNotFoundError
         For a ``--root`` that does not exist.
     """
-    if args.tune < 0:
-        raise ValueError(f"`--tune` must be >= 0, got {args.tune}")
-    if args.worker and args.tune:
-        raise ValueError("`--tune` runs on the first machine only; drop it with --worker")
-    if args.tune_only and not args.tune:
-        raise ValueError("`--tune-only` needs `--tune N`")
-    if getattr(args, "tune_split", 0) < 0:
-        raise ValueError(f"`--tune-split` must be >= 0, got {args.tune_split}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"`--threads` must be >= 1, got {args.threads}")
-    if args.heartbeat < 1:
-        raise ValueError(f"`--heartbeat` must be >= 1 second, got {args.heartbeat}")
-    if not args.poll > 0:
-        raise ValueError(f"`--poll` must be > 0 seconds, got {args.poll}")
-    if args.splits is not None and args.splits < 0:
-        raise ValueError(f"`--splits` must be >= 0, got {args.splits}")
     if args.root is not None and not Path(args.root).exists():
         raise FileNotFoundError(f"`--root` {args.root!r} does not exist")
+
+
+#: the :class:`~bayesurl.runs.sweep.SweepOptions` fields set by a flag of another name
+FLAGS = {
+    "tune": "--tune",
+    "tune_only": "--tune-only",
+    "tune_split": "--tune-split",
+    "worker": "--worker",
+    "poll": "--poll",
+    "heartbeat_interval": "--heartbeat",
+}
+
+
+def sweep_options(
+    args: argparse.Namespace, seeds: Any, overrides: list[Any], device: Any
+) -> SweepOptions:
+    """The sweep's options from the flags; an error names the flag.
+
+    Raises
+    ------
+    ValueError
+        As :class:`~bayesurl.runs.sweep.SweepOptions`, naming the flags.
+    """
+    from bayesurl.runs.sweep import SweepOptions
+
+    try:
+        return SweepOptions(
+            dataset=args.dataset,
+            preset=args.preset,
+            seeds=seeds,
+            splits=args.splits,
+            overrides=overrides,
+            device=device,
+            out=args.out,
+            default_out=DEFAULT_OUT,
+            storage=args.storage,
+            worker=args.worker,
+            tune=args.tune,
+            tune_only=args.tune_only,
+            tune_split=args.tune_split,
+            recipe_tuned=not args.untuned,
+            save_checkpoints=args.save_checkpoints,
+            progress=not args.no_progress,
+            poll=args.poll,
+            heartbeat_interval=args.heartbeat,
+        )
+    except ValueError as exc:
+        flag = re.sub(r"`(\w+)`", lambda m: f"`{FLAGS.get(m.group(1), m.group(1))}`", str(exc))
+        raise ValueError(flag) from None
 
 
 def merge(args: argparse.Namespace) -> int:
@@ -239,7 +280,7 @@ def merge(args: argparse.Namespace) -> int:
     from bayesurl.runs.results import merge_results
     from bayesurl.runs.runner import launch_rank
 
-    out = check_output_dir(args.out, "--out")
+    out = check_output_dir(args.out or DEFAULT_OUT, "--out")
     if launch_rank() != 0:  # torchrun: merging trains nothing, rank 0 does it alone
         return 0
     merged = merge_results(args.merge)
@@ -258,7 +299,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from bayesurl._checks import check_device
-    from bayesurl.runs.plan import sweep_preset
     from bayesurl.runs.sweep import run_sweep
 
     check_arguments(args)
@@ -269,28 +309,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.root is not None:
         overrides.append(("data.root", str(args.root)))
-    stored = bool(args.storage or args.worker) or sweep_preset(args.dataset, args.preset).stored
-    out = None if stored and args.out == DEFAULT_OUT else args.out
-    res = run_sweep(
-        args.methods,
-        dataset=args.dataset,
-        preset=args.preset,
-        seeds=seeds,
-        splits=args.splits,
-        overrides=overrides,
-        device=device,
-        out=out,
-        storage=args.storage,
-        worker=args.worker,
-        tune=args.tune,
-        tune_only=args.tune_only,
-        tune_split=args.tune_split,
-        recipe_tuned=not args.untuned,
-        checkpoint_dir=Path(out) / "checkpoints" if args.save_checkpoints and out else None,
-        progress=not args.no_progress,
-        poll=args.poll,
-        heartbeat_interval=args.heartbeat,
-    )
+    res = run_sweep(args.methods, sweep_options(args, seeds, overrides, device))
     if not res.main_process:  # torchrun: rank 0 reports (and alone wrote the files)
         return 1 if any(r.get("error") for r in res.runs) else 0
     if args.tune_only:

@@ -8,10 +8,11 @@ The API (ARCHITECTURE.md, "One road for every run"):
 - :func:`run` ``(cfg, *, cache=None, out=None, ...) -> RunResult``: one run
   (:mod:`bayesurl.runs.runner`); ``RunResult.to_dict()`` has ``estimator``, ``dataset``,
   ``split``, ``seed``, ``metrics``, ``settings``, ``timings``;
-- :func:`run_sweep` ``(estimators, *, dataset, preset, seeds, overrides, ...) ->
-  SweepResults``: the one sweep engine of ``bayesurl benchmark`` (:mod:`bayesurl.runs.sweep`):
-  the preset's plan of class splits x seeds (:mod:`bayesurl.runs.plan`), kept in memory or
-  in a resumable storage (:mod:`bayesurl.runs.storage`, extra ``sweep``), optional tuning
+- :func:`run_sweep` ``(estimators, SweepOptions(dataset, preset, seeds, overrides, ...))
+  -> SweepResults`` (the options also as keywords): the one sweep engine of
+  ``bayesurl benchmark`` (:mod:`bayesurl.runs.sweep`): the preset's plan of class splits x
+  seeds, each run's config resolved once (:mod:`bayesurl.runs.plan`), kept in memory or in a
+  resumable storage (:mod:`bayesurl.runs.storage`, extra ``sweep``), optional tuning
   (:mod:`bayesurl.runs.tuning`), one run function on the one pipeline
   (:mod:`bayesurl.runs.pipeline`), and the report (:mod:`bayesurl.runs.results` on one split,
   :mod:`bayesurl.runs.report` and :mod:`bayesurl.runs.aggregate` over class splits);
@@ -46,7 +47,7 @@ from bayesurl.runs.estimators import Estimator, build_estimator
 from bayesurl.runs.predict import n_samples_for, score
 from bayesurl.runs.results import SweepResults, merge_results
 from bayesurl.runs.runner import RunCache, RunResult, run
-from bayesurl.runs.sweep import run_sweep
+from bayesurl.runs.sweep import SweepOptions, run_sweep
 
 __all__ = [
     "BackboneConfig",
@@ -57,6 +58,7 @@ __all__ = [
     "RunCache",
     "RunConfig",
     "RunResult",
+    "SweepOptions",
     "SweepResults",
     "TrainConfig",
     "build_estimator",

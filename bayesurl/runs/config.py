@@ -321,8 +321,44 @@ class RunConfig:
     tuned_trained_on: list[int] | None = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-Python (JSON-ready) settings."""
+        """Plain-Python (JSON-ready) settings; :meth:`from_dict` reads them back."""
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
+        """The config of :meth:`to_dict`'s output (e.g. a run's resolved config read back
+        from a sweep storage), checked by type and range as a resolved recipe is; nothing is
+        resolved again.
+
+        Raises
+        ------
+        ValueError
+            For an unknown key or a value of the wrong type or range (naming it).
+        """
+        v = dict(values)
+        valid = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in v if k not in valid]
+        if unknown:
+            raise ValueError(
+                f"unknown key `{unknown[0]}` of a run config; valid: {', '.join(valid)}"
+            )
+        sections = {s: _build(t, v.get(s, {}), s) for s, t in _SECTIONS.items()}
+        tuned = {
+            k: None if v.get(k, []) is None else [int(c) for c in v.get(k, [])]
+            for k in ("tuned_on", "tuned_trained_on")
+        }
+        cfg = cls(
+            dataset=_check_value(v.get("dataset"), str, "dataset"),
+            **sections,
+            seed=_check_value(v.get("seed", 0), int, "seed"),
+            device=_check_value(v.get("device"), str | None, "device"),
+            preset=_check_value(v.get("preset"), str | None, "preset"),
+            base=None if v.get("base") is None else cls.from_dict(v["base"]),
+            source=_check_value(v.get("source", ""), str, "source"),
+            **tuned,
+        )
+        _validate(cfg)
+        return cfg
 
     @property
     def name(self) -> str:

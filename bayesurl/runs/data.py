@@ -141,20 +141,12 @@ def build_data(cfg: RunConfig) -> RunData:
             f"not {name!r}"
         )
     tests: dict[str, Any] = {}
+    rgb = kind is DatasetKind.POOL  # RGB images: the backbone's own statistics
     if d.class_split is not None or d.stage != "final" or kind is DatasetKind.POOL:
         zs = _class_split_sets(cfg, name)
-        dc = data_config(cfg.backbone.name, **backbone_kwargs(cfg, None))
-        channels = dc.in_chans
-        stats: dict[str, Any] = {}
-        if kind is DatasetKind.POOL:  # RGB images: the backbone's own statistics
-            stats = {"mean": dc.mean, "std": dc.std}
-        elif cfg.backbone.pretrained:
-            stats = dc.grayscale_statistics()
     elif kind is DatasetKind.UPSTREAM:
         zs, tests = _upstream(cfg)
-        bcfg = data_config(cfg.backbone.name, **backbone_kwargs(cfg, 3))
-        channels = 3
-        stats = {"mean": bcfg.mean, "std": bcfg.std}
+        rgb = True
     elif kind is DatasetKind.FOLDER:
         if d.root is None:
             how = f": {d.how_to_get}" if d.how_to_get else ""
@@ -163,9 +155,7 @@ def build_data(cfg: RunConfig) -> RunData:
         zs = bd.dml_zero_shot(name, d.root, transform=to_uint8, train_transform=to_uint8)
         zs.train = _cap(zs.train, d.max_train, d.seed)
         zs.test = _cap(zs.test, d.max_test, d.seed)
-        bcfg = data_config(cfg.backbone.name, **backbone_kwargs(cfg, 3))
-        channels = 3
-        stats = {"mean": bcfg.mean, "std": bcfg.std}
+        rgb = True
     else:
         root = d.root
         if name == "fashion_mnist" and root is None:
@@ -183,11 +173,17 @@ def build_data(cfg: RunConfig) -> RunData:
             seed=d.seed,
         )
         zs = zs.with_transform(_Keep())
-        dc = data_config(cfg.backbone.name, **backbone_kwargs(cfg, None))
-        channels = dc.in_chans
+    # the read-in sets of the upstream and folder roads are three-channel images
+    three = rgb and kind is not DatasetKind.POOL
+    dc = data_config(cfg.backbone.name, **backbone_kwargs(cfg, 3 if three else None))
+    channels = 3 if three else dc.in_chans
+    stats: dict[str, Any] = {}
+    if rgb:
+        stats = {"mean": dc.mean, "std": dc.std}
+    elif cfg.backbone.pretrained:
         # grayscale: the data set's own statistics repeated to the channels, or the pretrained
         # weights' own (averaged over their channels)
-        stats = dc.grayscale_statistics() if cfg.backbone.pretrained else {}
+        stats = dc.grayscale_statistics()
     transform = bd.default_transform(channels, **stats)
     augment = bd.default_augmentation(channels, **stats)
     if cfg.backbone.pretrained and not cfg.backbone.freeze and kind is DatasetKind.EMBEDDED:

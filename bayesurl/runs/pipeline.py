@@ -1,8 +1,9 @@
 """One run of a sweep on the one run pipeline: a recipe, a split, a seed -> a flat record.
 
-:class:`PipelineRun` loads the recipe ``<dataset>/<estimator>`` with the preset, the sweep's
-overrides, the estimator's tuned overrides, the run's seed and its class split
-(``data.class_split``, ``data.stage``), runs it with :func:`bayesurl.runs.runner.run`
+:class:`PipelineRun` takes the run's resolved config (planned by
+:func:`~bayesurl.runs.plan.plan_sweep`; resolved by :func:`~bayesurl.runs.plan.resolve_run`,
+which states the order of the recipe, preset, tuned settings and overrides, when the run carries
+none), runs it with :func:`bayesurl.runs.runner.run`
 (:func:`bayesurl.runs.data.build_data` assembles the data) and returns its record (every
 metric of the run, the mixed R-AUROC and URL's crop test included) with the training curves.
 The runs of one split share a :class:`~bayesurl.runs.runner.RunCache` (data built once, a
@@ -19,8 +20,8 @@ from typing import Any
 
 import torch
 
-from bayesurl.runs.config import load_recipe, read_recipe_file
-from bayesurl.runs.plan import SweepPreset
+from bayesurl.runs.config import RunConfig, read_recipe_file
+from bayesurl.runs.plan import SweepPreset, plain_overrides, resolve_run
 from bayesurl.runs.report import jsonable
 from bayesurl.runs.results import METRICS
 from bayesurl.runs.runner import RunCache, run
@@ -96,31 +97,39 @@ class PipelineRun:
         }
         self._cache = RunCache(keep=self._keep)
 
-    def config(self, params: Mapping[str, Any]) -> Any:
-        """The :class:`~bayesurl.runs.config.RunConfig` of the run ``params``."""
-        est = str(params["estimator"])
-        extra = list(params.get("overrides") or self.tuned.get(est, []))
-        split = (
-            [("data.class_split", dict(params["class_split"]))] if params.get("class_split") else []
+    def config(self, params: Mapping[str, Any]) -> RunConfig:
+        """The :class:`~bayesurl.runs.config.RunConfig` of the run ``params``.
+
+        A planned run carries its resolved config (``params["config"]``,
+        :func:`~bayesurl.runs.plan.plan_sweep`): it is rebuilt as it is, on this machine's
+        device. The run is resolved (:func:`~bayesurl.runs.plan.resolve_run`) when it carries
+        none (a tuning trial, a run stored by an older bayesurl) or when this machine adds
+        settings the plan did not have (its own overrides, tuned settings of its own).
+        """
+        dev = str(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        stored = params.get("config")
+        if stored is not None and not self._adds_settings(params):
+            cfg = RunConfig.from_dict(stored)
+            for c in (cfg, cfg.base):
+                if c is not None:
+                    c.device = dev
+            return cfg
+        return resolve_run(
+            self.dataset,
+            self.preset,
+            params,
+            overrides=self.overrides,
+            tuned=self.tuned,
+            recipe_tuned=self.recipe_tuned,
+            device=dev,
         )
-        dev = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        lead = [
-            o if isinstance(o, str) else (o[0], o[1]) for o in params.get("sweep_overrides", [])
-        ]
-        return load_recipe(
-            f"{self.dataset}/{est}",
-            [
-                *lead,
-                *self.overrides,
-                *extra,
-                *split,
-                ("data.stage", str(params.get("stage", "final"))),
-                ("seed", int(params["seed"])),
-                ("device", str(dev)),
-            ],
-            preset=self.preset.recipe_preset,
-            tuned=bool(params.get("recipe_tuned", self.recipe_tuned)),
-        )
+
+    def _adds_settings(self, params: Mapping[str, Any]) -> bool:
+        """Whether this machine's overrides or tuned settings change what the run planned."""
+        lead = list(params.get("sweep_overrides", []))
+        if self.overrides and plain_overrides(self.overrides) != lead:
+            return True
+        return not params.get("overrides") and bool(self.tuned.get(str(params["estimator"])))
 
     def tuned_classes(self, cfg: Any, params: Mapping[str, Any]) -> dict[str, list[int] | None]:
         """``tuned_on`` / ``tuned_trained_on`` of the run: the union over the settings it got

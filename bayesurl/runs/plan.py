@@ -28,25 +28,31 @@ sizes, training length) and, in its ``sweep`` table, the plan:
     workers on other machines can join.
 
 :func:`plan_runs` lists the runs (split-major, so a worker finishes a split's data before the
-next one).
+next one); :func:`plan_sweep` adds what each run is run with, its resolved
+:class:`~bayesurl.runs.config.RunConfig` included (:func:`resolve_run` states the order in
+which the recipe, the preset, the tuned settings and the overrides apply). A stored sweep keeps
+that config with the run, so a worker rebuilds it (:meth:`RunConfig.from_dict
+<bayesurl.runs.config.RunConfig.from_dict>`) instead of reading the recipe again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from bayesurl.data.class_splits import ClassSplit, class_splits, crossfit_splits
-from bayesurl.runs.config import read_recipe_file
+from bayesurl.runs.config import RunConfig, load_recipe, read_recipe_file
 
 __all__ = [
     "SweepPreset",
     "SweepStore",
     "plan_runs",
+    "plan_sweep",
     "preset_splits",
     "resolve_estimators",
+    "resolve_run",
     "run_label",
     "smoke_notice",
     "sweep_preset",
@@ -267,6 +273,120 @@ def plan_runs(
         for e in estimators
         for s in preset.seeds
     ]
+
+
+Override = str | tuple[str, Any]
+
+
+def plain_overrides(overrides: Iterable[Override | Sequence[Any]]) -> list[Any]:
+    """``"key=value"`` strings and ``[key, value]`` pairs (JSON-able, as a storage keeps them)."""
+    return [o if isinstance(o, str) else [o[0], o[1]] for o in overrides]
+
+
+def resolve_run(
+    dataset: str,
+    preset: SweepPreset,
+    params: Mapping[str, Any],
+    *,
+    overrides: Iterable[Override] = (),
+    tuned: Mapping[str, Sequence[str]] | None = None,
+    recipe_tuned: bool = True,
+    device: str | None = None,
+) -> RunConfig:
+    """The :class:`~bayesurl.runs.config.RunConfig` of the run ``params``.
+
+    The one statement of the order in which a run's settings apply (a later one wins):
+
+    1. the recipe file's tables (``[data]``, ``[backbone]``, ``[train]``, ``[eval]``, ``seed``);
+    2. the preset's run settings (``[presets.<preset.recipe_preset>.<section>]``);
+    3. the estimator's own table (``[estimators.<name>]``);
+    4. the preset's committed tuned settings (``[presets.<name>.tuned]``, the set the run's
+       class split picks), when the run's ``recipe_tuned`` (else ``recipe_tuned``) is true;
+    5. the sweep's ``--set`` overrides: the planning machine's (``params["sweep_overrides"]``),
+       then this machine's own (``overrides``, e.g. a worker's local cache path);
+    6. the settings of this sweep's own search: ``params["overrides"]``, else
+       ``tuned[estimator]``;
+    7. the run itself: its class split and stage (``data.class_split``, ``data.stage``), its
+       ``seed`` and the ``device``.
+
+    ``estimator.*`` keys of 5 and 6 change only the named estimator, the others also its
+    post-hoc base (:func:`~bayesurl.runs.config.load_recipe`).
+
+    Parameters
+    ----------
+    dataset : str
+        Recipe file.
+    preset : SweepPreset
+        The plan; its ``recipe_preset`` names the run settings.
+    params : mapping
+        The run (:func:`plan_sweep`): ``estimator``, ``seed``, and optionally ``class_split``,
+        ``stage``, ``sweep_overrides``, ``overrides``, ``recipe_tuned``.
+    overrides, tuned, recipe_tuned, device
+        This machine's own overrides, the sweep's tuned settings per estimator, the default
+        of ``recipe_tuned``, the device (``None``: left to the recipe).
+
+    Raises
+    ------
+    ValueError
+        As :func:`~bayesurl.runs.config.load_recipe` (unknown keys, values of the wrong type,
+        no tuned set for the run's class split).
+    """
+    est = str(params["estimator"])
+    own = list(params.get("overrides") or (tuned or {}).get(est, []))
+    lead = [o if isinstance(o, str) else (o[0], o[1]) for o in params.get("sweep_overrides", [])]
+    cs = params.get("class_split")
+    run = [("data.class_split", dict(cs))] if cs else []
+    run.append(("data.stage", str(params.get("stage", "final"))))
+    if params.get("seed") is not None:
+        run.append(("seed", int(params["seed"])))
+    if device is not None:
+        run.append(("device", str(device)))
+    return load_recipe(
+        f"{dataset}/{est}",
+        [*lead, *overrides, *own, *run],
+        preset=preset.recipe_preset,
+        tuned=bool(params.get("recipe_tuned", recipe_tuned)),
+    )
+
+
+def plan_sweep(
+    dataset: str,
+    estimators: Sequence[str],
+    preset: SweepPreset,
+    *,
+    overrides: Iterable[Override] = (),
+    tuned: Mapping[str, Sequence[str]] | None = None,
+    tuned_classes: Mapping[str, tuple[Any, Any]] | None = None,
+    recipe_tuned: bool = True,
+    device: str | None = None,
+    resolve: bool = True,
+) -> list[dict[str, Any]]:
+    """The runs of :func:`plan_runs`, each with what it is run with.
+
+    Each run also holds ``overrides`` (the settings this sweep's search chose for its
+    estimator, with their ``tuned_on`` / ``tuned_trained_on`` classes), ``sweep_overrides``
+    (this machine's ``overrides``: every worker runs with them), ``recipe_tuned`` and, with
+    ``resolve``, ``config``: the run's resolved config (:func:`resolve_run`) as
+    :meth:`RunConfig.to_dict <bayesurl.runs.config.RunConfig.to_dict>` gives it, so every
+    recipe, preset and override is checked for every run before anything trains.
+
+    Raises
+    ------
+    ValueError
+        If ``estimators`` is empty, or as :func:`resolve_run`.
+    """
+    runs = plan_runs(estimators, preset)
+    shared = plain_overrides(overrides)
+    for r in runs:
+        r["overrides"] = list((tuned or {}).get(r["estimator"], []))
+        if r["overrides"]:  # settings of this sweep's own search: its classes
+            on, trained = (tuned_classes or {}).get(r["estimator"], (None, None))
+            r["tuned_on"], r["tuned_trained_on"] = on, trained
+        r["sweep_overrides"] = shared
+        r["recipe_tuned"] = bool(recipe_tuned)
+        if resolve:
+            r["config"] = resolve_run(dataset, preset, r, device=device).to_dict()
+    return runs
 
 
 def run_label(params: dict[str, Any]) -> str:

@@ -6,8 +6,11 @@ A sweep is every (class split, estimator, seed) run of a preset
 that ``bayesurl run`` makes, so a row equals the single run of the same estimator, data and
 seed. :func:`run_sweep`
 
-1. reads the preset's plan (``[presets.<name>.sweep]``: splits, seeds, storage);
-2. optionally tunes every estimator first (``tune=N``, :mod:`bayesurl.runs.tuning`);
+1. reads the preset's plan (``[presets.<name>.sweep]``: splits, seeds, storage) and resolves
+   every run's config once (:func:`bayesurl.runs.plan.plan_sweep`; the options are a
+   :class:`SweepOptions`);
+2. optionally tunes every estimator first (``tune=N``, :mod:`bayesurl.runs.tuning`; the runs
+   are then planned again with the chosen settings);
 3. keeps the runs in memory (:class:`MemoryStore`) or in an Optuna RDB storage
    (:class:`~bayesurl.runs.storage.SweepStorage`: SQLite ``<out>/sweep.db`` or any SQLAlchemy
    URL; workers on other machines join with ``worker=True``; a killed sweep resumes) and works
@@ -34,7 +37,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +45,11 @@ import torch
 
 from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.files import write_json
-from bayesurl.runs.config import load_recipe, read_recipe_file, tuned_sets
+from bayesurl.runs.config import RunConfig, read_recipe_file, tuned_sets
 from bayesurl.runs.pipeline import PipelineRun
 from bayesurl.runs.plan import (
     SweepPreset,
-    plan_runs,
+    plan_sweep,
     preset_splits,
     resolve_estimators,
     run_label,
@@ -66,6 +69,7 @@ from bayesurl.runs.tuning import load_tuned, load_tuned_classes, tune_estimators
 
 __all__ = [
     "MemoryStore",
+    "SweepOptions",
     "follow",
     "lead",
     "refuse_under_torchrun",
@@ -232,37 +236,12 @@ def follow(fn: RunFn) -> int:
 
 
 # --------------------------------------------------------------------------- the engine
-def run_sweep(
-    estimators: str | Iterable[str] | None = None,
-    *,
-    dataset: str = "fashion_mnist",
-    preset: str | SweepPreset | None = "quick",
-    seeds: int | Sequence[int] | None = None,
-    splits: int | None = None,
-    overrides: Iterable[str | tuple[str, Any]] = (),
-    device: str | torch.device | None = None,
-    out: str | os.PathLike[str] | None = None,
-    storage: str | None = None,
-    worker: bool = False,
-    tune: int = 0,
-    tune_only: bool = False,
-    tune_split: int = 0,
-    recipe_tuned: bool = True,
-    run_fn: RunFn | None = None,
-    checkpoint_dir: str | os.PathLike[str] | None = None,
-    progress: bool = True,
-    raise_errors: bool = False,
-    poll: float = 10.0,
-    heartbeat_interval: int = 30,
-    plan_timeout: float = 3600.0,
-    log: Callable[[str], None] = print,
-) -> SweepResults:
-    """Run (or join) the sweep of ``preset`` over ``estimators``; see the module docs.
+@dataclass(frozen=True)
+class SweepOptions:
+    """How :func:`run_sweep` runs a sweep (checked once, here).
 
     Parameters
     ----------
-    estimators : str, iterable of str or None
-        Estimator tables of the recipe file (``None``: all of them; ignored by a ``worker``).
     dataset : str
         Recipe file (``"fashion_mnist"`` ...).
     preset : str, SweepPreset or None
@@ -272,20 +251,24 @@ def run_sweep(
         Training seeds instead of the preset's (an int ``n`` means ``range(n)``).
     splits : int, optional
         Class splits instead of the preset's (``0``: the standard zero-shot split).
-    overrides : iterable
-        ``"section.key=value"`` overrides applied to every run.
+    overrides : sequence
+        ``"section.key=value"`` overrides applied to every run
+        (:func:`~bayesurl.runs.plan.resolve_run` states where they come in).
     device : str or torch.device, optional
         Default: CUDA if available, else CPU (under torchrun ``cuda:LOCAL_RANK``).
     out : path-like, optional
         Results folder (with each run's per-query record ``queries/<run>.npz``,
-        :mod:`bayesurl.runs.queries`); a stored sweep defaults to
-        ``results/benchmark/<preset>``.
+        :mod:`bayesurl.runs.queries`); ``None``: a stored sweep writes to
+        ``results/benchmark/<preset>``, an in-memory one to ``default_out``.
+    default_out : path-like, optional
+        Where an in-memory sweep writes when ``out`` is ``None`` (``None``: nowhere).
     storage : str, optional
         SQLAlchemy URL of a sweep storage (default of a stored preset:
         ``sqlite:///<out>/sweep.db``); giving one stores any preset's runs.
     worker : bool
         Only work on the runs already in the storage (no tuning, no planning). Each run
-        carries the planning machine's ``overrides``; the worker's own apply after them.
+        carries the planning machine's resolved config; the worker's own overrides apply on
+        top (the run is then resolved again).
     tune : int
         Optuna trials per estimator before the sweep (0: reuse ``<out>/tuned.json``).
     tune_only : bool
@@ -299,10 +282,10 @@ def run_sweep(
         Apply the tuned settings the recipe commits for the preset
         (``[presets.<name>.tuned]``); ``False`` runs the recipe's defaults (stored with each
         planned run, so the workers follow the lead).
-    run_fn : callable, optional
-        ``run_fn(params) -> record``; default :class:`~bayesurl.runs.pipeline.PipelineRun`.
     checkpoint_dir : path-like, optional
         Keep each run's checkpoint in ``checkpoint_dir/<estimator>[_split<k>]_s<seed>/``.
+    save_checkpoints : bool
+        Keep them in ``<out>/checkpoints`` (when ``checkpoint_dir`` is not given).
     progress : bool
         One line per finished run.
     raise_errors : bool
@@ -310,6 +293,83 @@ def run_sweep(
     poll, heartbeat_interval, plan_timeout
         Of a stored sweep: seconds between looks while waiting for other workers, between a
         running run's heartbeats, and how long a ``worker`` waits for the plan.
+
+    Raises
+    ------
+    ValueError
+        For ``tune`` < 0, ``tune`` with ``worker``, ``tune_only`` without ``tune``,
+        ``tune_split`` < 0, ``poll`` <= 0 or ``heartbeat_interval`` < 1 (naming the
+        argument).
+    """
+
+    dataset: str = "fashion_mnist"
+    preset: str | SweepPreset | None = "quick"
+    seeds: int | Sequence[int] | None = None
+    splits: int | None = None
+    overrides: Sequence[str | tuple[str, Any]] = ()
+    device: str | torch.device | None = None
+    out: str | os.PathLike[str] | None = None
+    default_out: str | os.PathLike[str] | None = None
+    storage: str | None = None
+    worker: bool = False
+    tune: int = 0
+    tune_only: bool = False
+    tune_split: int = 0
+    recipe_tuned: bool = True
+    checkpoint_dir: str | os.PathLike[str] | None = None
+    save_checkpoints: bool = False
+    progress: bool = True
+    raise_errors: bool = False
+    poll: float = 10.0
+    heartbeat_interval: int = 30
+    plan_timeout: float = 3600.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "overrides", tuple(self.overrides))
+        if self.tune < 0:
+            raise ValueError(f"`tune` must be >= 0, got {self.tune}")
+        if self.worker and self.tune:
+            raise ValueError("`tune` runs on the first machine only; drop it with `worker`")
+        if self.tune_only and not self.tune:
+            raise ValueError("`tune_only` needs `tune` > 0 and no `worker`")
+        if self.tune_split < 0:
+            raise ValueError(f"`tune_split` must be >= 0, got {self.tune_split}")
+        if not self.poll > 0:
+            raise ValueError(f"`poll` must be > 0 seconds, got {self.poll}")
+        if self.heartbeat_interval < 1:
+            raise ValueError(
+                f"`heartbeat_interval` must be >= 1 second, got {self.heartbeat_interval}"
+            )
+
+    def folder(self, plan: SweepPreset) -> Path | None:
+        """The results folder of a sweep of ``plan``."""
+        if self.out is not None:
+            return Path(self.out)
+        if plan.stored:
+            return Path("results") / "benchmark" / plan.name
+        return None if self.default_out is None else Path(self.default_out)
+
+
+def run_sweep(
+    estimators: str | Iterable[str] | None = None,
+    options: SweepOptions | None = None,
+    *,
+    run_fn: RunFn | None = None,
+    log: Callable[[str], None] = print,
+    **settings: Any,
+) -> SweepResults:
+    """Run (or join) the sweep of ``options.preset`` over ``estimators``; see the module docs.
+
+    Parameters
+    ----------
+    estimators : str, iterable of str or None
+        Estimator tables of the recipe file (``None``: all of them; ignored by a ``worker``).
+    options : SweepOptions, optional
+        How to run it; ``settings`` (any :class:`SweepOptions` field as a keyword, e.g.
+        ``run_sweep("ce", preset="quick", seeds=2)``) replace its fields.
+    run_fn : callable, optional
+        ``run_fn(params) -> record``; default :class:`~bayesurl.runs.pipeline.PipelineRun`
+        (the run function gives the names their meaning: nothing is resolved).
     log : callable
         Progress output (rank 0 only).
 
@@ -323,81 +383,39 @@ def run_sweep(
     Raises
     ------
     ValueError
-        For an unknown estimator / preset / override key, empty or negative seeds (checked
-        for every estimator before anything trains); under ``torchrun``, for ``worker``,
-        ``tune`` or estimators whose fit is not distributed (all named in one error);
-        ``tune_only`` without ``tune`` or with ``worker``.
+        As :class:`SweepOptions`; for an unknown estimator / preset / override key, empty or
+        negative seeds (every run is resolved before anything trains); under ``torchrun``,
+        for ``worker``, ``tune`` or estimators whose fit is not distributed (all named in one
+        error).
     RuntimeError
         Under ``torchrun``, when a run failed on some ranks only.
     """
-    refuse_under_torchrun(worker=worker, tune=tune)
-    if tune_only and (tune < 1 or worker):
-        raise ValueError("`tune_only` needs `tune` > 0 and no `worker`")
+    opts = options or SweepOptions(**settings)
+    if options is not None and settings:
+        opts = replace(options, **settings)
+    refuse_under_torchrun(worker=opts.worker, tune=opts.tune)
+    stored = bool(opts.storage or opts.worker)
     plan = resolve_preset(
-        dataset, preset, seeds=seeds, splits=splits, stored=bool(storage or worker)
+        opts.dataset, opts.preset, seeds=opts.seeds, splits=opts.splits, stored=stored
     )
-    overrides = list(overrides)
-    dev = resolve_device(device)
-    if run_fn is None:  # every recipe, preset and override checked before anything trains
-        names = [] if worker else resolve_estimators(estimators, dataset)
-        # one split per validation set: each run's tuned settings must exist for its split
-        firsts = {sp.val: sp for sp in preset_splits(plan)}
-        checks: list[list[Any]] = [[("data.class_split", sp.to_dict())] for sp in firsts.values()]
-        cfgs = [
-            load_recipe(
-                f"{dataset}/{n}",
-                [*overrides, *check, ("device", str(dev))],
-                preset=plan.recipe_preset,
-                tuned=recipe_tuned,
-            )
-            for n in names
-            for check in checks or [[]]
-        ]
-    else:  # the run function gives the names their meaning
-        names = [] if worker else _names(estimators)
-        cfgs = []
-    asked = None if device is None else str(dev)
+    folder, dev = opts.folder(plan), resolve_device(opts.device)
+    if opts.worker:
+        names: list[str] = []
+    else:
+        names = _names(estimators) if run_fn else resolve_estimators(estimators, opts.dataset)
+    # every run resolved (recipe, preset, tuned set, overrides) before anything trains
+    tuned = {} if opts.tune else _earlier_tuned(folder)
+    runs = [] if opts.worker else _planned(opts, plan, folder, names, tuned, dev, run_fn is None)
+    cfgs = []
+    if under_torchrun():  # the estimators' kinds decide whether they may run distributed
+        firsts = {r["estimator"]: r["config"] for r in runs if "config" in r}
+        cfgs = [RunConfig.from_dict(c) for c in firsts.values()]
+    asked = None if opts.device is None else str(dev)
     with torchrun_group(cfgs, asked, argument="estimators") as rank_device:
         if rank_device is not None:  # torchrun: cuda:LOCAL_RANK
             dev = rank_device
-        sweep = _Sweep(
-            names=names,
-            plan=plan,
-            dataset=dataset,
-            overrides=overrides,
-            device=dev,
-            out=out,
-            storage=storage,
-            worker=worker,
-            log=log,
-            progress=progress,
-            recipe_tuned=recipe_tuned,
-        )
-
-        def factory(tuned: Mapping[str, Sequence[str]]) -> RunFn:
-            if run_fn is not None:
-                return run_fn
-            return PipelineRun(
-                dataset=dataset,
-                preset=plan,
-                overrides=overrides,
-                tuned=tuned,
-                recipe_tuned=recipe_tuned,
-                device=dev,
-                checkpoint_dir=checkpoint_dir,
-                queries_dir=None if sweep.folder is None else sweep.folder / "queries",
-                raise_errors=raise_errors,
-            )
-
-        return sweep.go(
-            factory,
-            tune=tune,
-            tune_only=tune_only,
-            tune_split=tune_split,
-            poll=poll,
-            heartbeat_interval=heartbeat_interval,
-            plan_timeout=plan_timeout,
-        )
+        sweep = _Sweep(opts, plan, folder, dev, log, run_fn)
+        return sweep.go(names, runs, tuned)
 
 
 def _names(estimators: str | Iterable[str] | None) -> list[str]:
@@ -445,100 +463,103 @@ def resolve_preset(
     return SweepPreset(**{**asdict(plan), **changes}) if changes else plan
 
 
+def _earlier_tuned(folder: Path | None) -> dict[str, list[str]]:
+    """The settings an earlier ``tune`` of ``folder`` chose (``{}``: none)."""
+    return {} if folder is None else load_tuned(folder)
+
+
+def _planned(
+    opts: SweepOptions,
+    plan: SweepPreset,
+    folder: Path | None,
+    names: list[str],
+    tuned: Mapping[str, Sequence[str]],
+    device: torch.device,
+    resolve: bool,
+) -> list[dict[str, Any]]:
+    """The runs of the sweep with their resolved configs (:func:`plan_sweep`)."""
+    return plan_sweep(
+        opts.dataset,
+        names,
+        plan,
+        overrides=opts.overrides,
+        tuned=tuned,
+        tuned_classes={} if folder is None else load_tuned_classes(folder),
+        recipe_tuned=opts.recipe_tuned,
+        device=str(device),
+        resolve=resolve,
+    )
+
+
 class _Sweep:
     """One sweep's state: its plan, store and output (the steps of :func:`run_sweep`)."""
 
     def __init__(
         self,
-        *,
-        names: list[str],
+        opts: SweepOptions,
         plan: SweepPreset,
-        dataset: str,
-        overrides: list[Any],
+        folder: Path | None,
         device: torch.device,
-        out: str | os.PathLike[str] | None,
-        storage: str | None,
-        worker: bool,
         log: Callable[[str], None],
-        progress: bool,
-        recipe_tuned: bool = True,
+        run_fn: RunFn | None,
     ) -> None:
         from bayesurl.distributed import is_main_process
 
-        self.names, self.plan, self.dataset = names, plan, dataset
-        self.overrides, self.device, self.storage, self.worker = overrides, device, storage, worker
-        if out is None and plan.stored:
-            out = Path("results") / "benchmark" / plan.name
-        self.folder = None if out is None else Path(out)
+        self.opts, self.plan, self.folder, self.device = opts, plan, folder, device
+        self.given_fn = run_fn
         self.main = is_main_process()
         self.distributed = under_torchrun()
         self.log = log if self.main else (lambda text: None)
-        self.progress = progress
-        self.recipe_tuned = recipe_tuned
         self.t0 = time.perf_counter()
 
+    def factory(self, tuned: Mapping[str, Sequence[str]]) -> RunFn:
+        """The run function: the given one, or the pipeline with the sweep's tuned settings."""
+        if self.given_fn is not None:
+            return self.given_fn
+        opts, folder = self.opts, self.folder
+        ckpt = opts.checkpoint_dir
+        if ckpt is None and opts.save_checkpoints and folder is not None:
+            ckpt = folder / "checkpoints"
+        return PipelineRun(
+            dataset=opts.dataset,
+            preset=self.plan,
+            overrides=opts.overrides,
+            tuned=tuned,
+            recipe_tuned=opts.recipe_tuned,
+            device=self.device,
+            checkpoint_dir=ckpt,
+            queries_dir=None if folder is None else folder / "queries",
+            raise_errors=opts.raise_errors,
+        )
+
     def go(
-        self,
-        factory: Callable[[Mapping[str, Sequence[str]]], RunFn],
-        *,
-        tune: int,
-        tune_only: bool,
-        poll: float,
-        tune_split: int = 0,
-        heartbeat_interval: int,
-        plan_timeout: float,
+        self, names: list[str], runs: list[dict[str, Any]], tuned: Mapping[str, Sequence[str]]
     ) -> SweepResults:
-        """Tune, plan, work and report (``tune_only``: tune and stop)."""
-        tuned = {} if tune or self.folder is None else load_tuned(self.folder)
+        """Tune, store the planned ``runs``, work and report (``tune_only``: tune and stop)."""
+        opts, factory = self.opts, self.factory
         if self.plan.stored and self.distributed and not self.main:
             done = follow(factory(tuned))
             return self._result([], {}, None, done, {})
         notice = smoke_notice(self.plan)
         if notice:
             self.log(notice)
-        store = self.open_store(heartbeat_interval)
+        store = self.open_store()
         fn = factory(tuned)
-        if tune and not self.worker:
-            splits = preset_splits(self.plan) or preset_splits(
-                SweepPreset("tune", splits=1, classes=self.plan.classes)
-            )
-            if not 0 <= int(tune_split) < len(splits):
-                raise ValueError(
-                    f"`tune_split` must be in [0, {len(splits) - 1}], got {tune_split}"
-                )
-            chosen = tune_estimators(
-                self.names,
-                tune,
-                fn,
-                store,
-                split=splits[int(tune_split)],
-                out=self.folder,
-                tables=read_recipe_file(self.dataset)["estimators"],
-                preset=self.plan.recipe_preset,
-                log=self.log,
-            )
-            tuned = {k: v["overrides"] for k, v in chosen.items()}
-            if tune_only:
+        if opts.tune:
+            chosen = self.tune(names, fn, store)
+            if opts.tune_only:
                 settings = {"preset": self.plan.name, "tuned": chosen}
                 written = {} if self.folder is None else {
                     f: self.folder / f for f in ("tuned.json", "tuned.toml")
                 }  # fmt: skip
                 return self._result([], settings, None, 0, written)
+            tuned = {k: v["overrides"] for k, v in chosen.items()}
             fn = factory(tuned)
-        if self.worker:
-            self.wait_for_plan(store, poll, plan_timeout)
+            resolve = self.given_fn is None
+            runs = _planned(opts, self.plan, self.folder, names, tuned, self.device, resolve)
+        if opts.worker:
+            self.wait_for_plan(store)
         else:
-            runs = plan_runs(self.names, self.plan)
-            shared = [o if isinstance(o, str) else [o[0], o[1]] for o in self.overrides]
-            classes = {} if self.folder is None else load_tuned_classes(self.folder)
-            for r in runs:
-                r["overrides"] = list(tuned.get(r["estimator"], []))
-                if r["overrides"]:  # settings of this sweep's own search: its classes
-                    on, trained = classes.get(r["estimator"], (None, None))
-                    r["tuned_on"], r["tuned_trained_on"] = on, trained
-                # every worker runs with the lead's --set (then its own, e.g. a local path)
-                r["sweep_overrides"] = shared
-                r["recipe_tuned"] = self.recipe_tuned
             added = store.add_runs(runs)
             if self.plan.stored:
                 self.log(
@@ -555,27 +576,47 @@ class _Sweep:
             # a stored sweep under torchrun does not wait for runs elsewhere: the other ranks
             # would wait in a collective
             done = store.work(
-                work_fn, wait=not self.distributed, poll=poll, on_done=self.on_done(store)
+                work_fn, wait=not self.distributed, poll=opts.poll, on_done=self.on_done(store)
             )
         finally:
             if self.plan.stored and self.distributed:
                 _broadcast(None)  # rank 0 releases the other ranks
         return self.report(store, done, getattr(fn, "info", {}))
 
-    def open_store(self, heartbeat_interval: int) -> Any:
+    def tune(self, names: list[str], fn: RunFn, store: Any) -> dict[str, Any]:
+        """Tune every estimator on the split ``tune_split``; the chosen settings."""
+        splits = preset_splits(self.plan) or preset_splits(
+            SweepPreset("tune", splits=1, classes=self.plan.classes)
+        )
+        k = int(self.opts.tune_split)
+        if not 0 <= k < len(splits):
+            raise ValueError(f"`tune_split` must be in [0, {len(splits) - 1}], got {k}")
+        return tune_estimators(
+            names,
+            self.opts.tune,
+            fn,
+            store,
+            split=splits[k],
+            out=self.folder,
+            tables=read_recipe_file(self.opts.dataset)["estimators"],
+            preset=self.plan.recipe_preset,
+            log=self.log,
+        )
+
+    def open_store(self) -> Any:
         """The storage of a stored sweep, or a :class:`MemoryStore`."""
         if not self.plan.stored:
             return MemoryStore()
         assert self.folder is not None
         self.folder.mkdir(parents=True, exist_ok=True)
         return SweepStorage(
-            self.storage,
+            self.opts.storage,
             out=self.folder,
             sweep=self.plan.name,
-            heartbeat_interval=heartbeat_interval,
+            heartbeat_interval=self.opts.heartbeat_interval,
         )
 
-    def wait_for_plan(self, store: Any, poll: float, plan_timeout: float) -> None:
+    def wait_for_plan(self, store: Any) -> None:
         """A worker waits for the first machine to enqueue the plan (it may still be tuning)."""
         others = store.other_sweeps() if store.status()["total"] == 0 else []
         if others:
@@ -583,6 +624,7 @@ class _Sweep:
                 f"the storage {store.url} holds no runs of sweep {self.plan.name!r} but runs of "
                 f"{', '.join(repr(o) for o in others)}: give the lead's --preset (and --dataset)"
             )
+        poll, plan_timeout = self.opts.poll, self.opts.plan_timeout
         waited = 0.0
         while store.status()["total"] == 0 and waited < plan_timeout:
             time.sleep(poll)
@@ -606,7 +648,7 @@ class _Sweep:
                     "runs": store.records(),
                 }
                 write_json(self.folder / "partial_runs.json", jsonable(so_far))
-            if not (self.progress or self.plan.stored):
+            if not (self.opts.progress or self.plan.stored):
                 return
             st = store.status()
             head = f"[{st['complete'] + st['failed']}/{st['total']}] {run_label(params)}"
@@ -661,13 +703,13 @@ class _Sweep:
         """What the sweep ran with: preset, plan, data, device, versions, times."""
         from bayesurl.distributed import get_world_size
 
-        p = self.plan
+        p, opts, recipe = self.plan, self.opts, self.opts.dataset
         return {
-            "dataset": info.get("dataset", self.dataset),
-            "recipe": self.dataset,
+            "dataset": info.get("dataset", recipe),
+            "recipe": recipe,
             "preset": p.name,
             "plan": {**asdict(p), "storage": p.storage.value},
-            "overrides": [o if isinstance(o, str) else f"{o[0]}={o[1]!r}" for o in self.overrides],
+            "overrides": [o if isinstance(o, str) else f"{o[0]}={o[1]!r}" for o in opts.overrides],
             "estimators": list(dict.fromkeys(r.get("estimator", r.get("method")) for r in records))
             or self.names,
             "seeds": list(p.seeds),
@@ -682,14 +724,14 @@ class _Sweep:
                     "trained_on": t.trained_on,
                     "settings": t.table,
                 }
-                for t in tuned_sets(read_recipe_file(self.dataset), p.recipe_preset, self.dataset)
+                for t in tuned_sets(read_recipe_file(recipe), p.recipe_preset, recipe)
             ]
-            if self.recipe_tuned
+            if opts.recipe_tuned
             else [],
-            "recipe_tuned_applied": self.recipe_tuned,
+            "recipe_tuned_applied": opts.recipe_tuned,
             "storage": None
             if not p.stored
-            else (store.url if self.storage else f"sqlite:///{self.folder.name}/sweep.db"),
+            else (store.url if opts.storage else f"sqlite:///{self.folder.name}/sweep.db"),
             "failed_attempts": store.failures(),
             "device": str(self.device),
             "world_size": get_world_size(),

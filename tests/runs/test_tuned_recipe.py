@@ -232,14 +232,14 @@ def test_benchmark_untuned_reaches_the_sweep(monkeypatch, tmp_path):
 
     seen = {}
 
-    def fake(*args, **kwargs):
-        seen.update(kwargs)
+    def fake(estimators, options, **kwargs):
+        seen["options"] = options
         raise SystemExit(0)
 
     monkeypatch.setattr(sweep, "run_sweep", fake)
     with pytest.raises(SystemExit):
         main(["benchmark", "--preset", "smoke", "--untuned", "--out", str(tmp_path)])
-    assert seen["recipe_tuned"] is False
+    assert seen["options"].recipe_tuned is False
     with pytest.raises(SystemExit):
         main(["benchmark", "--preset", "smoke", "--out", str(tmp_path)])
-    assert seen["recipe_tuned"] is True
+    assert seen["options"].recipe_tuned is True
