@@ -19,7 +19,7 @@ finished runs in ``partial_runs.json``; ``--interim`` first writes the results o
 splits on which every estimator has finished into ``FOLDER/interim`` and reports those.
 Usage (repository root)::
 
-    python tools/protocol_report.py results/benchmark/standard
+    python tools/protocol_report.py results/sweeps/standard
     python tools/protocol_report.py results/pretrained/protocol --interim
     python tools/protocol_report.py results/pretrained/protocol_tuned --interim \
         --name pretrained_tuned   # NAME: the docs files (default: the preset)
