@@ -1,4 +1,4 @@
-"""Issue 15 regressions of ``evaluate``: arguments are named, half precision works."""
+"""Regressions of ``evaluate``: arguments are named, half precision works."""
 
 from __future__ import annotations
 

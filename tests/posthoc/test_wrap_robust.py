@@ -1,4 +1,4 @@
-"""Issue 15 regressions for the post-hoc wrappers: the embedding width comes from what the
+"""Regressions for the post-hoc wrappers: the embedding width comes from what the
 encoder returns (a timm classifier included), a fit that could not train raises, and a
 wrapper that was never fitted refuses to predict."""
 

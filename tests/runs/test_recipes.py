@@ -51,11 +51,11 @@ def test_every_dataset_and_estimator_table_resolves():
 
 
 def test_no_recipe_stubs_left():
-    for folder in (REPO / "recipes").iterdir():
+    for folder in (REPO / "examples").iterdir():
         if folder.is_dir() and folder.name != "controlled":
             assert not list(folder.glob("*.py")), folder
     # LAM Table 2 is the recipe fashion_mnist_closed.toml, not a script of its own
-    assert not (REPO / "recipes" / "fashion_mnist").exists()
+    assert not (REPO / "examples" / "fashion_mnist").exists()
     assert not (REPO / "bayesurl" / "experiments" / "lam_table2.py").exists()
     assert not (REPO / "bayesurl" / "recipes.py").exists()
     assert sorted(p.stem for p in RECIPE_DIR.glob("*.toml")) == sorted(list_recipes())
