@@ -196,8 +196,8 @@ def stochman_comparison(
 
     The reference applies no margin (every negative counts), so ours runs with a margin of
     10. For arccos ``positive``/``full`` the reference combines its blocks as
-    ``m11 - 2 m12 + m22`` (docs/concepts/fidelity.rst); the last column compares it with our blocks in
-    that combination (``2 * fixed - full``), showing that the sign is the only difference.
+    ``m11 - 2 m12 + m22`` (docs/concepts/fidelity.rst); the last column compares it with our
+    blocks in that combination (``2 * fixed - full``), showing that the sign is the only difference.
     """
     sys.path.insert(0, str(path))
     from stochman import nnj

@@ -630,8 +630,7 @@ def main() -> None:
     ap.add_argument(
         "--name",
         default=None,
-        help="name of the docs files (_NAME_results.inc, _NAME_verdict.inc); default: "
-        "the preset",
+        help="name of the docs files (_NAME_results.inc, _NAME_verdict.inc); default: the preset",
     )
     ap.add_argument(
         "--against",

@@ -174,7 +174,7 @@ def test_sample_triplets_shapes_and_uniform_negatives():
 
 
 def test_vmf_kappa_gradient_finite_in_2d_float32():
-    """Regression: float32 Beta draws at w = +-1 used to give NaN kappa gradients in D = 2."""
+    """float32 Beta draws at w = +-1 must not give NaN kappa gradients in D = 2."""
     g = torch.Generator().manual_seed(0)
     mu = F.normalize(torch.randn(256, 2, generator=g), dim=-1).requires_grad_()
     kappa = torch.full((256,), 20.0, requires_grad=True)
