@@ -1,4 +1,4 @@
-"""Recipes as data (issue 12): every dataset x estimator table of the TOML files resolves to a
+"""Recipes as data: every dataset x estimator table of the TOML files resolves to a
 typed config; ``bayesurl run <dataset>/<estimator>`` trains, checkpoints and evaluates; bad
 keys, values, names and missing data roots fail with a message naming them (exit status 2).
 
@@ -23,7 +23,7 @@ from bayesurl.runs.plan import preset_splits, sweep_preset
 REPO = Path(__file__).resolve().parents[2]
 FOLDER_DATASETS = ["cub", "cars", "sop"]
 FMNIST = list_recipes()["fashion_mnist"]
-# a smaller smoke than the preset keeps the file well under a minute on 2 cores
+# a smaller smoke than the preset keeps the file under a minute on a small CPU
 SMALL = ["--preset", "smoke", "--set", "data.max_train=96", "--set", "data.max_test=60"]
 SMALL += ["--set", "train.batch_size=32", "--no-progress"]
 
