@@ -13,7 +13,7 @@ sizes, training length and plan (``[presets.<name>.sweep]``: class splits, seeds
   (:mod:`bayesurl.report`) to ``--out``. ``--merge`` joins such results made separately
   (e.g. one seed each).
 * ``--preset standard``: 4 class splits in an Optuna RDB storage
-  (``results/benchmark/standard/sweep.db``): killed and started again it goes on where it
+  (``results/sweeps/standard/sweep.db``): killed and started again it goes on where it
   stopped; ``--storage URL`` on several machines, the further ones with ``--worker``;
   ``--tune N`` first runs N Optuna trials per estimator on the validation classes
   (``--tune-only``: and stops; ``OUT/tuned.toml`` is the ``[presets.<name>.tuned]`` table
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "train and evaluate every estimator on the same zero-shot data; print one table"
 
-#: Default ``--out`` of an in-memory sweep; a stored one writes to ``results/benchmark/<preset>``
+#: Default ``--out`` of an in-memory sweep; a stored one writes to ``results/sweeps/<preset>``
 #: unless ``--out`` is given.
 DEFAULT_OUT = "runs/benchmark"
 

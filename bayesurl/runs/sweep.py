@@ -279,7 +279,7 @@ def run_sweep(
     out : path-like, optional
         Results folder (with each run's per-query record ``queries/<run>.npz``,
         :mod:`bayesurl.runs.queries`); a stored sweep defaults to
-        ``results/benchmark/<preset>``.
+        ``results/sweeps/<preset>``.
     storage : str, optional
         SQLAlchemy URL of a sweep storage (default of a stored preset:
         ``sqlite:///<out>/sweep.db``); giving one stores any preset's runs.
