@@ -468,7 +468,7 @@ class _Sweep:
         self.names, self.plan, self.dataset = names, plan, dataset
         self.overrides, self.device, self.storage, self.worker = overrides, device, storage, worker
         if out is None and plan.stored:
-            out = Path("results") / "benchmark" / plan.name
+            out = Path("results") / "sweeps" / plan.name
         self.folder = None if out is None else Path(out)
         self.main = is_main_process()
         self.distributed = under_torchrun()
