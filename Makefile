@@ -52,7 +52,7 @@ test: install
 	$(PY) -m pytest -q -n 2 --dist loadfile -p randomly --randomly-seed=$(RANDOMLY_SEED)
 
 lint: install
-	$(VENV)/bin/ruff check bayesurl tests benchmarks recipes tools
+	$(VENV)/bin/ruff check bayesurl tests benchmarks examples tools
 
 # MathJax for offline formulas (docs/conf.py copies it into the built site); without it the
 # pages load MathJax from its CDN.

@@ -64,7 +64,7 @@ def check_ndim(x: Tensor, name: str, ndim: int | Sequence[int]) -> None:
 
 #: Elements :func:`check_finite` tests at once. ``torch.isfinite`` of a float tensor builds an
 #: ``abs`` copy and two boolean masks of its size; in blocks these temporaries stay a few MiB
-#: instead of 1.5x the input (measured issue 16: 44 MiB of a 29 MiB shard of embeddings kept by
+#: instead of 1.5x the input (measured: 44 MiB of a 29 MiB shard of embeddings kept by
 #: the allocator into the search's peak).
 FINITE_BLOCK = 2**18
 

@@ -77,7 +77,7 @@ def _gray_config(in_channels: int) -> dict[str, Any]:
 class SmallConvNet(nn.Module):
     """A four-block conv net for 28 x 28 images (FashionMNIST, upsampled digits).
 
-    Small enough to train eleven methods on two CPU cores in minutes; the LAM paper uses a
+    Small enough to train eleven methods on a CPU in minutes; the LAM paper uses a
     network of this size for its FashionMNIST experiments (LAM section 5).
 
     Parameters

@@ -2,7 +2,7 @@
 
 Rank and world size, torchrun initialisation, variable-length gathers, the contiguous shard of
 an index range that each rank owns, a pass of every rank's shard past every rank in bounded
-chunks (:func:`ring_chunks`, the gallery pass of the sharded exact search of issue 16), and a
+chunks (:func:`ring_chunks`, the gallery pass of the sharded exact search), and a
 row exchange (:class:`RowExchange`) that brings a fixed set of other ranks' rows to a rank.
 
 Every helper degrades to the single-process behaviour when no process group is initialised
@@ -210,8 +210,8 @@ def launch_local(
     ``MASTER_PORT``), so code written for torchrun (:func:`init_from_env`) runs unchanged. With
     the ``fork`` start method (the default where the platform has it) the ranks start from this
     interpreter's already imported modules: torchrun's launcher imports torch once more and
-    every rank imports everything again, about 1.8 s of a 2-rank ``bayesurl evaluate`` on the
-    2-core CPU machine (issue 16, ``benchmarks/evaluator.py --distributed``). This process
+    every rank imports everything again, about 1.8 s of a 2-rank ``bayesurl evaluate`` on a
+    2-core CPU (``benchmarks/evaluator.py --distributed``). This process
     waits (blocked, not polling) and returns when every rank has finished; when one rank fails
     the others are stopped.
 
@@ -380,7 +380,7 @@ def ring_chunks(
     ``chunk_bytes``, never the whole ``N x D`` set. A rank's own shard is yielded once, whole
     (a view, no copy), when its turn comes: it posts the broadcasts of all its chunks at once
     (sends from its own rows, no buffer) and works on the whole shard meanwhile, so the
-    caller sees ``1 + (other ranks' chunks)`` pieces, not one per ``chunk_bytes`` (issue 16:
+    caller sees ``1 + (other ranks' chunks)`` pieces, not one per ``chunk_bytes`` (measured
     at N = 60k, D = 256, W = 2, 5 instead of 8 top-k merges per query). Not distributed:
     yields ``(0, local)`` once.
 

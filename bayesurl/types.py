@@ -18,7 +18,7 @@ class Output:
     ----------
     embedding : Tensor
         ``[N, D]`` point embedding e(x). Retrieval compares L2-normalised embeddings by cosine
-        similarity, whatever the training distance (spec METRICS.md).
+        similarity, whatever the training distance (docs/concepts/metrics.rst).
     uncertainty : Tensor
         ``[N]`` u(x); higher means *less* certain for every method (``1/kappa`` for vMF
         methods, ``tau`` for temperatures, entropy for classifiers).

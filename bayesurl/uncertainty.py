@@ -1,4 +1,5 @@
-"""Uncertainty scores shared by the classifier-style methods (spec METHODS.md table).
+"""Uncertainty scores shared by the classifier-style methods (docs/concepts/uncertainty.rst, "Where
+u(x) comes from").
 
 All return ``u`` with higher = less certain.
 """

@@ -23,7 +23,7 @@ numpy's too (the exact pass's tile products, :func:`bayesurl.evaluation.knn.tile
 Times are medians of ``--repeats`` interleaved runs, wall and CPU (process) time: on a shared
 machine the CPU time is the steadier measure; the load average is printed.
 
-``--distributed W`` (issue 16) instead times the whole ``bayesurl evaluate X.npz`` command
+``--distributed W`` instead times the whole ``bayesurl evaluate X.npz`` command
 (process start, reading, search, metrics) in one process and under ``torchrun
 --nproc_per_node W`` with the same threads per process (``--threads``, default 1 here),
 alternating ``--repeats`` times, and prints the W-rank / 1-rank time ratio (median) of the
@@ -698,7 +698,7 @@ def block_shape(n: int, d: int, world: int) -> tuple[int, int, int]:
 
 def memory_bound(n: int, d: int, world: int, k: int = K_SEARCH, blas: int = 0) -> dict[str, int]:
     """Bytes a rank of ``bayesurl evaluate`` (float32 npz, W ranks) holds at its peak, the
-    exact search's inner loop, term by term (issue 16; every term but the BLAS's own
+    exact search's inner loop, term by term (every term but the BLAS's own
     workspace shrinks with W):
 
     - its shard of the embeddings (normalised in place: ``evaluate(copy=False)``);
@@ -735,7 +735,7 @@ def memory_bound(n: int, d: int, world: int, k: int = K_SEARCH, blas: int = 0) -
 
 
 def distributed_main(a: argparse.Namespace) -> None:
-    """``bayesurl evaluate`` on one process vs ``torchrun --nproc_per_node W`` (issue 16)."""
+    """``bayesurl evaluate`` on one process vs ``torchrun --nproc_per_node W``."""
     import json
     import subprocess
     import sys

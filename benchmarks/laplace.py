@@ -1,6 +1,6 @@
 """Speed of Laplacian metric learning against deterministic references, in one run.
 
-Three ratios (issue 4, LAM section 3 / "Limitations"), each measured against a reference
+Three ratios (LAM section 3 / "Limitations"), each measured against a reference
 timed in the same process on the same data:
 
 1. post-hoc GGN fit over the training set / one forward pass over the same data (target <= 2);
@@ -12,7 +12,7 @@ Optionally (``--stochman PATH`` to an exported copy of github.com/IlMioFrizzanti
 stochman, never committed here) the speed of :func:`bayesurl.laplace.ggn_diagonal` against the
 reference Hessian code on a 2048 -> 512 layer, and the largest absolute difference.
 
-``--kron`` adds (``--kron-only``: only) the Kronecker-factored posterior (issue 18) on a
+``--kron`` adds (``--kron-only``: only) the Kronecker-factored posterior on a
 512 -> 128 last layer with 2,048 pairs: ``kron`` fit / ``diag`` fit (goal <= 10), closed-form
 predictive for 1,000 inputs ``kron`` / ``diag`` (goal <= 3), and, on a 64 -> 16 layer where
 the exact GGN posterior fits, the relative error of the predictive trace of ``diag`` and
@@ -196,8 +196,8 @@ def stochman_comparison(
 
     The reference applies no margin (every negative counts), so ours runs with a margin of
     10. For arccos ``positive``/``full`` the reference combines its blocks as
-    ``m11 - 2 m12 + m22`` (spec METHODS.md); the last column compares it with our blocks in
-    that combination (``2 * fixed - full``), showing that the sign is the only difference.
+    ``m11 - 2 m12 + m22`` (docs/concepts/fidelity.rst); the last column compares it with our
+    blocks in that combination (``2 * fixed - full``), showing that the sign is the only difference.
     """
     sys.path.insert(0, str(path))
     from stochman import nnj
@@ -289,7 +289,7 @@ def _median_margin(layer: nn.Linear, phi: torch.Tensor, pairs: tuple) -> float:
 
 
 def kron_comparison(repeats: int, prior: float = 1.0) -> None:
-    """Issue 18 rows: fit and predictive time ratios, predictive-trace errors vs exact.
+    """Kronecker rows: fit and predictive time ratios, predictive-trace errors vs exact.
 
     Times are the best of ``repeats`` runs with ``diag`` and ``kron`` interleaved (the
     machine is shared); the margin puts half of the candidate negatives inside it.

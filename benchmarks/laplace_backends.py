@@ -1,4 +1,4 @@
-"""Curvature backends on a pair loss: what nngeometry, BackPACK and curvlinops give (issue 18).
+"""Curvature backends on a pair loss: what nngeometry, BackPACK and curvlinops give.
 
 A 64 -> 16 last layer on class-clustered ReLU features (``benchmarks/laplace.py``'s
 ``_clustered_head``), 256 positive pairs, float64, one thread. References are exact dense

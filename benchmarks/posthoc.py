@@ -1,4 +1,4 @@
-"""Post-hoc uncertainty benchmark (issue 5): cached PVU speed-up and Laplace prediction cost.
+"""Post-hoc uncertainty benchmark: cached PVU speed-up and Laplace prediction cost.
 
 1. PVU head training from the memory-mapped embedding cache against uncached training (the
    encoder runs on every step), on the same data and epochs. The PVU paper reports 180x on GPU

@@ -109,7 +109,7 @@ def _resolve_alias(app, env, node, contnode):  # noqa: ANN001, ANN202
 
 
 # ---- MathJax, offline -----------------------------------------------------------------------
-# The formulas must render without internet (issue 15): MathJax 2 from Debian's libjs-mathjax
+# The formulas must render without internet: MathJax 2 from Debian's libjs-mathjax
 # (``apt-get install libjs-mathjax``; or set BAYESURL_MATHJAX to a MathJax 2 folder) is copied
 # into ``_static/mathjax`` of the built site -- only the SVG output with the TeX fonts (~2.5 MB,
 # no web fonts, so it also renders from ``file://``). Nothing is committed to the repository.

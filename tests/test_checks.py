@@ -1,4 +1,4 @@
-"""The shared validators of ``bayesurl._checks`` (issue 15): each names its argument."""
+"""The shared validators of ``bayesurl._checks``: each names its argument."""
 
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def test_check_number():
 @pytest.mark.parametrize("where", [0, 1, -1])
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_check_finite_finds_a_bad_value_in_any_block(monkeypatch, where, bad):
-    """Tested in blocks of FINITE_BLOCK elements (bounded temporaries, issue 16): a single bad
+    """Tested in blocks of FINITE_BLOCK elements (bounded temporaries): a single bad
     value in the first, second or last block, of a contiguous or a strided tensor, is found and
     counted."""
     import bayesurl._checks as C

@@ -38,7 +38,7 @@ def test_console_entry_point_runs():
     assert build_parser().prog == "bayesurl"
 
 
-# ---- issue 15: user errors are one line on stderr, exit status 2, traceback behind --debug
+# ---- user errors are one line on stderr, exit status 2, traceback behind --debug
 
 
 def _npz(path, **arrays):

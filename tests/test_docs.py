@@ -1,6 +1,6 @@
 """The Sphinx docs build offline with warnings as errors, and every tutorial renders a figure.
 
-Issue 6: ``make -C docs html`` (``-W --keep-going -n``) must pass in CI and execute the
+``make -C docs html`` (``-W --keep-going -n``) must pass in CI and execute the
 sphinx-gallery tutorials. The build runs in a temporary copy of ``docs/`` (sphinx-gallery
 and autosummary write generated files next to the sources). Marked ``docs`` (a few minutes on
 2 CPU cores): ``pytest -m docs tests/test_docs.py``.
@@ -72,7 +72,7 @@ def test_docs_build_with_warnings_as_errors(tmp_path: Path) -> None:
             pages.append(extra)
     for page in pages:
         assert (out / f"{page}.html").exists(), page
-    # issue 15: formulas render offline -- MathJax is served from _static, not a CDN, when
+    # formulas render offline -- MathJax is served from _static, not a CDN, when
     # Debian's libjs-mathjax (or BAYESURL_MATHJAX) is there
     if Path(os.environ.get("BAYESURL_MATHJAX", "/usr/share/javascript/mathjax")).is_dir():
         assert (out / "_static" / "mathjax" / "MathJax.js").is_file()

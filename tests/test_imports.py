@@ -1,4 +1,4 @@
-"""The package has no import circle and no upward import (issue 12; ARCHITECTURE.md).
+"""The package has no import circle and no upward import.
 
 Two independent checks:
 

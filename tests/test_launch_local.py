@@ -1,4 +1,4 @@
-"""``bayesurl.distributed.launch_local`` and ``bayesurl evaluate --nproc-per-node`` (issue 16):
+"""``bayesurl.distributed.launch_local`` and ``bayesurl evaluate --nproc-per-node``:
 ranks forked from one process get torchrun's environment, a rank's failure is reported, and
 the command's metrics equal one process's, uneven shards and exact duplicates included."""
 

@@ -1,4 +1,4 @@
-"""Property-based tests over the public entry points (issue 15).
+"""Property-based tests over the public entry points.
 
 Random shapes, dtypes, NaN / inf placement and label patterns go into ``evaluate``, the vMF
 functions, ``sample_vmf``, ``MetricLaplace``, ``wrap(..., "pvu")`` and the ``bayesurl evaluate``

@@ -1,4 +1,4 @@
-"""``bayesurl.distributed.ring_chunks`` under 3 gloo ranks (issue 16): every rank sees every
+"""``bayesurl.distributed.ring_chunks`` under 3 gloo ranks: every rank sees every
 row once, in global order; its own shard arrives whole, the others' in bounded chunks."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Start-up cost of ``bayesurl evaluate`` (issue 16): the npz path never imports torchmetrics,
+"""Start-up cost of ``bayesurl evaluate``: the npz path never imports torchmetrics,
 torchvision, scikit-learn, scipy, optuna, timm or matplotlib, while every public name of
 :mod:`bayesurl.evaluation` still resolves (lazily) to the object of its defining module.
 

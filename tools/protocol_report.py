@@ -11,15 +11,14 @@ Reads ``results.json`` written by ``bayesurl benchmark --preset NAME`` and write
 * ``docs/concepts/_<NAME>_verdict.inc``: the verdict in words with its numbers -- the
   split-half Spearman, the R-AUROC order, who beats CE and the best free baseline after Holm,
   where URL's loss prediction and MCInfoNCE rank, OOD and R@1 (:func:`verdict`);
-* copies of the two plots under ``docs/_static/benchmark/<NAME>/`` (the pages link the raw
-  ``results.json`` / ``results.csv`` in ``results/`` itself);
 
-and prints the same tables as plain text. A stored sweep that has not finished keeps its
+and prints the same tables as plain text (the pages show the plots of the protocol's folder in
+``results/`` itself, no copy). A stored sweep that has not finished keeps its
 finished runs in ``partial_runs.json``; ``--interim`` first writes the results of the class
 splits on which every estimator has finished into ``FOLDER/interim`` and reports those.
 Usage (repository root)::
 
-    python tools/protocol_report.py results/benchmark/standard
+    python tools/protocol_report.py results/sweeps/standard
     python tools/protocol_report.py results/pretrained/protocol --interim
     python tools/protocol_report.py results/pretrained/protocol_tuned --interim \
         --name pretrained_tuned   # NAME: the docs files (default: the preset)
@@ -579,12 +578,6 @@ def report(
         inc.write_text(head + "\n\n" + text)
         if "ce" in summary and summary["ce"].get("r_auroc"):
             (docs / "concepts" / f"_{name}_verdict.inc").write_text(head + "\n\n" + verdict(doc))
-        static = docs / "_static" / "benchmark" / name
-        static.mkdir(parents=True, exist_ok=True)
-        # the figures only: the pages link the raw numbers in results/ (no second copy)
-        for f in ("recall_vs_rauroc.png", "training_curves.png"):
-            if (folder / f).exists():
-                shutil.copy2(folder / f, static / f)
     return text
 
 
@@ -641,8 +634,7 @@ def main() -> None:
     ap.add_argument(
         "--name",
         default=None,
-        help="name of the docs files (_NAME_results.inc, _static/benchmark/NAME); default: "
-        "the preset",
+        help="name of the docs files (_NAME_results.inc, _NAME_verdict.inc); default: the preset",
     )
     ap.add_argument(
         "--against",

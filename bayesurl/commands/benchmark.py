@@ -13,7 +13,7 @@ sizes, training length and plan (``[presets.<name>.sweep]``: class splits, seeds
   (:mod:`bayesurl.report`) to ``--out``. ``--merge`` joins such results made separately
   (e.g. one seed each).
 * ``--preset standard``: 4 class splits in an Optuna RDB storage
-  (``results/benchmark/standard/sweep.db``): killed and started again it goes on where it
+  (``results/sweeps/standard/sweep.db``): killed and started again it goes on where it
   stopped; ``--storage URL`` on several machines, the further ones with ``--worker``;
   ``--tune N`` first runs N Optuna trials per estimator on the validation classes
   (``--tune-only``: and stops; ``OUT/tuned.toml`` is the ``[presets.<name>.tuned]`` table
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "train and evaluate every estimator on the same zero-shot data; print one table"
 
-#: Default ``--out`` of an in-memory sweep; a stored one writes to ``results/benchmark/<preset>``
+#: Default ``--out`` of an in-memory sweep; a stored one writes to ``results/sweeps/<preset>``
 #: unless ``--out`` is given.
 DEFAULT_OUT = "runs/benchmark"
 
@@ -129,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         default=None,
-        help=f"output folder (default: {DEFAULT_OUT}; a stored sweep: results/benchmark/PRESET)",
+        help=f"output folder (default: {DEFAULT_OUT}; a stored sweep: results/sweeps/PRESET)",
     )
     parser.add_argument("--root", default=None, help="data folder (= --set data.root=DIR)")
     parser.add_argument(

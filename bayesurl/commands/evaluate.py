@@ -13,7 +13,7 @@ and every rank gets the single-process metrics; rank 0 prints and writes ``--jso
 INPUT.npz holds ``embeddings`` [N,D] and ``labels`` [N], and optionally ``uncertainties`` [N],
 ``samples`` [S,N,D] and ``ood_uncertainties`` [M]. Prints a table of every metric; with
 ``--json`` writes the metrics (null where undefined for the input). Metric definitions:
-spec METRICS.md (URL benchmark section 3.1, LAM section 5).
+docs/concepts/metrics.rst (URL benchmark section 3.1, LAM section 5).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ any host. ``run`` and ``benchmark`` write it themselves when they have an output
 Examples::
 
     bayesurl benchmark --preset quick --out runs/benchmark      # writes runs/benchmark/report.html
-    bayesurl report results/benchmark/standard --out /tmp/standard.html
+    bayesurl report results/sweeps/standard --out /tmp/standard.html
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Data sets by name: ``get_dataset("cub", root, split="test")``, and how each is used.
 
-The one list of data set names (ARCHITECTURE.md: a registry instead of if-chains): the data
+The one list of data set names (a registry instead of if-chains): the data
 sets of the URL benchmark (Kirchhof et al., 2023, Sec. 3.2), the embedded Fashion-MNIST /
 digits pair and ImageNet as an upstream-only set. The CLI (``bayesurl train`` / ``wrap`` /
 ``evaluate``), the run pipeline (:func:`bayesurl.runs.data.build_data`) and the checkpoint

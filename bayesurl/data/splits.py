@@ -182,8 +182,8 @@ def stratified_split(
 ) -> tuple[Tensor, Tensor]:
     """Hold out ``fraction`` of every class (instance split, same classes on both sides).
 
-    Used for held-out upstream data (the in-distribution side of OOD AUROC, DATA.md) and for
-    data sets without an official split (scikit-learn digits).
+    Used for held-out upstream data (the in-distribution side of OOD AUROC,
+    docs/concepts/zero_shot.rst) and for data sets without an official split (scikit-learn digits).
 
     Parameters
     ----------

@@ -11,7 +11,7 @@ This is the small, offline instance of the URL protocol (Kirchhof et al., 2023, 
 * ``test``: Fashion-MNIST t10k images of the downstream classes (default 5-9), original labels
   -- the retrieval set for R@1, R-AUROC, AUSC, ECE;
 * ``id_test``: t10k images of the upstream classes -- held-out in-distribution data, the
-  negative side of OOD AUROC (DATA.md), labelled like ``train``;
+  negative side of OOD AUROC (docs/concepts/zero_shot.rst), labelled like ``train``;
 * ``ood``: the 1,797 digits bilinearly upsampled to 28x28 and scaled to 0-255.
 
 **Fallback.** When Fashion-MNIST is absent (and no ``root`` was given) or ``force_digits=True``,
@@ -71,8 +71,9 @@ class ZeroShotData:
         (original labels). In-memory :class:`bayesurl.data.base.ImageTensorDataset` for
         Fashion-MNIST / digits. ``val`` may be empty when ``val_fraction=0``.
     id_test, ood : Dataset or None
-        Held-out upstream data and foreign data, the two sides of OOD AUROC (DATA.md); always
-        set by :func:`default_zero_shot`, optional for :func:`dml_zero_shot`.
+        Held-out upstream data and foreign data, the two sides of OOD AUROC
+        (docs/concepts/zero_shot.rst); always set by :func:`default_zero_shot`, optional for
+        :func:`dml_zero_shot`.
     ood_name : str or None
         What ``ood`` holds (``"digits"``, ``"noise"``, a data set name).
     upstream_classes, downstream_classes : list of int

@@ -6,7 +6,7 @@ Density ``p(z | mu, kappa) = C_D(kappa) exp(kappa mu^T z)`` with
 
 Everything here is exact (no polynomial fits of the papers) and stays finite and accurate for
 every finite kappa, in float32 and float64 (computed in float64, returned in kappa's dtype;
-checked against mpmath up to kappa = 1e300, issue 15):
+checked against mpmath up to kappa = 1e300):
 
 - ``log I_v(x)`` is evaluated at a large order ``V = v + m >= 80`` with the uniform asymptotic
   (Debye) expansion of Abramowitz & Stegun 9.7.7 (relative error below 1e-10 there), then
@@ -321,7 +321,8 @@ def _vmf_one_minus_a(kappa: Tensor, dim: int) -> Tensor:
 
 
 def kappa_from_resultant_length(r: Tensor, dim: int) -> Tensor:
-    """Sra's (2012) approximation ``kappa_hat = R (D - R^2) / (1 - R^2)`` (spec METRICS.md).
+    """Sra's (2012) approximation ``kappa_hat = R (D - R^2) / (1 - R^2)``
+    (docs/concepts/uncertainty.rst, "Samples").
 
     Used to turn samples into a concentration: ``R = ||mean_s z_s||`` of unit-norm samples.
     ``R`` is clamped to ``[0, 1 - 1e-12]`` so identical samples give a large, finite kappa.

@@ -1,11 +1,11 @@
 """The sampling-aware evaluator: exact chunked kNN, functional metrics, torchmetrics classes,
-one entry point (:func:`evaluate`) and plots. Definitions: spec METRICS.md; papers: URL
+one entry point (:func:`evaluate`) and plots. Definitions: docs/concepts/metrics.rst; papers: URL
 benchmark (Kirchhof et al. 2023, section 3.1) and LAM (Warburg et al. 2023, section 5).
 
 The torchmetrics classes (:mod:`bayesurl.evaluation.metrics`, which imports torchmetrics and,
 through it, torchvision and scipy) and the plot helpers (matplotlib) load on first use of one
-of their names, so ``bayesurl evaluate`` and the functional API start without them (issue 16:
-about 1 s and 280 MB of resident memory per process under torchrun).
+of their names, so ``bayesurl evaluate`` and the functional API start without them (about
+1 s and 280 MB of resident memory per process under torchrun).
 """
 
 import importlib

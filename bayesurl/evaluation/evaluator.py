@@ -7,7 +7,8 @@ Both return a dict with every selected metric of the metric table
 present; a metric that is not defined for the input is ``None`` and ``notes`` says why:
 
 - no uncertainties and no samples: ``r_auroc``, ``ausc``, ``ause`` are ``None``;
-- no samples: ``ece`` is ``None`` (never a made-up number from a scalar u, METRICS.md);
+- no samples: ``ece`` is ``None`` (never a made-up number from a scalar u;
+  docs/concepts/metrics.rst, "Calibration: ECE for retrieval");
 - no ``ood_uncertainties``: ``ood_auroc`` / ``ood_auprc`` are ``None``;
 - all queries R@1-correct or all wrong (e.g. a single class): ``r_auroc`` is ``None``
   (:func:`~bayesurl.evaluation.functional.r_auroc` itself raises).
@@ -228,7 +229,7 @@ def _options(
     progress: bool,
 ) -> dict[str, Any]:
     """The checked settings every metric reads (``ctx.options``)."""
-    # integers only: ks=(2.7,) used to report recall@2
+    # integers only: ks=(2.7,) would otherwise report recall@2
     ks = check_ints(ks, "ks", low=1)
     mks = sorted({*ks, 5} if map_ks is None else {*check_ints(map_ks, "map_ks", low=1), 5})
     check_choice(ece_mode, "ece_mode", ("shortlist", "exact"))
@@ -345,7 +346,7 @@ def evaluate(
     ----------
     embeddings : Tensor or None
         ``[N, D]`` point embeddings (cosine similarity). ``None`` with ``samples`` uses the
-        normalised mean of the normalised samples (METRICS.md, "Sampling-aware evaluation").
+        normalised mean of the normalised samples (docs/concepts/uncertainty.rst, "Samples").
     labels : Tensor
         ``[N]`` class labels.
     uncertainties : Tensor, optional
@@ -355,9 +356,9 @@ def evaluate(
         ``[S, N, D]`` posterior draws; enable the retrieval ECE (LAM, section 5).
     ood_uncertainties : Tensor, optional
         ``[M]`` u of out-of-distribution inputs; enable OOD AUROC / AUPRC (OOD = positive
-        class) against ``id_uncertainties`` when given (the held-out upstream images, spec
-        DATA.md), else against ``uncertainties``. Needs ``uncertainties`` or ``samples``
-        (refused without them).
+        class) against ``id_uncertainties`` when given (the held-out upstream images,
+        docs/concepts/zero_shot.rst), else against ``uncertainties``. Needs ``uncertainties`` or
+        ``samples`` (refused without them).
     reference_uncertainties : Tensor, optional
         ``[N]`` ground-truth uncertainty; adds ``rank_correlation`` (Spearman, URL App. C.3).
         Needs ``uncertainties`` or ``samples`` (refused without them).
@@ -580,11 +581,12 @@ def evaluate_output(
     seed: int = 0,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """:func:`evaluate` on a method's :class:`~bayesurl.Output` (ARCHITECTURE.md data path).
+    """:func:`evaluate` on a method's :class:`~bayesurl.Output`.
 
     Uses ``output.embedding``, ``output.uncertainty`` and ``output.samples``. A method that
     predicts a vMF concentration (``output.kappa``) but returns no samples gets ``n_samples``
-    vMF draws from a fixed generator (``seed``) so its ECE is defined (METRICS.md, ECE).
+    vMF draws from a fixed generator (``seed``) so its ECE is defined (docs/concepts/metrics.rst,
+    "Calibration: ECE for retrieval").
 
     Parameters
     ----------

@@ -1,6 +1,6 @@
 """Functional retrieval and uncertainty metrics on plain tensors.
 
-Every definition follows spec METRICS.md, which fixes the choices the papers leave open:
+Every definition follows docs/concepts/metrics.rst, which fixes the choices the papers leave open:
 
 - R@1 / Recall@k (URL benchmark, Kirchhof et al. 2023, section 3.1): cosine 1-NN, self
   excluded by index, ties to the lowest index, singletons count as wrong.
@@ -10,7 +10,7 @@ Every definition follows spec METRICS.md, which fixes the choices the papers lea
 - ECE for retrieval (LAM, section 5 and its evaluation code): modal 1-NN label over posterior
   draws, 10 equal-width confidence bins.
 - OOD AUROC / AUPRC (LAM, section 5), mAP@k (LAM, section 5), Spearman rank correlation
-  (URL, App. C.3), Sra's kappa approximation (spec "Sampling-aware evaluation").
+  (URL, App. C.3), Sra's kappa approximation (docs/concepts/uncertainty.rst, "Samples").
 
 AUROC and average precision are implemented here from ranks (Mann-Whitney U with average
 ranks for ties); the tests check them against scikit-learn and torchmetrics.
@@ -195,7 +195,8 @@ def r_at_1(
     neighbors: Tensor | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> tuple[Tensor, Tensor]:
-    """Recall@1 and the per-query correctness (URL benchmark, section 3.1; METRICS.md).
+    """Recall@1 and the per-query correctness (URL benchmark, section 3.1;
+    docs/concepts/metrics.rst, "Recall@1 and Recall@k").
 
     Parameters
     ----------
@@ -232,8 +233,8 @@ def recall_at_k(
 ) -> Tensor:
     """Recall@k: fraction of queries with a same-label item among their k nearest neighbours.
 
-    URL benchmark (section 3.1) and LAM (section 5); conventions of METRICS.md (self excluded
-    by index, ties to the lowest index).
+    URL benchmark (section 3.1) and LAM (section 5); conventions of docs/concepts/metrics.rst (self
+    excluded by index, ties to the lowest index).
 
     Parameters
     ----------
@@ -340,7 +341,7 @@ def r_auroc(uncertainties: Tensor, correct: Tensor) -> Tensor:
     Raises
     ------
     ValueError
-        When all queries are correct or all wrong (undefined, METRICS.md).
+        When all queries are correct or all wrong (undefined; docs/concepts/metrics.rst, "R-AUROC").
     """
     u = _scores(uncertainties, "uncertainties", min_points=2)
     c = _bool(correct, "correct")
@@ -372,7 +373,8 @@ def sparsification_curve(
 
     For retention ``r in {1.00, 0.99, ..., 0.01}`` the ``ceil(r N)`` queries with the lowest
     ``u`` are kept (ties in ``u`` keep the lower index first) and R@1 is averaged over them;
-    neighbours were searched in the full gallery (LAM, section 5 and Fig. 8; METRICS.md).
+    neighbours were searched in the full gallery (LAM, section 5 and Fig. 8;
+    docs/concepts/metrics.rst, "Sparsification: AUSC and AUSE").
 
     Parameters
     ----------
@@ -381,7 +383,7 @@ def sparsification_curve(
     correct : Tensor
         ``[N]`` bool R@1 correctness.
     n_levels : int
-        Number of retention levels (100 in the spec).
+        Number of retention levels (100, docs/concepts/metrics.rst).
 
     Returns
     -------
@@ -431,7 +433,7 @@ def ause(uncertainties: Tensor, correct: Tensor, n_levels: int = N_LEVELS) -> Te
     """Area between the error sparsification curve of ``u`` and the oracle's.
 
     ``AUSE = mean_r [err_u(r) - err_oracle(r)]`` with ``err = 1 - R@1`` over the kept queries
-    and the oracle sorting by the error itself (torch-uncertainty's AUSE; METRICS.md),
+    and the oracle sorting by the error itself (torch-uncertainty's AUSE),
     normalised like :func:`ausc`, so ``AUSE = AUSC_oracle - AUSC_u >= 0``.
 
     Parameters
@@ -534,7 +536,7 @@ def rank_correlation(uncertainties: Tensor, reference: Tensor) -> Tensor:
 def mean_from_samples(samples: Tensor) -> Tensor:
     """Point embedding from draws: the normalised mean of the normalised samples.
 
-    Spec METRICS.md, "Sampling-aware evaluation". Loops over draws so no normalised copy of the
+    docs/concepts/uncertainty.rst, "Samples". Loops over draws so no normalised copy of the
     whole ``[S, N, D]`` tensor is made.
 
     Parameters
@@ -561,7 +563,8 @@ def resultant_length(mean_resultant: Tensor) -> Tensor:
 
 
 def kappa_from_samples(samples: Tensor) -> Tensor:
-    """vMF concentration from draws by Sra's approximation (Sra 2012; METRICS.md).
+    """vMF concentration from draws by Sra's approximation (Sra 2012; docs/concepts/uncertainty.rst,
+    "Samples").
 
     ``kappa_hat = R (D - R^2) / (1 - R^2)`` with ``R = ||mean_s z_s||`` of the normalised
     draws ``z_s``.
@@ -581,7 +584,8 @@ def kappa_from_samples(samples: Tensor) -> Tensor:
 
 
 def uncertainty_from_samples(samples: Tensor) -> Tensor:
-    """Default uncertainty of sampled embeddings, ``u = 1 / kappa_hat`` (METRICS.md).
+    """Default uncertainty of sampled embeddings, ``u = 1 / kappa_hat``
+    (docs/concepts/uncertainty.rst, "Samples").
 
     Computed as ``(1 - R^2) / (R (D - R^2))`` so identical draws give ``u = 0`` exactly.
 
@@ -684,7 +688,7 @@ def calibration_bins(confidence: Tensor, correct: Tensor, n_bins: int = 10) -> E
     correct : Tensor
         ``[N]`` bool correctness.
     n_bins : int
-        Number of bins (10 in METRICS.md).
+        Number of bins (10 in docs/concepts/metrics.rst).
 
     Returns
     -------
@@ -722,7 +726,8 @@ def retrieval_ece(
     block: int = 32,
     cluster_iters: int = 4,
 ) -> ECEResult:
-    """Expected calibration error of sampled retrieval (LAM, section 5; METRICS.md).
+    """Expected calibration error of sampled retrieval (LAM, section 5; docs/concepts/metrics.rst,
+    "Calibration: ECE for retrieval").
 
     For every draw s the 1-NN of each query among draw s of the gallery is found (self excluded
     by index); the prediction is the modal neighbour label over draws, the confidence the

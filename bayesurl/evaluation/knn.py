@@ -2,15 +2,16 @@
 
 The retrieval metrics of the URL benchmark (Kirchhof et al., 2023, section 3.1) and of LAM
 (Warburg et al., 2023, section 5) compare L2-normalised embeddings by cosine similarity
-(spec METRICS.md, "Conventions"). This module is the one kNN implementation every metric uses.
+(docs/concepts/metrics.rst, "Recall@1 and Recall@k"). This module is the one kNN implementation
+every metric uses.
 
-Decisions fixed by METRICS.md:
+Decisions fixed by docs/concepts/metrics.rst:
 
 - self is excluded **by index** (an exact duplicate of query ``i`` is a valid neighbour);
 - ties in similarity go to the **lowest gallery index** (deterministic on every device);
 - queries are processed in chunks whose ``[B, N]`` similarity block fits a memory budget, so
   ``N = 200k, D = 2048`` never allocates ``N x N``;
-- the result does not depend on how the work is cut (issue 16). A float32 matrix product's
+- the result does not depend on how the work is cut. A float32 matrix product's
   last bits depend on the block's shape and on the item's position in it (measured: one
   dot product of D = 256 took 4 different values over 42 block shapes and 3 positions), so
   exact duplicates did not always tie, and one process and W ranks could order a near tie
@@ -82,7 +83,7 @@ def normalize(x: Tensor, *, inplace: bool = False) -> Tensor:
     Returns
     -------
     Tensor
-        ``x / ||x||`` along the last dimension (spec METRICS.md, cosine similarity); ``x``
+        ``x / ||x||`` along the last dimension (docs/concepts/metrics.rst: cosine similarity); ``x``
         itself when ``inplace``.
     """
     check_floating(x, "x")
@@ -119,7 +120,7 @@ def chunk_rows(n_gallery: int, dtype: torch.dtype, memory_budget: int) -> int:
 
 
 def rank_budget(memory_budget: int, shards: Shards) -> int:
-    """This rank's share of ``memory_budget`` in a sharded evaluation (issue 16).
+    """This rank's share of ``memory_budget`` in a sharded evaluation.
 
     ``memory_budget`` is what one process's similarity blocks may take; under ``W`` ranks each
     takes ``memory_budget // W``, so the ranks together hold one process's working set and the
@@ -234,7 +235,7 @@ def knn_query(
     Notes
     -----
     Cosine similarity of L2-normalised vectors, as in the URL benchmark (section 3.1) and
-    spec METRICS.md.
+    docs/concepts/metrics.rst.
     """
     q = check_tensor(queries, "queries", ndim=2, min_points=1)
     g = check_tensor(gallery, "gallery", ndim=2, min_points=1)
@@ -265,8 +266,8 @@ def knn(
     k : int
         Number of neighbours, ``1 <= k <= N - 1`` (``<= N`` without ``exclude_self``).
     exclude_self : bool
-        Remove item ``i`` from its own candidates by index (spec METRICS.md, R@1): an exact
-        duplicate at another index stays a valid neighbour.
+        Remove item ``i`` from its own candidates by index (docs/concepts/metrics.rst, "Recall@1 and
+        Recall@k"): an exact duplicate at another index stays a valid neighbour.
     memory_budget : int
         Bytes allowed for one ``[B, N]`` similarity chunk (default 256 MiB).
     chunk_size : int, optional
@@ -406,7 +407,8 @@ def _search_exact(
     (collective, when active) lets every rank learn whether any rank needs the window search.
 
     Two passes, so that neither the result nor its ties depend on how the work is cut (one
-    process or W ranks, any chunking; issue 16, METRICS.md "ties to the lowest index"):
+    process or W ranks, any chunking; docs/concepts/metrics.rst: "ties in similarity go to the
+    lowest index"):
 
     1. the block products keep each query's top ``k + 1`` (:func:`_topk_chunked`; for
        ``k = 1`` on CPU the tiled running maximum of :func:`_top1_tiled`, which also keeps
@@ -1071,7 +1073,7 @@ def knn_sharded(
     (:func:`bayesurl.distributed.ring_chunks`), so no rank holds all ``N x D``; the
     per-chunk results are merged with the single-process tie rule (similarity descending,
     lowest global index first). Without an initialised group it is :func:`knn` itself (one
-    chunk, the ``W = 1`` case of the same code). Issue 16; conventions of METRICS.md.
+    chunk, the ``W = 1`` case of the same code). Conventions of docs/concepts/metrics.rst.
 
     Parameters
     ----------

@@ -13,8 +13,8 @@ defaults, kept because they are the better-defined ones):
 - **uncertainty.** LAM summarises ``S`` posterior draws by the per-dimension standard
   deviation ``sigma = std_s(z_s)`` (unbiased, ``[N, D]``) and never forms a scalar ``u``
   except as sums/means of ``sigma``. bayesurl uses ``u = 1 / kappa_hat`` of a vMF fitted to
-  the draws (Sra's approximation; METRICS.md), which is invariant to rotations of the
-  embedding space and defined for point-estimate methods too.
+  the draws (Sra's approximation; docs/concepts/uncertainty.rst, "Samples"), which is invariant to
+  rotations of the embedding space and defined for point-estimate methods too.
 - **AUSC** (:func:`lam_ausc`). LAM ranks queries by the *pair* uncertainty
   ``mean_d(sigma_q + sigma_nn(q))`` of the query and its nearest neighbour (Euclidean, on the
   mean embeddings, self excluded), removes the most uncertain ``0, 1, ..., 98 %`` of queries

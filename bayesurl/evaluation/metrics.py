@@ -2,7 +2,7 @@
 
 Retrieval metrics need the whole evaluation set (each query searches every gallery item). The
 retrieval classes and :class:`RetrievalECE` keep this rank's batches and compute through the
-sharded search of the evaluator (issue 16): under ``torch.distributed`` (a process group of
+sharded search of the evaluator: under ``torch.distributed`` (a process group of
 more than one rank) each rank searches its own rows over every rank's rows passed by in
 chunks (:func:`~bayesurl.evaluation.knn_sharded`, the sampled search of
 :mod:`bayesurl.evaluation.sampled`), and only the per-query results (neighbour ids, labels, u)
@@ -167,7 +167,8 @@ class _AtKMetric(_RetrievalMetric):
 
 
 class RecallAtK(_AtKMetric):
-    """Recall@k over everything seen (URL section 3.1; METRICS.md R@1).
+    """Recall@k over everything seen (URL section 3.1; docs/concepts/metrics.rst, "Recall@1 and
+    Recall@k").
 
     Parameters
     ----------
@@ -266,7 +267,8 @@ class AUSE(_Sparsification):
 
 
 class RetrievalECE(Metric):
-    """Sampled retrieval ECE (LAM section 5; METRICS.md). ``update(samples [S,B,D], labels)``.
+    """Sampled retrieval ECE (LAM section 5; docs/concepts/metrics.rst, "Calibration: ECE for
+    retrieval"). ``update(samples [S,B,D], labels)``.
 
     Samples are stored as ``[B, S, D]`` so the ``cat`` gather concatenates along the points.
 

@@ -50,7 +50,8 @@ def plot_sparsification_curve(
     ax: Axes | None = None,
     path: str | Path | None = None,
 ) -> Figure:
-    """R@1 of the kept queries against the removed fraction (LAM, Fig. 8; METRICS.md AUSC).
+    """R@1 of the kept queries against the removed fraction (LAM, Fig. 8; docs/concepts/metrics.rst,
+    "Sparsification: AUSC and AUSE").
 
     Parameters
     ----------

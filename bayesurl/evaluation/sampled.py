@@ -1,7 +1,7 @@
 """Sampling-aware 1-NN search: the nearest neighbour of every query within each posterior draw.
 
-The retrieval ECE of LAM (Warburg et al. 2023, section 5; spec METRICS.md, "Sampling-aware
-evaluation") needs the 1-NN of every query in each of S posterior draws, S exact searches
+The retrieval ECE of LAM (Warburg et al. 2023, section 5; docs/concepts/metrics.rst, "Calibration:
+ECE for retrieval") needs the 1-NN of every query in each of S posterior draws, S exact searches
 done naively. This module holds the search strategies behind
 :func:`~bayesurl.evaluation.functional.retrieval_ece`: the exact per-draw search, the
 adaptive shortlist (a pilot chooses the shortlist length and a per-query margin, one
@@ -9,8 +9,7 @@ threshold pass over the mean embeddings keeps each query's candidates, and one s
 matrix product per draw compares them), and the clustered block search. Ties go to the lowest
 gallery index in every mode, as in :mod:`bayesurl.evaluation.knn`.
 
-Split out of :mod:`bayesurl.evaluation.functional` (issue 12); the shards of a
-``torch.distributed`` job run the same code with their own queries (issue 16).
+The shards of a ``torch.distributed`` job run the same code with their own queries.
 """
 
 from __future__ import annotations
@@ -648,7 +647,7 @@ def neighbors_per_draw(
     """:func:`sampled_neighbors` on validated draws (``resultant``: their checked mean
     resultant, when the caller already has it).
 
-    With ``shards`` (issue 16) ``s``, ``resultant`` and ``candidates`` hold this rank's
+    With ``shards``, ``s``, ``resultant`` and ``candidates`` hold this rank's
     queries only, every search runs over every rank's rows (collective) and the result is
     ``[S, n_r]`` global ids; the shortlist, margin and exact fallback are chosen from the
     gathered pilot, so every rank takes the single-process decisions. ``mode="block"`` is

@@ -5,10 +5,10 @@ In the spirit of pytorch-metric-learning's ``AccuracyCalculator`` (``requires_kn
 when it reads neighbour ids, how many neighbours of the one exact kNN search it wants. The
 evaluator validates the inputs once, asks every selected metric for its neighbours, runs
 **one** search with the largest request and then each metric in table order; a metric whose
-input is missing reports ``None`` under its keys with a note saying why (METRICS.md: never a
-made-up number). Adding a metric is one :func:`register_metric` call.
+input is missing reports ``None`` under its keys with a note saying why (docs/concepts/metrics.rst:
+never a made-up number). Adding a metric is one :func:`register_metric` call.
 
-Definitions: spec METRICS.md; papers: URL benchmark (Kirchhof et al. 2023, section 3.1,
+Definitions: docs/concepts/metrics.rst; papers: URL benchmark (Kirchhof et al. 2023, section 3.1,
 App. C.3 / C.5) and LAM (Warburg et al. 2023, section 5).
 """
 
@@ -358,8 +358,8 @@ def _rank_correlation(ctx: EvalContext) -> dict[str, Any]:
 
 
 def _ood(ctx: EvalContext) -> dict[str, Any]:
-    """u(ood) against the in-distribution u: the id set's where given (DATA.md), else the
-    queries'."""
+    """u(ood) against the in-distribution u: the id set's where given (docs/concepts/zero_shot.rst),
+    else the queries'."""
     assert ctx.u is not None and ctx.ood_u is not None
     if ctx.id_x is not None and ctx.id_u is None:
         ctx.notes.append("ood_auroc, ood_auprc: the in-distribution set has no `id_uncertainties`")

@@ -2,9 +2,9 @@
 
 * **Crop consistency** (URL, Kirchhof et al., 2023, section 4.5, Fig. 4 right; App. C.3): the
   share of images whose centre crop gets a strictly higher ``u`` than the full image. The crop
-  keeps an area fraction drawn from ``U[area_range]`` with a fixed seed (spec METRICS.md) and
-  is resized back to the input size (bilinear), so the model sees the same shape. Also
-  reported: the Spearman correlation of the crops' ``u`` with the crop amount
+  keeps an area fraction drawn from ``U[area_range]`` with a fixed seed (docs/concepts/metrics.rst,
+  "Other metrics") and is resized back to the input size (bilinear), so the model sees the same
+  shape. Also reported: the Spearman correlation of the crops' ``u`` with the crop amount
   ``1 - area`` (more cut away should mean more uncertain).
 * **Mixed R-AUROC** (URL App. C.5, Fig. 12): R-AUROC on a 50/50 mixture of in-distribution
   (upstream classes, held-out images) and downstream (unseen-class) queries. Both halves are
@@ -139,7 +139,7 @@ def crop_uncertainty_check(
     images : Tensor
         ``[N, C, H, W]`` floating point images.
     area_range : (float, float)
-        Range of the uniformly drawn kept-area fraction (default URL/METRICS.md
+        Range of the uniformly drawn kept-area fraction (default URL App. C.3,
         ``U[0.1, 0.75]``).
     seed : int
         Seed of the area draws (a private generator; global RNG untouched).

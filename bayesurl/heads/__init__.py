@@ -1,4 +1,4 @@
-"""Heads that sit on an embedding (spec ARCHITECTURE.md, URL appendix B): the shared backbone ->
+"""Heads that sit on an embedding (URL appendix B): the shared backbone ->
 embedding network, the kappa MLP and class proxies of the vMF methods, and the classifier-style
 heads (linear, HET-XL, SNGP, ensemble, head-only MC dropout)."""
 

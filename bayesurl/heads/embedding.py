@@ -23,7 +23,8 @@ class EmbeddingNet(nn.Module):
 
     The embedding e(x) every URL method builds on (URL appendix B: the backbone's pooled
     features; the projection is optional). The output is *not* normalised, so methods that
-    read information from the norm (InfoNCE's ``u = 1/||e(x)||``, spec METHODS.md) keep it.
+    read information from the norm (InfoNCE's ``u = 1/||e(x)||``, docs/concepts/uncertainty.rst)
+    keep it.
 
     Parameters
     ----------

@@ -19,7 +19,7 @@ it changes the MLP output. The former additive warm-up (the last bias shifted un
 of ~1e-6 per step, and ELK's kappa did not move in a whole benchmark run. The head is never
 zero-initialised (PyTorch's default initialisation is kept): the thesis (chapter 5,
 "pretrained visual uncertainties") reports that a zero-initialised uncertainty head fails to
-train (spec METHODS.md).
+train.
 """
 
 from __future__ import annotations

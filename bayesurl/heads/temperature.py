@@ -1,4 +1,5 @@
-"""Temperature heads for Temperature as Uncertainty (TaU, Wu & Goodman; spec METHODS.md).
+"""Temperature heads for Temperature as Uncertainty (TaU, Wu & Goodman;
+docs/concepts/uncertainty.rst, "Where u(x) comes from").
 
 TaU predicts an *inverse* temperature ``1/tau = sigmoid(s) / scale`` from a logit ``s`` (TaU
 Algorithm 1 and appendix A, "Optimization Stability"), so ``tau = scale (1 + exp(-s)) > scale``.

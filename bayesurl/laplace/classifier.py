@@ -2,7 +2,7 @@
 
 laplace-torch (Daxberger et al., "Laplace Redux", NeurIPS 2021) fits the last-layer posterior
 (curvature and prior precision). Its GLM predictive materialises the ``phi (x) I`` Jacobian
-of the last layer, which is slow and memory-hungry for many inputs (spec METHODS.md, LAM
+of the last layer, which is slow and memory-hungry for many inputs (LAM
 section); the logit mean and covariance are computed here in closed form from its fitted
 posterior instead:
 
@@ -112,7 +112,7 @@ class ClassifierLaplace:
     The fit (GGN / Fisher curvature, marginal-likelihood prior precision) is laplace-torch's
     ``Laplace(model, "classification", subset_of_weights="last_layer", ...)``; only the
     predictive is computed here (module docstring). This is the classification branch of
-    the LAM section of spec METHODS.md and the path used by ``bayesurl.wrap``.
+    the post-hoc Laplace of docs/concepts/laplace.rst and the path used by ``bayesurl.wrap``.
 
     Parameters
     ----------
@@ -123,7 +123,7 @@ class ClassifierLaplace:
     backend : {"backpack", "curvlinops", "asdl"}
         laplace-torch curvature backend. Default BackPACK: laplace-torch's default
         (curvlinops) took 202 s and 15.9 GB for one batch of 256 of a diagonal last-layer fit
-        where BackPACK fitted 20,000 samples in 9.6 s (spec METHODS.md). Measured here
+        where BackPACK fitted 20,000 samples in 9.6 s. Measured here
         (CPU, 256 -> 100 last layer, batches of 256): BackPACK fitted 2,048 inputs in
         3.4 s; curvlinops was killed for memory (> 8 GB) within the first batch. The
         closed-form predictive took 1.3 ms for 32 inputs against 6.3 s for laplace-torch's

@@ -322,7 +322,8 @@ def ggn_diagonal(
 def clamped_fraction(diagonal: Tensor) -> float:
     """Fraction of entries of a raw GGN diagonal that are negative (zeroed by the clamp).
 
-    A value near 1 means the posterior equals the prior (spec METHODS.md, LAM section).
+    A value near 1 means the posterior equals the prior (docs/concepts/laplace.rst, "The contrastive
+    loss and its Hessian").
     """
     if diagonal.numel() == 0:
         raise ValueError("`diagonal` is empty")

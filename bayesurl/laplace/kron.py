@@ -30,7 +30,7 @@ replaced by the exact GGN's ``S_df = (q_d (x) q_f)^T GGN (q_d (x) q_f)`` -- the 
 determinant, samples and linearised predictive are closed-form. With ``Q = I`` ``S`` is the
 GGN diagonal of :func:`~bayesurl.laplace.curvature.ggn_diagonal`.
 
-Design and prototype numbers: ``shared/spec/KRON.md``.
+Design and measured numbers: docs/concepts/laplace.rst, "Beyond the diagonal".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Block-diagonal Kronecker (EKFAC) Laplace over every linear layer of an MLP embedding head.
 
-Beyond the last layer (issue 18): for a head ``z = f(h)`` made of ``nn.Linear`` layers and
+Beyond the last layer: for a head ``z = f(h)`` made of ``nn.Linear`` layers and
 parameter-free activations, layer ``l`` with output ``y_l = W_l x_l + b_l`` enters the
 embedding through ``M_t = dz / dy_l`` (from ``torch.func.jacrev``, one ``[D, D_l]`` matrix
 per input). The pair GGN block of layer ``l`` is then ``sum_st (M_s^T H_st M_t) (x)

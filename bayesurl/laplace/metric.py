@@ -191,8 +191,8 @@ def kappa_from_trace(trace: Tensor, dim: int) -> Tensor:
     ``R^2 = ||E u||^2 = 1 - tr Cov(u)`` to second order. The linearised trace exceeds 1 for
     broad posteriors, where ``1 - t`` would clip every input to the same ``kappa``; the
     matching ``R^2 = 1 / (1 + t)`` (equal to ``1 - t`` up to ``O(t^2)``) stays in ``(0, 1]``
-    and keeps the ranking of inputs. Sra's approximation (spec METRICS.md, LAM section 3
-    "Von Mises-Fisher distribution") then gives ``kappa = R (D - R^2) / (1 - R^2)``.
+    and keeps the ranking of inputs. Sra's approximation (docs/concepts/uncertainty.rst, "Samples";
+    LAM section 3 "Von Mises-Fisher distribution") then gives ``kappa = R (D - R^2) / (1 - R^2)``.
 
     Parameters
     ----------
@@ -397,7 +397,7 @@ class BaseMetricLaplace:
         return w, b
 
     def _check_embedding_dim(self) -> None:
-        """D = 1 has no direction to be uncertain about (issue 15: u was NaN)."""
+        """D = 1 has no direction to be uncertain about (u would be NaN)."""
         d = self.last_layer.out_features
         if d < 2:
             raise ValueError(
@@ -456,8 +456,8 @@ class BaseMetricLaplace:
         are dominated ~5:1 by negatives on a trained FashionMNIST net, so the ``fixed`` and
         ``full`` diagonals were clamped in 100% / 88-99% of entries; one hard positive and
         one hard negative per anchor (PML's ``BatchEasyHardMiner("hard", "hard")``) keeps
-        the pair balance (spec METHODS.md, "Pair balance matters"; LAM section 3, "Hard
-        negative mining"). Negatives outside the margin are still dropped.
+        the pair balance (docs/concepts/laplace.rst, "The contrastive loss and its Hessian"; LAM
+        section 3, "Hard negative mining"). Negatives outside the margin are still dropped.
         """
         from pytorch_metric_learning.miners import BatchEasyHardMiner
 
@@ -647,8 +647,9 @@ class BaseMetricLaplace:
         output variance (:meth:`predictive_variance`) through the linearised normalisation,
         ``tr Cov(u) = sum_d var_d (1 - u_d^2) / ||z||^2``, and reports
         ``u = 1 / kappa`` with ``kappa`` the moment-matched vMF concentration of
-        :func:`kappa_from_trace` (spec METRICS.md: ``u = 1/kappa_hat``). ``n_samples > 0``
-        also returns ``samples [S, N, D]`` from :meth:`predictive_samples` (for ECE).
+        :func:`kappa_from_trace` (docs/concepts/uncertainty.rst, "Samples": ``u = 1/kappa_hat``).
+        ``n_samples > 0`` also returns ``samples [S, N, D]`` from :meth:`predictive_samples` (for
+        ECE).
 
         ``u_from="samples"`` (needs ``n_samples >= 2``) instead fits a vMF to the draws, as
         the LAM authors' code does (LAM section 3, "Von Mises-Fisher distribution"):

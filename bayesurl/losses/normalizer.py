@@ -1,7 +1,7 @@
 """The vMF log-normaliser used inside ELK and nivMF: exact, or the URL code's polynomial fit.
 
 ``log C_D(kappa)`` of ``vMF(z; mu, kappa) = C_D(kappa) exp(kappa mu^T z)``. bayesurl computes
-it exactly (:func:`~bayesurl.distributions.vmf.vmf_log_normalizer`, spec METHODS.md). The URL
+it exactly (:func:`~bayesurl.distributions.vmf.vmf_log_normalizer`). The URL
 code (mkirchhof/url 9a92555, ``timm/utils/misc.py`` ``log_vmf_norm_const``, lines 57-80)
 uses per-dimension fits ``a + b kappa - c kappa^p`` (made with ``approx_vmf_norm_const.R``)
 for D in {4, 8, 10, 16, 32, 64, 512} and the D = 1024 fit for every ``D >= 1024``, and the

@@ -8,7 +8,7 @@ temperatures ``a = 1/tau`` the loss of row ``i`` with positive partner ``p(i)`` 
 (TaU eq. 1 with ``tau`` replaced by ``tau(t(x_i))``, section 2), averaged over the ``2N``
 rows. With a constant ``a = 1/tau`` this is exactly SimCLR's NT-Xent at temperature ``tau``.
 
-The reference-code variant (``variant="reference"``, spec METHODS.md; TaU code
+The reference-code variant (``variant="reference"``, docs/concepts/fidelity.rst; TaU code
 ``src/objectives/simclr.py``, class ``TaU_SimCLR``, mhw32/temperature-as-uncertainty-public
 d6c6f05, lines 61-83) removes the positive from the denominator (``j not in {i, p(i)}``),
 scales each row's denominator by that row's own inverse temperature
@@ -32,7 +32,7 @@ __all__ = ["TaULoss", "TaUVariant", "tau_simclr_loss"]
 
 
 class TaUVariant(str, Enum):
-    """Which TaU-SimCLR loss to use (spec METHODS.md, TaU)."""
+    """Which TaU-SimCLR loss to use (TaU Algorithm 1; docs/concepts/fidelity.rst)."""
 
     #: each row scaled by its own 1/tau, positive in the denominator (TaU section 2)
     PAPER = "paper"

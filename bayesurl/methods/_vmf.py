@@ -2,8 +2,8 @@
 
 Backbone -> :class:`~bayesurl.heads.embedding.EmbeddingNet` -> embedding ``e(x)``; the vMF
 methods add a :class:`~bayesurl.heads.kappa.KappaHead` and define the posterior
-``vMF(e/||e||, kappa(x))`` with ``u(x) = 1/kappa(x)`` (spec METHODS.md). The head reads the
-embedding ``e(x)`` (URL appendix B.3-B.6: "a 3-layer MLP attached to the embeddings", the
+``vMF(e/||e||, kappa(x))`` with ``u(x) = 1/kappa(x)`` (docs/concepts/uncertainty.rst). The head
+reads the embedding ``e(x)`` (URL appendix B.3-B.6: "a 3-layer MLP attached to the embeddings", the
 default) or the backbone features ``f(x)`` that ``e(x)`` projects (:class:`KappaInput`): HIB
 (Oh et al., ICLR 2019, arXiv:1810.00319) and LAM's HIB baseline (Warburg et al., 2023,
 Table 2) predict the spread from the features, which carry more than a low-dimensional

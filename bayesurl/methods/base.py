@@ -2,8 +2,8 @@
 
 A method is an :class:`torch.nn.Module` made of a backbone (any module mapping images to
 features ``[N, F]``, or a timm model name), optional heads, a training loss and the definition
-of u(x) (spec METHODS.md). The training loop (:mod:`bayesurl.training`) only talks to this
-contract:
+of u(x) (docs/concepts/uncertainty.rst, "Where u(x) comes from"). The training loop
+(:mod:`bayesurl.training`) only talks to this contract:
 
 - ``forward(x, n_samples=0) -> Output``: embedding, uncertainty, logits where the method has a
   classifier, and ``samples [S, N, D]`` when ``n_samples > 0`` and the method defines a
@@ -136,7 +136,7 @@ def create(name: str, **kwargs: Any) -> Method:
     ------
     ValueError
         For an unknown ``name`` or an option the method does not take (the message lists the
-        valid names; issue 15: ``--method-arg`` typos ended in a TypeError traceback).
+        valid names, so a ``--method-arg`` typo is one clear line, not a TypeError traceback).
     """
     cls = get(name)
     valid = _constructor_options(cls)

@@ -32,7 +32,8 @@ class Contrastive(EmbeddingMethod):
     """Deterministic contrastive embedding (LAM eq. 1; Table 2, "Deterministic").
 
     - ``embedding``: ``e(x) / ||e(x)||``;
-    - ``uncertainty``: ``1 / ||e(x)||``, the norm heuristic of InfoNCE (METHODS.md); LAM
+    - ``uncertainty``: ``1 / ||e(x)||``, the norm heuristic of InfoNCE
+      (docs/concepts/uncertainty.rst, "Where u(x) comes from"); LAM
       reports no uncertainty for this row;
     - no embedding distribution.
 
@@ -88,7 +89,8 @@ class ContrastiveMCDropout(Contrastive):
     is a mask of the last layer's input (Gal & Ghahramani, 2016).
 
     - ``embedding``: the normalised mean of ``n_passes`` normalised draws;
-    - ``uncertainty``: ``1 / kappa_hat`` of those draws (Sra's approximation, METRICS.md);
+    - ``uncertainty``: ``1 / kappa_hat`` of those draws (Sra's approximation,
+      docs/concepts/uncertainty.rst, "Samples");
     - ``samples``: ``n_samples`` further draws ``[S, N, D]``.
 
     Parameters

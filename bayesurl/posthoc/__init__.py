@@ -1,4 +1,4 @@
-"""Post-hoc uncertainty for any trained encoder (issue 5).
+"""Post-hoc uncertainty for any trained encoder.
 
 - :func:`wrap` -- ``wrap(encoder, method="pvu" | "tau" | "laplace", **options)``
 - :class:`PVU`, :class:`PVUHead`, :func:`ranking_loss` -- pretrained visual uncertainties on

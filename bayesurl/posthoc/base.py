@@ -188,7 +188,7 @@ def known_embedding_dim(encoder: nn.Module) -> int | None:
     :class:`MethodEncoder`). Attributes such as timm's
     ``num_features`` (the width *before* the classifier head) or a ViT's ``embed_dim``
     describe internals, not the output, so everything else returns ``None`` and the wrappers
-    build their head from the first embeddings the encoder actually returns (issue 15).
+    build their head from the first embeddings the encoder actually returns.
     """
     if isinstance(encoder, nn.Linear):
         return int(encoder.out_features)
@@ -363,7 +363,7 @@ class PosthocWrapper(nn.Module):
                 f"saved state does not fit the {self.method!r} wrapper: {exc}"
             ) from exc
         missing = [k for k in missing if not k.startswith("encoder.")]
-        if missing == ["_extra_state"]:  # saved before issue 15: it was saved after `fit`
+        if missing == ["_extra_state"]:  # a checkpoint without it was saved after `fit`
             missing, self.fitted = [], True
         if missing or unexpected:
             raise ValueError(

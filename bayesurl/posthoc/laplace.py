@@ -1,4 +1,4 @@
-"""Post-hoc last-layer Laplace around a trained encoder (LAM section 3; spec METHODS.md).
+"""Post-hoc last-layer Laplace around a trained encoder (LAM section 3; docs/concepts/laplace.rst).
 
 Two paths, both through :mod:`bayesurl.laplace` (no Laplace fitting is re-implemented here):
 
@@ -226,7 +226,7 @@ class LaplaceWrapper(PosthocWrapper):
                 embedding=e, uncertainty=p.entropy.to(e.dtype), logits=p.logits.to(e.dtype)
             )
         e, phi = self._forward_with_features(x)
-        self.check_fitted()  # else u would be the prior's alone (issue 15)
+        self.check_fitted()  # else u would be the prior's alone
         u, kappa = self._uncertainty(phi)
         return PosthocOutput(embedding=e, uncertainty=u.to(e.dtype), kappa=kappa.to(e.dtype))
 

@@ -90,7 +90,7 @@ class PVUHead(nn.Module):
     """``Linear(D,512)-LeakyReLU-Linear(512,512)-LeakyReLU-Linear(512,1)-Softplus`` (PVU).
 
     Default (Kaiming-uniform) initialisation; never zero-initialise it: a zero head outputs a
-    constant, so the ranking loss has no gradient and it cannot train (spec METHODS.md).
+    constant, so the ranking loss has no gradient and it cannot train (PVU thesis, chapter 5).
 
     Parameters
     ----------
@@ -228,7 +228,7 @@ def check_head_trainable(head: nn.Module, probe: Tensor) -> None:
 
     The test is the one that matters: one ranking-loss gradient on ``probe`` (task losses
     ``0, 1, ..., N-1``). A head whose parameters all get exactly zero gradient, e.g. an all-zero
-    head (constant output and zero hidden activations), never moves (PVU; spec METHODS.md) and
+    head (constant output and zero hidden activations), never moves (PVU thesis, chapter 5) and
     is rejected. A linear layer with an all-zero weight only warns: it can still recover.
 
     Raises
@@ -498,7 +498,7 @@ class PVU(PosthocWrapper):
         return {"losses": losses, "train_seconds": time.perf_counter() - t0, "cache_seconds": 0.0}
 
     def _finish_fit(self, losses: list[float]) -> None:
-        """Mark fitted, or raise when no epoch had a single usable step (issue 15)."""
+        """Mark fitted, or raise when no epoch had a single usable step."""
         if self.head is None:
             raise ValueError("`loader` yielded no data: the PVU head was not trained")
         if not any(math.isfinite(v) for v in losses):

@@ -6,9 +6,9 @@ code only says so to the browser. It shows
 
 - the results table (click a column title to sort) and the folder's plots;
 - per estimator: the most and the least uncertain downstream queries, each beside the
-  neighbour it retrieved (the R@1 search, METRICS.md) with a right / wrong mark; the OOD images
-  ranked by u, marked where u is above the 95th percentile of the held-out upstream images'
-  u (the ones a threshold at that level would flag); u per class;
+  neighbour it retrieved (the R@1 search, docs/concepts/metrics.rst) with a right / wrong mark; the
+  OOD images ranked by u, marked where u is above the 95th percentile of the held-out upstream
+  images' u (the ones a threshold at that level would flag); u per class;
 - for several estimators on the same queries: two of them side by side on the most uncertain
   queries of either;
 - the notes of :mod:`bayesurl.evaluation.notes` (u nearly constant, u inverted, a model at

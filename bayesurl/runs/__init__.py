@@ -1,6 +1,6 @@
 """One run pipeline for every estimator: config -> data -> estimator -> predict -> evaluate.
 
-The API (ARCHITECTURE.md, "One road for every run"):
+The API:
 
 - :func:`load_recipe` ``(name, overrides=(), *, preset=None) -> RunConfig``: read
   ``"<dataset>/<estimator>"`` from the TOML recipe files (:mod:`bayesurl.runs.config`) with

@@ -74,7 +74,7 @@ ESTIMATOR_KINDS = ("method", "posthoc", "lam", "baseline", "deep_ensemble")
 
 @dataclass
 class DataConfig:
-    """Which zero-shot data and how much of it (URL section 3.2; spec DATA.md).
+    """Which zero-shot data and how much of it (URL section 3.2; docs/concepts/zero_shot.rst).
 
     Attributes
     ----------
@@ -208,7 +208,7 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    """Evaluation settings (spec METRICS.md).
+    """Evaluation settings (docs/concepts/metrics.rst).
 
     Attributes
     ----------

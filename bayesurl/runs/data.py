@@ -2,9 +2,9 @@
 
 One function, :func:`build_data`, turns a :class:`~bayesurl.runs.config.RunConfig` into a
 :class:`RunData`: the upstream training set, the downstream test set, the held-out upstream
-set and the OOD set of the URL zero-shot protocol (Kirchhof et al., 2023, section 3.2; spec
-DATA.md) -- or, with ``data.split = "closed"``, LAM's closed set (Warburg et al., 2023,
-section 4: the same classes trained on and retrieved) --, all stored as ``uint8`` images,
+set and the OOD set of the URL zero-shot protocol (Kirchhof et al., 2023, section 3.2;
+docs/concepts/zero_shot.rst) -- or, with ``data.split = "closed"``, LAM's closed set (Warburg et
+al., 2023, section 4: the same classes trained on and retrieved) --, all stored as ``uint8`` images,
 and the per-batch transforms that the backbone's data configuration asks for
 (:func:`bayesurl.backbones.data_config`: channels, mean / std).
 Grayscale images are normalised with their data set's statistics and repeated to the

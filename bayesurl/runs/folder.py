@@ -25,7 +25,7 @@ The road of ``bayesurl folder`` (:func:`score_folder`):
      backbone's feature, bit for bit.
 
 4. **Rank**: every readable image is a query; its nearest neighbour among the others
-   (cosine, METRICS.md), and, with labels, the evaluator's R@1, R-AUROC, AUSC
+   (cosine, docs/concepts/metrics.rst), and, with labels, the evaluator's R@1, R-AUROC, AUSC
    (:func:`bayesurl.evaluation.evaluate`).
 5. **Write** ``uncertainty.csv`` (every file of the folder: path, class, u, its rank, the
    nearest neighbour and its class, right / wrong, or the error of an unreadable file),

@@ -1,12 +1,13 @@
-"""The one embedding loop and the one sampling rule of every run (spec METRICS.md).
+"""The one embedding loop and the one sampling rule of every run (docs/concepts/uncertainty.rst,
+"Samples").
 
 :func:`predict` runs ``fn(x, n_samples) -> Output`` over a data set in batches (transformed on
 the device), seeded so the draws are reproducible without touching the caller's random state.
 :func:`n_samples_for` is the sampling rule: ``S`` draws for an estimator with an embedding
-distribution, none otherwise -- so the ECE of HET-XL or MC dropout no longer depends on which
+distribution, none otherwise -- so the ECE of HET-XL or MC dropout does not depend on which
 command ran them. :func:`score` is the zero-shot evaluation of URL section 3.2 on top:
 :func:`bayesurl.evaluation.evaluate` on the downstream test set, OOD AUROC / AUPRC of u on the
-OOD set against u on the held-out upstream set (spec DATA.md).
+OOD set against u on the held-out upstream set (docs/concepts/zero_shot.rst).
 
 Under an initialised ``torch.distributed`` process group with more than one rank (``torchrun``)
 :func:`score` is sharded: every rank predicts only its contiguous block of whole
@@ -256,10 +257,10 @@ def score(
 
     Embeds the downstream ``test`` set (every image is a query, URL section 3.2), the held-out
     upstream ``id_test`` set and the ``ood`` set, and scores them in one call of
-    :func:`bayesurl.evaluation.evaluate` (METRICS.md): R@1, R-AUROC, AUSC / AUSE, mAP@5, --
-    with samples -- the retrieval ECE, OOD AUROC / AUPRC of u on ``sets.ood`` (positive class)
-    against u on ``sets.id_test`` (DATA.md), the mixed 50/50 ``id_test`` / ``test`` R-AUROC
-    (URL App. C.5) and, with ``crop_images``, URL's crop test (section 4.5).
+    :func:`bayesurl.evaluation.evaluate` (docs/concepts/metrics.rst): R@1, R-AUROC, AUSC / AUSE,
+    mAP@5, -- with samples -- the retrieval ECE, OOD AUROC / AUPRC of u on ``sets.ood`` (positive
+    class) against u on ``sets.id_test`` (docs/concepts/zero_shot.rst), the mixed 50/50 ``id_test``
+    / ``test`` R-AUROC (URL App. C.5) and, with ``crop_images``, URL's crop test (section 4.5).
 
     Sharded under ``torch.distributed``: each rank predicts its
     :func:`batch_shard` of every set and the evaluator runs with ``distributed=True`` (the

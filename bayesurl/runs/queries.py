@@ -3,9 +3,9 @@
 The metrics of a run are means over its queries; to see *which* images the model does not
 trust, and whether it is right not to, the report (:mod:`bayesurl.report`) needs, per
 downstream query, its u, its nearest neighbour (cosine, self excluded: the R@1 search of
-METRICS.md) and whether that neighbour shares its class, and, per OOD image, its u. This module
-turns a run's predicted outputs into that record and keeps it beside the run's results as one
-compressed ``.npz`` (a few bytes per query; no embeddings). Images are not stored: the report
+docs/concepts/metrics.rst) and whether that neighbour shares its class, and, per OOD image, its u.
+This module turns a run's predicted outputs into that record and keeps it beside the run's results
+as one compressed ``.npz`` (a few bytes per query; no embeddings). Images are not stored: the report
 reads them from the data set by id (the record keeps the data settings that rebuild it) or,
 for a folder of one's own images, from the file paths kept in the record. Each query and OOD
 image is also named by the SHA-1 digest of its pixels (its first 8 bytes, :func:`source_ids`;
@@ -148,7 +148,8 @@ def query_record(
     source: Sequence[str] | None = None,
     ood_source: Sequence[str] | None = None,
 ) -> QueryRecord:
-    """The record of one run's queries: u, nearest neighbour, hit flag (METRICS.md, R@1).
+    """The record of one run's queries: u, nearest neighbour, hit flag (docs/concepts/metrics.rst,
+    "Recall@1 and Recall@k").
 
     Parameters
     ----------

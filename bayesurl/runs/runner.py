@@ -1,11 +1,11 @@
 """One run: config -> data -> estimator -> predict -> evaluate -> result record.
 
-:func:`run` is the road every command and the benchmark take (ARCHITECTURE.md): it builds
+:func:`run` is the road every command and the benchmark take: it builds
 (or reuses) the data of a :class:`~bayesurl.runs.config.RunConfig`, seeds everything with the
 run's seed, fits the estimator (training or reusing a post-hoc estimator's base first),
 predicts the evaluation sets with the one sampling rule and scores them with
-:func:`bayesurl.evaluation.evaluate` (URL section 3.2 zero-shot protocol; METRICS.md). The same
-config and seed give the same metrics whichever caller runs it.
+:func:`bayesurl.evaluation.evaluate` (URL section 3.2 zero-shot protocol;
+docs/concepts/metrics.rst). The same config and seed give the same metrics whichever caller runs it.
 
 A :class:`RunCache` shared by several runs (a sweep) keeps the assembled data and the fitted
 base methods, so PVU, post-hoc TaU and Laplace-on-CE wrap the CE run of the same seed instead

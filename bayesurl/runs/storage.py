@@ -455,7 +455,7 @@ class SweepStorage:
 
     Examples
     --------
-    >>> store = SweepStorage(out="results/benchmark/standard")  # doctest: +SKIP
+    >>> store = SweepStorage(out="results/sweeps/standard")  # doctest: +SKIP
     >>> store.add_runs([{"estimator": "ce", "split": 0, "seed": 0}])  # doctest: +SKIP
     >>> store.work(lambda params: {"r_auroc": 0.6})  # doctest: +SKIP
     """

@@ -259,7 +259,7 @@ class SweepOptions:
     out : path-like, optional
         Results folder (with each run's per-query record ``queries/<run>.npz``,
         :mod:`bayesurl.runs.queries`); ``None``: a stored sweep writes to
-        ``results/benchmark/<preset>``, an in-memory one to ``default_out``.
+        ``results/sweeps/<preset>``, an in-memory one to ``default_out``.
     default_out : path-like, optional
         Where an in-memory sweep writes when ``out`` is ``None`` (``None``: nowhere).
     storage : str, optional
@@ -346,7 +346,7 @@ class SweepOptions:
         if self.out is not None:
             return Path(self.out)
         if plan.stored:
-            return Path("results") / "benchmark" / plan.name
+            return Path("results") / "sweeps" / plan.name
         return None if self.default_out is None else Path(self.default_out)
 
 

@@ -1,6 +1,6 @@
 """Training checkpoints that load with ``torch.load(..., weights_only=True)``.
 
-A checkpoint is a dict of tensors, dicts, lists, strings and numbers only (issue 3, section 2):
+A checkpoint is a dict of tensors, dicts, lists, strings and numbers only:
 
 =================  ==========================================================================
 ``format``         ``"bayesurl-checkpoint"``; ``version``: :data:`CHECKPOINT_VERSION`

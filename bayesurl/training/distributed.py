@@ -6,7 +6,7 @@ ranks, so ``R`` ranks with per-rank batch ``B`` and a mean-reduced loss follow t
 one process on the global batch ``R * B``), replaces the loader's sampler by a
 :class:`~torch.utils.data.distributed.DistributedSampler`, and lets only rank 0 print and write
 checkpoints. The rank / world-size / gather helpers are :mod:`bayesurl.distributed`'s
-(re-exported here); the evaluator shards its search with them (issue 16).
+(re-exported here); the evaluator shards its search with them.
 
 Every helper degrades to the single-process behaviour when no process group is initialised.
 """
@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from bayesurl.distributed import (  # the generic helpers live one layer down (issue 16)
+from bayesurl.distributed import (  # the generic helpers live one layer down
     DistInfo,
     all_gather_tensors,
     barrier,

@@ -119,7 +119,7 @@ def _check_resume_matches(
     config: Mapping[str, Any],
 ) -> None:
     """Refuse to resume a checkpoint of another method, other constructor options or another
-    plan (issue 15): each would train on silently, e.g. ``hib`` weights into ``mcinfonce``
+    plan: each would train on silently, e.g. ``hib`` weights into ``mcinfonce``
     (same layout), or a cosine schedule re-planned for a new ``epochs``."""
     where = f"checkpoint {str(path)!r} does not fit this run"
     spec = ckpt.get("method")

@@ -1,6 +1,6 @@
 """Seeding and random-number-generator states as plain tensors.
 
-Bit-identical resume (issue 3, section 2) needs every generator a run draws from -- torch CPU,
+Bit-identical resume needs every generator a run draws from -- torch CPU,
 CUDA, numpy, Python's :mod:`random` and a data loader's own generator -- saved at the end of an
 epoch and restored before the next. The states are stored as tensors, lists and numbers so a
 checkpoint loads with ``torch.load(..., weights_only=True)``.

@@ -18,7 +18,7 @@ rest:
   are averaged, so 2 ranks x batch 128 follow the path of one process with batch 256, as
   the URL benchmark's large batches need, URL appendix B), shards the loader with a
   ``DistributedSampler``, and lets only rank 0 print and write checkpoints;
-- evaluation is sharded too (issue 16): each rank embeds its contiguous rows
+- evaluation is sharded too: each rank embeds its contiguous rows
   (:func:`~bayesurl.distributed.shard_range`) and calls
   :func:`bayesurl.evaluate` with ``distributed=True``. Every rank searches its own queries
   over every rank's rows, which pass by in bounded chunks

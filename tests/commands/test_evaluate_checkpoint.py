@@ -57,7 +57,7 @@ def test_round_trip_matches_in_memory_method(trained):
         u_id = method(as_tensors(data.id_test, default_transform(1))[0]).uncertainty
         u_ood = method(as_tensors(data.ood, default_transform(1))[0]).uncertainty
     correct = y.numpy()[sims.argmax(axis=1)] == y.numpy()
-    # R-AUROC: u ranks the wrong queries above the right ones (METRICS.md)
+    # R-AUROC: u ranks the wrong queries above the right ones (docs/concepts/metrics.rst)
     assert got["r_auroc"] == pytest.approx(roc_auc_score(~correct, u), abs=1e-9)
     scores = torch.cat([u_id, u_ood]).double().numpy()
     is_ood = np.r_[np.zeros(len(u_id)), np.ones(len(u_ood))]  # OOD = positive class

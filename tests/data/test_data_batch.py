@@ -1,4 +1,4 @@
-"""The one batch reader, :func:`bayesurl.data.unpack_batch`, and its callers (issue 12)."""
+"""The one batch reader, :func:`bayesurl.data.unpack_batch`, and its callers."""
 
 from __future__ import annotations
 

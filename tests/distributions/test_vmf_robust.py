@@ -1,4 +1,4 @@
-"""vMF numerics for every finite kappa in float32 / float64 (issue 15), against mpmath.
+"""vMF numerics for every finite kappa in float32 / float64, against mpmath.
 
 References: mpmath's arbitrary-precision Bessel I (50 digits) where it converges, Hankel's
 large-argument expansion (A&S 9.7.1) beyond; ``1 - A_D(kappa)`` against the same.

@@ -1,4 +1,4 @@
-"""Issue 15 regressions of ``evaluate``: arguments are named, half precision works."""
+"""Regressions of ``evaluate``: arguments are named, half precision works."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_half_precision_samples_match_float32(dtype):
 
 def test_all_zero_embedding_rows_are_refused_naming_the_argument():
     x, y = _data()
-    x[7] = 0.0  # cosine undefined: it used to get an R@1 from index tie-breaking
+    x[7] = 0.0  # cosine undefined: it must not get an R@1 from index tie-breaking
     with pytest.raises(ValueError, match=r"`embeddings` has all-zero row.*\[7\]"):
         evaluate(x, y)
     s = torch.randn(4, 40, 6)

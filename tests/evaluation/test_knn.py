@@ -149,7 +149,7 @@ def test_tiled_top1_subset_queries_and_column_scale(rows: int, cols: int) -> Non
 @pytest.mark.parametrize("gallery_rows", [1, 4, 11, 59])
 def test_search_over_gallery_chunks_matches_brute_force(data, k, gallery_rows) -> None:
     """The in-place per-row-block merge of the gallery chunks (the ring pass of the sharded
-    search, issue 16): cut anywhere, ties and duplicates across cuts go to the lowest id."""
+    search): cut anywhere, ties and duplicates across cuts go to the lowest id."""
     from bayesurl.evaluation.knn import normalize, search
 
     x = normalize(data.double())
@@ -191,7 +191,7 @@ def test_normalize_inplace_is_the_copying_form_bit_for_bit(dtype) -> None:
 def _float_ties(seed: int = 0) -> torch.Tensor:
     """float32 rows with exact duplicates (groups of 8 and 3), scaled copies (cosine ties)
     and near duplicates a few ulps apart: the block products' last bits decide their order
-    unless the search recomputes them (issue 16)."""
+    unless the search recomputes them."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(300, 24, generator=g)
     x[[17, 40, 41, 99, 150, 151, 230, 299]] = x[5].clone()

@@ -1,4 +1,4 @@
-"""Sharded evaluation over torch.distributed (issue 16): 2 and 3 gloo processes give the
+"""Sharded evaluation over torch.distributed: 2 and 3 gloo processes give the
 single-process metrics, ties and duplicates across shard borders and an empty rank included."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def _data(n: int = 80, d: int = 6, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def _loop_metrics(x: torch.Tensor, y: torch.Tensor, ks: tuple[int, ...]) -> dict[str, float]:
-    """R@1, recall@k and mAP@k from brute-force neighbour lists (METRICS.md)."""
+    """R@1, recall@k and mAP@k from brute-force neighbour lists (docs/concepts/metrics.rst)."""
     nb = brute_knn(x, max(ks))
     lab = y.tolist()
     out: dict[str, float] = {}
@@ -75,8 +75,8 @@ def test_retrieval_and_uncertainty_metrics_against_loops_and_sklearn():
 
 
 def test_ood_against_the_in_distribution_set_and_mixed_r_auroc():
-    """With a second (in-distribution) set, OOD is u(ood) vs its u (DATA.md), and the mixed
-    50/50 R-AUROC (URL App. C.5) pools 30 queries of each side, sides kept apart."""
+    """With a second (in-distribution) set, OOD is u(ood) vs its u (docs/concepts/zero_shot.rst),
+    and the mixed 50/50 R-AUROC (URL App. C.5) pools 30 queries of each side, sides kept apart."""
     d = _data()
     res = evaluate(
         d["x"], d["y"], uncertainties=d["u"], ood_uncertainties=d["ood"],

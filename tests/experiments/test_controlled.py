@@ -174,7 +174,7 @@ def test_sample_triplets_shapes_and_uniform_negatives():
 
 
 def test_vmf_kappa_gradient_finite_in_2d_float32():
-    """Regression: float32 Beta draws at w = +-1 used to give NaN kappa gradients in D = 2."""
+    """float32 Beta draws at w = +-1 must not give NaN kappa gradients in D = 2."""
     g = torch.Generator().manual_seed(0)
     mu = F.normalize(torch.randn(256, 2, generator=g), dim=-1).requires_grad_()
     kappa = torch.full((256,), 20.0, requires_grad=True)
@@ -366,7 +366,7 @@ def test_select_mu_init_keeps_the_best_initial_weights_and_leaves_kappa():
 @needs_losses
 def test_recipe_smoke(tmp_path):
     spec = importlib.util.spec_from_file_location(
-        "recipe_controlled", ROOT / "recipes" / "controlled" / "mcinfonce.py"
+        "recipe_controlled", ROOT / "examples" / "controlled" / "mcinfonce.py"
     )
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
@@ -422,7 +422,7 @@ def test_generator_smoothing_lowers_the_smoothness_loss() -> None:
 
 def _oracle_landscape():
     spec = importlib.util.spec_from_file_location(
-        "oracle_landscape", ROOT / "recipes" / "controlled" / "oracle_landscape.py"
+        "oracle_landscape", ROOT / "examples" / "controlled" / "oracle_landscape.py"
     )
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

@@ -160,7 +160,8 @@ def test_predictive_trace_and_kappa_match_sampled_normalised_embeddings():
     torch.testing.assert_close(
         out.samples.mean(0) / out.samples.mean(0).norm(dim=1, keepdim=True), u, rtol=0, atol=0.02
     )
-    # kappa: the Sra moment match of R^2 = 1 / (1 + trace) (METRICS.md), evaluated here
+    # kappa: the Sra moment match of R^2 = 1 / (1 + trace) (docs/concepts/uncertainty.rst,
+    # "Samples"), evaluated here
     r = (1 / (1 + trace)).sqrt()
     torch.testing.assert_close(out.kappa, r * (4 - r**2) / (1 - r**2), rtol=1e-8, atol=0)
     r_s = out.samples.mean(0).norm(dim=1)  # and against the samples' mean resultant length

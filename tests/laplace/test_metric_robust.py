@@ -1,4 +1,4 @@
-"""Issue 15 regressions of MetricLaplace: D = 1, float64 batches, NaN inputs."""
+"""Regressions of MetricLaplace: D = 1, float64 batches, NaN inputs."""
 
 from __future__ import annotations
 

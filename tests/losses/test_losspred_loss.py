@@ -10,7 +10,7 @@ from bayesurl.losses.losspred import LossPredictionLoss, LossPredictor, losspred
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    # the CI box has two shared cores: intra-op threads only add contention for tiny tensors
+    # intra-op threads only add contention for tensors this small
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -1,10 +1,10 @@
-"""Validation once, at the public entry (PML's ``forward`` -> ``compute_loss``; issue 12).
+"""Validation once, at the public entry (PML's ``forward`` -> ``compute_loss``).
 
 Every value check (NaN / inf / sign scans: each one a host sync on a GPU) is recorded with a
 profiler hook while a loss or a method runs; no tensor may be scanned twice in one call.
 Checks nested inside another check (``check_embeddings`` -> ``check_finite``) count as one.
-On the code before issue 12 this fails: ``ELKLoss`` re-checked its embeddings and kappa in
-``elk_pairwise_log_kernel``, the sampling losses in ``sample_vmf``.
+It fails when a loss checks again inside (``ELKLoss`` in ``elk_pairwise_log_kernel``, the
+sampling losses in ``sample_vmf``).
 """
 
 from __future__ import annotations

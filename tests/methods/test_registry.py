@@ -18,7 +18,7 @@ TINY = {"embed_dim": 16, "num_classes": 3, "backbone_kwargs": {"num_features": 2
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    # two cores shared by many processes: intra-op threads only add contention here
+    # intra-op threads only add contention for tensors this small
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

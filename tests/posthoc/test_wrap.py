@@ -251,7 +251,8 @@ def _closed_form_trace(enc, la, x):
 
 
 def _sra(trace, d):
-    r = (1 / (1 + trace)).sqrt()  # R^2 = 1 / (1 + trace), kappa by Sra (METRICS.md)
+    # R^2 = 1 / (1 + trace), kappa by Sra (docs/concepts/uncertainty.rst, "Samples")
+    r = (1 / (1 + trace)).sqrt()
     return r * (d - r**2) / (1 - r**2)
 
 

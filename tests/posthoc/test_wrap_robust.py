@@ -1,4 +1,4 @@
-"""Issue 15 regressions for the post-hoc wrappers: the embedding width comes from what the
+"""Regressions for the post-hoc wrappers: the embedding width comes from what the
 encoder returns (a timm classifier included), a fit that could not train raises, and a
 wrapper that was never fitted refuses to predict."""
 
@@ -185,7 +185,7 @@ def test_save_under_a_missing_folder_creates_it_and_a_folder_path_is_refused(tmp
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.int64])
 def test_one_dtype_rule_in_every_posthoc_fit(method, dtype):
     """Floating input is cast to the encoder's dtype; integer input the encoder cannot take is
-    a TypeError naming `x` (pvu's cache used to surface torch's dtype message)."""
+    a TypeError naming `x` (not torch's dtype message from pvu's cache)."""
     data = [
         ((x.to(dtype) if dtype.is_floating_point else (x * 10).to(dtype)), y)
         for x, y in _labelled()

@@ -1,5 +1,5 @@
 """Data, predictors and the per-rank worker of the sharded :func:`bayesurl.runs.predict.score`
-tests (issue 16, end to end): one process per rank, gloo on CPU.
+tests (end to end): one process per rank, gloo on CPU.
 
 The images have 4 pixels with values 1..3, so duplicates (exact ties of the embeddings and of
 the uncertainties) sit on both sides of every shard border.

@@ -1,4 +1,4 @@
-"""Recipes as data (issue 12): every dataset x estimator table of the TOML files resolves to a
+"""Recipes as data: every dataset x estimator table of the TOML files resolves to a
 typed config; ``bayesurl run <dataset>/<estimator>`` trains, checkpoints and evaluates; bad
 keys, values, names and missing data roots fail with a message naming them (exit status 2).
 
@@ -23,7 +23,7 @@ from bayesurl.runs.plan import preset_splits, sweep_preset
 REPO = Path(__file__).resolve().parents[2]
 FOLDER_DATASETS = ["cub", "cars", "sop"]
 FMNIST = list_recipes()["fashion_mnist"]
-# a smaller smoke than the preset keeps the file well under a minute on 2 cores
+# a smaller smoke than the preset keeps the file under a minute on a small CPU
 SMALL = ["--preset", "smoke", "--set", "data.max_train=96", "--set", "data.max_test=60"]
 SMALL += ["--set", "train.batch_size=32", "--no-progress"]
 
@@ -51,11 +51,11 @@ def test_every_dataset_and_estimator_table_resolves():
 
 
 def test_no_recipe_stubs_left():
-    for folder in (REPO / "recipes").iterdir():
+    for folder in (REPO / "examples").iterdir():
         if folder.is_dir() and folder.name != "controlled":
             assert not list(folder.glob("*.py")), folder
     # LAM Table 2 is the recipe fashion_mnist_closed.toml, not a script of its own
-    assert not (REPO / "recipes" / "fashion_mnist").exists()
+    assert not (REPO / "examples" / "fashion_mnist").exists()
     assert not (REPO / "bayesurl" / "experiments" / "lam_table2.py").exists()
     assert not (REPO / "bayesurl" / "recipes.py").exists()
     assert sorted(p.stem for p in RECIPE_DIR.glob("*.toml")) == sorted(list_recipes())

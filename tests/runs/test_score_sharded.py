@@ -1,4 +1,4 @@
-"""Sharded zero-shot scoring (issue 16, end to end): :func:`bayesurl.runs.predict.score` under
+"""Sharded zero-shot scoring (end to end): :func:`bayesurl.runs.predict.score` under
 2 and 3 gloo processes equals one process -- metrics (the draw-based ECE included), the
 predicted rows and the OOD AUROC over every rank's u -- with uneven blocks and empty ranks."""
 

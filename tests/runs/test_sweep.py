@@ -132,7 +132,7 @@ def test_evaluate_method_matches_brute_force(small_data):
     u = out.uncertainty.numpy()
     assert res["r@1"] == pytest.approx(correct.mean(), abs=1e-12)
     assert res["r_auroc"] == pytest.approx(roc_auc_score(~correct, u), abs=1e-9)
-    # OOD AUROC: u(ood) positive against u(id_test) (held-out upstream), DATA.md
+    # OOD AUROC: u(ood) positive against u(id_test) (held-out upstream; docs/concepts/zero_shot.rst)
     u_id = embed(method, as_tensors(small_data.id_test, tf)[0]).uncertainty.numpy()
     u_ood = embed(method, as_tensors(small_data.ood, tf)[0]).uncertainty.numpy()
     labels = np.r_[np.zeros(len(u_id)), np.ones(len(u_ood))]

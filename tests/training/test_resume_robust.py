@@ -1,4 +1,4 @@
-"""Issue 15: resume and load compare the method, its options and the run's plan."""
+"""resume and load compare the method, its options and the run's plan."""
 
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ def test_train_saves_checkpoint_and_resumes(tmp_path, toy_registered, capsys):
     assert torch.equal(m.cls.weight, ck["model"]["cls.weight"])
 
     resume = [*argv[:-5], "--out", str(out), "--resume", str(out / "last.pt"), "--no-progress"]
-    # issue 15: another `epochs` would silently re-plan the schedule: one clear line, exit 2
+    # another `epochs` would silently re-plan the schedule: one clear line, exit 2
     capsys.readouterr()
     assert main([*resume, "--epochs", "3", "--device", "cpu"]) == 2
     err = capsys.readouterr().err

@@ -82,7 +82,7 @@ def test_fp16_grad_scaler_state_checkpoints_and_resumes_on_cpu(tmp_path, monkeyp
     assert 0 < float(ck["scaler"]["scale"]) < 2.0**16
     half = load_checkpoint(tmp_path / "a" / "epoch_2.pt")
     assert float(half["scaler"]["scale"]) < 2.0**16
-    # resume the same 4-epoch plan from its epoch-2 checkpoint (issue 15: a resume must keep
+    # resume the same 4-epoch plan from its epoch-2 checkpoint (a resume must keep
     # the saved plan, so the run is not "2 epochs, then extended to 4")
     resumed, again = _run(tmp_path / "b", 4, resume=tmp_path / "a" / "epoch_2.pt")
     assert again.epochs == 4

@@ -1,6 +1,6 @@
 """Where is the MCInfoNCE loss minimal when the encoder knows the true mean directions?
 
-Diagnostic for the controlled experiment (MCI section 5.1, appendix B; issue 7). With the
+Diagnostic for the controlled experiment (MCI section 5.1, appendix B). With the
 generator's own ``mu(x)`` and ``kappa_hat(x) = c * kappa(x)``, Theorem 4.4 says the loss is
 minimal at ``c = 1`` (in the limit of many negatives). This script evaluates the loss for a grid
 of ``c`` on the same batches and MC samples (common random numbers) under each combination of
@@ -14,7 +14,7 @@ prints the argmin per row and writes a JSON.
 
 Usage::
 
-    python recipes/controlled/oracle_landscape.py --dim 2 --out results/oracle_d2.json
+    python examples/controlled/oracle_landscape.py --dim 2 --out results/oracle_d2.json
 """
 
 from __future__ import annotations

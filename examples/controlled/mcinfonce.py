@@ -8,17 +8,17 @@ Examples
 --------
 The paper's D = 2 protocol (Table 6: batch 512, 512 MC samples, 8,192 batches)::
 
-    python recipes/controlled/mcinfonce.py --dim 2 --seeds 0 1 2 3 4 \\
+    python examples/controlled/mcinfonce.py --dim 2 --seeds 0 1 2 3 4 \\
         --out results/controlled/d2_mcinfonce.json
 
 ELK / HIB rows (Table 3; the authors trained both jointly, not phase-wise)::
 
-    python recipes/controlled/mcinfonce.py --dim 2 --loss elk --joint
-    python recipes/controlled/mcinfonce.py --dim 2 --loss hib --joint
+    python examples/controlled/mcinfonce.py --dim 2 --loss elk --joint
+    python examples/controlled/mcinfonce.py --dim 2 --loss hib --joint
 
 D = 10 "ambiguous" (Table 1: 100,000 batches, M = 32 negatives in the kappa phase)::
 
-    python recipes/controlled/mcinfonce.py --dim 10 --batches 100000 --negatives 32
+    python examples/controlled/mcinfonce.py --dim 10 --batches 100000 --negatives 32
 """
 
 from __future__ import annotations
