@@ -18,6 +18,7 @@ from torch import Tensor
 __all__ = [
     "as_tensor",
     "check_choice",
+    "check_concentration",
     "check_device",
     "check_finite",
     "check_floating",
@@ -169,6 +170,34 @@ def check_tensor(
     if min_points is not None:
         check_min_points(t, name, min_points)
     return t
+
+
+def check_concentration(
+    kappa: Tensor | float,
+    name: str,
+    *,
+    positive: bool = False,
+    allow_inf: bool = True,
+) -> Tensor:
+    """Validate vMF concentrations (kappa); returns them as a floating tensor.
+
+    The one kappa check of the package: the distributions, the losses and the heads call it.
+    NaN always raises; negative values raise, zero too when ``positive``; infinity raises
+    unless ``allow_inf``. Integer input becomes the default floating dtype; the device and a
+    floating dtype are kept. Every error names ``name``.
+    """
+    k = torch.as_tensor(kappa)
+    if not k.is_floating_point():
+        k = k.to(torch.get_default_dtype())
+    if bool(torch.isnan(k).any()):
+        raise ValueError(f"`{name}` contains NaN")
+    if not allow_inf and bool(torch.isinf(k).any()):
+        raise ValueError(f"`{name}` must be finite here")
+    if bool((k < 0).any()):
+        raise ValueError(f"`{name}` must be non-negative, got min {float(k.min())}")
+    if positive and bool((k == 0).any()):
+        raise ValueError(f"`{name}` must be positive, got a zero")
+    return k
 
 
 # --------------------------------------------------------------------------------------------

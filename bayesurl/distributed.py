@@ -7,8 +7,13 @@ row exchange (:class:`RowExchange`) that brings a fixed set of other ranks' rows
 
 Every helper degrades to the single-process behaviour when no process group is initialised
 (or the group has one rank), so one code path serves one process as the ``W = 1`` case.
-:mod:`bayesurl.training.distributed` re-exports the generic helpers and adds DDP wrapping and
-distributed samplers.
+The training loop's DDP wrapping (:func:`wrap_ddp`) and distributed sampling
+(:func:`distributed_loader`) live here too: :func:`bayesurl.training.fit` runs unchanged under
+``torchrun``, wrapping the method in :class:`~torch.nn.parallel.DistributedDataParallel`
+(gradients are averaged over ranks, so ``R`` ranks with per-rank batch ``B`` and a mean-reduced
+loss follow the same path as one process on the global batch ``R * B``), replacing the loader's
+sampler by a :class:`~torch.utils.data.distributed.DistributedSampler` and letting only rank 0
+print and write checkpoints.
 """
 
 from __future__ import annotations
@@ -20,10 +25,13 @@ import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data.distributed import DistributedSampler
 
 __all__ = [
     "DistInfo",
@@ -34,6 +42,7 @@ __all__ = [
     "barrier",
     "broadcast_state",
     "cleanup",
+    "distributed_loader",
     "get_rank",
     "get_world_size",
     "init_from_env",
@@ -46,6 +55,7 @@ __all__ = [
     "ring_chunks",
     "shard_range",
     "shard_sizes",
+    "wrap_ddp",
 ]
 
 #: Bytes of one chunk of a rank's shard sent past the other ranks by :func:`ring_chunks`
@@ -644,3 +654,68 @@ def cleanup() -> None:
         dist.barrier()
     gc.collect()
     dist.destroy_process_group()
+
+
+def wrap_ddp(model: nn.Module, **ddp_kwargs: Any) -> nn.Module:
+    """Wrap ``model`` in :class:`~torch.nn.parallel.DistributedDataParallel` when distributed.
+
+    On CUDA ``device_ids`` defaults to the model's device. Returns ``model`` unchanged in a
+    single-process run.
+    """
+    if not is_distributed():
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    param = next(model.parameters(), None)
+    if param is not None and param.device.type == "cuda":
+        ddp_kwargs.setdefault("device_ids", [param.device.index])
+    return DistributedDataParallel(model, **ddp_kwargs)
+
+
+def distributed_loader(
+    loader: DataLoader, *, seed: int = 0, shuffle: bool | None = None
+) -> DataLoader:
+    """A copy of ``loader`` whose sampler is a :class:`DistributedSampler` over the same data.
+
+    The per-rank batch size stays ``loader.batch_size``; the global batch is ``world_size``
+    times larger. Returns ``loader`` unchanged when not distributed, or when it already uses a
+    :class:`DistributedSampler`.
+
+    Parameters
+    ----------
+    loader : DataLoader
+        Built with ``batch_size`` (not a custom ``batch_sampler``).
+    seed : int
+        Seed of the sampler's per-epoch shuffling (``seed + epoch``).
+    shuffle : bool or None
+        ``None`` shuffles when ``loader`` used a :class:`RandomSampler`.
+
+    Raises
+    ------
+    ValueError
+        If ``loader`` uses a custom batch sampler (``batch_size`` is None).
+    """
+    if not is_distributed() or isinstance(loader.sampler, DistributedSampler):
+        return loader
+    if loader.batch_size is None:
+        raise ValueError(
+            "`loader` uses a custom batch_sampler; build it with a DistributedSampler yourself"
+        )
+    if shuffle is None:
+        shuffle = isinstance(loader.sampler, RandomSampler)
+    sampler = DistributedSampler(
+        loader.dataset, shuffle=shuffle, seed=seed, drop_last=loader.drop_last
+    )
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=sampler,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        generator=loader.generator,
+        persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False,
+    )

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bayesurl._checks import (
+    check_concentration,
     check_device,
     check_input_file,
     check_int,
@@ -153,3 +154,25 @@ def test_check_finite_finds_a_bad_value_in_any_block(monkeypatch, where, bad):
     C.check_finite(torch.zeros(6, 5), "emb")
     C.check_finite(torch.zeros(0, 5), "emb")
     C.check_finite(torch.ones(3, dtype=torch.long), "emb")
+
+
+@pytest.mark.parametrize(
+    ("kappa", "options", "message"),
+    [
+        ([1.0, float("nan")], {}, "contains NaN"),
+        ([1.0, -0.5], {}, "non-negative, got min -0.5"),
+        ([1.0, 0.0], {"positive": True}, "must be positive"),
+        ([1.0, float("inf")], {"allow_inf": False}, "must be finite"),
+    ],
+)
+def test_check_concentration_names_the_argument(kappa, options, message):
+    with pytest.raises(ValueError, match=f"`kap`.*{message}"):
+        check_concentration(torch.tensor(kappa, dtype=torch.float64), "kap", **options)
+
+
+def test_check_concentration_keeps_floating_input_and_converts_integers():
+    k = torch.tensor([0.0, float("inf"), 2.5], dtype=torch.float64)
+    assert check_concentration(k, "kappa") is k  # zero and infinity are valid by default
+    out = check_concentration(torch.tensor([1, 2]), "kappa", positive=True)
+    assert out.dtype == torch.get_default_dtype()
+    assert out.tolist() == [1.0, 2.0]

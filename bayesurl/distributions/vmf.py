@@ -56,6 +56,7 @@ import torch
 from torch import Tensor
 
 from bayesurl._checks import (
+    check_concentration,
     check_finite,
     check_floating,
     check_int,
@@ -194,17 +195,6 @@ class _LogBesselIv(torch.autograd.Function):
         return grad * (ratio + ctx.v / x), None
 
 
-def _as_float_tensor(kappa: Tensor | float, name: str) -> Tensor:
-    k = torch.as_tensor(kappa)
-    if not k.is_floating_point():
-        k = k.to(torch.get_default_dtype())
-    if bool(torch.isnan(k).any()):
-        raise ValueError(f"`{name}` contains NaN")
-    if bool((k < 0).any()):
-        raise ValueError(f"`{name}` must be non-negative, got min {float(k.min())}")
-    return k
-
-
 def _check_directions(mu: Tensor, name: str) -> None:
     """Mean directions must be floating, finite, non-zero rows (a zero row has no direction)."""
     check_ndim(mu, name, 2)
@@ -234,9 +224,7 @@ def log_bessel_iv(v: float, x: Tensor | float) -> Tensor:
     """
     if v < 0:
         raise ValueError(f"`v` must be >= 0, got {v}")
-    xt = _as_float_tensor(x, "x")
-    if bool((xt <= 0).any()):
-        raise ValueError("`x` must be positive")
+    xt = check_concentration(x, "x", positive=True)
     return _LogBesselIv.apply(xt.double(), float(v)).to(xt.dtype)
 
 
@@ -282,7 +270,7 @@ def vmf_log_normalizer(kappa: Tensor | float, dim: int) -> Tensor:
     dim : int
         Ambient dimension ``D >= 2``.
     """
-    return _vmf_log_normalizer(_as_float_tensor(kappa, "kappa"), _check_dim(dim))
+    return _vmf_log_normalizer(check_concentration(kappa, "kappa"), _check_dim(dim))
 
 
 def _vmf_log_normalizer(kappa: Tensor, dim: int) -> Tensor:
@@ -299,7 +287,7 @@ def vmf_mean_resultant_length(kappa: Tensor | float, dim: int) -> Tensor:
     ``A_D(0) = 0`` and ``A_D(inf) = 1``.
     """
     d = _check_dim(dim)
-    k = _as_float_tensor(kappa, "kappa")
+    k = check_concentration(kappa, "kappa")
     finite = torch.isfinite(k)
     ks = torch.where(finite, k, torch.ones_like(k)).double().clamp_min(_KAPPA_TINY)
     _, ratio = _log_ive_and_ratio(d / 2.0 - 1.0, ks)
@@ -499,9 +487,7 @@ def vmf_cosine_grad_kappa(w: Tensor, kappa: Tensor | float, dim: int) -> Tensor:
     check_finite(w, "w")
     if bool(((w < -1) | (w > 1)).any()):
         raise ValueError("`w` must lie in [-1, 1]")
-    k = _as_float_tensor(kappa, "kappa").to(device=w.device)
-    if bool((k <= 0).any()) or not bool(torch.isfinite(k).all()):
-        raise ValueError("`kappa` must be positive and finite")
+    k = check_concentration(kappa, "kappa", positive=True, allow_inf=False).to(device=w.device)
     try:
         torch.broadcast_shapes(w.shape, k.shape)
     except RuntimeError:
@@ -703,7 +689,7 @@ def sample_vmf(
     n_samples = check_int(n_samples, "n_samples", low=1)
     n, dim = mu.shape
     _check_dim(dim)
-    k = _as_float_tensor(kappa, "kappa").to(device=mu.device, dtype=mu.dtype)
+    k = check_concentration(kappa, "kappa").to(device=mu.device, dtype=mu.dtype)
     k = k.expand(n) if k.ndim == 0 else k
     if k.shape != (n,):
         raise ValueError(f"`kappa` must have shape [{n}] to match `mu`, got {tuple(k.shape)}")
@@ -779,7 +765,7 @@ class VonMisesFisher:
 
     def __init__(self, loc: Tensor, concentration: Tensor) -> None:
         _check_directions(loc, "loc")
-        k = _as_float_tensor(concentration, "concentration").to(loc)
+        k = check_concentration(concentration, "concentration").to(loc)
         if k.ndim == 0:
             k = k.expand(loc.shape[0])
         if k.shape != loc.shape[:1]:

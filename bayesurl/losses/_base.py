@@ -20,7 +20,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 from torch import Tensor
 
-from bayesurl._checks import check_finite, check_ndim, check_same_length
+from bayesurl._checks import check_concentration, check_finite, check_ndim, check_same_length
 
 __all__ = [
     "ExplicitKappaLoss",
@@ -52,10 +52,7 @@ def check_kappa(
     """
     if kappa is None:
         return like.norm(dim=-1)
-    k = torch.as_tensor(kappa, device=like.device)
-    if not k.is_floating_point():
-        k = k.to(like.dtype)
-    k = k.to(like.dtype)
+    k = torch.as_tensor(kappa, device=like.device).to(like.dtype)
     if k.ndim == 0:
         k = k.expand(like.shape[:-1])
     if k.shape != like.shape[:-1]:
@@ -63,12 +60,7 @@ def check_kappa(
             f"`{name}` must have shape {tuple(like.shape[:-1])} to match the embeddings, "
             f"got {tuple(k.shape)}"
         )
-    if bool(torch.isnan(k).any()):
-        raise ValueError(f"`{name}` contains NaN")
-    if not allow_inf and bool(torch.isinf(k).any()):
-        raise ValueError(f"`{name}` must be finite here")
-    if bool((k < 0).any()):
-        raise ValueError(f"`{name}` must be non-negative, got min {float(k.min())}")
+    k = check_concentration(k, name, allow_inf=allow_inf)
     zero = (like == 0).all(-1) & (k > 0)
     if bool(zero.any()):
         raise ValueError(

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from pytorch_metric_learning.utils import common_functions as c_f
 from torch import Tensor
 
-from bayesurl._checks import check_finite, check_floating
+from bayesurl._checks import check_concentration, check_finite, check_floating
 from bayesurl.distributions.vmf import _sample_vmf
 from bayesurl.heads.proxies import NonIsotropicVMFProxies
 from bayesurl.losses._base import (
@@ -63,8 +63,7 @@ def _check_proxies(
             f"`proxy_kappa` must have the shape of `proxy_mu` {tuple(proxy_mu.shape)}, "
             f"got {tuple(proxy_kappa.shape)}"
         )
-    if not bool(torch.isfinite(proxy_kappa).all()) or bool((proxy_kappa <= 0).any()):
-        raise ValueError("`proxy_kappa` must be positive and finite")
+    check_concentration(proxy_kappa, "proxy_kappa", positive=True, allow_inf=False)
     if dim is not None and proxy_mu.shape[1] != dim:
         raise ValueError(f"`proxy_mu` has dimension {proxy_mu.shape[1]}, `{name}` has {dim}")
 

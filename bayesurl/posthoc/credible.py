@@ -27,7 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bayesurl._checks import check_finite, check_floating, check_ndim, check_tensor
+from bayesurl._checks import (
+    check_concentration,
+    check_finite,
+    check_floating,
+    check_ndim,
+    check_tensor,
+)
 from bayesurl.types import Output
 
 __all__ = ["credible_threshold", "credible_mask", "retrieve", "vmf_cosine_quantile"]
@@ -42,17 +48,6 @@ def _check_prob(p: float, name: str) -> float:
     if not 0.0 < p < 1.0:
         raise ValueError(f"`{name}` must lie strictly between 0 and 1, got {p}")
     return p
-
-
-def _check_kappa(kappa: Tensor | float, name: str = "kappa") -> Tensor:
-    k = torch.as_tensor(kappa)
-    if not k.is_floating_point():
-        k = k.to(torch.get_default_dtype())
-    if bool(torch.isnan(k).any()):
-        raise ValueError(f"`{name}` contains NaN")
-    if bool((k < 0).any()):
-        raise ValueError(f"`{name}` must be >= 0, got min {float(k.min())}")
-    return k
 
 
 def _quantile_d3(kappa: Tensor, q: float) -> Tensor:
@@ -143,7 +138,7 @@ def vmf_cosine_quantile(
         raise ValueError(f"unknown `method` {method!r}; valid: auto, closed_form, numerical")
     if method == "closed_form" and dim != 3:
         raise ValueError(f"the closed form exists only for `dim` = 3, got {dim}")
-    k = _check_kappa(kappa)
+    k = check_concentration(kappa, "kappa")
     shape, dtype = k.shape, k.dtype
     kk = k.reshape(-1).to(torch.float64)
     out = torch.ones_like(kk)
@@ -200,7 +195,7 @@ def _prepare(
         )
     if gal.shape[0] == 0:
         raise ValueError("`gallery` is empty")
-    k = _check_kappa(query_kappa, "query_kappa").to(device=mu.device)
+    k = check_concentration(query_kappa, "query_kappa").to(device=mu.device)
     if k.ndim == 0:
         k = k.expand(mu.shape[0])
     check_ndim(k, "query_kappa", 1)

@@ -66,6 +66,7 @@ from bayesurl.data.folder import (
 from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_open, write_json
 from bayesurl.runs.features import FeatureStore, FrozenEncoder
+from bayesurl.runs.predict import predict
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, query_record
 
 __all__ = ["FOLDER_FILE", "FolderMethod", "FolderResult", "score_folder"]
@@ -254,16 +255,6 @@ def _fit(
         report = wrapped.fit(_stacked(pairs), progress=False)
     wrapped.eval()
     return wrapped, report
-
-
-def _predict(wrapped: nn.Module, feats: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
-    embs, us = [], []
-    with torch.no_grad():
-        for b in range(0, feats.shape[0], batch_size):
-            out = wrapped(feats[b : b + batch_size])
-            embs.append(out.embedding)
-            us.append(out.uncertainty)
-    return torch.cat(embs), torch.cat(us)
 
 
 def _write_csv(path: Path, scan: Any, fx: _Features, rec: QueryRecord) -> None:
@@ -469,7 +460,11 @@ def score_folder(
     wrapped, fit_report = _fit(
         method, fx.views[:, :2], epochs=epochs, batch_size=batch_size, lr=lr, generator=gen
     )
-    emb, u = _predict(wrapped, fx.feats, 1024)
+    with torch.no_grad():
+        pred, _ = predict(
+            lambda x, _s: wrapped(x), fx.feats, None, batch_size=1024, device=dev, seed=None
+        )
+    emb, u = pred.embedding, pred.uncertainty
     labels = None if scan.labels is None else fx.labels
     rec = query_record(
         emb,

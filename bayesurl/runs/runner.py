@@ -699,7 +699,7 @@ def train(
 
     The training half of :func:`run` for ``bayesurl train``: the same data assembly, seeding
     and :class:`~bayesurl.runs.estimators.MethodEstimator`. Runs under ``torchrun`` too (DDP
-    with one process per rank, :func:`bayesurl.training.distributed.init_from_env`).
+    with one process per rank, :func:`bayesurl.distributed.init_from_env`).
 
     Returns
     -------
@@ -713,8 +713,8 @@ def train(
     ValueError
         If the estimator is not of kind ``method``, or on bad options.
     """
+    from bayesurl import distributed as D
     from bayesurl.runs.estimators import MethodEstimator
-    from bayesurl.training import distributed as D
     from bayesurl.training import seed_everything
 
     if cfg.estimator.kind != "method":

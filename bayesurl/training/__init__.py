@@ -9,15 +9,8 @@ gradient accumulation, two augmented views for the self-supervised methods.
 >>> method = load_method_from_checkpoint("runs/ce/last.pt")  # doctest: +SKIP
 """
 
-from bayesurl.training import distributed
-from bayesurl.training.checkpoint import (
-    CHECKPOINT_FORMAT,
-    CHECKPOINT_VERSION,
-    load_checkpoint,
-    load_method_from_checkpoint,
-    save_checkpoint,
-)
-from bayesurl.training.distributed import (
+from bayesurl import distributed
+from bayesurl.distributed import (
     DistInfo,
     all_gather_tensors,
     barrier,
@@ -25,6 +18,13 @@ from bayesurl.training.distributed import (
     init_from_env,
     is_main_process,
     wrap_ddp,
+)
+from bayesurl.training.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_VERSION,
+    load_checkpoint,
+    load_method_from_checkpoint,
+    save_checkpoint,
 )
 from bayesurl.training.hooks import (
     Checkpointing,

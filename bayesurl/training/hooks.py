@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bayesurl import distributed as D
 from bayesurl.distributed import broadcast_state
-from bayesurl.training import distributed as D
 from bayesurl.training.checkpoint import check_serialisable, save_checkpoint
 from bayesurl.training.trainer import Hook, Trainer
 

@@ -9,7 +9,7 @@ hooks (:mod:`bayesurl.training.hooks`) carry everything else: the keywords ``che
 ``eval_fn`` and ``progress`` install the corresponding hook, and ``hooks=`` adds more (LAM's
 online Hessian update, :class:`~bayesurl.laplace.lam.OnlineLaplaceUpdate`). Mixed precision
 on GPU, seeded runs, bit-identical resume on CPU, and DistributedDataParallel under
-``torchrun`` (:mod:`bayesurl.training.distributed`).
+``torchrun`` (:mod:`bayesurl.distributed`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
+from bayesurl import distributed as D
 from bayesurl._checks import check_device, check_number, check_output_dir
 from bayesurl.methods.base import Method
-from bayesurl.training import distributed as D
 from bayesurl.training.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
@@ -209,7 +209,7 @@ def fit(
         Yields ``(x, y)`` (or ``((x1, x2), y)`` for two-view methods); usually a
         :class:`~torch.utils.data.DataLoader`. Under torch.distributed its sampler is replaced by
         a :class:`~torch.utils.data.distributed.DistributedSampler`
-        (:func:`~bayesurl.training.distributed.distributed_loader`).
+        (:func:`~bayesurl.distributed.distributed_loader`).
     epochs : int
         Total number of epochs of the run (including those done before ``resume``).
     optimizer : {"lamb", "adamw", "adam", "sgd"} or torch.optim.Optimizer

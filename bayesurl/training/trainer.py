@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from bayesurl import distributed as D
 from bayesurl._checks import check_device
 from bayesurl.data.batch import unpack_batch
 from bayesurl.methods.base import Method
-from bayesurl.training import distributed as D
 from bayesurl.training.result import TrainResult
 from bayesurl.training.seed import get_rng_state, set_rng_state
 
@@ -237,7 +237,7 @@ class Trainer:
         Trained in place (already on its device).
     loader : iterable with ``len``
         The micro-batches (under DDP already sharded, see
-        :func:`~bayesurl.training.distributed.distributed_loader`).
+        :func:`~bayesurl.distributed.distributed_loader`).
     optimizer, scheduler
         A :class:`torch.optim.Optimizer` over the trainable parameters and a scheduler
         stepped once per optimiser step.

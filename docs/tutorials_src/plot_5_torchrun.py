@@ -8,7 +8,7 @@ Everything in bayesurl runs unchanged under ``torchrun``. On a machine with seve
         --epochs 10 --batch-size 128 --out runs/mcinfonce
 
 starts two processes; each reads ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` from the
-environment, and :mod:`bayesurl.distributed` / :mod:`bayesurl.training.distributed` do the
+environment, and :mod:`bayesurl.distributed` does the
 rest:
 
 - :func:`~bayesurl.distributed.init_from_env` initialises the process group

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 import bayesurl._checks as checks
-import bayesurl.distributions.vmf as vmf
 import bayesurl.losses._base as base
 import bayesurl.methods as M
 from bayesurl.losses import (
@@ -39,7 +38,7 @@ _VALUE_CHECKS = {
         checks.check_tensor,
         base.check_embeddings,
         base.check_kappa,
-        vmf._as_float_tensor,
+        checks.check_concentration,
     )
 }
 

@@ -110,18 +110,18 @@ def _spy_backbone(monkeypatch):
 def _capture_features(monkeypatch):
     """Record what the road hands on: the views the u is fitted on, the features it scores."""
     seen = {}
-    fit, predict = road._fit, road._predict
+    fit, predict = road._fit, road.predict
 
     def spied_fit(method, views, **kwargs):
         seen["views"] = views
         return fit(method, views, **kwargs)
 
-    def spied_predict(wrapped, feats, batch_size):
+    def spied_predict(fn, feats, transform, **kwargs):
         seen["feats"] = feats
-        return predict(wrapped, feats, batch_size)
+        return predict(fn, feats, transform, **kwargs)
 
     monkeypatch.setattr(road, "_fit", spied_fit)
-    monkeypatch.setattr(road, "_predict", spied_predict)
+    monkeypatch.setattr(road, "predict", spied_predict)
     return seen
 
 

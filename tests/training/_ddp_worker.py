@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from _training_toys import LinearCE, loader
 
+from bayesurl.distributed import get_world_size
 from bayesurl.training import all_gather_tensors, cleanup, fit, init_from_env, is_main_process
-from bayesurl.training.distributed import get_world_size
 
 DDP_ARGS = dict(
     epochs=2,

@@ -10,8 +10,8 @@ import torch.multiprocessing as mp
 from _ddp_worker import DDP_ARGS, worker
 from _training_toys import LinearCE, loader
 
+from bayesurl.distributed import distributed_loader
 from bayesurl.training import all_gather_tensors, fit, init_from_env, is_main_process
-from bayesurl.training.distributed import distributed_loader
 
 
 def _free_port() -> int:
