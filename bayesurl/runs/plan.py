@@ -395,14 +395,16 @@ def run_label(params: dict[str, Any]) -> str:
     return f"{params.get('estimator')}{split} seed {params.get('seed')}"
 
 
-def smoke_notice(preset: SweepPreset) -> str | None:
-    """The line a smoke-scale preset prints (``None`` for a real one)."""
+def smoke_notice(preset: SweepPreset, dataset: str = "fashion_mnist") -> str | None:
+    """The line a smoke-scale preset prints (``None`` for a real one); the command it names
+    carries ``--dataset`` where the recipe file is not the command's default."""
     if not preset.smoke:
         return None
     scale = preset.note or "few epochs, small sets"
+    data = "" if dataset == "fashion_mnist" else f"--dataset {dataset} "
     return (
         f"NOTE: --preset {preset.name} is a smoke-scale run ({scale}): its ranking of the "
-        "uncertainties is noise, not a verdict. The real benchmark: `bayesurl benchmark "
+        f"uncertainties is noise, not a verdict. The real benchmark: `bayesurl benchmark {data}"
         f"--preset {preset.verdict}` (class splits, stored and resumable; add machines with "
         "--worker --storage URL)."
     )

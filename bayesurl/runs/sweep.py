@@ -540,7 +540,7 @@ class _Sweep:
         if self.plan.stored and self.distributed and not self.main:
             done = follow(factory(tuned))
             return self._result([], {}, None, done, {})
-        notice = smoke_notice(self.plan)
+        notice = smoke_notice(self.plan, opts.dataset)
         if notice:
             self.log(notice)
         store = self.open_store()

@@ -43,6 +43,9 @@ def test_smoke_presets_print_how_to_get_the_real_run():
         note = smoke_notice(sweep_preset("fashion_mnist", preset))
         assert "--preset pretrained`" in note and "--preset standard" not in note
     assert smoke_notice(sweep_preset("fashion_mnist", "pretrained")) is None
+    # another recipe file: the command it names runs that file, not the default one
+    note = smoke_notice(sweep_preset("clipart", "smoke"), "clipart")
+    assert "`bayesurl benchmark --dataset clipart --preset pretrained`" in note
     with pytest.raises(ValueError, match="verdict"):
         SweepPreset("x", verdict="")
 
