@@ -11,7 +11,7 @@ of their names, so ``bayesurl evaluate`` and the functional API start without th
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from bayesurl.evaluation.evaluator import REQUIRED_KEYS, evaluate, evaluate_output
+from bayesurl.evaluation.evaluator import REQUIRED_KEYS, Evaluator, evaluate, evaluate_output
 from bayesurl.evaluation.functional import (
     ECEResult,
     auroc,
@@ -104,6 +104,7 @@ __all__ = [
     "AUSE",
     "DEFAULT_MEMORY_BUDGET",
     "ECEResult",
+    "Evaluator",
     "MAPAtK",
     "NeighborMemo",
     "OODAUPRC",

@@ -1,7 +1,9 @@
 """One entry point that evaluates any method's output (URL benchmark section 3.1, LAM section 5).
 
-:func:`evaluate` takes plain tensors, :func:`evaluate_output` an :class:`~bayesurl.Output`.
-Both return a dict with every selected metric of the metric table
+:class:`Evaluator` holds the settings (checked once) and is called on plain tensors, in the
+shape of pytorch-metric-learning's ``AccuracyCalculator``; :func:`evaluate` is the one-call
+front (settings and tensors together), :func:`evaluate_output` takes an
+:class:`~bayesurl.Output`. All return a dict with every selected metric of the metric table
 (:mod:`bayesurl.evaluation.table`, served by one kNN search). The keys ``r@1``,
 ``r_auroc``, ``ausc``, ``ause``, ``ece``, ``ood_auroc``, ``ood_auprc`` and ``map@5`` are always
 present; a metric that is not defined for the input is ``None`` and ``notes`` says why:
@@ -21,7 +23,8 @@ compared with) raises ``ValueError`` naming the argument.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -33,6 +36,7 @@ from bayesurl._checks import (
     check_integer,
     check_ints,
     check_nonzero_rows,
+    check_number,
     check_tensor,
 )
 from bayesurl.distributed import Shards, raise_if_any
@@ -42,7 +46,7 @@ from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, rank_budget, sea
 from bayesurl.evaluation.table import MISSING, EvalContext, Metric, Need, select_metrics
 from bayesurl.types import Output
 
-__all__ = ["REQUIRED_KEYS", "evaluate", "evaluate_output"]
+__all__ = ["REQUIRED_KEYS", "Evaluator", "evaluate", "evaluate_output"]
 
 #: Keys present in every result (``None`` when undefined for the input).
 REQUIRED_KEYS = ("r@1", "r_auroc", "ausc", "ause", "ece", "ood_auroc", "ood_auprc", "map@5")
@@ -233,6 +237,11 @@ def _options(
     ks = check_ints(ks, "ks", low=1)
     mks = sorted({*ks, 5} if map_ks is None else {*check_ints(map_ks, "map_ks", low=1), 5})
     check_choice(ece_mode, "ece_mode", ("shortlist", "exact"))
+    Fm.check_n_bins(n_bins)
+    check_number(tolerance, "tolerance", low=0.0)
+    for name, flag in (("return_curves", return_curves), ("progress", progress)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"`{name}` must be True or False, got {flag!r}")
     if shortlist is not None:
         shortlist = check_int(shortlist, "shortlist", low=1)
     return {
@@ -254,11 +263,15 @@ def _check_call(
     distributed: bool,
     group: dist.ProcessGroup | None,
     backend: str,
+    memory_budget: int,
 ) -> None:
+    """The settings of the search and of a sharded evaluation."""
     if reference not in (None, "lam"):
         raise ValueError(f"`reference` must be None or 'lam', got {reference!r}")
     if not isinstance(copy, bool):
         raise ValueError(f"`copy` must be True or False, got {copy!r}")
+    check_choice(backend, "backend", ("torch", "faiss"))
+    check_int(memory_budget, "memory_budget", low=1)
     if reference is not None and distributed:
         raise ValueError("`reference='lam'` needs every draw on one process; not with distributed")
     if distributed and not (dist.is_available() and dist.is_initialized()):
@@ -292,51 +305,66 @@ def _note_missing(
         notes.append(f"{', '.join(keys)}: {reason}")
 
 
-def evaluate(
-    embeddings: Tensor | None,
-    labels: Tensor,
-    *,
-    uncertainties: Tensor | None = None,
-    samples: Tensor | None = None,
-    ood_uncertainties: Tensor | None = None,
-    reference_uncertainties: Tensor | None = None,
-    id_embeddings: Tensor | None = None,
-    id_labels: Tensor | None = None,
-    id_uncertainties: Tensor | None = None,
-    predict_uncertainty: Callable[[Tensor], Tensor] | None = None,
-    crop_images: Tensor | None = None,
-    ks: Sequence[int] = (1, 5, 10),
-    map_ks: Sequence[int] | None = None,
-    n_bins: int = 10,
-    ece_mode: str = "shortlist",
-    shortlist: int | None = None,
-    tolerance: float = 1e-3,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    backend: str = "torch",
-    return_curves: bool = False,
-    progress: bool = False,
-    distributed: bool = False,
-    group: dist.ProcessGroup | None = None,
-    reference: str | None = None,
-    copy: bool = True,
-    include: Iterable[str] | None = None,
-    exclude: Iterable[str] = (),
-    return_neighbors: bool = False,
-    neighbors: Tensor | None = None,
-) -> dict[str, Any]:
-    """Every selected retrieval and uncertainty metric defined for the input, from one kNN
-    search.
+class _Checked(NamedTuple):
+    """One call's validated inputs (``x`` is ``None`` when the samples' mean stands in)."""
 
-    The metrics are the entries of the metric table (:mod:`bayesurl.evaluation.table`); each
-    declares the inputs it needs and how many neighbours it wants, and one exact search with
-    the largest request serves all of them (in the spirit of pytorch-metric-learning's
-    ``AccuracyCalculator``). A metric whose input is missing is ``None`` and ``notes`` says why.
+    x: Tensor | None
+    y: Tensor
+    u: Tensor | None
+    s: Tensor | None
+    v: Tensor | None
+    res_s: Tensor | None
+    u_source: str | None
+    ref: Tensor | None
+    ix: Tensor | None
+    iy: Tensor | None
+    iu: Tensor | None
+    images: Tensor | None
+
+
+def _check_inputs(
+    embeddings: object | None,
+    labels: object,
+    uncertainties: object | None,
+    samples: object | None,
+    ood_uncertainties: object | None,
+    reference_uncertainties: object | None,
+    id_embeddings: object | None,
+    id_labels: object | None,
+    id_uncertainties: object | None,
+    predict_uncertainty: Callable[[Tensor], Tensor] | None,
+    crop_images: object | None,
+    local: bool,
+) -> _Checked:
+    """Every input of a call checked (``local``: this rank's rows of a sharded evaluation)."""
+    x, y, u, s, v, res_s, u_source = _prepare(
+        embeddings, labels, uncertainties, samples, ood_uncertainties, local=local
+    )
+    d = (x if x is not None else s).shape[-1]  # type: ignore[union-attr]
+    ix, iy, iu, images = _validate_extras(
+        d, id_embeddings, id_labels, id_uncertainties, predict_uncertainty, crop_images, local
+    )
+    ref = _check_needs(u, x, res_s, reference_uncertainties, ood_uncertainties)
+    return _Checked(x, y, u, s, v, res_s, u_source, ref, ix, iy, iu, images)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluator:
+    """The evaluation settings, checked once; call it on a method's tensors.
+
+    In the shape of pytorch-metric-learning's ``AccuracyCalculator``: the options go to the
+    constructor, the inputs to the call, and each metric of the metric table
+    (:mod:`bayesurl.evaluation.table`) declares the inputs it needs and how many neighbours it
+    wants, so one exact kNN search with the largest request serves all of them. A metric
+    whose input is missing is ``None`` and ``notes`` says why. :func:`evaluate` is the same
+    as ``Evaluator(**options)(**inputs)``.
 
     With ``distributed=True`` (under an initialised ``torch.distributed`` process group, e.g.
-    ``torchrun``) the evaluation is sharded: every array argument holds **this rank's rows**
-    (contiguous shards in rank order, e.g. :func:`bayesurl.distributed.shard_range`; a rank
-    may hold none), each rank searches its queries over every rank's rows passed by in bounded
-    chunks (:func:`~bayesurl.evaluation.knn_sharded`; no rank holds all ``N x D``), the
+    ``torchrun``) the evaluation is sharded: every array argument of the call holds **this
+    rank's rows** (contiguous shards in rank order, e.g.
+    :func:`bayesurl.distributed.shard_range`; a rank may hold none), each rank searches its
+    queries over every rank's rows passed by in bounded chunks
+    (:func:`~bayesurl.evaluation.knn_sharded`; no rank holds all ``N x D``), the
     sampling-aware ECE shards its pilot, threshold pass and per-draw products the same way,
     and the per-query results (neighbour ids, labels, u) are gathered, so every rank returns
     the metrics of the single-process evaluation of the concatenated rows, ties included. One
@@ -344,36 +372,6 @@ def evaluate(
 
     Parameters
     ----------
-    embeddings : Tensor or None
-        ``[N, D]`` point embeddings (cosine similarity). ``None`` with ``samples`` uses the
-        normalised mean of the normalised samples (docs/concepts/uncertainty.rst, "Samples").
-    labels : Tensor
-        ``[N]`` class labels.
-    uncertainties : Tensor, optional
-        ``[N]`` u (higher = less certain). Defaults to ``1 / kappa_hat`` (Sra's approximation)
-        when ``samples`` are given.
-    samples : Tensor, optional
-        ``[S, N, D]`` posterior draws; enable the retrieval ECE (LAM, section 5).
-    ood_uncertainties : Tensor, optional
-        ``[M]`` u of out-of-distribution inputs; enable OOD AUROC / AUPRC (OOD = positive
-        class) against ``id_uncertainties`` when given (the held-out upstream images,
-        docs/concepts/zero_shot.rst), else against ``uncertainties``. Needs ``uncertainties`` or
-        ``samples`` (refused without them).
-    reference_uncertainties : Tensor, optional
-        ``[N]`` ground-truth uncertainty; adds ``rank_correlation`` (Spearman, URL App. C.3).
-        Needs ``uncertainties`` or ``samples`` (refused without them).
-    id_embeddings, id_labels, id_uncertainties : Tensor, optional
-        ``[M, D]``, ``[M]``, ``[M]``: a second, in-distribution set (held-out images of the
-        training classes). Enables ``mixed_r_auroc`` / ``mixed_r@1``, the R-AUROC on a 50/50
-        mixture of it and the queries (URL App. C.5,
-        :func:`~bayesurl.evaluation.url_extra.mixed_r_auroc`, seed 0).
-    predict_uncertainty : callable, optional
-        ``images -> u`` of the evaluated model, with ``crop_images`` ``[M, C, H, W]`` (already
-        transformed as the model expects; the same on every rank): enables URL's crop test,
-        ``crop_share`` and ``crop_spearman`` (URL section 4.5 / App. C.3,
-        :func:`~bayesurl.evaluation.url_extra.crop_uncertainty_check`, seed 0).
-    crop_images : Tensor, optional
-        See ``predict_uncertainty``.
     ks : sequence of int
         Cut-offs of ``recall@k``; one kNN search with ``max(ks)`` neighbours serves all.
     map_ks : sequence of int, optional
@@ -428,15 +426,252 @@ def evaluate(
         Also return the search's neighbour ids under ``"neighbors"`` (``[n_r, k]`` Tensor of
         global row ids, self excluded, this rank's queries; ``None`` when no selected metric
         searched), so a caller that needs them (the per-query record) does not search again.
-    neighbors : Tensor, optional
-        ``[n_r, k']`` neighbour ids of these very ``embeddings`` from an earlier search (the
-        ``"neighbors"`` that ``return_neighbors`` returned, or
-        :class:`~bayesurl.evaluation.NeighborMemo`): used instead of the search when ``k'`` is
-        at least the number of neighbours the selected metrics need (their first columns),
-        else ignored. Several uncertainties of one embedding (a post-hoc estimator and its
-        base, two free baselines of the same features) then cost one search. Ids are nearest
-        first, self excluded, ties to the lowest index (the search's order); they are not
-        checked against the embeddings. Single process only (not with ``distributed``).
+
+    Raises
+    ------
+    ValueError
+        On bad settings (naming the argument) or an unknown metric name in ``include`` /
+        ``exclude``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> evaluator = Evaluator(include=["r@1", "recall@k"], ks=(1, 2))
+    >>> x, y = torch.randn(50, 8), torch.arange(50) % 5
+    >>> [k for k in evaluator(x, y) if k.startswith("recall@")]
+    ['recall@1', 'recall@2']
+    """
+
+    ks: Sequence[int] = (1, 5, 10)
+    map_ks: Sequence[int] | None = None
+    n_bins: int = 10
+    ece_mode: str = "shortlist"
+    shortlist: int | None = None
+    tolerance: float = 1e-3
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
+    backend: str = "torch"
+    return_curves: bool = False
+    progress: bool = False
+    distributed: bool = False
+    group: dist.ProcessGroup | None = None
+    reference: str | None = None
+    copy: bool = True
+    include: Iterable[str] | None = None
+    exclude: Iterable[str] = ()
+    return_neighbors: bool = False
+    #: the checked settings every metric reads (``ctx.options``; each call adds its own)
+    options: dict[str, Any] = field(init=False, repr=False, compare=False)
+    #: the selected metrics, in table order
+    metrics: tuple[Metric, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_call(
+            self.reference, self.copy, self.distributed, self.group, self.backend,
+            self.memory_budget,
+        )  # fmt: skip
+        options = _options(
+            self.ks, self.map_ks, self.n_bins, self.ece_mode, self.shortlist, self.tolerance,
+            self.return_curves, self.progress,
+        )  # fmt: skip
+        lam = ("lam_ausc", "lam_ece") if self.reference == "lam" else ()
+        metrics = select_metrics(self.include, self.exclude, options, also=lam)
+        if not isinstance(self.return_neighbors, bool):
+            raise ValueError(
+                f"`return_neighbors` must be True or False, got {self.return_neighbors!r}"
+            )
+        object.__setattr__(self, "options", options)
+        object.__setattr__(self, "metrics", tuple(metrics))
+
+    def __call__(
+        self,
+        embeddings: Tensor | None,
+        labels: Tensor,
+        *,
+        uncertainties: Tensor | None = None,
+        samples: Tensor | None = None,
+        ood_uncertainties: Tensor | None = None,
+        reference_uncertainties: Tensor | None = None,
+        id_embeddings: Tensor | None = None,
+        id_labels: Tensor | None = None,
+        id_uncertainties: Tensor | None = None,
+        predict_uncertainty: Callable[[Tensor], Tensor] | None = None,
+        crop_images: Tensor | None = None,
+        neighbors: Tensor | None = None,
+    ) -> dict[str, Any]:
+        """Every selected metric defined for these inputs, from one kNN search.
+
+        Parameters
+        ----------
+        embeddings : Tensor or None
+            ``[N, D]`` point embeddings (cosine similarity); ``None`` with ``samples``: the
+            normalised mean of the normalised samples.
+        labels : Tensor
+            ``[N]`` class labels.
+        uncertainties : Tensor, optional
+            ``[N]`` u (higher = less certain); default with ``samples``: ``1 / kappa_hat``
+            (Sra's approximation).
+        samples : Tensor, optional
+            ``[S, N, D]`` posterior draws; enable the retrieval ECE (LAM, section 5).
+        ood_uncertainties, reference_uncertainties : Tensor, optional
+            ``[M]`` u of out-of-distribution inputs (OOD AUROC / AUPRC, OOD = positive, against
+            ``id_uncertainties`` when given, else ``uncertainties``); ``[N]`` ground-truth
+            uncertainty (``rank_correlation``, Spearman, URL App. C.3). Both need
+            ``uncertainties`` or ``samples``.
+        id_embeddings, id_labels, id_uncertainties : Tensor, optional
+            ``[M, D]``, ``[M]``, ``[M]``: held-out images of the training classes; enable
+            ``mixed_r_auroc`` / ``mixed_r@1`` (URL App. C.5,
+            :func:`~bayesurl.evaluation.url_extra.mixed_r_auroc`, seed 0).
+        predict_uncertainty, crop_images : callable and Tensor, optional
+            ``images -> u`` of the evaluated model and ``[M, C, H, W]`` images transformed as
+            it expects (the same on every rank): URL's crop test, ``crop_share`` and
+            ``crop_spearman`` (URL section 4.5 / App. C.3, seed 0).
+        neighbors : Tensor, optional
+            ``[n_r, k']`` neighbour ids of these very ``embeddings`` from an earlier search
+            (``return_neighbors``, :class:`~bayesurl.evaluation.NeighborMemo`; nearest first,
+            self excluded, ties to the lowest index, not checked): their first columns replace
+            the search when ``k'`` is enough, else ignored. Single process only.
+
+        Returns
+        -------
+        dict
+            As :func:`evaluate`; ``ValueError`` naming the argument on bad input.
+        """
+        try:  # this rank's input; under torch.distributed every rank learns of any rank's error
+            c = _check_inputs(
+                embeddings, labels, uncertainties, samples, ood_uncertainties,
+                reference_uncertainties, id_embeddings, id_labels, id_uncertainties,
+                predict_uncertainty, crop_images, local=self.distributed,
+            )  # fmt: skip
+            error = None
+        except ValueError as exc:
+            if not self.distributed:
+                raise
+            error = exc
+        if self.distributed:
+            raise_if_any(error, self.group)
+        ctx = self._context(c, predict_uncertainty)
+        n = ctx.shards.n
+        res = {**dict.fromkeys(REQUIRED_KEYS), "n": n, "uncertainty_source": c.u_source}
+        given = _given_neighbors(neighbors, n, self.distributed)
+        # copy=False: the given embeddings are not read after the search (the samples' mean
+        # is read again by the ECE), normalise them in place
+        self._search_once(ctx, given, inplace=not self.copy and embeddings is not None)
+        res.update(_compute(self.metrics, ctx))
+        res["notes"] = ctx.notes
+        if self.return_neighbors:
+            res["neighbors"] = ctx.neighbors
+        return res
+
+    def _context(
+        self, c: _Checked, predict_uncertainty: Callable[[Tensor], Tensor] | None
+    ) -> EvalContext:
+        """What every metric reads: the inputs over the shards, this call's options."""
+        x = c.x if c.x is not None else Fm.normalize(c.res_s)  # type: ignore[arg-type]
+        sh = _shards(x, c.s, self.distributed, self.group)
+        # each of the W ranks holds 1/W of one process's similarity blocks
+        budget = rank_budget(self.memory_budget, sh)
+        options = {**self.options, "x_is_mean": c.x is None, "memory_budget": budget}
+        return EvalContext(
+            x=x, y=c.y, u=None if c.u is None else sh.gather(c.u.to(x.device)), samples=c.s,
+            resultant=c.res_s, ood_u=c.v, reference=c.ref, id_x=c.ix, id_y=c.iy, id_u=c.iu,
+            predict_uncertainty=predict_uncertainty, crop_images=c.images, shards=sh,
+            group=self.group, options=options,
+        )  # fmt: skip
+
+    def _search_once(self, ctx: EvalContext, given: Tensor | None, inplace: bool) -> None:
+        """``ctx.neighbors``: the one search, with the largest request of the runnable
+        metrics (the first columns of ``given`` when it has enough)."""
+        runnable = [m for m in self.metrics if _missing(m, ctx) is None]
+        wanted = [m.neighbours(ctx) for m in runnable if m.neighbours is not None]
+        if not any(wanted):
+            return
+        k = min(max(wanted), ctx.shards.n - 1)
+        if given is not None and given.shape[1] >= k:
+            ctx.neighbors = given[:, :k].to(ctx.x.device)
+        else:
+            budget = ctx.options["memory_budget"]
+            ctx.neighbors = _search(ctx.x, k, ctx.shards, budget, self.backend, inplace)
+
+
+def _shards(x: Tensor, s: Tensor | None, distributed: bool, group: Any) -> Shards:
+    """The row layout of the evaluation; the shards must describe one data set."""
+    n_loc = x.shape[0]
+    sh = Shards.of(n_loc, x.device, group) if distributed else Shards.local(n_loc)
+    if sh.n < 2:
+        raise ValueError(f"`embeddings` needs at least 2 points over all ranks, got {sh.n}")
+    if sh.active:
+        dims = torch.tensor([[x.shape[1], 0 if s is None else s.shape[0]]], device=x.device)
+        every = sh.gather(dims)
+        if bool((every != every[:1]).any()):
+            raise ValueError(
+                "the ranks disagree on the embedding dimension / number of draws (rank: [D, S]):"
+                f" {every.tolist()}"
+            )
+    return sh
+
+
+def _compute(metrics: Sequence[Metric], ctx: EvalContext) -> dict[str, Any]:
+    """Each metric's keys: its values, or ``None`` with one note per missing input."""
+    res: dict[str, Any] = {}
+    grouped: dict[Need, int] = {}
+    for metric in metrics:
+        need = _missing(metric, ctx)
+        if need is None:
+            res.update(metric.compute(ctx))
+        else:
+            keys = metric.keys(ctx.options)
+            res.update(dict.fromkeys(keys))
+            _note_missing(ctx.notes, grouped, need, keys)
+    return res
+
+
+def evaluate(
+    embeddings: Tensor | None,
+    labels: Tensor,
+    *,
+    uncertainties: Tensor | None = None,
+    samples: Tensor | None = None,
+    ood_uncertainties: Tensor | None = None,
+    reference_uncertainties: Tensor | None = None,
+    id_embeddings: Tensor | None = None,
+    id_labels: Tensor | None = None,
+    id_uncertainties: Tensor | None = None,
+    predict_uncertainty: Callable[[Tensor], Tensor] | None = None,
+    crop_images: Tensor | None = None,
+    ks: Sequence[int] = (1, 5, 10),
+    map_ks: Sequence[int] | None = None,
+    n_bins: int = 10,
+    ece_mode: str = "shortlist",
+    shortlist: int | None = None,
+    tolerance: float = 1e-3,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    backend: str = "torch",
+    return_curves: bool = False,
+    progress: bool = False,
+    distributed: bool = False,
+    group: dist.ProcessGroup | None = None,
+    reference: str | None = None,
+    copy: bool = True,
+    include: Iterable[str] | None = None,
+    exclude: Iterable[str] = (),
+    return_neighbors: bool = False,
+    neighbors: Tensor | None = None,
+) -> dict[str, Any]:
+    """Every selected retrieval and uncertainty metric defined for the input, from one kNN
+    search: ``Evaluator(**options)(embeddings, labels, **inputs)``.
+
+    To evaluate several models with the same settings, build one :class:`Evaluator` and call
+    it on each.
+
+    Parameters
+    ----------
+    embeddings, labels, uncertainties, samples, ood_uncertainties, reference_uncertainties, \
+id_embeddings, id_labels, id_uncertainties, predict_uncertainty, crop_images, neighbors
+        The inputs: see :meth:`Evaluator.__call__`.
+    ks, map_ks, n_bins, ece_mode, shortlist, tolerance, memory_budget, backend, \
+return_curves, progress, distributed, group, reference, copy, include, exclude, \
+return_neighbors
+        The options: see :class:`Evaluator`.
 
     Returns
     -------
@@ -468,81 +703,19 @@ def evaluate(
     >>> [k for k in res if k.startswith("recall@")]
     ['recall@1', 'recall@2']
     """
-    _check_call(reference, copy, distributed, group, backend)
-    options = _options(ks, map_ks, n_bins, ece_mode, shortlist, tolerance, return_curves, progress)
-    lam = ("lam_ausc", "lam_ece") if reference == "lam" else ()
-    selected = select_metrics(include, exclude, options, also=lam)
-    try:  # this rank's input; under torch.distributed every rank learns of any rank's error
-        x, y, u, s, v, res_s, u_source = _prepare(
-            embeddings, labels, uncertainties, samples, ood_uncertainties, local=distributed
-        )
-        d = (x if x is not None else s).shape[-1]  # type: ignore[union-attr]
-        ix, iy, iu, images = _validate_extras(
-            d, id_embeddings, id_labels, id_uncertainties, predict_uncertainty, crop_images,
-            local=distributed,
-        )  # fmt: skip
-        ref = _check_needs(u, x, res_s, reference_uncertainties, ood_uncertainties)
-        error = None
-    except ValueError as exc:
-        if not distributed:
-            raise
-        error = exc
-    if distributed:
-        raise_if_any(error, group)
-    mean_emb = None if res_s is None else Fm.normalize(res_s)
-    options["x_is_mean"] = x is None
-    if x is None:
-        x = mean_emb
-    assert x is not None
-    n_loc = x.shape[0]
-    sh = Shards.of(n_loc, x.device, group) if distributed else Shards.local(n_loc)
-    n = sh.n
-    if n < 2:
-        raise ValueError(f"`embeddings` needs at least 2 points over all ranks, got {n}")
-    if sh.active:  # the shards must describe one data set
-        dims = torch.tensor([[x.shape[1], 0 if s is None else s.shape[0]]], device=x.device)
-        every = sh.gather(dims)
-        if bool((every != every[:1]).any()):
-            raise ValueError(
-                "the ranks disagree on the embedding dimension / number of draws (rank: [D, S]):"
-                f" {every.tolist()}"
-            )
-    # each of the W ranks holds 1/W of one process's similarity blocks
-    options["memory_budget"] = rank_budget(memory_budget, sh)
-    ctx = EvalContext(
-        x=x, y=y, u=None if u is None else sh.gather(u.to(x.device)), samples=s, resultant=res_s,
-        ood_u=v, reference=ref, id_x=ix, id_y=iy, id_u=iu,
-        predict_uncertainty=predict_uncertainty, crop_images=images, shards=sh, group=group,
-        options=options,
+    evaluator = Evaluator(
+        ks=ks, map_ks=map_ks, n_bins=n_bins, ece_mode=ece_mode, shortlist=shortlist,
+        tolerance=tolerance, memory_budget=memory_budget, backend=backend,
+        return_curves=return_curves, progress=progress, distributed=distributed, group=group,
+        reference=reference, copy=copy, include=include, exclude=exclude,
+        return_neighbors=return_neighbors,
     )  # fmt: skip
-    res: dict[str, Any] = dict.fromkeys(REQUIRED_KEYS)
-    res["n"] = n
-    res["uncertainty_source"] = u_source
-    given = _given_neighbors(neighbors, n, distributed)
-    runnable = [m for m in selected if _missing(m, ctx) is None]
-    wanted = [m.neighbours(ctx) for m in runnable if m.neighbours is not None]
-    if any(wanted):  # the one search, with the largest request
-        k = min(max(wanted), n - 1)
-        if given is not None and given.shape[1] >= k:
-            ctx.neighbors = given[:, :k].to(x.device)
-        else:
-            # copy=False: the given embeddings are not read after the search (the samples'
-            # mean is read again by the ECE), normalise them in place
-            inplace = not copy and embeddings is not None
-            ctx.neighbors = _search(x, k, sh, options["memory_budget"], backend, inplace)
-    grouped: dict[Need, int] = {}
-    for metric in selected:
-        need = _missing(metric, ctx)
-        if need is None:
-            res.update(metric.compute(ctx))
-        else:
-            keys = metric.keys(options)
-            res.update(dict.fromkeys(keys))
-            _note_missing(ctx.notes, grouped, need, keys)
-    res["notes"] = ctx.notes
-    if return_neighbors:
-        res["neighbors"] = ctx.neighbors
-    return res
+    return evaluator(
+        embeddings, labels, uncertainties=uncertainties, samples=samples,
+        ood_uncertainties=ood_uncertainties, reference_uncertainties=reference_uncertainties,
+        id_embeddings=id_embeddings, id_labels=id_labels, id_uncertainties=id_uncertainties,
+        predict_uncertainty=predict_uncertainty, crop_images=crop_images, neighbors=neighbors,
+    )  # fmt: skip
 
 
 def _given_neighbors(neighbors: object | None, n: int, distributed: bool) -> Tensor | None:

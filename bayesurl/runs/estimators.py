@@ -177,7 +177,7 @@ class MethodEstimator(Estimator):
         """Build and train the method (``resume`` / ``keep_epoch_checkpoints``: see
         :func:`bayesurl.training.fit`)."""
         from bayesurl.data import make_loader
-        from bayesurl.training import fit
+        from bayesurl.training import Checkpointing, EpochEvaluation, Hook, fit
 
         cfg, t = self.cfg, self.cfg.train
         method = self.build(data)
@@ -207,6 +207,10 @@ class MethodEstimator(Estimator):
                 u = m(probe, n_samples=0).uncertainty.reshape(-1).double()
             return {"probe_u_mean": float(u.mean()), "probe_u_median": float(u.median())}
 
+        # the probe's record is part of the epoch's checkpoint: the evaluation comes first
+        hooks: list[Hook] = [] if probe is None else [EpochEvaluation(curve)]
+        if out is not None:
+            hooks.append(Checkpointing(out, keep_epochs=keep_epoch_checkpoints))
         cpu0 = time.process_time()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*cannot rebuild the method.*")
@@ -225,11 +229,9 @@ class MethodEstimator(Estimator):
                 augment=augment,
                 device=device,
                 progress=progress,
-                checkpoint_dir=out,
-                keep_epoch_checkpoints=keep_epoch_checkpoints,
                 resume=resume,
                 method_kwargs=method_kwargs if out is not None else None,
-                eval_fn=curve if probe is not None else None,
+                hooks=hooks,
             )
         self.checkpoint = result.checkpoint
         self.result = result
@@ -441,7 +443,7 @@ class LamEstimator(Estimator):
             OnlineLam,
             OnlineLaplaceUpdate,
         )
-        from bayesurl.training import fit
+        from bayesurl.training import Checkpointing, fit
 
         cfg, e, t = self.cfg, self.cfg.estimator, self.cfg.train
         net = self._start_net(data, base, device)
@@ -479,9 +481,8 @@ class LamEstimator(Estimator):
                 augment=data.transform.to(device),
                 device=device,
                 progress=progress,
-                checkpoint_dir=out,
                 resume=resume,
-                hooks=hooks,
+                hooks=[*hooks, *([] if out is None else [Checkpointing(out)])],
             )
         )
         if trained and world > 1:  # BatchNorm statistics of rank 0 (the checkpoint's) on every rank

@@ -548,8 +548,9 @@ def epoch_evaluator(
 
     Examples
     --------
-    >>> from bayesurl.training import fit  # doctest: +SKIP
-    >>> fit(method, loader, eval_fn=epoch_evaluator(data, n_samples=0))  # doctest: +SKIP
+    >>> from bayesurl.training import EpochEvaluation, fit  # doctest: +SKIP
+    >>> evaluation = EpochEvaluation(epoch_evaluator(data, n_samples=0))  # doctest: +SKIP
+    >>> fit(method, loader, hooks=[evaluation])  # doctest: +SKIP
     """
     if getattr(data, "test", None) is None:
         raise ValueError("`data` has no `test` set")

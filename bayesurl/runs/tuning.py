@@ -8,7 +8,8 @@ to ``<out>/tuned.json``, which every later run of the sweep in ``<out>`` reuses,
 (:func:`bayesurl.runs.config.preset_tuned`).
 
 What is searched depends on the estimator's recipe table (:func:`search_space`): a trained
-method its learning rate and its own keys (:data:`TUNE_SPACES`); a post-hoc wrapper the rate
+method its learning rate and its own keys (its ``[tune.<name>]`` table beside its
+``[estimators.<name>]`` table, :data:`TUNE_SPACES`); a post-hoc wrapper the rate
 of its own fit, on top of its base's chosen settings (bases are tuned first, so the wrapper
 sits on the same net as the base's row); a free baseline or a wrapper without a fit of its
 own (laplace-torch's prior precision comes from the marginal likelihood) nothing.
@@ -23,31 +24,98 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bayesurl._checks import check_int, check_number
 from bayesurl.data.class_splits import ClassSplit
 from bayesurl.files import atomic_write, write_json
+from bayesurl.runs.config import BASE_DIR, tomllib  # tomli before Python 3.11
 
 __all__ = [
+    "SPACES_FILE",
     "TUNE_SPACES",
     "load_tuned",
+    "load_tune_spaces",
     "load_tuned_classes",
     "search_space",
     "tune_estimators",
     "tuned_table",
 ]
 
-#: Search spaces (URL appendix B): ``{override key: ("log" | "float" | "int", low, high)}``.
-#: Every estimator tunes the learning rate in URL's range [1e-4, 1e-2]; some add their own.
-TUNE_SPACES: dict[str, dict[str, tuple[str, float, float]]] = {
-    "_default": {"train.lr": ("log", 1e-4, 1e-2)},
-    "infonce": {"estimator.kwargs.inverse_temperature": ("float", 8.0, 64.0)},
-    "mcinfonce": {"estimator.kwargs.inverse_temperature": ("float", 8.0, 64.0)},
-    "losspred": {"estimator.kwargs.lam": ("log", 1e-3, 1.0)},
-    "mcdropout": {"estimator.kwargs.p": ("float", 0.05, 0.5)},
-}
+#: A search space (URL appendix B): ``{override key: ("log" | "float" | "int", low, high)}``.
+Space = dict[str, tuple[str, float, float]]
 
+#: Where each estimator's own search space is declared: ``[tune.<name>]`` beside its
+#: ``[estimators.<name>]`` table in the base table of estimators.
+SPACES_FILE = BASE_DIR / "estimators.toml"
+
+_SPACE_KINDS = ("log", "float", "int")
+_SECTIONS = ("data", "backbone", "train", "eval", "estimator")
+
+#: Every trained estimator tunes the learning rate in URL's range [1e-4, 1e-2].
+_TRAINED_SPACE: Space = {"train.lr": ("log", 1e-4, 1e-2)}
 
 #: The rate of a post-hoc wrapper's own fit (``[estimators.<name>.fit]``), URL's range.
-_WRAPPER_SPACE: dict[str, tuple[str, float, float]] = {"estimator.fit.lr": ("log", 1e-4, 1e-2)}
+_WRAPPER_SPACE: Space = {"estimator.fit.lr": ("log", 1e-4, 1e-2)}
+
+
+def _checked_range(spec: object, where: str) -> tuple[str, float, float]:
+    """``[kind, low, high]`` of one searched key (a log range needs ``low > 0``)."""
+    if not isinstance(spec, list) or len(spec) != 3:
+        raise ValueError(f"`{where}` must be [kind, low, high], got {spec!r}")
+    kind, lo, hi = spec
+    if kind not in _SPACE_KINDS:
+        raise ValueError(f"`{where}`: unknown kind {kind!r}; valid: {', '.join(_SPACE_KINDS)}")
+    if kind == "int":
+        lo, hi = check_int(lo, f"{where}[1]"), check_int(hi, f"{where}[2]")
+    else:
+        lo, hi = check_number(lo, f"{where}[1]"), check_number(hi, f"{where}[2]")
+    if not lo < hi or (kind == "log" and lo <= 0):
+        raise ValueError(f"`{where}` needs {'0 < ' if kind == 'log' else ''}low < high, got {spec}")
+    return kind, lo, hi
+
+
+def load_tune_spaces(path: str | os.PathLike[str] = SPACES_FILE) -> dict[str, Space]:
+    """Each estimator's own search space, from the ``[tune.<name>]`` tables of ``path``.
+
+    Parameters
+    ----------
+    path : path-like
+        A base table of estimators (default: the shipped one, :data:`SPACES_FILE`).
+
+    Returns
+    -------
+    dict
+        ``{estimator: {override key: (kind, low, high)}}`` in file order; an estimator without
+        a ``[tune.<name>]`` table is absent (it tunes what its kind tunes, :func:`search_space`).
+
+    Raises
+    ------
+    ValueError
+        For a ``[tune.<name>]`` of an estimator the file does not declare, a key outside the
+        run config's sections, or a malformed range (each naming it).
+    """
+    raw = tomllib.loads(Path(path).read_text())
+    declared = raw.get("estimators", {})
+    spaces: dict[str, Space] = {}
+    for name, table in raw.get("tune", {}).items():
+        if name not in declared:
+            valid = ", ".join(declared)
+            raise ValueError(
+                f"[tune.{name}] names no estimator of {Path(path).name}; valid: {valid}"
+            )
+        if not isinstance(table, dict):
+            raise ValueError(f"`tune.{name}` must be a table [tune.{name}]")
+        for key in table:
+            if key.split(".", 1)[0] not in _SECTIONS or "." not in key:
+                raise ValueError(
+                    f"`tune.{name}`: {key!r} is not an override key ({', '.join(_SECTIONS)}.<key>)"
+                )
+        spaces[name] = {k: _checked_range(v, f"tune.{name}.{k}") for k, v in table.items()}
+    return spaces
+
+
+#: The search spaces: ``"_default"`` (every trained estimator) and each estimator's own keys,
+#: as declared in :data:`SPACES_FILE`.
+TUNE_SPACES: dict[str, Space] = {"_default": dict(_TRAINED_SPACE), **load_tune_spaces()}
 
 
 def search_space(
@@ -58,7 +126,7 @@ def search_space(
     Parameters
     ----------
     estimator : str
-        Estimator name (the key of :data:`TUNE_SPACES`).
+        Estimator name (its own keys: its ``[tune.<name>]`` table, :data:`TUNE_SPACES`).
     table : mapping, optional
         Its ``[estimators.<name>]`` table (``kind``, ``fit``); ``None``: a trained method.
 
@@ -73,7 +141,7 @@ def search_space(
         return {}
     if kind == "posthoc":
         return dict(_WRAPPER_SPACE) if "lr" in (table.get("fit") or {}) else {}
-    return {**TUNE_SPACES["_default"], **TUNE_SPACES.get(estimator, {})}
+    return {**_TRAINED_SPACE, **TUNE_SPACES.get(estimator, {})}
 
 
 def _base_first(estimators: Sequence[str], tables: Mapping[str, Mapping[str, Any]]) -> list[str]:

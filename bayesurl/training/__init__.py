@@ -3,9 +3,9 @@
 URL (Kirchhof et al., 2023), section 4 and appendix B: LAMB, linear warm-up + cosine schedule,
 gradient accumulation, two augmented views for the self-supervised methods.
 
->>> from bayesurl.training import fit, load_method_from_checkpoint  # doctest: +SKIP
+>>> from bayesurl.training import Checkpointing, fit, load_method_from_checkpoint  # doctest: +SKIP
 >>> result = fit(method, loader, epochs=4, optimizer="lamb", lr=1e-3, warmup_epochs=1,
-...              checkpoint_dir="runs/ce")  # doctest: +SKIP
+...              hooks=[Checkpointing("runs/ce")])  # doctest: +SKIP
 >>> method = load_method_from_checkpoint("runs/ce/last.pt")  # doctest: +SKIP
 """
 

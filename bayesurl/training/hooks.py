@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from bayesurl import distributed as D
+from bayesurl._checks import check_output_dir
 from bayesurl.distributed import broadcast_state
 from bayesurl.training.checkpoint import check_serialisable, save_checkpoint
 from bayesurl.training.trainer import Hook, Trainer
@@ -94,22 +94,40 @@ class EpochEvaluation(Hook):
 
 class Checkpointing(Hook):
     """Rank 0 writes ``directory/last.pt`` after every epoch (and ``epoch_{k}.pt`` with
-    ``keep_epochs``): ``header`` (format, method, config) plus the trainer's resume state."""
+    ``keep_epochs``): ``header`` (format, method, config) plus the trainer's resume state.
+
+    Given to :func:`~bayesurl.training.fit` (``hooks=[..., Checkpointing("runs/ce")]``, last,
+    so an evaluation hook before it is part of the checkpoint), it gets the run's header
+    (the method's name and constructor options, fit's plan) from ``fit``;
+    :func:`~bayesurl.training.load_method_from_checkpoint` rebuilds the method from it and
+    ``fit(..., resume=directory / "last.pt")`` continues the run.
+
+    Parameters
+    ----------
+    directory : path-like
+        Where to write; checked (writable) when the hook is made, before any epoch runs.
+    header : mapping, optional
+        What every checkpoint holds besides the resume state (``fit`` fills it when ``None``).
+    keep_epochs : bool
+        Also keep ``epoch_{k}.pt`` for every epoch ``k`` (1-based).
+    """
 
     def __init__(
         self,
         directory: str | os.PathLike[str],
-        header: Mapping[str, Any],
+        header: Mapping[str, Any] | None = None,
         keep_epochs: bool = False,
     ) -> None:
-        self.directory = Path(directory)
-        self.header = dict(header)
+        self.directory = check_output_dir(directory, "directory")
+        self.header = None if header is None else dict(header)
         self.keep_epochs = bool(keep_epochs)
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         state = trainer.resume_state()  # every rank: it gathers the RNG states
         last = self.directory / "last.pt"
         if trainer.main:
+            if self.header is None:
+                raise ValueError("Checkpointing has no header: give it to fit (hooks=[...])")
             state = {**self.header, **state}
             trainer.result.checkpoint = save_checkpoint(state, last)
             if self.keep_epochs:

@@ -5,9 +5,11 @@ trained with LAMB, a linear warm-up followed by cosine annealing, and gradient a
 micro-batches into a large aggregated batch; self-supervised methods (InfoNCE, MCInfoNCE) see
 two augmented views of each image. :func:`fit` checks its arguments, builds the optimiser and
 schedule, restores a checkpoint, and runs a :class:`~bayesurl.training.trainer.Trainer` whose
-hooks (:mod:`bayesurl.training.hooks`) carry everything else: the keywords ``checkpoint_dir``,
-``eval_fn`` and ``progress`` install the corresponding hook, and ``hooks=`` adds more (LAM's
-online Hessian update, :class:`~bayesurl.laplace.lam.OnlineLaplaceUpdate`). Mixed precision
+hooks (:mod:`bayesurl.training.hooks`, given as ``hooks=[...]``) carry everything else: an
+evaluation per epoch, checkpoints, LAM's online Hessian update
+(:class:`~bayesurl.laplace.lam.OnlineLaplaceUpdate`); ``progress`` shows the bar. The old
+keywords ``checkpoint_dir``, ``keep_epoch_checkpoints`` and ``eval_fn`` still install their hook,
+with a :class:`DeprecationWarning` naming it. Mixed precision
 on GPU, seeded runs, bit-identical resume on CPU, and DistributedDataParallel under
 ``torchrun`` (:mod:`bayesurl.distributed`).
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -180,15 +182,13 @@ def fit(
     amp: str | AmpMode = "auto",
     seed: int | None = None,
     augment: Augment | None = None,
-    checkpoint_dir: str | os.PathLike[str] | None = None,
-    keep_epoch_checkpoints: bool = False,
     resume: str | os.PathLike[str] | None = None,
     method_kwargs: Mapping[str, Any] | None = None,
     device: str | torch.device | None = None,
     progress: bool = True,
-    eval_fn: Callable[[Method, int], Mapping[str, Any]] | None = None,
     ddp_kwargs: Mapping[str, Any] | None = None,
     hooks: Sequence[Hook] = (),
+    **deprecated: Any,
 ) -> TrainResult:
     """Train ``method`` on ``train_loader`` (URL section 4 and appendix B training recipe).
 
@@ -197,8 +197,12 @@ def fit(
     mean-reduced loss give the gradient of one batch ``k`` times larger (URL: 16 x 128 = 2048).
     The learning rate follows :func:`~bayesurl.training.optim.warmup_cosine_factor` per
     optimiser step (:class:`~bayesurl.training.trainer.Trainer`). After each epoch:
-    ``method.on_epoch_end``, the ``hooks``, ``eval_fn`` and (rank 0 only) a checkpoint
-    ``checkpoint_dir/last.pt`` (plus ``epoch_{k}.pt`` with ``keep_epoch_checkpoints``).
+    ``method.on_epoch_end``, then the ``hooks`` in order (:mod:`bayesurl.training.hooks`):
+    an evaluation (:class:`~bayesurl.training.hooks.EpochEvaluation`), checkpoints
+    (:class:`~bayesurl.training.hooks.Checkpointing`, last, so the evaluation is part of
+    them), LAM's online Hessian update, an EMA of the weights::
+
+        fit(method, loader, epochs=4, hooks=[EpochEvaluation(eval_fn), Checkpointing("runs/ce")])
 
     Parameters
     ----------
@@ -237,10 +241,6 @@ def fit(
         Seeds Python, numpy and torch before training (:func:`seed_everything`).
     augment : callable or None
         Batch augmentation ``augment(x) -> x``; two-view methods get two independent draws.
-    checkpoint_dir : path-like or None
-        Where rank 0 writes checkpoints after every epoch.
-    keep_epoch_checkpoints : bool
-        Also keep ``epoch_{k}.pt`` for every epoch ``k`` (1-based).
     resume : path-like or None
         A checkpoint to continue from; the run is bit-identical to an uninterrupted one on CPU
         when the loader, method and arguments are the same.
@@ -253,19 +253,17 @@ def fit(
         Train here (the method is moved); ``None`` keeps the method's device.
     progress : bool
         Show a tqdm bar with the running loss (rank 0 only).
-    eval_fn : callable or None
-        ``eval_fn(method, epoch) -> mapping of numbers`` run after each epoch, with the method
-        in eval mode, on every rank (so it can gather across ranks); stored in ``history``.
-        Under DDP the buffers (BatchNorm statistics of each rank's last batches) are first set
-        to rank 0's, so every rank evaluates the checkpointed model;
-        :func:`bayesurl.runs.predict.epoch_evaluator` gives a sharded zero-shot evaluation.
     ddp_kwargs : mapping or None
         Extra :class:`~torch.nn.parallel.DistributedDataParallel` arguments (default
         ``find_unused_parameters=True``).
     hooks : sequence of Hook
-        More behaviours (:mod:`bayesurl.training.hooks`), called after the progress bar and
-        before the evaluation and checkpoint hooks that ``eval_fn`` / ``checkpoint_dir``
-        install; a hook with a ``key`` is saved in checkpoints and restored on resume.
+        The run's behaviours beyond the loop (:mod:`bayesurl.training.hooks`), called in
+        order after the progress bar; a hook with a ``key`` is saved in checkpoints and
+        restored on resume.
+    **deprecated
+        ``checkpoint_dir``, ``keep_epoch_checkpoints`` and ``eval_fn`` still work, with a
+        :class:`DeprecationWarning`: they append ``EpochEvaluation(eval_fn)`` and
+        ``Checkpointing(checkpoint_dir, keep_epochs=keep_epoch_checkpoints)`` to ``hooks``.
 
     Returns
     -------
@@ -279,6 +277,7 @@ def fit(
     FloatingPointError
         If a loss is NaN or infinite; the message names the epoch and step.
     """
+    _warn_deprecated(deprecated)
     if not isinstance(method, Method):
         raise TypeError(f"`method` must be a bayesurl Method, got {type(method).__name__}")
     _check_schedule(epochs, grad_accum, warmup_steps, warmup_epochs, lr, min_lr)
@@ -286,10 +285,9 @@ def fit(
         raise ValueError(f"`clip_grad` must be a positive number or None, got {clip_grad}")
     check_number(weight_decay, "weight_decay", low=0.0)
     method_kwargs = _method_record(method, method_kwargs)
-
     device = check_device(device if device is not None else device_of(method), "device")
-    if checkpoint_dir is not None:  # before any epoch runs, not when the first one is saved
-        check_output_dir(checkpoint_dir, "checkpoint_dir")
+    # the old keywords' checkpoint directory is checked now, before any epoch runs
+    all_hooks = [*([ProgressBar()] if progress else []), *hooks, *_deprecated_hooks(deprecated)]
     method.to(device)
     amp_dtype = _resolve_amp(amp, device)
     if seed is not None:
@@ -297,55 +295,65 @@ def fit(
     if D.is_distributed() and hasattr(train_loader, "dataset"):
         train_loader = D.distributed_loader(train_loader, seed=seed or 0)
     plan = TrainPlan(epochs, _n_batches(train_loader), grad_accum)
-    n_warmup = (
-        int(warmup_steps)
-        if warmup_steps is not None
-        else round(warmup_epochs * plan.steps_per_epoch)
-    )
-    n_warmup = min(n_warmup, plan.total_steps)
+    steps = round(warmup_epochs * plan.steps_per_epoch) if warmup_steps is None else warmup_steps
+    n_warmup = min(int(steps), plan.total_steps)
     min_factor = min_lr / lr if lr > 0 else 0.0
     opt = _optimizer(method, optimizer, lr, weight_decay, optimizer_kwargs)
     sched = build_scheduler(opt, plan.total_steps, n_warmup, min_factor)
     config = {
-        "epochs": epochs,
-        "optimizer": _optimizer_name(optimizer),
-        "lr": float(lr),
-        "weight_decay": float(weight_decay),
-        "warmup_steps": n_warmup,
-        "min_lr": float(min_lr),
-        "grad_accum": grad_accum,
-        "clip_grad": clip_grad,
-        "amp": str(getattr(amp, "value", amp)),
-        "seed": seed,
-        "steps_per_epoch": plan.steps_per_epoch,
-        "total_steps": plan.total_steps,
+        "epochs": epochs, "optimizer": _optimizer_name(optimizer), "lr": float(lr),
+        "weight_decay": float(weight_decay), "warmup_steps": n_warmup, "min_lr": float(min_lr),
+        "grad_accum": grad_accum, "clip_grad": clip_grad, "amp": str(getattr(amp, "value", amp)),
+        "seed": seed, "steps_per_epoch": plan.steps_per_epoch, "total_steps": plan.total_steps,
         "world_size": D.get_world_size(),
-    }
-    all_hooks: list[Hook] = [ProgressBar()] if progress else []
-    all_hooks += list(hooks)
-    if eval_fn is not None:
-        all_hooks.append(EpochEvaluation(eval_fn))
-    if checkpoint_dir is not None:
-        header = _checkpoint_header(method, method_kwargs, config)
-        all_hooks.append(Checkpointing(checkpoint_dir, header, keep_epoch_checkpoints))
+    }  # fmt: skip
+    header = _checkpoint_header(method, method_kwargs, config)
+    for hook in all_hooks:
+        if isinstance(hook, Checkpointing) and hook.header is None:
+            hook.header = header
     trainer = Trainer(
-        method,
-        train_loader,
-        opt,
-        sched,
-        plan,
-        device,
-        amp_dtype=amp_dtype,
-        clip_grad=clip_grad,
-        augment=augment,
-        hooks=all_hooks,
-        ddp_kwargs=ddp_kwargs,
-    )
+        method, train_loader, opt, sched, plan, device, amp_dtype=amp_dtype,
+        clip_grad=clip_grad, augment=augment, hooks=all_hooks, ddp_kwargs=ddp_kwargs,
+    )  # fmt: skip
     if resume is not None:
         _resume(trainer, resume, method_kwargs, config)
         # the schedule follows this call's arguments (LambdaLR restored the saved ones)
         sched.lr_lambdas[0] = WarmupCosine(plan.total_steps, n_warmup, min_factor)
     return trainer.run()
+
+
+#: fit's keywords that a hook replaced, and what to write instead
+_DEPRECATED = {
+    "checkpoint_dir": "hooks=[..., Checkpointing(checkpoint_dir)]",
+    "keep_epoch_checkpoints": "hooks=[..., Checkpointing(checkpoint_dir, keep_epochs=True)]",
+    "eval_fn": "hooks=[EpochEvaluation(eval_fn), ...]",
+}
+
+
+def _warn_deprecated(kwargs: Mapping[str, Any]) -> None:
+    """A :class:`DeprecationWarning` per old keyword of fit, naming its replacement."""
+    unknown = [k for k in kwargs if k not in _DEPRECATED]
+    if unknown:
+        raise TypeError(f"fit() got an unexpected keyword argument {unknown[0]!r}")
+    for name in kwargs:
+        warnings.warn(
+            f"fit's `{name}` is deprecated; use {_DEPRECATED[name]} (bayesurl.training.hooks)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+
+
+def _deprecated_hooks(kwargs: Mapping[str, Any]) -> list[Hook]:
+    """The hooks of fit's old keywords, in the order they installed them: the evaluation,
+    then the checkpoint."""
+    eval_fn = kwargs.get("eval_fn")
+    directory = kwargs.get("checkpoint_dir")
+    out: list[Hook] = [] if eval_fn is None else [EpochEvaluation(eval_fn)]
+    if directory is not None:
+        check_output_dir(directory, "checkpoint_dir")
+        keep = bool(kwargs.get("keep_epoch_checkpoints", False))
+        out.append(Checkpointing(directory, keep_epochs=keep))
+    return out
 
 
 def _method_record(method: Method, method_kwargs: Mapping[str, Any] | None) -> Any:

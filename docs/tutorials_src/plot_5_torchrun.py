@@ -77,7 +77,7 @@ trained checkpoint is evaluated the same way::
     torchrun --nproc_per_node=2 -m bayesurl evaluate --checkpoint runs/mcinfonce/last.pt \\
         --json metrics.json
 
-Inside your own training loop, ``fit(..., eval_fn=epoch_evaluator(data))``
+Inside your own training loop, ``fit(..., hooks=[EpochEvaluation(epoch_evaluator(data))])``
 (:func:`bayesurl.runs.predict.epoch_evaluator`) scores every epoch sharded. Post-hoc and LAM
 estimators do not train distributed; ``bayesurl run`` refuses them under ``torchrun``.
 
