@@ -74,7 +74,7 @@ def test_committed_searches_used_these_spaces() -> None:
     [
         "results/pretrained/tuning/tuned.json",
         "results/pretrained/tuning_6_8/tuned.json",
-        "results/benchmark/tune_demo/tuned.json",
+        "results/sweeps/tune_demo/tuned.json",
     ],
 )
 def test_committed_tuned_tables_lie_in_the_spaces(path: str) -> None:
