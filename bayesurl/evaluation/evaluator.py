@@ -38,13 +38,22 @@ from bayesurl.distributed import Shards, raise_if_any
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import sampled as Sm
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, rank_budget, search_shards
-from bayesurl.evaluation.table import MISSING, EvalContext, Metric, Need, select_metrics
+from bayesurl.evaluation.table import (
+    MISSING,
+    EvalContext,
+    Metric,
+    Need,
+    always_keys,
+    select_metrics,
+)
 from bayesurl.types import Output
 
 __all__ = ["REQUIRED_KEYS", "evaluate", "evaluate_output"]
 
-#: Keys present in every result (``None`` when undefined for the input).
-REQUIRED_KEYS = ("r@1", "r_auroc", "ausc", "ause", "ece", "ood_auroc", "ood_auprc", "map@5")
+#: Keys present in every result (``None`` when undefined for the input): the columns of the
+#: built-in metrics marked ``always`` (:func:`~bayesurl.evaluation.table.always_keys`, which
+#: also counts metrics registered later).
+REQUIRED_KEYS = always_keys()
 
 
 #: Seed of the draws of the mixed R-AUROC's queries and of the crop test's areas.
@@ -514,7 +523,7 @@ def evaluate(
         predict_uncertainty=predict_uncertainty, crop_images=images, shards=sh, group=group,
         options=options,
     )  # fmt: skip
-    res: dict[str, Any] = dict.fromkeys(REQUIRED_KEYS)
+    res: dict[str, Any] = dict.fromkeys(always_keys())
     res["n"] = n
     res["uncertainty_source"] = u_source
     given = _given_neighbors(neighbors, n, distributed)
