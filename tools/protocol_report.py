@@ -34,16 +34,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-METRICS = (
-    ("r@1", "R@1"),
-    ("r_auroc", "R-AUROC"),
-    ("ausc", "AUSC"),
-    ("ece", "ECE"),
-    ("ood_auroc", "OOD AUROC"),
-    ("map@5", "mAP@5"),
-    ("mixed_r_auroc", "mixed R-AUROC"),
-    ("crop_share", "crop share"),
-)
+
+def _columns() -> list[tuple[str, str]]:
+    """``(key, title)`` of the report's table: the sweep report's shown metric columns."""
+    from bayesurl.runs.report import report_columns
+
+    return [(c.key, c.title) for c in report_columns(shown=True, runs=False)]
 
 
 def _cell(d: dict[str, Any] | None) -> str:
@@ -448,7 +444,7 @@ def report(
     settings = doc["settings"]
     name = name or str(settings.get("preset") or "standard")
     order = sorted(summary, key=lambda n: -(summary[n].get("r_auroc", {}).get("mean") or -1.0))
-    rows = [[n, *(_cell(summary[n].get(k)) for k, _ in METRICS)] for n in order]
+    rows = [[n, *(_cell(summary[n].get(k)) for k, _ in _columns())] for n in order]
     parts = []
     check = doc.get("tuning_check")
     if not check or not check.get("ok"):
@@ -467,7 +463,7 @@ def report(
         _list_table(
             f"Preset {name}{interim}: mean ± half-width of the 95 % t-interval over {n_splits} "
             "class splits (seed 0), sorted by R-AUROC",
-            ["estimator", *(t for _, t in METRICS)],
+            ["estimator", *(t for _, t in _columns())],
             rows,
         )
     )

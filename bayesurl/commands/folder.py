@@ -75,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Score the folder, write the CSV and the report; 0 on success."""
     from bayesurl.backbones import PACKAGED_WEIGHTS
+    from bayesurl.evaluation.table import metric_columns
     from bayesurl.report import print_notes, try_report
     from bayesurl.runs.folder import score_folder
 
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     for path, err in res.skipped:
         print(f"skipped {path}: {err}")
     if res.metrics is not None:
-        keys = ("r@1", "r_auroc", "ausc", "map@5")
+        keys = [c.key for c in metric_columns(shown=True)]
         print(" ".join(f"{k}={res.metrics[k]:.4f}" for k in keys if res.metrics.get(k) is not None))
     print_notes(args.out)
     print(

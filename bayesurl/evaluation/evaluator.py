@@ -43,13 +43,22 @@ from bayesurl.distributed import Shards, raise_if_any
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import sampled as Sm
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, rank_budget, search_shards
-from bayesurl.evaluation.table import MISSING, EvalContext, Metric, Need, select_metrics
+from bayesurl.evaluation.table import (
+    MISSING,
+    EvalContext,
+    Metric,
+    Need,
+    always_keys,
+    select_metrics,
+)
 from bayesurl.types import Output
 
 __all__ = ["REQUIRED_KEYS", "Evaluator", "evaluate", "evaluate_output"]
 
-#: Keys present in every result (``None`` when undefined for the input).
-REQUIRED_KEYS = ("r@1", "r_auroc", "ausc", "ause", "ece", "ood_auroc", "ood_auprc", "map@5")
+#: Keys present in every result (``None`` when undefined for the input): the columns of the
+#: built-in metrics marked ``always`` (:func:`~bayesurl.evaluation.table.always_keys`, which
+#: also counts metrics registered later).
+REQUIRED_KEYS = always_keys()
 
 
 #: Seed of the draws of the mixed R-AUROC's queries and of the crop test's areas.
@@ -551,7 +560,7 @@ class Evaluator:
             raise_if_any(error, self.group)
         ctx = self._context(c, predict_uncertainty)
         n = ctx.shards.n
-        res = {**dict.fromkeys(REQUIRED_KEYS), "n": n, "uncertainty_source": c.u_source}
+        res = {**dict.fromkeys(always_keys()), "n": n, "uncertainty_source": c.u_source}
         given = _given_neighbors(neighbors, n, self.distributed)
         # copy=False: the given embeddings are not read after the search (the samples' mean
         # is read again by the ECE), normalise them in place

@@ -6,7 +6,10 @@ when it reads neighbour ids, how many neighbours of the one exact kNN search it 
 evaluator validates the inputs once, asks every selected metric for its neighbours, runs
 **one** search with the largest request and then each metric in table order; a metric whose
 input is missing reports ``None`` under its keys with a note saying why (docs/concepts/metrics.rst:
-never a made-up number). Adding a metric is one :func:`register_metric` call.
+never a made-up number). A metric also declares how its numbers are shown (:class:`Column`: title,
+digits, direction); every table of a run, a sweep report, the HTML report and the protocol
+report is derived from those columns (:func:`metric_columns`). Adding a metric is one
+:func:`register_metric` call.
 
 Definitions: docs/concepts/metrics.rst; papers: URL benchmark (Kirchhof et al. 2023, section 3.1,
 App. C.3 / C.5) and LAM (Warburg et al. 2023, section 5).
@@ -32,9 +35,12 @@ from bayesurl.evaluation.url_extra import crop_uncertainty_check, mixed_r_auroc
 
 __all__ = [
     "METRICS",
+    "Column",
     "EvalContext",
     "Metric",
     "Need",
+    "always_keys",
+    "metric_columns",
     "register_metric",
     "select_metrics",
     "unregister_metric",
@@ -172,6 +178,39 @@ ComputeFn = Callable[[EvalContext], dict[str, Any]]
 
 
 @dataclass(frozen=True)
+class Column:
+    """How one result key of a metric is shown.
+
+    Parameters
+    ----------
+    key : str
+        The result key (``"r_auroc"``).
+    title : str
+        Its title in tables and plots (``"R-AUROC"``).
+    digits : int
+        Decimals shown.
+    higher_is_better : bool
+        The direction of the number (an ECE is better lower).
+    shown : bool
+        A column of the tables; otherwise only kept and aggregated (JSON / CSV).
+    always : bool
+        Present in every result of :func:`~bayesurl.evaluation.evaluate` (``None`` when not
+        computed).
+    """
+
+    key: str
+    title: str
+    digits: int = 3
+    higher_is_better: bool = True
+    shown: bool = True
+    always: bool = False
+
+    def format(self, value: float | None) -> str:
+        """``value`` with :attr:`digits` decimals (``"n/a"`` for ``None``)."""
+        return "n/a" if value is None else f"{value:.{self.digits}f}"
+
+
+@dataclass(frozen=True)
 class Metric:
     """One entry of the metric table.
 
@@ -191,6 +230,8 @@ class Metric:
         ``Need.NEIGHBOURS``.
     default : bool
         Selected when ``include`` is not given.
+    columns : tuple of Column
+        How its keys are shown (a key without a column is kept in results, not displayed).
     """
 
     name: str
@@ -199,6 +240,7 @@ class Metric:
     compute: ComputeFn
     neighbours: NeighboursFn | None = None
     default: bool = True
+    columns: tuple[Column, ...] = ()
 
 
 #: The metric table, in the order the metrics run and report.
@@ -232,6 +274,23 @@ def unregister_metric(name: str) -> Metric:
     if name not in METRICS:
         raise ValueError(f"unknown metric {name!r}; registered: {', '.join(METRICS)}")
     return METRICS.pop(name)
+
+
+def metric_columns(*, shown: bool | None = None) -> list[Column]:
+    """The columns of every registered metric, in table order.
+
+    Parameters
+    ----------
+    shown : bool, optional
+        ``True``: only the table columns; ``False``: only the kept-not-shown ones; ``None``:
+        all.
+    """
+    return [c for m in METRICS.values() for c in m.columns if shown is None or c.shown == shown]
+
+
+def always_keys() -> tuple[str, ...]:
+    """The keys present in every result of :func:`~bayesurl.evaluation.evaluate`."""
+    return tuple(c.key for c in metric_columns() if c.always)
 
 
 def select_metrics(
@@ -504,9 +563,13 @@ def _register_builtin(entries: Sequence[Metric]) -> None:
 
 
 N, U, S = Need.NEIGHBOURS, Need.UNCERTAINTY, Need.SAMPLES
+C = Column
 _register_builtin(
     [
-        Metric("r@1", _keys("r@1"), (N,), _r_at_1, lambda ctx: 1),
+        Metric(
+            "r@1", _keys("r@1"), (N,), _r_at_1, lambda ctx: 1,
+            columns=(C("r@1", "R@1", always=True),),
+        ),
         Metric(
             "recall@k",
             lambda o: tuple(f"recall@{k}" for k in o["ks"]),
@@ -515,23 +578,48 @@ _register_builtin(
             lambda ctx: max(ctx.options["ks"]),
         ),
         Metric(
+            "r_auroc", _keys("r_auroc"), (N, U), _r_auroc, lambda ctx: 1,
+            columns=(C("r_auroc", "R-AUROC", always=True),),
+        ),
+        Metric(
+            "ausc", _keys("ausc", "ause"), (N, U), _sparsification, lambda ctx: 1,
+            columns=(
+                C("ausc", "AUSC", always=True),
+                C("ause", "AUSE", higher_is_better=False, shown=False, always=True),
+            ),
+        ),
+        Metric(
+            "rank_correlation", _keys("rank_correlation"), (Need.REFERENCE, U), _rank_correlation
+        ),
+        Metric(
+            "ece", _keys("ece"), (S,), _ece, _ece_neighbours,
+            columns=(C("ece", "ECE", higher_is_better=False, always=True),),
+        ),
+        Metric(
+            "ood_auroc", _keys("ood_auroc", "ood_auprc"), (Need.OOD, U), _ood,
+            columns=(
+                C("ood_auroc", "OOD AUROC", always=True),
+                C("ood_auprc", "OOD AUPRC", shown=False, always=True),
+            ),
+        ),
+        Metric(
             "map@k",
             lambda o: tuple(f"map@{k}" for k in o["map_ks"]),
             (N,),
             _map,
             lambda ctx: max(ctx.options["map_ks"]),
+            columns=(C("map@5", "mAP@5", always=True),),
         ),
-        Metric("r_auroc", _keys("r_auroc"), (N, U), _r_auroc, lambda ctx: 1),
-        Metric("ausc", _keys("ausc", "ause"), (N, U), _sparsification, lambda ctx: 1),
-        Metric(
-            "rank_correlation", _keys("rank_correlation"), (Need.REFERENCE, U), _rank_correlation
-        ),
-        Metric("ece", _keys("ece"), (S,), _ece, _ece_neighbours),
-        Metric("ood_auroc", _keys("ood_auroc", "ood_auprc"), (Need.OOD, U), _ood),
         Metric("lam_ausc", _keys("lam_ausc"), (S,), _lam_ausc, default=False),
         Metric("lam_ece", _keys("lam_ece"), (S,), _lam_ece, default=False),
-        Metric("mixed_r_auroc", _keys("mixed_r_auroc", "mixed_r@1"), (Need.ID_SET, U), _mixed),
-        Metric("crop_share", _keys("crop_share", "crop_spearman"), (Need.CROP, U), _crop),
+        Metric(
+            "mixed_r_auroc", _keys("mixed_r_auroc", "mixed_r@1"), (Need.ID_SET, U), _mixed,
+            columns=(C("mixed_r_auroc", "mixed R-AUROC"),),
+        ),
+        Metric(
+            "crop_share", _keys("crop_share", "crop_spearman"), (Need.CROP, U), _crop,
+            columns=(C("crop_share", "crop share"),),
+        ),
     ]
-)
-del N, U, S
+)  # fmt: skip
+del N, U, S, C

@@ -21,20 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bayesurl.evaluation.table import Column
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, read_queries
+from bayesurl.runs.report import report_columns
 
-__all__ = ["METRIC_COLUMNS", "RecordedRun", "ReportSource", "load_source"]
+__all__ = ["RecordedRun", "ReportSource", "load_source", "table_columns"]
 
-#: Columns of the results table: ``(metric key, title)``.
-METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("r@1", "R@1"),
-    ("r_auroc", "R-AUROC"),
-    ("ausc", "AUSC"),
-    ("ece", "ECE"),
-    ("ood_auroc", "OOD AUROC"),
-    ("map@5", "mAP@5"),
-    ("train_time", "train [s]"),
-)
+
+def table_columns() -> list[Column]:
+    """The columns of the results table: the shown columns of the sweep report
+    (:func:`bayesurl.runs.report.report_columns`, from the metric table)."""
+    return report_columns(shown=True)
 
 
 @dataclass
@@ -108,8 +105,15 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _titles() -> list[str]:
-    return ["estimator", *(t for _, t in METRIC_COLUMNS)]
+def _measured(rows: list[list[Any]]) -> tuple[list[str], list[list[Any]]]:
+    """The titles and rows of the columns some row has a value in (a metric no run measured,
+    such as the crop test on a folder, is left out rather than shown as a column of n/a);
+    every column when none has a value (an unlabelled folder: each metric says n/a)."""
+    cols = table_columns()
+    keep = [i for i in range(len(cols)) if any(r[i + 1][0] is not None for r in rows)]
+    keep = keep or list(range(len(cols)))
+    titles = ["estimator", *(cols[i].title for i in keep)]
+    return titles, [[r[0], *(r[i + 1] for i in keep)] for r in rows]
 
 
 def _benchmark(folder: Path) -> ReportSource:
@@ -119,7 +123,7 @@ def _benchmark(folder: Path) -> ReportSource:
         raise ValueError(f"{str(folder / 'results.json')!r} is not a bayesurl benchmark result")
     s = data.get("settings", {})
     rows = [
-        [name, *(_stat(stats.get(k)) for k, _ in METRIC_COLUMNS)]
+        [name, *(_stat(stats.get(c.key)) for c in table_columns())]
         for name, stats in summary.items()
         if isinstance(stats, dict)
     ]
@@ -151,7 +155,7 @@ def _benchmark(folder: Path) -> ReportSource:
         recorded.append(RecordedRun(name, seed, read_queries(path), dict(metrics), split))
     title = f"bayesurl benchmark: {s.get('dataset', '')} ({s.get('preset', '')})"
     return ReportSource(
-        folder, "benchmark", title, settings, _titles(), rows, _plots(folder), recorded, missing
+        folder, "benchmark", title, settings, *_measured(rows), _plots(folder), recorded, missing
     )
 
 
@@ -173,7 +177,7 @@ def _single(folder: Path, name: str, kind: str) -> ReportSource:
     metrics = dict(data.get("metrics") or {})
     metrics.update({k: v for k, v in (data.get("timings") or {}).items() if k == "train_time"})
     estimator = str(data.get("estimator", folder.name))
-    row = [estimator, *(_stat(metrics.get(k)) for k, _ in METRIC_COLUMNS)]
+    row = [estimator, *(_stat(metrics.get(c.key)) for c in table_columns())]
     q = folder / QUERIES_FILE
     runs = []
     if q.is_file():
@@ -184,7 +188,7 @@ def _single(folder: Path, name: str, kind: str) -> ReportSource:
     ]
     title = str(data.get("title") or f"bayesurl run: {data.get('dataset')}/{estimator}")
     return ReportSource(
-        folder, kind, title, settings, _titles(), [row], _plots(folder), runs,
+        folder, kind, title, settings, *_measured([row]), _plots(folder), runs,
         [] if runs else [estimator],
     )  # fmt: skip
 

@@ -14,8 +14,8 @@ The API:
   seeds, each run's config resolved once (:mod:`bayesurl.runs.plan`), kept in memory or in a
   resumable storage (:mod:`bayesurl.runs.storage`, extra ``sweep``), optional tuning
   (:mod:`bayesurl.runs.tuning`), one run function on the one pipeline
-  (:mod:`bayesurl.runs.pipeline`), and the report (:mod:`bayesurl.runs.results` on one split,
-  :mod:`bayesurl.runs.report` and :mod:`bayesurl.runs.aggregate` over class splits);
+  (:mod:`bayesurl.runs.pipeline`), and the one report (:mod:`bayesurl.runs.report` with
+  :mod:`bayesurl.runs.aggregate`; the standard split is one split);
 - :func:`build_estimator` and the :class:`Estimator` interface (``fit`` /
   ``predict(x, n_samples) -> Output``, :mod:`bayesurl.runs.estimators`);
 - :func:`bayesurl.runs.predict.predict` / :func:`score` / :func:`n_samples_for`: the one

@@ -22,8 +22,7 @@ import torch
 
 from bayesurl.runs.config import RunConfig, read_recipe_file
 from bayesurl.runs.plan import SweepPreset, plain_overrides, resolve_run
-from bayesurl.runs.report import jsonable
-from bayesurl.runs.results import METRICS
+from bayesurl.runs.report import jsonable, report_columns
 from bayesurl.runs.runner import RunCache, run
 
 __all__ = ["PipelineRun"]
@@ -183,8 +182,8 @@ class PipelineRun:
             raise_errors=self.raise_errors,
         )
         rec = res.record()
-        for k, _ in METRICS:
-            rec.setdefault(k, None)
+        for c in report_columns(shown=True):
+            rec.setdefault(c.key, None)
         # training curves: loss and the median u of a fixed batch of training images per epoch
         rec.update(loss_curve=res.fit.get("loss_curve"), u_curve=res.fit.get("u_curve"))
         cs = params.get("class_split")

@@ -1,11 +1,17 @@
-"""The report of a class-split sweep: ``results.json`` / ``results.csv`` and two plots.
+"""The report of a sweep: ``results.json`` / ``results.csv``, two plots and the table.
 
-:func:`write_results` writes every run's record, the per-estimator means with t-intervals
-over the class splits, the paired comparison against CE and the split-half reproducibility
-(:mod:`bayesurl.runs.aggregate`); :func:`plot_results` draws R@1 against R-AUROC with the
-intervals (URL, Kirchhof et al., 2023, Fig. 2) and :func:`plot_training_curves` the training
-loss and median ``u`` per epoch. A sweep on the standard split reports through
-:class:`bayesurl.runs.results.SweepResults` instead (mean +- std over seeds).
+One report for every sweep: the standard split is a sweep over K = 1 split. The intervals
+are over the class splits (each split's mean over its seeds) when the runs span two or more
+splits, otherwise over the runs (the seeds) -- :func:`observation_unit`.
+:func:`write_results` writes every run's record, the per-estimator means with t-intervals,
+the paired comparison against CE and the split-half reproducibility
+(:mod:`bayesurl.runs.aggregate`); :func:`results_table` prints the table,
+:func:`plot_results` draws R@1 against R-AUROC with the intervals (URL, Kirchhof et al.,
+2023, Fig. 2) and :func:`plot_training_curves` the training loss and median ``u`` per epoch.
+
+Every column (title, digits, direction) comes from the metric table
+(:func:`bayesurl.evaluation.table.metric_columns`) and :data:`RUN_COLUMNS`: a registered
+metric with a :class:`~bayesurl.evaluation.table.Column` appears in every table by itself.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bayesurl.data.class_splits import tuning_leaks
+from bayesurl.evaluation.table import Column, metric_columns
 from bayesurl.files import atomic_open, write_json
 from bayesurl.runs.aggregate import (
     chance_test,
@@ -31,33 +38,50 @@ __all__ = [
     "FREE_BASELINES",
     "REPORT_METRICS",
     "REPRO_METRICS",
+    "RUN_COLUMNS",
     "best_free_baseline",
+    "format_stat",
     "jsonable",
+    "observation_unit",
     "plot_results",
     "plot_training_curves",
+    "report_columns",
+    "results_table",
+    "summarize_runs",
     "write_results",
 ]
 
-#: Metrics reported per estimator (URL section 3 and LAM section 5: R@1, R-AUROC, AUSC, ECE,
-#: OOD AUROC, mAP@k), the mixed in-distribution / downstream R-AUROC (URL App. C.5) and the
-#: crop test's share (URL section 4.5: the share of crops with a higher ``u``; higher is
-#: better).
-REPORT_METRICS: tuple[str, ...] = (
-    "r@1",
-    "r_auroc",
-    "ausc",
-    "ece",
-    "ood_auroc",
-    "map@5",
-    "mixed_r_auroc",
-    "crop_share",
+#: Numbers a run records beside its metrics (:meth:`bayesurl.runs.runner.RunResult.record`).
+RUN_COLUMNS: tuple[Column, ...] = (
+    Column("train_time", "train [s]", digits=1, higher_is_better=False),
+    Column("eval_time", "eval [s]", digits=1, higher_is_better=False, shown=False),
+    Column("train_cpu_time", "train CPU [s]", digits=1, higher_is_better=False, shown=False),
+    Column("final_loss", "final loss", higher_is_better=False, shown=False),
 )
+
+
+def report_columns(*, shown: bool | None = None, runs: bool = True) -> list[Column]:
+    """The metric table's columns (:func:`~bayesurl.evaluation.table.metric_columns`), then
+    :data:`RUN_COLUMNS` (``runs``); ``shown`` as there."""
+    extra = [c for c in RUN_COLUMNS if shown is None or c.shown == shown] if runs else []
+    return [*metric_columns(shown=shown), *extra]
+
+
+#: The metrics compared per estimator by default: the table columns of the built-in metrics
+#: (URL section 3 and LAM section 5: R@1, R-AUROC, AUSC, ECE, OOD AUROC, mAP@k, the mixed
+#: in-distribution / downstream R-AUROC of URL App. C.5 and the crop test's share of URL
+#: section 4.5). :func:`write_results` reads :func:`report_columns` when it is called, so a
+#: metric registered later is compared too.
+REPORT_METRICS: tuple[str, ...] = tuple(c.key for c in report_columns(shown=True, runs=False))
 
 #: Metrics whose split-half reproducibility is reported.
 REPRO_METRICS: tuple[str, ...] = ("r_auroc", "r@1", "ood_auroc")
 
 #: The halvings of the split-half reproducibility (``split_half_reproducibility``).
 HALVINGS: tuple[str, ...] = ("random", "pairs", "class")
+
+#: What an interval is over, per :func:`observation_unit`.
+UNIT_WORDS = {"split": "class splits", "run": "runs"}
 
 
 def jsonable(obj: Any) -> Any:
@@ -102,38 +126,162 @@ def best_free_baseline(
     return max(have, key=lambda n: have[n]) if have else None
 
 
+def _with_split(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """JSON-ready records; one without ``split`` ran on the standard split, split 0."""
+    return [{**r, "split": r.get("split", 0)} for r in jsonable([dict(r) for r in records])]
+
+
+def observation_unit(records: Sequence[Mapping[str, Any]]) -> str:
+    """``"split"`` when the finished runs span two or more class splits, else ``"run"``.
+
+    The standard split is one split (K = 1): its intervals are over the runs (the seeds).
+    """
+    splits = {r.get("split", 0) for r in records if r.get("error") is None}
+    return "split" if len(splits) > 1 else "run"
+
+
+def summarize_runs(
+    records: Sequence[Mapping[str, Any]], keys: Sequence[str] | None = None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """:func:`~bayesurl.runs.aggregate.summarize` of every column of :func:`report_columns`
+    (or ``keys``) over the :func:`observation_unit` of ``records``."""
+    recs = _with_split(records)
+    keys = [c.key for c in report_columns()] if keys is None else list(keys)
+    return summarize(recs, keys, unit=observation_unit(recs))
+
+
+def format_stat(stat: Mapping[str, Any], key: str | Column) -> str:
+    """``"0.512 +- 0.010"``: mean +- sd with the column's digits (``"n/a"`` without a mean).
+
+    ``key`` is a :class:`~bayesurl.evaluation.table.Column` or the key of one of
+    :func:`report_columns` (3 digits for another key).
+    """
+    col = key if isinstance(key, Column) else _column(key)
+    mean = stat.get("mean")
+    if mean is None:
+        return "n/a"
+    spread = stat.get("sd", stat.get("std"))
+    s = col.format(mean)
+    return s if spread is None else f"{s} +- {col.format(spread)}"
+
+
+def _column(key: str) -> Column:
+    return next((c for c in report_columns() if c.key == key), Column(key, key))
+
+
+def results_table(records: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) -> str:
+    """The sweep's table: one row per estimator, mean +- sd of every shown column.
+
+    Over the seeds on the standard split, over the class splits' seed means otherwise
+    (:func:`observation_unit`); a column no estimator measured is left out; failed runs are
+    counted in the row and listed below.
+    """
+    summ = summarize_runs(records)
+    names = list(summ)
+    unit = observation_unit(_with_split(records))
+    cols = [
+        c
+        for c in report_columns(shown=True)
+        if any(summ[n][c.key]["mean"] is not None for n in names)
+    ]
+    head = ["estimator", *(c.title for c in cols)]
+    rows = []
+    for n in names:
+        row = [n, *(format_stat(summ[n][c.key], c) for c in cols)]
+        if summ[n]["_runs"]["failed"]:
+            row[0] += f" ({summ[n]['_runs']['failed']} failed)"
+        rows.append(row)
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+
+    def fmt(r: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+        )
+
+    s = settings
+    seeds = ",".join(str(x) for x in s.get("seeds", []))
+    splits = s.get("class_splits")
+    lines = [
+        f"bayesurl benchmark: preset {s.get('preset')}, data {s.get('dataset')}, "
+        f"seeds {seeds}"
+        + (f", {len(splits)} class splits" if isinstance(splits, list) else "")
+        + f", device {s.get('device')}; mean +- sd over the {UNIT_WORDS[unit]}",
+        fmt(head),
+        fmt(["-" * w for w in widths]),
+        *(fmt(r) for r in rows),
+    ]
+    if any(c.key == "ece" for c in cols) and any(summ[n]["ece"]["mean"] is None for n in names):
+        lines.append(
+            "ECE n/a: the estimator has only a scalar u (no distribution to sample; see the "
+            "docs, Concepts > Metrics)."
+        )
+    free = best_free_baseline(summ)
+    if free is not None:
+        ref = summ[free]["r_auroc"]["mean"]
+        above = [
+            f"{m} {summ[m]['r_auroc']['mean']:.3f}"
+            for m in names
+            if m not in FREE_BASELINES
+            and summ[m]["r_auroc"]["mean"] is not None
+            and summ[m]["r_auroc"]["mean"] > ref
+        ]
+        lines.append(
+            f"R-AUROC above the best free baseline ({free} {ref:.3f}): "
+            f"{', '.join(above) or 'none'} (means; the paired tests are in results.json)"
+        )
+    lines += [
+        f"FAILED {r.get('method', r.get('estimator'))} seed {r.get('seed')}: {r['error']}"
+        for r in records
+        if r.get("error")
+    ]
+    return "\n".join(lines)
+
+
 def write_results(
     records: Sequence[Mapping[str, Any]],
     out: str | os.PathLike[str],
     settings: Mapping[str, Any],
     *,
-    metrics: Sequence[str] = REPORT_METRICS,
+    metrics: Sequence[str] | None = None,
     reference: str = "ce",
 ) -> dict[str, Path]:
     """Write ``results.json``, ``results.csv``, ``recall_vs_rauroc.png`` and
     ``training_curves.png`` (when the runs carry curves) to ``out``.
 
-    ``results.json`` holds ``settings``, ``runs`` (every record), ``tuning_check``
+    The report of every sweep, the standard split being one split (K = 1; a record without
+    ``split`` is on split 0). ``results.json`` holds ``settings``, ``runs`` (every record),
+    ``interval_over`` (:func:`observation_unit`), ``tuning_check``
     (:func:`~bayesurl.data.class_splits.tuning_leaks`: when a run's settings were tuned on one
     of its downstream classes, or a run does not say, ``verdict`` is that one line and every
-    comparison's ``verdict`` word is withheld), ``summary`` (mean and 95 % t-interval over
-    the splits' seed means, :func:`~bayesurl.runs.aggregate.summarize`),
-    ``paired_vs_<reference>`` per metric (paired t / Wilcoxon over (split, seed), Holm,
-    bootstrap interval), ``paired_vs_<reference>_pairs`` (the same with the complementary
-    pair as the unit), ``vs_chance`` (R-AUROC against 0.5 per pair, Holm), the same against
-    the best free baseline that is above chance (``best_free_baseline``,
+    comparison's ``verdict`` word is withheld), ``summary`` (mean, sd and 95 % t-interval of
+    every column of :func:`report_columns` over the splits' seed means, or over the runs on
+    one split; :func:`~bayesurl.runs.aggregate.summarize`), ``paired_vs_<reference>`` per
+    metric (paired t / Wilcoxon over (split, seed), Holm, bootstrap interval),
+    ``paired_vs_<reference>_pairs`` (the same with the complementary pair as the unit),
+    ``vs_chance`` (R-AUROC against 0.5 per pair, Holm), the same against the best free
+    baseline that is above chance (``best_free_baseline``,
     ``paired_vs_best_free_baseline[_pairs]``; :data:`FREE_BASELINES`; ``None`` when none is),
     ``reproducibility`` (split-half Spearman for R-AUROC, R@1, OOD AUROC over random
     halvings) and ``reproducibility_by`` (the other halvings of :data:`HALVINGS`:
-    pair-preserving, class-held-out).
+    pair-preserving, class-held-out). A comparison that needs more splits or runs than there
+    are holds a ``note`` saying so. ``results.csv`` has one row per run.
+
+    Parameters
+    ----------
+    metrics : sequence of str, optional
+        The metrics compared (default: the shown metric columns of :func:`report_columns`).
     """
     import csv
 
+    if metrics is None:
+        metrics = [c.key for c in report_columns(shown=True, runs=False)]
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    recs = [jsonable(dict(r)) for r in records]
+    recs = _with_split(records)
+    unit = observation_unit(recs)
     check = tuning_leaks(recs)
-    summary = summarize(recs, metrics)
+    keys = list(dict.fromkeys([*metrics, *(c.key for c in report_columns())]))
+    summary = summarize_runs(recs, keys)
     names = {r.get("method", r.get("estimator")) for r in recs if r.get("error") is None}
     paired_units = {"": "run", "_pairs": "pair"} if _paired(recs) else {"": "run"}
 
@@ -176,9 +324,10 @@ def write_results(
                         row["verdict"] = None
     doc = {
         "settings": jsonable(dict(settings)),
+        "interval_over": UNIT_WORDS[unit],
         "tuning_check": check,
         "verdict": None if check["ok"] else check["line"],
-        "runs": recs,
+        "runs": jsonable([dict(r) for r in records]),
         "summary": jsonable(summary),
         **{f"paired_vs_{reference}{s}": jsonable(p) for s, p in paired.items()},
         "vs_chance": jsonable(vs_chance),
@@ -189,7 +338,7 @@ def write_results(
     }
     paths = {"json": folder / "results.json", "csv": folder / "results.csv"}
     write_json(paths["json"], doc)
-    cols = ["method", "split", "seed", "error", *metrics]
+    cols = ["method", "split", "seed", "error", *keys]
     cols += sorted(
         {k for r in recs for k in r}
         - set(cols)
@@ -199,11 +348,15 @@ def write_results(
         w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
         for r in recs:
+            row = {**r, "method": r.get("method", r.get("estimator"))}
             w.writerow(
-                {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in r.items()}
+                {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in row.items()}
             )
     paths["png"] = plot_results(
-        summary, folder / "recall_vs_rauroc.png", title=str(settings.get("preset", ""))
+        summary,
+        folder / "recall_vs_rauroc.png",
+        title=str(settings.get("preset", "")),
+        over=UNIT_WORDS[unit],
     )
     curves = plot_training_curves(
         recs, folder / "training_curves.png", title=str(settings.get("preset", ""))
@@ -224,13 +377,19 @@ def _paired(recs: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def plot_results(
-    summary: Mapping[str, Mapping[str, Any]], path: str | os.PathLike[str], *, title: str = ""
+    summary: Mapping[str, Mapping[str, Any]],
+    path: str | os.PathLike[str],
+    *,
+    title: str = "",
+    over: str = "class splits",
 ) -> Path:
     """R@1 against R-AUROC per estimator with their 95 % t-intervals (URL Fig. 2 style).
 
-    Intervals are drawn clipped to ``[0, 1]`` (both metrics live there; with 4 splits the
-    t-interval's factor is 3.18 and can reach past the range); each estimator gets its own
-    colour and marker, named in a legend beside the axes.
+    Intervals (over ``over``: the class splits or the runs) are drawn clipped to ``[0, 1]``
+    (both metrics live there; with 4 splits the t-interval's factor is 3.18 and can reach
+    past the range); one observation draws the point alone. Each estimator gets its own
+    colour and marker, named in a legend beside the axes; the dashed line marks R-AUROC = 0.5
+    (u carries no information).
     """
     import matplotlib
 
@@ -242,6 +401,7 @@ def plot_results(
     cmap = plt.get_cmap("tab20")
     xs: list[float] = []
     ys: list[float] = []
+    titles = {c.key: c.title for c in report_columns()}
     for i, (name, row) in enumerate(summary.items()):
         r1, ra = row.get("r@1", {}), row.get("r_auroc", {})
         if r1.get("mean") is None or ra.get("mean") is None:
@@ -274,8 +434,8 @@ def plot_results(
         pad = 0.02
         ax.set_xlim(max(min(xs) - pad, 0.0), min(max(xs) + pad, 1.0))
         ax.set_ylim(max(min(ys) - pad, 0.0), min(max(ys) + pad, 1.0))
-    ax.set_xlabel("R-AUROC (downstream, mean and 95 % t-interval over class splits)")
-    ax.set_ylabel("R@1 (downstream)")
+    ax.set_xlabel(f"{titles['r_auroc']} (downstream, mean and 95 % t-interval over {over})")
+    ax.set_ylabel(f"{titles['r@1']} (downstream)")
     ax.set_title(f"bayesurl benchmark {title}".strip())
     ax.grid(alpha=0.3)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)

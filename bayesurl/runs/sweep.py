@@ -15,9 +15,10 @@ seed. :func:`run_sweep`
    (:class:`~bayesurl.runs.storage.SweepStorage`: SQLite ``<out>/sweep.db`` or any SQLAlchemy
    URL; workers on other machines join with ``worker=True``; a killed sweep resumes) and works
    through them;
-4. reports: on the standard split :class:`~bayesurl.runs.results.SweepResults` (mean +- std
-   over seeds, ``--merge``-able), on class splits :func:`bayesurl.runs.report.write_results`
-   (t-intervals over splits, paired comparison against CE, split-half reproducibility).
+4. reports through the one sweep report, :func:`bayesurl.runs.report.write_results`: the
+   standard split is one split (intervals over the seeds, ``--merge``-able), class splits
+   give t-intervals over the splits, the paired comparison against CE and the split-half
+   reproducibility.
 
 Under ``torchrun`` every rank runs each run together (DDP training, sharded evaluation) and
 rank 0 alone reports: in memory every rank works through the same plan in the same order; with
@@ -56,8 +57,8 @@ from bayesurl.runs.plan import (
     smoke_notice,
     sweep_preset,
 )
-from bayesurl.runs.report import jsonable, write_results
-from bayesurl.runs.results import METRICS, SweepResults, format_stat
+from bayesurl.runs.report import jsonable, report_columns, write_results
+from bayesurl.runs.results import SweepResults
 from bayesurl.runs.runner import (
     agree_on_outcome,
     launched_by_torchrun,
@@ -658,7 +659,8 @@ class _Sweep:
                 self.log(
                     f"{head}: "
                     + ", ".join(
-                        f"{t} {format_stat({'mean': record.get(k)}, k)}" for k, t in METRICS
+                        f"{c.title} {c.format(record.get(c.key))}"
+                        for c in report_columns(shown=True)
                     )
                 )
 
@@ -672,10 +674,8 @@ class _Sweep:
         settings = self.settings(store, records, info)
         paths: dict[str, Any] = {}
         if finished and self.main and self.folder is not None:
-            if self.plan.n_splits == 0:
-                paths = SweepResults(runs=records, settings=settings).save(self.folder)
-            else:
-                paths = write_results(records, self.folder, settings)
+            paths = write_results(records, self.folder, settings)
+            if self.plan.n_splits:
                 self.log(tuning_leaks(records)["line"])
             self.log(f"results written to {self.folder}")
         return self._result(records, settings, status, done, paths)

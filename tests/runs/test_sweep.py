@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.stats
 import torch
 from sklearn.metrics import roc_auc_score
 
@@ -25,7 +26,8 @@ from bayesurl.methods import available, create
 from bayesurl.runs import load_recipe
 from bayesurl.runs.config import list_recipes, read_recipe_file
 from bayesurl.runs.predict import embed, evaluate_method
-from bayesurl.runs.results import METRICS, SweepResults, merge_results
+from bayesurl.runs.report import report_columns
+from bayesurl.runs.results import SweepResults, merge_results
 from bayesurl.runs.sweep import resolve_estimators, run_sweep
 
 SMOKE_METHODS = ["ce", "mcinfonce"]  # a scalar-u classifier and a vMF method with samples
@@ -50,17 +52,17 @@ def test_smoke_table_keys_and_ece_definedness(smoke):
     assert res.estimators == SMOKE_METHODS
     summ = res.summary()
     for m in SMOKE_METHODS:
-        for key, _ in METRICS:
-            assert key in summ[m]
+        for c in report_columns():
+            assert c.key in summ[m]
         for key in ("r@1", "r_auroc", "ausc", "ood_auroc", "train_time"):
             v = summ[m][key]["mean"]
             assert v is not None and math.isfinite(v), (m, key)
         assert 0.0 <= summ[m]["r@1"]["mean"] <= 1.0
         assert summ[m]["train_time"]["mean"] > 0
-        assert summ[m]["r@1"]["std"] is None  # one seed: no std, not a made-up 0
+        assert summ[m]["r@1"]["sd"] is None  # one seed: no sd, not a made-up 0
     # CE has only a scalar u: ECE not available, never a number
     assert all(r["ece"] is None for r in res.runs if r["estimator"] == "ce")
-    assert summ["ce"]["ece"] == {"mean": None, "std": None, "n": 0}
+    assert summ["ce"]["ece"]["mean"] is None and summ["ce"]["ece"]["n"] == 0
     # MCInfoNCE defines a vMF: ECE from samples
     ece = [r["ece"] for r in res.runs if r["estimator"] == "mcinfonce"]
     assert all(isinstance(e, float) and 0.0 <= e <= 1.0 for e in ece)
@@ -75,7 +77,8 @@ def test_smoke_table_keys_and_ece_definedness(smoke):
 def test_smoke_files_written(smoke):
     res, out = smoke
     data = json.loads((out / "results.json").read_text())
-    assert set(data) == {"settings", "summary", "runs"}
+    assert {"settings", "summary", "runs", "paired_vs_ce"} <= set(data)
+    assert data["interval_over"] == "runs"  # the standard split is one split
     assert data["settings"]["preset"] == "smoke" and data["settings"]["seeds"] == [0]
     assert data["summary"]["ce"]["ece"]["mean"] is None
     assert data["summary"]["mcinfonce"]["ece"]["mean"] == pytest.approx(
@@ -83,10 +86,10 @@ def test_smoke_files_written(smoke):
     )
     with (out / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert [r["estimator"] for r in rows] == SMOKE_METHODS
-    assert rows[0]["ece_mean"] == ""  # CE: not available
-    assert float(rows[1]["ece_mean"]) == pytest.approx(data["summary"]["mcinfonce"]["ece"]["mean"])
-    assert float(rows[0]["r@1_mean"]) == pytest.approx(data["summary"]["ce"]["r@1"]["mean"])
+    assert [r["method"] for r in rows] == SMOKE_METHODS  # one row per run, one seed
+    assert rows[0]["ece"] == ""  # CE: not available
+    assert float(rows[1]["ece"]) == data["summary"]["mcinfonce"]["ece"]["mean"]
+    assert float(rows[0]["r@1"]) == data["summary"]["ce"]["r@1"]["mean"]
     png = (out / "recall_vs_rauroc.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
 
@@ -167,7 +170,7 @@ def test_summary_matches_numpy():
     for m in ("a", "b"):
         for s in range(3):
             rec = {"estimator": m, "seed": s, "error": None}
-            rec.update({k: float(rng.random()) for k, _ in METRICS})
+            rec.update({c.key: float(rng.random()) for c in report_columns()})
             rec["ece"] = None if m == "a" else rec["ece"]
             runs.append(rec)
     res = SweepResults(runs=runs, settings={"seeds": [0, 1, 2]})
@@ -175,7 +178,9 @@ def test_summary_matches_numpy():
     for m in ("a", "b"):
         vals = np.array([r["r_auroc"] for r in runs if r["estimator"] == m])
         assert summ[m]["r_auroc"]["mean"] == pytest.approx(vals.mean())
-        assert summ[m]["r_auroc"]["std"] == pytest.approx(vals.std(ddof=1))
+        assert summ[m]["r_auroc"]["sd"] == pytest.approx(vals.std(ddof=1))
+        half = scipy.stats.t.ppf(0.975, 2) * vals.std(ddof=1) / np.sqrt(3)
+        assert summ[m]["r_auroc"]["high"] == pytest.approx(vals.mean() + half)
         assert summ[m]["r_auroc"]["n"] == 3
     assert summ["a"]["ece"]["mean"] is None
     assert "+-" in res.table()
@@ -208,7 +213,7 @@ def test_failed_run_is_recorded_not_dropped(monkeypatch):
     assert run["error"] and "no_such_argument" in run["error"]
     assert run["r@1"] is None
     assert "FAILED ce seed 0" in res.table()
-    assert res.summary()["ce"]["failed"]["n"] == 1
+    assert res.summary()["ce"]["_runs"]["failed"] == 1
     with pytest.raises(RuntimeError, match="no_such_argument"):
         run_sweep(["ce"], seeds=1, preset="smoke", progress=False, raise_errors=True)
 
