@@ -29,8 +29,8 @@ def measure(estimators: list[str], log: Path, n_train: int) -> None:
     import torch
 
     from bayesurl.data.class_splits import class_splits
-    from bayesurl.runs.pipeline import PipelineRun
-    from bayesurl.runs.plan import SweepPreset
+    from bayesurl.sweeps.pipeline import PipelineRun
+    from bayesurl.sweeps.plan import SweepPreset
 
     torch.set_num_threads(1)
     done = set()

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import bayesurl.methods as methods
 from bayesurl.cli import main
-from bayesurl.runs.results import SweepResults
+from bayesurl.sweeps.results import SweepResults
 from bayesurl.training import fit
 
 

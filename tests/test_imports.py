@@ -48,15 +48,16 @@ LAYERS: dict[str, int] = {
     "training": 6,
     "experiments": 7,
     "runs": 8,
+    "sweeps": 9,
     "benchmark": 8,
     "recipes": 8,
-    "report": 9,
-    "commands": 9,
-    "cli": 10,
-    "__main__": 11,
+    "report": 10,
+    "commands": 10,
+    "cli": 11,
+    "__main__": 12,
 }
 #: the drivers: no library module below them may import these, not even lazily
-DRIVERS = ("runs", "benchmark", "recipes", "report", "commands", "cli", "__main__")
+DRIVERS = ("runs", "sweeps", "benchmark", "recipes", "report", "commands", "cli", "__main__")
 #: known upward imports, each with the change that removes it
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 

@@ -15,7 +15,7 @@ import torch
 from matplotlib.figure import Figure
 
 from bayesurl.data.clipart import clipart
-from bayesurl.runs.plan import sweep_preset
+from bayesurl.sweeps.plan import sweep_preset
 
 
 def main(argv: list[str] | None = None) -> None:

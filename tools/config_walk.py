@@ -23,7 +23,7 @@ lines or 12 parameters (``self`` / ``cls`` not counted) of those files at each g
 Run from the checkout to measure (it imports the ``bayesurl`` of ``PYTHONPATH``)::
 
     PYTHONPATH=$PWD python tools/config_walk.py
-    python tools/config_walk.py --functions 3a4870c HEAD --files bayesurl/runs/sweep.py
+    python tools/config_walk.py --functions 3a4870c HEAD --files bayesurl/sweeps/sweep.py
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def walk(argv: list[str]) -> dict[str, Any]:
     import bayesurl
     from bayesurl.cli import main
     from bayesurl.runs import config as rc
-    from bayesurl.runs import sweep
+    from bayesurl.sweeps import sweep
 
     types: tuple[type, ...] = (
         rc.RunConfig,

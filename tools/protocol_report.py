@@ -37,7 +37,7 @@ from typing import Any
 
 def _columns() -> list[tuple[str, str]]:
     """``(key, title)`` of the report's table: the sweep report's shown metric columns."""
-    from bayesurl.runs.report import report_columns
+    from bayesurl.sweeps.report import report_columns
 
     return [(c.key, c.title) for c in report_columns(shown=True, runs=False)]
 
@@ -136,7 +136,7 @@ def complete_splits(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     split still running would bias the estimators' means towards the splits they have); when
     the splits come in complementary pairs, only the pairs of which both splits are complete
     (a pair holds every class once downstream)."""
-    from bayesurl.runs.aggregate import complementary_pairs
+    from bayesurl.sweeps.aggregate import complementary_pairs
 
     ok = [r for r in runs if r.get("error") is None]
     names = {r.get("method", r.get("estimator")) for r in ok}
@@ -157,7 +157,7 @@ def complete_splits(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def write_interim(folder: Path) -> Path:
     """Results of the complete splits of ``folder/partial_runs.json`` into ``folder/interim``."""
-    from bayesurl.runs.report import write_results
+    from bayesurl.sweeps.report import write_results
 
     part = json.loads((folder / "partial_runs.json").read_text())
     runs = [dict(r, method=r.get("method", r.get("estimator"))) for r in part["runs"]]
@@ -390,7 +390,7 @@ def against(doc: dict[str, Any], other: dict[str, Any], label: str) -> str:
     the (split, seed) pairs both finished (e.g. tuned minus default settings), one observation
     per complementary pair of splits (their differences averaged: the two splits of a pair
     share their ten classes); Holm over the estimators. A table as text (reStructuredText)."""
-    from bayesurl.runs.aggregate import complementary_pairs, holm, paired_comparison
+    from bayesurl.sweeps.aggregate import complementary_pairs, holm, paired_comparison
 
     mine = [r for r in doc["runs"] if r.get("error") is None]
     theirs = [r for r in other["runs"] if r.get("error") is None]
@@ -583,11 +583,11 @@ def combine(base: Path, rerun: Path, keep_before: Path | None = None) -> Path:
     For a sweep of which some estimators were run again after a fix (here: the four vMF
     methods after the kappa-head warm-up fix): every record of an estimator present in
     ``rerun/results.json`` replaces that estimator's records of ``base``; the summary, paired
-    tests, reproducibility and plots are recomputed (:func:`bayesurl.runs.report.
+    tests, reproducibility and plots are recomputed (:func:`bayesurl.sweeps.report.
     write_results`) into ``base``. The original ``base`` files are first copied to
     ``keep_before`` (default ``base/before_rerun``). Returns the new ``results.json``.
     """
-    from bayesurl.runs.report import write_results
+    from bayesurl.sweeps.report import write_results
 
     old = json.loads((base / "results.json").read_text())
     new = json.loads((rerun / "results.json").read_text())

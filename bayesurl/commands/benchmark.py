@@ -1,6 +1,6 @@
 """Train every estimator of a recipe file on the same data and print one comparison table.
 
-One sweep engine (:func:`bayesurl.runs.run_sweep`) runs every estimator table of the data
+One sweep engine (:func:`bayesurl.sweeps.run_sweep`) runs every estimator table of the data
 set's TOML recipe (default FashionMNIST zero-shot, OOD = scikit-learn digits; URL benchmark,
 Kirchhof et al., 2023, section 3) -- the twelve registry methods, PVU, post-hoc TaU and
 laplace-torch Laplace on the CE base, LAM post-hoc and LAM online -- with the preset's data
@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bayesurl.runs.results import SweepResults
-    from bayesurl.runs.sweep import SweepOptions
+    from bayesurl.sweeps.results import SweepResults
+    from bayesurl.sweeps.sweep import SweepOptions
 
 OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "train and evaluate every estimator on the same zero-shot data; print one table"
@@ -208,8 +208,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """The checks of the options that :func:`~bayesurl.runs.sweep.run_sweep` does not make
-    (its :class:`~bayesurl.runs.sweep.SweepOptions` checks the sweep's own).
+    """The checks of the options that :func:`~bayesurl.sweeps.sweep.run_sweep` does not make
+    (its :class:`~bayesurl.sweeps.sweep.SweepOptions` checks the sweep's own).
 
     Raises
     ------
@@ -224,7 +224,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise FileNotFoundError(f"`--root` {args.root!r} does not exist")
 
 
-#: the :class:`~bayesurl.runs.sweep.SweepOptions` fields set by a flag of another name
+#: the :class:`~bayesurl.sweeps.sweep.SweepOptions` fields set by a flag of another name
 FLAGS = {
     "tune": "--tune",
     "tune_only": "--tune-only",
@@ -243,9 +243,9 @@ def sweep_options(
     Raises
     ------
     ValueError
-        As :class:`~bayesurl.runs.sweep.SweepOptions`, naming the flags.
+        As :class:`~bayesurl.sweeps.sweep.SweepOptions`, naming the flags.
     """
-    from bayesurl.runs.sweep import SweepOptions
+    from bayesurl.sweeps.sweep import SweepOptions
 
     try:
         return SweepOptions(
@@ -277,8 +277,8 @@ def merge(args: argparse.Namespace) -> int:
     """``--merge``: one table from earlier results; rank 0 alone under torchrun."""
     from bayesurl._checks import check_output_dir
     from bayesurl.report import print_notes, try_report
-    from bayesurl.runs.results import merge_results
     from bayesurl.runs.runner import launch_rank
+    from bayesurl.sweeps.results import merge_results
 
     out = check_output_dir(args.out or DEFAULT_OUT, "--out")
     if launch_rank() != 0:  # torchrun: merging trains nothing, rank 0 does it alone
@@ -299,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from bayesurl._checks import check_device
-    from bayesurl.runs.sweep import run_sweep
+    from bayesurl.sweeps.sweep import run_sweep
 
     check_arguments(args)
     device = check_device(args.device, "--device")
@@ -319,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
 
 def report_tuned(res: SweepResults) -> int:
     """Print the settings ``--tune-only`` chose and where they were written; 0."""
-    from bayesurl.runs.tuning import tuned_table
+    from bayesurl.sweeps.tuning import tuned_table
 
     print(tuned_table(res.settings["tuned"], res.settings.get("preset")), end="")
     if res.paths:

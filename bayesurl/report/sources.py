@@ -23,14 +23,14 @@ from typing import Any
 
 from bayesurl.evaluation.table import Column
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, read_queries
-from bayesurl.runs.report import report_columns
+from bayesurl.sweeps.report import report_columns
 
 __all__ = ["RecordedRun", "ReportSource", "load_source", "table_columns"]
 
 
 def table_columns() -> list[Column]:
     """The columns of the results table: the shown columns of the sweep report
-    (:func:`bayesurl.runs.report.report_columns`, from the metric table)."""
+    (:func:`bayesurl.sweeps.report.report_columns`, from the metric table)."""
     return report_columns(shown=True)
 
 

@@ -1,5 +1,8 @@
 """One run pipeline for every estimator: config -> data -> estimator -> predict -> evaluate.
 
+Sweeps of many runs (plans, storages, tuning, the sweep report) are :mod:`bayesurl.sweeps`,
+one layer above: a run knows nothing of the sweep it belongs to.
+
 The API:
 
 - :func:`load_recipe` ``(name, overrides=(), *, preset=None) -> RunConfig``: read
@@ -8,14 +11,6 @@ The API:
 - :func:`run` ``(cfg, *, cache=None, out=None, ...) -> RunResult``: one run
   (:mod:`bayesurl.runs.runner`); ``RunResult.to_dict()`` has ``estimator``, ``dataset``,
   ``split``, ``seed``, ``metrics``, ``settings``, ``timings``;
-- :func:`run_sweep` ``(estimators, SweepOptions(dataset, preset, seeds, overrides, ...))
-  -> SweepResults`` (the options also as keywords): the one sweep engine of
-  ``bayesurl benchmark`` (:mod:`bayesurl.runs.sweep`): the preset's plan of class splits x
-  seeds, each run's config resolved once (:mod:`bayesurl.runs.plan`), kept in memory or in a
-  resumable storage (:mod:`bayesurl.runs.storage`, extra ``sweep``), optional tuning
-  (:mod:`bayesurl.runs.tuning`), one run function on the one pipeline
-  (:mod:`bayesurl.runs.pipeline`), and the one report (:mod:`bayesurl.runs.report` with
-  :mod:`bayesurl.runs.aggregate`; the standard split is one split);
 - :func:`build_estimator` and the :class:`Estimator` interface (``fit`` /
   ``predict(x, n_samples) -> Output``, :mod:`bayesurl.runs.estimators`);
 - :func:`bayesurl.runs.predict.predict` / :func:`score` / :func:`n_samples_for`: the one
@@ -45,9 +40,7 @@ from bayesurl.runs.config import (
 )
 from bayesurl.runs.estimators import Estimator, build_estimator
 from bayesurl.runs.predict import n_samples_for, score
-from bayesurl.runs.results import SweepResults, merge_results
 from bayesurl.runs.runner import RunCache, RunResult, run
-from bayesurl.runs.sweep import SweepOptions, run_sweep
 
 __all__ = [
     "BackboneConfig",
@@ -58,15 +51,11 @@ __all__ = [
     "RunCache",
     "RunConfig",
     "RunResult",
-    "SweepOptions",
-    "SweepResults",
     "TrainConfig",
     "build_estimator",
     "list_recipes",
     "load_recipe",
-    "merge_results",
     "n_samples_for",
     "run",
-    "run_sweep",
     "score",
 ]

@@ -7,7 +7,7 @@ A recipe file ``bayesurl/runs/recipes/<dataset>.toml`` holds
   fields) and an optional top-level ``seed``;
 - presets, ``[presets.<name>.<section>]``: the benchmark scales (``smoke``, ``quick``,
   ``standard``, ``full``) as overrides of those defaults, each preset's ``sweep`` table
-  (class splits, seeds, storage; :class:`bayesurl.runs.plan.SweepPreset`) and its optional
+  (class splits, seeds, storage; :class:`bayesurl.sweeps.plan.SweepPreset`) and its optional
   ``tuned`` table (per estimator the settings a ``--tune`` search chose, with the classes they
   were chosen on, ``tuned_on``; one table, or one sub-table per validation set of a
   cross-fitted plan: :func:`tuned_sets`, :func:`preset_tuned`);
@@ -674,7 +674,7 @@ def tuned_sets(raw: Mapping[str, Any], preset: str | None, where: str) -> list[T
     """The tuned settings a preset commits, checked: one :class:`TunedSet` per table.
 
     ``[presets.<name>.tuned]`` maps an estimator to the ``"key=value"`` overrides that
-    :func:`bayesurl.runs.tuning.tune_estimators` chose for it (``tuned.toml`` of a ``--tune``
+    :func:`bayesurl.sweeps.tuning.tune_estimators` chose for it (``tuned.toml`` of a ``--tune``
     sweep), with ``tuned_on`` (the validation classes) and ``trained_on`` (the classes the
     search trained on). A cross-fitted plan commits one sub-table per validation set,
     ``[presets.<name>.tuned.<set>]``, each with its own ``tuned_on``; a run takes the set

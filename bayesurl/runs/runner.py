@@ -320,7 +320,7 @@ def torchrun_group(
     """Under ``torchrun`` (``WORLD_SIZE > 1``) the default process group for the runs ``cfgs``.
 
     Yields this rank's device (``None``: not launched by torchrun, or a group already exists,
-    which is then used and left alone -- :func:`bayesurl.runs.sweep.run_sweep` opens one
+    which is then used and left alone -- :func:`bayesurl.sweeps.sweep.run_sweep` opens one
     group for all its runs, so each :func:`run` of the sweep finds it). Under torchrun or a
     process group, estimators that do not fit distributed are refused first
     (:func:`refuse_undistributed`, naming ``argument``) rather than evaluated inconsistently.

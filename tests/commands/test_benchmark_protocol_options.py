@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from bayesurl.cli import build_parser, main
-from bayesurl.runs.plan import SweepPreset, smoke_notice, sweep_preset
-from bayesurl.runs.sweep import resolve_preset
+from bayesurl.sweeps.plan import SweepPreset, smoke_notice, sweep_preset
+from bayesurl.sweeps.sweep import resolve_preset
 
 if sys.version_info >= (3, 11):
     import tomllib

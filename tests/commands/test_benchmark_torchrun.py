@@ -26,7 +26,7 @@ from bayesurl.runs import load_recipe, n_samples_for
 from bayesurl.runs.data import build_data
 from bayesurl.runs.predict import score
 from bayesurl.runs.runner import RunResult
-from bayesurl.runs.sweep import run_sweep
+from bayesurl.sweeps.sweep import run_sweep
 
 METHODS = ("ce", "mcinfonce")  # a scalar-u classifier and a vMF method with samples (ECE)
 # eval.batch_size 40 over 150 test images: 4 batches, rows 0:80 on rank 0 and 80:150 on rank 1
@@ -138,7 +138,7 @@ def test_sweep_ranks_run_the_same_runs_rank0_alone_writes(monkeypatch, tmp_path,
     """One group for the whole sweep; every rank runs every run in order; rank 0 writes."""
     import torch.distributed as dist
 
-    from bayesurl.runs import pipeline
+    from bayesurl.sweeps import pipeline
 
     _torchrun_env(monkeypatch, rank)
     state = {"group": False, "init": 0, "cleanup": 0}
@@ -234,7 +234,7 @@ def test_stored_protocol_under_torchrun_two_ranks(tmp_path) -> None:
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_merge_under_torchrun_rank0_alone(monkeypatch, tmp_path, capsys, rank) -> None:
-    from bayesurl.runs.results import SweepResults
+    from bayesurl.sweeps.results import SweepResults
 
     run = {"estimator": "ce", "seed": 0, "error": None, "r@1": 0.5, "r_auroc": 0.6}
     SweepResults(runs=[run], settings={"seeds": [0], "preset": "smoke"}).save(tmp_path / "a")

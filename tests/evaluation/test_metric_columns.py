@@ -11,8 +11,8 @@ import pytest
 from bayesurl.evaluation import evaluate
 from bayesurl.evaluation.table import Column, Metric, Need, register_metric, unregister_metric
 from bayesurl.report.sources import load_source
-from bayesurl.runs.report import results_table, write_results
-from bayesurl.runs.results import SweepResults
+from bayesurl.sweeps.report import results_table, write_results
+from bayesurl.sweeps.results import SweepResults
 
 ROOT = Path(__file__).resolve().parents[2]
 

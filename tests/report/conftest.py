@@ -9,7 +9,7 @@ from bayesurl.cli import main
 @pytest.fixture(scope="session")
 def bench_dir(tmp_path_factory):
     """``bayesurl benchmark``'s folder for CE and ELK at a reduced smoke preset."""
-    from bayesurl.runs import run_sweep
+    from bayesurl.sweeps import run_sweep
 
     out = tmp_path_factory.mktemp("bench")
     run_sweep(

@@ -18,8 +18,8 @@ from PIL import Image
 
 from bayesurl.cli import main
 from bayesurl.report import write_report
-from bayesurl.runs import run_sweep
 from bayesurl.runs.queries import read_queries
+from bayesurl.sweeps import run_sweep
 
 pytestmark = pytest.mark.skipif(
     not (FASHION_MNIST / "t10k-images-idx3-ubyte.gz").is_file(),

@@ -12,7 +12,7 @@ import pytest
 from bayesurl.cli import main
 from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.data.clipart import DEFAULT_CLIPART_ROOT, clipart_classes
-from bayesurl.runs.plan import SweepPreset, plan_runs, preset_splits, sweep_preset
+from bayesurl.sweeps.plan import SweepPreset, plan_runs, preset_splits, sweep_preset
 
 
 def test_the_pretrained_plan_never_puts_a_validation_class_downstream():

@@ -14,16 +14,16 @@ import pytest
 from scipy import stats
 
 from bayesurl.data.class_splits import crossfit_splits, tuning_leaks
-from bayesurl.runs.aggregate import (
+from bayesurl.runs.config import load_recipe
+from bayesurl.sweeps.aggregate import (
     chance_test,
     complementary_pairs,
     paired_comparison,
     split_half_reproducibility,
 )
-from bayesurl.runs.config import load_recipe
-from bayesurl.runs.pipeline import PipelineRun
-from bayesurl.runs.plan import SweepPreset, plan_runs, preset_splits, sweep_preset
-from bayesurl.runs.report import best_free_baseline, write_results
+from bayesurl.sweeps.pipeline import PipelineRun
+from bayesurl.sweeps.plan import SweepPreset, plan_runs, preset_splits, sweep_preset
+from bayesurl.sweeps.report import best_free_baseline, write_results
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -304,8 +304,8 @@ def test_pair_preserving_halvings_keep_pairs_together():
 
 def test_a_resumed_search_does_not_repeat_its_trials(tmp_path):
     from bayesurl.data.class_splits import class_splits
-    from bayesurl.runs.storage import SweepStorage
-    from bayesurl.runs.tuning import tune_estimators
+    from bayesurl.sweeps.storage import SweepStorage
+    from bayesurl.sweeps.tuning import tune_estimators
 
     def fake(params):
         lr = float(params["overrides"][0].split("=")[1])

@@ -19,7 +19,7 @@ import torch
 
 from bayesurl.runs import load_recipe
 from bayesurl.runs.runner import RunCache, run
-from bayesurl.runs.sweep import run_sweep
+from bayesurl.sweeps.sweep import run_sweep
 
 ROWS = ["deterministic", "mc_dropout", "hib", "lam_posthoc", "lam_online", "lam_posthoc_kron"]
 

@@ -1,7 +1,7 @@
 """A run's config is resolved once, by the plan, in one stated order, and kept with the run.
 
 The references: :func:`~bayesurl.runs.config.load_recipe` called with the override list
-written out by hand (the order :func:`~bayesurl.runs.plan.resolve_run` states), and the value
+written out by hand (the order :func:`~bayesurl.sweeps.plan.resolve_run` states), and the value
 each layer of a hand-made recipe sets.
 """
 
@@ -13,8 +13,8 @@ import shutil
 import pytest
 
 from bayesurl.runs.config import RunConfig, load_recipe
-from bayesurl.runs.pipeline import PipelineRun
-from bayesurl.runs.plan import SweepPreset, plan_sweep, resolve_run, sweep_preset
+from bayesurl.sweeps.pipeline import PipelineRun
+from bayesurl.sweeps.plan import SweepPreset, plan_sweep, resolve_run, sweep_preset
 
 RECIPE = """
 inherit = "estimators"
@@ -102,7 +102,7 @@ def test_the_stored_config_equals_what_resolving_gives(preset):
 
 
 def test_the_pipeline_rebuilds_the_stored_config_and_resolves_only_what_it_adds(monkeypatch):
-    from bayesurl.runs import pipeline
+    from bayesurl.sweeps import pipeline
 
     plan = sweep_preset("fashion_mnist", "quick")
     (run,) = plan_sweep("fashion_mnist", ["ce"], plan, overrides=["train.epochs=1"])
@@ -133,7 +133,7 @@ def test_from_dict_checks_what_it_reads():
 
 def test_a_stored_sweep_keeps_the_config_and_an_old_storage_still_resolves(tmp_path):
     optuna = pytest.importorskip("optuna")
-    from bayesurl.runs.storage import SweepStorage
+    from bayesurl.sweeps.storage import SweepStorage
 
     plan = sweep_preset("fashion_mnist", "quick")
     runs = plan_sweep("fashion_mnist", ["ce"], plan, device="cpu")

@@ -350,7 +350,7 @@ def test_sixteen_workers_never_claim_a_run_twice(postgres, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     argv = [str(ROOT / "bayesurl" / "runs" / "storage.py"), url, str(log), "0.05"]
     # the lead plans the sweep; the workers (as `--worker`) only claim and run
-    from bayesurl.runs.storage import SweepStorage
+    from bayesurl.sweeps.storage import SweepStorage
 
     lead = SweepStorage(url, sweep="load")
     assert lead.add_runs([{"estimator": "m", "split": 0, "seed": s} for s in range(n_runs)])

@@ -18,7 +18,7 @@ import torch
 from bayesurl.cli import main
 from bayesurl.runs import build_estimator, config, list_recipes, load_recipe
 from bayesurl.runs.config import RECIPE_DIR, read_recipe_file, tuned_sets
-from bayesurl.runs.plan import preset_splits, sweep_preset
+from bayesurl.sweeps.plan import preset_splits, sweep_preset
 
 REPO = Path(__file__).resolve().parents[2]
 FOLDER_DATASETS = ["cub", "cars", "sop"]

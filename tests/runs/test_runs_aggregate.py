@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from bayesurl.runs.aggregate import (
+from bayesurl.sweeps.aggregate import (
     holm,
     paired_comparison,
     split_half_reproducibility,
@@ -203,7 +203,7 @@ def test_split_half_reproducibility_against_loops(n_split):
 def test_split_half_with_many_splits_draws_distinct_random_halvings():
     """40 splits have 6.9e10 balanced partitions: a seeded sample of distinct ones is used and
     its distribution reported; each sampled partition's Spearman against the loop reference."""
-    from bayesurl.runs.aggregate import RANDOM_HALVINGS
+    from bayesurl.sweeps.aggregate import RANDOM_HALVINGS
 
     recs = _records(n_est=6, n_split=40, n_seed=1, seed=3)
     out = split_half_reproducibility(recs, "r_auroc")
@@ -240,7 +240,7 @@ def test_bootstrap_interval_agrees_with_the_t_interval_on_a_large_sample():
     """Reference: scipy's t quantile; for 400 normal values both intervals nearly coincide."""
     from scipy import stats
 
-    from bayesurl.runs.aggregate import bootstrap_interval
+    from bayesurl.sweeps.aggregate import bootstrap_interval
 
     x = np.random.default_rng(0).normal(0.3, 1.0, 400)
     lo, hi = bootstrap_interval(x, 0.95)

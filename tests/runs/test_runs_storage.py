@@ -20,14 +20,14 @@ import pytest
 
 pytest.importorskip("optuna")
 
-from bayesurl.runs.storage import SweepStorage, default_storage_url, run_key  # noqa: E402
+from bayesurl.sweeps.storage import SweepStorage, default_storage_url, run_key  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
 WORKER = textwrap.dedent(
     """
     import os, sys, time
-    from bayesurl.runs.storage import SweepStorage
+    from bayesurl.sweeps.storage import SweepStorage
 
     url, log, n_est, n_split, n_seed, sleep = sys.argv[1:7]
     plan = [
@@ -213,7 +213,7 @@ def _finished_store(tmp_path, n=3):
 
 
 def test_corrupted_storage_is_one_line_and_left_untouched(tmp_path):
-    from bayesurl.runs.storage import StorageError
+    from bayesurl.sweeps.storage import StorageError
 
     _finished_store(tmp_path)
     db = tmp_path / "sweep.db"
@@ -257,7 +257,7 @@ _LOCKER = textwrap.dedent(
 
 
 def test_locked_storage_gives_one_line_and_loses_no_finished_run(tmp_path):
-    from bayesurl.runs.storage import StorageError
+    from bayesurl.sweeps.storage import StorageError
 
     _finished_store(tmp_path)
     locker = subprocess.Popen(
@@ -284,7 +284,7 @@ def test_a_schema_creation_race_is_retried_not_called_corruption():
     still gives the one-line error."""
     from sqlalchemy.exc import OperationalError
 
-    from bayesurl.runs.storage import StorageError, _retry
+    from bayesurl.sweeps.storage import StorageError, _retry
 
     calls = []
 
@@ -316,7 +316,7 @@ def test_a_schema_creation_race_is_retried_not_called_corruption():
 def test_redact_url_hides_the_password_and_keeps_the_rest(url):
     from sqlalchemy.engine import make_url
 
-    from bayesurl.runs.storage import redact_url
+    from bayesurl.sweeps.storage import redact_url
 
     shown = redact_url(url)
     given, seen = make_url(url), make_url(shown)
@@ -328,7 +328,7 @@ def test_redact_url_hides_the_password_and_keeps_the_rest(url):
 
 
 def test_a_bad_url_is_one_line_without_its_password():
-    from bayesurl.runs.storage import StorageError
+    from bayesurl.sweeps.storage import StorageError
 
     for url in (
         "postgresql+psycopg2://ann:Sentinel99@host:notaport/db",

@@ -1,4 +1,4 @@
-"""Tests of the sweep (bayesurl.runs.sweep / results) and the ``bayesurl benchmark`` command.
+"""Tests of the sweep (bayesurl.sweeps.sweep / results) and the ``bayesurl benchmark`` command.
 
 Moved from tests/test_benchmark.py (the old bayesurl.benchmark module is now bayesurl.runs).
 
@@ -26,9 +26,9 @@ from bayesurl.methods import available, create
 from bayesurl.runs import load_recipe
 from bayesurl.runs.config import list_recipes, read_recipe_file
 from bayesurl.runs.predict import embed, evaluate_method
-from bayesurl.runs.report import report_columns
-from bayesurl.runs.results import SweepResults, merge_results
-from bayesurl.runs.sweep import resolve_estimators, run_sweep
+from bayesurl.sweeps.report import report_columns
+from bayesurl.sweeps.results import SweepResults, merge_results
+from bayesurl.sweeps.sweep import resolve_estimators, run_sweep
 
 SMOKE_METHODS = ["ce", "mcinfonce"]  # a scalar-u classifier and a vMF method with samples
 

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("optuna")
 
-from bayesurl.runs.plan import SweepPreset, plan_runs, sweep_preset  # noqa: E402
-from bayesurl.runs.sweep import run_sweep  # noqa: E402
-from bayesurl.runs.tuning import load_tuned  # noqa: E402
+from bayesurl.sweeps.plan import SweepPreset, plan_runs, sweep_preset  # noqa: E402
+from bayesurl.sweeps.sweep import run_sweep  # noqa: E402
+from bayesurl.sweeps.tuning import load_tuned  # noqa: E402
 
 PRESET = SweepPreset("t", splits=4, seeds=(0, 1), storage="stored")
 QUALITY = {"ce": 0.0, "a": 0.02, "b": 0.05, "c": 0.10}
@@ -154,7 +154,7 @@ def test_worker_with_the_wrong_preset_is_told_which_sweeps_the_storage_holds(tmp
 def test_worker_runs_with_the_leads_overrides(tmp_path):
     """A worker started without the lead's --set gets them from each stored run; the
     pipeline applies them first and a worker's own --set after them."""
-    from bayesurl.runs.pipeline import PipelineRun
+    from bayesurl.sweeps.pipeline import PipelineRun
 
     seen = []
 
@@ -180,7 +180,7 @@ def test_pipeline_run_fn_on_a_class_split():
     import bayesurl.runs.runner  # noqa: F401  (a failing import fails, it is not skipped)
     from bayesurl.data.class_splits import class_splits
     from bayesurl.runs.config import load_recipe
-    from bayesurl.runs.pipeline import PipelineRun
+    from bayesurl.sweeps.pipeline import PipelineRun
 
     preset = sweep_preset("fashion_mnist", "smoke")
     max_test = load_recipe("fashion_mnist/ce", preset="smoke").data.max_test
@@ -202,7 +202,7 @@ def test_pipeline_run_fn_on_a_class_split():
 
 
 def test_training_curves_plot(tmp_path):
-    from bayesurl.runs.report import plot_training_curves
+    from bayesurl.sweeps.report import plot_training_curves
 
     recs = [
         {"method": "a", "split": 0, "error": None, "loss_curve": [2.0, 1.0], "u_curve": [1, 0.5]},
@@ -215,7 +215,7 @@ def test_training_curves_plot(tmp_path):
 
 
 def test_write_results_keeps_failed_runs_apart(tmp_path):
-    from bayesurl.runs.report import write_results
+    from bayesurl.sweeps.report import write_results
 
     recs = [fake_run({"estimator": e, "split": k, "seed": 0}) for e in QUALITY for k in range(4)]
     recs.append({"method": "a", "split": 9, "seed": 0, "error": "RuntimeError: x", "r@1": None})
@@ -227,7 +227,7 @@ def test_write_results_keeps_failed_runs_apart(tmp_path):
 
 
 def test_best_free_baseline_is_the_one_with_the_higher_r_auroc():
-    from bayesurl.runs.report import best_free_baseline
+    from bayesurl.sweeps.report import best_free_baseline
 
     summary = {
         "ce": {"r_auroc": {"mean": 0.9}},

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bayesurl.runs.config import list_recipes, read_recipe_file
-from bayesurl.runs.tuning import TUNE_SPACES, load_tune_spaces, search_space
+from bayesurl.sweeps.tuning import TUNE_SPACES, load_tune_spaces, search_space
 
 ROOT = Path(__file__).resolve().parents[2]
 

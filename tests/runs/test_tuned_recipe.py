@@ -18,9 +18,9 @@ pytest.importorskip("optuna")
 
 from bayesurl.data.class_splits import class_splits  # noqa: E402
 from bayesurl.runs.config import load_recipe, preset_tuned, read_recipe_file  # noqa: E402
-from bayesurl.runs.plan import SweepPreset  # noqa: E402
-from bayesurl.runs.sweep import MemoryStore, run_sweep  # noqa: E402
-from bayesurl.runs.tuning import search_space, tune_estimators, tuned_table  # noqa: E402
+from bayesurl.sweeps.plan import SweepPreset  # noqa: E402
+from bayesurl.sweeps.sweep import MemoryStore, run_sweep  # noqa: E402
+from bayesurl.sweeps.tuning import search_space, tune_estimators, tuned_table  # noqa: E402
 
 RECIPE = """
 inherit = "estimators"
@@ -208,7 +208,7 @@ def test_untuned_gives_the_recipe_defaults(recipe):
 
 
 def test_an_untuned_sweep_stamps_its_runs_so_workers_follow(recipe):
-    from bayesurl.runs.pipeline import PipelineRun
+    from bayesurl.sweeps.pipeline import PipelineRun
 
     params: list = []
     p = SweepPreset("p", recipe_preset="p", splits=0, seeds=(0,))
@@ -228,7 +228,7 @@ def test_an_untuned_sweep_stamps_its_runs_so_workers_follow(recipe):
 
 def test_benchmark_untuned_reaches_the_sweep(monkeypatch, tmp_path):
     from bayesurl.cli import main
-    from bayesurl.runs import sweep
+    from bayesurl.sweeps import sweep
 
     seen = {}
 

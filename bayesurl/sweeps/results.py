@@ -2,7 +2,7 @@
 
 :class:`SweepResults` holds the flat records of :meth:`bayesurl.runs.runner.RunResult.record`
 and the sweep's settings; its table, files and plot are the one sweep report of
-:mod:`bayesurl.runs.report` (the standard split being K = 1 split), and
+:mod:`bayesurl.sweeps.report` (the standard split being K = 1 split), and
 :func:`merge_results` combines sweeps made separately (e.g. one seed per machine).
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bayesurl.runs.report import (
+from bayesurl.sweeps.report import (
     UNIT_WORDS,
     format_stat,
     observation_unit,
@@ -30,7 +30,7 @@ __all__ = ["SweepResults", "format_stat", "merge_results"]
 
 @dataclass
 class SweepResults:
-    """Everything a sweep (:func:`bayesurl.runs.sweep.run_sweep`) measured.
+    """Everything a sweep (:func:`bayesurl.sweeps.sweep.run_sweep`) measured.
 
     Attributes
     ----------
@@ -69,7 +69,7 @@ class SweepResults:
 
     def summary(self) -> dict[str, dict[str, dict[str, Any]]]:
         """``{estimator: {column: {"mean", "low", "high", "sd", "n", "n_runs"}, "_runs":
-        {"ok", "failed"}}}`` (:func:`~bayesurl.runs.report.summarize_runs`).
+        {"ok", "failed"}}}`` (:func:`~bayesurl.sweeps.report.summarize_runs`).
 
         Over the seeds on the standard split (sd with ddof 1, ``None`` with a single seed),
         over the class splits' seed means otherwise. A column that is ``None`` in every run
@@ -78,17 +78,17 @@ class SweepResults:
         return summarize_runs(self.runs)
 
     def table(self) -> str:
-        """The benchmark table (:func:`~bayesurl.runs.report.results_table`)."""
+        """The benchmark table (:func:`~bayesurl.sweeps.report.results_table`)."""
         return results_table(self.runs, self.settings)
 
     def plot(self, path: str | os.PathLike[str]) -> Path:
-        """R@1 against R-AUROC with the intervals (:func:`~bayesurl.runs.report.plot_results`)."""
+        """R@1 against R-AUROC with the intervals (:func:`~bayesurl.sweeps.report.plot_results`)."""
         over = UNIT_WORDS[observation_unit(self.runs)]
         title = str(self.settings.get("preset", ""))
         return plot_results(self.summary(), path, title=title, over=over)
 
     def save(self, out: str | os.PathLike[str]) -> dict[str, Path]:
-        """Write the sweep report into ``out`` (:func:`~bayesurl.runs.report.write_results`)."""
+        """Write the sweep report into ``out`` (:func:`~bayesurl.sweeps.report.write_results`)."""
         return write_results(self.runs, out, self.settings)
 
 

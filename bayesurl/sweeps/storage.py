@@ -10,7 +10,7 @@ record in an Optuna RDB storage (:class:`optuna.storages.RDBStorage`):
   workers on several machines (one ``bayesurl benchmark --worker`` per machine or GPU);
 * one Optuna study per sweep (``"sweep:<name>"``); every run is an Optuna trial whose user
   attributes hold the run's key (``"<estimator>/split<k>/seed<s>"``), its parameters (with
-  the run's resolved config, :func:`bayesurl.runs.plan.plan_sweep`, which a worker rebuilds
+  the run's resolved config, :func:`bayesurl.sweeps.plan.plan_sweep`, which a worker rebuilds
   instead of reading the recipe again) and, once finished, its record (metrics, settings,
   timings). Hyper-parameter searches
   (:meth:`SweepStorage.tuning_study`) are further studies in the same storage, so runs and

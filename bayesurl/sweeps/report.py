@@ -5,7 +5,7 @@ are over the class splits (each split's mean over its seeds) when the runs span 
 splits, otherwise over the runs (the seeds) -- :func:`observation_unit`.
 :func:`write_results` writes every run's record, the per-estimator means with t-intervals,
 the paired comparison against CE and the split-half reproducibility
-(:mod:`bayesurl.runs.aggregate`); :func:`results_table` prints the table,
+(:mod:`bayesurl.sweeps.aggregate`); :func:`results_table` prints the table,
 :func:`plot_results` draws R@1 against R-AUROC with the intervals (URL, Kirchhof et al.,
 2023, Fig. 2) and :func:`plot_training_curves` the training loss and median ``u`` per epoch.
 
@@ -26,7 +26,7 @@ from typing import Any
 from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.evaluation.table import Column, metric_columns
 from bayesurl.files import atomic_open, write_json
-from bayesurl.runs.aggregate import (
+from bayesurl.sweeps.aggregate import (
     chance_test,
     complementary_pairs,
     paired_comparison,
@@ -112,7 +112,7 @@ def best_free_baseline(
 ) -> str | None:
     """The free baseline with the highest mean R-AUROC in ``summary`` (``None``: none ran).
 
-    With ``chance`` (:func:`~bayesurl.runs.aggregate.chance_test` of R-AUROC) only a free
+    With ``chance`` (:func:`~bayesurl.sweeps.aggregate.chance_test` of R-AUROC) only a free
     baseline significantly above chance counts: one at or below chance is no bar to beat
     (``None`` when no free baseline is above chance).
     """
@@ -143,7 +143,7 @@ def observation_unit(records: Sequence[Mapping[str, Any]]) -> str:
 def summarize_runs(
     records: Sequence[Mapping[str, Any]], keys: Sequence[str] | None = None
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """:func:`~bayesurl.runs.aggregate.summarize` of every column of :func:`report_columns`
+    """:func:`~bayesurl.sweeps.aggregate.summarize` of every column of :func:`report_columns`
     (or ``keys``) over the :func:`observation_unit` of ``records``."""
     recs = _with_split(records)
     keys = [c.key for c in report_columns()] if keys is None else list(keys)
@@ -255,7 +255,7 @@ def write_results(
     of its downstream classes, or a run does not say, ``verdict`` is that one line and every
     comparison's ``verdict`` word is withheld), ``summary`` (mean, sd and 95 % t-interval of
     every column of :func:`report_columns` over the splits' seed means, or over the runs on
-    one split; :func:`~bayesurl.runs.aggregate.summarize`), ``paired_vs_<reference>`` per
+    one split; :func:`~bayesurl.sweeps.aggregate.summarize`), ``paired_vs_<reference>`` per
     metric (paired t / Wilcoxon over (split, seed), Holm, bootstrap interval),
     ``paired_vs_<reference>_pairs`` (the same with the complementary pair as the unit),
     ``vs_chance`` (R-AUROC against 0.5 per pair, Holm), the same against the best free

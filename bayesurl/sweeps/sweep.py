@@ -1,21 +1,21 @@
 """The sweep engine of ``bayesurl benchmark``: plan, store, work, report.
 
 A sweep is every (class split, estimator, seed) run of a preset
-(:func:`bayesurl.runs.plan.plan_runs`); each run is ``run_fn(params) -> record``, by default
-:class:`~bayesurl.runs.pipeline.PipelineRun` -- the same :func:`bayesurl.runs.runner.run`
+(:func:`bayesurl.sweeps.plan.plan_runs`); each run is ``run_fn(params) -> record``, by default
+:class:`~bayesurl.sweeps.pipeline.PipelineRun` -- the same :func:`bayesurl.runs.runner.run`
 that ``bayesurl run`` makes, so a row equals the single run of the same estimator, data and
 seed. :func:`run_sweep`
 
 1. reads the preset's plan (``[presets.<name>.sweep]``: splits, seeds, storage) and resolves
-   every run's config once (:func:`bayesurl.runs.plan.plan_sweep`; the options are a
+   every run's config once (:func:`bayesurl.sweeps.plan.plan_sweep`; the options are a
    :class:`SweepOptions`);
-2. optionally tunes every estimator first (``tune=N``, :mod:`bayesurl.runs.tuning`; the runs
+2. optionally tunes every estimator first (``tune=N``, :mod:`bayesurl.sweeps.tuning`; the runs
    are then planned again with the chosen settings);
 3. keeps the runs in memory (:class:`MemoryStore`) or in an Optuna RDB storage
-   (:class:`~bayesurl.runs.storage.SweepStorage`: SQLite ``<out>/sweep.db`` or any SQLAlchemy
+   (:class:`~bayesurl.sweeps.storage.SweepStorage`: SQLite ``<out>/sweep.db`` or any SQLAlchemy
    URL; workers on other machines join with ``worker=True``; a killed sweep resumes) and works
    through them;
-4. reports through the one sweep report, :func:`bayesurl.runs.report.write_results`: the
+4. reports through the one sweep report, :func:`bayesurl.sweeps.report.write_results`: the
    standard split is one split (intervals over the seeds, ``--merge``-able), class splits
    give t-intervals over the splits, the paired comparison against CE and the split-half
    reproducibility.
@@ -47,8 +47,14 @@ import torch
 from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.files import write_json
 from bayesurl.runs.config import RunConfig, read_recipe_file, tuned_sets
-from bayesurl.runs.pipeline import PipelineRun
-from bayesurl.runs.plan import (
+from bayesurl.runs.runner import (
+    agree_on_outcome,
+    launched_by_torchrun,
+    resolve_device,
+    torchrun_group,
+)
+from bayesurl.sweeps.pipeline import PipelineRun
+from bayesurl.sweeps.plan import (
     SweepPreset,
     plan_sweep,
     preset_splits,
@@ -57,16 +63,10 @@ from bayesurl.runs.plan import (
     smoke_notice,
     sweep_preset,
 )
-from bayesurl.runs.report import jsonable, report_columns, write_results
-from bayesurl.runs.results import SweepResults
-from bayesurl.runs.runner import (
-    agree_on_outcome,
-    launched_by_torchrun,
-    resolve_device,
-    torchrun_group,
-)
-from bayesurl.runs.storage import SweepStorage
-from bayesurl.runs.tuning import load_tuned, load_tuned_classes, tune_estimators
+from bayesurl.sweeps.report import jsonable, report_columns, write_results
+from bayesurl.sweeps.results import SweepResults
+from bayesurl.sweeps.storage import SweepStorage
+from bayesurl.sweeps.tuning import load_tuned, load_tuned_classes, tune_estimators
 
 __all__ = [
     "MemoryStore",
@@ -84,7 +84,7 @@ RunFn = Callable[[dict[str, Any]], Mapping[str, Any]]
 
 class MemoryStore:
     """The runs of a sweep kept in this process (the in-memory twin of
-    :class:`~bayesurl.runs.storage.SweepStorage`: ``add_runs``, ``work``, ``status``,
+    :class:`~bayesurl.sweeps.storage.SweepStorage`: ``add_runs``, ``work``, ``status``,
     ``records``, ``failures``, ``tuning_study``).
 
     A run function's exception propagates (a run records its own failure unless it is asked
@@ -141,7 +141,7 @@ class MemoryStore:
 
     def tuning_study(self, name: str, *, sampler: Any = None) -> Any:
         """An in-memory Optuna study (maximise) per ``name``."""
-        from bayesurl.runs.storage import require_optuna
+        from bayesurl.sweeps.storage import require_optuna
 
         optuna = require_optuna()
         if name not in self._studies:
@@ -254,7 +254,7 @@ class SweepOptions:
         Class splits instead of the preset's (``0``: the standard zero-shot split).
     overrides : sequence
         ``"section.key=value"`` overrides applied to every run
-        (:func:`~bayesurl.runs.plan.resolve_run` states where they come in).
+        (:func:`~bayesurl.sweeps.plan.resolve_run` states where they come in).
     device : str or torch.device, optional
         Default: CUDA if available, else CPU (under torchrun ``cuda:LOCAL_RANK``).
     out : path-like, optional
@@ -369,7 +369,7 @@ def run_sweep(
         How to run it; ``settings`` (any :class:`SweepOptions` field as a keyword, e.g.
         ``run_sweep("ce", preset="quick", seeds=2)``) replace its fields.
     run_fn : callable, optional
-        ``run_fn(params) -> record``; default :class:`~bayesurl.runs.pipeline.PipelineRun`
+        ``run_fn(params) -> record``; default :class:`~bayesurl.sweeps.pipeline.PipelineRun`
         (the run function gives the names their meaning: nothing is resolved).
     log : callable
         Progress output (rank 0 only).

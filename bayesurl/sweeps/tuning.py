@@ -189,7 +189,7 @@ def tune_estimators(
     retrieves among the validation classes (``stage="tune"``); the objective is the R-AUROC,
     and trials with R@1 < ``min_r1`` are discarded (pruned; URL section 3). The trials live
     in ``store`` (``"tune:<sweep>:<estimator>"`` studies of a
-    :class:`~bayesurl.runs.storage.SweepStorage`, or in-memory studies), so a restarted or
+    :class:`~bayesurl.sweeps.storage.SweepStorage`, or in-memory studies), so a restarted or
     multi-worker search goes on where it stopped and stops at ``n_trials`` finished trials.
 
     Parameters
@@ -199,7 +199,7 @@ def tune_estimators(
     n_trials : int
         Finished (complete or discarded) trials per estimator with something to tune.
     run_fn : callable
-        ``run_fn(params) -> record`` of one run (:class:`~bayesurl.runs.pipeline.PipelineRun`).
+        ``run_fn(params) -> record`` of one run (:class:`~bayesurl.sweeps.pipeline.PipelineRun`).
     store : SweepStorage or MemoryStore
         Where the Optuna studies live.
     split : ClassSplit

@@ -1,7 +1,7 @@
 """One run of a sweep on the one run pipeline: a recipe, a split, a seed -> a flat record.
 
 :class:`PipelineRun` takes the run's resolved config (planned by
-:func:`~bayesurl.runs.plan.plan_sweep`; resolved by :func:`~bayesurl.runs.plan.resolve_run`,
+:func:`~bayesurl.sweeps.plan.plan_sweep`; resolved by :func:`~bayesurl.sweeps.plan.resolve_run`,
 which states the order of the recipe, preset, tuned settings and overrides, when the run carries
 none), runs it with :func:`bayesurl.runs.runner.run`
 (:func:`bayesurl.runs.data.build_data` assembles the data) and returns its record (every
@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from bayesurl.runs.config import RunConfig, read_recipe_file
-from bayesurl.runs.plan import SweepPreset, plain_overrides, resolve_run
-from bayesurl.runs.report import jsonable, report_columns
 from bayesurl.runs.runner import RunCache, run
+from bayesurl.sweeps.plan import SweepPreset, plain_overrides, resolve_run
+from bayesurl.sweeps.report import jsonable, report_columns
 
 __all__ = ["PipelineRun"]
 
@@ -100,8 +100,8 @@ class PipelineRun:
         """The :class:`~bayesurl.runs.config.RunConfig` of the run ``params``.
 
         A planned run carries its resolved config (``params["config"]``,
-        :func:`~bayesurl.runs.plan.plan_sweep`): it is rebuilt as it is, on this machine's
-        device. The run is resolved (:func:`~bayesurl.runs.plan.resolve_run`) when it carries
+        :func:`~bayesurl.sweeps.plan.plan_sweep`): it is rebuilt as it is, on this machine's
+        device. The run is resolved (:func:`~bayesurl.sweeps.plan.resolve_run`) when it carries
         none (a tuning trial, a run stored by an older bayesurl) or when this machine adds
         settings the plan did not have (its own overrides, tuned settings of its own).
         """

@@ -24,7 +24,7 @@ sizes, training length) and, in its ``sweep`` table, the plan:
     Training seeds per split.
 ``storage``
     ``"memory"``: the runs live in the process (a quick look); ``"stored"``: an Optuna RDB
-    storage (:class:`~bayesurl.runs.storage.SweepStorage`) that survives a kill and that
+    storage (:class:`~bayesurl.sweeps.storage.SweepStorage`) that survives a kill and that
     workers on other machines can join.
 
 :func:`plan_runs` lists the runs (split-major, so a worker finishes a split's data before the

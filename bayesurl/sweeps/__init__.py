@@ -1,0 +1,31 @@
+"""Sweeps of many runs: the one sweep engine of ``bayesurl benchmark``.
+
+- :func:`run_sweep` ``(estimators, SweepOptions(dataset, preset, seeds, overrides, ...))
+  -> SweepResults`` (the options also as keywords, :mod:`bayesurl.sweeps.sweep`): the
+  preset's plan of class splits x seeds with each run's config resolved once
+  (:mod:`bayesurl.sweeps.plan`), kept in memory or in a resumable storage
+  (:mod:`bayesurl.sweeps.storage`, extra ``sweep``), optional tuning on validation classes
+  (:mod:`bayesurl.sweeps.tuning`), one run function on the one run pipeline
+  (:mod:`bayesurl.sweeps.pipeline` over :func:`bayesurl.runs.run`), and the one report
+  (:mod:`bayesurl.sweeps.report` with the statistics of :mod:`bayesurl.sweeps.aggregate`;
+  the standard split is one split);
+- :class:`SweepResults` / :func:`merge_results` (:mod:`bayesurl.sweeps.results`): a finished
+  sweep's runs, summary, tables and plots, and the merge of sweeps run apart.
+
+One run is :mod:`bayesurl.runs`, one layer below: this package imports it, never the other way.
+
+Example::
+
+    from bayesurl.sweeps import run_sweep
+    res = run_sweep(["ce", "elk"], dataset="fashion_mnist", preset="smoke", seeds=[0])
+    print(res.table())
+
+Command line: ``bayesurl benchmark --preset smoke --methods ce,elk``.
+"""
+
+from __future__ import annotations
+
+from bayesurl.sweeps.results import SweepResults, merge_results
+from bayesurl.sweeps.sweep import SweepOptions, run_sweep
+
+__all__ = ["SweepOptions", "SweepResults", "merge_results", "run_sweep"]
