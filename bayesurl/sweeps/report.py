@@ -237,6 +237,14 @@ def results_table(records: Sequence[Mapping[str, Any]], settings: Mapping[str, A
     return "\n".join(lines)
 
 
+def _plot_title(settings: Mapping[str, Any]) -> str:
+    """``"<preset>"``, with the data set where it is not FashionMNIST (``"pretrained
+    (clipart)"``): two protocols of one preset on two data sets draw distinguishable plots."""
+    preset = str(settings.get("preset", ""))
+    dataset = settings.get("dataset")
+    return f"{preset} ({dataset})" if dataset and dataset != "fashion_mnist" else preset
+
+
 def write_results(
     records: Sequence[Mapping[str, Any]],
     out: str | os.PathLike[str],
@@ -352,15 +360,11 @@ def write_results(
             w.writerow(
                 {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in row.items()}
             )
+    title = _plot_title(settings)
     paths["png"] = plot_results(
-        summary,
-        folder / "recall_vs_rauroc.png",
-        title=str(settings.get("preset", "")),
-        over=UNIT_WORDS[unit],
+        summary, folder / "recall_vs_rauroc.png", title=title, over=UNIT_WORDS[unit]
     )
-    curves = plot_training_curves(
-        recs, folder / "training_curves.png", title=str(settings.get("preset", ""))
-    )
+    curves = plot_training_curves(recs, folder / "training_curves.png", title=title)
     if curves is not None:
         paths["curves"] = curves
     return paths

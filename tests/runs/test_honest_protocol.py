@@ -324,3 +324,17 @@ def test_without_a_class_split_several_tuned_sets_are_refused():
     with pytest.raises(ValueError, match="come in 2 sets"):
         load_recipe("fashion_mnist/ce", preset="pretrained")
     assert load_recipe("fashion_mnist/ce", preset="pretrained", tuned=False).tuned_on == []
+
+
+@pytest.mark.parametrize(
+    ("dataset", "title"), [("clipart", "pretrained (clipart)"), ("fashion_mnist", "pretrained")]
+)
+def test_the_plots_name_a_data_set_other_than_the_default(tmp_path, monkeypatch, dataset, title):
+    """Two protocols of one preset on two data sets must not draw plots titled alike."""
+    import bayesurl.sweeps.report as report
+
+    seen = []
+    monkeypatch.setattr(report, "plot_results", lambda *a, **k: seen.append(k["title"]))
+    monkeypatch.setattr(report, "plot_training_curves", lambda *a, **k: seen.append(k["title"]))
+    write_results(_records(), tmp_path, {"preset": "pretrained", "dataset": dataset})
+    assert seen == [title, title]
