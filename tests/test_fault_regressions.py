@@ -116,7 +116,10 @@ def test_train_help_keeps_the_example_lines_apart(capsys):
 
 
 def test_benchmark_table_points_at_the_docs_not_a_file_the_package_lacks():
-    table = SweepResults(runs=[], settings={"preset": "quick"}).table()
+    run = {"method": "ce", "seed": 0, "r@1": 0.8, "r_auroc": 0.6, "ece": None, "error": None}
+    other = dict(run, method="elk", ece=0.05)  # an ECE measured: the column is shown
+    table = SweepResults(runs=[run, other], settings={"preset": "quick"}).table()
+    assert "ECE n/a" in table  # the pointer appears where an ECE is missing
     assert ".md" not in table and "Concepts > Metrics" in table
 
 

@@ -348,7 +348,7 @@ def test_sixteen_workers_never_claim_a_run_twice(postgres, tmp_path):
     script.write_text(LOAD_WORKER)
     log = tmp_path / "log.txt"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    argv = [str(ROOT / "bayesurl" / "runs" / "storage.py"), url, str(log), "0.05"]
+    argv = [str(ROOT / "bayesurl" / "sweeps" / "storage.py"), url, str(log), "0.05"]
     # the lead plans the sweep; the workers (as `--worker`) only claim and run
     from bayesurl.sweeps.storage import SweepStorage
 
