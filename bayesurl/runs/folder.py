@@ -43,7 +43,7 @@ import os
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -65,6 +65,7 @@ from bayesurl.data.folder import (
 )
 from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_open, write_json
+from bayesurl.posthoc.wrap import wrap
 from bayesurl.runs.features import FeatureStore, FrozenEncoder
 from bayesurl.runs.predict import predict
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, query_record
@@ -225,6 +226,43 @@ def _identity_readout(dim: int) -> nn.Linear:
     return lin
 
 
+@dataclass(frozen=True)
+class _FitPlan:
+    """How the folder fits one wrapper of :func:`~bayesurl.posthoc.wrap` on cached views.
+
+    ``encoder`` builds the frozen module the wrapper sees from the feature width (the
+    features are already embeddings); ``options`` gives ``wrap``'s options for that module;
+    ``pairs`` feeds the two views as ``(x1, x2)`` (TaU's SimCLR pair) rather than stacked with
+    each image its own class; ``trains`` passes ``epochs`` and ``lr`` to ``fit`` (a trained
+    head); ``fit`` holds its other keywords.
+    """
+
+    encoder: Callable[[int], nn.Module]
+    options: Callable[[nn.Module, int], dict[str, Any]]
+    pairs: bool
+    trains: bool
+    fit: dict[str, Any] = field(default_factory=dict)
+
+
+#: The wrapper behind each folder method (labels unused: the views are the positives).
+_FIT_PLANS = {
+    FolderMethod.TAU: _FitPlan(
+        lambda d: nn.Identity(), lambda e, d: {"embed_dim": d}, pairs=True, trains=True
+    ),
+    FolderMethod.PVU: _FitPlan(
+        lambda d: nn.Identity(),
+        lambda e, d: {"task": "supcon", "embed_dim": d},
+        pairs=False,
+        trains=True,
+        fit={"cached": False},
+    ),
+    # an identity read-out as the last layer: the embedding is the feature, bit for bit
+    FolderMethod.LAPLACE: _FitPlan(
+        _identity_readout, lambda e, d: {"last_layer": e}, pairs=False, trains=False
+    ),
+}
+
+
 def _fit(
     method: FolderMethod,
     views: Tensor,
@@ -235,24 +273,18 @@ def _fit(
     generator: torch.Generator,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """The post-hoc wrapper of ``method`` fitted on the cached views (labels unused)."""
-    from bayesurl.posthoc import PVU, LaplaceWrapper, PosthocTaU
-
     dim = views.shape[-1]
     pairs = _pair_batches(views, batch_size, generator)
     if not pairs:
         raise ValueError(
             f"post-hoc {method.value!r} needs at least 2 readable images with views to fit on"
         )
-    if method is FolderMethod.TAU:
-        wrapped = PosthocTaU(nn.Identity(), embed_dim=dim)
-        report = wrapped.fit(pairs, epochs=epochs, lr=lr, progress=False)
-    elif method is FolderMethod.PVU:
-        wrapped = PVU(nn.Identity(), task="supcon", embed_dim=dim)
-        report = wrapped.fit(_stacked(pairs), cached=False, epochs=epochs, lr=lr, progress=False)
-    else:
-        readout = _identity_readout(dim)
-        wrapped = LaplaceWrapper(readout, last_layer=readout)
-        report = wrapped.fit(_stacked(pairs), progress=False)
+    plan = _FIT_PLANS[method]
+    encoder = plan.encoder(dim)
+    wrapped = wrap(encoder, method.value, **plan.options(encoder, dim))
+    hyper = {"epochs": epochs, "lr": lr} if plan.trains else {}
+    batches = pairs if plan.pairs else _stacked(pairs)
+    report = wrapped.fit(batches, **plan.fit, **hyper, progress=False)
     wrapped.eval()
     return wrapped, report
 
