@@ -89,14 +89,16 @@ def _folder_cli(images, out):
 
 def test_folder_readme_and_table_note_a_constant_u(tmp_path, capsys, monkeypatch):
     images = _folder(tmp_path / "imgs")
-    predict = folder_road._predict
+    predict = folder_road.predict
 
-    def constant(wrapped, feats, batch_size):  # the Laplace road's u: 0.3 % spread
-        emb, u = predict(wrapped, feats, batch_size)
+    def constant(fn, feats, transform, **kw):  # the Laplace road's u: 0.3 % spread
+        pred, y = predict(fn, feats, transform, **kw)
+        u = pred.uncertainty
         spread = torch.linspace(0.0, 4e-5, u.numel(), dtype=u.dtype)
-        return emb, 0.013622 + spread[torch.randperm(u.numel())]
+        pred.uncertainty = 0.013622 + spread[torch.randperm(u.numel())]
+        return pred, y
 
-    monkeypatch.setattr(folder_road, "_predict", constant)
+    monkeypatch.setattr(folder_road, "predict", constant)
     out = tmp_path / "out"
     assert _folder_cli(images, out) == 0
     printed = capsys.readouterr().out
@@ -114,20 +116,21 @@ def test_folder_readme_notes_an_inverted_u(tmp_path, capsys, monkeypatch):
     """u crafted from the retrievals: every wrong one gets a *lower* u than every right one,
     so R-AUROC is 0 and the note must say u is inverted."""
     images = _folder(tmp_path / "imgs", n=12, noise=60, grey=True)  # classes look alike
-    predict = folder_road._predict
+    predict = folder_road.predict
     labels = torch.arange(3).repeat_interleave(12)
 
-    def inverted(wrapped, feats, batch_size):
-        emb, _ = predict(wrapped, feats, batch_size)
-        e = torch.nn.functional.normalize(emb.double(), dim=1)
+    def inverted(fn, feats, transform, **kw):
+        pred, y = predict(fn, feats, transform, **kw)
+        e = torch.nn.functional.normalize(pred.embedding.double(), dim=1)
         sim = e @ e.T
         sim.fill_diagonal_(-2)
         hit = labels[sim.argmax(1)] == labels
         if hit.all() or not hit.any():  # the premise: both right and wrong retrievals
             pytest.skip("the tiny folder gives no wrong (or no right) retrieval")
-        return emb, torch.where(hit, 2.0, 1.0) + 0.1 * torch.rand(hit.numel())
+        pred.uncertainty = torch.where(hit, 2.0, 1.0) + 0.1 * torch.rand(hit.numel())
+        return pred, y
 
-    monkeypatch.setattr(folder_road, "_predict", inverted)
+    monkeypatch.setattr(folder_road, "predict", inverted)
     out = tmp_path / "out"
     assert _folder_cli(images, out) == 0
     assert "note: u is inverted: R-AUROC" in capsys.readouterr().out
