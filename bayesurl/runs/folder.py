@@ -1,6 +1,6 @@
 """u(x) for a folder of one's own images: encode, fit a post-hoc u, rank, write the results.
 
-The road of ``bayesurl folder`` (:func:`score_folder`):
+The road of ``bayesurl folder`` (:func:`score_folder`, its settings in :class:`FolderOptions`):
 
 1. **Scan** the folder (:func:`bayesurl.data.folder.scan_image_folder`): class sub-folders
    give labels, a flat folder has none.
@@ -13,9 +13,10 @@ The road of ``bayesurl folder`` (:func:`score_folder`):
    batch from one seeded stream. A progress bar runs; only the ``[N, D]`` features stay in
    memory, never the images. A file that cannot be decoded is skipped with a warning, counted
    and listed (or, with ``strict``, named in a ``ValueError``).
-3. **Fit** the post-hoc u on the cached features without looking at the labels: the two
-   augmented views of an image are its positive pair (instance discrimination, as SimCLR /
-   TaU section 4 train), so a labelled folder's R@1 and R-AUROC are not optimistic:
+3. **Fit** the post-hoc u (:func:`bayesurl.posthoc.wrap`) on the cached features without
+   looking at the labels: the two augmented views of an image are its positive pair
+   (instance discrimination, as SimCLR / TaU section 4 train), so a labelled folder's R@1
+   and R-AUROC are not optimistic:
 
    - ``tau``: post-hoc Temperature as Uncertainty (TaU section 4) on the two views;
    - ``pvu``: the PVU loss-prediction head (thesis section 5.3) ranking the per-image
