@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from bayesurl.backbones import PACKAGED_WEIGHTS
     from bayesurl.evaluation.table import metric_columns
     from bayesurl.report import print_notes, try_report
-    from bayesurl.runs.folder import score_folder
+    from bayesurl.runs.folder import FolderOptions, score_folder
 
     pretrained = not args.random_weights
     if pretrained and args.backbone.lower() not in PACKAGED_WEIGHTS:
@@ -85,9 +85,7 @@ def run(args: argparse.Namespace) -> int:
             f"`--backbone` {args.backbone!r} has no packaged pretrained weights "
             f"({', '.join(PACKAGED_WEIGHTS)}): pass --random-weights to encode with random weights"
         )
-    res = score_folder(
-        args.images,
-        out=args.out,
+    options = FolderOptions(
         method=args.method,
         backbone=args.backbone,
         pretrained=pretrained,
@@ -102,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         cache=args.cache,
     )
+    res = score_folder(args.images, out=args.out, options=options)
     for line in res.info["describe"]:
         print(line)
     for path, err in res.skipped:

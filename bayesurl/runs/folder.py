@@ -1,6 +1,6 @@
 """u(x) for a folder of one's own images: encode, fit a post-hoc u, rank, write the results.
 
-The road of ``bayesurl folder`` (:func:`score_folder`):
+The road of ``bayesurl folder`` (:func:`score_folder`, its settings in :class:`FolderOptions`):
 
 1. **Scan** the folder (:func:`bayesurl.data.folder.scan_image_folder`): class sub-folders
    give labels, a flat folder has none.
@@ -13,9 +13,10 @@ The road of ``bayesurl folder`` (:func:`score_folder`):
    batch from one seeded stream. A progress bar runs; only the ``[N, D]`` features stay in
    memory, never the images. A file that cannot be decoded is skipped with a warning, counted
    and listed (or, with ``strict``, named in a ``ValueError``).
-3. **Fit** the post-hoc u on the cached features without looking at the labels: the two
-   augmented views of an image are its positive pair (instance discrimination, as SimCLR /
-   TaU section 4 train), so a labelled folder's R@1 and R-AUROC are not optimistic:
+3. **Fit** the post-hoc u (:func:`bayesurl.posthoc.wrap`) on the cached features without
+   looking at the labels: the two augmented views of an image are its positive pair
+   (instance discrimination, as SimCLR / TaU section 4 train), so a labelled folder's R@1
+   and R-AUROC are not optimistic:
 
    - ``tau``: post-hoc Temperature as Uncertainty (TaU section 4) on the two views;
    - ``pvu``: the PVU loss-prediction head (thesis section 5.3) ranking the per-image
@@ -43,7 +44,7 @@ import os
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -63,13 +64,15 @@ from bayesurl.data.folder import (
     folder_summary,
     scan_image_folder,
 )
+from bayesurl.evaluation import evaluate
 from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_open, write_json
+from bayesurl.posthoc.wrap import wrap
 from bayesurl.runs.features import FeatureStore, FrozenEncoder
 from bayesurl.runs.predict import predict
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, query_record
 
-__all__ = ["FOLDER_FILE", "FolderMethod", "FolderResult", "score_folder"]
+__all__ = ["FOLDER_FILE", "FolderMethod", "FolderOptions", "FolderResult", "score_folder"]
 
 #: The result record of a folder (read by :mod:`bayesurl.report`).
 FOLDER_FILE = "folder.json"
@@ -225,6 +228,43 @@ def _identity_readout(dim: int) -> nn.Linear:
     return lin
 
 
+@dataclass(frozen=True)
+class _FitPlan:
+    """How the folder fits one wrapper of :func:`~bayesurl.posthoc.wrap` on cached views.
+
+    ``encoder`` builds the frozen module the wrapper sees from the feature width (the
+    features are already embeddings); ``options`` gives ``wrap``'s options for that module;
+    ``pairs`` feeds the two views as ``(x1, x2)`` (TaU's SimCLR pair) rather than stacked with
+    each image its own class; ``trains`` passes ``epochs`` and ``lr`` to ``fit`` (a trained
+    head); ``fit`` holds its other keywords.
+    """
+
+    encoder: Callable[[int], nn.Module]
+    options: Callable[[nn.Module, int], dict[str, Any]]
+    pairs: bool
+    trains: bool
+    fit: dict[str, Any] = field(default_factory=dict)
+
+
+#: The wrapper behind each folder method (labels unused: the views are the positives).
+_FIT_PLANS = {
+    FolderMethod.TAU: _FitPlan(
+        lambda d: nn.Identity(), lambda e, d: {"embed_dim": d}, pairs=True, trains=True
+    ),
+    FolderMethod.PVU: _FitPlan(
+        lambda d: nn.Identity(),
+        lambda e, d: {"task": "supcon", "embed_dim": d},
+        pairs=False,
+        trains=True,
+        fit={"cached": False},
+    ),
+    # an identity read-out as the last layer: the embedding is the feature, bit for bit
+    FolderMethod.LAPLACE: _FitPlan(
+        _identity_readout, lambda e, d: {"last_layer": e}, pairs=False, trains=False
+    ),
+}
+
+
 def _fit(
     method: FolderMethod,
     views: Tensor,
@@ -235,24 +275,18 @@ def _fit(
     generator: torch.Generator,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """The post-hoc wrapper of ``method`` fitted on the cached views (labels unused)."""
-    from bayesurl.posthoc import PVU, LaplaceWrapper, PosthocTaU
-
     dim = views.shape[-1]
     pairs = _pair_batches(views, batch_size, generator)
     if not pairs:
         raise ValueError(
             f"post-hoc {method.value!r} needs at least 2 readable images with views to fit on"
         )
-    if method is FolderMethod.TAU:
-        wrapped = PosthocTaU(nn.Identity(), embed_dim=dim)
-        report = wrapped.fit(pairs, epochs=epochs, lr=lr, progress=False)
-    elif method is FolderMethod.PVU:
-        wrapped = PVU(nn.Identity(), task="supcon", embed_dim=dim)
-        report = wrapped.fit(_stacked(pairs), cached=False, epochs=epochs, lr=lr, progress=False)
-    else:
-        readout = _identity_readout(dim)
-        wrapped = LaplaceWrapper(readout, last_layer=readout)
-        report = wrapped.fit(_stacked(pairs), progress=False)
+    plan = _FIT_PLANS[method]
+    encoder = plan.encoder(dim)
+    wrapped = wrap(encoder, method.value, **plan.options(encoder, dim))
+    hyper = {"epochs": epochs, "lr": lr} if plan.trains else {}
+    batches = pairs if plan.pairs else _stacked(pairs)
+    report = wrapped.fit(batches, **plan.fit, **hyper, progress=False)
     wrapped.eval()
     return wrapped, report
 
@@ -351,36 +385,14 @@ def _write_readme(
         f.write("\n".join(lines) + "\n")
 
 
-def score_folder(
-    images: str | os.PathLike[str],
-    *,
-    out: str | os.PathLike[str],
-    method: str | FolderMethod = FolderMethod.TAU,
-    backbone: str = "small_convnet",
-    pretrained: bool = False,
-    image_size: int | None = None,
-    views: int = 2,
-    fit_max: int = 5000,
-    epochs: int = 5,
-    lr: float = 1e-3,
-    batch_size: int = 64,
-    workers: int = 0,
-    device: str | torch.device = "cpu",
-    seed: int = 0,
-    strict: bool = False,
-    progress: bool = True,
-    cache: str | os.PathLike[str] | None = None,
-) -> FolderResult:
-    """Score every image of a folder (see the module docs).
+@dataclass(frozen=True)
+class FolderOptions:
+    """How :func:`score_folder` encodes, fits and ranks a folder; checked once, when built.
 
     Parameters
     ----------
-    images : path-like
-        ``DIR/<class>/<image>`` (labelled) or ``DIR/<image>`` (unlabelled).
-    out : path-like
-        Folder for ``uncertainty.csv``, ``queries.npz`` and ``folder.json``.
     method : {"tau", "pvu", "laplace"}
-        The post-hoc u.
+        The post-hoc u (any case; stored as a :class:`FolderMethod`).
     backbone : str
         A name of :func:`bayesurl.backbones.build_backbone`.
     pretrained : bool
@@ -412,115 +424,206 @@ def score_folder(
 
     Raises
     ------
-    FileNotFoundError
-        If ``images`` is not a folder.
     ValueError
-        On an unknown ``method`` / ``backbone``, bad sizes, a folder without readable images,
-        or (``strict``) an unreadable image, naming it.
+        On an unknown ``method`` or a size below its minimum, naming the argument.
     """
-    try:
-        method = FolderMethod(str(getattr(method, "value", method)).lower())
-    except ValueError:
-        valid = ", ".join(m.value for m in FolderMethod)
-        raise ValueError(f"unknown `method` {method!r}; valid: {valid}") from None
-    for name, value, low in (("views", views, 2), ("fit_max", fit_max, 2), ("epochs", epochs, 1),
-                             ("batch_size", batch_size, 2), ("workers", workers, 0)):  # fmt: skip
-        if int(value) != value or value < low:
-            raise ValueError(f"`{name}` must be an integer >= {low}, got {value}")
+
+    method: str | FolderMethod = FolderMethod.TAU
+    backbone: str = "small_convnet"
+    pretrained: bool = False
+    image_size: int | None = None
+    views: int = 2
+    fit_max: int = 5000
+    epochs: int = 5
+    lr: float = 1e-3
+    batch_size: int = 64
+    workers: int = 0
+    device: str | torch.device = "cpu"
+    seed: int = 0
+    strict: bool = False
+    progress: bool = True
+    cache: str | os.PathLike[str] | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            method = FolderMethod(str(getattr(self.method, "value", self.method)).lower())
+        except ValueError:
+            valid = ", ".join(m.value for m in FolderMethod)
+            raise ValueError(f"unknown `method` {self.method!r}; valid: {valid}") from None
+        object.__setattr__(self, "method", method)
+        for name, low in (("views", 2), ("fit_max", 2), ("epochs", 1), ("batch_size", 2),
+                          ("workers", 0)):  # fmt: skip
+            value = getattr(self, name)
+            if int(value) != value or value < low:
+                raise ValueError(f"`{name}` must be an integer >= {low}, got {value}")
+
+
+@dataclass
+class _Encoded:
+    """The folder scanned and encoded: features, sizes and the time it took."""
+
+    scan: Any
+    fx: _Features
+    size: int
+    device: torch.device
+    generator: torch.Generator  # the seeded stream, past the fit sample's draw
+    seconds: float
+
+
+def _encode_folder(images: str | os.PathLike[str], opts: FolderOptions) -> _Encoded:
+    """Scan the folder, build the frozen backbone and stream every image through it."""
     t0 = time.perf_counter()
     scan = scan_image_folder(images)
-    dev = torch.device(device)
-    torch.manual_seed(seed)
-    kw: dict[str, Any] = {"pretrained": True} if pretrained else {}
-    if backbone == "small_convnet":
+    dev = torch.device(opts.device)
+    torch.manual_seed(opts.seed)
+    kw: dict[str, Any] = {"pretrained": True} if opts.pretrained else {}
+    if opts.backbone == "small_convnet":
         kw["in_chans"] = 3
-    encoder, _ = build_backbone(backbone, **kw)
+    encoder, _ = build_backbone(opts.backbone, **kw)
     encoder = encoder.to(dev).eval()
     dcfg = data_config(encoder)
-    size = int(image_size or dcfg.input_size[1])
+    size = int(opts.image_size or dcfg.input_size[1])
     transform = default_transform(3, mean=dcfg.mean, std=dcfg.std).to(dev)
     augment = default_augmentation(3, mean=dcfg.mean, std=dcfg.std).to(dev)
-    description = {"backbone": backbone, "in_chans": 3, "mean": list(dcfg.mean),
+    description = {"backbone": opts.backbone, "in_chans": 3, "mean": list(dcfg.mean),
                    "std": list(dcfg.std), "resolution": size}  # fmt: skip
-    gen = torch.Generator().manual_seed(seed)
-    n = len(scan.paths)
-    fit_ids = set(torch.randperm(n, generator=gen)[: int(fit_max)].tolist())
-    aug_gen = torch.Generator(device=dev).manual_seed(seed)
+    gen = torch.Generator().manual_seed(opts.seed)
+    fit_ids = set(torch.randperm(len(scan.paths), generator=gen)[: int(opts.fit_max)].tolist())
+    aug_gen = torch.Generator(device=dev).manual_seed(opts.seed)
     with tempfile.TemporaryDirectory(prefix="bayesurl-folder-") as tmp:
         store = FeatureStore(
-            tmp if cache is None else cache, FrozenEncoder(encoder, transform, size), None, 1,
-            description, seed=seed, progress=False,
+            tmp if opts.cache is None else opts.cache, FrozenEncoder(encoder, transform, size),
+            None, 1, description, seed=opts.seed, progress=False,
         )  # fmt: skip
         fx = _encode(
-            store, ReadableImages(scan, size), augment, fit_ids=fit_ids, views=views,
-            batch_size=batch_size, workers=workers, device=dev, generator=aug_gen,
-            progress=progress, strict=strict,
+            store, ReadableImages(scan, size), augment, fit_ids=fit_ids, views=opts.views,
+            batch_size=opts.batch_size, workers=opts.workers, device=dev, generator=aug_gen,
+            progress=opts.progress, strict=opts.strict,
         )  # fmt: skip
-    t_encode = time.perf_counter() - t0
-    wrapped, fit_report = _fit(
-        method, fx.views[:, :2], epochs=epochs, batch_size=batch_size, lr=lr, generator=gen
-    )
-    with torch.no_grad():
-        pred, _ = predict(
-            lambda x, _s: wrapped(x), fx.feats, None, batch_size=1024, device=dev, seed=None
-        )
-    emb, u = pred.embedding, pred.uncertainty
-    labels = None if scan.labels is None else fx.labels
-    rec = query_record(
-        emb,
-        u,
-        labels,
-        meta={
-            "name": method.value,
-            "root": str(scan.root.resolve()),
-            "paths": [scan.paths[i] for i in fx.ids.tolist()],
-            "classes": scan.classes,
-        },
-    )
-    metrics = None
-    if labels is not None and len(set(labels.tolist())) > 1:
-        from bayesurl.evaluation import evaluate
+    return _Encoded(scan, fx, size, dev, gen, time.perf_counter() - t0)
 
-        metrics = evaluate(emb, labels, uncertainties=u)
-    skipped = [(scan.paths[i], err) for i, err in fx.skipped]
-    info = {
+
+def _info(
+    enc: _Encoded,
+    opts: FolderOptions,
+    metrics: dict[str, Any] | None,
+    skipped: list[tuple[str, str]],
+    fit_report: dict[str, Any],
+) -> dict[str, Any]:
+    """The record of ``folder.json``: settings, sizes, metrics, skipped files (no timings)."""
+    scan, fx, method = enc.scan, enc.fx, opts.method
+    return {
         "title": f"bayesurl folder: {scan.root}",
         "estimator": method.value,
-        "seed": seed,
+        "seed": opts.seed,
         "metrics": {} if metrics is None else {k: v for k, v in metrics.items() if k != "notes"},
         "describe": [
-            f"{n} image files in {scan.root}"
+            f"{len(scan.paths)} image files in {scan.root}"
             + (f", {len(scan.classes)} classes" if scan.labels is not None else ", no labels")
             + f"; {len(skipped)} unreadable (skipped, listed in {CSV_FILE})"
             + (f"; {len(scan.ignored)} other files ignored" if scan.ignored else ""),
-            f"backbone {backbone}" + (" (ImageNet weights)" if pretrained else " (random weights)")
-            + f", {size} px; post-hoc {method.value} fitted on {fx.views.shape[0]} images x "
-            f"{views} views, labels unused",
+            f"backbone {opts.backbone}"
+            + (" (ImageNet weights)" if opts.pretrained else " (random weights)")
+            + f", {enc.size} px; post-hoc {method.value} fitted on {fx.views.shape[0]} images x "
+            f"{opts.views} views, labels unused",
         ],
         "settings": {
-            "images": str(scan.root), "backbone": backbone, "pretrained": pretrained,
-            "image_size": size, "views": views, "fit_max": fit_max, "epochs": epochs,
-            "lr": lr, "batch_size": batch_size, "seed": seed, "device": str(dev),
+            "images": str(scan.root), "backbone": opts.backbone, "pretrained": opts.pretrained,
+            "image_size": enc.size, "views": opts.views, "fit_max": opts.fit_max,
+            "epochs": opts.epochs, "lr": opts.lr, "batch_size": opts.batch_size,
+            "seed": opts.seed, "device": str(enc.device),
         },
         "sizes": {**folder_summary(scan), "readable": int(fx.feats.shape[0]),
                   "unreadable": len(skipped), "fit_images": int(fx.views.shape[0])},
         "skipped": [{"path": p, "error": e} for p, e in skipped],
         "ignored": scan.ignored,
         "fit": {k: v for k, v in fit_report.items() if isinstance(v, (int, float, list, str))},
-        "timings": {"encode": t_encode, "total": time.perf_counter() - t0},
     }  # fmt: skip
+
+
+def _write(
+    out: str | os.PathLike[str],
+    enc: _Encoded,
+    method: FolderMethod,
+    info: dict[str, Any],
+    rec: QueryRecord,
+    metrics: dict[str, Any] | None,
+) -> dict[str, Path]:
+    """Write ``uncertainty.csv``, its ``README.md``, ``queries.npz`` and ``folder.json``."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     paths = {
         "csv": folder / CSV_FILE,
         "queries": folder / QUERIES_FILE,
         "json": folder / FOLDER_FILE,
+        "readme": folder / README_FILE,
     }
-    paths["readme"] = folder / README_FILE
-    _write_csv(paths["csv"], scan, fx, rec)
+    _write_csv(paths["csv"], enc.scan, enc.fx, rec)
     _write_readme(paths["readme"], method, info, rec, metrics)
     rec.save(paths["queries"])
     write_json(paths["json"], info, indent=1, default=_json_default)
+    return paths
+
+
+def score_folder(
+    images: str | os.PathLike[str],
+    *,
+    out: str | os.PathLike[str],
+    options: FolderOptions | None = None,
+    **settings: Any,
+) -> FolderResult:
+    """Score every image of a folder (see the module docs).
+
+    Parameters
+    ----------
+    images : path-like
+        ``DIR/<class>/<image>`` (labelled) or ``DIR/<image>`` (unlabelled).
+    out : path-like
+        Folder for ``uncertainty.csv``, ``queries.npz`` and ``folder.json``.
+    options : FolderOptions, optional
+        The settings; default ``FolderOptions(**settings)``.
+    **settings
+        The fields of :class:`FolderOptions` (``method``, ``backbone``, ``epochs``, ...),
+        when no ``options`` is given.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``images`` is not a folder.
+    TypeError
+        On a setting that is no field of :class:`FolderOptions`, or settings beside
+        ``options``.
+    ValueError
+        On an unknown ``method`` / ``backbone``, bad sizes, a folder without readable images,
+        or (``strict``) an unreadable image, naming it.
+    """
+    if options is not None and settings:
+        raise TypeError(f"pass `options` or settings, not both (got {sorted(settings)})")
+    opts = FolderOptions(**settings) if options is None else options
+    t0 = time.perf_counter()
+    enc = _encode_folder(images, opts)
+    scan, fx = enc.scan, enc.fx
+    wrapped, fit_report = _fit(
+        opts.method, fx.views[:, :2], epochs=opts.epochs, batch_size=opts.batch_size,
+        lr=opts.lr, generator=enc.generator,
+    )  # fmt: skip
+    with torch.no_grad():
+        pred, _ = predict(
+            lambda x, _s: wrapped(x), fx.feats, None, batch_size=1024, device=enc.device,
+            seed=None,
+        )  # fmt: skip
+    emb, u = pred.embedding, pred.uncertainty
+    labels = None if scan.labels is None else fx.labels
+    meta = {"name": opts.method.value, "root": str(scan.root.resolve()),
+            "paths": [scan.paths[i] for i in fx.ids.tolist()], "classes": scan.classes}  # fmt: skip
+    rec = query_record(emb, u, labels, meta=meta)
+    metrics = None
+    if labels is not None and len(set(labels.tolist())) > 1:
+        metrics = evaluate(emb, labels, uncertainties=u)
+    skipped = [(scan.paths[i], err) for i, err in fx.skipped]
+    info = _info(enc, opts, metrics, skipped, fit_report)
+    info["timings"] = {"encode": enc.seconds, "total": time.perf_counter() - t0}
+    paths = _write(out, enc, opts.method, info, rec, metrics)
     return FolderResult(rec, metrics, skipped, info, paths)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
@@ -247,8 +248,7 @@ def score(
     device: str | torch.device = "cpu",
     seed: int = 0,
     return_outputs: bool = False,
-    distributed: bool | None = None,
-    group: dist.ProcessGroup | None = None,
+    distributed: bool | dist.ProcessGroup | None = None,
     crop_images: int = 0,
     neighbor_memo: NeighborMemo | None = None,
     **evaluate_kwargs: Any,
@@ -261,13 +261,8 @@ def score(
     mAP@5, -- with samples -- the retrieval ECE, OOD AUROC / AUPRC of u on ``sets.ood`` (positive
     class) against u on ``sets.id_test`` (docs/concepts/zero_shot.rst), the mixed 50/50 ``id_test``
     / ``test`` R-AUROC (URL App. C.5) and, with ``crop_images``, URL's crop test (section 4.5).
-
-    Sharded under ``torch.distributed``: each rank predicts its
-    :func:`batch_shard` of every set and the evaluator runs with ``distributed=True`` (the
-    OOD AUROC / AUPRC and the mixed R-AUROC from every rank's rows; the crop test's images are
-    the same on every rank). Every rank returns the metrics of the
-    single-process evaluation (identical: same batches, same per-batch seeds, ties to the
-    lowest global index). Collective: every rank of ``group`` must call it.
+    Sharded, each rank predicts its :func:`batch_shard` of every set and every rank returns
+    the single-process metrics (see the module docs); every rank of the group must call it.
 
     Parameters
     ----------
@@ -283,52 +278,88 @@ def score(
         As for :func:`predict` (each set is predicted with ``seed``).
     return_outputs : bool
         Also return the predicted ``Output`` s and labels under ``"outputs"`` (sharded: this
-        rank's rows, :func:`batch_shard` of each set); unsharded, ``outputs["test_neighbors"]``
-        holds the evaluator's neighbour ids of the queries (``[N, k]``, self excluded).
-    distributed : bool, optional
+        rank's rows); unsharded, ``outputs["test_neighbors"]`` holds the evaluator's neighbour
+        ids of the queries (``[N, k]``, self excluded).
+    distributed : bool or ProcessGroup, optional
         ``None``: shard when a process group with more than one rank is initialised
         (:func:`bayesurl.distributed.is_distributed`); ``False``: every rank evaluates
-        everything; ``True``: shard (needs an initialised group).
-    group : ProcessGroup, optional
-        The process group of the sharded evaluation (default: the default group).
+        everything; ``True``: shard over the default group; a process group: shard over it.
     crop_images : int
         Evenly spaced ``test`` images of URL's crop test (0: none), predicted without draws.
     neighbor_memo : NeighborMemo, optional
         Reuse the kNN search of a test embedding scored before, bit for bit the same (a
-        post-hoc estimator and its base; the free baselines of one feature set), and keep
-        this one's; not with the sharded evaluation.
+        post-hoc estimator and its base), and keep this one's; not when sharded.
     **evaluate_kwargs
         Passed to :func:`bayesurl.evaluation.evaluate` (``ks``, ``ece_mode``, ...).
 
     Returns
     -------
     dict
-        The evaluator's result plus ``ood_auroc`` / ``ood_auprc``, ``n_samples`` (the draws
-        the predictions held), ``n_test``, ``n_id_test``, ``n_ood`` and ``eval_time`` (seconds,
-        this rank's).
+        The evaluator's result plus ``n_samples`` (the draws the predictions held), ``n_test``,
+        ``n_id_test``, ``n_ood`` and ``eval_time`` (seconds, this rank's).
 
     Raises
     ------
     ValueError
-        Without a ``test`` set, or ``distributed=True`` without a process group.
+        Without a ``test`` set, or sharding without an initialised process group.
     """
     t0 = time.perf_counter()
+    shard = _shard_of(sets, distributed, evaluate_kwargs)
+    kw = {"batch_size": batch_size, "device": device, "seed": seed}
+    outputs, extra = _predict_sets(fn, sets, transform, n_samples, crop_images, shard, kw)
+    memo = None if shard else neighbor_memo
+    res, neighbors = _evaluate_test(outputs["test"], extra, n_samples, shard, memo,
+                                    return_outputs, evaluate_kwargs)  # fmt: skip
+    _annotate(res, sets, outputs["test"][0], n_samples)
+    res["eval_time"] = time.perf_counter() - t0
+    if return_outputs:
+        if neighbors is not None and not shard:  # each query's nearest neighbour, for the record
+            outputs["test_neighbors"] = neighbors
+        res["outputs"] = outputs
+    return res
+
+
+def _shard_of(
+    sets: Any, distributed: bool | dist.ProcessGroup | None, evaluate_kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """The evaluator's sharding keywords for :func:`score` (empty: not sharded), checked."""
     if getattr(sets, "test", None) is None:
         raise ValueError("`data` has no `test` set")
+    if "group" in evaluate_kwargs:  # the keyword of earlier releases, kept for one release
+        group = evaluate_kwargs.pop("group")
+        warnings.warn(
+            "score's `group` is deprecated; pass the process group as `distributed=group`",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if group is not None and distributed in (None, True):
+            distributed = group
     if distributed is None:
-        distributed = is_distributed(group)
-    elif distributed and not (dist.is_available() and dist.is_initialized()):
+        return {"distributed": True, "group": None} if is_distributed() else {}
+    if distributed is False:
+        return {}
+    if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
-            "`distributed=True` needs an initialised torch.distributed process group "
+            "`distributed` needs an initialised torch.distributed process group "
             "(run under torchrun, or call bayesurl.distributed.init_from_env())"
         )
-    if group is not None and not distributed:
-        raise ValueError("`group` is only used with `distributed=True`")
-    kw = {"batch_size": batch_size, "device": device, "seed": seed}
+    return {"distributed": True, "group": None if distributed is True else distributed}
+
+
+def _predict_sets(
+    fn: PredictFn,
+    sets: Any,
+    transform: nn.Module | None,
+    n_samples: int,
+    crop_images: int,
+    shard: dict[str, Any],
+    kw: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This rank's rows of every set predicted: the outputs and the evaluator's extra inputs."""
 
     def rows_of(dataset: Any) -> tuple[int, int]:
         n = len(dataset)
-        return batch_shard(n, int(batch_size), group=group) if distributed else (0, n)
+        return batch_shard(n, int(kw["batch_size"]), group=shard["group"]) if shard else (0, n)
 
     out, y = predict(fn, sets.test, transform, n_samples=n_samples, rows=rows_of(sets.test), **kw)
     outputs: dict[str, Any] = {"test": (out, y)}
@@ -345,9 +376,21 @@ def score(
             id_uncertainties=o_id.uncertainty,
         )
     if crop_images:
-        extra.update(_crop_inputs(fn, sets.test, transform, int(crop_images), device))
-    shard = {"distributed": True, "group": group} if distributed else {}
-    memo = None if distributed else neighbor_memo
+        extra.update(_crop_inputs(fn, sets.test, transform, int(crop_images), kw["device"]))
+    return outputs, extra
+
+
+def _evaluate_test(
+    test: tuple[Output, Tensor],
+    extra: dict[str, Any],
+    n_samples: int,
+    shard: dict[str, Any],
+    memo: NeighborMemo | None,
+    return_neighbors: bool,
+    evaluate_kwargs: dict[str, Any],
+) -> tuple[dict[str, Any], Tensor | None]:
+    """The evaluator on the test queries, its kNN search reused from and kept in ``memo``."""
+    out, y = test
     n_test = out.embedding.shape[0]
     # hashed once, before the search (which may normalise the embedding in place)
     key, known = "", None
@@ -362,7 +405,7 @@ def score(
         **extra,
         **shard,
         **evaluate_kwargs,
-        return_neighbors=return_outputs or memo is not None,
+        return_neighbors=return_neighbors or memo is not None,
         neighbors=known,
     )
     neighbors = res.pop("neighbors", None)
@@ -372,8 +415,14 @@ def score(
         and (known is None or neighbors.shape[1] > known.shape[1])
     ):
         memo.store(key, neighbors, n_test)
+    return res, neighbors
+
+
+def _annotate(res: dict[str, Any], sets: Any, out: Output, n_samples: int) -> None:
+    """Add the draws and set sizes behind ``res`` and the note on its OOD metrics."""
     # the draws behind the ECE: a deep ensemble's are its K members, whatever was asked
     res["n_samples"] = 0 if n_samples == 0 or out.samples is None else int(out.samples.shape[0])
+    id_set, ood_set = getattr(sets, "id_test", None), getattr(sets, "ood", None)
     res["n_test"] = len(sets.test)
     res["n_id_test"] = None if id_set is None else len(id_set)
     res["n_ood"] = None if ood_set is None else len(ood_set)
@@ -382,13 +431,6 @@ def score(
         res["notes"].append("ood_auroc, ood_auprc: u(ood) vs u(id_test), OOD = positive class")
     else:
         res["notes"].append("ood_auroc, ood_auprc: the data have no `id_test` / `ood` set")
-    res["eval_time"] = time.perf_counter() - t0
-    if return_outputs:
-        if neighbors is not None and not distributed:
-            # the nearest neighbour of every query, for the per-query record
-            outputs["test_neighbors"] = neighbors
-        res["outputs"] = outputs
-    return res
 
 
 def _crop_inputs(

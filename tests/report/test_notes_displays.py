@@ -4,7 +4,6 @@ triggers each, a run that learned shows none."""
 
 import json
 import re
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -92,11 +91,12 @@ def test_folder_readme_and_table_note_a_constant_u(tmp_path, capsys, monkeypatch
     images = _folder(tmp_path / "imgs")
     predict = folder_road.predict
 
-    def constant(*args, **kwargs):  # the Laplace road's u: 0.3 % spread
-        pred, rest = predict(*args, **kwargs)
+    def constant(fn, feats, transform, **kw):  # the Laplace road's u: 0.3 % spread
+        pred, y = predict(fn, feats, transform, **kw)
         u = pred.uncertainty
         spread = torch.linspace(0.0, 4e-5, u.numel(), dtype=u.dtype)
-        return replace(pred, uncertainty=0.013622 + spread[torch.randperm(u.numel())]), rest
+        pred.uncertainty = 0.013622 + spread[torch.randperm(u.numel())]
+        return pred, y
 
     monkeypatch.setattr(folder_road, "predict", constant)
     out = tmp_path / "out"
@@ -119,17 +119,16 @@ def test_folder_readme_notes_an_inverted_u(tmp_path, capsys, monkeypatch):
     predict = folder_road.predict
     labels = torch.arange(3).repeat_interleave(12)
 
-    def inverted(*args, **kwargs):
-        pred, rest = predict(*args, **kwargs)
-        emb = pred.embedding
-        e = torch.nn.functional.normalize(emb.double(), dim=1)
+    def inverted(fn, feats, transform, **kw):
+        pred, y = predict(fn, feats, transform, **kw)
+        e = torch.nn.functional.normalize(pred.embedding.double(), dim=1)
         sim = e @ e.T
         sim.fill_diagonal_(-2)
         hit = labels[sim.argmax(1)] == labels
         if hit.all() or not hit.any():  # the premise: both right and wrong retrievals
             pytest.skip("the tiny folder gives no wrong (or no right) retrieval")
-        u = torch.where(hit, 2.0, 1.0) + 0.1 * torch.rand(hit.numel())
-        return replace(pred, uncertainty=u), rest
+        pred.uncertainty = torch.where(hit, 2.0, 1.0) + 0.1 * torch.rand(hit.numel())
+        return pred, y
 
     monkeypatch.setattr(folder_road, "predict", inverted)
     out = tmp_path / "out"

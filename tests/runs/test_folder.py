@@ -14,7 +14,7 @@ from bayesurl.cli import main
 from bayesurl.data import default_augmentation, default_transform
 from bayesurl.data.folder import ReadableImages, scan_image_folder
 from bayesurl.data.transforms import PilToUint8
-from bayesurl.runs.folder import score_folder
+from bayesurl.runs.folder import FolderMethod, FolderOptions, score_folder
 from bayesurl.runs.queries import read_queries
 
 FAST = {"backbone": "small_convnet", "epochs": 1, "batch_size": 8, "progress": False}
@@ -77,6 +77,33 @@ def test_unlabelled_folder_and_strict(tmp_path):
         score_folder(images, out=tmp_path / "strict", strict=True, **FAST)
     with pytest.raises(ValueError, match="`method`"):
         score_folder(images, out=tmp_path / "x", method="bogus", **FAST)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("views", 1), ("fit_max", 1), ("epochs", 0), ("batch_size", 1), ("workers", -1),
+     ("epochs", 1.5)],
+)  # fmt: skip
+def test_options_name_the_bad_argument(name, value):
+    with pytest.raises(ValueError, match=f"`{name}` must be an integer >= "):
+        FolderOptions(**{name: value})
+    with pytest.raises(ValueError, match="unknown `method` 'bogus'; valid: tau, pvu, laplace"):
+        FolderOptions(method="bogus")
+    assert FolderOptions(method="LaPlace").method is FolderMethod.LAPLACE
+
+
+def test_options_and_settings_give_the_same_table(tmp_path):
+    images = _folder(tmp_path / "imgs")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        score_folder(images, out=tmp_path / "kw", method="pvu", seed=2, **FAST)
+        score_folder(images, out=tmp_path / "opt", options=FolderOptions("pvu", seed=2, **FAST))
+    csvs = [(tmp_path / d / "uncertainty.csv").read_bytes() for d in ("kw", "opt")]
+    assert csvs[0] == csvs[1]
+    with pytest.raises(TypeError, match="not both"):
+        score_folder(images, out=tmp_path / "x", options=FolderOptions(), seed=1)
+    with pytest.raises(TypeError, match="bogus"):
+        score_folder(images, out=tmp_path / "x", bogus=1)
 
 
 def test_command_writes_csv_and_report(tmp_path, capsys):

@@ -138,7 +138,14 @@ def test_predict_rows_and_score_distributed_errors() -> None:
         predict(fn, data, None, batch_size=4, rows=(0, 99))
     with pytest.raises(ValueError, match="process group"):
         score(fn, sets(), None, distributed=True)
-    with pytest.raises(ValueError, match="`group`"):
-        score(fn, sets(), None, group=object())  # type: ignore[arg-type]
+    # the old keyword: a deprecation warning naming the new one, then the same check as
+    # distributed=group (no process group initialised here)
+    with (
+        pytest.warns(DeprecationWarning, match="distributed=group"),
+        pytest.raises(ValueError, match="`distributed` needs an initialised"),
+    ):
+        score(fn, sets(), None, group=object())
+    with pytest.raises(ValueError, match="`distributed` needs an initialised"):
+        score(fn, sets(), None, distributed=object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="batch_size"):
         batch_shard(5, 0, 0, 1)
