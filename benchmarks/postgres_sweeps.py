@@ -2,7 +2,7 @@
 duplicated and lost after a killed worker and a database restart, and the claim latency of 16
 workers on one storage.
 
-Runs ``tests/runs/test_postgres_sweeps.py`` (which starts its own server and asserts the
+Runs ``tests/sweeps/test_postgres_sweeps.py`` (which starts its own server and asserts the
 figures: 0 duplicated, 0 lost) and writes its ``FIGURES`` / ``SENTINEL`` lines, with the
 machine's load, to ``results/benchmarks/postgres_sweeps.txt``::
 
@@ -27,7 +27,7 @@ def main() -> int:
     load_before = os.getloadavg()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:randomly", "-p", "no:xdist",
-         "tests/runs/test_postgres_sweeps.py"],
+         "tests/sweeps/test_postgres_sweeps.py"],
         cwd=ROOT, env=env, capture_output=True, text=True,
     )  # fmt: skip
     lines = [
