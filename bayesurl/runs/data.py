@@ -107,8 +107,9 @@ def _cap(ds: Any, n: int | None, seed: int) -> Any:
     return bd.subset(ds, bd.stratified_subsample(ds, n, seed=seed))
 
 
-def build_data(cfg: RunConfig) -> RunData:
-    """Assemble the zero-shot sets and batch transforms of ``cfg``.
+def build_data(cfg: RunConfig, progress: bool = True) -> RunData:
+    """Assemble the zero-shot sets and batch transforms of ``cfg`` (``progress``: the frozen
+    features' extraction shows its bar).
 
     Raises
     ------
@@ -214,7 +215,7 @@ def build_data(cfg: RunConfig) -> RunData:
     if cfg.backbone.freeze:
         from bayesurl.runs.features import frozen_data
 
-        data = frozen_data(cfg, data, backbone_kwargs(cfg, None))
+        data = frozen_data(cfg, data, backbone_kwargs(cfg, None), progress)
     return data
 
 

@@ -98,11 +98,12 @@ class RunCache:
     keep: set[str] = field(default_factory=set)
     memos: dict[str | None, NeighborMemo] = field(default_factory=dict)
 
-    def get_data(self, cfg: RunConfig) -> RunData:
-        """The data of ``cfg``, built once per :func:`data_key`."""
+    def get_data(self, cfg: RunConfig, progress: bool = True) -> RunData:
+        """The data of ``cfg``, built once per :func:`data_key` (``progress``: the bar of a
+        frozen-feature extraction)."""
         key = data_key(cfg)
         if key not in self.data:
-            self.data[key] = build_data(cfg)
+            self.data[key] = build_data(cfg, progress)
         return self.data[key]
 
     def neighbor_memo(self, cfg: RunConfig) -> NeighborMemo:
@@ -458,7 +459,7 @@ def _run(
     out_dir = None if out is None else Path(out)
     main = is_main_process()
     progress = progress and main
-    data = cache.get_data(cfg)
+    data = cache.get_data(cfg, progress)
     estimator = build_estimator(cfg)  # validates the options before anything trains
     base_cfg = cfg.base
     settings: dict[str, Any] = {

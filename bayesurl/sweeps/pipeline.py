@@ -58,6 +58,9 @@ class PipelineRun:
         (:mod:`bayesurl.runs.queries`, read by :mod:`bayesurl.report`).
     raise_errors : bool
         Re-raise a failing run's exception instead of recording it.
+    progress : bool
+        Show the bar of a split's frozen-feature extraction (``bayesurl benchmark
+        --no-progress`` hides it with the per-run lines).
 
     Attributes
     ----------
@@ -77,6 +80,7 @@ class PipelineRun:
         checkpoint_dir: str | os.PathLike[str] | None = None,
         queries_dir: str | os.PathLike[str] | None = None,
         raise_errors: bool = False,
+        progress: bool = True,
     ) -> None:
         self.dataset = dataset
         self.preset = preset
@@ -87,6 +91,7 @@ class PipelineRun:
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.queries_dir = None if queries_dir is None else Path(queries_dir)
         self.raise_errors = raise_errors
+        self.progress = bool(progress)
         self.info: dict[str, Any] = {}
         self._split: Any = None
         # the estimators other rows start from (a post-hoc wrapper's or LAM's ``base``):
@@ -172,7 +177,7 @@ class PipelineRun:
         key = (params.get("split"), params.get("stage", "final"))
         if key != self._split:  # a new split: new data, new cache (bases are per split too)
             self._split, self._cache = key, RunCache(keep=self._keep)
-        data = self._cache.get_data(cfg)
+        data = self._cache.get_data(cfg, self.progress)
         self.info = dict(data.info)
         res = run(
             cfg,

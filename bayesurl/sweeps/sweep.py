@@ -531,6 +531,7 @@ class _Sweep:
             checkpoint_dir=ckpt,
             queries_dir=None if folder is None else folder / "queries",
             raise_errors=opts.raise_errors,
+            progress=opts.progress,
         )
 
     def go(

