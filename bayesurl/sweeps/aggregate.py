@@ -537,18 +537,20 @@ def complementary_pairs(records: Iterable[Mapping[str, Any]]) -> dict[int, int]:
         if classes.setdefault(k, cl) != cl:
             raise ValueError(f"the records of split {k} disagree on its classes")
 
+    sets = {k: (set(up), set(down)) for k, (up, down) in classes.items()}
+
     def swapped(a: int, b: int) -> bool:
-        up_a, down_a = (set(c) for c in classes[a])
-        up_b, down_b = (set(c) for c in classes[b])
+        (up_a, down_a), (up_b, down_b) = sets[a], sets[b]
         both = up_a & up_b
         return bool(down_a) and down_a == up_b - both and down_b == up_a - both
 
+    order = sorted(classes)
     out: dict[int, int] = {}
-    for k in sorted(classes):
+    for k in order:
         if k in out:
             continue
         out[k] = k
-        twin = next((t for t in sorted(classes) if t not in out and swapped(k, t)), None)
+        twin = next((t for t in order if t not in out and swapped(k, t)), None)
         if twin is not None:
             out[twin] = k
     return out
