@@ -44,6 +44,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 __all__ = [
+    "DEFAULT_RECIPE_FILE",
     "ESTIMATOR_KINDS",
     "RECIPE_DIR",
     "BackboneConfig",
@@ -67,6 +68,10 @@ __all__ = [
 
 #: Folder of the shipped recipe files (one per data set).
 RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
+
+#: The recipe file a sweep reads when none is named (``bayesurl benchmark`` without
+#: ``--dataset``); messages and plots name any other.
+DEFAULT_RECIPE_FILE = "fashion_mnist"
 
 #: Estimator kinds (see :mod:`bayesurl.runs.estimators`).
 ESTIMATOR_KINDS = ("method", "posthoc", "lam", "baseline", "deep_ensemble")

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from bayesurl.runs.config import RunConfig, read_recipe_file
+from bayesurl.runs.config import DEFAULT_RECIPE_FILE, RunConfig, read_recipe_file
 from bayesurl.runs.runner import RunCache, run
 from bayesurl.sweeps.plan import SweepPreset, plain_overrides, resolve_run
 from bayesurl.sweeps.report import jsonable, report_columns
@@ -71,7 +71,7 @@ class PipelineRun:
     def __init__(
         self,
         *,
-        dataset: str = "fashion_mnist",
+        dataset: str = DEFAULT_RECIPE_FILE,
         preset: SweepPreset,
         overrides: Sequence[Any] = (),
         tuned: Mapping[str, Sequence[str]] | None = None,

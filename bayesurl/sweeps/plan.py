@@ -43,7 +43,7 @@ from enum import Enum
 from typing import Any
 
 from bayesurl.data.class_splits import ClassSplit, class_splits, crossfit_splits
-from bayesurl.runs.config import RunConfig, load_recipe, read_recipe_file
+from bayesurl.runs.config import DEFAULT_RECIPE_FILE, RunConfig, load_recipe, read_recipe_file
 
 __all__ = [
     "SweepPreset",
@@ -395,13 +395,13 @@ def run_label(params: dict[str, Any]) -> str:
     return f"{params.get('estimator')}{split} seed {params.get('seed')}"
 
 
-def smoke_notice(preset: SweepPreset, dataset: str = "fashion_mnist") -> str | None:
+def smoke_notice(preset: SweepPreset, dataset: str = DEFAULT_RECIPE_FILE) -> str | None:
     """The line a smoke-scale preset prints (``None`` for a real one); the command it names
     carries ``--dataset`` where the recipe file is not the command's default."""
     if not preset.smoke:
         return None
     scale = preset.note or "few epochs, small sets"
-    data = "" if dataset == "fashion_mnist" else f"--dataset {dataset} "
+    data = "" if dataset == DEFAULT_RECIPE_FILE else f"--dataset {dataset} "
     return (
         f"NOTE: --preset {preset.name} is a smoke-scale run ({scale}): its ranking of the "
         f"uncertainties is noise, not a verdict. The real benchmark: `bayesurl benchmark {data}"

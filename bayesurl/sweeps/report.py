@@ -26,6 +26,7 @@ from typing import Any
 from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.evaluation.table import Column, metric_columns
 from bayesurl.files import atomic_open, write_json
+from bayesurl.runs.config import DEFAULT_RECIPE_FILE
 from bayesurl.sweeps.aggregate import (
     chance_test,
     complementary_pairs,
@@ -242,7 +243,7 @@ def _plot_title(settings: Mapping[str, Any]) -> str:
     (clipart)"``): two protocols of one preset on two data sets draw distinguishable plots."""
     preset = str(settings.get("preset", ""))
     dataset = settings.get("dataset")
-    return f"{preset} ({dataset})" if dataset and dataset != "fashion_mnist" else preset
+    return f"{preset} ({dataset})" if dataset and dataset != DEFAULT_RECIPE_FILE else preset
 
 
 def write_results(

@@ -46,7 +46,7 @@ import torch
 
 from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.files import write_json
-from bayesurl.runs.config import RunConfig, read_recipe_file, tuned_sets
+from bayesurl.runs.config import DEFAULT_RECIPE_FILE, RunConfig, read_recipe_file, tuned_sets
 from bayesurl.runs.runner import (
     agree_on_outcome,
     launched_by_torchrun,
@@ -303,7 +303,7 @@ class SweepOptions:
         argument).
     """
 
-    dataset: str = "fashion_mnist"
+    dataset: str = DEFAULT_RECIPE_FILE
     preset: str | SweepPreset | None = "quick"
     seeds: int | Sequence[int] | None = None
     splits: int | None = None
