@@ -8,22 +8,28 @@ The road of ``bayesurl folder`` (:func:`score_folder`, its settings in :class:`F
    current one is encoded) and encoded once per view: its plain row through the frozen-feature
    store (:class:`bayesurl.runs.features.FeatureStore`, content-addressed, so a ``cache``
    folder shared by later runs encodes an image it has seen before no more) by the frozen
-   backbone (``--backbone``, with its packaged ImageNet weights where ``pretrained``), and for
-   up to ``fit_max`` images (a seeded sample) ``views`` random augmentations, drawn batch by
-   batch from one seeded stream. A progress bar runs; only the ``[N, D]`` features stay in
-   memory, never the images. A file that cannot be decoded is skipped with a warning, counted
-   and listed (or, with ``strict``, named in a ``ValueError``).
-3. **Fit** the post-hoc u (:func:`bayesurl.posthoc.wrap`) on the cached features without
-   looking at the labels: the two augmented views of an image are its positive pair
-   (instance discrimination, as SimCLR / TaU section 4 train), so a labelled folder's R@1
-   and R-AUROC are not optimistic:
+   backbone (``--backbone``, with its packaged ImageNet weights where ``pretrained``), and,
+   for the one method that trains on augmented pairs (``tau``), ``views`` random
+   augmentations of up to ``fit_max`` images (a seeded sample), drawn batch by batch from one
+   seeded stream; ``pvu`` and ``laplace`` encode the plain view only. A progress bar runs;
+   only the ``[N, D]`` features stay in memory, never the images. A file that cannot be
+   decoded is skipped with a warning, counted and listed (or, with ``strict``, named in a
+   ``ValueError``).
+3. **Fit** the post-hoc u (:func:`bayesurl.posthoc.wrap`) on the cached features of the
+   fit sample without looking at the labels, so a labelled folder's R@1 and R-AUROC are not
+   optimistic. Each fitted image gets one positive partner:
 
-   - ``tau``: post-hoc Temperature as Uncertainty (TaU section 4) on the two views;
+   - ``tau``: post-hoc Temperature as Uncertainty (TaU section 4) on two augmented views of
+     each image, its positive pair (instance discrimination, as SimCLR trains);
    - ``pvu``: the PVU loss-prediction head (thesis section 5.3) ranking the per-image
-     supervised-contrastive loss of the two views (instance labels);
+     supervised-contrastive loss of each image against its nearest other image of the fit
+     sample (cosine of the plain features), that pair its own class;
    - ``laplace``: a last-layer Laplace (LAM section 3, eq. 3) over a linear read-out that
-     starts as the identity, with the views as positive pairs; its embedding is the
-     backbone's feature, bit for bit.
+     starts as the identity, each image and its nearest other image a positive pair; its
+     embedding is the backbone's feature, bit for bit.
+
+   The nearest-neighbour pairs (as NNCLR mines its positives, Dwibedi et al., 2021) cost no
+   encoding beyond the plain one, so these two methods run at the speed of the extractor.
 
 4. **Rank**: every readable image is a query; its nearest neighbour among the others
    (cosine, docs/concepts/metrics.rst), and, with labels, the evaluator's R@1, R-AUROC, AUSC
@@ -65,6 +71,7 @@ from bayesurl.data.folder import (
     scan_image_folder,
 )
 from bayesurl.evaluation import evaluate
+from bayesurl.evaluation.knn import knn
 from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_open, write_json
 from bayesurl.posthoc.wrap import wrap
@@ -235,13 +242,15 @@ class _FitPlan:
     ``encoder`` builds the frozen module the wrapper sees from the feature width (the
     features are already embeddings); ``options`` gives ``wrap``'s options for that module;
     ``pairs`` feeds the two views as ``(x1, x2)`` (TaU's SimCLR pair) rather than stacked with
-    each image its own class; ``trains`` passes ``epochs`` and ``lr`` to ``fit`` (a trained
-    head); ``fit`` holds its other keywords.
+    each image its own class; ``augmented`` pairs two augmented views of each image (encoded
+    for it) rather than each image with its nearest neighbour; ``trains`` passes ``epochs``
+    and ``lr`` to ``fit`` (a trained head); ``fit`` holds its other keywords.
     """
 
     encoder: Callable[[int], nn.Module]
     options: Callable[[nn.Module, int], dict[str, Any]]
     pairs: bool
+    augmented: bool
     trains: bool
     fit: dict[str, Any] = field(default_factory=dict)
 
@@ -249,20 +258,50 @@ class _FitPlan:
 #: The wrapper behind each folder method (labels unused: the views are the positives).
 _FIT_PLANS = {
     FolderMethod.TAU: _FitPlan(
-        lambda d: nn.Identity(), lambda e, d: {"embed_dim": d}, pairs=True, trains=True
+        lambda d: nn.Identity(),
+        lambda e, d: {"embed_dim": d},
+        pairs=True,
+        augmented=True,
+        trains=True,
     ),
     FolderMethod.PVU: _FitPlan(
         lambda d: nn.Identity(),
         lambda e, d: {"task": "supcon", "embed_dim": d},
         pairs=False,
+        augmented=False,
         trains=True,
         fit={"cached": False},
     ),
     # an identity read-out as the last layer: the embedding is the feature, bit for bit
     FolderMethod.LAPLACE: _FitPlan(
-        _identity_readout, lambda e, d: {"last_layer": e}, pairs=False, trains=False
+        _identity_readout,
+        lambda e, d: {"last_layer": e},
+        pairs=False,
+        augmented=False,
+        trains=False,
     ),
 }
+
+
+def _neighbour_pairs(feats: Tensor) -> Tensor:
+    """``[M, 2, D]``: each row of ``feats`` beside its nearest other row (cosine, ties to the
+    lowest index: :func:`bayesurl.evaluation.knn.knn`)."""
+    _, nn_ids = knn(feats, 1)
+    return torch.stack([feats, feats[nn_ids[:, 0]]], dim=1)
+
+
+def _fit_pairs(method: FolderMethod, fx: _Features, fit_ids: set[int]) -> Tensor:
+    """The positive pairs ``[M, 2, D]`` ``method`` is fitted on (see the module docs)."""
+    if _FIT_PLANS[method].augmented:
+        return fx.views[:, :2]
+    keep = torch.tensor([int(i) in fit_ids for i in fx.ids.tolist()], dtype=torch.bool)
+    sample = fx.feats[keep]
+    if len(sample) < 2:
+        raise ValueError(
+            f"post-hoc {method.value!r} needs at least 2 readable images to fit on, "
+            f"got {len(sample)}"
+        )
+    return _neighbour_pairs(sample)
 
 
 def _fit(
@@ -274,7 +313,8 @@ def _fit(
     lr: float,
     generator: torch.Generator,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """The post-hoc wrapper of ``method`` fitted on the cached views (labels unused)."""
+    """The post-hoc wrapper of ``method`` fitted on the positive pairs ``views``
+    ``[M, 2, D]`` (labels unused)."""
     dim = views.shape[-1]
     pairs = _pair_batches(views, batch_size, generator)
     if not pairs:
@@ -401,7 +441,8 @@ class FolderOptions:
     image_size : int, optional
         Input side (default: the backbone's ``data_config`` size).
     views : int
-        Augmented views encoded per fit image (2: the positive pair).
+        Augmented views encoded per fit image for ``tau`` (2: the positive pair); ``pvu`` and
+        ``laplace`` pair each image with its nearest neighbour and encode no views.
     fit_max : int
         Images (a seeded sample) the u is fitted on; bounds the views kept in memory.
     epochs, lr : int, float
@@ -467,6 +508,7 @@ class _Encoded:
     size: int
     device: torch.device
     generator: torch.Generator  # the seeded stream, past the fit sample's draw
+    fit_ids: set[int]  # scan indices of the fit sample
     seconds: float
 
 
@@ -496,11 +538,12 @@ def _encode_folder(images: str | os.PathLike[str], opts: FolderOptions) -> _Enco
             None, 1, description, seed=opts.seed, progress=False,
         )  # fmt: skip
         fx = _encode(
-            store, ReadableImages(scan, size), augment, fit_ids=fit_ids, views=opts.views,
+            store, ReadableImages(scan, size), augment, fit_ids=fit_ids,
+            views=opts.views if _FIT_PLANS[opts.method].augmented else 0,
             batch_size=opts.batch_size, workers=opts.workers, device=dev, generator=aug_gen,
             progress=opts.progress, strict=opts.strict,
         )  # fmt: skip
-    return _Encoded(scan, fx, size, dev, gen, time.perf_counter() - t0)
+    return _Encoded(scan, fx, size, dev, gen, fit_ids, time.perf_counter() - t0)
 
 
 def _info(
@@ -509,9 +552,13 @@ def _info(
     metrics: dict[str, Any] | None,
     skipped: list[tuple[str, str]],
     fit_report: dict[str, Any],
+    fit_images: int,
 ) -> dict[str, Any]:
     """The record of ``folder.json``: settings, sizes, metrics, skipped files (no timings)."""
     scan, fx, method = enc.scan, enc.fx, opts.method
+    pairs = (
+        f"{opts.views} augmented views" if _FIT_PLANS[method].augmented else "its nearest neighbour"
+    )
     return {
         "title": f"bayesurl folder: {scan.root}",
         "estimator": method.value,
@@ -524,8 +571,8 @@ def _info(
             + (f"; {len(scan.ignored)} other files ignored" if scan.ignored else ""),
             f"backbone {opts.backbone}"
             + (" (ImageNet weights)" if opts.pretrained else " (random weights)")
-            + f", {enc.size} px; post-hoc {method.value} fitted on {fx.views.shape[0]} images x "
-            f"{opts.views} views, labels unused",
+            + f", {enc.size} px; post-hoc {method.value} fitted on {fit_images} images, each "
+            f"paired with {pairs}, labels unused",
         ],
         "settings": {
             "images": str(scan.root), "backbone": opts.backbone, "pretrained": opts.pretrained,
@@ -534,7 +581,7 @@ def _info(
             "seed": opts.seed, "device": str(enc.device),
         },
         "sizes": {**folder_summary(scan), "readable": int(fx.feats.shape[0]),
-                  "unreadable": len(skipped), "fit_images": int(fx.views.shape[0])},
+                  "unreadable": len(skipped), "fit_images": fit_images},
         "skipped": [{"path": p, "error": e} for p, e in skipped],
         "ignored": scan.ignored,
         "fit": {k: v for k, v in fit_report.items() if isinstance(v, (int, float, list, str))},
@@ -603,8 +650,9 @@ def score_folder(
     t0 = time.perf_counter()
     enc = _encode_folder(images, opts)
     scan, fx = enc.scan, enc.fx
+    pairs = _fit_pairs(opts.method, fx, enc.fit_ids)
     wrapped, fit_report = _fit(
-        opts.method, fx.views[:, :2], epochs=opts.epochs, batch_size=opts.batch_size,
+        opts.method, pairs, epochs=opts.epochs, batch_size=opts.batch_size,
         lr=opts.lr, generator=enc.generator,
     )  # fmt: skip
     with torch.no_grad():
@@ -621,7 +669,7 @@ def score_folder(
     if labels is not None and len(set(labels.tolist())) > 1:
         metrics = evaluate(emb, labels, uncertainties=u)
     skipped = [(scan.paths[i], err) for i, err in fx.skipped]
-    info = _info(enc, opts, metrics, skipped, fit_report)
+    info = _info(enc, opts, metrics, skipped, fit_report, int(pairs.shape[0]))
     info["timings"] = {"encode": enc.seconds, "total": time.perf_counter() - t0}
     paths = _write(out, enc, opts.method, info, rec, metrics)
     return FolderResult(rec, metrics, skipped, info, paths)

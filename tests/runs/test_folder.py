@@ -173,6 +173,34 @@ def test_each_image_decoded_once_and_encoded_once_per_view(tmp_path, monkeypatch
     assert sum(rows) == 18 + 2 * fit_rows
 
 
+@pytest.mark.parametrize("method", ["pvu", "laplace"])
+def test_plain_view_methods_encode_each_image_once(tmp_path, monkeypatch, method):
+    """pvu and laplace pair each fit image with its nearest neighbour: no augmented view is
+    encoded, and the pairs equal a brute-force cosine argmax over the fit sample."""
+    images = _folder(tmp_path / "imgs")
+    rows = _spy_backbone(monkeypatch)
+    seen = _capture_features(monkeypatch)
+    with pytest.warns(UserWarning, match="broken.png"):
+        res = score_folder(images, out=tmp_path / "out", method=method, fit_max=10, **FAST)
+    assert sum(rows) == 18  # one plain row per readable image, nothing else
+    scan = scan_image_folder(images)
+    gen = torch.Generator().manual_seed(FAST.get("seed", 0))
+    fit_ids = set(torch.randperm(len(scan.paths), generator=gen)[:10].tolist())
+    readable = [i for i in range(len(scan.paths)) if scan.paths[i] != "c1/broken.png"]
+    keep = [k for k, i in enumerate(readable) if i in fit_ids]
+    sample = seen["feats"].double()[keep]
+    unit = sample / sample.norm(dim=1, keepdim=True)
+    sim = unit @ unit.T
+    sim.fill_diagonal_(-float("inf"))
+    partner = sim.argmax(dim=1)
+    pairs = seen["views"].double()
+    assert pairs.shape[:2] == (len(keep), 2)
+    torch.testing.assert_close(pairs[:, 0], sample)
+    torch.testing.assert_close(pairs[:, 1], sample[partner])
+    assert res.info["sizes"]["fit_images"] == len(keep)
+    assert "nearest neighbour" in " ".join(res.info["describe"])
+
+
 def test_outputs_equal_a_per_image_reference(tmp_path, monkeypatch):
     """Brute force: each image decoded and encoded alone, the views' draws replayed."""
     images = _folder(tmp_path / "imgs")
