@@ -1,11 +1,12 @@
 """Uncertainty of every image in a folder of one's own: ``uncertainty.csv`` and a report.
 
 ``bayesurl folder DIR`` takes ``DIR/<class>/<image>`` (class sub-folders: labelled) or
-``DIR/<image>`` (flat: unlabelled), decodes every image once and encodes it once per view with
-a frozen backbone (streamed with a progress bar; only the features stay in memory; ``--cache``
-keeps the plain features for a later run), fits a post-hoc u on the features
-without the labels (the two augmented views of an image are its positive pair) and writes to
-``--out``:
+``DIR/<image>`` (flat: unlabelled), decodes every image once and encodes it once per view the
+method needs with a frozen backbone (streamed with a progress bar; only the features stay in
+memory; ``--cache`` keeps the plain features for a later run), fits a post-hoc u on the
+features without the labels (``tau``: two augmented views of an image are its positive pair;
+``pvu`` and ``laplace``: its nearest neighbour among the plain features is, so they encode
+each image once) and writes to ``--out``:
 
 - ``uncertainty.csv``: every file -- path, class, u, its rank (1 = least certain), nearest
   neighbour, its class, right / wrong; an unreadable file is listed with its error (it was
