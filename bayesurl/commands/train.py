@@ -9,9 +9,11 @@ and cosine annealing, two augmented views for the self-supervised methods. The c
 
 Data: ``default`` (FashionMNIST classes 0-4, or the digits when FashionMNIST is absent),
 ``fashion_mnist``, ``digits``, or ``cub`` / ``cars`` / ``sop`` read from ``--root`` with their
-standard train classes. The options become a :class:`bayesurl.runs.RunConfig` and
-:func:`bayesurl.runs.runner.train` does the work (the data assembly, transforms and training of
-``bayesurl run``, without the evaluation); this module only parses and reports.
+standard train classes. The options become ``--set`` style overrides of a
+:class:`bayesurl.runs.RunConfig` (:data:`FLAG_KEYS` says which key each sets; ``--set`` applies
+after them, :func:`build_config` states the order) and :func:`bayesurl.runs.runner.train` does
+the work (the data assembly, transforms and training of ``bayesurl run``, without the
+evaluation); this module only parses and reports.
 
 Examples::
 
@@ -59,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--recipe",
         default=None,
         help="train a recipe's method instead (<dataset>/<estimator>, see `bayesurl run "
-        "--list`); with --set / --preset, the other options are ignored",
+        "--list`); with --set / --preset / --device, the other run options are ignored",
     )
     parser.add_argument(
         "--set",
@@ -67,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a recipe value (train.epochs=5), repeatable (with --recipe)",
+        help="override a config value (train.epochs=5, eval.samples=2), after the other "
+        "options; repeatable",
     )
     parser.add_argument("--preset", default=None, help="a preset of the recipe (with --recipe)")
     parser.add_argument(
@@ -123,38 +126,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def build_config(args: argparse.Namespace) -> Any:
-    """The :class:`bayesurl.runs.RunConfig` of the options (validated, naming the option)."""
-    from bayesurl._checks import check_device, check_output_dir
+#: What each option sets in the run config, the one statement of their meaning; the other
+#: options (``RUN_OPTIONS``) steer the command, not the run.
+FLAG_KEYS: dict[str, tuple[str, ...]] = {
+    "method": ("estimator.name",),
+    "method_arg": ("estimator.kwargs",),
+    "dataset": ("data.name",),
+    "root": ("data.root",),
+    "image_size": ("data.image_size",),
+    "subset": ("data.max_train",),
+    "seed": ("seed", "data.seed"),
+    "backbone": ("backbone.name",),
+    "backbone_checkpoint": ("backbone.checkpoint",),
+    "embed_dim": ("backbone.embed_dim",),
+    "epochs": ("train.epochs",),
+    "batch_size": ("train.batch_size",),
+    "grad_accum": ("train.grad_accum",),
+    "lr": ("train.lr",),
+    "weight_decay": ("train.weight_decay",),
+    "optimizer": ("train.optimizer",),
+    "warmup_epochs": ("train.warmup_epochs",),
+    "amp": ("train.amp",),
+    "num_workers": ("train.num_workers",),
+}
+RUN_OPTIONS = (
+    "recipe",
+    "overrides",
+    "preset",
+    "device",
+    "out",
+    "resume",
+    "keep_epoch_checkpoints",
+    "threads",
+    "no_progress",
+)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _flag_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The options' values as the config takes them (names resolved, checked naming the
+    option); every option has one, given or its default."""
     from bayesurl.methods import get
-    from bayesurl.runs import (
-        BackboneConfig,
-        DataConfig,
-        EstimatorConfig,
-        RunConfig,
-        TrainConfig,
-        load_recipe,
-    )
 
-    check_output_dir(args.out, "--out")
-    device = check_device(args.device, "--device")
-    if args.recipe is not None:
-        if args.resume is not None and not Path(args.resume).is_file():
-            raise FileNotFoundError(f"`--resume` checkpoint {args.resume!r} does not exist")
-        overrides = list(args.overrides)
-        if device is not None:
-            overrides.append(("device", str(device)))
-        return load_recipe(args.recipe, overrides, preset=args.preset)
-    if args.method is None:
-        raise ValueError("`--method` (a registry name) or `--recipe` is required")
-
-    for name in ("epochs", "batch_size", "grad_accum", "embed_dim"):
-        if getattr(args, name) < 1:
-            raise ValueError(
-                f"`--{name.replace('_', '-')}` must be >= 1, got {getattr(args, name)}"
-            )
-    if args.subset is not None and args.subset < 1:
-        raise ValueError(f"`--subset` must be >= 1, got {args.subset}")
     cls = get(args.method)  # unknown names raise, listing the valid ones
     name, kind = dataset_kind(args.dataset, argument="--dataset", allowed=DATASETS)
     if kind is DatasetKind.FOLDER:
@@ -162,35 +178,70 @@ def build_config(args: argparse.Namespace) -> Any:
             raise ValueError(f"`--root` is required for --dataset {name}")
         if args.image_size < 8:
             raise ValueError(f"`--image-size` must be >= 8, got {args.image_size}")
+    if args.subset is not None and args.subset < 1:
+        raise ValueError(f"`--subset` must be >= 1, got {args.subset}")
+    values = {dest: getattr(args, dest) for dest in FLAG_KEYS}
+    values["method"] = cls.name
+    values["method_arg"] = dict(args.method_arg)
+    values["dataset"] = name
+    # the embedded sets are 28 x 28; --image-size is the crop of the folder sets
+    values["image_size"] = args.image_size if kind is DatasetKind.FOLDER else 28
+    return values
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """The :class:`bayesurl.runs.RunConfig` of the options (validated, naming the option).
+
+    With ``--recipe``: :func:`bayesurl.runs.load_recipe` (the recipe, its ``--preset``, then
+    ``--set``, then ``--device``). Without, the options resolve through
+    :func:`bayesurl.runs.config.resolve_tables`, the same overrides and checks, in this order
+    (a later one wins):
+
+    1. the defaults of :class:`bayesurl.runs.RunConfig`;
+    2. every option of :data:`FLAG_KEYS` as an override of its keys, with its value or its
+       default (so this command's defaults, 5 epochs of LAMB with one warm-up epoch, win over
+       the config's);
+    3. ``--set KEY=VALUE`` in order;
+    4. ``--device``.
+
+    Values pass as given: ``--method-arg spectral_norm=none`` is the string ``"none"`` (JSON
+    ``null`` is ``None``). An error in a key an option sets names the option
+    (``--epochs``, not ``train.epochs``).
+    """
+    from bayesurl._checks import check_device, check_output_dir
+    from bayesurl.runs import load_recipe
+    from bayesurl.runs.config import resolve_tables
+
+    check_output_dir(args.out, "--out")
+    device = check_device(args.device, "--device")
     if args.resume is not None and not Path(args.resume).is_file():
         raise FileNotFoundError(f"`--resume` checkpoint {args.resume!r} does not exist")
-    return RunConfig(
-        dataset=name,
-        estimator=EstimatorConfig(name=cls.name, kwargs=dict(args.method_arg)),
-        data=DataConfig(
-            name=name,
-            root=args.root,
-            image_size=args.image_size if kind is DatasetKind.FOLDER else 28,
-            max_train=args.subset,
-            seed=args.seed,
-        ),
-        backbone=BackboneConfig(
-            name=args.backbone, checkpoint=args.backbone_checkpoint, embed_dim=args.embed_dim
-        ),
-        train=TrainConfig(
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            grad_accum=args.grad_accum,
-            lr=args.lr,
-            weight_decay=args.weight_decay,
-            optimizer=args.optimizer,
-            warmup_epochs=args.warmup_epochs,
-            amp=args.amp,
-            num_workers=args.num_workers,
-        ),
-        seed=args.seed,
-        device=None if device is None else str(device),
-    )
+    last = [] if device is None else [("device", str(device))]
+    if args.recipe is not None:
+        return load_recipe(args.recipe, [*args.overrides, *last], preset=args.preset)
+    if args.method is None:
+        raise ValueError("`--method` (a registry name) or `--recipe` is required")
+    if args.preset is not None:
+        raise ValueError("`--preset` is a preset of a recipe file: give it with `--recipe`")
+    values = _flag_values(args)
+    flags = [(key, values[dest]) for dest, keys in FLAG_KEYS.items() for key in keys]
+    try:
+        return resolve_tables(
+            {}, [*flags, *args.overrides, *last], dataset=values["dataset"], toml_none=False
+        )
+    except ValueError as exc:
+        raise ValueError(_name_flags(str(exc), args.overrides)) from None
+
+
+def _name_flags(message: str, overrides: list[str]) -> str:
+    """``message`` with the config keys an option sets named by the option (a key also
+    given with ``--set`` keeps its name)."""
+    given = {str(o).split("=", 1)[0].strip() for o in overrides}
+    for dest, keys in FLAG_KEYS.items():
+        for key in keys:
+            if key not in given:
+                message = message.replace(f"`{key}`", f"`{_flag(dest)}`")
+    return message
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,6 +23,8 @@ estimator, then ``--set`` style overrides
 (``"train.epochs=5"``, ``"estimator.kwargs.inverse_temperature=8"``). Every key is checked:
 an unknown key is a :class:`ValueError` naming it and the valid keys. Values are TOML literals
 (``5``, ``1e-3``, ``"adamw"``, ``true``, ``{width = 8}``); ``none`` clears an optional value.
+:func:`resolve_tables` resolves tables made in memory (``bayesurl train``'s options) with the
+same overrides and checks.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ __all__ = [
     "tuned_sets",
     "read_recipe_file",
     "recipe_path",
+    "resolve_tables",
     "select_tuned",
 ]
 
@@ -396,28 +399,32 @@ BASE_DIR = RECIPE_DIR / "base"
 
 
 # -- typed construction -----------------------------------------------------------------------
-def _check_value(value: Any, hint: Any, where: str) -> Any:
-    """``value`` checked against a field annotation (int, float, str, bool, dict, optional)."""
+def _check_value(value: Any, hint: Any, where: str, toml_none: bool = True) -> Any:
+    """``value`` checked against a field annotation (int, float, str, bool, dict, optional).
+
+    ``toml_none``: the string ``"none"`` stands for ``None`` (TOML has no null); ``False``
+    takes Python values as they are (their ``None`` is ``None``, ``"none"`` a string).
+    """
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(hint)
         if type(None) in args and (
-            value is None or (isinstance(value, str) and value.lower() == "none")
+            value is None or (toml_none and isinstance(value, str) and value.lower() == "none")
         ):
-            return None  # TOML has no null: "none" clears an optional value
+            return None
         errors = []
         for a in args:
             if a is type(None):
                 continue
             try:
-                return _check_value(value, a, where)
+                return _check_value(value, a, where, toml_none)
             except ValueError as exc:
                 errors.append(str(exc))
         raise ValueError(errors[0])
     if origin is dict or hint is dict:
         if not isinstance(value, Mapping):
             raise ValueError(f"`{where}` must be a table, got {value!r}")
-        return {k: _none(v) for k, v in value.items()}
+        return {k: _none(v) if toml_none else v for k, v in value.items()}
     if hint is bool:
         if not isinstance(value, bool):
             raise ValueError(f"`{where}` must be true or false, got {value!r}")
@@ -446,7 +453,7 @@ def _none(value: Any) -> Any:
     return value
 
 
-def _build(cls: type, values: Mapping[str, Any], where: str) -> Any:
+def _build(cls: type, values: Mapping[str, Any], where: str, toml_none: bool = True) -> Any:
     hints = typing.get_type_hints(cls)
     valid = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in values if k not in valid]
@@ -454,7 +461,7 @@ def _build(cls: type, values: Mapping[str, Any], where: str) -> Any:
         raise ValueError(
             f"unknown key `{where}.{unknown[0]}`; valid keys of [{where}]: {', '.join(valid)}"
         )
-    kw = {k: _check_value(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+    kw = {k: _check_value(v, hints[k], f"{where}.{k}", toml_none) for k, v in values.items()}
     return cls(**kw)
 
 
@@ -838,29 +845,11 @@ def _resolve(
     chosen = [] if tset is None else tset.table.get(estimator, [])
     apply_overrides(tables, [*chosen, *(overrides if base_of is None else own)])
     where = f"estimators.{estimator}"
-    est_cfg: EstimatorConfig = _build(EstimatorConfig, tables["estimator"], where)
-    kind = est_cfg.kind.lower()
-    if kind not in ESTIMATOR_KINDS:
-        raise ValueError(
-            f"unknown `{where}.kind` {est_cfg.kind!r}; valid: {', '.join(ESTIMATOR_KINDS)}"
-        )
-    est_cfg.kind = kind
-    cfg = RunConfig(
-        dataset=dataset,
-        estimator=est_cfg,
-        data=_build(DataConfig, tables["data"], "data"),
-        backbone=_build(BackboneConfig, tables["backbone"], "backbone"),
-        train=_build(TrainConfig, tables["train"], "train"),
-        eval=_build(EvalConfig, tables["eval"], "eval"),
-        seed=_check_value(tables.get("seed", 0), int, "seed"),
-        device=_check_value(tables.get("device"), str | None, "device"),
-        preset=preset,
-        source=source,
-    )
+    cfg = _typed(tables, dataset=dataset, preset=preset, source=source)
+    est_cfg, kind = cfg.estimator, cfg.estimator.kind
     if chosen and tset is not None:
         cfg.tuned_on = None if tset.tuned_on is None else list(tset.tuned_on)
         cfg.tuned_trained_on = None if tset.trained_on is None else list(tset.trained_on)
-    _validate(cfg)
     if kind == "posthoc" and (not est_cfg.base or not est_cfg.wrapper):
         raise ValueError(f"[{where}] of kind 'posthoc' needs `base` and `wrapper`")
     if est_cfg.base and kind == "method":
@@ -923,6 +912,84 @@ def _validate(cfg: RunConfig) -> None:
         raise ValueError(f"unknown `train.amp` {t.amp!r}; valid: {', '.join(_AMP)}")
     if cfg.seed < 0:
         raise ValueError(f"`seed` must be >= 0, got {cfg.seed}")
+
+
+def _typed(
+    tables: Mapping[str, Any],
+    *,
+    dataset: str,
+    preset: str | None,
+    source: str,
+    toml_none: bool = True,
+) -> RunConfig:
+    """The typed, range-checked :class:`RunConfig` of resolved ``{section: table}`` tables.
+
+    The one place a run config is built from tables, for a recipe (:func:`_resolve`) and for
+    tables made in memory (:func:`resolve_tables`).
+    """
+    where = f"estimators.{tables['estimator'].get('name', '')}"
+    est_cfg: EstimatorConfig = _build(EstimatorConfig, tables["estimator"], where, toml_none)
+    kind = est_cfg.kind.lower()
+    if kind not in ESTIMATOR_KINDS:
+        raise ValueError(
+            f"unknown `{where}.kind` {est_cfg.kind!r}; valid: {', '.join(ESTIMATOR_KINDS)}"
+        )
+    est_cfg.kind = kind
+    sections = {s: tables.get(s, {}) for s in ("data", "backbone", "train", "eval")}
+    cfg = RunConfig(
+        dataset=dataset,
+        estimator=est_cfg,
+        **{s: _build(_SECTIONS[s], t, s, toml_none) for s, t in sections.items()},
+        seed=_check_value(tables.get("seed", 0), int, "seed"),
+        device=_check_value(tables.get("device"), str | None, "device", toml_none),
+        preset=preset,
+        source=source,
+    )
+    _validate(cfg)
+    return cfg
+
+
+def resolve_tables(
+    tables: Mapping[str, Any],
+    overrides: Iterable[str | tuple[str, Any]] = (),
+    *,
+    dataset: str,
+    toml_none: bool = True,
+) -> RunConfig:
+    """A :class:`RunConfig` from tables made in memory instead of read from a recipe file.
+
+    The same overrides, type and range checks as :func:`load_recipe`: the dataclasses'
+    defaults, then ``tables`` (``{"train": {"epochs": 5}, "seed": 1, "estimator": {...}}``),
+    then ``overrides`` in order (a later one wins). ``bayesurl train --method`` resolves its
+    options this way.
+
+    Parameters
+    ----------
+    tables : mapping
+        ``{section: table}`` with the sections ``data``, ``backbone``, ``train``, ``eval``,
+        ``estimator`` and the top-level ``seed`` / ``device``; not modified.
+    overrides : iterable of str or (key, value)
+        ``"train.epochs=5"`` or ``("train.epochs", 5)``, applied after ``tables``.
+    dataset : str
+        :attr:`RunConfig.dataset`.
+    toml_none : bool
+        Read the string ``"none"`` as ``None``, as in a TOML file (which has no null);
+        ``False`` takes the values as they are, so ``"none"`` stays a string (a method
+        option such as SNGP's ``spectral_norm="none"``).
+
+    Returns
+    -------
+    RunConfig
+
+    Raises
+    ------
+    ValueError
+        For an unknown section or key (naming it and the valid ones), a value of the wrong
+        type or out of range (naming its key, e.g. ``train.epochs``).
+    """
+    resolved = apply_overrides(copy.deepcopy(dict(tables)), overrides)
+    resolved.setdefault("estimator", {})
+    return _typed(resolved, dataset=dataset, preset=None, source="", toml_none=toml_none)
 
 
 def load_recipe(
