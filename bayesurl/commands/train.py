@@ -218,6 +218,7 @@ def build_config(args: argparse.Namespace) -> Any:
         raise FileNotFoundError(f"`--resume` checkpoint {args.resume!r} does not exist")
     last = [] if device is None else [("device", str(device))]
     if args.recipe is not None:
+        _refuse_options_beside_recipe(args)
         return load_recipe(args.recipe, [*args.overrides, *last], preset=args.preset)
     if args.method is None:
         raise ValueError("`--method` (a registry name) or `--recipe` is required")
@@ -231,6 +232,22 @@ def build_config(args: argparse.Namespace) -> Any:
         )
     except ValueError as exc:
         raise ValueError(_name_flags(str(exc), args.overrides)) from None
+
+
+def _refuse_options_beside_recipe(args: argparse.Namespace) -> None:
+    """A run option changed from its default beside ``--recipe`` would be ignored: refuse it,
+    naming the ``--set`` that does what it meant."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    for dest, keys in FLAG_KEYS.items():
+        value = getattr(args, dest, None)
+        if value is not None and value != parser.get_default(dest):
+            flag = "--" + dest.replace("_", "-")
+            sets = " ".join(f"--set {key}=..." for key in keys)
+            raise ValueError(
+                f"`{flag}` has no effect with `--recipe` (the recipe sets {', '.join(keys)}); "
+                f"give it as {sets}"
+            )
 
 
 def _name_flags(message: str, overrides: list[str]) -> str:

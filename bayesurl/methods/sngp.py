@@ -51,9 +51,10 @@ class SNGP(ClassifierMethod):
         RBF length scale of the random features.
     layer_norm : bool
         Layer-normalise ``h`` before the random features (URL's ``gp-input-normalization``).
-    spectral_norm : {"all", "projection", "none"}
+    spectral_norm : {"all", "projection", "none"} or None
         Where to bound spectral norms: every linear and conv layer of the embedding network
-        (Liu et al.), only the linear projection after the backbone, or nowhere ("GP only").
+        (Liu et al.), only the linear projection after the backbone, or nowhere ("GP only");
+        ``None`` is ``"none"`` (a recipe's ``"none"`` is read as a missing value).
     spec_norm_bound : float
         The bound ``c`` (URL's ResNet-50 run: 3.0).
     """
@@ -71,10 +72,12 @@ class SNGP(ClassifierMethod):
         mean_field_factor: float = URL_MEAN_FIELD,
         length_scale: float = 1.0,
         layer_norm: bool = True,
-        spectral_norm: str = "all",
+        spectral_norm: str | None = "all",
         spec_norm_bound: float = 3.0,
     ) -> None:
         super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
+        if spectral_norm is None:
+            spectral_norm = "none"
         if spectral_norm not in _SPECTRAL:
             raise ValueError(
                 f"`spectral_norm` must be one of {', '.join(_SPECTRAL)}, got {spectral_norm!r}"

@@ -96,6 +96,21 @@ def test_recipe_road_keeps_its_config(tmp_path):
     assert cfg == want and cfg.train.epochs == want.train.epochs
 
 
+@pytest.mark.parametrize(
+    ("argv", "flag", "key"),
+    [
+        (["--epochs", "3"], "--epochs", "train.epochs"),
+        (["--method", "elk"], "--method", "estimator.name"),
+        (["--method-arg", "lam=0.5"], "--method-arg", "estimator.kwargs"),
+    ],
+)
+def test_an_option_beside_a_recipe_is_refused_not_ignored(tmp_path, argv, flag, key):
+    with pytest.raises(ValueError, match=f"`{flag}` has no effect with `--recipe`.*{key}"):
+        _config(tmp_path, "--recipe", "fashion_mnist/ce", *argv)
+    # an option left at its default is no conflict
+    _config(tmp_path, "--recipe", "fashion_mnist/ce", "--epochs", "5")
+
+
 def test_resolve_tables_reads_none_as_toml_does_unless_told_not_to():
     tables = {"estimator": {"name": "sngp", "kwargs": {"spectral_norm": "none"}}}
     assert resolve_tables(tables, dataset="d").estimator.kwargs == {"spectral_norm": None}

@@ -109,3 +109,21 @@ def test_spectral_norm_options():
     assert [n for n, mod in p.net.named_modules() if hasattr(mod, "parametrizations")] == ["proj"]
     with pytest.raises(ValueError, match="spectral_norm"):
         SNGP(num_classes=3, spectral_norm="some")
+
+
+def test_a_recipes_none_spectral_norm_is_no_spectral_norm():
+    """``imagenet_vit.toml`` says ``spectral_norm = "none"``, which the recipe road reads as
+    ``None``: SNGP builds it as "none" (no parametrized layer), the same weights as "none"."""
+    from bayesurl.runs import load_recipe
+
+    kwargs = load_recipe("imagenet_vit/sngp").estimator.kwargs
+    assert kwargs["spectral_norm"] is None
+    small = {"embed_dim": 8, "num_classes": 3, "backbone_kwargs": {"num_features": 12, "width": 4}}
+    torch.manual_seed(0)
+    m = SNGP(spectral_norm=kwargs["spectral_norm"], **small)
+    torch.manual_seed(0)
+    ref = SNGP(spectral_norm="none", **small)
+    assert not any(hasattr(mod, "parametrizations") for mod in m.net.modules())
+    assert m.hparams["spectral_norm"] == "none"
+    for (k, a), (_, b) in zip(m.state_dict().items(), ref.state_dict().items(), strict=True):
+        assert torch.equal(a, b), k
