@@ -67,8 +67,8 @@ from bayesurl.data.folder import (
 from bayesurl.evaluation import evaluate
 from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_open, write_json
+from bayesurl.posthoc.store import FeatureStore, FrozenEncoder, encode_batches
 from bayesurl.posthoc.wrap import wrap
-from bayesurl.runs.features import FeatureStore, FrozenEncoder
 from bayesurl.runs.predict import predict
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, query_record
 
@@ -162,7 +162,8 @@ def _encode(
     strict: bool,
 ) -> _Features:
     """One streaming pass: each image decoded once; its plain row from ``store``, the
-    ``views`` augmentations of the fit sample from ``store``'s backbone."""
+    ``views`` augmentations of the fit sample from ``store``'s backbone (the store's loop,
+    :func:`bayesurl.posthoc.store.encode_batches`)."""
     from tqdm.auto import tqdm
 
     loader = DataLoader(
@@ -187,9 +188,11 @@ def _encode(
                 labels.append(y)
                 keep = torch.tensor([int(i) in fit_ids for i in idx], dtype=torch.bool)
                 if views and bool(keep.any()):
-                    xs = x[keep.to(device)]
-                    v = [backbone(augment(xs, generator)).float().cpu() for _ in range(views)]
-                    view_feats.append(torch.stack(v, dim=1))
+                    ((v, _),) = encode_batches(
+                        backbone, [x[keep.to(device)]], plain=False, views=views,
+                        augment=lambda a: augment(a, generator), progress=False,
+                    )  # fmt: skip
+                    view_feats.append(v.float())
             bar.update(len(idx) + len(bad))
     bar.close()
     if not feats:
