@@ -6,7 +6,7 @@ The road of ``bayesurl folder`` (:func:`score_folder`, its settings in :class:`F
    give labels, a flat folder has none.
 2. **Encode**, streaming: each image is decoded once (the next batch is decoded while the
    current one is encoded) and encoded once per view: its plain row through the frozen-feature
-   store (:class:`bayesurl.runs.features.FeatureStore`, content-addressed, so a ``cache``
+   store (:class:`bayesurl.posthoc.store.FeatureStore`, content-addressed, so a ``cache``
    folder shared by later runs encodes an image it has seen before no more) by the frozen
    backbone (``--backbone``, with its packaged ImageNet weights where ``pretrained``), and for
    up to ``fit_max`` images (a seeded sample) ``views`` random augmentations, drawn batch by
@@ -419,7 +419,7 @@ class FolderOptions:
     progress : bool
         Progress bar over the images.
     cache : path-like, optional
-        Folder of the frozen-feature store (:class:`bayesurl.runs.features.FeatureStore`) the
+        Folder of the frozen-feature store (:class:`bayesurl.posthoc.store.FeatureStore`) the
         plain features are kept in: a later run over the same images with the same backbone,
         weights, size and normalisation reads them instead of encoding them again (the
         augmented views are always encoded afresh). Default: a temporary folder, removed at
