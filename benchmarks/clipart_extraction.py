@@ -4,7 +4,7 @@ The weights were made for 224 px; the clipart protocol extracts at a smaller, st
 For each size this script decodes a seeded sample of the drawings of the committed manifest
 at that size (:func:`bayesurl.data.clipart.clipart`: composite on white, pad to a square,
 resize) and encodes them with the frozen backbone
-(:class:`bayesurl.runs.features.FrozenEncoder`) at 1 and 2 threads, the sizes in alternating
+(:class:`bayesurl.posthoc.store.FrozenEncoder`) at 1 and 2 threads, the sizes in alternating
 order over ``--repeats`` rounds. It prints images per second by wall clock and by CPU time
 (the latter is what an idle core gives on a shared, loaded machine) and each size's CPU
 throughput as a ratio to 224 px measured in the same run::

@@ -141,9 +141,9 @@ def test_reuse_or_build_reuses_verified_rebuilds_corrupted_and_foreign(tmp_path)
 def test_embedding_cache_refuses_altered_bytes_of_the_same_size(tmp_path):
     enc = nn.Linear(3, 2)
     EmbeddingCache.build(enc, [(torch.randn(4, 3), torch.arange(4))], tmp_path, progress=False)
-    raw = bytearray((tmp_path / "embeddings.bin").read_bytes())
-    raw[0] ^= 0xFF
-    (tmp_path / "embeddings.bin").write_bytes(bytes(raw))
+    raw = bytearray((tmp_path / "features.npy").read_bytes())
+    raw[-1] ^= 0xFF  # a value, not the header
+    (tmp_path / "features.npy").write_bytes(bytes(raw))
     with pytest.raises(ValueError, match="SHA-256.*rebuild"):
         EmbeddingCache(tmp_path)
     assert EmbeddingCache(tmp_path, verify=False).n_items == 4  # sizes alone cannot tell

@@ -334,7 +334,7 @@ def _write_cache(path):
 
     enc = torch.nn.Linear(3, 4)
     EmbeddingCache.build(enc, [torch.randn(64, 3, generator=_gen())], path, progress=False)
-    return path / "embeddings.bin"
+    return path / "features.npy"
 
 
 def _read_idx(path):
@@ -358,7 +358,7 @@ def _load_wrapper(path):
 def _open_cache(path):
     from bayesurl.posthoc import EmbeddingCache
 
-    return EmbeddingCache(path.parent if path.name.endswith(".bin") else path)
+    return EmbeddingCache(path.parent if path.name.endswith(".npy") else path)
 
 
 def _write_idx(path):

@@ -129,7 +129,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "cache_rows_unpermuted",
         "cache",
-        "bayesurl/posthoc/cache.py",
+        "bayesurl/posthoc/store.py",
         "emb = np.asarray(self.embeddings[idx[order]], dtype=np.float32)[inv]",
         "emb = np.asarray(self.embeddings[idx[order]], dtype=np.float32)",
         ("tests/posthoc/test_pvu.py",),

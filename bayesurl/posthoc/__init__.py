@@ -3,7 +3,8 @@
 - :func:`wrap` -- ``wrap(encoder, method="pvu" | "tau" | "laplace", **options)``
 - :class:`PVU`, :class:`PVUHead`, :func:`ranking_loss` -- pretrained visual uncertainties on
   cached embeddings (thesis chapter 5)
-- :class:`EmbeddingCache` -- on-disk memory-mapped embedding cache
+- :class:`EmbeddingCache` -- PVU's pass cache in the one on-disk embedding store
+  (:mod:`bayesurl.posthoc.store`, also home of the frozen-feature store)
 - :class:`PosthocTaU` -- post-hoc Temperature as Uncertainty (TaU section 4)
 - :class:`LaplaceWrapper` -- last-layer Laplace (LAM section 3)
 - :func:`retrieve`, :func:`credible_threshold` -- credible image intervals (MCI section 5.2)
@@ -13,7 +14,6 @@
 from __future__ import annotations
 
 from bayesurl.posthoc.base import PosthocOutput, PosthocWrapper, load
-from bayesurl.posthoc.cache import EmbeddingCache, encoder_fingerprint
 from bayesurl.posthoc.credible import (
     credible_mask,
     credible_threshold,
@@ -30,6 +30,7 @@ from bayesurl.posthoc.pvu import (
     ranking_loss,
     supcon_task_loss,
 )
+from bayesurl.posthoc.store import EmbeddingCache, encoder_fingerprint
 from bayesurl.posthoc.tau import PosthocTaU
 from bayesurl.posthoc.wrap import MethodEncoder, as_encoder, wrap
 

@@ -78,7 +78,7 @@ def png_data_uri(image: Any, size: int = THUMB_SIZE) -> str:
 
 def pixel_digest(image: Any) -> str:
     """SHA-1 hex digest of a ``uint8`` image tensor's bytes (the feature store's address of an
-    image, :func:`bayesurl.runs.features.image_digests`)."""
+    image, :func:`bayesurl.posthoc.store.image_digests`)."""
     a = np.ascontiguousarray(
         np.asarray(image.detach().cpu() if hasattr(image, "detach") else image)
     )

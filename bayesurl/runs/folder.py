@@ -6,7 +6,7 @@ The road of ``bayesurl folder`` (:func:`score_folder`, its settings in :class:`F
    give labels, a flat folder has none.
 2. **Encode**, streaming: each image is decoded once (the next batch is decoded while the
    current one is encoded) and encoded once per view: its plain row through the frozen-feature
-   store (:class:`bayesurl.runs.features.FeatureStore`, content-addressed, so a ``cache``
+   store (:class:`bayesurl.posthoc.store.FeatureStore`, content-addressed, so a ``cache``
    folder shared by later runs encodes an image it has seen before no more) by the frozen
    backbone (``--backbone``, with its packaged ImageNet weights where ``pretrained``), and,
    for the one method that trains on augmented pairs (``tau``), ``views`` random
@@ -74,8 +74,8 @@ from bayesurl.evaluation import evaluate
 from bayesurl.evaluation.knn import knn
 from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_open, write_json
+from bayesurl.posthoc.store import FeatureStore, FrozenEncoder, encode_batches
 from bayesurl.posthoc.wrap import wrap
-from bayesurl.runs.features import FeatureStore, FrozenEncoder
 from bayesurl.runs.predict import predict
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, query_record
 
@@ -169,7 +169,8 @@ def _encode(
     strict: bool,
 ) -> _Features:
     """One streaming pass: each image decoded once; its plain row from ``store``, the
-    ``views`` augmentations of the fit sample from ``store``'s backbone."""
+    ``views`` augmentations of the fit sample from ``store``'s backbone (the store's loop,
+    :func:`bayesurl.posthoc.store.encode_batches`)."""
     from tqdm.auto import tqdm
 
     loader = DataLoader(
@@ -194,9 +195,11 @@ def _encode(
                 labels.append(y)
                 keep = torch.tensor([int(i) in fit_ids for i in idx], dtype=torch.bool)
                 if views and bool(keep.any()):
-                    xs = x[keep.to(device)]
-                    v = [backbone(augment(xs, generator)).float().cpu() for _ in range(views)]
-                    view_feats.append(torch.stack(v, dim=1))
+                    ((v, _),) = encode_batches(
+                        backbone, [x[keep.to(device)]], plain=False, views=views,
+                        augment=lambda a: augment(a, generator), progress=False,
+                    )  # fmt: skip
+                    view_feats.append(v.float())
             bar.update(len(idx) + len(bad))
     bar.close()
     if not feats:
@@ -457,7 +460,7 @@ class FolderOptions:
     progress : bool
         Progress bar over the images.
     cache : path-like, optional
-        Folder of the frozen-feature store (:class:`bayesurl.runs.features.FeatureStore`) the
+        Folder of the frozen-feature store (:class:`bayesurl.posthoc.store.FeatureStore`) the
         plain features are kept in: a later run over the same images with the same backbone,
         weights, size and normalisation reads them instead of encoding them again (the
         augmented views are always encoded afresh). Default: a temporary folder, removed at

@@ -185,7 +185,7 @@ def test_cache_bad_input(tmp_path):
     with pytest.raises(ValueError, match="no data"):
         EmbeddingCache.build(enc, [], tmp_path / "a", progress=False)
     EmbeddingCache.build(enc, [(torch.randn(4, 3), torch.arange(4))], tmp_path / "b")
-    with open(tmp_path / "b" / "embeddings.bin", "r+b") as f:
+    with open(tmp_path / "b" / "features.npy", "r+b") as f:
         f.truncate(8)
     with pytest.raises(ValueError, match="corrupted"):
         EmbeddingCache(tmp_path / "b")
@@ -341,21 +341,34 @@ def test_cache_from_another_encoder_is_refused(tmp_path):
     assert EmbeddingCache(tmp_path / "c").encoder_fingerprint == encoder_fingerprint(enc)
 
 
-def test_cache_without_fingerprint_warns_and_bad_fingerprint_is_corrupted(tmp_path):
+def test_cache_without_fingerprint_is_corrupted_and_an_old_cache_names_the_rebuild(tmp_path):
     import json
 
     x, y = _toy_problem(32)
     enc, clf = nn.Linear(2, 4), nn.Linear(4, 2)
     EmbeddingCache.build(enc, [(x, y)], tmp_path / "c", progress=False)
     meta = json.loads((tmp_path / "c" / "meta.json").read_text())
-    del meta["encoder_fingerprint"]  # written before fingerprints existed
-    (tmp_path / "c" / "meta.json").write_text(json.dumps(meta))
-    with pytest.warns(UserWarning, match="no encoder fingerprint"):
-        PVU(enc, classifier=clf, hidden=8).fit(cache=tmp_path / "c", progress=False)
-    meta["encoder_fingerprint"] = 5
+    assert meta["key"]["weights"] == encoder_fingerprint(enc)
+    meta["key"]["weights"] = 5
     (tmp_path / "c" / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="corrupted meta.json"):
         EmbeddingCache(tmp_path / "c")
+    del meta["key"]
+    (tmp_path / "c" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="corrupted meta.json"):
+        PVU(enc, classifier=clf, hidden=8).fit(cache=tmp_path / "c", progress=False)
+    # a directory of the raw-file format (bayesurl.embedding-cache/2) is refused, naming the fix
+    old = tmp_path / "old"
+    old.mkdir()
+    np.zeros((32, 4), dtype=np.float32).tofile(old / "embeddings.bin")
+    from bayesurl.files import seal
+
+    seal(old, {"format": "bayesurl.embedding-cache/2", "n_items": 32, "passes": 1, "dim": 4,
+               "dtype": "float32", "has_labels": False}, ["embeddings.bin"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"older bayesurl.*overwrite=True"):
+        EmbeddingCache(old)
+    rebuilt = EmbeddingCache.build(enc, [(x, y)], old, overwrite=True, progress=False)
+    assert not (old / "embeddings.bin").exists() and rebuilt.n_items == 32
 
 
 def test_uncached_bad_input():

@@ -265,11 +265,13 @@ def test_store_leaves_the_frozen_backbone_in_eval_mode(tmp_path):
 
 
 def test_store_verifies_each_shard_once_per_store(tmp_path, monkeypatch):
-    import bayesurl.runs.features as features
+    import bayesurl.posthoc.store as store_module
 
     verified = []
-    unseal = features.unseal
-    monkeypatch.setattr(features, "unseal", lambda shard: verified.append(shard) or unseal(shard))
+    unseal = store_module.unseal
+    monkeypatch.setattr(
+        store_module, "unseal", lambda shard, **kw: verified.append(shard) or unseal(shard, **kw)
+    )
     store = _store(tmp_path)
     batches = [_images(3, seed) for seed in range(5)]
     ref = [store.features(b) for b in batches]  # five calls, five new shards
