@@ -34,21 +34,46 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-
-def _columns() -> list[tuple[str, str]]:
-    """``(key, title)`` of the report's table: the sweep report's shown metric columns."""
-    from bayesurl.sweeps.report import report_columns
-
-    return [(c.key, c.title) for c in report_columns(shown=True, runs=False)]
+from bayesurl.evaluation.table import Column, metric_column
+from bayesurl.sweeps.report import REPRO_METRICS, report_columns
 
 
-def _cell(d: dict[str, Any] | None) -> str:
+def _columns() -> list[Column]:
+    """The report's table: the sweep report's shown metric columns (title, digits,
+    direction)."""
+    return report_columns(shown=True, runs=False)
+
+
+def _title(key: str) -> str:
+    return metric_column(key).title
+
+
+#: The metrics of the paired and split-half tables (R-AUROC, R@1, OOD AUROC: the sweep
+#: report's reproducibility metrics).
+PAIRED = REPRO_METRICS
+
+
+def _cell(d: dict[str, Any] | None, col: Column, best: float | None = None) -> str:
+    """Mean ± half-width of the interval with the column's digits; the best mean bold."""
     if not d or d.get("mean") is None:
         return "n/a"
     m, lo, hi = d["mean"], d.get("low"), d.get("high")
+    mean = f"**{col.format(m)}**" if best is not None and m == best else col.format(m)
     if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
-        return f"{m:.3f}"
-    return f"{m:.3f} ± {(hi - lo) / 2:.3f}"
+        return mean
+    return f"{mean} ± {col.format((hi - lo) / 2)}"
+
+
+def _best_first(summary: dict[str, Any], key: str = "r_auroc") -> list[str]:
+    """The estimators of ``summary`` by their mean ``key``, the best first (the direction its
+    column declares), those without it last."""
+    up = metric_column(key).higher_is_better
+
+    def rank(n: str) -> tuple[bool, float]:
+        m = (summary[n].get(key) or {}).get("mean")
+        return m is None, 0.0 if m is None else (-m if up else m)
+
+    return sorted(summary, key=rank)
 
 
 def _list_table(title: str, header: list[str], rows: list[list[str]]) -> str:
@@ -110,7 +135,7 @@ def _paired_rows(order: list[str], paired: dict[str, Any], reference: str) -> li
         if n == reference:
             continue
         cells = []
-        for k in ("r_auroc", "r@1", "ood_auroc"):
+        for k in PAIRED:
             p = paired.get(k, {}).get(n)
             if not p or p.get("mean_diff") is None:
                 cells.append("n/a")
@@ -244,7 +269,7 @@ def verdict_table(doc: dict[str, Any]) -> str:
     ch = doc.get("vs_chance", {})
     free = doc.get("best_free_baseline")
     unit = "complementary pair" if doc.get("paired_vs_ce_pairs") else "split"
-    order = sorted(s, key=lambda k: -(s[k].get("r_auroc", {}).get("mean") or -1.0))
+    order = _best_first(s)
     rows = []
     for n in order:
         c = ch.get(n) or {}
@@ -253,7 +278,7 @@ def verdict_table(doc: dict[str, Any]) -> str:
         rows.append(
             [
                 n,
-                _cell(s[n].get("r_auroc")),
+                _cell(s[n].get("r_auroc"), metric_column("r_auroc")),
                 "(reference)" if n == "ce" else f"{d.get('mean_diff', 0):+.3f}, Holm p {_p(d)}",
                 f"{c.get('verdict') or 'n/a'}, Holm p {_p(c)}",
                 "(reference)"
@@ -267,7 +292,7 @@ def verdict_table(doc: dict[str, Any]) -> str:
         f"to the best free baseline above chance ({free or 'none is above chance'}), each a "
         f't-test with the {unit} as the unit, Holm-adjusted over the estimators ("at '
         'chance": not distinguishable from 0.5 at Holm p < 0.05)',
-        ["estimator", "R-AUROC", "vs CE", "vs chance", f"vs {free or 'free baseline'}"],
+        ["estimator", _title("r_auroc"), "vs CE", "vs chance", f"vs {free or 'free baseline'}"],
         rows,
     )
 
@@ -282,10 +307,10 @@ def halvings_table(doc: dict[str, Any]) -> str:
         ("pairs", "pair-preserving halvings (complementary pairs kept together)"),
         ("class", "class-held-out (splits with class c downstream vs c upstream)"),
     ):
-        for m, t in (("r_auroc", "R-AUROC"), ("r@1", "R@1"), ("ood_auroc", "OOD AUROC")):
+        for m in PAIRED:
             r = (by.get(h) or {}).get(m)
             n = len((r or {}).get("partitions", []))
-            rows.append([f"{label}, {t}", str(n), *_halving_cells(r)])
+            rows.append([f"{label}, {_title(m)}", str(n), *_halving_cells(r)])
     cls = ((by.get("class") or {}).get("r_auroc") or {}).get("per_class") or {}
     per = ", ".join(f"{c}: {v:.2f}" for c, v in cls.items() if v is not None)
     return _list_table(
@@ -319,7 +344,7 @@ def verdict(doc: dict[str, Any]) -> str:
     free = doc.get("best_free_baseline")
     n = len(doc["settings"].get("class_splits") or [])
     unit = "complementary pairs" if doc.get("paired_vs_ce_pairs") else "splits"
-    order = sorted(s, key=lambda k: -(s[k]["r_auroc"]["mean"] or 0.0))
+    order = _best_first(s)
     trained = [k for k in order if k not in FREE_BASELINES]
 
     def h(name: str) -> str:
@@ -397,7 +422,7 @@ def against(doc: dict[str, Any], other: dict[str, Any], label: str) -> str:
     keys = {(r["split"], r["seed"]) for r in mine} & {(r["split"], r["seed"]) for r in theirs}
     names = sorted({r["method"] for r in mine} & {r["method"] for r in theirs})
     cells: dict[str, dict[str, Any]] = {}
-    for metric in ("r_auroc", "r@1", "ood_auroc"):
+    for metric in PAIRED:
         rows = {}
         for n in names:
             recs = [dict(r, method="this") for r in mine if r["method"] == n]
@@ -417,7 +442,7 @@ def against(doc: dict[str, Any], other: dict[str, Any], label: str) -> str:
     table = []
     for n in names:
         row = [n]
-        for metric in ("r_auroc", "r@1", "ood_auroc"):
+        for metric in PAIRED:
             r = cells[metric].get(n)
             if not r or r.get("p_holm") is None:
                 row.append("n/a")
@@ -428,7 +453,7 @@ def against(doc: dict[str, Any], other: dict[str, Any], label: str) -> str:
         f"Paired difference to {label} over the {len(keys)} class splits both finished, "
         f"{units} complementary pairs as the unit: mean difference, paired t-test p and its "
         f"Holm-adjusted value over the {len(names)} estimators",
-        ["estimator", "R-AUROC", "R@1", "OOD AUROC"],
+        ["estimator", *map(_title, PAIRED)],
         table,
     )
 
@@ -443,8 +468,10 @@ def report(
     summary, repro = doc["summary"], doc["reproducibility"]
     settings = doc["settings"]
     name = name or str(settings.get("preset") or "standard")
-    order = sorted(summary, key=lambda n: -(summary[n].get("r_auroc", {}).get("mean") or -1.0))
-    rows = [[n, *(_cell(summary[n].get(k)) for k, _ in _columns())] for n in order]
+    order = _best_first(summary)
+    cols = _columns()
+    best = {c.key: c.best((summary[n].get(c.key) or {}).get("mean") for n in order) for c in cols}
+    rows = [[n, *(_cell(summary[n].get(c.key), c, best[c.key]) for c in cols)] for n in order]
     parts = []
     check = doc.get("tuning_check")
     if not check or not check.get("ok"):
@@ -462,8 +489,11 @@ def report(
     parts.append(
         _list_table(
             f"Preset {name}{interim}: mean ± half-width of the 95 % t-interval over {n_splits} "
-            "class splits (seed 0), sorted by R-AUROC",
-            ["estimator", *(t for _, t in _columns())],
+            f"class splits (seed 0), sorted by {_title('r_auroc')}; bold: the best mean of each "
+            "column (higher is better"
+            + "".join(f"; lower for {c.title}" for c in cols if not c.higher_is_better)
+            + ")",
+            ["estimator", *(c.title for c in cols)],
             rows,
         )
     )
@@ -473,7 +503,7 @@ def report(
         _list_table(
             f"Paired difference to CE over the {unit}: mean difference, paired "
             f"t-test p and its Holm-adjusted value over the {n_est} other estimators",
-            ["estimator", "R-AUROC", "R@1", "OOD AUROC"],
+            ["estimator", *map(_title, PAIRED)],
             _paired_rows(order, _pairs_table(doc, "paired_vs_ce"), "ce"),
         )
     )
@@ -482,12 +512,13 @@ def report(
         parts.append(
             _list_table(
                 f"Paired difference to the best free baseline above chance ({free}), as above",
-                ["estimator", "R-AUROC", "R@1", "OOD AUROC"],
+                ["estimator", *map(_title, PAIRED)],
                 _paired_rows(order, _pairs_table(doc, "paired_vs_best_free_baseline"), free),
             )
         )
     rrow = []
-    for k, t in (("r_auroc", "R-AUROC"), ("r@1", "R@1"), ("ood_auroc", "OOD AUROC")):
+    for k in PAIRED:
+        t = _title(k)
         r = repro.get(k, {})
         if r.get("mean") is None:
             rrow.append([t, "n/a", "n/a", "n/a", "n/a", str(r.get("note", ""))])
@@ -496,8 +527,7 @@ def report(
         rrow.append(
             [t, f"{med:.2f}", f"{r['mean']:.2f}", f"{r['min']:.2f}", f"{r['max']:.2f}", _spread(r)]
         )
-    for row in rrow:
-        key = {"R-AUROC": "r_auroc", "R@1": "r@1", "OOD AUROC": "ood_auroc"}[row[0]]
+    for key, row in zip(PAIRED, rrow):
         rel = reliability(doc["runs"], key)
         if rel is None:
             row += ["n/a"] * 4

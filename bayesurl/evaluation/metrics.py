@@ -31,6 +31,7 @@ from bayesurl.distributed import Shards, is_distributed, raise_if_any
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import sampled as Sm
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, rank_budget, search_shards
+from bayesurl.evaluation.table import metric_column
 
 if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
     from matplotlib.axes import Axes
@@ -76,6 +77,12 @@ def _check_updated(metric: Metric, state: list[Tensor] | Tensor) -> bool | None:
     if error is not None:
         raise error
     return None
+
+
+def _direction(key: str) -> bool:
+    """torchmetrics' ``higher_is_better`` of a class: the direction its metric's column declares
+    (:class:`~bayesurl.evaluation.table.Column`), not a second statement of it."""
+    return metric_column(key).higher_is_better
 
 
 def _plots() -> ModuleType:
@@ -142,7 +149,6 @@ class _RetrievalMetric(Metric):
 class _AtKMetric(_RetrievalMetric):
     """A retrieval score with a cut-off k, plotted as one bar (shared by Recall@k and mAP@k)."""
 
-    higher_is_better = True
     _label = ""
 
     def __init__(self, k: int, **kwargs: Any) -> None:
@@ -179,6 +185,7 @@ class RecallAtK(_AtKMetric):
     """
 
     _label = "R"
+    higher_is_better = _direction("r@1")  # every cut-off k goes the way R@1 does
 
     def __init__(self, k: int = 1, **kwargs: Any) -> None:
         super().__init__(k, **kwargs)
@@ -200,6 +207,7 @@ class MAPAtK(_AtKMetric):
     """
 
     _label = "mAP"
+    higher_is_better = _direction("map@5")
 
     def __init__(self, k: int = 5, **kwargs: Any) -> None:
         super().__init__(k, **kwargs)
@@ -212,7 +220,7 @@ class MAPAtK(_AtKMetric):
 class RAUROC(_RetrievalMetric):
     """R-AUROC: AUROC of u for "R@1 wrong" (URL section 3.1). ``update(emb, labels, u)``."""
 
-    higher_is_better = True
+    higher_is_better = _direction("r_auroc")
     needs_uncertainty = True
 
     def compute(self) -> Tensor:
@@ -248,7 +256,7 @@ class _Sparsification(_RetrievalMetric):
 class AUSC(_Sparsification):
     """Area under the sparsification curve (LAM section 5). ``update(emb, labels, u)``."""
 
-    higher_is_better = True
+    higher_is_better = _direction("ausc")
 
     def compute(self) -> Tensor:
         """AUSC of the gathered set."""
@@ -258,7 +266,7 @@ class AUSC(_Sparsification):
 class AUSE(_Sparsification):
     """Area between the sparsification curve and the oracle's (torch-uncertainty's AUSE)."""
 
-    higher_is_better = False
+    higher_is_better = _direction("ause")
 
     def compute(self) -> Tensor:
         """AUSE of the gathered set."""
@@ -286,7 +294,7 @@ class RetrievalECE(Metric):
     """
 
     is_differentiable = False
-    higher_is_better = False
+    higher_is_better = _direction("ece")
     full_state_update = False
 
     def __init__(
@@ -350,7 +358,6 @@ class RetrievalECE(Metric):
 
 class _OOD(Metric):
     is_differentiable = False
-    higher_is_better = True
     full_state_update = False
 
     def __init__(self, **kwargs: Any) -> None:
@@ -382,6 +389,8 @@ class _OOD(Metric):
 class OODAUROC(_OOD):
     """AUROC of u for "out of distribution" (LAM section 5)."""
 
+    higher_is_better = _direction("ood_auroc")
+
     def compute(self) -> Tensor:
         """OOD AUROC of the gathered set."""
         u, o = self._data()
@@ -390,6 +399,8 @@ class OODAUROC(_OOD):
 
 class OODAUPRC(_OOD):
     """Average precision of u for "out of distribution" (LAM section 5)."""
+
+    higher_is_better = _direction("ood_auprc")
 
     def compute(self) -> Tensor:
         """OOD AUPRC of the gathered set."""

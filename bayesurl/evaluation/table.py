@@ -40,6 +40,7 @@ __all__ = [
     "Metric",
     "Need",
     "always_keys",
+    "metric_column",
     "metric_columns",
     "register_metric",
     "select_metrics",
@@ -209,6 +210,22 @@ class Column:
         """``value`` with :attr:`digits` decimals (``"n/a"`` for ``None``)."""
         return "n/a" if value is None else f"{value:.{self.digits}f}"
 
+    def best(self, values: Iterable[float | None]) -> float | None:
+        """The best of ``values`` in the column's direction (``None``: no value)."""
+        have = [v for v in values if v is not None]
+        if not have:
+            return None
+        return max(have) if self.higher_is_better else min(have)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The column as plain data (the HTML report's script formats with it)."""
+        return {
+            "key": self.key,
+            "title": self.title,
+            "digits": self.digits,
+            "higher_is_better": self.higher_is_better,
+        }
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -286,6 +303,23 @@ def metric_columns(*, shown: bool | None = None) -> list[Column]:
         all.
     """
     return [c for m in METRICS.values() for c in m.columns if shown is None or c.shown == shown]
+
+
+def metric_column(key: str, columns: Iterable[Column] | None = None) -> Column:
+    """The column of the result key ``key`` among ``columns`` (default: :func:`metric_columns`):
+    its title, digits and direction, declared once with its metric.
+
+    Raises
+    ------
+    ValueError
+        If no column has that key (naming the keys that have one).
+    """
+    cols = metric_columns() if columns is None else list(columns)
+    for c in cols:
+        if c.key == key:
+            return c
+    known = ", ".join(c.key for c in cols)
+    raise ValueError(f"no metric declares a column for {key!r}; keys with one: {known}")
 
 
 def always_keys() -> tuple[str, ...]:

@@ -4,7 +4,10 @@ The page holds its CSS, its script and every image (``data:`` URIs): opened from
 no request to any host, and a Content-Security-Policy that allows ``data:`` images and inline
 code only says so to the browser. It shows
 
-- the results table (click a column title to sort) and the folder's plots;
+- the results table (click a column title to sort; each title's arrow says which way is
+  better, the best mean of a column is bold) and the folder's plots; every metric is shown
+  with the title and digits its :class:`~bayesurl.evaluation.table.Column` declares, the same
+  as in the text tables;
 - per estimator: the most and the least uncertain downstream queries, each beside the
   neighbour it retrieved (the R@1 search, docs/concepts/metrics.rst) with a right / wrong mark; the
   OOD images ranked by u, marked where u is above the 95th percentile of the held-out upstream
@@ -34,7 +37,7 @@ import numpy as np
 from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_write
 from bayesurl.report.images import THUMB_SIZE, ImageSource, image_source
-from bayesurl.report.sources import RecordedRun, ReportSource, load_source
+from bayesurl.report.sources import RecordedRun, ReportSource, load_source, table_columns
 
 __all__ = [
     "REPORT_FILE",
@@ -57,6 +60,13 @@ _TEMPLATE = Path(__file__).with_name("page.html")
 def _f(x: Any) -> float | None:
     x = float(x)
     return round(x, 6) if np.isfinite(x) else None
+
+
+def _exact(x: Any) -> float | None:
+    """A metric's value as it is (the page rounds it to its column's digits, as the text
+    tables do: rounding here first could round it twice)."""
+    x = float(x)
+    return x if np.isfinite(x) else None
 
 
 def _fu(x: Any) -> float | None:
@@ -151,10 +161,12 @@ def _estimator(
         "split": run.split,
         "n": int(rec.u.size),
         "labelled": rec.labelled,
+        # the run's number of every table column (the page formats each as its column says)
         "metrics": {
-            key: _f(run.metrics[key])
-            for key in ("r@1", "r_auroc", "ausc", "ece", "ood_auroc")
-            if isinstance(run.metrics.get(key), (int, float))
+            c.key: _exact(run.metrics[c.key])
+            for c in table_columns()
+            if isinstance(run.metrics.get(c.key), (int, float))
+            and _exact(run.metrics[c.key]) is not None
         },
         "most": most,
         "least": least,
@@ -215,7 +227,10 @@ def report_model(
         "title": source.title,
         "kind": source.kind,
         "settings": source.settings,
-        "columns": source.columns,
+        # every table column's title, digits and direction (the metric table's declaration);
+        # `columns`: the keys of the results table, in order
+        "formats": {c.key: c.as_dict() for c in table_columns()},
+        "columns": [c.key for c in source.columns],
         "rows": [[row[0], *(list(c) for c in row[1:])] for row in source.rows],
         "plots": [{"name": p.name, "uri": png_data_uri_file(p)} for p in source.plots],
         "missing": source.missing,

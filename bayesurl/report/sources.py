@@ -57,10 +57,11 @@ class ReportSource:
     title : str
     settings : list of str
         Lines describing the settings (preset, data, seeds, device).
-    columns : list of str
-        Table titles (the first is the estimator).
+    columns : list of Column
+        The table's metric columns (title, digits, direction), after the estimator's name.
     rows : list of list
-        One row per estimator: name, then ``(mean, spread)`` pairs (``None`` where undefined).
+        One row per estimator: name, then a ``(mean, spread)`` pair per column (``None`` where
+        undefined).
     plots : list of Path
         PNG files of the folder.
     runs : list of RecordedRun
@@ -73,7 +74,7 @@ class ReportSource:
     kind: str
     title: str
     settings: list[str]
-    columns: list[str]
+    columns: list[Column]
     rows: list[list[Any]]
     plots: list[Path]
     runs: list[RecordedRun]
@@ -105,15 +106,14 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _measured(rows: list[list[Any]]) -> tuple[list[str], list[list[Any]]]:
-    """The titles and rows of the columns some row has a value in (a metric no run measured,
-    such as the crop test on a folder, is left out rather than shown as a column of n/a);
-    every column when none has a value (an unlabelled folder: each metric says n/a)."""
+def _measured(rows: list[list[Any]]) -> tuple[list[Column], list[list[Any]]]:
+    """The columns some row has a value in, and the rows cut to them (a metric no run
+    measured, such as the crop test on a folder, is left out rather than shown as a column of
+    n/a); every column when none has a value (an unlabelled folder: each metric says n/a)."""
     cols = table_columns()
     keep = [i for i in range(len(cols)) if any(r[i + 1][0] is not None for r in rows)]
     keep = keep or list(range(len(cols)))
-    titles = ["estimator", *(cols[i].title for i in keep)]
-    return titles, [[r[0], *(r[i + 1] for i in keep)] for r in rows]
+    return [cols[i] for i in keep], [[r[0], *(r[i + 1] for i in keep)] for r in rows]
 
 
 def _benchmark(folder: Path) -> ReportSource:

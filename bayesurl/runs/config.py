@@ -11,11 +11,14 @@ A recipe file ``bayesurl/runs/recipes/<dataset>.toml`` holds
   ``tuned`` table (per estimator the settings a ``--tune`` search chose, with the classes they
   were chosen on, ``tuned_on``; one table, or one sub-table per validation set of a
   cross-fitted plan: :func:`tuned_sets`, :func:`preset_tuned`);
-- one table per estimator, ``[estimators.<name>]`` (the :class:`EstimatorConfig` fields, plus
-  optional ``train`` / ``eval`` / ``backbone`` / ``data`` sub-tables that override the
-  defaults for that estimator only). With ``inherit = "estimators"`` the file starts from the
-  base table ``recipes/base/estimators.toml`` (every estimator and its defaults, declared
-  once) and states only what differs (:func:`inherit_estimators`).
+- one table per estimator, ``[estimators.<name>]`` or one line ``<name> = { ... }`` under
+  ``[estimators]`` (the :class:`EstimatorConfig` fields, plus optional ``train`` / ``eval`` /
+  ``backbone`` / ``data`` sub-tables that override the defaults for that estimator only, and
+  ``tune``, its own keys of the hyper-parameter search:
+  :func:`bayesurl.sweeps.tuning.search_space`). With ``inherit = "estimators"`` the file
+  starts from the base table ``recipes/base/estimators.toml`` (every estimator and its
+  defaults, declared once, one line each) and states only what differs
+  (:func:`inherit_estimators`).
 
 :func:`load_recipe` resolves ``"<dataset>/<estimator>"`` to a :class:`RunConfig`: defaults,
 then the preset, then the estimator's own sub-tables, then the preset's tuned settings of the
@@ -578,6 +581,7 @@ def read_recipe_file(dataset: str | Path) -> dict[str, Any]:
         raw = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"recipe file {str(p)!r} is not valid TOML: {exc}") from None
+    _refuse_tune_tables(raw, p.name)
     unknown = [k for k in raw if k not in _FILE_KEYS]
     if unknown:
         raise ValueError(
@@ -588,6 +592,17 @@ def read_recipe_file(dataset: str | Path) -> dict[str, Any]:
     if not isinstance(raw.get("estimators"), dict) or not raw["estimators"]:
         raise ValueError(f"recipe file {p.name} has no [estimators.<name>] table")
     return raw
+
+
+def _refuse_tune_tables(raw: Mapping[str, Any], where: str) -> None:
+    """A search space is a key of its estimator's table, not a ``[tune.<name>]`` table."""
+    if "tune" in raw:
+        name = next(iter(raw["tune"]), "<name>") if isinstance(raw["tune"], dict) else "<name>"
+        raise ValueError(
+            f"[tune.{name}] in {where}: a search space is the `tune` key of its estimator's "
+            f'table, e.g. `{name} = {{ note = "...", tune = {{ "estimator.kwargs.x" = '
+            f'["float", 0.1, 1.0] }} }}` under [estimators]'
+        )
 
 
 def inherit_estimators(
@@ -608,9 +623,11 @@ def inherit_estimators(
         names = sorted(f.stem for f in BASE_DIR.glob("*.toml"))
         raise ValueError(f"unknown `inherit` {base!r} in {where}; valid: {', '.join(names)}")
     try:
-        tables = tomllib.loads(path.read_text()).get("estimators", {})
+        base_raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"base table {str(path)!r} is not valid TOML: {exc}") from None
+    _refuse_tune_tables(base_raw, path.name)
+    tables = base_raw.get("estimators", {})
     if not isinstance(own, Mapping):
         raise ValueError(f"`estimators` of {where} must be tables [estimators.<name>]")
     merged = {name: dict(t) for name, t in tables.items()}
@@ -830,6 +847,9 @@ def _resolve(
                 )
             tables[section] = _merge(tables[section], table)
     est = dict(estimators[estimator])
+    # the estimator's search space: the sweep's (bayesurl.sweeps.tuning.search_space), no
+    # setting of a run
+    est.pop("tune", None)
     for section in ("data", "backbone", "train", "eval"):
         if section in est:
             tables[section] = _merge(tables[section], est.pop(section))
@@ -1079,6 +1099,7 @@ def describe_recipes() -> str:
             t = dict(table)
             kind = t.pop("kind", "method")
             note = t.pop("note", "")
+            t.pop("tune", None)  # the sweep's search space, not a setting of the run
             paper = t.pop("paper", None)
             if paper:
                 src = paper.get("source", "paper")

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from bayesurl.evaluation.table import metric_column
+
 __all__ = [
     "bootstrap_interval",
     "chance_test",
@@ -44,9 +46,6 @@ __all__ = [
     "summarize",
     "t_interval",
 ]
-
-#: Metrics whose larger value is better (ECE and AUSE are the exceptions).
-LOWER_IS_BETTER = frozenset({"ece", "ause"})
 
 
 def _name(rec: Mapping[str, Any]) -> str:
@@ -272,6 +271,7 @@ def paired_comparison(
     level: float = 0.95,
     alpha: float = 0.05,
     unit: str = "run",
+    higher_is_better: bool | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Each estimator against ``reference`` on the same (split, seed) pairs.
 
@@ -290,6 +290,9 @@ def paired_comparison(
     unit : {"run", "pair"}
         The observation: each (split, seed) run pair, or each complementary pair of splits
         (:func:`complementary_pairs`; the differences of its runs averaged).
+    higher_is_better : bool, optional
+        The metric's direction; default: the one its column declares
+        (:func:`bayesurl.evaluation.table.metric_column`).
 
     Returns
     -------
@@ -305,7 +308,8 @@ def paired_comparison(
     Raises
     ------
     ValueError
-        If ``reference`` has no run with the metric, or on malformed records.
+        If ``reference`` has no run with the metric, on malformed records, or for a metric
+        without a column when ``higher_is_better`` is not given.
     """
     from scipy import stats
 
@@ -316,7 +320,12 @@ def paired_comparison(
         raise ValueError(f"`unit` must be 'run' or 'pair', got {unit!r}")
     recs = _ok(records)
     pair_of = complementary_pairs(recs) if unit == "pair" else {}
-    sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
+    if higher_is_better is None:
+        try:
+            higher_is_better = metric_column(metric).higher_is_better
+        except ValueError as exc:
+            raise ValueError(f"{exc}; pass `higher_is_better`") from None
+    sign = 1.0 if higher_is_better else -1.0
     table: dict[str, dict[tuple[int, int], float]] = {}
     for r in recs:
         v = _value(r, metric)

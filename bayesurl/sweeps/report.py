@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bayesurl.data.class_splits import tuning_leaks
-from bayesurl.evaluation.table import Column, metric_columns
+from bayesurl.evaluation.table import Column, metric_column, metric_columns
 from bayesurl.files import atomic_open, write_json
 from bayesurl.runs.config import DEFAULT_RECIPE_FILE
 from bayesurl.sweeps.aggregate import (
@@ -186,9 +186,16 @@ def results_table(records: Sequence[Mapping[str, Any]], settings: Mapping[str, A
         if any(summ[n][c.key]["mean"] is not None for n in names)
     ]
     head = ["estimator", *(c.title for c in cols)]
+    # the best mean of each column, in the direction its metric declares (one estimator: none)
+    best = {c.key: c.best(summ[n][c.key]["mean"] for n in names) for c in cols}
+    marked = len(names) > 1 and any(v is not None for v in best.values())
     rows = []
     for n in names:
-        row = [n, *(format_stat(summ[n][c.key], c) for c in cols)]
+        row = [n]
+        for c in cols:
+            cell = format_stat(summ[n][c.key], c)
+            top = marked and best[c.key] is not None and summ[n][c.key]["mean"] == best[c.key]
+            row.append(cell + (" *" if top else "  "))
         if summ[n]["_runs"]["failed"]:
             row[0] += f" ({summ[n]['_runs']['failed']} failed)"
         rows.append(row)
@@ -197,7 +204,7 @@ def results_table(records: Sequence[Mapping[str, Any]], settings: Mapping[str, A
     def fmt(r: Sequence[str]) -> str:
         return "  ".join(
             c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
-        )
+        ).rstrip()
 
     s = settings
     seeds = ",".join(str(x) for x in s.get("seeds", []))
@@ -211,6 +218,13 @@ def results_table(records: Sequence[Mapping[str, Any]], settings: Mapping[str, A
         fmt(["-" * w for w in widths]),
         *(fmt(r) for r in rows),
     ]
+    if marked:
+        lower = [c.title for c in cols if not c.higher_is_better]
+        lines.append(
+            "*: the best mean of the column (higher is better"
+            + (f"; lower for {', '.join(lower)}" if lower else "")
+            + ")"
+        )
     if any(c.key == "ece" for c in cols) and any(summ[n]["ece"]["mean"] is None for n in names):
         lines.append(
             "ECE n/a: the estimator has only a scalar u (no distribution to sample; see the "
@@ -299,7 +313,10 @@ def write_results(
         for suffix, unit in paired_units.items():
             for m in metrics:
                 try:
-                    out[suffix][m] = paired_comparison(recs, m, reference=ref, unit=unit)
+                    up = metric_column(m, report_columns()).higher_is_better
+                    out[suffix][m] = paired_comparison(
+                        recs, m, reference=ref, unit=unit, higher_is_better=up
+                    )
                 except ValueError as exc:
                     out[suffix][m] = {"note": str(exc)}
         return out

@@ -8,8 +8,9 @@ to ``<out>/tuned.json``, which every later run of the sweep in ``<out>`` reuses,
 (:func:`bayesurl.runs.config.preset_tuned`).
 
 What is searched depends on the estimator's recipe table (:func:`search_space`): a trained
-method its learning rate and its own keys (its ``[tune.<name>]`` table beside its
-``[estimators.<name>]`` table, :data:`TUNE_SPACES`); a post-hoc wrapper the rate
+method its learning rate and its own keys (the ``tune`` key of its table, e.g.
+``infonce = { ..., tune = { "estimator.kwargs.inverse_temperature" = ["float", 8.0, 64.0] } }``
+in the base table of estimators); a post-hoc wrapper the rate
 of its own fit, on top of its base's chosen settings (bases are tuned first, so the wrapper
 sits on the same net as the base's row); a free baseline or a wrapper without a fit of its
 own (laplace-torch's prior precision comes from the marginal likelihood) nothing.
@@ -27,13 +28,10 @@ from typing import Any
 from bayesurl._checks import check_int, check_number
 from bayesurl.data.class_splits import ClassSplit
 from bayesurl.files import atomic_write, write_json
-from bayesurl.runs.config import BASE_DIR, tomllib  # tomli before Python 3.11
+from bayesurl.runs.config import inherit_estimators
 
 __all__ = [
-    "SPACES_FILE",
-    "TUNE_SPACES",
     "load_tuned",
-    "load_tune_spaces",
     "load_tuned_classes",
     "search_space",
     "tune_estimators",
@@ -42,10 +40,6 @@ __all__ = [
 
 #: A search space (URL appendix B): ``{override key: ("log" | "float" | "int", low, high)}``.
 Space = dict[str, tuple[str, float, float]]
-
-#: Where each estimator's own search space is declared: ``[tune.<name>]`` beside its
-#: ``[estimators.<name>]`` table in the base table of estimators.
-SPACES_FILE = BASE_DIR / "estimators.toml"
 
 _SPACE_KINDS = ("log", "float", "int")
 _SECTIONS = ("data", "backbone", "train", "eval", "estimator")
@@ -73,49 +67,18 @@ def _checked_range(spec: object, where: str) -> tuple[str, float, float]:
     return kind, lo, hi
 
 
-def load_tune_spaces(path: str | os.PathLike[str] = SPACES_FILE) -> dict[str, Space]:
-    """Each estimator's own search space, from the ``[tune.<name>]`` tables of ``path``.
-
-    Parameters
-    ----------
-    path : path-like
-        A base table of estimators (default: the shipped one, :data:`SPACES_FILE`).
-
-    Returns
-    -------
-    dict
-        ``{estimator: {override key: (kind, low, high)}}`` in file order; an estimator without
-        a ``[tune.<name>]`` table is absent (it tunes what its kind tunes, :func:`search_space`).
-
-    Raises
-    ------
-    ValueError
-        For a ``[tune.<name>]`` of an estimator the file does not declare, a key outside the
-        run config's sections, or a malformed range (each naming it).
-    """
-    raw = tomllib.loads(Path(path).read_text())
-    declared = raw.get("estimators", {})
-    spaces: dict[str, Space] = {}
-    for name, table in raw.get("tune", {}).items():
-        if name not in declared:
-            valid = ", ".join(declared)
+def _own_space(name: str, table: Mapping[str, Any]) -> Space:
+    """The ``tune`` key of an estimator's table: its own keys of the search, checked."""
+    spec = table.get("tune") or {}
+    where = f"estimators.{name}.tune"
+    if not isinstance(spec, Mapping):
+        raise ValueError(f'`{where}` must be a table {{ "<override key>" = [kind, low, high] }}')
+    for key in spec:
+        if key.split(".", 1)[0] not in _SECTIONS or "." not in key:
             raise ValueError(
-                f"[tune.{name}] names no estimator of {Path(path).name}; valid: {valid}"
+                f"`{where}`: {key!r} is not an override key ({', '.join(_SECTIONS)}.<key>)"
             )
-        if not isinstance(table, dict):
-            raise ValueError(f"`tune.{name}` must be a table [tune.{name}]")
-        for key in table:
-            if key.split(".", 1)[0] not in _SECTIONS or "." not in key:
-                raise ValueError(
-                    f"`tune.{name}`: {key!r} is not an override key ({', '.join(_SECTIONS)}.<key>)"
-                )
-        spaces[name] = {k: _checked_range(v, f"tune.{name}.{k}") for k, v in table.items()}
-    return spaces
-
-
-#: The search spaces: ``"_default"`` (every trained estimator) and each estimator's own keys,
-#: as declared in :data:`SPACES_FILE`.
-TUNE_SPACES: dict[str, Space] = {"_default": dict(_TRAINED_SPACE), **load_tune_spaces()}
+    return {k: _checked_range(v, f"{where}.{k}") for k, v in spec.items()}
 
 
 def search_space(
@@ -126,22 +89,37 @@ def search_space(
     Parameters
     ----------
     estimator : str
-        Estimator name (its own keys: its ``[tune.<name>]`` table, :data:`TUNE_SPACES`).
+        Estimator name.
     table : mapping, optional
-        Its ``[estimators.<name>]`` table (``kind``, ``fit``); ``None``: a trained method.
+        Its recipe table (``kind``, ``fit``, ``tune``: its own keys); ``None``: its line in the
+        shipped base table of estimators (a trained method with only the protocol's keys
+        where it has none).
 
     Returns
     -------
     dict
         ``{override key: (kind, low, high)}``; empty when there is nothing to tune.
+
+    Raises
+    ------
+    ValueError
+        For a malformed ``tune`` (a key outside the run config's sections, an unknown kind, a
+        range that is not ``low < high``), naming ``estimators.<name>.tune.<key>``.
     """
-    table = table or {}
+    if table is None:
+        table = inherit_estimators("estimators", {}).get(estimator, {})
     kind = str(table.get("kind", "method")).lower()
+    own = _own_space(estimator, table)
+    if own and kind in ("baseline", "posthoc"):
+        raise ValueError(
+            f"`estimators.{estimator}.tune`: an estimator of kind {kind!r} searches "
+            + ("nothing" if kind == "baseline" else "only `estimator.fit.lr`")
+        )
     if kind == "baseline":
         return {}
     if kind == "posthoc":
         return dict(_WRAPPER_SPACE) if "lr" in (table.get("fit") or {}) else {}
-    return {**_TRAINED_SPACE, **TUNE_SPACES.get(estimator, {})}
+    return {**_TRAINED_SPACE, **own}
 
 
 def _base_first(estimators: Sequence[str], tables: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -76,8 +76,9 @@ def test_a_registered_metric_shows_in_every_table(throwaway, tmp_path, with_spli
     assert "half_r1" in doc["paired_vs_ce"]
     assert "half_r1" in (out / "results.csv").read_text().splitlines()[0].split(",")
     src = load_source(out)
-    assert "HALF" in src.columns
-    i = src.columns.index("HALF")
+    keys = [c.key for c in src.columns]
+    assert "half_r1" in keys
+    i = keys.index("half_r1") + 1  # after the estimator's name
     assert src.rows[0][i][0] == doc["summary"][src.rows[0][0]]["half_r1"]["mean"]
     if with_split:  # the protocol report's table
         spec = importlib.util.spec_from_file_location(
@@ -85,9 +86,62 @@ def test_a_registered_metric_shows_in_every_table(throwaway, tmp_path, with_spli
         )
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        assert ("half_r1", "HALF") in mod._columns()
+        assert throwaway.columns[0] in mod._columns()
+        text = mod.report(out, None)  # its 4 digits, the best (elk's) bold
+        elk = doc["summary"]["elk"]["half_r1"]
+        assert "HALF" in text and f"**{elk['mean']:.4f}** ± " in text
 
 
 def test_the_metric_is_gone_after_the_fixture(tmp_path):
     recs = _records(False)
     assert "HALF" not in results_table(recs, {"seeds": [0, 1]})
+
+
+def test_direction_is_declared_once_by_the_column():
+    """torchmetrics' ``higher_is_better`` of each class is its column's."""
+    from bayesurl.evaluation import metrics as tm
+    from bayesurl.evaluation.table import metric_column
+
+    pairs = {tm.RecallAtK: "r@1", tm.MAPAtK: "map@5", tm.RAUROC: "r_auroc", tm.AUSC: "ausc",
+             tm.AUSE: "ause", tm.RetrievalECE: "ece", tm.OODAUROC: "ood_auroc",
+             tm.OODAUPRC: "ood_auprc"}  # fmt: skip
+    for cls, key in pairs.items():
+        assert cls.higher_is_better is metric_column(key).higher_is_better, cls
+    assert tm.RetrievalECE.higher_is_better is False and tm.AUSE.higher_is_better is False
+    with pytest.raises(ValueError, match="no metric declares a column for 'nope'"):
+        metric_column("nope")
+
+
+@pytest.fixture
+def lower_better():
+    """A throwaway metric ``miss`` (1 - R@1) whose column says lower is better."""
+    col = Column("miss", "MISS", higher_is_better=False, always=True)
+    register_metric(Metric("miss", lambda o: ("miss",), (Need.NEIGHBOURS,), lambda c: {},
+                           columns=(col,)))  # fmt: skip
+    yield col
+    unregister_metric("miss")
+
+
+def test_the_paired_test_and_the_table_read_the_direction(lower_better):
+    from bayesurl.sweeps.aggregate import paired_comparison
+
+    recs = [
+        {"method": m, "estimator": m, "seed": s, "split": 0, "error": None,
+         "r@1": 1 - v - 0.01 * s * (m == "elk"), "miss": v + 0.01 * s * (m == "elk")}
+        for m, v in (("ce", 0.5), ("elk", 0.2))
+        for s in range(3)
+    ]  # fmt: skip
+    # elk misses less: better on the lower-is-better metric, as on R@1
+    assert paired_comparison(recs, "miss")["elk"]["verdict"] == "better"
+    assert paired_comparison(recs, "r@1")["elk"]["verdict"] == "better"
+    assert paired_comparison(recs, "miss")["elk"]["mean_diff"] > 0  # positive is better
+    assert paired_comparison(recs, "miss", higher_is_better=True)["elk"]["verdict"] == "worse"
+    with pytest.raises(ValueError, match="higher_is_better"):
+        paired_comparison(recs, "train_time")
+    # the text table marks the best mean of each column, in its direction
+    lines = results_table(recs, {"seeds": [0, 1, 2]}).splitlines()
+    head, rows = lines[1], {ln.split()[0]: ln for ln in lines[3:5]}
+    col = head.index("MISS")
+    assert "*" in rows["elk"] and "*" not in rows["ce"]
+    assert rows["elk"].rstrip().endswith("*") and len(rows["elk"]) >= col
+    assert any("lower for MISS" in ln for ln in lines)

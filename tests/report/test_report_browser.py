@@ -22,7 +22,9 @@ import pytest
 import torch
 from _pictures import MIN_SIDE, MIN_STD, decode
 
+from bayesurl.evaluation.table import Column, Metric, Need, register_metric, unregister_metric
 from bayesurl.report import write_report
+from bayesurl.sweeps.report import report_columns, write_results
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 BROWSER = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
@@ -72,6 +74,7 @@ window.addEventListener("load", () => setTimeout(() => {
     violations: window.__violations,
     before, asc, desc, galleries,
     compare: document.querySelectorAll("#cmp-grid [data-compare]").length,
+    extra: window.__extra || null,
   };
   const pre = document.createElement("pre");
   pre.id = "browser-test";
@@ -178,3 +181,71 @@ def test_pretrained_report_in_browser(pretrained_dir, tmp_path):
     seen = _open(path, tmp_path)
     assert seen["broken"] == [] and seen["resources"] == [] and seen["violations"] == []
     _assert_shows_pictures(seen, _model(path.read_text()))
+
+
+# the results table as the browser drew it, read before the probe's clicks reorder it
+TABLE = r"""
+<script>
+window.addEventListener("load", () => {
+  const rows = Array.from(document.querySelectorAll("#results tbody tr"));
+  window.__extra = {
+    head: Array.from(document.querySelectorAll("#results th")).map(th => th.textContent),
+    cells: Object.fromEntries(rows.map(tr => [tr.children[0].textContent,
+      Array.from(tr.children).slice(1).map(td => [td.childNodes[0].textContent,
+        (td.querySelector(".spread") || {}).textContent || null, td.classList.contains("best")])])),
+  };
+});
+</script>
+"""
+
+
+@pytest.fixture
+def five_digits():
+    """A throwaway lower-is-better metric ``odd5`` shown with 5 digits, removed afterwards."""
+    col = Column("odd5", "ODD5", digits=5, higher_is_better=False, always=True)
+    register_metric(
+        Metric("odd5", lambda o: ("odd5",), (Need.NEIGHBOURS,), lambda c: {}, columns=(col,))
+    )
+    yield col
+    unregister_metric("odd5")
+
+
+def test_the_page_shows_each_metric_as_its_column_declares(five_digits, tmp_path):
+    """Titles, digits and direction come from the metric table: the page's numbers are the
+    text table's (Python's rounding, an exact tie such as 0.0625 included), the arrow says
+    the direction and the best mean per column is bold."""
+    recs = []
+    for name, r1, odd in (("ce", 0.0625, 0.123456), ("elk", 0.5, 0.015625), ("vmf", 0.25, 2.5)):
+        for seed in range(2):
+            recs.append({"method": name, "estimator": name, "seed": seed, "error": None,
+                         "r@1": r1, "r_auroc": r1 + 0.001 * seed, "odd5": odd,
+                         "train_time": 10.25})  # fmt: skip
+    write_results(recs, tmp_path / "bench", {"preset": "t", "dataset": "d", "seeds": [0, 1]})
+    path = write_report(tmp_path / "bench")["path"]
+    seen = _open(path, tmp_path, TABLE)["extra"]
+    model = _model(path.read_text())
+    cols = {c.key: c for c in report_columns(shown=True)}
+    assert seen["head"][0] == "estimator"
+    shown = model["columns"]
+    assert "odd5" in shown
+    for title, key in zip(seen["head"][1:], shown):
+        c = cols[key]
+        assert title == c.title + (" \u2191" if c.higher_is_better else " \u2193")
+    for row in model["rows"]:
+        for (mean, spread), key, (text, spread_text, bold) in zip(
+            row[1:], shown, seen["cells"][row[0]]
+        ):
+            c = cols[key]
+            assert text == c.format(mean)  # the text table's digits, e.g. 0.0625 -> 0.062
+            if spread is not None:
+                assert spread_text == "\u00b1 " + c.format(spread)
+            best = c.best(r[1 + shown.index(key)][0] for r in model["rows"])
+            assert bold == (mean is not None and mean == best)
+    odd = [seen["cells"][n][shown.index("odd5")][0] for n in ("ce", "elk", "vmf")]
+    assert odd == ["0.12346", "0.01562", "2.50000"]  # 5 digits, 1/64 tied to even as Python
+    assert seen["cells"]["ce"][shown.index("r@1")][0] == "0.062"
+    assert [seen["cells"][n][shown.index("odd5")][2] for n in ("ce", "elk", "vmf")] == [
+        False,
+        True,
+        False,
+    ]  # lower is better: elk's is the best
