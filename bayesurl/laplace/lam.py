@@ -26,6 +26,7 @@ from bayesurl.laplace.metric import Miner, OnlineMetricLaplace, loss_miner
 from bayesurl.losses.contrastive import ContrastiveLoss
 from bayesurl.methods.base import Method
 from bayesurl.training.loop import fit
+from bayesurl.training.options import FitOptions
 from bayesurl.training.trainer import Hook, Trainer
 from bayesurl.types import Output
 
@@ -196,10 +197,12 @@ class PriorPrecisionTuning(Hook):
                 self.laplace.optimize_prior_precision()
 
 
-def _constant_lr(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def _constant_lr(optimizer: torch.optim.Optimizer, epochs: int, progress: bool) -> FitOptions:
     """``fit`` options that keep an optimiser's learning rate (no warm-up, no decay)."""
     lr = float(optimizer.param_groups[0]["lr"])
-    return {"optimizer": optimizer, "lr": lr, "min_lr": lr, "amp": "off"}
+    return FitOptions(
+        epochs=int(epochs), optimizer=optimizer, lr=lr, min_lr=lr, amp="off", progress=progress
+    )
 
 
 def train_contrastive(
@@ -223,7 +226,7 @@ def train_contrastive(
     method = ContrastiveEmbedding(model, margin=margin, miner=miner, loss_fn=loss_fn)
     if int(epochs) == 0:
         return []
-    result = fit(method, loader, epochs=int(epochs), progress=progress, **_constant_lr(optimizer))
+    result = fit(method, loader, _constant_lr(optimizer, epochs, progress))
     return [float(h["loss"]) for h in result.history]
 
 
@@ -263,12 +266,5 @@ def train_online(
     )
     if int(epochs) == 0:
         return []
-    result = fit(
-        method,
-        loader,
-        epochs=int(epochs),
-        progress=progress,
-        hooks=hooks,
-        **_constant_lr(optimizer),
-    )
+    result = fit(method, loader, _constant_lr(optimizer, epochs, progress), hooks=hooks)
     return [float(h["loss"]) for h in result.history]

@@ -36,7 +36,7 @@ import time
 import warnings
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -47,6 +47,9 @@ from bayesurl.files import atomic_open
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, method_backbone
 from bayesurl.types import Output
+
+if TYPE_CHECKING:
+    from bayesurl.training import FitOptions
 
 __all__ = [
     "ESTIMATORS",
@@ -63,6 +66,22 @@ __all__ = [
 
 def _epochs(cfg: RunConfig) -> int:
     return max(1, round(cfg.train.epochs * cfg.train.epochs_mult))
+
+
+def _fit_options(cfg: RunConfig, world: int, **settings: Any) -> FitOptions:
+    """The run's ``[train]`` table and seed as :class:`~bayesurl.training.FitOptions`, with
+    ``settings`` replacing fields. Under torchrun the micro-batch is per process: the
+    accumulation is divided by the ``world`` size so the aggregated batch stays (URL: about
+    2048)."""
+    from bayesurl.training import FitOptions
+
+    t = cfg.train
+    recipe = {
+        "epochs": _epochs(cfg), "optimizer": t.optimizer, "lr": t.lr, "min_lr": t.min_lr,
+        "weight_decay": t.weight_decay, "warmup_epochs": t.warmup_epochs,
+        "grad_accum": max(1, round(t.grad_accum / world)), "amp": t.amp, "seed": cfg.seed,
+    }  # fmt: skip
+    return FitOptions(**{**recipe, **settings})
 
 
 def _check_kwargs(fn: Any, kwargs: dict[str, Any], where: str, skip: tuple[str, ...]) -> None:
@@ -193,10 +212,11 @@ class MethodEstimator(Estimator):
             drop_last=two_view and len(data.sets.train) > t.batch_size,
         )
         augment = (data.augment if two_view else data.transform).to(device)
-        # under torchrun the micro-batch is per process: divide the accumulation by the number
-        # of processes so the aggregated batch stays (URL: about 2048)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        accum = max(1, round(t.grad_accum / world))
+        opts = _fit_options(
+            cfg, world, augment=augment, device=device, progress=progress, resume=resume,
+            method_kwargs=method_kwargs if out is not None else None,
+        )  # fmt: skip
         # one process only: under DDP each rank would read and probe its own copy
         probe = _probe_batch(data, device) if world == 1 else None
 
@@ -214,25 +234,7 @@ class MethodEstimator(Estimator):
         cpu0 = time.process_time()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*cannot rebuild the method.*")
-            result = fit(
-                method,
-                loader,
-                epochs=_epochs(cfg),
-                optimizer=t.optimizer,
-                lr=t.lr,
-                min_lr=t.min_lr,
-                weight_decay=t.weight_decay,
-                warmup_epochs=t.warmup_epochs,
-                grad_accum=accum,
-                amp=t.amp,
-                seed=cfg.seed,
-                augment=augment,
-                device=device,
-                progress=progress,
-                resume=resume,
-                method_kwargs=method_kwargs if out is not None else None,
-                hooks=hooks,
-            )
+            result = fit(method, loader, opts, hooks=hooks)
         self.checkpoint = result.checkpoint
         self.result = result
         self.method_kwargs = method_kwargs
@@ -463,28 +465,14 @@ class LamEstimator(Estimator):
         world = get_world_size()
         t0 = time.perf_counter()
         trained = e.mode == "online" or base is None  # post-hoc on a base: trained already
-        result = (
-            None
-            if not trained
-            else fit(
-                method,
-                loader,
-                epochs=_epochs(cfg),
-                optimizer="adam",
-                lr=t.lr,
-                min_lr=t.lr,
-                weight_decay=t.weight_decay,
-                warmup_epochs=t.warmup_epochs,
-                grad_accum=max(1, round(t.grad_accum / world)),
-                amp="off",
-                seed=cfg.seed,
-                augment=data.transform.to(device),
-                device=device,
-                progress=progress,
+        if trained:
+            opts = _fit_options(
+                cfg, world, optimizer="adam", min_lr=t.lr, amp="off",
+                augment=data.transform.to(device), device=device, progress=progress,
                 resume=resume,
-                hooks=[*hooks, *([] if out is None else [Checkpointing(out)])],
-            )
-        )
+            )  # fmt: skip
+            hooks = [*hooks, *([] if out is None else [Checkpointing(out)])]
+        result = fit(method, loader, opts, hooks=hooks) if trained else None
         if trained and world > 1:  # BatchNorm statistics of rank 0 (the checkpoint's) on every rank
             broadcast_state(net, 0, buffers_only=True)
         if e.mode == "posthoc":

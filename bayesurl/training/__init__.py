@@ -3,9 +3,10 @@
 URL (Kirchhof et al., 2023), section 4 and appendix B: LAMB, linear warm-up + cosine schedule,
 gradient accumulation, two augmented views for the self-supervised methods.
 
->>> from bayesurl.training import Checkpointing, fit, load_method_from_checkpoint  # doctest: +SKIP
->>> result = fit(method, loader, epochs=4, optimizer="lamb", lr=1e-3, warmup_epochs=1,
-...              hooks=[Checkpointing("runs/ce")])  # doctest: +SKIP
+>>> from bayesurl.training import Checkpointing, FitOptions, fit  # doctest: +SKIP
+>>> url = FitOptions(epochs=4, optimizer="lamb", lr=1e-3, warmup_epochs=1)  # doctest: +SKIP
+>>> result = fit(method, loader, url, hooks=[Checkpointing("runs/ce")])  # doctest: +SKIP
+>>> from bayesurl.training import load_method_from_checkpoint  # doctest: +SKIP
 >>> method = load_method_from_checkpoint("runs/ce/last.pt")  # doctest: +SKIP
 """
 
@@ -32,7 +33,7 @@ from bayesurl.training.hooks import (
     ExponentialMovingAverage,
     ProgressBar,
 )
-from bayesurl.training.loop import AmpMode, fit
+from bayesurl.training.loop import fit
 from bayesurl.training.optim import (
     MultiStep,
     OptimizerName,
@@ -43,6 +44,7 @@ from bayesurl.training.optim import (
     multistep_factor,
     warmup_cosine_factor,
 )
+from bayesurl.training.options import AmpMode, FitOptions
 from bayesurl.training.result import TrainResult
 from bayesurl.training.seed import get_rng_state, seed_everything, set_rng_state
 from bayesurl.training.trainer import Hook, Trainer, TrainPlan, prepare_batch
@@ -54,6 +56,7 @@ __all__ = [
     "Checkpointing",
     "EpochEvaluation",
     "ExponentialMovingAverage",
+    "FitOptions",
     "Hook",
     "ProgressBar",
     "TrainPlan",

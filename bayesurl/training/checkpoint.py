@@ -11,7 +11,7 @@ A checkpoint is a dict of tensors, dicts, lists, strings and numbers only:
 ``rng``            torch / CUDA / numpy / Python generator states (:mod:`.seed`), per rank
 ``loader``         the data loader's and sampler's generator states and the sampler epoch
 ``history``        per-epoch records (loss, learning rate, time, eval results)
-``config``         the :func:`~bayesurl.training.fit` arguments that shape the run
+``config``         the :class:`~bayesurl.training.FitOptions` settings that shape the run
 =================  ==========================================================================
 
 Files are written to a temporary name and renamed, so an interrupted save never leaves a

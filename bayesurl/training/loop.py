@@ -3,8 +3,9 @@
 URL (Kirchhof et al., 2023), section 4 "Training infrastructure" and appendix B: every method is
 trained with LAMB, a linear warm-up followed by cosine annealing, and gradient accumulation of
 micro-batches into a large aggregated batch; self-supervised methods (InfoNCE, MCInfoNCE) see
-two augmented views of each image. :func:`fit` checks its arguments, builds the optimiser and
-schedule, restores a checkpoint, and runs a :class:`~bayesurl.training.trainer.Trainer` whose
+two augmented views of each image. The settings are one checked object,
+:class:`~bayesurl.training.options.FitOptions`; :func:`fit` builds the optimiser and schedule
+from them, restores a checkpoint, and runs a :class:`~bayesurl.training.trainer.Trainer` whose
 hooks (:mod:`bayesurl.training.hooks`, given as ``hooks=[...]``) carry everything else: an
 evaluation per epoch, checkpoints, LAM's online Hessian update
 (:class:`~bayesurl.laplace.lam.OnlineLaplaceUpdate`); ``progress`` shows the bar. The old
@@ -16,17 +17,16 @@ on GPU, seeded runs, bit-identical resume on CPU, and DistributedDataParallel un
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from enum import Enum
 from typing import Any
 
 import torch
 
 from bayesurl import distributed as D
-from bayesurl._checks import check_device, check_number, check_output_dir
+from bayesurl._checks import check_output_dir
 from bayesurl.methods.base import Method
 from bayesurl.training.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -37,32 +37,16 @@ from bayesurl.training.checkpoint import (
 )
 from bayesurl.training.hooks import Checkpointing, EpochEvaluation, ProgressBar, device_of
 from bayesurl.training.optim import WarmupCosine, build_optimizer, build_scheduler
+from bayesurl.training.options import AmpMode, FitOptions
 from bayesurl.training.result import TrainResult
 from bayesurl.training.seed import seed_everything
-from bayesurl.training.trainer import Augment, Hook, Trainer, TrainPlan
+from bayesurl.training.trainer import Hook, Trainer, TrainPlan
 
-__all__ = ["AmpMode", "fit"]
-
-
-class AmpMode(str, Enum):
-    """Mixed-precision modes of :func:`fit`.
-
-    ``auto`` uses bf16 autocast on CUDA devices that support it, fp16 autocast with a
-    :class:`torch.amp.GradScaler` on other CUDA devices, and full precision on CPU.
-    """
-
-    AUTO = "auto"
-    OFF = "off"
-    BF16 = "bf16"
-    FP16 = "fp16"
+__all__ = ["fit"]
 
 
-def _resolve_amp(amp: str | AmpMode, device: torch.device) -> torch.dtype | None:
-    try:
-        mode = AmpMode(str(getattr(amp, "value", amp)).lower())
-    except ValueError:
-        valid = ", ".join(m.value for m in AmpMode)
-        raise ValueError(f"unknown `amp` mode {amp!r}; valid modes: {valid}") from None
+def _resolve_amp(mode: AmpMode, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of ``mode`` on ``device`` (``None``: full precision)."""
     if mode is AmpMode.OFF:
         return None
     if device.type != "cuda":
@@ -159,50 +143,22 @@ def _check_resume_matches(
             )
 
 
-def _check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
 def fit(
     method: Method,
     train_loader: Iterable[Any],
+    options: FitOptions | None = None,
     *,
-    epochs: int = 1,
-    optimizer: str = "lamb",
-    lr: float = 1e-3,
-    weight_decay: float = 0.0,
-    optimizer_kwargs: Mapping[str, Any] | None = None,
-    warmup_epochs: float = 0.0,
-    warmup_steps: int | None = None,
-    min_lr: float = 0.0,
-    grad_accum: int = 1,
-    clip_grad: float | None = None,
-    amp: str | AmpMode = "auto",
-    seed: int | None = None,
-    augment: Augment | None = None,
-    resume: str | os.PathLike[str] | None = None,
-    method_kwargs: Mapping[str, Any] | None = None,
-    device: str | torch.device | None = None,
-    progress: bool = True,
-    ddp_kwargs: Mapping[str, Any] | None = None,
     hooks: Sequence[Hook] = (),
-    **deprecated: Any,
+    **settings: Any,
 ) -> TrainResult:
-    """Train ``method`` on ``train_loader`` (URL section 4 and appendix B training recipe).
+    """Train ``method`` on ``train_loader`` as ``options`` say (URL section 4, appendix B).
 
-    Each optimiser step accumulates the gradients of ``grad_accum`` micro-batches, each loss
-    divided by the number of micro-batches in its group, so ``k`` micro-batches of a
-    mean-reduced loss give the gradient of one batch ``k`` times larger (URL: 16 x 128 = 2048).
     The learning rate follows :func:`~bayesurl.training.optim.warmup_cosine_factor` per
-    optimiser step (:class:`~bayesurl.training.trainer.Trainer`). After each epoch:
-    ``method.on_epoch_end``, then the ``hooks`` in order (:mod:`bayesurl.training.hooks`):
-    an evaluation (:class:`~bayesurl.training.hooks.EpochEvaluation`), checkpoints
-    (:class:`~bayesurl.training.hooks.Checkpointing`, last, so the evaluation is part of
-    them), LAM's online Hessian update, an EMA of the weights::
+    optimiser step; after each epoch come ``method.on_epoch_end``, then the ``hooks``::
 
-        fit(method, loader, epochs=4, hooks=[EpochEvaluation(eval_fn), Checkpointing("runs/ce")])
+        url = FitOptions(epochs=4, lr=1e-3, warmup_epochs=1)
+        fit(method, loader, url, hooks=[EpochEvaluation(eval_fn), Checkpointing("runs/ce")])
+        fit(method, loader, epochs=4, lr=1e-3, warmup_epochs=1)  # the same settings
 
     Parameters
     ----------
@@ -210,116 +166,112 @@ def fit(
         Anything following the :class:`~bayesurl.methods.Method` contract; its
         ``training_loss((x, y))`` is minimised.
     train_loader : iterable with ``len``
-        Yields ``(x, y)`` (or ``((x1, x2), y)`` for two-view methods); usually a
-        :class:`~torch.utils.data.DataLoader`. Under torch.distributed its sampler is replaced by
-        a :class:`~torch.utils.data.distributed.DistributedSampler`
-        (:func:`~bayesurl.distributed.distributed_loader`).
-    epochs : int
-        Total number of epochs of the run (including those done before ``resume``).
-    optimizer : {"lamb", "adamw", "adam", "sgd"} or torch.optim.Optimizer
-        See :func:`~bayesurl.training.optim.build_optimizer`. An optimiser instance over the
-        method's parameters is used as it is (``lr``, ``weight_decay`` and
-        ``optimizer_kwargs`` are then not applied; the schedule scales its learning rate by
-        the warm-up / cosine factor, which stays 1 with ``min_lr = lr`` and no warm-up).
-    lr, weight_decay : float
-        Peak learning rate and weight decay.
-    optimizer_kwargs : mapping or None
-        Extra optimiser arguments (``betas``, ``eps``, ``momentum``...).
-    warmup_epochs : float
-        Linear warm-up length in epochs (URL: 5 of 32); ignored when ``warmup_steps`` is given.
-    warmup_steps : int or None
-        Linear warm-up length in optimiser steps.
-    min_lr : float
-        Learning rate at the end of the cosine.
-    grad_accum : int
-        Micro-batches per optimiser step.
-    clip_grad : float or None
-        Clip the global gradient norm to this value before each step.
-    amp : {"auto", "off", "bf16", "fp16"}
-        Mixed precision; ``auto`` is bf16 (or fp16 with a GradScaler) on CUDA and off on CPU.
-    seed : int or None
-        Seeds Python, numpy and torch before training (:func:`seed_everything`).
-    augment : callable or None
-        Batch augmentation ``augment(x) -> x``; two-view methods get two independent draws.
-    resume : path-like or None
-        A checkpoint to continue from; the run is bit-identical to an uninterrupted one on CPU
-        when the loader, method and arguments are the same.
-    method_kwargs : mapping or None
-        Constructor kwargs of ``method`` stored in the checkpoint so that
-        :func:`~bayesurl.training.load_method_from_checkpoint` can rebuild it (plain values
-        only). Defaults to the record the method keeps of them (``method.hparams`` or
-        ``method.init_kwargs``); a record holding modules is not stored (with a warning).
-    device : str, torch.device or None
-        Train here (the method is moved); ``None`` keeps the method's device.
-    progress : bool
-        Show a tqdm bar with the running loss (rank 0 only).
-    ddp_kwargs : mapping or None
-        Extra :class:`~torch.nn.parallel.DistributedDataParallel` arguments (default
-        ``find_unused_parameters=True``).
+        Yields ``(x, y)`` (or ``((x1, x2), y)`` for two-view methods), e.g. a
+        :class:`~torch.utils.data.DataLoader`; under torch.distributed its sampler becomes a
+        ``DistributedSampler`` (:func:`~bayesurl.distributed.distributed_loader`).
+    options : FitOptions, optional
+        The run's settings (default ``FitOptions()``).
     hooks : sequence of Hook
-        The run's behaviours beyond the loop (:mod:`bayesurl.training.hooks`), called in
-        order after the progress bar; a hook with a ``key`` is saved in checkpoints and
-        restored on resume.
-    **deprecated
-        ``checkpoint_dir``, ``keep_epoch_checkpoints`` and ``eval_fn`` still work, with a
-        :class:`DeprecationWarning`: they append ``EpochEvaluation(eval_fn)`` and
-        ``Checkpointing(checkpoint_dir, keep_epochs=keep_epoch_checkpoints)`` to ``hooks``.
+        Called in order after the progress bar (:mod:`bayesurl.training.hooks`: evaluation,
+        checkpoints last, LAM's Hessian, EMA); one with a ``key`` is saved and resumed.
+    **settings
+        :class:`FitOptions` fields replacing those of ``options``. The old keywords
+        ``checkpoint_dir``, ``keep_epoch_checkpoints`` and ``eval_fn`` warn
+        (:class:`DeprecationWarning`) and append the hooks that replaced them.
 
     Returns
     -------
     TrainResult
+        The trained method, per-epoch history, per-step losses and learning rates.
 
     Raises
     ------
+    TypeError
+        For a ``method`` that is no Method, ``options`` no FitOptions, an unknown keyword.
     ValueError
-        On bad arguments (unknown optimiser or amp mode, ``epochs < 1``, ``grad_accum < 1``, an
-        empty loader, kwargs a checkpoint cannot hold) or an unusable ``resume`` checkpoint.
+        As :class:`FitOptions`; for ``amp="fp16"`` off CUDA, an empty loader, a method without
+        trainable parameters, an unusable ``resume`` checkpoint.
     FloatingPointError
-        If a loss is NaN or infinite; the message names the epoch and step.
+        If a loss is NaN or infinite (naming the epoch and step).
     """
-    _warn_deprecated(deprecated)
+    opts, old_hooks = _options(options, settings)
     if not isinstance(method, Method):
         raise TypeError(f"`method` must be a bayesurl Method, got {type(method).__name__}")
-    _check_schedule(epochs, grad_accum, warmup_steps, warmup_epochs, lr, min_lr)
-    if clip_grad is not None and not (math.isfinite(clip_grad) and clip_grad > 0):
-        raise ValueError(f"`clip_grad` must be a positive number or None, got {clip_grad}")
-    check_number(weight_decay, "weight_decay", low=0.0)
-    method_kwargs = _method_record(method, method_kwargs)
-    device = check_device(device if device is not None else device_of(method), "device")
-    # the old keywords' checkpoint directory is checked now, before any epoch runs
-    all_hooks = [*([ProgressBar()] if progress else []), *hooks, *_deprecated_hooks(deprecated)]
+    method_kwargs = _method_record(method, opts.method_kwargs)
+    device = opts.device if opts.device is not None else device_of(method)
+    all_hooks = [*([ProgressBar()] if opts.progress else []), *hooks, *old_hooks]
     method.to(device)
-    amp_dtype = _resolve_amp(amp, device)
-    if seed is not None:
-        seed_everything(seed)
+    amp_dtype = _resolve_amp(opts.amp, device)
+    if opts.seed is not None:
+        seed_everything(opts.seed)
     if D.is_distributed() and hasattr(train_loader, "dataset"):
-        train_loader = D.distributed_loader(train_loader, seed=seed or 0)
-    plan = TrainPlan(epochs, _n_batches(train_loader), grad_accum)
-    steps = round(warmup_epochs * plan.steps_per_epoch) if warmup_steps is None else warmup_steps
-    n_warmup = min(int(steps), plan.total_steps)
-    min_factor = min_lr / lr if lr > 0 else 0.0
-    opt = _optimizer(method, optimizer, lr, weight_decay, optimizer_kwargs)
-    sched = build_scheduler(opt, plan.total_steps, n_warmup, min_factor)
-    config = {
-        "epochs": epochs, "optimizer": _optimizer_name(optimizer), "lr": float(lr),
-        "weight_decay": float(weight_decay), "warmup_steps": n_warmup, "min_lr": float(min_lr),
-        "grad_accum": grad_accum, "clip_grad": clip_grad, "amp": str(getattr(amp, "value", amp)),
-        "seed": seed, "steps_per_epoch": plan.steps_per_epoch, "total_steps": plan.total_steps,
-        "world_size": D.get_world_size(),
-    }  # fmt: skip
-    header = _checkpoint_header(method, method_kwargs, config)
-    for hook in all_hooks:
-        if isinstance(hook, Checkpointing) and hook.header is None:
-            hook.header = header
+        train_loader = D.distributed_loader(train_loader, seed=opts.seed or 0)
+    plan = TrainPlan(opts.epochs, _n_batches(train_loader), opts.grad_accum)
+    schedule = _schedule(opts, plan)
+    opt = _optimizer(method, opts)
+    sched = build_scheduler(opt, plan.total_steps, schedule.warmup_steps, schedule.min_factor)
+    config = _run_config(opts, plan, schedule.warmup_steps)
+    _give_header(all_hooks, _checkpoint_header(method, method_kwargs, config))
     trainer = Trainer(
         method, train_loader, opt, sched, plan, device, amp_dtype=amp_dtype,
-        clip_grad=clip_grad, augment=augment, hooks=all_hooks, ddp_kwargs=ddp_kwargs,
+        clip_grad=opts.clip_grad, augment=opts.augment, hooks=all_hooks,
+        ddp_kwargs=opts.ddp_kwargs,
     )  # fmt: skip
-    if resume is not None:
-        _resume(trainer, resume, method_kwargs, config)
-        # the schedule follows this call's arguments (LambdaLR restored the saved ones)
-        sched.lr_lambdas[0] = WarmupCosine(plan.total_steps, n_warmup, min_factor)
+    if opts.resume is not None:
+        _resume(trainer, opts.resume, method_kwargs, config)
+        # the schedule follows this call's settings (LambdaLR restored the saved ones)
+        sched.lr_lambdas[0] = schedule
     return trainer.run()
+
+
+#: the names of the settings, the keywords fit passes on to FitOptions
+_FIELDS = frozenset(f.name for f in dataclasses.fields(FitOptions))
+
+
+def _options(options: FitOptions | None, settings: dict[str, Any]) -> tuple[FitOptions, list[Hook]]:
+    """The run's settings (``options`` with ``settings`` replacing its fields) and the hooks of
+    the old keywords among ``settings``."""
+    old = {k: settings.pop(k) for k in list(settings) if k in _DEPRECATED}
+    unknown = sorted(set(settings) - _FIELDS)
+    if unknown:
+        raise TypeError(f"fit() got an unexpected keyword argument {unknown[0]!r}")
+    _warn_deprecated(old)
+    if options is None:
+        opts = FitOptions(**settings)
+    elif not isinstance(options, FitOptions):
+        raise TypeError(f"`options` must be a FitOptions, got {type(options).__name__}")
+    else:
+        opts = dataclasses.replace(options, **settings) if settings else options
+    return opts, _deprecated_hooks(old)
+
+
+def _schedule(opts: FitOptions, plan: TrainPlan) -> WarmupCosine:
+    """The learning-rate factor per optimiser step: warm-up (``warmup_steps``, else
+    ``warmup_epochs``, at most the whole run), then a cosine down to ``min_lr``."""
+    steps = opts.warmup_steps
+    if steps is None:
+        steps = round(opts.warmup_epochs * plan.steps_per_epoch)
+    min_factor = opts.min_lr / opts.lr if opts.lr > 0 else 0.0
+    return WarmupCosine(plan.total_steps, min(int(steps), plan.total_steps), min_factor)
+
+
+def _run_config(opts: FitOptions, plan: TrainPlan, n_warmup: int) -> dict[str, Any]:
+    """The settings that shape the run, as its checkpoints record them."""
+    return {
+        "epochs": opts.epochs, "optimizer": _optimizer_name(opts.optimizer),
+        "lr": float(opts.lr), "weight_decay": float(opts.weight_decay),
+        "warmup_steps": n_warmup, "min_lr": float(opts.min_lr), "grad_accum": opts.grad_accum,
+        "clip_grad": opts.clip_grad, "amp": opts.amp.value, "seed": opts.seed,
+        "steps_per_epoch": plan.steps_per_epoch, "total_steps": plan.total_steps,
+        "world_size": D.get_world_size(),
+    }  # fmt: skip
+
+
+def _give_header(hooks: Sequence[Hook], header: dict[str, Any]) -> None:
+    """The run's header for each :class:`Checkpointing` hook that has none of its own."""
+    for hook in hooks:
+        if isinstance(hook, Checkpointing) and hook.header is None:
+            hook.header = header
 
 
 #: fit's keywords that a hook replaced, and what to write instead
@@ -339,7 +291,7 @@ def _warn_deprecated(kwargs: Mapping[str, Any]) -> None:
         warnings.warn(
             f"fit's `{name}` is deprecated; use {_DEPRECATED[name]} (bayesurl.training.hooks)",
             DeprecationWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
 
@@ -357,12 +309,9 @@ def _deprecated_hooks(kwargs: Mapping[str, Any]) -> list[Hook]:
 
 
 def _method_record(method: Method, method_kwargs: Mapping[str, Any] | None) -> Any:
-    """The constructor kwargs a checkpoint stores: the given ones (checked) or the record."""
-    if method_kwargs is None:
-        return _recorded_kwargs(method)
-    method_kwargs = dict(method_kwargs)
-    check_serialisable(method_kwargs, "method_kwargs")
-    return method_kwargs
+    """The constructor kwargs a checkpoint stores: the given ones (checked by FitOptions) or
+    the method's record."""
+    return _recorded_kwargs(method) if method_kwargs is None else dict(method_kwargs)
 
 
 def _checkpoint_header(
@@ -398,25 +347,6 @@ def _resume(
         raise ValueError(f"checkpoint {str(path)!r} does not fit this run: {exc}") from None
 
 
-def _check_schedule(
-    epochs: int,
-    grad_accum: int,
-    warmup_steps: int | None,
-    warmup_epochs: float,
-    lr: float,
-    min_lr: float,
-) -> None:
-    _check_positive_int(epochs, "epochs")
-    _check_positive_int(grad_accum, "grad_accum")
-    if warmup_steps is not None:
-        _check_positive_int(warmup_steps, "warmup_steps", minimum=0)
-    if not (math.isfinite(warmup_epochs) and warmup_epochs >= 0):
-        raise ValueError(f"`warmup_epochs` must be a finite number >= 0, got {warmup_epochs}")
-    check_number(lr, "lr", low=0.0)
-    if not (math.isfinite(min_lr) and 0 <= min_lr <= lr):
-        raise ValueError(f"`min_lr` must lie in [0, lr={lr}], got {min_lr}")
-
-
 def _n_batches(loader: Iterable[Any]) -> int:
     try:
         n_batches = len(loader)  # type: ignore[arg-type]
@@ -427,21 +357,16 @@ def _n_batches(loader: Iterable[Any]) -> int:
     return n_batches
 
 
-def _optimizer(
-    method: Method,
-    optimizer: str | torch.optim.Optimizer,
-    lr: float,
-    weight_decay: float,
-    optimizer_kwargs: Mapping[str, Any] | None,
-) -> torch.optim.Optimizer:
+def _optimizer(method: Method, opts: FitOptions) -> torch.optim.Optimizer:
     """The optimiser over the method's trainable parameters (an instance is used as is)."""
     params = [p for p in method.parameters() if p.requires_grad]
     if not params:
         raise ValueError("`method` has no trainable parameters")
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return optimizer
+    if isinstance(opts.optimizer, torch.optim.Optimizer):
+        return opts.optimizer
+    kwargs = dict(opts.optimizer_kwargs or {})
     return build_optimizer(
-        params, optimizer, lr=lr, weight_decay=weight_decay, **dict(optimizer_kwargs or {})
+        params, opts.optimizer, lr=opts.lr, weight_decay=opts.weight_decay, **kwargs
     )
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "build_scheduler",
     "even_milestones",
     "multistep_factor",
+    "parse_optimizer",
     "warmup_cosine_factor",
 ]
 
@@ -56,7 +57,9 @@ OPTIMIZERS: dict[OptimizerName, Callable[..., Optimizer]] = {
 }
 
 
-def _parse_optimizer(name: str | OptimizerName) -> OptimizerName:
+def parse_optimizer(name: str | OptimizerName) -> OptimizerName:
+    """The :class:`OptimizerName` of ``name`` (any case); an unknown name raises ValueError
+    listing the valid ones."""
     try:
         return OptimizerName(str(getattr(name, "value", name)).lower())
     except ValueError:
@@ -100,7 +103,7 @@ def build_optimizer(
         If ``name`` is unknown (the message lists the valid names) or ``lr`` / ``weight_decay``
         is negative or not finite.
     """
-    kind = _parse_optimizer(name)
+    kind = parse_optimizer(name)
     if not (math.isfinite(lr) and lr >= 0):
         raise ValueError(f"`lr` must be a finite number >= 0, got {lr}")
     if not (math.isfinite(weight_decay) and weight_decay >= 0):

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import bayesurl.methods
 from bayesurl.data import as_tensors, default_augmentation, default_transform, default_zero_shot
 from bayesurl.evaluation import evaluate_output, plot_recall_vs_rauroc
-from bayesurl.training import fit
+from bayesurl.training import FitOptions, fit
 
 torch.set_num_threads(1)
 with warnings.catch_warnings():
@@ -45,7 +45,10 @@ print(f"{data.name}: {len(y_train)} training images of classes {data.upstream_cl
 # -----------------------------------------------------
 # :func:`bayesurl.methods.create` builds a method by name; every method follows the same
 # :class:`~bayesurl.methods.Method` contract, so one training loop serves all. For two-view
-# methods (``method.two_view``) ``fit`` draws two augmentations of each batch.
+# methods (``method.two_view``) ``fit`` draws two augmentations of each batch. The settings
+# are one :class:`~bayesurl.training.FitOptions`, checked when built; a keyword of ``fit``
+# replaces one of its fields for that call (here the augmentation of each method).
+settings = FitOptions(epochs=3, optimizer="adamw", lr=3e-3, seed=0, progress=False)
 results, curves = {}, {}
 for name in ("ce", "mcinfonce"):
     torch.manual_seed(0)
@@ -60,16 +63,7 @@ for name in ("ce", "mcinfonce"):
         generator=torch.Generator().manual_seed(0),
     )
     augment = default_augmentation(1) if method.two_view else default_transform(1)
-    trained = fit(
-        method,
-        loader,
-        epochs=3,
-        optimizer="adamw",
-        lr=3e-3,
-        augment=augment,
-        seed=0,
-        progress=False,
-    )
+    trained = fit(method, loader, settings, augment=augment)
     curves[name] = trained.losses
     method.eval()
     with torch.no_grad():
