@@ -14,7 +14,8 @@ prints the argmin per row and writes a JSON.
 
 Usage::
 
-    python examples/controlled/oracle_landscape.py --dim 2 --out results/controlled/oracle_landscape_d2.json
+    python examples/controlled/oracle_landscape.py --dim 2 \
+        --out results/controlled/oracle_landscape_d2.json
 """
 
 from __future__ import annotations
