@@ -247,6 +247,22 @@ def test_a_killed_worker_has_its_run_taken_again_after_the_heartbeat(postgres, t
     assert len(runs) == planned
 
 
+def _connected(url: str, application_name: str) -> bool:
+    """Whether a client with this ``application_name`` holds a connection to the server."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            query = "SELECT count(*) FROM pg_stat_activity WHERE application_name = :a"
+            n = conn.execute(sqlalchemy.text(query), {"a": application_name}).scalar()
+        return bool(n)
+    except Exception:
+        return False
+    finally:
+        engine.dispose()
+
+
 def test_a_database_restart_mid_sweep_loses_nothing(postgres, tmp_path):
     """``pg_ctl`` stops the server (every connection dropped) while two workers run, and starts
     it again 2 s later: the workers reconnect and finish; every run done once."""
@@ -261,8 +277,11 @@ def test_a_database_restart_mid_sweep_loses_nothing(postgres, tmp_path):
             return False
 
     wait_until(lambda: (tmp_path / "a" / "out").exists(), 300, [lead])
-    worker = spawn(_smoke(heartbeat=3, worker=True), tmp_path / "b", url)
-    wait_until(mid_run, 300, [lead, worker])
+    # the worker names its connections, so that the restart waits until it has joined: a
+    # database down while a worker starts is an error at once, by design, not a lost connection
+    worker_url = f"{url}?application_name=restart-worker"
+    worker = spawn(_smoke(heartbeat=3, worker=True), tmp_path / "b", worker_url)
+    wait_until(lambda: mid_run() and _connected(url, "restart-worker"), 300, [lead, worker])
     before = tally(url, planned)
     postgres.restart(down=2.0)
     outs = finish([lead, worker])
