@@ -309,8 +309,15 @@ def halvings_table(doc: dict[str, Any]) -> str:
     ):
         for m in PAIRED:
             r = (by.get(h) or {}).get(m)
-            n = len((r or {}).get("partitions", []))
+            if not r or r.get("median") is None:
+                continue  # this halving was not possible on these splits
+            n = len(r.get("partitions", []))
             rows.append([f"{label}, {_title(m)}", str(n), *_halving_cells(r)])
+    if not rows:
+        return (
+            "* **Split-half Spearman**: not computed, the class splits are too few to halve "
+            "into two sets that each rank the estimators\n"
+        )
     cls = ((by.get("class") or {}).get("r_auroc") or {}).get("per_class") or {}
     per = ", ".join(f"{c}: {v:.2f}" for c, v in cls.items() if v is not None)
     return _list_table(
