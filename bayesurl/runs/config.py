@@ -885,13 +885,11 @@ def _resolve(
     return cfg
 
 
-_OPTIMIZERS = (
-    "adam",
-    "adamw",
-    "lamb",
-    "sgd",
-)  # training.optim.OptimizerName, without importing training
-_AMP = ("auto", "off", "bf16", "fp16")
+#: The names of :class:`bayesurl.training.optim.OptimizerName` and
+#: :class:`bayesurl.training.AmpMode`, written out so that checking a config does not import
+#: torch (a test keeps them equal).
+OPTIMIZER_NAMES = ("adam", "adamw", "lamb", "sgd")
+AMP_MODES = ("auto", "off", "bf16", "fp16")
 
 
 def _validate(cfg: RunConfig) -> None:
@@ -924,12 +922,12 @@ def _validate(cfg: RunConfig) -> None:
         raise ValueError(f"`eval.samples` must be >= 0, got {e.samples}")
     if b.embed_dim is not None and b.embed_dim < 1:
         raise ValueError(f"`backbone.embed_dim` must be >= 1 or none, got {b.embed_dim}")
-    if t.optimizer.lower() not in _OPTIMIZERS:
+    if t.optimizer.lower() not in OPTIMIZER_NAMES:
         raise ValueError(
-            f"unknown `train.optimizer` {t.optimizer!r}; valid: {', '.join(_OPTIMIZERS)}"
+            f"unknown `train.optimizer` {t.optimizer!r}; valid: {', '.join(OPTIMIZER_NAMES)}"
         )
-    if t.amp.lower() not in _AMP:
-        raise ValueError(f"unknown `train.amp` {t.amp!r}; valid: {', '.join(_AMP)}")
+    if t.amp.lower() not in AMP_MODES:
+        raise ValueError(f"unknown `train.amp` {t.amp!r}; valid: {', '.join(AMP_MODES)}")
     if cfg.seed < 0:
         raise ValueError(f"`seed` must be >= 0, got {cfg.seed}")
 

@@ -315,3 +315,14 @@ def test_recipe_files_inherit_one_base_table_of_estimators(tmp_path):
     path.write_text('inherit = "nosuch"\n[estimators.ce]\n')
     with pytest.raises(ValueError, match="unknown `inherit` 'nosuch'.*valid: estimators"):
         read_recipe_file(str(path))
+
+
+def test_the_config_checks_name_the_optimizers_and_amp_modes_training_accepts():
+    """runs.config keeps its own tuple of the names (it does not import torch through
+    training); they must be the names of training's enums, no more and no fewer."""
+    from bayesurl.runs import config
+    from bayesurl.training import AmpMode
+    from bayesurl.training.optim import OptimizerName
+
+    assert set(config.OPTIMIZER_NAMES) == {o.value for o in OptimizerName}
+    assert set(config.AMP_MODES) == {a.value for a in AmpMode}
