@@ -26,7 +26,15 @@ from torch import Tensor, nn
 from bayesurl.backbones import resolve_backbone
 from bayesurl.types import Output
 
-__all__ = ["Method", "available", "create", "get", "register", "resolve_backbone"]
+__all__ = [
+    "Method",
+    "available",
+    "constructor_options",
+    "create",
+    "get",
+    "register",
+    "resolve_backbone",
+]
 
 _REGISTRY: dict[str, type[Method]] = {}
 
@@ -108,7 +116,7 @@ def get(name: str) -> type[Method]:
     return _REGISTRY[key]
 
 
-def _constructor_options(cls: type) -> list[str]:
+def constructor_options(cls: type) -> list[str]:
     """Keyword names accepted along the ``__init__`` chain of ``cls`` (``**kwargs`` followed)."""
     import inspect
 
@@ -139,7 +147,7 @@ def create(name: str, **kwargs: Any) -> Method:
         valid names, so a ``--method-arg`` typo is one clear line, not a TypeError traceback).
     """
     cls = get(name)
-    valid = _constructor_options(cls)
+    valid = constructor_options(cls)
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:
         raise ValueError(

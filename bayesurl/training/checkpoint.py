@@ -202,9 +202,9 @@ def load_method_from_checkpoint(
         raise ValueError(f"checkpoint {str(path)!r}: {exc}") from None
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         raise ValueError(f"checkpoint {str(path)!r}: its method kwargs are not a dict of names")
-    from bayesurl.methods.base import _constructor_options
+    from bayesurl.methods.base import constructor_options
 
-    valid = _constructor_options(cls)
+    valid = constructor_options(cls)
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:  # a tampered or foreign record: name the keys, list the valid ones
         raise ValueError(
