@@ -55,7 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--epochs", type=int, default=5, help="tau / pvu head epochs (default 5)")
     parser.add_argument(
-        "--fit-max", type=int, default=5000, help="images the u is fitted on (default 5000)"
+        "--fit-max",
+        type=int,
+        default=None,
+        help="images the u is fitted on (default: 500 for tau, each encoded twice more for its "
+        "two views; 5000 for pvu and laplace)",
     )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(

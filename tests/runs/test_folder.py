@@ -3,6 +3,7 @@
 import csv
 import json
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -199,6 +200,32 @@ def test_plain_view_methods_encode_each_image_once(tmp_path, monkeypatch, method
     torch.testing.assert_close(pairs[:, 1], sample[partner])
     assert res.info["sizes"]["fit_images"] == len(keep)
     assert "nearest neighbour" in " ".join(res.info["describe"])
+
+
+def test_the_default_fit_sample_is_sized_by_what_a_fit_image_costs():
+    """tau encodes two views per fit image: 500 by default; pvu and laplace none: 5000; an
+    explicit value is kept, and a bad one named."""
+    assert FolderOptions(method="tau").fit_max == 500
+    assert FolderOptions().fit_max == 500  # tau is the default method
+    assert FolderOptions(method="pvu").fit_max == 5000
+    assert FolderOptions(method="LAPLACE").fit_max == 5000
+    assert FolderOptions(method="tau", fit_max=40).fit_max == 40
+    with pytest.raises(ValueError, match="`fit_max`"):
+        FolderOptions(method="pvu", fit_max=1)
+
+
+def test_the_default_fit_sample_bounds_the_encoded_views(tmp_path, monkeypatch):
+    """With more readable images than the default sample (set to 7 here), tau encodes the
+    views of that many."""
+    monkeypatch.setitem(
+        road._FIT_PLANS, FolderMethod.TAU, replace(road._FIT_PLANS[FolderMethod.TAU], fit_max=7)
+    )
+    images = _folder(tmp_path / "imgs", corrupt=False)
+    rows = _spy_backbone(monkeypatch)
+    seen = _capture_features(monkeypatch)
+    res = score_folder(images, out=tmp_path / "out", **FAST)
+    assert seen["views"].shape[0] == 7 and sum(rows) == 18 + 2 * 7
+    assert res.info["settings"]["fit_max"] == 7
 
 
 def test_outputs_equal_a_per_image_reference(tmp_path, monkeypatch):
