@@ -36,13 +36,14 @@ reported as failed (:meth:`SweepStorage.failures`; ``add_runs(..., retry_failed=
 it one more). Ctrl-C or SIGTERM gives the claimed run back at once (``FAIL`` marked
 ``interrupted``, not counted as an attempt).
 
-**Connections.** A database that does not answer when a worker starts, refuses the login
-(wrong password) or needs a driver that is not installed is a :class:`StorageError` at once
-(one line). A connection lost while the sweep runs (the database restarted, the network
-down) is waited for: every storage call retries for up to ``lock_timeout`` seconds, with the
-engine's connections checked before use (``pool_pre_ping``); a run in progress keeps running
-meanwhile. Retried writes are idempotent (a second enqueue of a key is retired as a duplicate,
-a second ``COMPLETE`` is ignored).
+**Connections.** A database that does not answer a worker's first connection, refuses the
+login (wrong password) or needs a driver that is not installed is a :class:`StorageError` at
+once (one line). A connection lost after that (the database restarted, the network down),
+while the storage is opened or while the sweep runs, is waited for: every storage call
+retries for up to ``lock_timeout`` seconds, with the engine's connections checked before use
+(``pool_pre_ping``); a run in progress keeps running meanwhile. Retried writes are
+idempotent (a second enqueue of a key is retired as a duplicate, a second ``COMPLETE`` is
+ignored).
 
 **Secrets.** The URL may carry a database password: :attr:`SweepStorage.url`, every error
 message and therefore every results file and progress line show it with the password as
@@ -251,6 +252,19 @@ def _transient(exc: BaseException) -> bool:
     """Lock contention, or two workers creating the schema of a new storage at once (the
     loser's ``CREATE TABLE`` finds the winner's table): both pass when tried again."""
     return _locked(exc) or "already exists" in _one_line(exc).lower()
+
+
+def _probe(url: str, connect_args: dict[str, Any]) -> None:
+    """Open one connection to the database of ``url``, run ``SELECT 1`` and close it."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(url, poolclass=NullPool, connect_args=connect_args)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    finally:
+        engine.dispose()
 
 
 def _retry(
@@ -537,6 +551,15 @@ class SweepStorage:
             engine_kwargs["pool_pre_ping"] = True
             if parsed.get_driver_name() == "psycopg2":
                 engine_kwargs["connect_args"] = {"connect_timeout": 10}
+            # one plain connection first: a server that does not answer at start is an error
+            # at once; one lost after it answered (restarted while Optuna checks its schema)
+            # is waited for, as it is during the sweep
+            self._retry(
+                lambda: _probe(self._url, engine_kwargs.get("connect_args", {})),
+                "connect",
+                reconnect=False,
+            )
+        server = parsed.get_backend_name() != "sqlite"
         self._storage = self._retry(
             _quiet(
                 lambda: optuna.storages.RDBStorage(
@@ -550,7 +573,7 @@ class SweepStorage:
             # two processes creating the schema at once: the loser's alembic stamp (or, on
             # PostgreSQL, its CREATE TABLE) fails
             also=(IntegrityError, ProgrammingError),
-            reconnect=False,  # a database that does not answer at start is an error at once
+            reconnect=server,
         )
         if parsed.get_backend_name() == "sqlite":
             _serialise_sqlite(self._storage.engine)

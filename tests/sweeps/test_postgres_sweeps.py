@@ -282,6 +282,7 @@ def test_a_database_restart_mid_sweep_loses_nothing(postgres, tmp_path):
     worker_url = f"{url}?application_name=restart-worker"
     worker = spawn(_smoke(heartbeat=3, worker=True), tmp_path / "b", worker_url)
     wait_until(lambda: mid_run() and _connected(url, "restart-worker"), 300, [lead, worker])
+    time.sleep(1.0)  # past the worker's first connection, which must find the server up
     before = tally(url, planned)
     postgres.restart(down=2.0)
     outs = finish([lead, worker])
@@ -421,3 +422,28 @@ def test_sixteen_workers_never_claim_a_run_twice(postgres, tmp_path):
         load_average=round(os.getloadavg()[0], 1),
         wall_s=round(wall, 1),
     )
+
+
+def test_a_connection_lost_while_the_storage_opens_is_waited_for(postgres, monkeypatch):
+    """The server answered the first connection, then dropped one while Optuna checked its
+    schema (a restart at that moment): the storage waits and opens, not exit at once."""
+    import optuna
+    import sqlalchemy.exc
+
+    from bayesurl.sweeps.storage import SweepStorage
+
+    url = postgres.new_database()
+    real, calls = optuna.storages.RDBStorage, []
+
+    class DropsOnce(real):
+        def __init__(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                raise sqlalchemy.exc.OperationalError(
+                    "SELECT 1", {}, Exception("server closed the connection unexpectedly")
+                )
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", DropsOnce)
+    store = SweepStorage(url, sweep="opens")
+    assert len(calls) == 2 and store.status()["total"] == 0
