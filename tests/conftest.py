@@ -41,3 +41,17 @@ def _isolated_global_state():
     torch.set_num_threads(threads)
     torch.set_grad_enabled(grad)
     mpmath.mp.dps = dps
+
+
+@pytest.fixture
+def refuse_network(monkeypatch):
+    """Every outgoing connection (``connect``, ``connect_ex``, ``create_connection``) fails the
+    test: what runs under it must work offline."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)

