@@ -629,7 +629,7 @@ class Evaluator:
         res["intervals"] = (
             intervals_of(
                 ctx.evidence, res, level=o["level"], replicates=o["replicates"],
-                seed=o["interval_seed"],
+                seed=o["interval_seed"], workers=torch.get_num_threads(),
             )
             if o["intervals"]
             else {}

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from statistics import NormalDist
@@ -77,8 +78,8 @@ __all__ = [
 DEFAULT_LEVEL = 0.95
 #: Bootstrap replicates unless an evaluation asks for another number.
 DEFAULT_REPLICATES = 1000
-#: Replicates whose weights are held in memory at once (rows of the ``[b, N]`` weight block).
-_CHUNK = 100
+#: Weights held in one block of replicates (``[b, N]`` float32, b = this // N): about 16 MB.
+BLOCK_WEIGHTS = 2**22
 
 
 def _z(level: float) -> float:
@@ -331,22 +332,31 @@ def _poisson_table() -> np.ndarray:
 _POISSON = _poisson_table()
 
 
-def poisson_weights(
-    n: int, replicates: int, seed: int, chunk: int = _CHUNK, stream: int = 0
-) -> Iterator[np.ndarray]:
-    """The Poisson(1) bootstrap weights of ``n`` units: ``[b, n]`` float32 blocks of at most
-    ``chunk`` replicates, ``replicates`` rows in all.
+def _block_rows(n: int, replicates: int) -> int:
+    return int(min(max(BLOCK_WEIGHTS // max(n, 1), 1), replicates))
 
-    One generator (PCG64) seeded with ``(seed, n, stream)``, so the same units get the same
-    weights in every metric of a call; its 16-bit uniforms become Poisson(1) counts through
-    a table of the inverse CDF (a tenth of the cost of drawing Poisson variates).
-    """
-    rng = np.random.default_rng([int(seed), int(n), int(stream)])
-    for start in range(0, replicates, chunk):
-        b = min(chunk, replicates - start)
-        words = -(-b * n // 4)  # 64-bit words holding b * n 16-bit uniforms
-        bits = rng.bit_generator.random_raw(words).view(np.uint16)[: b * n]
-        yield _POISSON[bits].reshape(b, n).astype(np.float32)
+
+def poisson_block(n: int, rows: int, seed: int, block: int, stream: int = 0) -> np.ndarray:
+    """Block ``block`` of the Poisson(1) bootstrap weights of ``n`` units: ``[rows, n]``
+    float32 from its own generator (PCG64 seeded with ``(seed, n, stream, block)``), so blocks
+    can be drawn in any order, on any thread. Its 16-bit uniforms become Poisson(1) counts
+    through a table of the inverse CDF (a tenth of the cost of drawing Poisson variates)."""
+    rng = np.random.default_rng([int(seed), int(n), int(stream), int(block)])
+    words = -(-rows * n // 4)  # 64-bit words holding rows * n 16-bit uniforms
+    bits = rng.bit_generator.random_raw(words).view(np.uint16)[: rows * n]
+    return _POISSON[bits].reshape(rows, n).astype(np.float32)
+
+
+def poisson_weights(
+    n: int, replicates: int, seed: int, stream: int = 0, rows: int | None = None
+) -> Iterator[np.ndarray]:
+    """The Poisson(1) bootstrap weights of ``n`` units (:func:`poisson_block`): ``replicates``
+    rows in blocks of ``rows`` (default: about :data:`BLOCK_WEIGHTS` weights a block).
+    The same ``(n, seed, stream, rows)`` give the same weights, so every metric of one call
+    over the same units sees the same resamples."""
+    rows = _block_rows(n, replicates) if rows is None else int(rows)
+    for i, start in enumerate(range(0, replicates, rows)):
+        yield poisson_block(n, min(rows, replicates - start), seed, i, stream)
 
 
 def percentile_interval(
@@ -382,6 +392,35 @@ def _sparsification_levels(total: np.ndarray, n_levels: int) -> np.ndarray:
     return ((n_levels - j)[None, :] * total[:, None] + n_levels - 1) // n_levels
 
 
+#: Units per block of the blocked prefix sums (numpy's running sum is a sequential loop;
+#: sums over short blocks and a running sum over the blocks cost a fraction of it).
+_BLOCK = 64
+
+
+def _block_sums(x: np.ndarray) -> np.ndarray:
+    """``[b, ceil(n / B)]`` sums of the consecutive blocks of ``_BLOCK`` units of each row."""
+    b, n = x.shape
+    m = n // _BLOCK * _BLOCK
+    sums = x[:, :m].reshape(b, m // _BLOCK, _BLOCK).sum(axis=2, dtype=np.float64)
+    if m < n:
+        sums = np.concatenate([sums, x[:, m:].sum(axis=1, dtype=np.float64)[:, None]], axis=1)
+    return sums
+
+
+def _prefix_at(x: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """``[b, len(at)]`` running sums of the rows of ``[b, n]`` ``x`` at the units ``at``
+    (inclusive): sums within blocks of :data:`_BLOCK` units plus the sum of the blocks before."""
+    b, n = x.shape
+    pad = -n % _BLOCK
+    if pad:
+        x = np.concatenate([x, np.zeros((b, pad), dtype=x.dtype)], axis=1)
+    blocks = x.reshape(b, -1, _BLOCK)
+    inner = np.cumsum(blocks, axis=2).reshape(b, -1)  # exact: integer weights below 2^24
+    before = np.cumsum(blocks.sum(axis=2, dtype=np.float64), axis=1)
+    before = np.concatenate([np.zeros((b, 1)), before[:, :-1]], axis=1)
+    return before[:, at // _BLOCK] + np.take(inner, at, axis=1)
+
+
 def weighted_sparsification(
     u: np.ndarray, correct: np.ndarray, n_levels: int = 100
 ) -> Callable[[np.ndarray], dict[str, np.ndarray]]:
@@ -389,33 +428,50 @@ def weighted_sparsification(
 
     The replicate holds query ``i`` ``w_i`` times (integer weights). Sorted by ``u`` (stable,
     as :func:`~bayesurl.evaluation.functional.sparsification_curve`), the kept
-    ``ceil(r W)`` copies of level ``r`` are found in the cumulative weights and their correct
-    count in the cumulative weighted hits: O(N) per replicate, no re-sort. All-ones weights
-    give :func:`~bayesurl.evaluation.functional.ausc` / ``ause`` exactly.
+    ``ceil(r W)`` copies of level ``r`` end in the block whose running weight reaches them
+    and, inside it, at the unit whose does; its correct count is the weighted hits before
+    it: O(N) per replicate, no re-sort. All-ones weights give
+    :func:`~bayesurl.evaluation.functional.ausc` / ``ause`` exactly.
     """
     order = np.argsort(np.asarray(u, dtype=np.float64), kind="stable")
     c = np.asarray(correct, dtype=bool).reshape(-1)[order]
-    c32 = c.astype(np.float32)
-    # float32 sums of integer weights are exact below 2^24
-    acc = np.float32 if c.size < 2**23 else np.float64
+    n = c.size
+    cf = c.astype(np.float32)
+    steps = np.arange(_BLOCK)
 
     def stat(w: np.ndarray) -> dict[str, np.ndarray]:
-        wo = w[:, order]
-        cw = np.cumsum(wo, axis=1, dtype=acc)
-        cc = np.cumsum(wo * c32, axis=1, dtype=acc)
-        total = cw[:, -1].astype(np.int64)
+        b = w.shape[0]
+        wo = np.take(w, order, axis=1)
+        wc = wo * cf
+        cw, cc = np.cumsum(_block_sums(wo), axis=1), np.cumsum(_block_sums(wc), axis=1)
+        total = np.rint(cw[:, -1]).astype(np.int64)
         kept = _sparsification_levels(total, n_levels)  # [b, L] copies kept
-        target = kept.astype(acc)
-        # the first unit whose cumulative weight reaches `kept`
-        idx = np.stack([np.searchsorted(cw[r], target[r], side="left") for r in range(len(w))])
-        idx = np.minimum(idx, c.size - 1)
-        rows = np.arange(len(w))[:, None]
-        before_w = np.where(idx > 0, cw[rows, idx - 1], 0).astype(np.float64)
-        before_c = np.where(idx > 0, cc[rows, idx - 1], 0).astype(np.float64)
-        hits = before_c + (kept - before_w) * c[idx]
+        # the block whose running weight first reaches `kept`, and the weight before it
+        j = np.stack([np.searchsorted(cw[r], kept[r], side="left") for r in range(b)])
+        j = np.minimum(j, cw.shape[1] - 1)
+        rows = np.arange(b)[:, None]
+        w0 = np.where(j > 0, cw[rows, j - 1], 0.0)
+        c0 = np.where(j > 0, cc[rows, j - 1], 0.0)
+        # inside that block: the unit whose running weight first reaches `kept`
+        cols = j[..., None] * _BLOCK + steps  # [b, L, B]
+        inside = cols < n
+        cols = np.minimum(cols, n - 1).reshape(b, -1)
+        lw = np.where(inside, np.take_along_axis(wo, cols, axis=1).reshape(inside.shape), 0)
+        lc = np.where(inside, np.take_along_axis(wc, cols, axis=1).reshape(inside.shape), 0)
+        run_w = w0[..., None] + np.cumsum(lw, axis=2, dtype=np.float64)
+        t = np.argmax(run_w >= kept[..., None], axis=2)[..., None]
+        before_w = (
+            np.take_along_axis(run_w, t, axis=2)[..., 0] - np.take_along_axis(lw, t, 2)[..., 0]
+        )
+        run_c = c0[..., None] + np.cumsum(lc, axis=2, dtype=np.float64)
+        before_c = (
+            np.take_along_axis(run_c, t, axis=2)[..., 0] - np.take_along_axis(lc, t, 2)[..., 0]
+        )
+        unit = np.minimum(j * _BLOCK + t[..., 0], n - 1)
+        hits = before_c + (kept - before_w) * c[unit]
         with np.errstate(invalid="ignore", divide="ignore"):
             curve = hits / kept
-            oracle = np.minimum(kept, cc[:, -1].astype(np.float64)[:, None]) / kept
+            oracle = np.minimum(kept, cc[:, -1][:, None]) / kept
         ausc = curve.mean(axis=1)
         ause = (oracle - curve).mean(axis=1)
         bad = total < 1
@@ -460,21 +516,28 @@ def weighted_average_precision(
     scores: np.ndarray, positives: np.ndarray
 ) -> Callable[[np.ndarray], np.ndarray]:
     """``w -> average precision`` of the weighted units (tied scores enter together, as
-    :func:`~bayesurl.evaluation.functional.average_precision`), from one fixed sort."""
+    :func:`~bayesurl.evaluation.functional.average_precision`), from one fixed sort.
+
+    In descending score order every positive ``i`` adds ``w_i / P`` times the precision at the
+    end of its tie group, ``TP / count`` there: two cumulative sums per replicate.
+    """
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     pos = np.asarray(positives, dtype=bool).reshape(-1)
     order, starts = _groups(-s)  # descending scores
     p = pos[order]
+    ends = np.repeat(np.append(starts[1:], s.size) - 1, np.diff(np.append(starts, s.size)))
+    at = np.flatnonzero(p)  # the positives, in sorted order
+    end_of = ends[at]
+    pf = p.astype(np.float32)
 
     def stat(w: np.ndarray) -> np.ndarray:
-        wo = w[:, order].astype(np.float64)
-        tp = np.cumsum(np.add.reduceat(np.where(p, wo, 0.0), starts, axis=1), axis=1)
-        cnt = np.cumsum(np.add.reduceat(wo, starts, axis=1), axis=1)
+        wo = np.take(w, order, axis=1)
+        cnt = _prefix_at(wo, end_of)
+        tp_end = _prefix_at(wo * pf, end_of)
+        total = tp_end[:, -1]  # the last positive's group end holds every positive
         with np.errstate(invalid="ignore", divide="ignore"):
-            precision = np.where(cnt > 0, tp / cnt, 0.0)
-            recall = tp / tp[:, -1:]
-        d_recall = np.diff(recall, axis=1, prepend=0.0)
-        return (d_recall * precision).sum(axis=1)
+            precision = np.where(cnt > 0, tp_end / cnt, 0.0)  # a group of weight 0 adds 0
+            return (np.take(wo, at, axis=1) * precision).sum(axis=1) / total
 
     return stat
 
@@ -513,12 +576,14 @@ def intervals_of(
     level: float = DEFAULT_LEVEL,
     replicates: int = DEFAULT_REPLICATES,
     seed: int = 0,
+    workers: int = 1,
 ) -> dict[str, Interval]:
     """The interval of every key of ``evidence`` with an estimate in ``estimates``.
 
     The closed forms come from their evidence; every :class:`Resample` of one unit count shares
-    the same Poisson weights (one generator per count, seeded with ``seed``), each statistic
-    evaluated once per block of replicates whatever number of keys it serves.
+    the same Poisson weights (:func:`poisson_weights`, seeded with ``seed``), each statistic
+    evaluated once per block of replicates whatever number of keys it serves; ``workers``
+    threads evaluate the blocks (the same intervals for any number).
     """
     out: dict[str, Interval] = {}
     boot: dict[int, list[tuple[str, Resample]]] = {}
@@ -543,16 +608,27 @@ def intervals_of(
             raise TypeError(f"no interval for evidence of type {type(ev).__name__} ({key!r})")
     for n, items in boot.items():
         stats = list({id(ev): ev for _, ev in items}.values())
-        reps: dict[str, list[np.ndarray]] = {key: [] for key, _ in items}
-        for w in poisson_weights(n, replicates, seed):
-            for ev in stats:
-                values = ev.statistic(w)
-                for key, e in items:
-                    if e is ev:
-                        reps[key].append(np.asarray(_value_of(values, key), dtype=np.float64))
+        rows = _block_rows(n, replicates)
+
+        def one_block(i: int, n: int = n, rows: int = rows, stats: list = stats) -> list:
+            w = poisson_block(n, min(rows, replicates - i * rows), seed, i)
+            return [ev.statistic(w) for ev in stats]
+
+        blocks = range(-(-replicates // rows))
+        if workers > 1 and len(blocks) > 1:  # numpy's loops release the GIL
+            with ThreadPoolExecutor(workers) as pool:
+                done = list(pool.map(one_block, blocks))
+        else:
+            done = [one_block(i) for i in blocks]
+        reps = {
+            key: np.concatenate(
+                [np.asarray(_value_of(vals[stats.index(ev)], key), np.float64) for vals in done]
+            )
+            for key, ev in items
+        }
         for key, ev in items:
             est = float(estimates[key])
-            lo, hi = percentile_interval(np.concatenate(reps[key]), est, level)
+            lo, hi = percentile_interval(reps[key], est, level)
             out[key] = Interval(lo, hi, level, "bootstrap", int(n), ev.over)
     return out
 
@@ -635,7 +711,8 @@ def paired_bootstrap(
         difference), ``p`` (two-sided: twice the smaller share of replicates on either side
         of 0, at least ``1 / replicates``), ``replicates``.
     """
-    streams = [poisson_weights(n, replicates, seed, stream=i) for i, n in enumerate(sizes)]
+    rows = _block_rows(sum(sizes), replicates)
+    streams = [poisson_weights(n, replicates, seed, i, rows) for i, n in enumerate(sizes)]
     diffs = []
     for ws in zip(*streams):
         diffs.append(np.asarray(a(ws), dtype=np.float64) - np.asarray(b(ws), dtype=np.float64))
