@@ -479,9 +479,9 @@ class Evaluator:
     intervals : bool
         Give every metric that declares one its ``level`` interval over the queries (and OOD
         inputs) under ``res["intervals"]`` (:mod:`bayesurl.evaluation.intervals`: Wilson for
-        R@1 / recall@k, DeLong for the AUROCs, a Poisson bootstrap for AUSC / AUSE, mAP@k, the
-        ECE and OOD AUPRC, Fisher-z for a Spearman correlation). ``False``: none (and the
-        notes of the AUROCs from DeLong's interval alone).
+        R@1 / recall@k, DeLong for the AUROCs, a Poisson bootstrap for AUSC / AUSE, mAP@k and
+        the ECE, Boyd et al.'s logit interval for OOD AUPRC, Fisher-z for a Spearman
+        correlation). ``False``: none (the note on R-AUROC then from DeLong's interval alone).
     level : float
         Confidence level of the intervals, in (0, 1).
     replicates : int

@@ -18,7 +18,10 @@ its ``compute`` keeps the per-unit data the interval needs (:class:`Evidence`) u
   its coverage near the ends. Evidence: :class:`TwoSamples`.
 - :attr:`IntervalMethod.FISHER_Z` -- a Spearman correlation: Fisher's z with the variance
   ``(1 + rho^2 / 2) / (n - 3)`` of Bonett & Wright (2000). Evidence: :class:`Correlation`.
-- :attr:`IntervalMethod.BOOTSTRAP` -- anything else (AUSC / AUSE, mAP@k, the ECE, OOD AUPRC):
+- :attr:`IntervalMethod.LOGIT` -- an average precision (OOD AUPRC): Boyd, Eng & Page (2013)'s
+  logit interval, ``logit(AP) +- z / sqrt(n AP (1 - AP))`` with ``n`` the positives.
+  Evidence: :class:`Rate`.
+- :attr:`IntervalMethod.BOOTSTRAP` -- anything else (AUSC / AUSE, mAP@k, the ECE):
   the percentile interval (Efron & Tibshirani 1993, section 13.3) of the Poisson bootstrap
   (Hanley & MacGibbon 2006; Chamandy et al. 2012): each replicate weighs every unit with a
   Poisson(1) count and recomputes the statistic from the **same** per-unit data -- the
@@ -41,6 +44,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
+from functools import partial
 from statistics import NormalDist
 from typing import Any, NamedTuple
 
@@ -54,6 +58,7 @@ __all__ = [
     "Interval",
     "IntervalMethod",
     "Proportion",
+    "Rate",
     "Resample",
     "TwoSamples",
     "auroc_interval",
@@ -61,7 +66,10 @@ __all__ = [
     "delong",
     "fisher_z_interval",
     "flat_intervals",
+    "format_interval",
+    "interval_lines",
     "intervals_of",
+    "logit_interval",
     "paired_bootstrap",
     "percentile_interval",
     "poisson_weights",
@@ -145,6 +153,7 @@ METHOD_NAMES = {
     "wilson": "Wilson",
     "delong": "DeLong",
     "fisher_z": "Fisher-z",
+    "logit": "logit (Boyd et al.)",
     "bootstrap": "bootstrap",
     "t": "Student-t",
 }
@@ -177,6 +186,16 @@ class Correlation:
     over: str = "queries"
 
 
+@dataclass(frozen=True)
+class Rate:
+    """An average precision ``value`` over ``n`` positives among ``units`` units."""
+
+    value: float
+    n: int
+    units: int
+    over: str = "queries"
+
+
 @dataclass(frozen=True, eq=False)
 class Resample:
     """A statistic of ``n`` units recomputed under bootstrap weights.
@@ -198,7 +217,7 @@ class Resample:
 
 
 #: What a metric's ``compute`` keeps for the interval of one key.
-Evidence = Proportion | TwoSamples | Correlation | Resample
+Evidence = Proportion | TwoSamples | Correlation | Rate | Resample
 
 
 class IntervalMethod(str, Enum):
@@ -207,6 +226,7 @@ class IntervalMethod(str, Enum):
     WILSON = "wilson"
     DELONG = "delong"
     FISHER_Z = "fisher_z"
+    LOGIT = "logit"
     BOOTSTRAP = "bootstrap"
 
     @property
@@ -216,6 +236,7 @@ class IntervalMethod(str, Enum):
             IntervalMethod.WILSON: Proportion,
             IntervalMethod.DELONG: TwoSamples,
             IntervalMethod.FISHER_Z: Correlation,
+            IntervalMethod.LOGIT: Rate,
             IntervalMethod.BOOTSTRAP: Resample,
         }[self]
 
@@ -336,6 +357,19 @@ def _block_rows(n: int, replicates: int) -> int:
     return int(min(max(BLOCK_WEIGHTS // max(n, 1), 1), replicates))
 
 
+def logit_interval(value: float, n: int, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
+    """Boyd, Eng & Page (2013)'s logit interval of an average precision over ``n`` positives:
+    ``expit(logit(AP) +- z / sqrt(n AP (1 - AP)))``; ``(AP, AP)`` at 0 or 1, ``(0, 1)``
+    without positives."""
+    a = float(value)
+    if n < 1:
+        return 0.0, 1.0
+    if not 0.0 < a < 1.0:
+        return a, a
+    lg, s = math.log(a / (1 - a)), _z(level) / math.sqrt(n * a * (1 - a))
+    return 1 / (1 + math.exp(-(lg - s))), 1 / (1 + math.exp(-(lg + s)))
+
+
 def poisson_block(n: int, rows: int, seed: int, block: int, stream: int = 0) -> np.ndarray:
     """Block ``block`` of the Poisson(1) bootstrap weights of ``n`` units: ``[rows, n]``
     float32 from its own generator (PCG64 seeded with ``(seed, n, stream, block)``), so blocks
@@ -374,16 +408,22 @@ def percentile_interval(
 
 
 # --------------------------------------------------------------------------- weighted statistics
+class _Mean:
+    """``w -> sum(w v) / sum(w)`` per replicate; the bootstrap stacks every mean of one unit
+    count into one matrix product."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = np.asarray(values, dtype=np.float64).reshape(-1)
+
+    def __call__(self, w: np.ndarray) -> np.ndarray:
+        v = self.values.astype(np.float32) if w.dtype == np.float32 else self.values
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (w @ v) / w.sum(axis=1, dtype=np.float64)
+
+
 def weighted_mean(values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     """``w -> sum(w v) / sum(w)`` per replicate (the mean of per-unit values)."""
-    v = np.asarray(values, dtype=np.float64).reshape(-1)
-    v32 = v.astype(np.float32)
-
-    def stat(w: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return (w @ (v32 if w.dtype == np.float32 else v)) / w.sum(axis=1, dtype=np.float64)
-
-    return stat
+    return _Mean(values)
 
 
 def _sparsification_levels(total: np.ndarray, n_levels: int) -> np.ndarray:
@@ -569,6 +609,40 @@ def _value_of(stat: Mapping[str, np.ndarray] | np.ndarray, key: str) -> np.ndarr
     return stat[key] if isinstance(stat, Mapping) else stat
 
 
+def _stacked_means(stats: Sequence[Resample]) -> tuple[list[int], np.ndarray | None]:
+    """The positions of the plain means among ``stats`` and their values as one matrix."""
+    at = [j for j, ev in enumerate(stats) if isinstance(ev.statistic, _Mean)]
+    if not at:
+        return at, None
+    cols = [stats[j].statistic.values for j in at]  # type: ignore[attr-defined]
+    return at, np.stack(cols, axis=1).astype(np.float32)
+
+
+def _bootstrap_block(
+    i: int,
+    *,
+    n: int,
+    rows: int,
+    total: int,
+    seed: int,
+    stats: Sequence[Resample],
+    means: tuple[list[int], np.ndarray | None],
+) -> list[Any]:
+    """Every statistic of ``stats`` on block ``i`` of the Poisson weights of ``n`` units."""
+    w = poisson_block(n, min(rows, total - i * rows), seed, i)
+    out: list[Any] = [None] * len(stats)
+    at, values = means
+    if values is not None:  # every mean of these units in one product
+        with np.errstate(invalid="ignore", divide="ignore"):
+            m = (w @ values) / w.sum(axis=1, dtype=np.float64)[:, None]
+        for col, j in enumerate(at):
+            out[j] = m[:, col]
+    for j, ev in enumerate(stats):
+        if out[j] is None:
+            out[j] = ev.statistic(w)
+    return out
+
+
 def intervals_of(
     evidence: Mapping[str, Evidence],
     estimates: Mapping[str, float],
@@ -599,6 +673,9 @@ def intervals_of(
             _, lo, hi = auroc_interval(ev.pos, ev.neg, level)
             n = int(np.size(ev.pos) + np.size(ev.neg))
             out[key] = Interval(min(lo, est), max(hi, est), level, "delong", n, ev.over)
+        elif isinstance(ev, Rate):
+            lo, hi = logit_interval(ev.value, ev.n, level)
+            out[key] = Interval(min(lo, est), max(hi, est), level, "logit", int(ev.units), ev.over)
         elif isinstance(ev, Correlation):
             lo, hi = fisher_z_interval(ev.rho, ev.n, level)
             out[key] = Interval(min(lo, est), max(hi, est), level, "fisher_z", int(ev.n), ev.over)
@@ -610,10 +687,8 @@ def intervals_of(
         stats = list({id(ev): ev for _, ev in items}.values())
         rows = _block_rows(n, replicates)
 
-        def one_block(i: int, n: int = n, rows: int = rows, stats: list = stats) -> list:
-            w = poisson_block(n, min(rows, replicates - i * rows), seed, i)
-            return [ev.statistic(w) for ev in stats]
-
+        one_block = partial(_bootstrap_block, n=n, rows=rows, total=replicates, seed=seed,
+                            stats=stats, means=_stacked_means(stats))  # fmt: skip
         blocks = range(-(-replicates // rows))
         if workers > 1 and len(blocks) > 1:  # numpy's loops release the GIL
             with ThreadPoolExecutor(workers) as pool:
@@ -642,6 +717,40 @@ def check_interval_options(level: object, replicates: object, seed: object) -> N
         raise ValueError(f"`replicates` must be an integer >= 10, got {replicates!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"`interval_seed` must be a non-negative integer, got {seed!r}")
+
+
+# --------------------------------------------------------------------------- displays
+def format_interval(value: float | None, interval: Interval | None, digits: int = 3) -> str:
+    """``"0.581 [0.550, 0.611]"``: a value and its interval with ``digits`` decimals
+    (``"n/a"`` without a value, the value alone without an interval)."""
+    if value is None:
+        return "n/a"
+    s = f"{float(value):.{digits}f}"
+    if interval is None:
+        return s
+    return f"{s} [{interval.low:.{digits}f}, {interval.high:.{digits}f}]"
+
+
+def interval_lines(result: Mapping[str, Any], keys: Sequence[tuple[str, str, int]]) -> list[str]:
+    """One aligned line per ``(key, title, digits)`` of one result: title, value, interval,
+    and what the interval is (``"95 % DeLong interval over 1000 queries"``). ``result``
+    holds ``intervals`` (an evaluation) or the flat fields of :func:`flat_intervals`."""
+    rows = []
+    for key, title, digits in keys:
+        if key not in result:
+            continue
+        iv = read_interval(result, key)
+        rows.append(
+            (
+                title,
+                format_interval(result.get(key), iv, digits),
+                "" if iv is None else iv.describe(),
+            )
+        )
+    if not rows:
+        return []
+    w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    return [f"{t:<{w0}}  {v:<{w1}}  {d}".rstrip() for t, v, d in rows]
 
 
 # --------------------------------------------------------------------------- records

@@ -234,7 +234,7 @@ def result_notes(
     intervals, estimates : mapping, optional
         An evaluation's intervals and values (``res["intervals"]`` and ``res``): an AUROC of
         :data:`AUROC_TITLES` found in both is read from them (the mixed R-AUROC only so); one
-        without a value in ``estimates`` (when given) gets no note; otherwise it is computed
+        that is ``None`` in ``estimates`` (undefined) gets no note; otherwise it is computed
         from ``u`` / ``hit`` / ``ood_u`` with DeLong's interval at ``level``.
     level : float
         Level of the intervals computed here.
@@ -253,8 +253,8 @@ def result_notes(
     for key in AUROC_TITLES:
         if key in given_iv and given_est.get(key) is not None:
             found[key] = (float(given_est[key]), given_iv[key])
-        elif estimates is not None and given_est.get(key) is None:
-            found[key] = (None, None)  # not measured in that result: no note
+        elif key in given_est and given_est[key] is None:
+            found[key] = (None, None)  # undefined in that result: no note
     if hit is not None:
         h = _as_array(hit).astype(bool)
         if h.size != uu.size:

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -39,9 +38,9 @@ from bayesurl.evaluation.intervals import (
     Evidence,
     IntervalMethod,
     Proportion,
+    Rate,
     Resample,
     TwoSamples,
-    weighted_average_precision,
     weighted_ece,
     weighted_mean,
     weighted_sparsification,
@@ -524,10 +523,9 @@ def _ood(ctx: EvalContext) -> dict[str, Any]:
     over = "queries + OOD inputs" if ctx.id_u is None else "held-out + OOD inputs"
     a, b = _np(inside), _np(v)
     ctx.keep("ood_auroc", TwoSamples(b, a, over))
-    scores = np.concatenate([a, b])
-    is_ood = np.concatenate([np.zeros(a.size, bool), np.ones(b.size, bool)])
-    ctx.keep("ood_auprc", Resample(scores.size, weighted_average_precision(scores, is_ood), over))
-    return {"ood_auroc": _f(Fm.ood_auroc(inside, v)), "ood_auprc": _f(Fm.ood_auprc(inside, v))}
+    auprc = _f(Fm.ood_auprc(inside, v))
+    ctx.keep("ood_auprc", Rate(auprc, b.size, a.size + b.size, over))
+    return {"ood_auroc": _f(Fm.ood_auroc(inside, v)), "ood_auprc": auprc}
 
 
 # --------------------------------------------------------------------------- ECE
@@ -715,7 +713,7 @@ _register_builtin(
                 C("ood_auroc", "OOD AUROC", always=True),
                 C("ood_auprc", "OOD AUPRC", shown=False, always=True),
             ),
-            interval={"ood_auroc": D, "ood_auprc": B},
+            interval={"ood_auroc": D, "ood_auprc": IntervalMethod.LOGIT},
         ),
         Metric(
             "map@k",

@@ -121,13 +121,15 @@ def test_auroc_note_reads_the_given_interval():
     assert auroc_note("ood_auroc", 0.37, below).kind == "inverted_ood_auroc"
     assert auroc_note("r_auroc", 0.6, Interval(0.55, 0.65, 0.95, "delong", 300)) is None
     assert auroc_note("r_auroc", None, at) is None
-    # an evaluation's intervals take the place of the record's data; a metric absent from
-    # its estimates gets no note
+    # an evaluation's intervals take the place of the record's data (R-AUROC, absent there, is
+    # computed from the data: about 0.8, no note); a metric undefined there (None) gets none
     u, hit, labels = _normal_case()
     got = result_notes(
         u, hit=hit, intervals={"mixed_r_auroc": at}, estimates={"mixed_r_auroc": 0.52}
     )
     assert _kinds(got) == ["chance_mixed_r_auroc"]
+    assert _kinds(result_notes(-u, hit=hit)) == ["inverted_r_auroc"]
+    assert result_notes(-u, hit=hit, estimates={"r_auroc": None}) == []
 
 
 def test_chance_r1_matches_brute_force_pair_count():
