@@ -112,7 +112,7 @@ class Interval(NamedTuple):
         The independent units it counts: queries (plus OOD inputs for the OOD metrics),
         crop images, pooled queries, or runs / splits for ``"t"``.
     over : str
-        What those units are, in words (``"queries"``, ``"queries + OOD inputs"``).
+        What those units are, in words (``"queries"``, ``"queries and OOD inputs"``).
     """
 
     low: float

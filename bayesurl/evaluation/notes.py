@@ -140,8 +140,8 @@ def auroc_note(key: str, estimate: float | None, interval: Interval | None) -> N
     if interval.high < CHANCE_AUROC:
         return Note(
             f"inverted_{key}",
-            f"u is inverted: {told} lies below 0.5: higher u marks {pos} as more trustworthy "
-            f"than {neg}",
+            f"u is inverted: {told} lies below 0.5: {pos} get lower u than {neg}, so u marks "
+            "them as the more trustworthy",
         )
     if interval.contains(CHANCE_AUROC):
         return Note(
@@ -264,7 +264,7 @@ def result_notes(
     if ood_u is not None and _as_array(ood_u).size and "ood_auroc" not in found:
         has_id = id_u is not None and _as_array(id_u).size
         ref = _as_array(id_u) if has_id else uu
-        over = "held-out + OOD inputs" if has_id else "queries + OOD inputs"
+        over = "held-out and OOD inputs" if has_id else "queries and OOD inputs"
         found["ood_auroc"] = _auroc_of(_as_array(ood_u), ref, level, over)
     notes += [auroc_note(key, *found[key]) for key in AUROC_TITLES if key in found]
     if hit is not None and labels is not None:

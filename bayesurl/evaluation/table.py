@@ -520,7 +520,7 @@ def _ood(ctx: EvalContext) -> dict[str, Any]:
     if v.numel() == 0:
         raise ValueError("`ood_uncertainties` is empty on every rank")
     inside = inside.to(v.device)
-    over = "queries + OOD inputs" if ctx.id_u is None else "held-out + OOD inputs"
+    over = "queries and OOD inputs" if ctx.id_u is None else "held-out and OOD inputs"
     a, b = _np(inside), _np(v)
     ctx.keep("ood_auroc", TwoSamples(b, a, over))
     auprc = _f(Fm.ood_auprc(inside, v))

@@ -273,7 +273,7 @@ def test_every_declared_metric_gets_its_interval_and_the_seed_fixes_them():
         "map@10": "bootstrap",
     }  # fmt: skip
     assert res["intervals"]["ood_auroc"].n == 550
-    assert res["intervals"]["ood_auroc"].over == "queries + OOD inputs"
+    assert res["intervals"]["ood_auroc"].over == "queries and OOD inputs"
     assert all(iv.level == 0.95 and iv.n >= 400 for iv in res["intervals"].values())
     again = evaluate(x, y, uncertainties=u, samples=s, ood_uncertainties=ood,
                      reference_uncertainties=u + torch.rand(400))  # fmt: skip
