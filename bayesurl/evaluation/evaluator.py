@@ -47,6 +47,7 @@ from bayesurl.evaluation.intervals import (
     DEFAULT_REPLICATES,
     Interval,
     check_interval_options,
+    format_interval,
     intervals_of,
 )
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, rank_budget, search_shards
@@ -57,6 +58,7 @@ from bayesurl.evaluation.table import (
     Metric,
     Need,
     always_keys,
+    metric_columns,
     select_metrics,
 )
 from bayesurl.types import Output
@@ -93,6 +95,34 @@ class EvaluationResult(dict):  # type: ignore[type-arg]
     def intervals(self) -> dict[str, Interval]:
         """``res["intervals"]``: the interval of every metric that has one."""
         return self.get("intervals") or {}
+
+    def describe(self, keys: Sequence[str] | None = None, *, notes: bool = True) -> str:
+        """``"R@1 0.877 [0.856, 0.896], R-AUROC 0.581 [0.550, 0.611], ..."``: each metric of
+        ``keys`` (default: the table columns with a value) with its interval, titles and
+        digits from the metric table, then (``notes``) one ``note:`` line per caveat.
+
+        Examples
+        --------
+        >>> import torch
+        >>> x, y = torch.randn(60, 8), torch.arange(60) % 3
+        >>> res = evaluate(x, y, uncertainties=torch.rand(60))
+        >>> print(res.describe(["r@1"], notes=False))  # doctest: +ELLIPSIS
+        R@1 ... [..., ...]
+        """
+        cols = {c.key: c for c in metric_columns()}
+        if keys is None:
+            keys = [k for k, c in cols.items() if c.shown and self.get(k) is not None]
+        parts = []
+        for key in keys:
+            c = cols.get(key)
+            digits, title = (3, key) if c is None else (c.digits, c.title)
+            parts.append(
+                f"{title} {format_interval(self.get(key), self.intervals.get(key), digits)}"
+            )
+        lines = [", ".join(parts)]
+        if notes:
+            lines += [f"note: {n.text}" for n in self.caveats]
+        return "\n".join(lines)
 
 
 def _at_least_float32(t: Tensor) -> Tensor:

@@ -353,3 +353,27 @@ def test_paired_bootstrap_separates_only_real_differences():
     assert sep["low"] > 0 and sep["p"] < 0.01
     same = paired_bootstrap(lambda w: a(w[0]), lambda w: t(w[0]), [n], replicates=500)
     assert same["low"] <= 0 <= same["high"] and same["p"] > 0.05
+
+
+def test_the_docs_example_metric_declares_its_interval_once():
+    """The registration of docs/concepts/metrics.rst: a bootstrap interval of a per-query mean,
+    declared on the entry, shown by every display with no further change."""
+    from bayesurl.evaluation.table import Column, Need
+
+    def precision_at_2(ctx):
+        per_query = ctx.shards.gather(ctx.hits[:, :2].double().mean(dim=1))
+        ctx.keep("precision@2", Resample(ctx.n, weighted_mean(per_query.cpu().numpy())))
+        return {"precision@2": float(per_query.mean())}
+
+    register_metric(Metric("precision@2", lambda options: ("precision@2",), (Need.NEIGHBOURS,),
+                           precision_at_2, neighbours=lambda ctx: 2,
+                           columns=(Column("precision@2", "P@2", digits=3),),
+                           interval=IntervalMethod.BOOTSTRAP))  # fmt: skip
+    try:
+        x, y, u, _ = _case()
+        res = evaluate(x, y, uncertainties=u)
+        iv = res["intervals"]["precision@2"]
+        assert iv.method == "bootstrap" and iv.low <= res["precision@2"] <= iv.high
+        assert "P@2 " in res.describe()
+    finally:
+        unregister_metric("precision@2")
