@@ -42,6 +42,7 @@ __all__ = [
     "AUROC_TITLES",
     "CHANCE_AUROC",
     "CHANCE_LOSS_RTOL",
+    "NOTE_WORDS",
     "MIN_DISTINCT_U",
     "NEARLY_CONSTANT_SPREAD",
     "Note",
@@ -72,12 +73,28 @@ _AUROC_MEANING = {
 }
 
 
+#: What the brief words of the AUROC notes mean, said once under a list of them.
+NOTE_WORDS = (
+    "at chance: the AUROC's 95 % interval holds 0.5 (u does not tell the wrong retrievals, or "
+    "the OOD images, from the rest beyond noise); inverted: it lies below 0.5 (u marks them as "
+    "the more trustworthy)"
+)
+
+
 @dataclass(frozen=True)
 class Note:
-    """One note: a stable ``kind`` (for tests and filters) and the sentence a person reads."""
+    """One note: a stable ``kind`` (for tests and filters), the sentence a person reads and
+    its few words for a list of many (``brief``: ``"R-AUROC 0.505 [0.450, 0.560] at
+    chance"``; the sentence when not given)."""
 
     kind: str
     text: str
+    brief: str = ""
+
+    @property
+    def short(self) -> str:
+        """:attr:`brief`, or the sentence."""
+        return self.brief or self.text
 
     def __str__(self) -> str:
         return self.text
@@ -110,6 +127,7 @@ def constant_u(u: object) -> Note | None:
             "constant_u",
             f"u is nearly constant: it takes {what} over {v.size} inputs, so its ranking "
             "(R-AUROC, AUSC, the galleries) rests on ties",
+            f"u nearly constant ({what})",
         )
     if rel < NEARLY_CONSTANT_SPREAD:
         d = u_digits(v)
@@ -117,6 +135,7 @@ def constant_u(u: object) -> Note | None:
             "constant_u",
             f"u is nearly constant: 98 % of it lies in {lo:.{d}g} to {hi:.{d}g} "
             f"({100 * rel:.2g} % of its median); rank by u, or read its percentile, not its value",
+            f"u nearly constant ({100 * rel:.2g} % of its median)",
         )
     return None
 
@@ -142,11 +161,13 @@ def auroc_note(key: str, estimate: float | None, interval: Interval | None) -> N
             f"inverted_{key}",
             f"u is inverted: {told} lies below 0.5: {pos} get lower u than {neg}, so u marks "
             "them as the more trustworthy",
+            f"{title} {float(estimate):.3f} {_bounds(interval)} inverted",
         )
     if interval.contains(CHANCE_AUROC):
         return Note(
             f"chance_{key}",
             f"u is at chance: {told} holds 0.5: u does not tell {pos} from {neg} beyond noise",
+            f"{title} {float(estimate):.3f} {_bounds(interval)} at chance",
         )
     return None
 
@@ -184,6 +205,7 @@ def _chance_r1_note(hit: object, labels: object) -> Note | None:
             "chance_r1",
             f"model at chance: R@1 {r1:.3f} is not above the {p:.3f} of a random neighbour "
             f"for these class counts ({n} queries); the embedding has learned nothing usable",
+            f"model at chance (R@1 {r1:.3f}, a random neighbour's {p:.3f})",
         )
     return None
 
@@ -197,6 +219,7 @@ def _chance_loss_note(final_loss: float, untrained_loss: float) -> Note | None:
             f"model at chance: the last training loss {final_loss:.4g} is at its untrained "
             f"value {untrained_loss:.4g} (a uniform softmax); u and R@1 describe an untrained "
             "model",
+            f"model at chance (loss {final_loss:.4g} = untrained {untrained_loss:.4g})",
         )
     return None
 

@@ -39,13 +39,14 @@ from typing import Any
 import numpy as np
 
 from bayesurl.evaluation.intervals import Interval, read_interval
-from bayesurl.evaluation.notes import AUROC_TITLES, Note, u_digits
+from bayesurl.evaluation.notes import AUROC_TITLES, NOTE_WORDS, Note, u_digits
 from bayesurl.files import atomic_write
 from bayesurl.report.images import THUMB_SIZE, ImageSource, image_source
 from bayesurl.report.sources import RecordedRun, ReportSource, load_source, table_columns
 
 __all__ = [
     "REPORT_FILE",
+    "cell_state",
     "notes_lines",
     "run_notes",
     "print_notes",
@@ -189,6 +190,7 @@ def _estimator(
         "per_class": _per_class(run, src.class_names),
         "u_digits": u_digits(np.concatenate([rec.u, rec.ood_u])),
         "notes": [n.text for n in notes],
+        "briefs": [n.short for n in notes],
         # the galleries say beside them when their u is at chance or inverted
         "note_kinds": [n.kind for n in notes],
         # why the galleries have no pictures, in words (None: every image was found)
@@ -248,8 +250,18 @@ def report_model(
         # per cell: value, interval bounds, the interval in words (None where there is none)
         "rows": [[row[0], *(list(c) for c in row[1:])] for row in source.rows],
         "marks": source.marks,
+        # the AUROC cells whose interval holds 0.5 or lies below it (greyed / red)
+        "states": {
+            row[0]: {
+                c.key: st
+                for c, cell in zip(source.columns, row[1:])
+                if (st := cell_state(c.key, cell[1], cell[2])) is not None
+            }
+            for row in source.rows
+        },
         "legend": source.legend,
         "notices": source.notices,
+        "note_words": NOTE_WORDS,
         "plots": [{"name": p.name, "uri": png_data_uri_file(p)} for p in source.plots],
         "missing": source.missing,
         "estimators": estimators,
@@ -274,14 +286,32 @@ def run_notes(run: RecordedRun) -> list[Note]:
 
 
 def notes_lines(source: ReportSource) -> list[str]:
-    """One printable line per note of each recorded run of ``source`` (the CLI tables): the
-    same notes the report shows (:func:`run_notes`)."""
+    """The printable notes of each recorded run of ``source`` (the CLI tables): the same
+    notes the report shows (:func:`run_notes`). One run: one line per note, in full; several:
+    one line per estimator with each note in brief, and once what the brief words mean."""
     many = len(source.runs) > 1
     lines = []
+    briefs = False
     for r in source.runs:
-        who = f"{r.estimator} (seed {r.seed}): " if many else ""
-        lines += [f"note: {who}{n.text}" for n in run_notes(r)]
+        notes = run_notes(r)
+        if not many:
+            lines += [f"note: {n.text}" for n in notes]
+        elif notes:
+            briefs = True
+            said = "; ".join(n.short for n in notes)
+            lines.append(f"note: {r.estimator} (seed {r.seed}): {said}")
+    if briefs:
+        lines.append(f"  ({NOTE_WORDS})")
     return lines
+
+
+def cell_state(key: str, low: float | None, high: float | None) -> str | None:
+    """``"inverted"`` / ``"chance"`` for an AUROC of :data:`~bayesurl.evaluation.notes.
+    AUROC_TITLES` whose interval lies below / holds 0.5 (the rule of the notes, applied to
+    the interval a table cell shows), else ``None``."""
+    if key not in AUROC_TITLES or low is None or high is None:
+        return None
+    return "inverted" if high < 0.5 else "chance" if low <= 0.5 else None
 
 
 def _paths(rec: Any, pairs: list[tuple[int, int]]) -> dict[str, str]:

@@ -216,8 +216,7 @@ def _benchmark(folder: Path) -> ReportSource:
     marks = {
         k: str(m["best"]) for k, m in best.items() if isinstance(m, dict) and m.get("separated")
     }
-    caption = interval_caption(summary, cols)
-    legend = [caption[0].upper() + caption[1:] + "."]
+    legend = [interval_caption(summary, cols, "Each value with its ") + "."]
     if len(rows) > 1:
         legend += mark_legend({k: m for k, m in best.items() if isinstance(m, dict)}, cols, "bold")
     notices = [str(s["notice"])] if s.get("notice") else []

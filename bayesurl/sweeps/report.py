@@ -222,9 +222,12 @@ def _column(key: str) -> Column:
 
 
 def interval_caption(
-    summary: Mapping[str, Mapping[str, Any]], columns: Sequence[Column] | None = None
+    summary: Mapping[str, Mapping[str, Any]],
+    columns: Sequence[Column] | None = None,
+    lead: str = "mean +- half-width of its ",
 ) -> str:
-    """What the intervals of ``summary`` are, in words, with their n (the tables' header)."""
+    """What the intervals of ``summary`` are, in words, with their n (the tables' header),
+    after ``lead``."""
     cols = list(report_columns(shown=True) if columns is None else columns)
     per_query: dict[str, set[int]] = {}
     t_units: dict[str, set[int]] = {}
@@ -249,7 +252,7 @@ def interval_caption(
         parts.append(f"95 % Student-t interval over the {what} (n = {_ns(n)})")
     if not parts:
         return "no intervals (single runs without per-query intervals)"
-    return "mean +- half-width of its " + "; ".join(parts)
+    return lead + "; ".join(parts)
 
 
 def _ns(values: set[int]) -> str:

@@ -126,8 +126,9 @@ assert 0.72 <= r1 <= 0.88, f"R@1 {r1:.3f} outside [0.72, 0.88]"
 #
 # Read the gallery with the intervals above: it shows what u ranks highest, which is evidence
 # of what u finds hard only where u ranks the retrieval failures (R-AUROC) above chance
-# beyond the queries' noise. The title says which it is here, and how far u follows a plain
-# property of the image, its brightness (Spearman's correlation over the test images).
+# beyond the queries' noise. The title says which it is here (and what the OOD interval says
+# of u on foreign images), and how far u follows a plain property of the image, its
+# brightness (Spearman's correlation over the test images).
 u = u_test["laplace"]
 res = results["laplace"]
 raw, _ = as_tensors(data.test, None)
@@ -142,7 +143,15 @@ verdict = (
     if "chance_r_auroc" in kinds
     else "u ranks the retrieval failures above chance"
 )
-said = f"R-AUROC {res['r_auroc']:.2f} [{r_iv.low:.2f}, {r_iv.high:.2f}]: {verdict}"
+o_iv = res["intervals"]["ood_auroc"]
+ood = (
+    "INVERTED" if "inverted_ood_auroc" in kinds else "AT CHANCE" if "chance_ood_auroc" in kinds
+    else "above chance"
+)  # fmt: skip
+said = (
+    f"R-AUROC {res['r_auroc']:.2f} [{r_iv.low:.2f}, {r_iv.high:.2f}]: {verdict}; "
+    f"OOD AUROC {res['ood_auroc']:.2f} [{o_iv.low:.2f}, {o_iv.high:.2f}]: {ood}"
+)
 print(f"laplace: {said}; Spearman(u, brightness) = {rho:.2f}")
 order = u.argsort()
 picks = [*order[:6].tolist(), *order[-6:].tolist()]
@@ -154,11 +163,13 @@ for ax, i in zip(axes.ravel(), picks):
 axes[0, 0].set_ylabel("most certain")
 fig.suptitle(
     "EfficientNet-Lite0 + Laplace: most certain (top) and most uncertain (bottom)\n"
-    f"{said}; Spearman(u, brightness) {rho:.2f}",
+    + said.replace("; OOD", "\nOOD")
+    + f"; Spearman(u, brightness) {rho:.2f}",
     fontsize=9,
 )
 plt.show()
 # the page must not show the gallery as evidence of a u its interval calls chance or
 # inverted without the title saying so
-assert ("AT CHANCE" in said) == (r_iv.low <= 0.5 <= r_iv.high)
-assert ("INVERTED" in said) == (r_iv.high < 0.5)
+assert ("u AT CHANCE" in said) == (r_iv.low <= 0.5 <= r_iv.high)
+assert ("u INVERTED" in said) == (r_iv.high < 0.5)
+assert ("OOD AUROC" in said) and (("INVERTED" in said.split("OOD AUROC")[1]) == (o_iv.high < 0.5))
