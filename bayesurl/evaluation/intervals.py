@@ -350,7 +350,7 @@ def _poisson_table() -> np.ndarray:
     return np.searchsorted(edges, np.arange(65536), side="right").astype(np.uint8)
 
 
-_POISSON = _poisson_table()
+_POISSON = _poisson_table().astype(np.float32)  # looked up straight into float32
 
 
 def _block_rows(n: int, replicates: int) -> int:
@@ -378,7 +378,7 @@ def poisson_block(n: int, rows: int, seed: int, block: int, stream: int = 0) -> 
     rng = np.random.default_rng([int(seed), int(n), int(stream), int(block)])
     words = -(-rows * n // 4)  # 64-bit words holding rows * n 16-bit uniforms
     bits = rng.bit_generator.random_raw(words).view(np.uint16)[: rows * n]
-    return _POISSON[bits].reshape(rows, n).astype(np.float32)
+    return _POISSON[bits].reshape(rows, n)
 
 
 def poisson_weights(
@@ -437,16 +437,6 @@ def _sparsification_levels(total: np.ndarray, n_levels: int) -> np.ndarray:
 _BLOCK = 64
 
 
-def _block_sums(x: np.ndarray) -> np.ndarray:
-    """``[b, ceil(n / B)]`` sums of the consecutive blocks of ``_BLOCK`` units of each row."""
-    b, n = x.shape
-    m = n // _BLOCK * _BLOCK
-    sums = x[:, :m].reshape(b, m // _BLOCK, _BLOCK).sum(axis=2, dtype=np.float64)
-    if m < n:
-        sums = np.concatenate([sums, x[:, m:].sum(axis=1, dtype=np.float64)[:, None]], axis=1)
-    return sums
-
-
 def _prefix_at(x: np.ndarray, at: np.ndarray) -> np.ndarray:
     """``[b, len(at)]`` running sums of the rows of ``[b, n]`` ``x`` at the units ``at``
     (inclusive): sums within blocks of :data:`_BLOCK` units plus the sum of the blocks before."""
@@ -476,28 +466,32 @@ def weighted_sparsification(
     order = np.argsort(np.asarray(u, dtype=np.float64), kind="stable")
     c = np.asarray(correct, dtype=bool).reshape(-1)[order]
     n = c.size
-    cf = c.astype(np.float32)
-    steps = np.arange(_BLOCK)
+    # the block search costs n / size per replicate, the search inside a block L * size
+    size = 16 if n < 16_384 else _BLOCK
+    nb = -(-n // size)
+    # the sorted order padded to whole blocks (the padding's weights are set to 0)
+    padded = np.concatenate([order, np.full(nb * size - n, order[-1])])
+    cf = np.concatenate([c, np.zeros(nb * size - n, bool)]).astype(np.float32)
+    cb = cf.reshape(nb, size)
+    tail = n - (nb - 1) * size
 
     def stat(w: np.ndarray) -> dict[str, np.ndarray]:
         b = w.shape[0]
-        wo = np.take(w, order, axis=1)
-        wc = wo * cf
-        cw, cc = np.cumsum(_block_sums(wo), axis=1), np.cumsum(_block_sums(wc), axis=1)
+        wo = np.take(w, padded, axis=1).reshape(b, nb, size)
+        wo[:, -1, tail:] = 0
+        cw = np.cumsum(wo.sum(axis=2).astype(np.float64), axis=1)
+        cc = np.cumsum(np.einsum("bns,ns->bn", wo, cb).astype(np.float64), axis=1)
         total = np.rint(cw[:, -1]).astype(np.int64)
         kept = _sparsification_levels(total, n_levels)  # [b, L] copies kept
         # the block whose running weight first reaches `kept`, and the weight before it
         j = np.stack([np.searchsorted(cw[r], kept[r], side="left") for r in range(b)])
-        j = np.minimum(j, cw.shape[1] - 1)
+        j = np.minimum(j, nb - 1)
         rows = np.arange(b)[:, None]
         w0 = np.where(j > 0, cw[rows, j - 1], 0.0)
         c0 = np.where(j > 0, cc[rows, j - 1], 0.0)
         # inside that block: the unit whose running weight first reaches `kept`
-        cols = j[..., None] * _BLOCK + steps  # [b, L, B]
-        inside = cols < n
-        cols = np.minimum(cols, n - 1).reshape(b, -1)
-        lw = np.where(inside, np.take_along_axis(wo, cols, axis=1).reshape(inside.shape), 0)
-        lc = np.where(inside, np.take_along_axis(wc, cols, axis=1).reshape(inside.shape), 0)
+        lw = wo[rows, j]  # [b, L, size]
+        lc = lw * cb[j]
         run_w = w0[..., None] + np.cumsum(lw, axis=2, dtype=np.float64)
         t = np.argmax(run_w >= kept[..., None], axis=2)[..., None]
         before_w = (
@@ -507,8 +501,8 @@ def weighted_sparsification(
         before_c = (
             np.take_along_axis(run_c, t, axis=2)[..., 0] - np.take_along_axis(lc, t, 2)[..., 0]
         )
-        unit = np.minimum(j * _BLOCK + t[..., 0], n - 1)
-        hits = before_c + (kept - before_w) * c[unit]
+        hit = cf[np.minimum(j * size + t[..., 0], nb * size - 1)]
+        hits = before_c + (kept - before_w) * hit
         with np.errstate(invalid="ignore", divide="ignore"):
             curve = hits / kept
             oracle = np.minimum(kept, cc[:, -1][:, None]) / kept

@@ -243,6 +243,10 @@ def test_threads_give_the_same_intervals():
     est = {"ausc": 0.7, "m": float(u.mean())}
     one = intervals_of(ev, est, replicates=300)
     assert intervals_of(ev, est, replicates=300, workers=3) == one
+    # (and at this size the sparsification's blocks are of 64 units: still the exact metric)
+    ones = np.ones((1, n), np.float32)
+    got = ev["ausc"].statistic(ones)["ausc"][0]
+    assert got == pytest.approx(float(Fm.ausc(torch.tensor(u), torch.tensor(c))), abs=1e-12)
 
 
 def _mean_resample(v):
