@@ -2,12 +2,13 @@
 
 Each draw is one synthetic evaluation with a known truth: queries right with probability
 ``p`` (the R@1 rate), u of the wrong ones ~ N(delta, 1) and of the right ones ~ N(0, 1)
-(R-AUROC ``Phi(delta / sqrt 2)``), OOD u ~ N(delta_ood, 1) against the queries' (OOD AUROC,
-and OOD AUPRC computed numerically), and the sparsification curve's population value (AUSC)
-from one draw of 2 million queries. Prints, per estimator and number of queries n, the share
-of draws whose interval holds the truth and the mean width. The tests check the closed forms
-at n = 200 and 5,000 (tests/evaluation/test_intervals.py); this script also covers the
-bootstrap and the small-sample end.
+(R-AUROC ``Phi(delta / sqrt 2)``), OOD u ~ N(delta_ood, 1) against the queries' u, a mixture
+of the two (OOD AUROC ``p Phi(delta_ood / sqrt 2) + (1 - p) Phi((delta_ood - delta) /
+sqrt 2)``, and OOD AUPRC integrated numerically), and the sparsification curve's population
+value (AUSC) from one draw of 2 million queries. Prints, per estimator and number of queries
+n, the share of draws whose interval holds the truth and the mean width. The tests check the
+closed forms at n = 200 and 5,000 (tests/evaluation/test_intervals.py); this script also
+covers the bootstrap and the small-sample end.
 
     PYTHONPATH=. python benchmarks/intervals_coverage.py --draws 1000
 """
@@ -31,6 +32,7 @@ from bayesurl.evaluation.intervals import (
     wilson_interval,
 )
 
+#: The truth: R@1 rate, R-AUROC, OOD AUROC against the right queries' u alone
 P_RIGHT, AUC, AUC_OOD = 0.85, 0.62, 0.8
 
 
@@ -45,11 +47,13 @@ def ausc_truth(p: float, delta: float, n: int = 2_000_000, seed: int = 99) -> fl
     return float((cs[kept] / kept).mean())
 
 
-def ap_truth(delta: float, share: float) -> float:
-    """Average precision of N(delta, 1) positives among N(0, 1) negatives, ``share`` of them
-    positive: the integral of the precision over the recall."""
+def ap_truth(delta_ood: float, delta: float, share: float) -> float:
+    """Average precision of N(delta_ood, 1) positives among the queries' u (N(0, 1) with
+    probability P_RIGHT, else N(delta, 1)), ``share`` of them positive: the integral of the
+    precision over the recall."""
     t = np.linspace(-12, 12, 400_001)
-    tpr, fpr = norm.sf(t - delta), norm.sf(t)
+    tpr = norm.sf(t - delta_ood)
+    fpr = P_RIGHT * norm.sf(t) + (1 - P_RIGHT) * norm.sf(t - delta)
     precision = share * tpr / (share * tpr + (1 - share) * fpr)
     return float(-np.trapezoid(precision, tpr))
 
@@ -64,15 +68,16 @@ def main() -> None:
     delta = math.sqrt(2) * norm.ppf(AUC)
     delta_ood = math.sqrt(2) * norm.ppf(AUC_OOD)
     truth_ausc = ausc_truth(P_RIGHT, delta)
+    ood_truth = P_RIGHT * AUC_OOD + (1 - P_RIGHT) * norm.cdf((delta_ood - delta) / math.sqrt(2))
     print(f"# benchmarks/intervals_coverage.py, {time.strftime('%Y-%m-%d')}, seed {a.seed}")
     print(
-        f"# truth: R@1 {P_RIGHT}, R-AUROC {AUC}, OOD AUROC {AUC_OOD} (OOD inputs: n / 2), "
+        f"# truth: R@1 {P_RIGHT}, R-AUROC {AUC}, OOD AUROC {ood_truth:.4f} (OOD inputs: n / 2), "
         f"AUSC {truth_ausc:.4f}; {a.draws} draws ({a.boot_draws} for the bootstrap)"
     )
     print(f"{'estimator':28s} {'n':>6s} {'coverage':>9s} {'mean width':>11s}")
     for n in a.sizes:
         rng = np.random.default_rng([a.seed, n])
-        ap_true = ap_truth(delta_ood, (n // 2) / (n + n // 2))
+        ap_true = ap_truth(delta_ood, delta, (n // 2) / (n + n // 2))
         hits = {k: 0 for k in ("r1", "rauroc", "ood", "ap", "ausc")}
         width = {k: 0.0 for k in hits}
         for d in range(a.draws):
@@ -87,7 +92,7 @@ def main() -> None:
                 hits["rauroc"] += lo <= AUC <= hi
                 width["rauroc"] += hi - lo
             _, lo, hi = auroc_interval(v, u)
-            hits["ood"] += lo <= AUC_OOD <= hi
+            hits["ood"] += lo <= ood_truth <= hi
             width["ood"] += hi - lo
             ap = average_precision_score(np.r_[np.zeros(n), np.ones(v.size)], np.r_[u, v])
             lo, hi = logit_interval(ap, v.size)
@@ -108,6 +113,8 @@ def main() -> None:
         }
         for k, name in names.items():
             m = a.boot_draws if k == "ausc" else a.draws
+            if m == 0:
+                continue
             print(f"{name:28s} {n:6d} {hits[k] / m:9.3f} {width[k] / m:11.4f}", flush=True)
 
 
