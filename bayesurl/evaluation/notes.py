@@ -144,18 +144,22 @@ def _bounds(iv: Interval, digits: int = 3) -> str:
     return f"[{iv.low:.{digits}f}, {iv.high:.{digits}f}]"
 
 
-def auroc_note(key: str, estimate: float | None, interval: Interval | None) -> Note | None:
+def auroc_note(
+    key: str, estimate: float | None, interval: Interval | None, detail: str = ""
+) -> Note | None:
     """The ``chance_<key>`` note where the AUROC's interval holds 0.5, ``inverted_<key>``
     where it lies below 0.5, else ``None`` (also without an estimate or an interval).
 
     ``key`` is one of :data:`AUROC_TITLES` (``"r_auroc"``, ``"ood_auroc"``,
-    ``"mixed_r_auroc"``).
+    ``"mixed_r_auroc"``); ``detail`` is added to the interval's description (``"28 of them
+    wrong"``).
     """
     if estimate is None or interval is None:
         return None
     title = AUROC_TITLES[key]
     pos, neg = _AUROC_MEANING[key]
-    told = f"{title} {float(estimate):.3f} {_bounds(interval)} ({interval.describe()})"
+    how = interval.describe() + (f", {detail}" if detail else "")
+    told = f"{title} {float(estimate):.3f} {_bounds(interval)} ({how})"
     if interval.high < CHANCE_AUROC:
         return Note(
             f"inverted_{key}",
@@ -289,7 +293,13 @@ def result_notes(
         ref = _as_array(id_u) if has_id else uu
         over = "held-out and OOD inputs" if has_id else "queries and OOD inputs"
         found["ood_auroc"] = _auroc_of(_as_array(ood_u), ref, level, over)
-    notes += [auroc_note(key, *found[key]) for key in AUROC_TITLES if key in found]
+    detail = {}
+    if hit is not None:  # how many errors an R-AUROC rests on (its interval needs some 30)
+        wrong = int((~_as_array(hit).astype(bool)).sum())
+        detail["r_auroc"] = f"{wrong} of them wrong"
+    notes += [
+        auroc_note(key, *found[key], detail.get(key, "")) for key in AUROC_TITLES if key in found
+    ]
     if hit is not None and labels is not None:
         notes.append(_chance_r1_note(hit, labels))
     if final_loss is not None and untrained_loss is not None:
