@@ -247,9 +247,9 @@ def fit_gaussians(
     Raises
     ------
     ValueError
-        If a component has fewer than :data:`MIN_POINTS` points, the empirical covariance is asked for with no
-        more points than dimensions, or a covariance is not positive definite (all points of
-        a component equal), naming the argument.
+        If a component has fewer than :data:`MIN_POINTS` points, the empirical covariance is
+        asked for with no more points than dimensions, or a covariance is not positive
+        definite (all points of a component equal), naming the argument.
     """
     check_ndim(x, "x", 2)
     check_finite(x, "x")
