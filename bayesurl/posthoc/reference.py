@@ -199,8 +199,9 @@ class KNNWrapper(ReferenceWrapper):
     ``u(x) = mean_{j <= k} (1 - cos(e(x), r_(j)))`` over the ``k`` reference embeddings
     ``r_(j)`` most similar to ``e(x)`` (``reduce="mean"``), or ``1 - cos(e(x), r_(k))``
     (``reduce="kth"``: Sun et al.'s score, whose Euclidean distance of normalised vectors
-    ``sqrt(2 - 2 cos)`` ranks inputs the same way). The search is exact
-    (:func:`bayesurl.evaluation.knn.knn_query`, chunked: memory stays bounded). No labels.
+    ``sqrt(2 - 2 cos)`` ranks inputs the same way). The similarities are block products of
+    the normalised rows in the reference's dtype, the queries taken in chunks whose
+    ``[B, N]`` block stays within 256 MiB. No labels.
 
     Cost: fit stores ``N x D`` normalised embeddings (the reference's dtype); a prediction is
     one ``[B, N]`` similarity product per query batch.
