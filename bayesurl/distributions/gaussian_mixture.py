@@ -33,7 +33,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bayesurl._checks import check_finite, check_int, check_ndim, check_number
+from bayesurl._checks import (
+    check_finite,
+    check_floating,
+    check_int,
+    check_min_points,
+    check_ndim,
+    check_number,
+)
 
 __all__ = [
     "MIN_POINTS",
@@ -97,6 +104,10 @@ def ledoit_wolf_shrinkage(scatter: Tensor, quartic: float, n: int) -> float:
     float
         The intensity in ``[0, 1]``.
     """
+    check_ndim(scatter, "scatter", 2)
+    if scatter.shape[0] != scatter.shape[1]:
+        raise ValueError(f"`scatter` must be square [D, D], got {tuple(scatter.shape)}")
+    n = check_int(n, "n", low=1)
     d = scatter.shape[0]
     if d == 1:
         return 0.0
@@ -253,6 +264,7 @@ def fit_gaussians(
     """
     check_ndim(x, "x", 2)
     check_finite(x, "x")
+    check_min_points(x, "x", 2)
     if covariance not in ("full", "tied"):
         raise ValueError(f"`covariance` must be 'full' or 'tied', got {covariance!r}")
     shrinkage = check_shrinkage(shrinkage, "shrinkage")
@@ -373,9 +385,11 @@ def kmeans(
         Seeds the k-means++ draws (CPU generator).
     """
     check_ndim(x, "x", 2)
+    check_floating(x, "x")
     check_finite(x, "x")
+    check_min_points(x, "x", 1)
     n = x.shape[0]
-    k = check_int(k, "components", low=1, high=n)
+    k = check_int(k, "k", low=1, high=n)
     x64 = x.to(torch.float64)
     if init is None:
         gen = generator if generator is not None else torch.Generator().manual_seed(0)
