@@ -647,6 +647,18 @@ def combine(base: Path, rerun: Path, keep_before: Path | None = None) -> Path:
     return write_results(runs, base, settings)["json"]
 
 
+def redraw_curves(folder: Path) -> Path | None:
+    """Draw ``folder/training_curves.png`` again from the runs and settings of
+    ``folder/results.json`` (every run records its curves): nothing is re-run and no other
+    file is rewritten. Returns the figure's path (``None`` when no run carries a curve)."""
+    from bayesurl.sweeps.report import plot_title, plot_training_curves
+
+    doc = json.loads((folder / "results.json").read_text())
+    return plot_training_curves(
+        doc["runs"], folder / "training_curves.png", title=plot_title(doc["settings"])
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path, help="folder holding results.json")
@@ -678,7 +690,15 @@ def main() -> None:
         "(e.g. the same protocol at other settings)",
     )
     ap.add_argument("--against-label", default=None, help="how the table names DIR")
+    ap.add_argument(
+        "--curves",
+        action="store_true",
+        help="only draw FOLDER/training_curves.png again from FOLDER/results.json",
+    )
     a = ap.parse_args()
+    if a.curves:
+        print(redraw_curves(a.folder))
+        return
     if a.interim:
         a.folder = write_interim(a.folder)
     if a.rerun is not None:
