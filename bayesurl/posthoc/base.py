@@ -14,7 +14,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim, check_output_file, match_module_dtype
+from bayesurl._checks import (
+    check_finite,
+    check_ndim,
+    check_output_file,
+    load_refusal,
+    match_module_dtype,
+)
 from bayesurl._modules import eval_mode
 from bayesurl.backbones import watch_input_range
 from bayesurl.files import atomic_open
@@ -392,7 +398,7 @@ def load(path: str | os.PathLike, encoder: nn.Module, **options: Any) -> Posthoc
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ValueError(f"`path` {path} is not a readable checkpoint: {exc}") from exc
+        raise ValueError(load_refusal(path, exc, f"`path` {path!r}")) from exc
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"`path` {path} is not a bayesurl post-hoc checkpoint ({FORMAT})")
     for key in ("method", "config", "state"):
