@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -478,11 +479,11 @@ def plot_training_curves(
     gets its own pair of panels, the loss above its ``u``, each on its own y axis in its own
     units: a falling line is a falling loss whatever its sign (InfoNCE, MCInfoNCE and HIB
     losses lie below zero, and a ratio to the first epoch would climb as they improve). One
-    thin line per run (estimator, split, seed), the median over the runs bold where there are
-    three or more of one length. ``u`` is drawn on a log axis where all of it is positive and
-    spans more than two decades (``u`` of the vMF methods is ``1/kappa``; TaU's is a log
-    temperature, linear). Returns ``None`` (and writes nothing) when no record carries a
-    curve.
+    line per run (estimator, split, seed); where an estimator has three or more, they are
+    faint and their per-epoch median is drawn over them in black. ``u`` is drawn on a log
+    axis where all of it is positive and spans more than two decades (``u`` of the vMF
+    methods is ``1/kappa``; TaU's is a log temperature, linear). Returns ``None`` (and
+    writes nothing) when no record carries a curve.
     """
     curves = [
         r for r in records if r.get("error") is None and (r.get("u_curve") or r.get("loss_curve"))
@@ -494,13 +495,16 @@ def plot_training_curves(
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     import numpy as np
-    from matplotlib.ticker import MaxNLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
     def series(r: Mapping[str, Any], key: str) -> list[float] | None:
         c = [float(v) for v in (r.get(key) or []) if v is not None]
         return c if c and all(math.isfinite(v) for v in c) else None
 
     names = sorted({str(r.get("method", r.get("estimator"))) for r in curves})
+    per_name = {
+        n: [r for r in curves if str(r.get("method", r.get("estimator"))) == n] for n in names
+    }
     ncols = min(len(names), 5)
     nrows = -(-len(names) // ncols)
     fig, axes = plt.subplots(
@@ -508,12 +512,16 @@ def plot_training_curves(
     )
     rows = (("loss_curve", "training loss", "tab:blue"), ("u_curve", "median u", "tab:orange"))
     for i, name in enumerate(names):
-        mine = [r for r in curves if str(r.get("method", r.get("estimator"))) == name]
+        mine = per_name[name]
         for j, (key, label, colour) in enumerate(rows):
             ax = axes[2 * (i // ncols) + j, i % ncols]
             got = [c for c in (series(r, key) for r in mine) if c is not None]
             for c in got:
-                ax.plot(range(1, len(c) + 1), c, color=colour, lw=0.8, alpha=0.45)
+                thin = len(got) >= 3  # many runs: faint, their median drawn over them
+                ax.plot(
+                    range(1, len(c) + 1), c, color=colour, lw=0.8 if thin else 1.4,
+                    alpha=0.45 if thin else 1.0,
+                )  # fmt: skip
             same = [c for c in got if len(c) == len(got[0])] if got else []
             if len(same) >= 3:
                 ax.plot(
@@ -526,6 +534,8 @@ def plot_training_curves(
             if flat and min(flat) > 0 and max(flat) > 100 * min(flat):
                 ax.set_yscale("log")
                 ax.yaxis.set_minor_formatter(NullFormatter())
+            else:  # each tick in full: an offset or a "1e-5" above the axis meets the title
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
             if not got:
                 ax.text(
                     0.5,
@@ -549,10 +559,13 @@ def plot_training_curves(
     for k in range(len(names), nrows * ncols):  # the grid's empty cells
         for j in range(2):
             axes[2 * (k // ncols) + j, k % ncols].set_visible(False)
+    note = (
+        "each panel on its own y axis, in the loss's or u's own units (lower loss is "
+        "better); one line per run"
+        + (", black: their median" if any(len(v) >= 3 for v in per_name.values()) else "")
+    )
     fig.suptitle(
-        f"training curves {title}".strip()
-        + "\neach panel on its own y axis, in the loss's or u's own units (lower loss is better);"
-        + " thin: one run each, bold: median over the runs",
+        f"training curves {title}".strip() + "\n" + textwrap.fill(note, 40 * ncols),
         fontsize=10,
     )
     fig.tight_layout()
