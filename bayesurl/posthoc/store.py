@@ -154,7 +154,7 @@ def encode_batches(
         Show a tqdm bar named ``desc`` that counts images.
     total : int or None
         The images ``batches`` yields, for the bar's total and time left (default: asked of a
-        :class:`~torch.utils.data.DataLoader`, :func:`bayesurl.posthoc.base.loader_items`).
+        :class:`~torch.utils.data.DataLoader`, whose sampler knows it).
 
     Yields
     ------
