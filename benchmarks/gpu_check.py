@@ -180,6 +180,7 @@ class Check:
         self.rows: list[Row] = []
         self.t0 = time.perf_counter()
         self.ref_dir = self.work / "reference"
+        self.partial: Path | None = None
 
     # ------------------------------------------------------------------ helpers
     def elapsed(self) -> float:
@@ -216,6 +217,8 @@ class Check:
         row.wall = time.perf_counter() - t
         self.rows.append(row)
         print(f"           {row.status} {row.reason}".rstrip(), flush=True)
+        if self.partial is not None:  # a killed run still leaves the roads done so far
+            self.partial.write_text(table(self) + "\n# (partial: the check was still running)\n")
         return row
 
     def cli(self, name: str, argv: list[str]) -> None:
@@ -402,11 +405,11 @@ def wrapper_u(path: Path, ckpt: Path, images: torch.Tensor) -> torch.Tensor:
         return wrapped(images).uncertainty.double().flatten()
 
 
-def probe_images(n: int) -> torch.Tensor:
+def probe_images(n: int, root: str | None) -> torch.Tensor:
     """Fixed 28 x 28 inputs for comparing two wrappers' u."""
     from bayesurl.data import default_zero_shot
 
-    data = default_zero_shot(seed=0)
+    data = default_zero_shot(root, seed=0)
     return torch.stack([data.test[i][0] for i in range(n)]).float()
 
 
@@ -828,7 +831,7 @@ def _agree_row(check: Check, row: Row, images: Any) -> None:
         r = ref(f"wrap_{wname}")
         if r is None:
             return
-        imgs = probe_images(64 if not check.args.dry_run else 32)
+        imgs = probe_images(64 if not check.args.dry_run else 32, check.args.data_root)
         ckpt = check.work / "ckpt" / "last.pt"
         a = wrapper_u(Path(row.data["path"]), ckpt, imgs)
         b = wrapper_u(Path(r["path"]), ckpt, imgs)
@@ -959,6 +962,10 @@ def main(argv: list[str] | None = None) -> int:
     args.work = tmp.name if tmp else args.work
     Path(args.work).mkdir(parents=True, exist_ok=True)
     check = Check(args)
+    name = "gpu_check_dry_run.txt" if args.dry_run else "gpu_check.txt"
+    out = Path(args.out or REPO / "results" / "benchmarks" / name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    check.partial = out
     torch.set_num_threads(max(1, cores - args.reference_threads))
     write_inputs(check.work, check.sizes)
     worker_cmd = [sys.executable, __file__, "--reference-worker", "--work", args.work]
@@ -979,9 +986,6 @@ def main(argv: list[str] | None = None) -> int:
             worker.wait(30)
     text = table(check) + f"\n# total {check.elapsed():.0f} s\n"
     print(text)
-    name = "gpu_check_dry_run.txt" if args.dry_run else "gpu_check.txt"
-    out = Path(args.out or REPO / "results" / "benchmarks" / name)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(f"wrote {out}")
     if args.json:
