@@ -36,6 +36,7 @@ def topk_kernel(
     state = rows64[:, None] * K + slots[None, :]
     best_v = tl.load(BEST_V + state, mask=row_ok[:, None], other=float("-inf"))
     best_i = tl.load(BEST_I + state, mask=row_ok[:, None], other=-1)
+    best_i = tl.where(best_i < 0, -1 - slots[None, :], best_i)  # empty slots: distinct ids
     kth = tl.min(best_v, 1)
     if HAS_OWN:
         own = tl.load(OWN + rows, mask=row_ok, other=-1)
@@ -69,10 +70,11 @@ def topk_kernel(
         while tl.max((m > kth).to(tl.int32), 0) > 0:
             c = tl.min(tl.where(acc == m[:, None], cols[None, :], N + BLOCK_N), 1)
             take = m > kth  # strictly: an equal value seen earlier has the lower id
-            # the slot to replace: the K-th value, the largest id among equal ones
-            key = tl.where(best_v == kth[:, None], best_i * K + slots[None, :], -(2 * K + 2))
-            slot = tl.argmax(key, 1)
-            put = (slots[None, :] == slot[:, None]) & take[:, None]
+            # the slot to replace: the K-th value, the largest id among equal ones (ids are
+            # distinct within a row, so one slot)
+            at_kth = best_v == kth[:, None]
+            last = tl.max(tl.where(at_kth, best_i, -(K + 2)), 1)
+            put = at_kth & (best_i == last[:, None]) & take[:, None]
             best_v = tl.where(put, m[:, None], best_v)
             best_i = tl.where(put, (c.to(tl.int64) + offset)[:, None], best_i)
             kth = tl.min(best_v, 1)

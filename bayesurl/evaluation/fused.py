@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -95,7 +96,10 @@ def interpreting() -> bool:
         return False
     import triton
 
-    return bool(triton.knobs.runtime.interpret)
+    knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older ones read the variable
+    if knobs is None:
+        return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return bool(knobs.runtime.interpret)
 
 
 def default_config() -> FusedConfig:
@@ -132,8 +136,9 @@ def fused_topk(
     gb : Tensor
         ``[N, D]`` bfloat16 gallery rows (global ids ``offset ..``), rows contiguous.
     best_v, best_i : Tensor
-        ``[M, K]`` float32 values and int64 global ids of the top-K so far (``-inf`` / ``-1``
-        where empty), contiguous; ``K = config.keep``.
+        ``[M, K]`` float32 values and int64 global ids of the top-K so far (``-inf`` and a
+        negative id where empty; empty slots leave with distinct negative ids), contiguous;
+        ``K = config.keep``.
     own : Tensor, optional
         ``[M]`` int64 column of ``gb`` excluded per query (its own item; any value outside
         ``[0, N)`` excludes nothing).
