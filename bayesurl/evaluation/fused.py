@@ -2,11 +2,12 @@
 running top-K of its bfloat16 products over the gallery, block by block, so the ``[B, N]``
 similarity block is never written to memory.
 
-:func:`bayesurl.evaluation.knn.search` uses it on a GPU as the candidate pass of its exact
-search: the K kept items are re-ranked in float64 and a certificate (the K-th kept product
-plus the products' error bound lies strictly below the k-th re-ranked similarity) proves that
-no other item can reach the top-k; rows it cannot certify go to the unfused passes
-(docs/concepts/metrics.rst, "The exact search on a GPU").
+The exact search behind :func:`~bayesurl.evaluation.knn` and
+:func:`~bayesurl.evaluation.evaluate` uses it on a GPU as its candidate pass: the K kept
+items are re-ranked in float64 and a certificate (the K-th kept product plus the products'
+error bound lies strictly below the k-th re-ranked similarity) proves that no other item can
+reach the top-k; rows it cannot certify go to the unfused passes (docs/concepts/metrics.rst,
+"The exact search on a GPU").
 
 What the kernel computes, for query rows ``i`` of ``qb`` and gallery rows ``j`` of ``gb``
 (both bfloat16), with ``p_ij`` the products summed in float32 (exact bfloat16 products, one
