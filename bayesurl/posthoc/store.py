@@ -493,6 +493,8 @@ class EmbeddingCache(EmbeddingShard):
 
     def rows(self, index: np.ndarray | Tensor | range) -> tuple[Tensor, Tensor | None]:
         """Embeddings ``[B, D]`` (float32) and labels ``[B]`` of global rows ``index``."""
+        if isinstance(index, Tensor):
+            index = index.detach().cpu().numpy()
         idx = np.asarray(index, dtype=np.int64)
         emb = _gather(self.embeddings, idx).astype(np.float32, copy=False)
         lab = None if self.labels is None else torch.from_numpy(_gather(self.labels, idx))
@@ -658,8 +660,9 @@ class FeatureStore:
         gen = torch.Generator().manual_seed(int(self.seed))
 
         def draw(x: Tensor) -> Tensor:
-            # the augmentations draw from torch's global generator: seed a fork of it
-            with torch.random.fork_rng(devices=[]):
+            # the augmentations draw from torch's global generator of x's device: seed a fork
+            # of it (a CUDA one too: manual_seed reseeds every device's generator)
+            with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
                 torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
                 return self.encoder.resize(self.augment(x))  # type: ignore[misc]
 
