@@ -115,7 +115,7 @@ U_MEANING = {
     "of the other folds, one shared Ledoit-Wolf covariance (Lee et al. 2018)",
     "gmm": "-log density of the feature under a Gaussian mixture of the other folds' features, "
     "one component per class (DDU, Mukhoti et al. 2023), or 10 k-means components in a folder "
-    "without classes",
+    "without classes (in nats: negative where the density exceeds 1)",
 }
 
 
