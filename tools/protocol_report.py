@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bayesurl.evaluation.table import Column, metric_column
-from bayesurl.sweeps.report import REPRO_METRICS, report_columns
+from bayesurl.sweeps.report import FREE_BASELINES, REPRO_METRICS, report_columns
 
 
 def _columns() -> list[Column]:
@@ -202,9 +202,6 @@ def write_interim(folder: Path) -> Path:
     out = folder / "interim"
     write_results(done, out, settings)
     return out
-
-
-FREE_BASELINES = ("feature_norm", "feature_knn")
 
 
 def _significant_rows(table: dict[str, Any], metric: str, sign: int) -> dict[str, Any]:

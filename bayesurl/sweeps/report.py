@@ -106,7 +106,13 @@ def jsonable(obj: Any) -> Any:
 
 #: Estimators that train nothing (the input representation's own score): the reference an
 #: uncertainty estimator on pretrained features has to beat.
-FREE_BASELINES: tuple[str, ...] = ("feature_norm", "feature_knn")
+FREE_BASELINES: tuple[str, ...] = (
+    "feature_norm",
+    "feature_knn",
+    "feature_mahalanobis",
+    "feature_gmm",
+    "feature_gmm_kmeans",
+)
 
 
 def best_free_baseline(
