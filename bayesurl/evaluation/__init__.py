@@ -45,6 +45,7 @@ from bayesurl.evaluation.functional import (
 from bayesurl.evaluation.intervals import Interval, IntervalMethod
 from bayesurl.evaluation.knn import (
     DEFAULT_MEMORY_BUDGET,
+    fused_search,
     knn,
     knn_query,
     knn_sharded,
@@ -131,6 +132,7 @@ __all__ = [
     "choose_shortlist",
     "evaluate",
     "evaluate_output",
+    "fused_search",
     "kappa_from_samples",
     "knn",
     "knn_query",

@@ -52,7 +52,7 @@ from bayesurl._modules import eval_mode
 from bayesurl.data.batch import unpack_batch
 from bayesurl.data.transforms import Resize
 from bayesurl.files import CorruptedFileError, reuse_or_build, seal, unseal
-from bayesurl.posthoc.base import device_of, encode, iterate
+from bayesurl.posthoc.base import device_of, encode, iterate, loader_items
 
 __all__ = [
     "EmbeddingCache",
@@ -125,6 +125,7 @@ def encode_batches(
     view_encoder: nn.Module | None = None,
     progress: bool = True,
     desc: str = "encoding",
+    total: int | None = None,
 ) -> Iterator[tuple[Tensor, Tensor | None]]:
     """Run a frozen encoder over ``batches``: the one embedding loop of the store.
 
@@ -150,7 +151,10 @@ def encode_batches(
     view_encoder : nn.Module or None
         Encoder of the augmented inputs (default: ``encoder``).
     progress : bool
-        Show a tqdm bar named ``desc``.
+        Show a tqdm bar named ``desc`` that counts images.
+    total : int or None
+        The images ``batches`` yields, for the bar's total and time left (default: asked of a
+        :class:`~torch.utils.data.DataLoader`, whose sampler knows it).
 
     Yields
     ------
@@ -168,7 +172,7 @@ def encode_batches(
     with contextlib.ExitStack() as stack:
         stack.enter_context(eval_mode(encoder))
         stack.enter_context(eval_mode(view_encoder))
-        for batch in iterate(batches, progress, desc):
+        for batch in iterate(batches, progress, desc, total=total):
             x, y = unpack_batch(batch)
             if not isinstance(x, Tensor):
                 raise ValueError(
@@ -462,7 +466,7 @@ class EmbeddingCache(EmbeddingShard):
                 count = 0
                 for e, y in encode_batches(
                     encoder, _shapes(loader, item_shape), progress=progress,
-                    desc=f"caching pass {p + 1}/{passes}",
+                    desc=f"caching pass {p + 1}/{passes}", total=loader_items(loader),
                 ):  # fmt: skip
                     count += len(e)
                     yield e, y
@@ -489,6 +493,8 @@ class EmbeddingCache(EmbeddingShard):
 
     def rows(self, index: np.ndarray | Tensor | range) -> tuple[Tensor, Tensor | None]:
         """Embeddings ``[B, D]`` (float32) and labels ``[B]`` of global rows ``index``."""
+        if isinstance(index, Tensor):
+            index = index.detach().cpu().numpy()
         idx = np.asarray(index, dtype=np.int64)
         emb = _gather(self.embeddings, idx).astype(np.float32, copy=False)
         lab = None if self.labels is None else torch.from_numpy(_gather(self.labels, idx))
@@ -654,8 +660,9 @@ class FeatureStore:
         gen = torch.Generator().manual_seed(int(self.seed))
 
         def draw(x: Tensor) -> Tensor:
-            # the augmentations draw from torch's global generator: seed a fork of it
-            with torch.random.fork_rng(devices=[]):
+            # the augmentations draw from torch's global generator of x's device: seed a fork
+            # of it (a CUDA one too: manual_seed reseeds every device's generator)
+            with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
                 torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
                 return self.encoder.resize(self.augment(x))  # type: ignore[misc]
 
@@ -667,7 +674,8 @@ class FeatureStore:
             rows = encode_batches(
                 self.encoder, batches, views=views - 1, augment=draw,
                 view_encoder=self.encoder.backbone, progress=self.progress,
-                desc=f"extracting features ({len(images)} images x {views} views)",
+                desc=f"extracting features ({views} view{'s' if views > 1 else ''} each)",
+                total=len(images),
             )  # fmt: skip
             built = write_shard(shard, ((e.float(), y) for e, y in rows), digests=digests)
             self.timings["extract_seconds"] += time.perf_counter() - t0
