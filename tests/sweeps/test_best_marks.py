@@ -166,6 +166,10 @@ def test_results_json_and_the_report_carry_the_marks(tmp_path):
     doc = json.loads((tmp_path / "bench" / "results.json").read_text())
     assert doc["best"]["r_auroc"]["best"] == "good" and doc["best"]["r_auroc"]["separated"]
     assert not doc["best"]["r@1"]["separated"]
+    head = (tmp_path / "bench" / "results.csv").read_text().splitlines()[0]
+    assert "r_auroc,r_auroc_low,r_auroc_high,r_auroc_interval,r_auroc_n,r_auroc_over" in head
+    row = doc["runs"][0]
+    assert row["r_auroc_low"] <= row["r_auroc"] <= row["r_auroc_high"] and row["r_auroc_n"] == N
     model = report_model(load_source(tmp_path / "bench"))
     assert model["marks"] == {"r_auroc": "good"}
     assert any("paired bootstrap over the same 1000 queries" in line for line in model["legend"])
