@@ -306,9 +306,9 @@ def notes_lines(source: ReportSource) -> list[str]:
 
 
 def cell_state(key: str, low: float | None, high: float | None) -> str | None:
-    """``"inverted"`` / ``"chance"`` for an AUROC of :data:`~bayesurl.evaluation.notes.
-    AUROC_TITLES` whose interval lies below / holds 0.5 (the rule of the notes, applied to
-    the interval a table cell shows), else ``None``."""
+    """``"inverted"`` / ``"chance"`` for an AUROC of
+    :data:`~bayesurl.evaluation.notes.AUROC_TITLES` whose interval lies below / holds 0.5 (the
+    rule of the notes, applied to the interval a table cell shows), else ``None``."""
     if key not in AUROC_TITLES or low is None or high is None:
         return None
     return "inverted" if high < 0.5 else "chance" if low <= 0.5 else None
