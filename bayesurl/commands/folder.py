@@ -121,8 +121,13 @@ def run(args: argparse.Namespace) -> int:
     for path, err in res.skipped:
         print(f"skipped {path}: {err}")
     if res.metrics is not None:
-        cols = [(c.key, c.title, c.digits) for c in metric_columns(shown=True)]
-        for line in interval_lines({k: v for k, v in res.metrics.items() if v is not None}, cols):
+        # a folder has no posterior draws and no OOD set: those columns would only say so
+        cols = [
+            (c.key, c.title, c.digits)
+            for c in metric_columns(shown=True)
+            if c.key not in ("ece", "ood_auroc")
+        ]
+        for line in interval_lines(res.metrics, cols):
             print(line)
     print_notes(args.out)
     print(

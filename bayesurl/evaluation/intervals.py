@@ -40,7 +40,7 @@ apply): it resamples the query indices jointly and recomputes both.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
@@ -728,10 +728,19 @@ def format_interval(value: float | None, interval: Interval | None, digits: int 
 def interval_lines(result: Mapping[str, Any], keys: Sequence[tuple[str, str, int]]) -> list[str]:
     """One aligned line per ``(key, title, digits)`` of one result: title, value, interval,
     and what the interval is (``"95 % DeLong interval over 1000 queries"``). ``result``
-    holds ``intervals`` (an evaluation) or the flat fields of :func:`flat_intervals`."""
+    holds ``intervals`` (an evaluation) or the flat fields of :func:`flat_intervals`.
+
+    A metric whose value is ``None`` is shown as ``n/a`` with its reason when ``result`` has
+    one in ``notes`` (``"r_auroc: R-AUROC is undefined: ..."``, as the evaluator writes it),
+    and left out otherwise, so a missing R-AUROC is never silent where the reason is known."""
+    why = _reasons(result.get("notes") or ())
     rows = []
     for key, title, digits in keys:
         if key not in result:
+            continue
+        if result.get(key) is None:
+            if key in why:
+                rows.append((title, "n/a", why[key]))
             continue
         iv = read_interval(result, key)
         rows.append(
@@ -745,6 +754,17 @@ def interval_lines(result: Mapping[str, Any], keys: Sequence[tuple[str, str, int
         return []
     w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
     return [f"{t:<{w0}}  {v:<{w1}}  {d}".rstrip() for t, v, d in rows]
+
+
+def _reasons(notes: Iterable[str]) -> dict[str, str]:
+    """``{key: reason}`` from the evaluator's ``notes`` (``"key1, key2: reason"``)."""
+    out: dict[str, str] = {}
+    for note in notes:
+        keys, sep, reason = str(note).partition(": ")
+        if sep:
+            for key in keys.split(", "):
+                out.setdefault(key.strip(), reason)
+    return out
 
 
 # --------------------------------------------------------------------------- records

@@ -511,9 +511,7 @@ def _write_readme(
     est = {} if metrics is None else {k: metrics.get(k) for k in ivs}
     notes = rec.notes(ivs, est)
     shown = [("r@1", "R@1", 3), ("r_auroc", "R-AUROC", 3), ("ausc", "AUSC", 3)]
-    table = [] if metrics is None else interval_lines(
-        {k: v for k, v in metrics.items() if v is not None}, shown
-    )  # fmt: skip
+    table = [] if metrics is None else interval_lines(metrics, shown)
     lines = [
         f"# {info['title']}",
         "",
