@@ -155,7 +155,10 @@ def worker(rank: int, world: int, port: int, out: str, names: list[str]) -> None
                 seed=0,
                 progress=False,
             )
-            fitted = {"eval": json.loads(json.dumps(dict(r.history[-1]["eval"]))), "state": method.state_dict()}
+            fitted = {
+                "eval": json.loads(json.dumps(dict(r.history[-1]["eval"]))),
+                "state": method.state_dict(),
+            }
         torch.save({"results": saved, "fit": fitted}, Path(out) / f"rank{rank}.pt")
     finally:
         cleanup()

@@ -4,9 +4,9 @@ scikit-learn on the other folds' features), labels where the method needs them."
 
 from __future__ import annotations
 
-import re
 import csv
 import json
+import re
 import warnings
 
 import numpy as np
