@@ -43,7 +43,7 @@ class LaplaceWrapper(PosthocWrapper):
         That layer (a submodule name or the module). Default: the last ``nn.Linear`` whose
         output equals the encoder's output on the first fitting batch (so the projection of a
         vMF method is found, not its later kappa head).
-    approximation, geometry, prior_precision, margin, hessian_scale
+    approximation, geometry, prior_precision, margin, hessian_scale, hessian_pairs, hessian_miner
         Passed to :func:`bayesurl.laplace.MetricLaplace` (``prior_precision`` also to
         :class:`~bayesurl.laplace.ClassifierLaplace`). The defaults, ``"positive"`` pairs in
         the ``"euclidean"`` geometry (LAM eq. 7), give a psd GGN for any encoder. On an
@@ -78,6 +78,8 @@ class LaplaceWrapper(PosthocWrapper):
         prior_precision: float = 1.0,
         margin: float = 0.2,
         hessian_scale: float = 1.0,
+        hessian_pairs: str | None = None,
+        hessian_miner: str | None = None,
         classifier: nn.Module | None = None,
         hessian_structure: str = "diag",
         backend: str = "backpack",
@@ -95,6 +97,9 @@ class LaplaceWrapper(PosthocWrapper):
             "margin": margin,
             "hessian_scale": hessian_scale,
             "hessian_structure": hessian_structure,
+            # None: MetricLaplace's own default
+            **({} if hessian_pairs is None else {"hessian_pairs": hessian_pairs}),
+            **({} if hessian_miner is None else {"hessian_miner": hessian_miner}),
         }
         self.cla = None
         if classifier is not None:
@@ -119,16 +124,7 @@ class LaplaceWrapper(PosthocWrapper):
             self.la = None
             return
         try:
-            self.la = MetricLaplace(
-                encoder,
-                last_layer,
-                approximation=approximation,
-                geometry=geometry,
-                prior_precision=prior_precision,
-                margin=margin,
-                hessian_scale=hessian_scale,
-                hessian_structure=hessian_structure,
-            )
+            self.la = MetricLaplace(encoder, last_layer, **self._laplace_options)
         except ValueError as exc:
             if "hessian_structure" in str(exc):
                 raise
@@ -329,6 +325,8 @@ class LaplaceWrapper(PosthocWrapper):
             "margin": self.la.margin,
             "hessian_scale": self.la.hessian_scale,
             "hessian_structure": self.la.hessian_structure.value,
+            "hessian_pairs": self.la.hessian_pairs.value,
+            "hessian_miner": self.la.hessian_miner.value,
         }
 
     @classmethod

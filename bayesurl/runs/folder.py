@@ -45,12 +45,13 @@ The road of ``bayesurl folder`` (:func:`score_folder`, its settings in :class:`F
 from __future__ import annotations
 
 import csv
+import inspect
 import math
 import os
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -74,6 +75,7 @@ from bayesurl.evaluation import evaluate
 from bayesurl.evaluation.knn import knn
 from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_open, write_json
+from bayesurl.posthoc.base import wrapper_class
 from bayesurl.posthoc.store import FeatureStore, FrozenEncoder, encode_batches
 from bayesurl.posthoc.wrap import wrap
 from bayesurl.runs.predict import predict
@@ -322,9 +324,10 @@ def _fit(
     batch_size: int,
     lr: float,
     generator: torch.Generator,
+    wrapper_options: Mapping[str, Any] | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """The post-hoc wrapper of ``method`` fitted on the positive pairs ``views``
-    ``[M, 2, D]`` (labels unused)."""
+    ``[M, 2, D]`` (labels unused), with ``wrapper_options`` on top of the plan's."""
     dim = views.shape[-1]
     pairs = _pair_batches(views, batch_size, generator)
     if not pairs:
@@ -333,7 +336,7 @@ def _fit(
         )
     plan = _FIT_PLANS[method]
     encoder = plan.encoder(dim)
-    wrapped = wrap(encoder, method.value, **plan.options(encoder, dim))
+    wrapped = wrap(encoder, method.value, **plan.options(encoder, dim), **(wrapper_options or {}))
     hyper = {"epochs": epochs, "lr": lr} if plan.trains else {}
     batches = pairs if plan.pairs else _stacked(pairs)
     report = wrapped.fit(batches, **plan.fit, **hyper, progress=False)
@@ -469,6 +472,10 @@ class FolderOptions:
         Raise on the first unreadable image instead of skipping it.
     progress : bool
         Progress bar over the images.
+    wrapper_options : mapping, optional
+        Options of the method's post-hoc wrapper (:func:`bayesurl.posthoc.wrap`) beside the
+        ones the folder sets itself, e.g. ``{"hessian_miner": "hard"}`` for ``laplace``
+        (:class:`~bayesurl.posthoc.laplace.LaplaceWrapper`).
     cache : path-like, optional
         Folder of the frozen-feature store (:class:`bayesurl.posthoc.store.FeatureStore`) the
         plain features are kept in: a later run over the same images with the same backbone,
@@ -497,6 +504,7 @@ class FolderOptions:
     strict: bool = False
     progress: bool = True
     cache: str | os.PathLike[str] | None = None
+    wrapper_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         try:
@@ -512,6 +520,31 @@ class FolderOptions:
             value = getattr(self, name)
             if int(value) != value or value < low:
                 raise ValueError(f"`{name}` must be an integer >= {low}, got {value}")
+        object.__setattr__(
+            self, "wrapper_options", _check_wrapper_options(method, self.wrapper_options)
+        )
+
+
+def _check_wrapper_options(method: FolderMethod, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` as a dict, every key an option of ``method``'s wrapper that the folder does
+    not set itself."""
+    if not isinstance(options, Mapping):
+        raise ValueError(f"`wrapper_options` must be a mapping, got {type(options).__name__}")
+    params = inspect.signature(wrapper_class(method.value)).parameters
+    plan = _FIT_PLANS[method]
+    # the classifier path needs class labels, which the folder's fit never uses
+    fixed = {*plan.options(plan.encoder(2), 2), "classifier", "backend"}
+    valid = sorted(
+        n for n, p in params.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and n not in fixed
+    )  # fmt: skip
+    for key in options:
+        if key not in valid:
+            raise ValueError(
+                f"`wrapper_options`: method {method.value!r} has no option {key!r} the folder "
+                f"leaves open; valid: {', '.join(valid)}"
+            )
+    return dict(options)
 
 
 @dataclass
@@ -594,6 +627,7 @@ def _info(
             "image_size": enc.size, "views": opts.views, "fit_max": opts.fit_max,
             "epochs": opts.epochs, "lr": opts.lr, "batch_size": opts.batch_size,
             "seed": opts.seed, "device": str(enc.device),
+            "wrapper_options": dict(opts.wrapper_options),
         },
         "sizes": {**folder_summary(scan), "readable": int(fx.feats.shape[0]),
                   "unreadable": len(skipped), "fit_images": fit_images},
@@ -668,7 +702,7 @@ def score_folder(
     pairs = _fit_pairs(opts.method, fx, enc.fit_ids)
     wrapped, fit_report = _fit(
         opts.method, pairs, epochs=opts.epochs, batch_size=opts.batch_size,
-        lr=opts.lr, generator=enc.generator,
+        lr=opts.lr, generator=enc.generator, wrapper_options=opts.wrapper_options,
     )  # fmt: skip
     with torch.no_grad():
         pred, _ = predict(
