@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from bayesurl.evaluation.table import metric_columns
     from bayesurl.report import print_notes, try_report
     from bayesurl.runs.config import parse_value
-    from bayesurl.runs.folder import FolderOptions, score_folder
+    from bayesurl.runs.folder import U_MEASURED, FolderOptions, score_folder
 
     pretrained = not args.random_weights
     if pretrained and args.backbone.lower() not in PACKAGED_WEIGHTS:
@@ -126,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     res = score_folder(args.images, out=args.out, options=options)
     for line in res.info["describe"]:
         print(line)
+    if options.method.value in U_MEASURED:
+        print(f"caution: {U_MEASURED[options.method.value]}")
     for path, err in res.skipped:
         print(f"skipped {path}: {err}")
     if res.metrics is not None:

@@ -101,10 +101,12 @@ class HessianPairs(str, Enum):
     """Which mined negative pairs enter the Hessian.
 
     The contrastive loss is flat for a negative pair outside the margin, so its GGN there is
-    0 (``inside_margin``, default). The LAM code (``laplace_online_model.py`` lines 132-148,
+    0 (``inside_margin``). The LAM code (``laplace_online_model.py`` lines 132-148,
     FrederikWarburg/bayesian-metric-learning e0188f4) passes every tuple its
     ``TripletMarginMiner`` returns to the Hessian calculator, which has no margin test
-    (``all_mined``).
+    (``all_mined``, default with the ``triplets`` miner of :class:`HessianMiner`: the pair set
+    measured best on most of four roads, docs/concepts/laplace.rst, "Which pairs enter the
+    Hessian").
     """
 
     INSIDE_MARGIN = "inside_margin"
@@ -120,7 +122,7 @@ class HessianMiner(str, Enum):
     ``PairMarginMiner(0, margin)``; LAM section 3, "Hard negative mining"). ``triplets``:
     the LAM code's ``TripletMarginMiner(margin, "all")``, every triplet with
     ``d(a, n) - d(a, p) < margin``, at most :data:`MAX_TRIPLETS` of them per batch (a
-    seeded subsample, as the LAM code's ``max_pairs``).
+    seeded subsample, as the LAM code's ``max_pairs``; default).
     """
 
     HARD = "hard"
@@ -318,8 +320,8 @@ class BaseMetricLaplace:
         prior_precision: float | Tensor = 1.0,
         margin: float = 0.2,
         hessian_scale: float = 1.0,
-        hessian_pairs: HessianPairs | str = HessianPairs.INSIDE_MARGIN,
-        hessian_miner: HessianMiner | str = HessianMiner.HARD,
+        hessian_pairs: HessianPairs | str = HessianPairs.ALL_MINED,
+        hessian_miner: HessianMiner | str = HessianMiner.TRIPLETS,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ValueError(f"`model` must be an nn.Module, got {type(model).__name__}")
@@ -491,13 +493,8 @@ class BaseMetricLaplace:
         return self.margin
 
     def _default_miner(self) -> Miner:
-        """The Hessian miner of :attr:`hessian_miner` (:class:`HessianMiner`), built once.
-
-        ``hard`` keeps the pair balance: all positive pairs and all negatives inside the
-        margin (``loss_pairs``) are dominated ~5:1 by negatives on a trained FashionMNIST
-        net, and the ``fixed`` and ``full`` diagonals were then clamped in 100% / 88-99% of
-        entries (docs/concepts/laplace.rst, "The contrastive loss and its Hessian").
-        """
+        """The Hessian miner of :attr:`hessian_miner` (:class:`HessianMiner`), built once
+        (the ``triplets`` subsample draws from one seeded stream per posterior)."""
         if self._miner is None:
             from pytorch_metric_learning import miners
 
@@ -779,6 +776,7 @@ class BaseMetricLaplace:
         self.geometry = _enum(Geometry, state["geometry"], "geometry")
         self.margin = float(state["margin"])
         self.hessian_scale = float(state.get("hessian_scale", 1.0))
+        # a state saved before these options existed was fitted with the then defaults
         pairs = state.get("hessian_pairs", HessianPairs.INSIDE_MARGIN.value)
         self.hessian_pairs = _enum(HessianPairs, pairs, "hessian_pairs")
         miner = state.get("hessian_miner", HessianMiner.HARD.value)
@@ -1235,8 +1233,8 @@ def MetricLaplace(  # noqa: N802 - factory named like the class it returns (lapl
     margin: float = 0.2,
     hessian_scale: float = 1.0,
     hessian_structure: HessianStructure | str = "diag",
-    hessian_pairs: HessianPairs | str = HessianPairs.INSIDE_MARGIN,
-    hessian_miner: HessianMiner | str = HessianMiner.HARD,
+    hessian_pairs: HessianPairs | str = HessianPairs.ALL_MINED,
+    hessian_miner: HessianMiner | str = HessianMiner.TRIPLETS,
     **online_kwargs: Any,
 ) -> BaseMetricLaplace:
     """Last-layer Laplace for metric learning, laplace-torch style (LAM section 3).
@@ -1269,14 +1267,16 @@ def MetricLaplace(  # noqa: N802 - factory named like the class it returns (lapl
         (EKFAC; :mod:`bayesurl.laplace.kron`). Every method below works for both; ``kron``
         costs one input cache of ``N (F + 1)`` floats during :meth:`fit`. Online, each step
         refits the factors to the decayed EKFAC curvature plus the batch GGN.
-    hessian_pairs : {"inside_margin", "all_mined"}
-        :class:`HessianPairs`: negatives outside the margin contribute nothing (default, the
-        GGN of the loss) or every mined pair does (the LAM code).
-    hessian_miner : {"hard", "loss_pairs", "triplets"}
+    hessian_pairs : {"all_mined", "inside_margin"}
+        :class:`HessianPairs`: every mined pair enters (default, the LAM code) or negatives
+        outside the margin contribute nothing (the GGN of the loss).
+    hessian_miner : {"triplets", "hard", "loss_pairs"}
         :class:`HessianMiner`: the tuples the Hessian is mined from when ``fit`` (or
-        ``online_loss``) gets no miner of its own: the hardest positive and negative of each
-        anchor (default), every pair with a non-zero loss (LAM section 3) or every triplet
-        inside the margin (the LAM code).
+        ``online_loss``) gets no miner of its own: every triplet inside the margin, at most
+        5,000 per batch (default, the LAM code), the hardest positive and negative of each
+        anchor, or every pair with a non-zero loss (LAM section 3). The default pair set was
+        chosen by measurement on four roads (docs/concepts/laplace.rst, "Which pairs enter the
+        Hessian"); it costs one ``[P, D]`` output-Hessian block per mined pair.
     **online_kwargs
         ``alpha`` (memory, default 1e-3), ``dataset_size``, ``n_weight_samples`` (default 1),
         ``init_hessian`` (default 0; LAM code: ``dataset_size``), ``online_scale``

@@ -100,6 +100,17 @@ U_MEANING = {
 }
 
 
+#: What u did on labelled folders where it was measured, for a method whose u misled there: the
+#: companion page says it even when the folder has no labels to check it against.
+U_MEASURED = {
+    "laplace": "Measured on two labelled folders of 1,000 images (Open Clip Art drawings, "
+    "FashionMNIST test images) this u was inverted on both -- R-AUROC 0.32 and 0.38, higher u "
+    "on the images whose neighbour is right -- and stayed so with every Hessian pair set tried "
+    "(docs: Concepts > Laplacian metric learning, 'Which pairs enter the Hessian'). Do not "
+    "rank images by it unless labelled images of your own show R-AUROC above 0.5.",
+}
+
+
 class FolderMethod(str, Enum):
     """Post-hoc u fitted on a folder's features."""
 
@@ -416,6 +427,11 @@ def _write_readme(
         f"## What u is ({method.value})",
         "",
         f"u = {U_MEANING[method.value]}. Higher u = less certain.",
+        *(
+            ["", f"**Caution.** {U_MEASURED[method.value]}", ""]
+            if method.value in U_MEASURED
+            else []
+        ),  # fmt: skip
         f"Over the {rec.u.size} readable images u runs from {lo:.{d}g} (median {med:.{d}g}) "
         f"to {hi:.{d}g}; `u_rank` 1 is the most uncertain image.",
         "",

@@ -3,6 +3,8 @@ Hessian over the tuples of PML's own miners (float64)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from pytorch_metric_learning.miners import (
@@ -139,3 +141,22 @@ def test_wrapper_passes_the_pair_set_and_saves_it(tmp_path):
     back = load(tmp_path / "w.pt", net)
     assert back.la.hessian_miner is HessianMiner.TRIPLETS
     assert back.la.hessian_pairs is HessianPairs.ALL_MINED
+
+
+def test_the_default_is_the_one_the_docs_name():
+    """MetricLaplace mines the LAM code's triplets and keeps every one (measured best on most
+    of four roads); the post-hoc wrapper keeps the hard pairs it was measured with on the
+    folder road. The docs page states both."""
+    net, x, y = _case()
+    la = MetricLaplace(net)
+    assert la.hessian_miner is HessianMiner.TRIPLETS
+    assert la.hessian_pairs is HessianPairs.ALL_MINED
+    online = MetricLaplace(net, mode="online", dataset_size=12)
+    assert online.hessian_miner is HessianMiner.TRIPLETS
+    w = wrap(net, "laplace")
+    assert w.la.hessian_miner is HessianMiner.HARD
+    assert w.la.hessian_pairs is HessianPairs.INSIDE_MARGIN
+    page = (Path(__file__).resolve().parents[2] / "docs" / "concepts" / "laplace.rst").read_text()
+    text = " ".join(page.split())
+    assert 'default is ``hessian_miner="triplets"``, ``hessian_pairs="all_mined"``' in text
+    assert '``wrap(encoder, "laplace")`` keeps ``hessian_miner="hard"``' in text

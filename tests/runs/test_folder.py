@@ -120,10 +120,12 @@ def test_command_writes_csv_and_report(tmp_path, capsys):
     assert main(["folder", str(tmp_path / "absent"), "--out", str(out)]) == 2
 
 
-def test_wrapper_options_reach_the_wrapper_and_the_command(tmp_path):
-    """``wrapper_options`` / ``--option``: the Laplace pair set of the folder's fit."""
+def test_wrapper_options_reach_the_wrapper_and_the_command(tmp_path, capsys):
+    """``wrapper_options`` / ``--option``: the Laplace pair set of the folder's fit; the
+    Laplace u's measured inversion is on its page and printed, with labels or without."""
     images = _folder(tmp_path / "imgs", corrupt=False)
-    opts = {"approximation": "fixed", "hessian_miner": "triplets", "hessian_pairs": "all_mined"}
+    opts = {"approximation": "fixed", "geometry": "arccos", "hessian_miner": "triplets",
+            "hessian_pairs": "all_mined"}  # fmt: skip
     res = score_folder(images, out=tmp_path / "api", method="laplace", wrapper_options=opts,
                        **FAST)  # fmt: skip
     info = json.loads((tmp_path / "api" / "folder.json").read_text())
@@ -134,8 +136,11 @@ def test_wrapper_options_reach_the_wrapper_and_the_command(tmp_path):
                  "--backbone", "small_convnet", "--random-weights", "--batch-size", "8",
                  "--no-progress", *(f"--option={k}={v}" for k, v in opts.items())])  # fmt: skip
     assert code == 0
+    assert "caution: Measured on two labelled folders" in capsys.readouterr().out
     csvs = [(tmp_path / d / "uncertainty.csv").read_bytes() for d in ("api", "cli")]
     assert csvs[0] == csvs[1]
+    page = (tmp_path / "cli" / "README.md").read_text()
+    assert "**Caution.** Measured on two labelled folders" in page and "R-AUROC 0.32" in page
     with pytest.raises(ValueError, match="`wrapper_options`: method 'laplace' has no option 'x'"):
         FolderOptions(method="laplace", wrapper_options={"x": 1})
     with pytest.raises(ValueError, match="'last_layer'"):  # set by the folder itself
