@@ -633,11 +633,16 @@ def _protocol_doc(
         },
         "reference_rerun_check": check,
         "per_split": {
-            f"{r['estimator']}/split{r['split']}": {k: r[k] for k in ("r@1", *METRICS)}
+            f"{r['estimator']}/split{r['split']}": {
+                k: r.get(k) for k in ("r@1", *METRICS, "train_time", "cpu_time")
+            }
             for r in records
         },
     }  # fmt: skip
     summary = summarize(records, ["r@1", *METRICS])
+    doc["train_time_median_s"] = {
+        n: float(np.median([r["train_time"] for r in records if r["method"] == n])) for n in summary
+    }
     doc["summary"] = {n: {k: v for k, v in d.items() if k != "_runs"} for n, d in summary.items()}
     doc["vs_chance"] = {m: chance_test(records, m, unit="pair") for m in METRICS}
     doc["vs_chance_per_split"] = {m: chance_test(records, m, unit="split") for m in METRICS}
@@ -818,7 +823,7 @@ def _cells(out: Path) -> list[dict[str, Any]]:
                 "1 pml",
                 f"{mode}, 5 nets",
                 name,
-                {m: _cell_seeds(row, m, "nets (seeds 0-4), t") for m in METRICS},
+                {m: _cell_seeds(row, m, "nets, t") for m in METRICS},
             )
         for name in {**PAIR_SETS, **EXTRA_SETS}:
             rec = pml.get("runs", {}).get(f"{mode}/{name}/seed0")
@@ -827,7 +832,7 @@ def _cells(out: Path) -> list[dict[str, Any]]:
     t2 = _load(out / "table2.json")
     for row, per in t2.get("over_seeds", {}).items():
         for name, r in per.items():
-            cell = {m: _cell_seeds(r, m, "seeds 0-2, t") for m in METRICS}
+            cell = {m: _cell_seeds(r, m, "seeds, t") for m in METRICS}
             for m in METRICS:
                 pooled = r.get("pooled_delong_vs_reference", {}).get(m)
                 if pooled:
@@ -866,7 +871,7 @@ def _fmt(c: Mapping[str, Any] | None) -> str:
     if c is None:
         return "n/a"
     s = f"{c['value']:.3f} [{c['low']:.3f}, {c['high']:.3f}]"
-    mark = {"above": " ▲", "below (inverted)": " ▼"}.get(c.get("verdict") or "", "")
+    mark = {"above": " ▲", "below": " ▼", "below (inverted)": " ▼"}.get(c.get("verdict") or "", "")
     return f"{s}{mark} (n {c['n']}, {c['unit']})"
 
 
@@ -877,8 +882,60 @@ def _fmt_diff(c: Mapping[str, Any] | None) -> str:
     return f"{v['diff']:+.3f} [{v['low']:+.3f}, {v['high']:+.3f}] p {v['p']:.2g}"
 
 
+#: the rows that count for a road's verdict (the others are reported beside them): road 1's
+#: five nets (the seed-0 runs are one of them), the folder's own approximation (what ``bayesurl
+#: folder`` does; the ``lam`` rows are a what-if)
+VERDICT_ROWS = {
+    "1 pml": ("posthoc, 5 nets", "online, 5 nets"),
+    "4 folder": ("clipart, folder", "fashion_mnist, folder"),
+}
+ALPHA = 0.05
+#: a difference counts only from this size on (AUROC units): smaller ones are significant
+#: on thousands of paired queries without mattering to anyone reading the u
+MIN_EFFECT = 0.005
+
+
+def _road_verdicts(cells: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per road and pair set: its (row, AUROC) cells significantly better / worse than
+    :data:`REFERENCE` (paired test, two-sided p < :data:`ALPHA`; road 2: the pooled DeLong
+    test over its three seeds' queries, its seed t-test having n = 3; and at least
+    :data:`MIN_EFFECT` in size) and the road's word:
+    ``better`` (some better, none worse), ``worse`` (the reverse), ``mixed`` or ``no
+    difference``."""
+    out: dict[str, dict[str, Any]] = {}
+    for c in cells:
+        if c["pair_set"] == REFERENCE or c["pair_set"] not in PAIR_SETS:
+            continue
+        rows = VERDICT_ROWS.get(c["road"])
+        if rows is not None and c["row"] not in rows:
+            continue
+        v = out.setdefault(c["road"], {}).setdefault(
+            c["pair_set"], {"better": [], "worse": [], "cells": 0, "diffs": []}
+        )
+        for m in METRICS:
+            cell = c.get(m)
+            if not cell:
+                continue
+            test = cell.get("vs_reference_delong") or cell.get("vs_reference")
+            if not test or test.get("p") is None:
+                continue
+            v["cells"] += 1
+            v["diffs"].append(test["diff"])
+            if test["p"] < ALPHA and abs(test["diff"]) >= MIN_EFFECT:
+                v["better" if test["diff"] > 0 else "worse"].append(
+                    f"{c['row']} {m} {test['diff']:+.3f}"
+                )
+    for per in out.values():
+        for v in per.values():
+            b, w = bool(v["better"]), bool(v["worse"])
+            v["verdict"] = ("mixed" if b and w else "better" if b else "worse" if w
+                            else "no difference")  # fmt: skip
+    return out
+
+
 def summary(out: Path) -> None:
-    """``hessian_pairs.json`` (every cell with its settings) and the README's table."""
+    """``hessian_pairs.json`` (every cell with its settings, the roads' verdicts) and the
+    full table ``table.md``."""
     cells = _cells(out)
     roads = {
         "pml": _load(out / "pml.json").get("settings"),
@@ -886,9 +943,26 @@ def summary(out: Path) -> None:
         **{f"protocol_{d}": _load(out / f"protocol_{d}.json").get("settings") for d in PROTOCOLS},
         "folder": _load(out / "folder.json").get("settings"),
     }
-    _save(out / "hessian_pairs.json", {"pair_sets": {**PAIR_SETS, **EXTRA_SETS},
-                                        "reference": REFERENCE, "roads": roads,
-                                        "cells": cells})  # fmt: skip
+    verdicts = _road_verdicts(cells)
+    wins = {n: sum(per.get(n, {}).get("verdict") == "better" for per in verdicts.values())
+            for n in PAIR_SETS if n != REFERENCE}  # fmt: skip
+    # a tie on roads goes to the larger mean paired difference over every counted cell
+    mean_diff = {
+        n: float(np.mean([d for per in verdicts.values() for d in per.get(n, {}).get("diffs", [])]))
+        for n in wins
+    }
+    default = max(wins, key=lambda n: (wins[n], mean_diff[n]))
+    _save(out / "hessian_pairs.json", {
+        "pair_sets": {**PAIR_SETS, **EXTRA_SETS}, "reference": REFERENCE,
+        "verdict_rule": "per road, a pair set is 'better' than the reference when at least one "
+                        "of its (row, AUROC) paired tests is significantly positive (two-sided "
+                        f"p < {ALPHA}, difference >= {MIN_EFFECT}) and none significantly "
+                        "negative (the same); the default is the set better on the most roads, "
+                        "a tie broken by the larger mean paired difference over the counted "
+                        "cells",
+        "road_verdicts": verdicts, "roads_better": wins, "mean_paired_difference": mean_diff,
+        "chosen": default if wins[default] > 0 else REFERENCE, "roads": roads, "cells": cells,
+    })  # fmt: skip
     lines = [
         "| road | row | pair set | R-AUROC [95%] | R-AUROC vs hard_inside | OOD AUROC [95%] "
         "| OOD AUROC vs hard_inside |",
@@ -898,8 +972,97 @@ def summary(out: Path) -> None:
         r, o = c.get("r_auroc"), c.get("ood_auroc")
         lines.append(f"| {c['road']} | {c['row']} | {c['pair_set']} | {_fmt(r)} | {_fmt_diff(r)} "
                      f"| {_fmt(o)} | {_fmt_diff(o)} |")  # fmt: skip
+    lines += ["", "| road | pair set | verdict vs hard_inside | better | worse |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for road, per in verdicts.items():
+        for name, v in per.items():
+            lines.append(f"| {road} | {name} | {v['verdict']} | {'; '.join(v['better'])} | "
+                         f"{'; '.join(v['worse'])} |")  # fmt: skip
+    lines += ["", "roads better than hard_inside: "
+              + ", ".join(f"{n} {k}" for n, k in wins.items())]  # fmt: skip
     (out / "table.md").write_text("\n".join(lines) + "\n")
-    _log(f"wrote {out / 'hessian_pairs.json'} and {out / 'table.md'}")
+    for m in METRICS:
+        _display_csv(cells, m, out / f"{m}.csv")
+    _readme_tables(out, verdicts, wins)
+    _log(f"wrote {out / 'hessian_pairs.json'}, {out / 'table.md'} and the display tables")
+
+
+README_MARK = ("<!-- tables: benchmarks/lam_hessian_pairs.py summary -->", "<!-- /tables -->")
+
+
+def _readme_tables(out: Path, verdicts: Mapping[str, Any], wins: Mapping[str, int]) -> None:
+    """The display tables and the verdicts as markdown between :data:`README_MARK` in
+    ``README.md`` (left alone when it has no such block)."""
+    import csv
+
+    readme = out / "README.md"
+    if not readme.is_file():
+        return
+    text = readme.read_text()
+    start, end = README_MARK
+    if start not in text or end not in text:
+        return
+    lines = [start, ""]
+    for m, title in (("ood_auroc", "OOD AUROC"), ("r_auroc", "R-AUROC")):
+        rows = list(csv.reader((out / f"{m}.csv").read_text().splitlines()))
+        lines += [f"**{title}**", "", "| " + " | ".join(rows[0]) + " |",
+                  "|" + "---|" * len(rows[0])]  # fmt: skip
+        lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+        lines.append("")
+    lines += ["**Verdicts against hard_inside** (the rule above)", "",
+              "| road | pair set | verdict | significantly better | significantly worse |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for road, per in verdicts.items():
+        for name, v in per.items():
+            lines.append(f"| {road} | {name} | {v['verdict']} | {'; '.join(v['better'])} | "
+                         f"{'; '.join(v['worse'])} |")  # fmt: skip
+    lines += ["", "Roads on which each set is better: "
+              + ", ".join(f"{n} {k}" for n, k in wins.items()), "", end]  # fmt: skip
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    readme.write_text(head + "\n".join(lines) + tail)
+
+
+#: the rows of the docs' display tables (road 1's single-net runs and road 4's what-if are in
+#: table.md and the JSON)
+DISPLAY_ROWS = {
+    "1 pml": ("posthoc, 5 nets", "online, 5 nets"),
+    "4 folder": ("clipart, folder", "fashion_mnist, folder", "clipart, lam", "fashion_mnist, lam"),
+}
+
+
+def _display_csv(cells: Sequence[Mapping[str, Any]], metric: str, path: Path) -> None:
+    """One row per (road, row), one column per pair set: ``mean [low, high]`` with ▲ / ▼
+    above / below chance, * where the difference to the reference is significant (p <
+    :data:`ALPHA`, at least :data:`MIN_EFFECT`)."""
+    import csv
+    import io
+
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    ns: dict[tuple[str, str], str] = {}
+    for c in cells:
+        want = DISPLAY_ROWS.get(c["road"])
+        if (want is not None and c["row"] not in want) or c["pair_set"] not in PAIR_SETS:
+            continue
+        cell = c.get(metric)
+        if not cell:
+            continue
+        text = f"{cell['value']:.3f} [{cell['low']:.2f}, {cell['high']:.2f}]"
+        text += {"above": " ▲", "below": " ▼", "below (inverted)": " ▼"}.get(
+            cell.get("verdict") or "", ""
+        )
+        test = cell.get("vs_reference_delong") or cell.get("vs_reference")
+        if test and test.get("p") is not None and test["p"] < ALPHA:
+            if abs(test["diff"]) >= MIN_EFFECT:
+                text += " *"
+        rows.setdefault((c["road"], c["row"]), {})[c["pair_set"]] = text
+        ns[(c["road"], c["row"])] = f"{cell['n']} ({cell['unit']})"
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["road", "row", "n", *PAIR_SETS])
+    for (road, row), per in rows.items():
+        w.writerow([road, row, ns[(road, row)], *(per.get(n, "") for n in PAIR_SETS)])
+    path.write_text(buf.getvalue())
 
 
 # -- main --------------------------------------------------------------------------------------
