@@ -81,6 +81,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="feature-store folder that keeps the plain features: a later run over the same "
         "images reads them instead of encoding them again (default: none kept)",
     )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the method's post-hoc wrapper, repeatable (e.g. --option "
+        "hessian_miner=hard for laplace; bayesurl.posthoc.wrap)",
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument("--strict", action="store_true", help="stop on an unreadable image")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -92,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
     from bayesurl.evaluation.intervals import interval_lines
     from bayesurl.evaluation.table import metric_columns
     from bayesurl.report import print_notes, try_report
-    from bayesurl.runs.folder import FolderOptions, score_folder
+    from bayesurl.runs.config import parse_value
+    from bayesurl.runs.folder import U_MEASURED, FolderOptions, score_folder
 
     pretrained = not args.random_weights
     if pretrained and args.backbone.lower() not in PACKAGED_WEIGHTS:
@@ -100,8 +109,17 @@ def run(args: argparse.Namespace) -> int:
             f"`--backbone` {args.backbone!r} has no packaged pretrained weights "
             f"({', '.join(PACKAGED_WEIGHTS)}): pass --random-weights to encode with random weights"
         )
+    wrapper_options = {}
+    for item in args.option:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(
+                f"`--option` expects KEY=VALUE (e.g. hessian_miner=hard), got {item!r}"
+            )
+        wrapper_options[key.strip()] = parse_value(raw)
     options = FolderOptions(
         method=args.method,
+        wrapper_options=wrapper_options,
         backbone=args.backbone,
         pretrained=pretrained,
         image_size=args.image_size,
@@ -118,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
     res = score_folder(args.images, out=args.out, options=options)
     for line in res.info["describe"]:
         print(line)
+    if options.method.value in U_MEASURED:
+        print(f"caution: {U_MEASURED[options.method.value]}")
     for path, err in res.skipped:
         print(f"skipped {path}: {err}")
     if res.metrics is not None:
