@@ -88,6 +88,13 @@ def parse_seeds(text: str) -> list[int]:
     return list(dict.fromkeys(seeds))
 
 
+def _recipe_presets(dataset: str = "fashion_mnist") -> list[str]:
+    """The presets of a recipe file, read when the parser is built (``--help`` lists them)."""
+    from bayesurl.runs.config import read_recipe_file
+
+    return list(read_recipe_file(dataset).get("presets", {}))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``bayesurl benchmark``."""
     parser.add_argument(
@@ -116,7 +123,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--preset",
         default="quick",
         help="a preset of the recipe file: smoke (tests), quick (minutes, one split), "
-        "standard (4 class splits, stored, resumable), full",
+        "standard (4 class splits, stored, resumable), full; on pretrained features "
+        "pretrained_smoke, pretrained_quick (the main job, make run) and pretrained (the "
+        "cross-fitted class splits). The default recipe's presets: "
+        + ", ".join(_recipe_presets()),
     )
     parser.add_argument(
         "--set",

@@ -526,6 +526,8 @@ class _Sweep:
         self.t0 = time.perf_counter()
         #: metric keys no run of the sweep computes, left out of its progress lines
         self.uncomputed: set[str] = set()
+        #: the planned estimators (the settings' list when no run has a record yet)
+        self.names: list[str] = []
 
     def factory(self, tuned: Mapping[str, Sequence[str]]) -> RunFn:
         """The run function: the given one, or the pipeline with the sweep's tuned settings."""
@@ -553,6 +555,7 @@ class _Sweep:
     ) -> SweepResults:
         """Tune, store the planned ``runs``, work and report (``tune_only``: tune and stop)."""
         opts, factory = self.opts, self.factory
+        self.names = list(names)
         if self.plan.stored and self.distributed and not self.main:
             done = follow(factory(tuned))
             return self._result([], {}, None, done, {})
