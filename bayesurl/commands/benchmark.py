@@ -125,8 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a preset of the recipe file: smoke (tests), quick (minutes, one split), "
         "standard (4 class splits, stored, resumable), full; on pretrained features "
         "pretrained_smoke, pretrained_quick (the main job, make run) and pretrained (the "
-        "cross-fitted class splits). The default recipe's presets: "
-        + ", ".join(_recipe_presets()),
+        "cross-fitted class splits). The default recipe's presets: " + ", ".join(_recipe_presets()),
     )
     parser.add_argument(
         "--set",
