@@ -30,9 +30,9 @@ def _capture(monkeypatch):
     seen = {}
     crossfit = road._crossfit
 
-    def spied(method, fx, fit_ids, labelled, generator):
+    def spied(method, fx, fit_ids, labelled, generator, *options):
         seen["feats"], seen["labels"] = fx.feats.clone(), fx.labels.clone()
-        return crossfit(method, fx, fit_ids, labelled, generator)
+        return crossfit(method, fx, fit_ids, labelled, generator, *options)
 
     monkeypatch.setattr(road, "_crossfit", spied)
     return seen
