@@ -353,8 +353,9 @@ def test_view_drawing_estimators_give_the_same_numbers_whatever_the_cache_held(
                    augmented=True)  # fmt: skip
     warm = run(cfg)
     assert fresh.error is None and warm.error is None
-    assert warm.settings["data"]["frozen"]["extract_images"] < fresh.settings["data"]["frozen"][
-        "extract_images"
-    ]
+    assert (
+        warm.settings["data"]["frozen"]["extract_images"]
+        < fresh.settings["data"]["frozen"]["extract_images"]
+    )
     for key in ("r_auroc", "r@1", "ausc"):
         assert warm.metrics[key] == fresh.metrics[key], key
