@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import math
 import os
 import random
@@ -629,7 +630,7 @@ class SweepStorage:
             optuna.trial.TrialState.RUNNING,
             optuna.trial.TrialState.COMPLETE,
         )
-        return [t for t in trials if t.state in live]
+        return [t for t in trials if t.state in live and not t.system_attrs.get("superseded")]
 
     @staticmethod
     def _attempts(trials: Iterable[Any]) -> int:
@@ -652,7 +653,11 @@ class SweepStorage:
             out["total"] += 1
             live = self._live(ts)
             if not live:
-                out["failed"] += 1
+                # set aside to be run again (enqueued by the next add_runs), or given up
+                again = any(t.system_attrs.get("superseded") for t in ts)
+                out[
+                    "waiting" if again and self._attempts(ts) < self.max_attempts else "failed"
+                ] += 1
                 continue
             state = live[0].state
             name = {st.WAITING: "waiting", st.RUNNING: "running", st.COMPLETE: "complete"}[state]
@@ -752,6 +757,73 @@ class SweepStorage:
             )
             added += 1
         return added
+
+    def supersede(self, estimators: Iterable[str], reason: str) -> int:
+        """Set the finished runs of ``estimators`` aside so that the sweep runs them again.
+
+        For a protocol some of whose estimators changed (a fix): each key of ``estimators``
+        whose run is finished gets its trial marked ``superseded`` (with ``reason``); the trial
+        and its record stay in the storage, but no longer count, so the next :meth:`add_runs`
+        of the plan enqueues the key again and the sweep, started as before, runs only those.
+        Idempotent per ``reason``: a key already superseded for ``reason`` is left alone (its
+        new run stands), so the same call after a resumed re-run changes nothing.
+
+        Returns
+        -------
+        int
+            How many runs were set aside.
+
+        Raises
+        ------
+        ValueError
+            If ``estimators`` is empty or names an estimator with no run in the storage, or
+            ``reason`` is empty.
+        """
+        optuna = require_optuna()
+        from sqlalchemy import text
+
+        names = [
+            str(e).strip() for e in ([estimators] if isinstance(estimators, str) else estimators)
+        ]
+        names = [n for n in names if n]
+        if not names:
+            raise ValueError("`estimators` must name at least one estimator")
+        why = str(reason).strip()
+        if not why:
+            raise ValueError("`reason` must say why the runs are superseded")
+        groups = self._by_key()
+        known = {key.split("/")[0] for key in groups}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(
+                f"`estimators` {unknown} have no runs in the storage {self.url} (it holds "
+                f"{', '.join(sorted(known)) or 'none'})"
+            )
+        marked = 0
+        for key, ts in groups.items():
+            if key.split("/")[0] not in names:
+                continue
+            if any(t.system_attrs.get("superseded") == why for t in ts):
+                continue
+            live = self._live(ts)
+            if not live or live[0].state != optuna.trial.TrialState.COMPLETE:
+                continue
+            trial_id = live[0]._trial_id
+
+            def mark(trial_id: int = trial_id) -> None:
+                # Optuna keeps a finished trial's attributes read-only: one row of its table
+                with self._storage.engine.begin() as conn:
+                    conn.execute(
+                        text(
+                            "INSERT INTO trial_system_attributes (trial_id, key, value_json) "
+                            "VALUES (:trial_id, 'superseded', :value)"
+                        ),
+                        {"trial_id": trial_id, "value": json.dumps(why)},
+                    )
+
+            self._retry(mark, "supersede")
+            marked += 1
+        return marked
 
     def fail_stale(self) -> None:
         """Fail running trials whose heartbeat is older than ``grace_period`` (crashed
