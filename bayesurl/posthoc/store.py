@@ -612,8 +612,10 @@ class FeatureStore:
             "transform": self.description,
             "views": int(views),
             "seed": int(self.seed) if views > 1 else None,
-            # each image's views drawn from its own seed (:func:`view_seed`); shards whose
-            # views were drawn per extraction call carry no such entry and are not read
+            # rows computed independently of the other images extracted with them (batches of
+            # at least MIN_EXTRACT_ROWS, each image's views drawn from its own seed,
+            # :func:`view_seed`); shards written before carry no such entries and are not read
+            "min_batch": MIN_EXTRACT_ROWS,
             **({"draws": "per-image"} if views > 1 else {}),
         }
 
