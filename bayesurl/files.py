@@ -26,9 +26,13 @@ from typing import IO, Any
 
 __all__ = [
     "CorruptedFileError",
+    "FormatError",
     "atomic_open",
     "atomic_write",
+    "check_format",
     "file_record",
+    "format_of",
+    "read_json_document",
     "reuse_or_build",
     "seal",
     "unseal",
@@ -184,3 +188,71 @@ def reuse_or_build(
     folder.mkdir(parents=True, exist_ok=True)
     built = build(folder)
     return seal(folder, {**dict(built.get("meta", {})), "key": want}, built["files"], index=index)
+
+
+# --------------------------------------------------------------------------------------------
+# result documents: a format name and version in every file a reader may meet again
+
+
+class FormatError(ValueError):
+    """A result file of another kind, or written by a newer bayesurl than this one reads."""
+
+
+def format_of(name: str, version: int) -> str:
+    """The format tag ``"<name>/<version>"`` a result document records in ``"format"``."""
+    return f"{name}/{int(version)}"
+
+
+def check_format(doc: Any, path: str | os.PathLike[str], expected: str) -> int | None:
+    """Refuse a document whose ``"format"`` this bayesurl does not read; its version.
+
+    ``expected`` is the tag this bayesurl writes (``"bayesurl.results/1"``). A document of
+    that format at a version up to it passes (the version is returned); one without a
+    ``"format"`` entry was written before result files carried one and passes with ``None``
+    (the reader then checks its layout itself). Anything else raises :class:`FormatError` in
+    one line naming ``path``, the format found and the one read here.
+    """
+    name, _, top = expected.rpartition("/")
+    where = str(os.fspath(path))
+    if not isinstance(doc, dict):
+        raise FormatError(f"{where!r} does not hold a JSON object (this bayesurl reads {expected})")
+    found = doc.get("format")
+    if found is None:
+        return None
+    text = str(found)
+    kind, _, version = text.rpartition("/")
+    if kind != name or not version.isdigit():
+        raise FormatError(
+            f"{where!r} is of format {text!r}, not a {name} file (this bayesurl reads {expected})"
+        )
+    if int(version) > int(top):
+        raise FormatError(
+            f"{where!r} was written by a newer bayesurl (format {text}); this one reads "
+            f"{expected}: upgrade bayesurl to read it"
+        )
+    return int(version)
+
+
+def read_json_document(path: str | os.PathLike[str], expected: str) -> dict[str, Any]:
+    """Read a JSON result file and check its format (:func:`check_format`); one-line errors.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    FormatError
+        If the file is not JSON (truncated, binary, another kind of file), not an object, or
+        of another format or a newer version; naming ``path``.
+    """
+    p = Path(os.fspath(path))
+    if not p.is_file():
+        raise FileNotFoundError(f"{str(p)!r} does not exist")
+    try:
+        doc = json.loads(p.read_bytes().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        first = " ".join(str(exc).split())
+        raise FormatError(
+            f"{str(p)!r} is not a readable JSON file ({first}; truncated or not a {expected} file)"
+        ) from None
+    check_format(doc, p, expected)
+    return doc

@@ -53,6 +53,7 @@ import torch
 
 from .base import ImageTensorDataset, Transform
 from .splits import stratified_split
+from .transforms import to_rgb
 
 __all__ = [
     "CLIPART_HOW_TO_GET",
@@ -118,16 +119,6 @@ def _png_size(path: Path) -> tuple[int, int]:
     if len(head) < 24 or head[:8] != b"\x89PNG\r\n\x1a\n":
         raise ValueError(f"{str(path)!r} is not a PNG file")
     return struct.unpack(">II", head[16:24])
-
-
-def _on_white(im: Any) -> Any:
-    """An RGB image: transparency composited on white."""
-    from PIL import Image
-
-    rgba = im.convert("RGBA")
-    canvas = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-    canvas.alpha_composite(rgba)
-    return canvas.convert("RGB")
 
 
 def _difference_hash(rgb: Any) -> str:
@@ -309,7 +300,7 @@ def build_clipart_manifest(
             data = full.read_bytes()
             with Image.open(io.BytesIO(data)) as im:
                 im.load()
-                rgb = _on_white(im)
+                rgb = to_rgb(im)
         except (OSError, ValueError, SyntaxError) as exc:
             excluded[p] = f"unreadable ({type(exc).__name__}: {exc})"
             continue
@@ -446,7 +437,7 @@ def _load_images(
             )
         with Image.open(io.BytesIO(data)) as im:
             im.load()
-            rgb = _square_resize(_on_white(im), size)
+            rgb = _square_resize(to_rgb(im), size)
         images[i] = torch.from_numpy(np.asarray(rgb, dtype=np.uint8).copy()).permute(2, 0, 1)
     labels = torch.tensor([int(f[3]) for f in files], dtype=torch.int64)
     return images, labels

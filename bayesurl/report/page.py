@@ -216,6 +216,7 @@ def report_model(
             shared.update(int(i) for i in order[::-1][:compare_k])
     classes: dict[int, str] = {}
     sources: dict[str, str] = {}
+    why: dict[str, str] = {}
     estimators = []
     for r, rank in zip(runs, ranked):
         src = image_source(r.record, data_cache, size)
@@ -223,6 +224,8 @@ def report_model(
         estimators.append(_estimator(r, src, rank, shared, k, thumbs))
         for key, name in src.names.items():
             sources.setdefault(key, name)
+        for key, reason in src.why.items():
+            why.setdefault(key, reason)
     return {
         "title": source.title,
         "kind": source.kind,
@@ -240,6 +243,8 @@ def report_model(
         "classes": {str(c): n for c, n in classes.items()},
         "thumbs": thumbs,
         "sources": {key: sources[key] for key in thumbs if key in sources},
+        # why an image is not drawn (changed or missing since the run), per thumbnail key
+        "why": why,
     }
 
 

@@ -34,7 +34,7 @@ import torch
 from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.distributed import launch_rank, launched_by_torchrun
 from bayesurl.evaluation import NeighborMemo
-from bayesurl.files import write_json
+from bayesurl.files import format_of, write_json
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
 from bayesurl.runs.estimators import Estimator, build_estimator
@@ -45,6 +45,7 @@ from bayesurl.runs.queries import record_from_outputs
 __all__ = [
     "CHECKPOINT_DATASETS",
     "CROP_IMAGES",
+    "RESULT_FORMAT",
     "RunCache",
     "RunResult",
     "agree_on_outcome",
@@ -57,6 +58,9 @@ __all__ = [
     "torchrun_group",
     "train",
 ]
+
+#: The format of a run's ``result.json`` (a reader refuses a newer one).
+RESULT_FORMAT = format_of("bayesurl.result", 1)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -178,6 +182,7 @@ class RunResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready record (without ``outputs``)."""
         return {
+            "format": RESULT_FORMAT,
             "estimator": self.estimator,
             "dataset": self.dataset,
             "split": self.split,
