@@ -18,7 +18,9 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -173,21 +175,59 @@ def reuse_or_build(
     fingerprint, data and transform; JSON-able) is stored in the index and must match for reuse.
     A missing, truncated, altered or foreign cache is rebuilt (a corrupted one with a
     :class:`UserWarning` saying why), never read.
+
+    Safe for several processes building the same cache at once: each builds into a hidden
+    folder of its own beside ``directory`` and renames it into place when sealed; a process
+    that finds the place taken by a verified cache of the same key (built meanwhile by
+    another) uses that one and removes its own.
     """
     folder = Path(os.fspath(directory))
     want = json.loads(json.dumps(dict(key), default=str))
+    found = _verified(folder, want, index, warn=True)
+    if found is not None:
+        return found
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    tmp.mkdir()  # (mkdir follows the umask, as the files of the cache do)
+    try:
+        built = build(tmp)
+        meta = seal(tmp, {**dict(built.get("meta", {})), "key": want}, built["files"], index=index)
+        for _ in range(3):
+            try:
+                os.rename(tmp, folder)
+                return meta
+            except OSError:  # the place is taken: by a cache another process just built?
+                other = _verified(folder, want, index, warn=False)
+                if other is not None:
+                    return other
+                _set_aside(folder)  # an old, corrupted or foreign cache
+        raise OSError(f"cannot put the cache {str(folder)!r} in place")
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _verified(folder: Path, key: Any, index: str, *, warn: bool) -> dict[str, Any] | None:
+    """The index of a verified cache in ``folder`` built for ``key``, else ``None``."""
     try:
         meta = unseal(folder, index=index)
-        if meta.get("key") == want:
-            return meta
     except FileNotFoundError:
-        pass
+        return None
     except CorruptedFileError as exc:
-        warnings.warn(f"rebuilding the cache: {exc}", UserWarning, stacklevel=2)
-    (folder / index).unlink(missing_ok=True)  # the old index must not outlive a failed build
-    folder.mkdir(parents=True, exist_ok=True)
-    built = build(folder)
-    return seal(folder, {**dict(built.get("meta", {})), "key": want}, built["files"], index=index)
+        if warn:
+            warnings.warn(f"rebuilding the cache: {exc}", UserWarning, stacklevel=3)
+        return None
+    return meta if meta.get("key") == key else None
+
+
+def _set_aside(folder: Path) -> None:
+    """Move a cache folder out of the way (and delete it); gone already is fine."""
+    aside = folder.with_name(f".{folder.name}.{os.getpid()}.{time.monotonic_ns()}.old")
+    try:
+        os.rename(folder, aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------
