@@ -38,9 +38,10 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from bayesurl.commands import name_flags
 
 if TYPE_CHECKING:
     from bayesurl.sweeps.results import SweepResults
@@ -226,6 +227,15 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 #: the :class:`~bayesurl.sweeps.sweep.SweepOptions` fields set by a flag of another name
 FLAGS = {
+    "dataset": "--dataset",
+    "preset": "--preset",
+    "seeds": "--seeds",
+    "splits": "--splits",
+    "overrides": "--set",
+    "device": "--device",
+    "out": "--out",
+    "storage": "--storage",
+    "save_checkpoints": "--save-checkpoints",
     "tune": "--tune",
     "tune_only": "--tune-only",
     "tune_split": "--tune-split",
@@ -268,9 +278,8 @@ def sweep_options(
             poll=args.poll,
             heartbeat_interval=args.heartbeat,
         )
-    except ValueError as exc:
-        flag = re.sub(r"`(\w+)`", lambda m: f"`{FLAGS.get(m.group(1), m.group(1))}`", str(exc))
-        raise ValueError(flag) from None
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(name_flags(str(exc), FLAGS)) from None
 
 
 def merge(args: argparse.Namespace) -> int:

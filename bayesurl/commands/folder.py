@@ -28,6 +28,9 @@ Examples::
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+from bayesurl.commands import name_flags
 
 HELP = "u(x) for every image of a folder (class sub-folders or flat): CSV and report"
 OUTPUT_DIRS = ("out", "cache")  # checked while parsing (bayesurl.cli)
@@ -73,6 +76,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "images reads them instead of encoding them again (default: none kept)",
     )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument(
+        "--max-pixels",
+        type=int,
+        default=None,
+        help="largest image decoded, width x height: a file whose header claims more is "
+        "skipped and listed, never decoded (default: Pillow's own limit, about 89 million; "
+        "0: no limit)",
+    )
     parser.add_argument("--strict", action="store_true", help="stop on an unreadable image")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -82,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from bayesurl.backbones import PACKAGED_WEIGHTS
     from bayesurl.evaluation.table import metric_columns
     from bayesurl.report import print_notes, try_report
-    from bayesurl.runs.folder import FolderOptions, score_folder
+    from bayesurl.runs.folder import score_folder
 
     pretrained = not args.random_weights
     if pretrained and args.backbone.lower() not in PACKAGED_WEIGHTS:
@@ -90,21 +101,10 @@ def run(args: argparse.Namespace) -> int:
             f"`--backbone` {args.backbone!r} has no packaged pretrained weights "
             f"({', '.join(PACKAGED_WEIGHTS)}): pass --random-weights to encode with random weights"
         )
-    options = FolderOptions(
-        method=args.method,
-        backbone=args.backbone,
-        pretrained=pretrained,
-        image_size=args.image_size,
-        epochs=args.epochs,
-        fit_max=args.fit_max,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        device=args.device,
-        seed=args.seed,
-        strict=args.strict,
-        progress=not args.no_progress,
-        cache=args.cache,
-    )
+    try:
+        options = _options(args, pretrained)
+    except (ValueError, TypeError) as exc:  # named by the flags the user typed
+        raise type(exc)(name_flags(str(exc), FLAGS)) from None
     res = score_folder(args.images, out=args.out, options=options)
     for line in res.info["describe"]:
         print(line)
@@ -120,3 +120,40 @@ def run(args: argparse.Namespace) -> int:
     )
     print(try_report(args.out))
     return 0
+
+
+#: the :class:`~bayesurl.runs.folder.FolderOptions` fields and their flags
+FLAGS = {
+    "method": "--method",
+    "backbone": "--backbone",
+    "image_size": "--image-size",
+    "epochs": "--epochs",
+    "fit_max": "--fit-max",
+    "batch_size": "--batch-size",
+    "workers": "--workers",
+    "seed": "--seed",
+    "cache": "--cache",
+    "device": "--device",
+    "max_pixels": "--max-pixels",
+}
+
+
+def _options(args: argparse.Namespace, pretrained: bool) -> Any:
+    from bayesurl.runs.folder import FolderOptions
+
+    return FolderOptions(
+        method=args.method,
+        backbone=args.backbone,
+        pretrained=pretrained,
+        image_size=args.image_size,
+        epochs=args.epochs,
+        fit_max=args.fit_max,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        device=args.device,
+        seed=args.seed,
+        strict=args.strict,
+        progress=not args.no_progress,
+        cache=args.cache,
+        **({} if args.max_pixels is None else {"max_pixels": args.max_pixels or None}),
+    )

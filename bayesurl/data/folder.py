@@ -111,21 +111,21 @@ def scan_image_folder(root: str | os.PathLike[str]) -> ImageFolderScan:
     return ImageFolderScan(base, rel, labels, classes, ignored)
 
 
-#: Pillow's limits are process-wide; a read under another limit holds this lock
+#: Pillow's limit is process-wide: a read with it switched off holds this lock
 _PIL_LIMIT = threading.Lock()
 
 
 @contextlib.contextmanager
-def _pixel_limit(max_pixels: int | None) -> Iterator[None]:
-    """Pillow's own decompression-bomb check lifted to ``max_pixels`` while a header is read
-    (the caller checks the size itself; Pillow's would refuse or warn at its own limit)."""
+def _own_pixel_limit() -> Iterator[None]:
+    """Pillow's own decompression-bomb check off while a file is opened and decoded: the
+    caller checks the header's size against its own limit first (Pillow's would raise a
+    foreign error, or only warn, at its own)."""
     from PIL import Image
 
     with _PIL_LIMIT, warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         before = Image.MAX_IMAGE_PIXELS
-        if before is not None and (max_pixels is None or max_pixels > before):
-            Image.MAX_IMAGE_PIXELS = None if max_pixels is None else max_pixels
+        Image.MAX_IMAGE_PIXELS = None
         try:
             yield
         finally:
@@ -150,7 +150,7 @@ def read_image(data: bytes, max_pixels: int | None, *, keep_grey: bool = False) 
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with _pixel_limit(max_pixels):
+        with _own_pixel_limit():
             im = Image.open(io.BytesIO(data))
         with im:
             w, h = im.size
@@ -159,7 +159,7 @@ def read_image(data: bytes, max_pixels: int | None, *, keep_grey: bool = False) 
                     f"{w} x {h} px = {w * h:,} pixels, over the limit of {max_pixels:,} "
                     "(max_pixels; a decompression bomb, or raise the limit)"
                 )
-            with _pixel_limit(max_pixels):
+            with _own_pixel_limit():
                 im.load()
             return im.copy() if keep_grey and im.mode == "L" else to_rgb(im)
     except ValueError:

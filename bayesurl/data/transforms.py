@@ -136,9 +136,7 @@ class Resize(nn.Module):
 
     def __init__(self, size: int) -> None:
         super().__init__()
-        if int(size) != size or size < 1:
-            raise ValueError(f"`size` must be a positive integer, got {size}")
-        self.size = int(size)
+        self.size = check_int(size, "size", low=1)
 
     def forward(self, x: Tensor) -> Tensor:
         """``[N, C, H, W]`` or ``[C, H, W]`` floats -> the same with ``H = W = size``."""

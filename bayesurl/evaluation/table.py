@@ -358,13 +358,27 @@ def select_metrics(
             out.add(hit[0])
         return out
 
-    chosen = (
-        {m.name for m in METRICS.values() if m.default}
-        if include is None
-        else resolve(include, "include")
-    )
-    chosen |= resolve(also, "also")
-    chosen -= resolve(exclude, "exclude")
+    asked = None if include is None else resolve(include, "include")
+    extra = resolve(also, "also")
+    dropped = resolve(exclude, "exclude")
+    both = sorted((asked or set()) & dropped)
+    if both:
+        raise ValueError(
+            f"`include` and `exclude` both name {', '.join(both)}: a metric is either computed "
+            "or not; drop it from one of them"
+        )
+    if extra & dropped:
+        raise ValueError(
+            f"`exclude` drops {', '.join(sorted(extra & dropped))}, which the other options "
+            "select (reference='lam' selects lam_ausc and lam_ece)"
+        )
+    chosen = {m.name for m in METRICS.values() if m.default} if asked is None else asked
+    chosen = (chosen | extra) - dropped
+    if not chosen:
+        raise ValueError(
+            "`include` / `exclude` select no metric: nothing would be computed (name at least "
+            f"one of {', '.join(METRICS)})"
+        )
     return [m for m in METRICS.values() if m.name in chosen]
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim
+from bayesurl._checks import check_finite, check_int, check_ndim
 
 __all__ = ["MCDropoutHead", "block_dropout_linear"]
 
@@ -45,12 +45,10 @@ class MCDropoutHead(nn.Module):
     def __init__(self, embed_dim: int, num_classes: int, p: float = 0.1, n_passes: int = 10):
         super().__init__()
         for name, val in (("embed_dim", embed_dim), ("num_classes", num_classes)):
-            if int(val) != val or val < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {val}")
+            check_int(val, name, low=1)
         if not 0.0 < p < 1.0:
             raise ValueError(f"`p` must be in (0, 1), got {p}")
-        if int(n_passes) != n_passes or n_passes < 1:
-            raise ValueError(f"`n_passes` must be a positive integer, got {n_passes}")
+        check_int(n_passes, "n_passes", low=1)
         self.embed_dim, self.num_classes = int(embed_dim), int(num_classes)
         self.p, self.n_passes = float(p), int(n_passes)
         self.classifier = nn.Linear(self.embed_dim, self.num_classes)

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import difflib
 import json
 import math
 import os
@@ -66,15 +67,18 @@ import signal
 import sqlite3
 import threading
 import time
-import urllib.parse
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bayesurl._checks import check_int
+from bayesurl.files import FormatError, check_format, format_of
+
 __all__ = [
     "LOCK_TIMEOUT",
+    "SWEEP_FORMAT",
     "Claim",
     "StorageError",
     "SweepStorage",
@@ -86,6 +90,9 @@ __all__ = [
 
 #: Default file name of the SQLite storage inside the output folder.
 DEFAULT_DB = "sweep.db"
+#: The layout of a sweep's runs in the storage (a study user attribute; a reader refuses a
+#: newer one).
+SWEEP_FORMAT = format_of("bayesurl.sweep", 1)
 
 
 def require_optuna() -> Any:
@@ -111,8 +118,7 @@ def run_key(estimator: str, split: int, seed: int) -> str:
     if not est or "/" in est:
         raise ValueError(f"`estimator` must be a non-empty name without '/', got {estimator!r}")
     for arg, v in (("split", split), ("seed", seed)):
-        if isinstance(v, bool) or int(v) != v or int(v) < 0:
-            raise ValueError(f"`{arg}` must be a non-negative integer, got {v!r}")
+        check_int(v, arg, low=0)
     return f"{est}/split{int(split)}/seed{int(seed)}"
 
 
@@ -137,26 +143,43 @@ def redact_url(url: str) -> str:
         return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", text)
 
 
-def _password(url: str) -> str | None:
+#: the password field of a URL (``scheme://user:PASSWORD@``) inside a message
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)([^@\s]+)(@)")
+#: the password field of a connection string (``password=PASSWORD``)
+_KEY_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('[^']*'|\"[^\"]*\"|[^\s,;)]+)", re.IGNORECASE)
+
+
+def _scrub(text: str, url: str) -> str:
+    """``text`` with ``url`` and every password *field* in it hidden.
+
+    The field, never the password's text wherever it appears: a stock password equal to the
+    user name or part of the dialect (``postgress://postgres:postgres@...``) would otherwise
+    hide the very typo the message is about.
+    """
+    text = text.replace(str(url), redact_url(url))
+    text = _URL_PASSWORD.sub(r"\1***\3", text)
+    return _KEY_PASSWORD.sub(r"\1***", text)
+
+
+#: the databases an Optuna storage runs on (SQLAlchemy dialect names)
+_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
+
+
+def _dialect_hint(url: str) -> str:
+    """``" (did you mean ...?)"`` for a URL whose database name is not a dialect, else ``""``."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
     try:
-        pw = make_url(str(url)).password
+        name = make_url(url).get_backend_name()
     except (ArgumentError, ValueError):
-        m = re.search(r"://[^:/@]*:([^@]*)@", str(url))
-        pw = m.group(1) if m else None
-    return str(pw) if pw else None
-
-
-def _scrub(text: str, url: str) -> str:
-    """``text`` with ``url`` and its password (as given and URL-decoded) hidden."""
-    text = text.replace(str(url), redact_url(url))
-    pw = _password(url)
-    if pw:
-        for secret in {pw, urllib.parse.quote(pw, safe=""), urllib.parse.quote_plus(pw)}:
-            text = text.replace(secret, "***")
-    return text
+        return ""
+    if name in _DIALECTS:
+        return ""
+    near = difflib.get_close_matches(name, _DIALECTS, n=1)
+    return f" ({name!r} is no database SQLAlchemy knows" + (
+        f"; did you mean {near[0]}://...?)" if near else f"; e.g. {', '.join(_DIALECTS)})"
+    )
 
 
 def default_storage_url(out: str | os.PathLike[str]) -> str:
@@ -530,6 +553,7 @@ class SweepStorage:
         except ArgumentError as exc:
             raise StorageError(
                 f"sweep storage {self.url}: {_scrub(_one_line(exc), self._url)}"
+                + _dialect_hint(self._url)
             ) from None
         except ImportError as exc:  # the URL's database driver is not installed
             raise StorageError(
@@ -588,6 +612,25 @@ class SweepStorage:
             "create study",
         )
         self._study_id = self._study._study_id
+        self._check_format()
+
+    def _check_format(self) -> None:
+        """Refuse a sweep written by a newer bayesurl (or not by bayesurl); stamp ours on a new
+        one and on one from before sweeps carried a format."""
+        attrs = self._retry(
+            lambda: self._storage.get_study_user_attrs(self._study_id), "read the format"
+        )
+        found = attrs.get("format")
+        if found is None:
+            self._retry(
+                lambda: self._storage.set_study_user_attr(self._study_id, "format", SWEEP_FORMAT),
+                "stamp the format",
+            )
+            return
+        try:
+            check_format({"format": found}, self.url, SWEEP_FORMAT)
+        except FormatError as exc:
+            raise StorageError(f"sweep storage {exc} (sweep {self.sweep!r})") from None
 
     def _retry(
         self,
