@@ -212,7 +212,10 @@ def _fixed_val_splits(
 def _classes(values: Any, name: str) -> tuple[int, ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise ValueError(f"`{name}` must be a list of class indices, got {values!r}")
-    out = tuple(sorted(check_int(v, f"{name}[{i}]", low=0) for i, v in enumerate(values)))
+    try:
+        out = tuple(sorted(check_int(v, f"{name}[{i}]", low=0) for i, v in enumerate(values)))
+    except TypeError:  # not numbers at all
+        raise ValueError(f"`{name}` must be a list of class indices, got {values!r}") from None
     if len(set(out)) != len(out):
         raise ValueError(f"`{name}` repeats a class: {list(values)!r}")
     return out

@@ -73,9 +73,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bayesurl._checks import check_int
-from bayesurl.files import FormatError, check_format, format_of
-
 __all__ = [
     "LOCK_TIMEOUT",
     "SWEEP_FORMAT",
@@ -91,8 +88,9 @@ __all__ = [
 #: Default file name of the SQLite storage inside the output folder.
 DEFAULT_DB = "sweep.db"
 #: The layout of a sweep's runs in the storage (a study user attribute; a reader refuses a
-#: newer one).
-SWEEP_FORMAT = format_of("bayesurl.sweep", 1)
+#: newer one). A :func:`bayesurl.files.format_of` tag, written out: this module imports
+#: nothing of bayesurl at load time, so a worker process needs no torch.
+SWEEP_FORMAT = "bayesurl.sweep/1"
 
 
 def require_optuna() -> Any:
@@ -117,6 +115,8 @@ def run_key(estimator: str, split: int, seed: int) -> str:
     est = str(estimator).strip()
     if not est or "/" in est:
         raise ValueError(f"`estimator` must be a non-empty name without '/', got {estimator!r}")
+    from bayesurl._checks import check_int  # here: a worker loads this module without torch
+
     for arg, v in (("split", split), ("seed", seed)):
         check_int(v, arg, low=0)
     return f"{est}/split{int(split)}/seed{int(seed)}"
@@ -627,6 +627,10 @@ class SweepStorage:
                 "stamp the format",
             )
             return
+        if found == SWEEP_FORMAT:
+            return
+        from bayesurl.files import FormatError, check_format
+
         try:
             check_format({"format": found}, self.url, SWEEP_FORMAT)
         except FormatError as exc:
