@@ -440,8 +440,9 @@ class Evaluator:
     Raises
     ------
     ValueError
-        On bad settings (naming the argument) or an unknown metric name in ``include`` /
-        ``exclude``.
+        On bad settings (naming the argument), an unknown metric name in ``include`` /
+        ``exclude``, a metric named in both (or excluded while ``reference`` selects it), or
+        a selection of no metric.
 
     Examples
     --------

@@ -54,9 +54,12 @@ class FitOptions:
         Total number of epochs of the run (including those done before ``resume``).
     optimizer : {"lamb", "adamw", "adam", "sgd"} or torch.optim.Optimizer
         See :func:`~bayesurl.training.optim.build_optimizer`. An optimiser instance over the
-        method's parameters is used as it is (``lr``, ``weight_decay`` and
-        ``optimizer_kwargs`` are then not applied; the schedule scales its learning rate by
-        the warm-up / cosine factor, which stays 1 with ``min_lr = lr`` and no warm-up).
+        method's parameters is used as it is (``lr`` and ``weight_decay`` are then not
+        applied, and ``optimizer_kwargs`` beside it are refused; the schedule scales its
+        learning rate by the warm-up / cosine factor, which stays 1 with ``min_lr = lr`` and
+        no warm-up). :func:`~bayesurl.training.fit` refuses an instance that holds none of
+        the method's trainable parameters (it would train nothing) and warns when it holds
+        only some.
     lr, weight_decay : float
         Peak learning rate and weight decay (both >= 0).
     optimizer_kwargs : mapping or None
@@ -100,11 +103,17 @@ class FitOptions:
     Raises
     ------
     ValueError
-        Naming the argument: ``epochs`` or ``grad_accum`` below 1, a negative
+        Naming the argument: ``epochs`` or ``grad_accum`` below 1 or not whole, a negative
         ``warmup_steps``, a negative or non-finite ``lr``, ``weight_decay`` or
-        ``warmup_epochs``, ``min_lr`` outside ``[0, lr]``, a non-positive ``clip_grad``, an
-        unknown optimiser name or ``amp`` mode, ``method_kwargs`` a checkpoint cannot hold, a
-        device this machine lacks.
+        ``warmup_epochs``, ``min_lr`` outside ``[0, lr]``, a non-positive ``clip_grad``, a
+        ``seed`` outside ``[0, 2**32)``, an unknown optimiser name or ``amp`` mode, an
+        ``optimizer_kwargs`` key the optimiser does not take (or any beside an optimiser
+        instance), ``method_kwargs`` a checkpoint cannot hold, a device this machine lacks.
+    TypeError
+        Naming the argument: a setting of the wrong type (``epochs="5"``, ``augment`` not
+        callable, ``progress`` not a bool, ``optimizer_kwargs`` not a mapping).
+    FileNotFoundError
+        If ``resume`` names no file.
 
     Examples
     --------
