@@ -35,6 +35,7 @@ __all__ = [
     "check_min_points",
     "check_tensor",
     "match_module_dtype",
+    "parse_device",
 ]
 
 
@@ -289,17 +290,7 @@ def check_device(text: str | torch.device | None, name: str = "device") -> torch
     """
     if text is None:
         return None
-    if isinstance(text, torch.device):
-        dev = text
-    else:
-        if not isinstance(text, str):
-            raise TypeError(f"`{name}` must be a device name, got {type(text).__name__}")
-        try:
-            dev = torch.device(text.strip())
-        except (RuntimeError, ValueError):
-            raise ValueError(
-                f"`{name}` {text!r} is not a device; use cpu, cuda, cuda:N or mps"
-            ) from None
+    dev = parse_device(text, name)
     if dev.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:
@@ -318,6 +309,22 @@ def check_device(text: str | torch.device | None, name: str = "device") -> torch
         if available is None or not available():
             raise ValueError(f"`{name}` {str(dev)!r}: that device is not available here")
     return dev
+
+
+def parse_device(text: str | torch.device, name: str = "device") -> torch.device:
+    """``text`` as a :class:`torch.device`, whether or not this machine has it (a config
+    made here may run on another machine); an unparsable name raises :class:`ValueError`
+    naming ``name`` and the usual names."""
+    if isinstance(text, torch.device):
+        return text
+    if not isinstance(text, str):
+        raise TypeError(f"`{name}` must be a device name, got {type(text).__name__}")
+    try:
+        return torch.device(text.strip())
+    except (RuntimeError, ValueError):
+        raise ValueError(
+            f"`{name}` {text!r} is not a device; use cpu, cuda, cuda:N or mps"
+        ) from None
 
 
 def _writable_ancestor(p: Path, name: str) -> None:

@@ -437,3 +437,61 @@ def test_sweep_options_check_every_field_when_built(tmp_path):
 def test_benchmark_names_the_flag_of_a_bad_sweep_option(tmp_path, capsys):
     assert main(["benchmark", "--preset", "quik", "--out", str(tmp_path)]) == 2
     assert "`--preset` 'quik'" in _err(capsys)
+
+
+# ------------------------------------------------------------- fresh cases, tried as a user
+def test_seeds_with_an_empty_entry_or_a_repeat_are_refused(tmp_path, capsys):
+    from bayesurl.commands.benchmark import parse_seeds
+
+    assert parse_seeds("7,") == [7] and parse_seeds("0,2") == [0, 2]
+    for bad, needle in (("0,,1", "empty entry"), ("0,0,1", "names a seed twice")):
+        with pytest.raises(ValueError, match=needle):
+            parse_seeds(bad)
+
+
+def test_an_optimiser_class_instead_of_an_instance_is_named():
+    with pytest.raises(ValueError, match="`optimizer` is the class Adam, not an optimiser"):
+        FitOptions(optimizer=torch.optim.Adam)
+
+
+def test_excluding_one_key_of_a_metric_is_refused_not_widened():
+    Evaluator(exclude=["recall@k"])  # the whole metric: fine
+    with pytest.raises(ValueError, match="'recall@1' is one key of the metric 'recall@k'"):
+        Evaluator(exclude=["recall@1"])
+
+
+def test_a_password_with_an_unencoded_at_is_refused_and_hidden_whole():
+    pytest.importorskip("optuna")
+    from bayesurl.sweeps.storage import StorageError, SweepStorage, redact_url
+
+    url = "postgresql://ann:p@ss@127.0.0.1:1/db"
+    assert redact_url(url) == "postgresql://ann:***@127.0.0.1:1/db"
+    with pytest.raises(StorageError, match="more than one '@'.*%40") as info:
+        SweepStorage(url)
+    assert "ss@" not in str(info.value)
+
+
+def test_report_given_the_results_file_points_at_its_folder(tmp_path, capsys):
+    _, out = _folder_result(tmp_path)
+    capsys.readouterr()
+    assert main(["report", str(out / "folder.json")]) == 2
+    assert "give the folder holding it" in _err(capsys)
+
+
+def test_folder_command_names_dir_and_says_why_one_class_has_no_metrics(tmp_path, capsys):
+    assert main(["folder", str(tmp_path / "none"), "--out", str(tmp_path / "o"),
+                 "--random-weights", "--backbone", "small_convnet"]) == 2  # fmt: skip
+    assert "`DIR`" in _err(capsys)
+    one = tmp_path / "one"
+    for i in range(4):
+        (one / "a").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (16, 16), (40 * i, 90, 90)).save(one / "a" / f"{i}.png")
+    res = _score(one, tmp_path / "out")
+    assert res.metrics is None and "one class only" in res.info["describe"][0]
+
+
+def test_an_unparsable_device_in_a_recipe_names_the_usual_devices():
+    from bayesurl.runs.runner import resolve_device
+
+    with pytest.raises(ValueError, match="`device` 'gpu' is not a device; use cpu, cuda"):
+        resolve_device("gpu")

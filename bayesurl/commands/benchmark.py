@@ -68,7 +68,12 @@ def parse_seeds(text: str) -> list[int]:
     raw = str(text).strip()
     try:
         if "," in raw:
-            seeds = [int(s) for s in raw.split(",") if s.strip()]
+            parts = [s.strip() for s in raw.removesuffix(",").split(",")]
+            if "" in parts:  # "0,,1": a seed left out, not a list of two
+                raise ValueError(f"`--seeds {raw}` has an empty entry")
+            seeds = [int(s) for s in parts]
+            if len(set(seeds)) != len(seeds):
+                raise ValueError(f"`--seeds {raw}` names a seed twice")
         else:
             n = int(raw)
             if n < 1:
@@ -78,7 +83,7 @@ def parse_seeds(text: str) -> list[int]:
                 )
             seeds = list(range(n))
     except ValueError as exc:
-        if "`--seeds`" in str(exc):
+        if "`--seeds" in str(exc):
             raise
         raise ValueError(
             f"`--seeds` must be a count (3) or a comma-separated list (0,1,2), got {text!r}"
@@ -279,7 +284,7 @@ def sweep_options(
             heartbeat_interval=args.heartbeat,
         )
     except (ValueError, TypeError) as exc:
-        raise type(exc)(name_flags(str(exc), FLAGS)) from None
+        raise type(exc)(name_flags(str(exc), FLAGS)) from exc
 
 
 def merge(args: argparse.Namespace) -> int:

@@ -101,11 +101,11 @@ def run(args: argparse.Namespace) -> int:
             f"`--backbone` {args.backbone!r} has no packaged pretrained weights "
             f"({', '.join(PACKAGED_WEIGHTS)}): pass --random-weights to encode with random weights"
         )
-    try:
+    try:  # errors named by the flags the user typed
         options = _options(args, pretrained)
-    except (ValueError, TypeError) as exc:  # named by the flags the user typed
-        raise type(exc)(name_flags(str(exc), FLAGS)) from None
-    res = score_folder(args.images, out=args.out, options=options)
+        res = score_folder(args.images, out=args.out, options=options)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        raise type(exc)(name_flags(str(exc), FLAGS)) from exc
     for line in res.info["describe"]:
         print(line)
     for path, err in res.skipped:
@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
 #: the :class:`~bayesurl.runs.folder.FolderOptions` fields and their flags
 FLAGS = {
+    "images": "DIR",
     "method": "--method",
     "backbone": "--backbone",
     "image_size": "--image-size",

@@ -361,6 +361,16 @@ def select_metrics(
     asked = None if include is None else resolve(include, "include")
     extra = resolve(also, "also")
     dropped = resolve(exclude, "exclude")
+    for name in [] if isinstance(exclude, str) else exclude:
+        metric = next(m for m in METRICS.values() if name == m.name or name in m.keys(options))
+        keys = metric.keys(options)
+        if name != metric.name and len(keys) > 1:
+            # excluding one key would silently drop its siblings too
+            raise ValueError(
+                f"`exclude`: {name!r} is one key of the metric {metric.name!r} "
+                f"({', '.join(keys)}); exclude drops whole metrics: name {metric.name!r}, "
+                "or choose the cut-offs with `ks` / `map_ks`"
+            )
     both = sorted((asked or set()) & dropped)
     if both:
         raise ValueError(

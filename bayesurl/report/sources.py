@@ -228,6 +228,11 @@ def load_source(path: str | os.PathLike[str]) -> ReportSource:
         is not what its name says (naming it).
     """
     folder = Path(path)
+    if folder.is_file() and folder.name in ("results.json", "result.json", "folder.json"):
+        raise ValueError(
+            f"`path` {str(folder)!r} is a results file: give the folder holding it "
+            f"({str(folder.parent)!r})"
+        )
     if not folder.is_dir():
         raise FileNotFoundError(f"`path` {str(folder)!r} is not a folder")
     if (folder / "folder.json").is_file():

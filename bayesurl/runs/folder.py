@@ -632,7 +632,12 @@ def _info(
             f"{len(scan.paths)} image files in {scan.root}"
             + (f", {len(scan.classes)} classes" if scan.labels is not None else ", no labels")
             + f"; {len(skipped)} unreadable (skipped, listed in {CSV_FILE})"
-            + (f"; {len(scan.ignored)} other files ignored" if scan.ignored else ""),
+            + (f"; {len(scan.ignored)} other files ignored" if scan.ignored else "")
+            + (
+                "; one class only: R@1 and R-AUROC need two or more, so none are computed"
+                if scan.labels is not None and len(scan.classes) < 2
+                else ""
+            ),
             f"backbone {opts.backbone}"
             + (" (ImageNet weights)" if opts.pretrained else " (random weights)")
             + f", {enc.size} px; post-hoc {method.value} fitted on {fit_images} images, each "

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from bayesurl._checks import parse_device
 from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.distributed import launch_rank, launched_by_torchrun
 from bayesurl.evaluation import NeighborMemo
@@ -74,9 +75,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"`device` {device!r} is not a torch device: {exc}") from None
+        return parse_device(device, "device")
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 @dataclass

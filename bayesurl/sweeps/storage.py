@@ -137,10 +137,19 @@ def redact_url(url: str) -> str:
     from sqlalchemy.exc import ArgumentError
 
     text = str(url)
+    if _ats(text) > 1:  # an unencoded @ in the password: all of it up to the host's @
+        return re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", text, count=1)
     try:
         return make_url(text).render_as_string(hide_password=True)
     except (ArgumentError, ValueError):  # not parseable: hide whatever sits between : and @
         return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", text)
+
+
+def _ats(url: str) -> int:
+    """The number of ``@`` between ``://`` and the path: more than one means a password with
+    an unencoded ``@``, which SQLAlchemy would split at the first one."""
+    rest = str(url).split("://", 1)[-1]
+    return rest.split("/", 1)[0].count("@")
 
 
 #: the password field of a URL (``scheme://user:PASSWORD@``) inside a message
@@ -530,6 +539,12 @@ class SweepStorage:
         self._url = str(url)
         #: the storage URL with its password hidden (for messages and results files)
         self.url = redact_url(self._url)
+        if _ats(self._url) > 1:
+            raise StorageError(
+                f"`url` {self.url!r} holds more than one '@' before the host: write an '@' of "
+                "the user name or password as %40 (URL-encoded), or give the password as "
+                "PGPASSWORD"
+            )
         try:
             make_url(self._url)
         except (ArgumentError, ValueError) as exc:

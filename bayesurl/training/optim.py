@@ -64,11 +64,17 @@ OPTIMIZERS: dict[OptimizerName, Callable[..., Optimizer]] = {
 def parse_optimizer(name: str | OptimizerName) -> OptimizerName:
     """The :class:`OptimizerName` of ``name`` (any case); an unknown name raises ValueError
     listing the valid ones."""
+    if isinstance(name, type):  # torch.optim.Adam, the class, not an instance
+        raise ValueError(
+            f"`optimizer` is the class {name.__name__}, not an optimiser: give a name "
+            f"({', '.join(o.value for o in OptimizerName)}) or an instance built over the "
+            f"method's parameters ({name.__name__}(method.parameters(), lr=...))"
+        )
     try:
         return OptimizerName(str(getattr(name, "value", name)).lower())
     except ValueError:
         valid = ", ".join(o.value for o in OptimizerName)
-        raise ValueError(f"unknown optimizer {name!r}; valid names: {valid}") from None
+        raise ValueError(f"unknown `optimizer` {name!r}; valid names: {valid}") from None
 
 
 def check_optimizer_kwargs(name: str | OptimizerName, kwargs: Mapping[str, Any]) -> None:
