@@ -254,7 +254,10 @@ def check_backbone_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
     if any(p.default is p.empty and n not in kw for n, p in params.items()):
         return  # the road supplies the rest (the identity's feature width)
     try:
-        cls(**kw)  # bayesurl's own backbones are small: their constructor checks the values
+        # the constructor checks the values; on the meta device nothing is allocated and no
+        # random number drawn (resolving a recipe leaves torch's generator as it was)
+        with torch.device("meta"):
+            cls(**kw)
     except TypeError as exc:
         raise ValueError(str(exc)) from None
 

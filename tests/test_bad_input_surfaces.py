@@ -495,3 +495,13 @@ def test_an_unparsable_device_in_a_recipe_names_the_usual_devices():
 
     with pytest.raises(ValueError, match="`device` 'gpu' is not a device; use cpu, cuda"):
         resolve_device("gpu")
+
+
+def test_checking_a_recipes_backbone_draws_no_random_number():
+    from bayesurl.runs.config import load_recipe
+
+    torch.manual_seed(0)
+    want = torch.rand(3)
+    torch.manual_seed(0)
+    load_recipe("fashion_mnist/ce", ["backbone.kwargs={width=64, num_features=256}"])
+    torch.testing.assert_close(torch.rand(3), want, rtol=0, atol=0)
