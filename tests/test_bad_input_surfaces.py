@@ -505,3 +505,27 @@ def test_checking_a_recipes_backbone_draws_no_random_number():
     torch.manual_seed(0)
     load_recipe("fashion_mnist/ce", ["backbone.kwargs={width=64, num_features=256}"])
     torch.testing.assert_close(torch.rand(3), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("estimator.fit.lr=-1", "`estimators.pvu.fit.lr` must be > 0"),
+        ("estimator.fit.epochs=2.5", "`estimators.pvu.fit.epochs` must be an integer >= 1"),
+        ("estimator.fit.batch_size=0", "`estimators.pvu.fit.batch_size`"),
+    ],
+)
+def test_a_posthoc_fit_table_is_checked_with_the_recipe(override, needle):
+    from bayesurl.runs.config import load_recipe
+    from bayesurl.runs.estimators import build_estimator
+
+    cfg = load_recipe("fashion_mnist/pvu", [override], preset="smoke")
+    with pytest.raises(ValueError, match=needle.replace(".", "\\.")):
+        build_estimator(cfg)  # before any base is trained
+
+
+def test_a_posthoc_wrappers_bad_kwarg_is_named_by_its_recipe_key(tmp_path, capsys):
+    argv = ["run", "fashion_mnist/pvu", "--preset", "smoke", "--no-progress",
+            "--out", str(tmp_path), "--set", "estimator.kwargs.temperature=-1"]  # fmt: skip
+    assert main(argv) == 2
+    assert "`estimators.pvu.kwargs.temperature` must be a positive number" in _err(capsys)

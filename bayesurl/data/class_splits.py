@@ -503,10 +503,10 @@ def split_data(
     if dataset not in SPLIT_DATASETS:
         raise ValueError(f"`dataset` must be one of {list(SPLIT_DATASETS)}, got {dataset!r}")
     for arg, v in (("max_train", max_train), ("max_test", max_test), ("max_id", max_id)):
-        if v is not None and int(v) < 1:
-            raise ValueError(f"`{arg}` must be a positive size or None, got {v}")
-    if max_ood is not None and int(max_ood) < 1:
-        raise ValueError(f"`max_ood` must be a positive size or None, got {max_ood}")
+        if v is not None:
+            check_int(v, arg, low=1)
+    if max_ood is not None:
+        check_int(max_ood, "max_ood", low=1)
     pool, held, ood, ood_name = _pool(dataset, root, seed, image_size)
     present = set(pool.targets.unique().tolist())
     bad = sorted({*split.upstream, *split.downstream} - present)

@@ -51,6 +51,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from bayesurl._checks import check_int
+
 from .base import ImageTensorDataset, Transform
 from .splits import stratified_split
 from .transforms import to_rgb
@@ -272,7 +274,7 @@ def build_clipart_manifest(
     from PIL import Image
 
     base = find_clipart(root)
-    if int(min_count) < 1 or int(per_class) < int(min_count):
+    if check_int(min_count, "min_count", low=1) > check_int(per_class, "per_class", low=1):
         raise ValueError(
             f"need 1 <= `min_count` <= `per_class`, got min_count={min_count}, "
             f"per_class={per_class}"
@@ -487,8 +489,7 @@ def clipart(
     """
     if split not in ("all", "train", "test"):
         raise ValueError(f"`split` must be one of ['all', 'test', 'train'], got {split!r}")
-    if int(size) < 8:
-        raise ValueError(f"`size` must be at least 8, got {size}")
+    check_int(size, "size", low=8)
     base = find_clipart(root)
     man = manifest if isinstance(manifest, dict) else read_clipart_manifest(manifest)
     digest = hashlib.sha1(json.dumps(man["files"]).encode()).hexdigest()

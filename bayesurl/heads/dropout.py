@@ -132,12 +132,11 @@ def block_dropout_linear(
     n, f = features.shape
     if f != linear.in_features:
         raise ValueError(f"`features` must have {linear.in_features} columns, got {f}")
-    if int(groups) < 1 or f % int(groups):
+    if check_int(groups, "groups", low=1) and f % int(groups):
         raise ValueError(f"`groups` must divide the {f} features, got {groups}")
     if not 0.0 <= float(p) < 1.0:
         raise ValueError(f"`p` must be in [0, 1), got {p}")
-    if int(n_draws) < 1:
-        raise ValueError(f"`n_draws` must be >= 1, got {n_draws}")
+    check_int(n_draws, "n_draws", low=1)
     g = int(groups)
     w = linear.weight.reshape(linear.out_features, g, f // g)
     per_block = torch.einsum("ngk,dgk->ngd", features.reshape(n, g, f // g), w)

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bayesurl._checks import check_int
 from bayesurl._modules import eval_mode
 from bayesurl.data.batch import unpack_batch
 from bayesurl.data.transforms import Resize
@@ -163,7 +164,7 @@ def encode_batches(
     labels : Tensor or None
         The batch's ``y``.
     """
-    if int(views) < 0 or int(views) + int(plain) < 1:
+    if check_int(views, "views", low=0) + int(plain) < 1:
         raise ValueError(f"nothing to encode: plain={plain}, views={views}")
     if views and augment is None:
         raise ValueError("`augment` is required for `views` > 0")
@@ -447,8 +448,7 @@ class EmbeddingCache(EmbeddingShard):
         progress : bool
             Show a tqdm bar per pass.
         """
-        if int(passes) < 1:
-            raise ValueError(f"`passes` must be >= 1, got {passes}")
+        check_int(passes, "passes", low=1)
         if dtype not in _DTYPES:
             raise ValueError(f"unknown `dtype` {dtype!r}; valid: {', '.join(_DTYPES)}")
         directory = Path(os.fspath(directory))
@@ -508,8 +508,7 @@ class EmbeddingCache(EmbeddingShard):
         generator: torch.Generator | None = None,
     ) -> Iterator[tuple[Tensor, Tensor | None]]:
         """Mini-batches ``(embeddings, labels)`` of one pass (``pass_index`` modulo passes)."""
-        if int(batch_size) < 1:
-            raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
+        check_int(batch_size, "batch_size", low=1)
         base = (int(pass_index) % self.passes) * self.n_items
         if shuffle:
             order = torch.randperm(self.n_items, generator=generator).numpy()

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from bayesurl._checks import check_int
 from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_write
 from bayesurl.report.images import THUMB_SIZE, ImageSource, image_source
@@ -203,8 +204,8 @@ def report_model(
     ValueError
         If ``k`` or ``compare_k`` is below 1.
     """
-    if int(k) < 1 or int(compare_k) < 1:
-        raise ValueError(f"`k` and `compare_k` must be >= 1, got {k}, {compare_k}")
+    check_int(k, "k", low=1)
+    check_int(compare_k, "compare_k", low=1)
     thumbs: dict[str, str] = {}
     data_cache: dict[str, Any] = {}
     runs = source.runs

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from bayesurl._checks import parse_device
+from bayesurl._checks import check_int, parse_device
 from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.distributed import launch_rank, launched_by_torchrun
 from bayesurl.evaluation import NeighborMemo
@@ -663,8 +663,8 @@ def evaluate_checkpoint(
                 dataset = "default"
     name, _ = dataset_kind(dataset, argument="dataset", allowed=CHECKPOINT_DATASETS)
     for arg, value in (("max_test", max_test), ("max_ood", max_ood)):
-        if value is not None and int(value) < 1:
-            raise ValueError(f"`{arg}` must be a positive size or None, got {value}")
+        if value is not None:
+            check_int(value, arg, low=1)
     dev = resolve_device(device)
     method = load_method_from_checkpoint(p, map_location=dev)
     hp = dict(getattr(method, "hparams", {}) or {})

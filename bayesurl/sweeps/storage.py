@@ -530,9 +530,15 @@ class SweepStorage:
             raise ValueError("`url` must be a non-empty SQLAlchemy URL")
         if not str(sweep).strip():
             raise ValueError("`sweep` must be a non-empty name")
-        for arg, v in (("heartbeat_interval", heartbeat_interval), ("max_attempts", max_attempts)):
-            if int(v) < 1:
-                raise ValueError(f"`{arg}` must be a positive integer, got {v}")
+        # whole numbers checked here, not by bayesurl._checks: a worker process loads this
+        # module alone, without torch
+        for arg, v in (
+            ("heartbeat_interval", heartbeat_interval),
+            ("max_attempts", max_attempts),
+            ("grace_period", 1 if grace_period is None else grace_period),
+        ):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"`{arg}` must be an integer >= 1, got {v!r}")
         grace = 4 * int(heartbeat_interval) if grace_period is None else int(grace_period)
         if grace < 1:
             raise ValueError(f"`grace_period` must be a positive integer, got {grace_period}")
