@@ -529,3 +529,14 @@ def test_a_posthoc_wrappers_bad_kwarg_is_named_by_its_recipe_key(tmp_path, capsy
             "--out", str(tmp_path), "--set", "estimator.kwargs.temperature=-1"]  # fmt: skip
     assert main(argv) == 2
     assert "`estimators.pvu.kwargs.temperature` must be a positive number" in _err(capsys)
+
+
+def test_benchmark_names_methods_and_a_negative_seed_count_by_the_flags(tmp_path, capsys):
+    from bayesurl.commands.benchmark import parse_seeds
+
+    with pytest.raises(ValueError, match="seeds are non-negative integers"):
+        parse_seeds("-1")
+    argv = ["benchmark", "--preset", "smoke", "--methods", "ce,cee", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    err = _err(capsys)
+    assert "'cee'" in err and "`--methods`" in err and "`estimators`" not in err

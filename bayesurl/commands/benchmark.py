@@ -76,6 +76,8 @@ def parse_seeds(text: str) -> list[int]:
                 raise ValueError(f"`--seeds {raw}` names a seed twice")
         else:
             n = int(raw)
+            if n < 0:
+                raise ValueError(f"`--seeds {raw}`: seeds are non-negative integers")
             if n < 1:
                 raise ValueError(
                     f"`--seeds {raw}`: a single number is a count (>= 1); "
@@ -323,7 +325,11 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.root is not None:
         overrides.append(("data.root", str(args.root)))
-    res = run_sweep(args.methods, sweep_options(args, seeds, overrides, device))
+    options = sweep_options(args, seeds, overrides, device)
+    try:
+        res = run_sweep(args.methods, options)
+    except ValueError as exc:  # an estimator name is given with --methods
+        raise ValueError(name_flags(str(exc), {"estimators": "--methods"})) from exc
     if not res.main_process:  # torchrun: rank 0 reports (and alone wrote the files)
         return 1 if any(r.get("error") for r in res.runs) else 0
     if args.tune_only:
