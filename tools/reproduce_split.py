@@ -7,7 +7,8 @@ Each finished run of split ``--split`` in ``FOLDER/sweep.db`` is run again from 
 parameters (the same resolved settings a worker of the sweep would run) with the frozen
 features extracted into ``--cache`` -- by default a fresh, empty temporary folder, so that
 nothing the sweep's own cache held can reach the result -- and every metric of the new record
-is compared with the stored one. The storage is read from a copy; it is never written.
+is compared with the stored one. The storage is read from a copy (SQLite's backup API); it is
+never written.
 
 Prints one line per estimator (its largest absolute difference over the metrics) and writes
 ``--out`` (JSON: every metric, stored and now). Exit status 1 when a difference exceeds
@@ -19,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
+import sqlite3
 import sys
 import tempfile
 import time
@@ -48,7 +49,9 @@ def stored_runs(folder: Path, split: int) -> tuple[str, list[tuple[dict, dict]]]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "sweep.db"
-        shutil.copy2(folder / "sweep.db", copy)
+        # SQLite's backup API: a consistent copy, the write-ahead log of a running sweep included
+        with sqlite3.connect(folder / "sweep.db") as src, sqlite3.connect(copy) as dst:
+            src.backup(dst)
         storage = optuna.storages.RDBStorage(f"sqlite:///{copy}")
         names = [
             s.study_name for s in storage.get_all_studies() if s.study_name.startswith("sweep:")
