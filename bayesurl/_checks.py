@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -411,3 +412,34 @@ def match_module_dtype(x: object, module: torch.nn.Module) -> object:
         if p.is_floating_point():
             return x if p.dtype == x.dtype else x.to(p.dtype)
     return x
+
+
+def load_refusal(path: str | os.PathLike[str], exc: BaseException, label: str) -> str:
+    """Why ``torch.load(path, weights_only=True)`` failed, in one line that starts with
+    ``label`` (the file as the user gave it, e.g. ``"checkpoint 'x.pt'"``).
+
+    torch's own messages advise loading the file unsafely (``weights_only=False``, or
+    allowlisting its classes); a file bayesurl did not write is not to be trusted that way, so
+    that advice is never passed on.
+    """
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if not head.startswith((b"PK", b"\x80")):
+        # torch.save writes a zip archive (a pickle of protocol 2 or above in its legacy format)
+        return f"{label} is not a checkpoint: no file torch.save writes"
+    text = str(exc)
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if found:
+        return (
+            f"{label} holds a {found.group(1)} object; bayesurl loads only tensors, numbers, "
+            "strings and plain containers from a file"
+        )
+    if "weights only" in text.lower() or "weights_only" in text:
+        return (
+            f"{label} holds objects other than tensors, numbers, strings and plain containers, "
+            "which bayesurl does not load"
+        )
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return (
+        f"{label} is corrupted or truncated ({type(exc).__name__}{': ' + first if first else ''})"
+    )

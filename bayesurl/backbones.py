@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import check_int, check_number
+from bayesurl._checks import check_int, check_number, load_refusal
 from bayesurl._modules import eval_mode
 
 __all__ = [
@@ -283,9 +283,7 @@ def load_backbone_weights(module: nn.Module, path: str | os.PathLike[str]) -> nn
     try:
         state = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ValueError(
-            f"`backbone.checkpoint` {p!r} is not a readable weights-only file: {exc}"
-        ) from None
+        raise ValueError(load_refusal(p, exc, f"`backbone.checkpoint` {p!r}")) from None
     if isinstance(state, dict):
         for key in ("state_dict", "model"):
             if isinstance(state.get(key), dict):

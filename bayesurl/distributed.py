@@ -111,9 +111,12 @@ def init_from_env(backend: str | None = None, device: str | None = None) -> Dist
     ----------
     backend : {"gloo", "nccl"} or None
         ``None`` picks ``nccl`` when CUDA is available and ``device`` is not ``"cpu"``, else
-        ``gloo``.
+        ``gloo``; also ``gloo`` when this machine's ranks (``LOCAL_WORLD_SIZE``) outnumber
+        its GPUs, which NCCL refuses to share between ranks.
     device : str or None
-        ``"cpu"`` forces CPU; ``None`` uses ``cuda:LOCAL_RANK`` when CUDA is available.
+        ``"cpu"`` forces CPU; ``None`` uses ``cuda:LOCAL_RANK`` when CUDA is available
+        (``cuda:LOCAL_RANK % device_count`` when the ranks outnumber the GPUs: two ranks on
+        one GPU share it).
 
     Returns
     -------
@@ -141,10 +144,12 @@ def init_from_env(backend: str | None = None, device: str | None = None) -> Dist
     if world < 1 or not 0 <= rank < world:
         raise ValueError(f"invalid RANK={rank} / WORLD_SIZE={world}")
     use_cuda = torch.cuda.is_available() and device != "cpu"
-    dev = torch.device("cuda", local_rank) if use_cuda else torch.device(device or "cpu")
+    gpus = torch.cuda.device_count() if use_cuda else 0
+    dev = torch.device("cuda", local_rank % gpus) if use_cuda else torch.device(device or "cpu")
     if world == 1:
         return DistInfo(0, 1, 0, None, dev)
-    backend = backend or ("nccl" if use_cuda else "gloo")
+    shared = _env_int("LOCAL_WORLD_SIZE", world) > gpus  # NCCL: one rank per GPU
+    backend = backend or ("nccl" if use_cuda and not shared else "gloo")
     if use_cuda:
         torch.cuda.set_device(dev)
     if not dist.is_initialized():

@@ -49,13 +49,33 @@ class CorruptedFileError(ValueError):
     """A file that is missing, truncated or altered since it was recorded."""
 
 
+def _umask() -> int:
+    """The process's file-mode creation mask.
+
+    Read from ``/proc/self/status`` where the kernel gives it (Linux 4.7 and later), which
+    changes nothing. Elsewhere :func:`os.umask` must set a mask to return the old one: it is
+    set to the most restrictive ``0o077`` for that instant, so a file another thread creates
+    in between is at worst private, never more open than asked.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    old = os.umask(0o077)
+    os.umask(old)
+    return old
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
     """Open a temporary file beside ``path``; on a clean exit it replaces ``path`` atomically.
 
     On an exception (or a kill) the temporary file is removed (or left as a hidden
     ``.name.*.tmp`` file) and ``path`` keeps its previous content. Missing parent folders are
-    created.
+    created. The file gets the permissions :func:`open` gives a new file, ``0o666`` less the
+    umask (the temporary file is created private, ``0o600``, and opened up to that before it
+    takes ``path``'s place).
 
     Parameters
     ----------
@@ -70,6 +90,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", **kwargs: Any) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())
         with os.fdopen(fd, mode, **kwargs) as fh:
             yield fh
             fh.flush()

@@ -10,7 +10,10 @@ after a warm-up (CUDA events via ``torch.cuda.synchronize``):
   calls it, float32 products (TF32 off), bound-checked and re-ranked in float64;
 - ``evaluator tf32``: the same with ``torch.set_float32_matmul_precision("high")`` (the bound
   widens to TF32's roundoff);
-- ``evaluator bf16``: the bfloat16 candidate pass (:func:`bayesurl.evaluation.low_precision`).
+- ``evaluator bf16``: the bfloat16 candidate pass (:func:`bayesurl.evaluation.low_precision`),
+  unfused;
+- ``evaluator fused``: the fused product-and-select (:mod:`bayesurl.evaluation.fused`), where
+  its kernel works (``benchmarks/gpu_check.py`` times it against the GEMM).
 
 and checks that every evaluator variant returns the float32 evaluator's neighbours exactly,
 and how often the bare passes agree with them. Without CUDA it runs a small CPU smoke test.
@@ -31,7 +34,8 @@ from typing import Any
 import torch
 
 from bayesurl.distributed import Shards
-from bayesurl.evaluation import low_precision, search_precision, search_stats
+from bayesurl.evaluation import fused_search, low_precision, search_precision, search_stats
+from bayesurl.evaluation.fused import fused_available
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, normalize, search_shards
 
 
@@ -101,9 +105,14 @@ def one_size(
     with low_precision(False):
         results["evaluator fp32"] = timed("evaluator fp32", lambda: evaluator(x), device, repeats)
     search_stats(reset=True)
-    with low_precision(True):
+    with low_precision(True), fused_search(False):
         results["evaluator bf16"] = timed("evaluator bf16", lambda: evaluator(x), device, repeats)
     stats = search_stats(reset=True)
+    if fused_available(device)[0]:
+        with fused_search(True):
+            results["evaluator fused"] = timed(
+                "evaluator fused", lambda: evaluator(x), device, repeats
+            )
     torch.set_float32_matmul_precision("high")  # TF32 where the GPU has it
     results["bare tf32"] = timed("bare tf32", lambda: bare(x, torch.float32), device, repeats)
     if tf32_evaluator:
@@ -128,7 +137,7 @@ def one_size(
             f"  {key:15s} {t * 1e3:9.1f} ms  ({t / t_bare:6.2f}x bare fp32)  "
             f"neighbours equal to evaluator fp32: {100 * same:.4f} %"
         )
-    for key in [k for k in ("evaluator bf16", "evaluator tf32") if k in results]:
+    for key in [k for k in ("evaluator bf16", "evaluator fused", "evaluator tf32") if k in results]:
         same = torch.equal(results[key][1], ref)
         print(f"  {key} neighbours identical to evaluator fp32: {same}")
     runs = repeats + 1

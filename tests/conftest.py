@@ -9,11 +9,20 @@ with ``-p randomly --randomly-seed=N``). pytest-randomly reseeds ``random`` and 
 each test; :func:`_isolated_global_state` does the same for torch and restores what a test may
 change globally (torch RNG, default dtype, thread count, mpmath precision), so a test passes
 alone, in any order and on any xdist shard.
+
+Triton, where installed, runs its kernels in its CPU interpreter (``TRITON_INTERPRET=1``).
 """
 
-import mpmath
-import pytest
-import torch
+import os
+
+# Triton kernels (bayesurl.evaluation.fused) run in Triton's CPU interpreter in the tests: the
+# variable is read when Triton is first imported, so it is set before anything imports it
+# (TRITON_INTERPRET=0 in the environment tests the compiled kernel on a GPU instead)
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import mpmath  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 #: the throwaway PostgreSQL server of the storage tests (fixture ``postgres``)
 pytest_plugins = ("postgres_server",)

@@ -95,3 +95,38 @@ def test_docs_build_with_warnings_as_errors(tmp_path: Path) -> None:
         shown = set(re.findall(r"sphx_glr_" + re.escape(tut.stem) + r"_\d+\.png", text))
         assert shown, f"{tut.name}: no figure referenced in its page"
         assert "Traceback" not in text, f"{tut.name}: the page shows a traceback"
+
+
+def _readme_snippet() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Using it", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_readme_snippet_evaluates_inputs_as_training_saw_them(monkeypatch) -> None:
+    """The README's "Using it" code runs, feeds the model at evaluation the same scale of
+    inputs it was trained on (the augmentation standardises the pixels; raw [0, 1] pixels have
+    a third of the spread), and prints an R@1 well above the chance of five classes (0.2)."""
+    import torch
+
+    from bayesurl import methods
+
+    seen: dict[bool, list[torch.Tensor]] = {True: [], False: []}
+    create = methods.create
+
+    def recording(*args, **kwargs):
+        model = create(*args, **kwargs)
+        model.net.backbone.register_forward_pre_hook(  # the network the images enter
+            lambda mod, inputs: seen[mod.training].append(inputs[0].detach().float().flatten())
+        )
+        return model
+
+    monkeypatch.setattr(methods, "create", recording)
+    printed: list[object] = []
+    torch.manual_seed(0)
+    exec(compile(_readme_snippet(), "README.md", "exec"), {"print": printed.append})
+    (result,) = printed
+    assert seen[True] and seen[False]
+    train, test = torch.cat(seen[True]), torch.cat(seen[False])
+    assert 0.7 < float(test.std() / train.std()) < 1.4, (train.std(), test.std())
+    assert result["r@1"] > 0.5, result

@@ -259,3 +259,32 @@ def test_reuse_or_build_is_safe_when_processes_build_the_same_cache_at_once(tmp_
     assert results[0]["files"] == results[1]["files"]
     assert unseal(tmp_path / "c")["n"] == 100
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # no builder's folder left
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077, 0o002], ids=oct)
+def test_atomic_writes_follow_the_umask_like_a_plain_open(tmp_path, mask):
+    """results.json, a results CSV, a checkpoint and a plot of one folder get the mode a
+    plain ``open`` gives a new file under the same umask (the temporary file alone is 0600)."""
+    from bayesurl.sweeps.report import write_results
+    from bayesurl.training.checkpoint import save_checkpoint
+
+    old = os.umask(mask)
+    try:
+        with open(tmp_path / "plain.txt", "w") as fh:  # the reference: what open() gives
+            fh.write("x")
+        atomic_write(tmp_path / "a.txt", "x")
+        write_json(tmp_path / "b.json", {"a": 1})
+        save_checkpoint({"state_dict": {"w": torch.zeros(2)}}, tmp_path / "c.pt")
+        rec = {"method": "ce", "split": 0, "seed": 0, "error": None, "r@1": 0.8,
+               "r_auroc": 0.5, "loss_curve": [2.0, 1.0]}  # fmt: skip
+        write_results([rec], tmp_path / "sweep", {"preset": "t"})
+    finally:
+        os.umask(old)
+    want = (tmp_path / "plain.txt").stat().st_mode & 0o777
+    assert want == 0o666 & ~mask
+    files = [tmp_path / n for n in ("a.txt", "b.json", "c.pt")]
+    files += sorted((tmp_path / "sweep").iterdir())
+    assert {f.name for f in files} >= {"results.json", "results.csv", "training_curves.png"}
+    for f in files:
+        assert f.stat().st_mode & 0o777 == want, (f.name, oct(f.stat().st_mode & 0o777))

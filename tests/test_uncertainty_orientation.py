@@ -289,33 +289,115 @@ def _posthoc_laplace():
 
 
 # --------------------------------------------------------------------------- free baselines
+def _reference_data(seed=0):
+    """Two labelled classes of training features; held-out inputs near them and far away."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(200) % 2
+    shift = torch.tensor([4.0, 0, 0, 0, 0, 0])
+    train = torch.randn(200, D_IN, generator=g, dtype=torch.float64) + shift * (2 * y[:, None] - 1)
+    near = train[:20] + 0.1 * torch.randn(20, D_IN, generator=g, dtype=torch.float64)
+    # 12 sd off along an axis the classes do not use: far in distance and in direction
+    far = 0.5 * torch.randn(20, D_IN, generator=g, dtype=torch.float64)
+    far[:, 5] += 12.0
+    return train, y, torch.cat([near, far])
+
+
+def _knn_u(f, train, k):
+    """Mean cosine distance to the k nearest training features (a brute-force loop)."""
+    want = []
+    for v in f:
+        cos = sorted(
+            (float(v @ t / (np.linalg.norm(v) * np.linalg.norm(t))) for t in train), reverse=True
+        )
+        want.append(np.mean([1 - c for c in cos[:k]]))
+    return np.array(want)
+
+
+def _lw(rows):
+    """Ledoit-Wolf covariance of centred rows (scikit-learn, the independent reference)."""
+    from sklearn.covariance import LedoitWolf
+
+    return LedoitWolf(assume_centered=True).fit(rows).covariance_
+
+
+def _mahalanobis_u(f, train, y):
+    """min over classes of (f - mu_c)^T Sigma^-1 (f - mu_c), Sigma the Ledoit-Wolf
+    covariance of the class-centred training features (numpy solve)."""
+    mus = np.stack([train[y == c].mean(0) for c in (0, 1)])
+    cov = _lw(train - mus[y])
+    d = [np.einsum("nd,nd->n", f - m, np.linalg.solve(cov, (f - m).T).T) for m in mus]
+    return np.min(d, axis=0)
+
+
+def _gmm_u(f, train, y):
+    """-log sum_c pi_c N(f; mu_c, Sigma_c), each Sigma_c the Ledoit-Wolf covariance of its
+    class (scipy's multivariate normal)."""
+    from scipy.special import logsumexp
+    from scipy.stats import multivariate_normal
+
+    logs = []
+    for c in (0, 1):
+        rows = train[y == c]
+        mu = rows.mean(0)
+        pdf = multivariate_normal(mu, _lw(rows - mu))
+        logs.append(np.log(len(rows) / len(train)) + pdf.logpdf(f))
+    return -logsumexp(np.stack(logs), axis=0)
+
+
+_REFERENCE_U = {
+    "knn": lambda f, tr, y: _knn_u(f, tr, 5),
+    "mahalanobis": _mahalanobis_u,
+    "gmm": _gmm_u,
+}
+
+
+def _posthoc_reference(method):
+    """knn: mean cosine distance to the k nearest reference embeddings; mahalanobis: squared
+    distance to the nearest class mean under the shared Ledoit-Wolf covariance; gmm: -log
+    density of the class-conditional mixture. Fitted through a linear encoder, higher for
+    inputs away from the reference set."""
+    enc = nn.Linear(D_IN, D_IN).double()
+    with torch.no_grad():
+        enc.weight.copy_(torch.eye(D_IN) + 0.1 * torch.ones(D_IN, D_IN))
+        enc.bias.fill_(0.5)
+    train, y, both = _reference_data()
+    w = wrap(enc, method, **({"k": 5} if method == "knn" else {}))
+    w.fit([(xb, yb) for xb, yb in zip(train.split(64), y.split(64))], progress=False)
+    with torch.no_grad():
+        u = _np(w(both).uncertainty)
+        f, tr = _np(enc(both)), _np(enc(train))
+    np.testing.assert_allclose(u, _REFERENCE_U[method](f, tr, _np(y).astype(int)), rtol=1e-9)
+    assert u[20:].min() > u[:20].max()
+
+
 def _baseline(score):
-    """inverse_norm: u = 1/||f||; knn_distance: u = mean cosine distance to the k nearest
-    training features (a brute-force loop), higher for features away from the training ones."""
+    """inverse_norm: u = 1/||f||; knn_distance, mahalanobis, gmm: the scores of the post-hoc
+    wrappers above on the input features themselves, fitted on the training features (the
+    recipe's rows), higher for features away from the training ones."""
+    from bayesurl.runs.config import load_recipe
     from bayesurl.runs.estimators import BaselineEstimator
 
-    est = BaselineEstimator.__new__(BaselineEstimator)
-    est.score, est.k = BaselineScore(score), 5
-    g = torch.Generator().manual_seed(0)
-    train = torch.randn(200, D_IN, generator=g) + torch.tensor([4.0, 0, 0, 0, 0, 0])
-    est.gallery = nn.functional.normalize(train, dim=1)
-    near = train[:20] + 0.1 * torch.randn(20, D_IN, generator=g)
-    far = -near
-    both = torch.cat([near, far])
-    u = _np(est.predict(both).uncertainty)
-    f = _np(both)
+    options = {"knn_distance": {"k": 5}}.get(score, {})
+    est = BaselineEstimator(
+        load_recipe(
+            "fashion_mnist/feature_norm",
+            [("estimator.kwargs", {"score": score, **options})],
+            preset="smoke",
+        )
+    )
+    assert est.score is BaselineScore(score)
+    train, y, both = _reference_data()
+    if est.wrapped is not None:
+        est.wrapped.fit([(train.float(), y)], progress=False)
+    u = _np(est.predict(both.float()).uncertainty)
+    f = _np(both.float())
     if score == "inverse_norm":
         np.testing.assert_allclose(u, 1 / np.linalg.norm(f, axis=1), rtol=1e-6)
         assert _rho(u, -np.linalg.norm(f, axis=1)) > 0.999
         return
-    tr = _np(train)
-    want = []
-    for v in f:
-        cos = sorted(
-            (float(v @ t / (np.linalg.norm(v) * np.linalg.norm(t))) for t in tr), reverse=True
-        )
-        want.append(np.mean([1 - c for c in cos[:5]]))
-    np.testing.assert_allclose(u, want, rtol=1e-5, atol=1e-6)
+    ref = _REFERENCE_U["knn" if score == "knn_distance" else score]
+    # float32 features: the fit and the solves run in float64 on them
+    np.testing.assert_allclose(u, ref(f, _np(train.float()), _np(y).astype(int)), rtol=1e-5)
     assert u[20:].min() > u[:20].max()
 
 
@@ -330,6 +412,7 @@ CASES = {
     "posthoc:tau": _posthoc_tau,
     "posthoc:pvu": _posthoc_pvu,
     "posthoc:laplace": _posthoc_laplace,
+    **{f"posthoc:{m}": (lambda m=m: _posthoc_reference(m)) for m in _REFERENCE_U},
     **{f"baseline:{s.value}": (lambda s=s.value: _baseline(s)) for s in BaselineScore},
 }
 

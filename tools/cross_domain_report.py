@@ -8,6 +8,11 @@ and writes, for R-AUROC, R@1 and OOD AUROC:
 * each estimator's mean over the class splits on each domain and its rank there (1 = best);
 * the Spearman correlation of the two domains' rankings (scipy) over the estimators both ran,
   with its p-value;
+* its 95 % interval over the estimators (Fisher's z with the variance 1.06 / (n - 3) of
+  Fieller, Hartley & Pearson, 1957, for Spearman's rho: the estimators as the sample, what
+  scipy's p-value assumes) and a second one over the class splits (the complementary pairs
+  of each domain resampled with replacement, 2,000 seeded draws: how far the correlation of
+  these estimators moves with other class splits);
 * beside it, each domain's own split-half Spearman (random halvings: median, 5 %, minimum;
   class-held-out halvings: median, minimum), so a cross-domain correlation can be read
   against how well each ranking reproduces within its own domain.
@@ -21,12 +26,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from scipy import stats
 
 from bayesurl.files import atomic_write, write_json
+from bayesurl.sweeps.aggregate import complementary_pairs
 
 METRICS = (("r_auroc", "R-AUROC"), ("r@1", "R@1"), ("ood_auroc", "OOD AUROC"))
 
@@ -49,6 +57,55 @@ def _halvings(doc: dict[str, Any], metric: str) -> dict[str, Any]:
     return out
 
 
+def spearman_interval(rho: float, n: int, level: float = 0.95) -> tuple[float, float] | None:
+    """Interval of Spearman's ``rho`` over ``n`` items: Fisher's z with the variance
+    1.06 / (n - 3) (Fieller, Hartley & Pearson, 1957); ``None`` below four items."""
+    if n < 4:
+        return None
+    z = math.atanh(max(min(rho, 1 - 1e-12), -1 + 1e-12))
+    half = float(stats.norm.ppf(0.5 + level / 2)) * math.sqrt(1.06 / (n - 3))
+    return math.tanh(z - half), math.tanh(z + half)
+
+
+def _pair_means(doc: dict[str, Any], key: str, names: list[str]) -> np.ndarray | None:
+    """``names`` x complementary pairs: each estimator's mean ``key`` per pair (pairs where
+    one of them lacks it dropped); ``None`` when the runs do not carry it."""
+    runs = [
+        r
+        for r in doc.get("runs") or []
+        if r.get("error") is None and r.get(key) is not None and "split" in r
+    ]
+    if not runs or not all("method" in r for r in runs):
+        return None
+    pair_of = complementary_pairs(runs)
+    cells: dict[tuple[str, int], list[float]] = {}
+    for r in runs:
+        cells.setdefault((r["method"], pair_of[int(r["split"])]), []).append(float(r[key]))
+    pairs = sorted(set(pair_of.values()))
+    table = np.array(
+        [[np.mean(cells.get((n, p), [np.nan])) for p in pairs] for n in names], dtype=np.float64
+    )
+    table = table[:, ~np.isnan(table).any(axis=0)]
+    return table if table.shape[1] >= 2 else None
+
+
+def pair_bootstrap(
+    a: np.ndarray, b: np.ndarray, draws: int = 2000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile interval of the Spearman correlation of the row means of ``a`` and ``b``
+    (estimators x pairs, one per domain) when each domain's pairs are resampled with
+    replacement."""
+    rng = np.random.default_rng(seed)
+    out = np.empty(draws)
+    for i in range(draws):
+        ma = a[:, rng.integers(0, a.shape[1], a.shape[1])].mean(axis=1)
+        mb = b[:, rng.integers(0, b.shape[1], b.shape[1])].mean(axis=1)
+        out[i] = stats.spearmanr(ma, mb).statistic
+    out = out[np.isfinite(out)]
+    q = (1 - level) / 2
+    return float(np.quantile(out, q)), float(np.quantile(out, 1 - q))
+
+
 def cross_domain(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The ranks, the Spearman of the rankings and each domain's split-half figures."""
     (la, a), (lb, b) = docs.items()
@@ -65,12 +122,20 @@ def cross_domain(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             continue
         ranks = {lab: _ranks({n: means[lab][n] for n in both}) for lab in docs}
         res = stats.spearmanr([means[la][n] for n in both], [means[lb][n] for n in both])
+        ci = spearman_interval(float(res.statistic), len(both))
+        tables = [_pair_means(d, key, both) for d in docs.values()]
+        boot = None if any(t is None for t in tables) else pair_bootstrap(*tables)
         out["metrics"][key] = {
             "estimators": both,
             "mean": {lab: {n: means[lab][n] for n in both} for lab in docs},
             "rank": ranks,
             "spearman": float(res.statistic),
             "p": float(res.pvalue),
+            "n": len(both),
+            "low": None if ci is None else ci[0],
+            "high": None if ci is None else ci[1],
+            "splits_low": None if boot is None else boot[0],
+            "splits_high": None if boot is None else boot[1],
             "split_half": {lab: _halvings(d, key) for lab, d in docs.items()},
             "splits": {lab: len({r["split"] for r in docs[lab]["runs"]}) for lab in docs},
         }
@@ -108,13 +173,16 @@ def rst(res: dict[str, Any], sources: dict[str, str]) -> str:
         ]
     parts.append("\n".join(lines))
     lines = [
-        ".. list-table:: Spearman correlation of the two domains' rankings, beside each "
-        "domain's own split-half Spearman (random halvings: median / 5 % / minimum; "
-        "class-held-out halvings: median / minimum)",
+        ".. list-table:: Spearman correlation of the two domains' rankings over the n "
+        "estimators both ran, with its p-value and two 95 % intervals: over the estimators "
+        "(Fisher's z) and over the class splits (each domain's complementary pairs "
+        "resampled, 2,000 draws); beside it each domain's own split-half Spearman (random "
+        "halvings: median / 5 % / minimum; class-held-out halvings: median / minimum)",
         "   :header-rows: 1",
         "",
         "   * - metric",
-        f"     - Spearman {la} vs {lb} (p)",
+        f"     - Spearman {la} vs {lb} [over estimators] (p, n)",
+        "     - over class splits",
         f"     - {la} split-half, random",
         f"     - {la} split-half, class-held-out",
         f"     - {lb} split-half, random",
@@ -124,7 +192,13 @@ def rst(res: dict[str, Any], sources: dict[str, str]) -> str:
         m = res["metrics"][key]
         if "spearman" not in m:
             continue
-        cells = [f"{m['spearman']:+.2f} ({m['p']:.2g})"]
+        ci = "" if m.get("low") is None else f" [{m['low']:+.2f}, {m['high']:+.2f}]"
+        cells = [
+            f"{m['spearman']:+.2f}{ci} (p {m['p']:.2g}, n {m['n']})",
+            "n/a"
+            if m.get("splits_low") is None
+            else f"[{m['splits_low']:+.2f}, {m['splits_high']:+.2f}]",
+        ]
         for lab in (la, lb):
             h = m["split_half"][lab]
             cells.append(

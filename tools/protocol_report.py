@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bayesurl.evaluation.table import Column, metric_column
-from bayesurl.sweeps.report import REPRO_METRICS, report_columns
+from bayesurl.sweeps.report import FREE_BASELINES, REPRO_METRICS, report_columns
 
 
 def _columns() -> list[Column]:
@@ -204,9 +204,6 @@ def write_interim(folder: Path) -> Path:
     return out
 
 
-FREE_BASELINES = ("feature_norm", "feature_knn")
-
-
 def _significant_rows(table: dict[str, Any], metric: str, sign: int) -> dict[str, Any]:
     """The paired rows whose difference has ``sign`` and Holm p < 0.05, by estimator."""
     return {
@@ -231,6 +228,78 @@ def _significant(table: dict[str, Any], metric: str, sign: int) -> str:
 def _ci(summary: dict[str, Any], name: str, metric: str) -> str:
     v = summary[name][metric]
     return f"{v['mean']:.3f} ± {(v['high'] - v['low']) / 2:.3f}"
+
+
+def _chance_ci(row: dict[str, Any] | None) -> str:
+    """``"0.518 [0.501, 0.536]"``: an estimator's mean R-AUROC and its 95 % t-interval over
+    the units of the test against chance (``vs_chance``)."""
+    if not row or row.get("mean") is None:
+        return "n/a"
+    lo, hi = row.get("low"), row.get("high")
+    if lo is None or hi is None:
+        return f"{row['mean']:.3f}"
+    return f"{row['mean']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _chance_units(ch: dict[str, Any], unit: str) -> str:
+    """``"20 complementary pairs"``: the n of the tests against chance (the range when the
+    estimators differ)."""
+    ns = sorted({r["n"] for r in ch.values() if isinstance(r, dict) and r.get("n")})
+    if not ns:
+        return unit
+    return f"{ns[0]} {unit}" if len(ns) == 1 else f"{ns[0]}-{ns[-1]} {unit}"
+
+
+def _borderline(ch: dict[str, Any], order: list[str], chance: float = 0.5) -> list[str]:
+    """The estimators labelled "at chance" by the Holm-adjusted test whose own (unadjusted)
+    interval excludes ``chance``: a label on the edge."""
+    out = []
+    for k in order:
+        r = ch.get(k) or {}
+        lo, hi = r.get("low"), r.get("high")
+        if r.get("verdict") == "at chance" and lo is not None and hi is not None:
+            if lo > chance or hi < chance:
+                out.append(k)
+    return out
+
+
+def tuning_line(doc: dict[str, Any]) -> str:
+    """What the runs' settings were chosen on, counted over the class splits: the classes
+    whose scores chose them (``tuned_on``) and the classes the searches trained on
+    (``tuned_trained_on``), each against the split's downstream classes."""
+    runs = [r for r in doc["runs"] if r.get("error") is None]
+    splits = sorted({int(r["split"]) for r in runs if r.get("split") is not None})
+    tuned = [r for r in runs if r.get("tuned_on")]
+    if not tuned:
+        return (
+            "* **Tuning**: none; every run used the recipe's default settings (``tuned_on`` = [])."
+        )
+    scored: set[int] = set()
+    trained: set[int] = set()
+    unknown: set[int] = set()
+    for r in tuned:
+        down = {int(c) for c in r.get("downstream") or ()}
+        if down & {int(c) for c in r["tuned_on"]}:
+            scored.add(int(r["split"]))
+        if r.get("tuned_trained_on") is None:
+            unknown.add(int(r["split"]))
+        elif down & {int(c) for c in r["tuned_trained_on"]}:
+            trained.add(int(r["split"]))
+    n = len(splits)
+    words = (
+        f"* **Tuning**: the settings were scored on a downstream class in "
+        f"{len(scored) or 'none'} of the {n} class splits (``tuned_on``); the searches that "
+        f"chose them trained on images of a downstream class in {len(trained) or 'none'} "
+        f"of the {n} (``tuned_trained_on``)"
+    )
+    if unknown:
+        words += f", and do not record what they trained on in {len(unknown)}"
+    if trained:
+        words += (
+            ": the settings never saw a downstream class's score, but they are not "
+            "independent of every downstream image"
+        )
+    return words + "."
 
 
 def _num(v: float | None) -> str:
@@ -275,23 +344,28 @@ def verdict_table(doc: dict[str, Any]) -> str:
         c = ch.get(n) or {}
         d = pc.get(n) or {}
         f = pf.get(n) or {}
+        interval = "" if c.get("low") is None else f" [{c['low']:.3f}, {c['high']:.3f}]"
         rows.append(
             [
                 n,
                 _cell(s[n].get("r_auroc"), metric_column("r_auroc")),
                 "(reference)" if n == "ce" else f"{d.get('mean_diff', 0):+.3f}, Holm p {_p(d)}",
-                f"{c.get('verdict') or 'n/a'}, Holm p {_p(c)}",
+                f"{c.get('verdict') or 'n/a'}{interval}, Holm p {_p(c)}",
                 "(reference)"
                 if n == free
                 else ("n/a" if not f else f"{f.get('mean_diff', 0):+.3f}, Holm p {_p(f)}"),
             ]
         )
+    n_splits = len(doc["settings"].get("class_splits") or [])
     return _list_table(
-        f"R-AUROC per estimator: mean ± half-width of the 95 % t-interval over the splits; "
-        f"paired difference to CE, the test against chance (0.5) and the paired difference "
-        f"to the best free baseline above chance ({free or 'none is above chance'}), each a "
-        f't-test with the {unit} as the unit, Holm-adjusted over the estimators ("at '
-        'chance": not distinguishable from 0.5 at Holm p < 0.05)',
+        f"R-AUROC per estimator: mean ± half-width of the 95 % t-interval over the "
+        f"{n_splits} splits; paired difference to CE, the test against chance (0.5) with "
+        f"the 95 % t-interval over the {_chance_units(ch, unit + 's')} it tests, and the "
+        f"paired difference to the best free baseline above chance "
+        f"({free or 'none is above chance'}), each a t-test with the {unit} as the unit, "
+        f'Holm-adjusted over the estimators ("at chance": not distinguishable from 0.5 at '
+        f"Holm p < 0.05; the interval is not adjusted, so one that just excludes 0.5 can "
+        f"sit beside it)",
         ["estimator", _title("r_auroc"), "vs CE", "vs chance", f"vs {free or 'free baseline'}"],
         rows,
     )
@@ -360,7 +434,9 @@ def verdict(doc: dict[str, Any]) -> str:
 
     def chance(word: str) -> str:
         ks = [k for k in order if (ch.get(k) or {}).get("verdict") == word]
-        return ", ".join(f"{k} {s[k]['r_auroc']['mean']:.3f}" for k in ks) or "none"
+        return ", ".join(f"{k} {_chance_ci(ch.get(k))}" for k in ks) or "none"
+
+    edge = _borderline(ch, order)
 
     lines = []
     st = doc["settings"].get("status") or {}
@@ -373,14 +449,22 @@ def verdict(doc: dict[str, Any]) -> str:
             f"{planned} planned."
         )
     lines += [
+        tuning_line(doc),
         f"* **Split-half Spearman of the R-AUROC ranking** over the {n} class splits: random "
         f"halvings {h('random')}; pair-preserving {h('pairs')}; class-held-out {h('class')}.",
-        f"* **Against chance** (R-AUROC 0.5, per {unit[:-1]}, Holm): above: "
-        f"{chance('above')}; below: {chance('below')}; not distinguishable: "
-        f"{chance('at chance')}.",
-        f"* **Against CE** (CE {_ci(s, 'ce', 'r_auroc')}; paired per {unit[:-1]}, Holm over "
-        f"the {len(s) - 1} others), R-AUROC better: {_significant(pc, 'r_auroc', 1)}; worse: "
-        f"{_significant(pc, 'r_auroc', -1)}.",
+        f"* **Against chance** (R-AUROC 0.5; each mean with its 95 % t-interval over the "
+        f"{_chance_units(ch, unit)}, the label from the t-test per {unit[:-1]}, Holm over the "
+        f"{len(s)} estimators): above: {chance('above')}; below: {chance('below')}; not "
+        f"distinguishable after Holm: {chance('at chance')}."
+        + (
+            f" The interval of {', '.join(edge)} excludes 0.5 before the Holm adjustment: "
+            f"a label on the edge, not a finding that u carries nothing."
+            if edge
+            else ""
+        ),
+        f"* **Against CE** (CE {_ci(s, 'ce', 'r_auroc')} over the {n} splits; paired per "
+        f"{unit[:-1]}, Holm over the {len(s) - 1} others), R-AUROC better: "
+        f"{_significant(pc, 'r_auroc', 1)}; worse: {_significant(pc, 'r_auroc', -1)}.",
     ]
     if free:
         lines.append(
@@ -392,7 +476,7 @@ def verdict(doc: dict[str, Any]) -> str:
         lines.append(
             "* **No free baseline is above chance**, so none is a bar to beat: "
             + ", ".join(
-                f"{k} {s[k]['r_auroc']['mean']:.3f} ({(ch.get(k) or {}).get('verdict')})"
+                f"{k} {_chance_ci(ch.get(k))} ({(ch.get(k) or {}).get('verdict')})"
                 for k in FREE_BASELINES
                 if k in s
             )
@@ -647,6 +731,18 @@ def combine(base: Path, rerun: Path, keep_before: Path | None = None) -> Path:
     return write_results(runs, base, settings)["json"]
 
 
+def redraw_curves(folder: Path) -> Path | None:
+    """Draw ``folder/training_curves.png`` again from the runs and settings of
+    ``folder/results.json`` (every run records its curves): nothing is re-run and no other
+    file is rewritten. Returns the figure's path (``None`` when no run carries a curve)."""
+    from bayesurl.sweeps.report import plot_title, plot_training_curves
+
+    doc = json.loads((folder / "results.json").read_text())
+    return plot_training_curves(
+        doc["runs"], folder / "training_curves.png", title=plot_title(doc["settings"])
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path, help="folder holding results.json")
@@ -678,7 +774,15 @@ def main() -> None:
         "(e.g. the same protocol at other settings)",
     )
     ap.add_argument("--against-label", default=None, help="how the table names DIR")
+    ap.add_argument(
+        "--curves",
+        action="store_true",
+        help="only draw FOLDER/training_curves.png again from FOLDER/results.json",
+    )
     a = ap.parse_args()
+    if a.curves:
+        print(redraw_curves(a.folder))
+        return
     if a.interim:
         a.folder = write_interim(a.folder)
     if a.rerun is not None:

@@ -103,13 +103,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ckpt.add_argument("--max-ood", type=int, default=None, help="cap on the OOD set")
 
 
+def _not_an_archive(p: Path) -> ValueError | None:
+    """The error for a file that is no ``.npz`` archive at all (``None`` when it starts like
+    one): numpy would try it as a pickle and advise an unsafe load."""
+    with open(p, "rb") as fh:
+        head = fh.read(6)
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):  # a zip archive, as numpy tells
+        return None
+    what = "a single .npy array" if head == b"\x93NUMPY" else "not an .npz archive"
+    return ValueError(
+        f"{p.name}: {what}; INPUT must be an .npz archive of named arrays "
+        f"({', '.join(ARRAYS)}), as numpy.savez writes"
+    )
+
+
 def load_npz(path: str | Path) -> dict[str, np.ndarray]:
     """Read the known arrays of INPUT.npz; raise naming the file or the array on problems."""
     p = check_input_file(path, "INPUT")
+    error = _not_an_archive(p)
+    if error is not None:
+        raise error
     try:
         f = np.load(p, allow_pickle=False)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-        raise ValueError(f"{p.name}: not a readable .npz file ({exc})") from exc
+        raise ValueError(f"{p.name}: not a readable .npz archive ({exc})") from exc
     if not isinstance(f, np.lib.npyio.NpzFile):
         raise ValueError(f"{p.name}: expected an .npz archive of named arrays, got one array")
     with f:
@@ -165,10 +182,13 @@ def load_npz_shard(
     rank = get_rank() if rank is None else rank
     world_size = get_world_size() if world_size is None else world_size
     p = check_input_file(path, "INPUT")
+    error = _not_an_archive(p)
+    if error is not None:
+        raise error
     try:
         zf = zipfile.ZipFile(p)
     except (zipfile.BadZipFile, OSError) as exc:
-        raise ValueError(f"{p.name}: not a readable .npz file ({exc})") from exc
+        raise ValueError(f"{p.name}: not a readable .npz archive ({exc})") from exc
     with zf, open(p, "rb") as fh:
         members = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
         names = set(members)

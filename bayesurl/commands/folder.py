@@ -6,7 +6,9 @@ method needs with a frozen backbone (streamed with a progress bar; only the feat
 memory; ``--cache`` keeps the plain features for a later run), fits a post-hoc u on the
 features without the labels (``tau``: two augmented views of an image are its positive pair;
 ``pvu`` and ``laplace``: its nearest neighbour among the plain features is, so they encode
-each image once) and writes to ``--out``:
+each image once; ``knn``, ``mahalanobis`` and ``gmm`` train nothing and score each image from
+the other folds, with those folds' classes where the method uses them) and writes to
+``--out``:
 
 - ``uncertainty.csv``: every file -- path, class, u, its rank (1 = least certain), nearest
   neighbour, its class, right / wrong; an unreadable file is listed with its error (it was
@@ -16,7 +18,10 @@ each image once) and writes to ``--out``:
   evaluator, and the galleries of the most / least uncertain images beside their neighbours.
 
 Methods (:mod:`bayesurl.runs.folder`): ``tau`` (post-hoc TaU, section 4), ``pvu`` (PVU head,
-thesis section 5.3), ``laplace`` (last-layer Laplace on an identity read-out, LAM section 3).
+thesis section 5.3), ``laplace`` (last-layer Laplace on an identity read-out, LAM section 3),
+and three that train nothing, cross-fitted over 5 folds: ``knn`` (kNN distance, Sun et al.,
+2022), ``mahalanobis`` (Lee et al., 2018; class sub-folders needed) and ``gmm`` (DDU's
+feature density, Mukhoti et al., 2023).
 
 Examples::
 
@@ -42,7 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``bayesurl folder``."""
     parser.add_argument("images", metavar="DIR", help="DIR/<class>/<image> or DIR/<image>")
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--method", default="tau", help="tau (default), pvu or laplace")
+    parser.add_argument(
+        "--method",
+        default="tau",
+        help="tau (default), pvu, laplace, knn, mahalanobis (needs class sub-folders) or gmm",
+    )
     parser.add_argument(
         "--backbone",
         default=DEFAULT_BACKBONE,

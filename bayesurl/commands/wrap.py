@@ -9,7 +9,10 @@ the post-hoc estimators of ``bayesurl run`` (:class:`bayesurl.runs.estimators.Po
 - ``pvu``: pretrained visual uncertainties, loss-prediction head on cached embeddings with the
   ranking loss (thesis section 5.3), supervised contrastive task loss from the labels;
 - ``tau``: post-hoc Temperature as Uncertainty on two augmented views (TaU section 4);
-- ``laplace``: last-layer Laplace of the embedding projection (LAM section 3).
+- ``laplace``: last-layer Laplace of the embedding projection (LAM section 3);
+- ``knn``, ``mahalanobis``, ``gmm``: scores fitted on the method's embeddings of the training
+  images, nothing trained (kNN distance, Sun et al., 2022; Mahalanobis distance to the
+  classes, Lee et al., 2018; class-conditional Gaussian density, DDU, Mukhoti et al., 2023).
 
 Example::
 
@@ -30,10 +33,13 @@ from typing import Any
 from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 
 OUTPUT_FILES = ("out",)  # checked while parsing (bayesurl.cli)
-HELP = "fit a post-hoc u(x) (pvu, tau or laplace) on a trained checkpoint and save it"
+HELP = (
+    "fit a post-hoc u(x) (pvu, tau, laplace, knn, mahalanobis or gmm) on a trained checkpoint "
+    "and save it"
+)
 
 DATASETS = dataset_names(DatasetKind.EMBEDDED)
-METHODS = ("pvu", "tau", "laplace")
+METHODS = ("pvu", "tau", "laplace", "knn", "mahalanobis", "gmm")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +73,8 @@ def _options(args: argparse.Namespace, method: Any) -> tuple[dict[str, Any], dic
     import torch
 
     name = args.method.lower()
+    if name in ("knn", "mahalanobis", "gmm"):
+        return {}, {}  # their defaults: k = 10, Ledoit-Wolf shrinkage, a Gaussian per class
     if name == "tau":
         return {"scale": args.scale}, {"epochs": args.epochs, "lr": args.lr}
     if name == "pvu":

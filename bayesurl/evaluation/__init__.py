@@ -38,6 +38,7 @@ from bayesurl.evaluation.functional import (
 )
 from bayesurl.evaluation.knn import (
     DEFAULT_MEMORY_BUDGET,
+    fused_search,
     knn,
     knn_query,
     knn_sharded,
@@ -121,6 +122,7 @@ __all__ = [
     "choose_shortlist",
     "evaluate",
     "evaluate_output",
+    "fused_search",
     "kappa_from_samples",
     "knn",
     "knn_query",

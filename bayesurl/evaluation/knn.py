@@ -39,10 +39,12 @@ from torch import Tensor
 
 from bayesurl._checks import check_floating, check_int, check_tensor
 from bayesurl.distributed import Shards
+from bayesurl.evaluation import fused
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
     "chunk_rows",
+    "fused_search",
     "knn",
     "knn_query",
     "knn_sharded",
@@ -376,7 +378,15 @@ def search(
     and a certificate proves them exact (:func:`_search_lowp`); the rows it cannot certify,
     and every search elsewhere, take the float32 path (:func:`_search_exact`). Both give the
     same neighbours and values bit for bit. Arguments as :func:`_search_exact`.
+
+    On a GPU where the fused kernel works (:func:`bayesurl.evaluation.fused.fused_available`)
+    the candidate pass is one fused product-and-select instead (:func:`_search_fused`), with
+    the same certificate's guarantee.
     """
+    if _fused_applies(qn, k):
+        return _search_fused(
+            qn, gallery, k, memory_budget, chunk_size, self_index, shards, exact_values
+        )
     if _lowp_applies(qn, k):
         return _search_lowp(
             qn, gallery, k, memory_budget, chunk_size, self_index, shards, exact_values
@@ -503,8 +513,18 @@ _LOWP_MIN_D = 128
 #: Forced choice of :func:`search` (None: automatic, see :func:`search_precision`).
 _FORCE_LOWP: list[bool | None] = [None]
 
+#: Forced choice of the fused candidate pass (None: automatic, CUDA where the kernel works).
+_FORCE_FUSED: list[bool | None] = [None]
+
 #: Counters of :func:`search_stats`.
-_STATS = {"lowp_queries": 0, "certified": 0, "fallback": 0, "candidates": 0}
+_STATS = {
+    "lowp_queries": 0,
+    "certified": 0,
+    "fallback": 0,
+    "candidates": 0,
+    "fused_queries": 0,
+    "fused_certified": 0,
+}
 
 
 def _cpu_flags() -> set[str]:
@@ -603,11 +623,30 @@ def low_precision(enabled: bool | None) -> Iterator[None]:
         _FORCE_LOWP[0] = old
 
 
+@contextlib.contextmanager
+def fused_search(enabled: bool | None) -> Iterator[None]:
+    """Force the fused candidate pass of :mod:`bayesurl.evaluation.fused` on (``True``) or off
+    (``False``) within the context, or leave the choice to the search (``None``: on CUDA where
+    the kernel passed its self-check, embeddings at least 128 wide); for benchmarks and tests
+    (the results are the same either way). Forced on, it still needs a working kernel: a GPU,
+    or Triton's interpreter on CPU (``TRITON_INTERPRET=1``); :func:`low_precision` ``(False)``
+    turns it off too (the float32 path)."""
+    if enabled not in (True, False, None):
+        raise ValueError(f"`enabled` must be True, False or None, got {enabled!r}")
+    old = _FORCE_FUSED[0]
+    _FORCE_FUSED[0] = enabled
+    try:
+        yield
+    finally:
+        _FORCE_FUSED[0] = old
+
+
 def search_stats(reset: bool = False) -> dict[str, int]:
     """Counters of the bfloat16 candidate pass since the last reset: ``lowp_queries`` (rows it
     searched), ``certified`` (rows whose neighbours it proved exact), ``fallback`` (rows sent
     to the float32 pass because the certificate failed) and ``candidates`` (float64 re-ranked
-    pairs).
+    pairs); of the fused pass (:func:`fused_search`): ``fused_queries`` and
+    ``fused_certified`` (its other rows went to the unfused passes, counted there).
 
     Parameters
     ----------
@@ -708,7 +747,10 @@ def _residual_norms(x: Tensor, xb: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _lowp_bound(
-    q_stats: tuple[Tensor, Tensor, Tensor], g_max: tuple[float, float, float], d: int
+    q_stats: tuple[Tensor, Tensor, Tensor],
+    g_max: tuple[float, float, float],
+    d: int,
+    unit: float = 2.0**-24,
 ) -> tuple[Tensor, Tensor]:
     """Per query ``(a, s)``: the computed bfloat16 product ``p`` of query and any gallery row
     satisfies ``|p - exact| <= a + u |p|`` with ``u`` :data:`_BF16_U`; ``s`` bounds ``|p|``.
@@ -718,12 +760,12 @@ def _lowp_bound(
     (Cauchy-Schwarz, with the norms of the actual residuals). The products of two bfloat16
     numbers are exact in float32, their float32 sum is off by at most ``gamma_d ||qb|| ||xb||``
     (Higham, any order), and the one rounding of that sum to bfloat16 by at most ``u |p|``.
-    Terms get 1 % on top, plus ``1e-30`` for subnormals flushed to zero.
+    Terms get 1 % on top, plus ``1e-30`` for subnormals flushed to zero. ``unit`` is the
+    accumulator's unit roundoff (float32's by default).
     """
     nq, nqb, nrq = q_stats
     gx, gxb, grx = g_max
-    u32 = 2.0**-24
-    gamma = (d + 2) * u32 / (1 - (d + 2) * u32)
+    gamma = (d + 2) * unit / (1 - (d + 2) * unit)
     a = (nrq * gx + nqb * grx + gamma * nqb * gxb) * 1.01 + 1e-30
     s = nqb * gxb * (1 + gamma) * 1.01
     return a, s
@@ -846,6 +888,107 @@ def _search_lowp(
     n_fail = float(fail.numel()) if shards is None else shards.sum(float(fail.numel()))
     if n_fail:  # collective under shards: every rank enters the float32 pass
         fv, fi = _search_exact(
+            qn[fail], gallery, k, memory_budget, chunk_size,
+            None if self_index is None else self_index[fail], shards, exact_values,
+        )  # fmt: skip
+        out_v[fail], out_i[fail] = fv, fi
+    return out_v, out_i
+
+
+def _fused_applies(qn: Tensor, k: int) -> bool:
+    # the same answer on every rank: dtype, width and device type are, and so is the kernel's
+    # self-check
+    force = _FORCE_FUSED[0]
+    if force is False or _FORCE_LOWP[0] is False:
+        return False
+    if qn.dtype not in (torch.float32, torch.float64) or qn.device.type not in ("cpu", "cuda"):
+        return False
+    if force is None and (qn.device.type != "cuda" or qn.shape[1] < _LOWP_MIN_D):
+        return False
+    if k >= fused.default_config().keep:  # the certificate needs a kept item past the k-th
+        return False
+    return fused.fused_available(qn.device)[0]
+
+
+def _search_fused(
+    qn: Tensor,
+    gallery: ChunkSource,
+    k: int,
+    memory_budget: int,
+    chunk_size: int | None,
+    self_index: Tensor | None,
+    shards: Shards | None,
+    exact_values: bool,
+) -> tuple[Tensor, Tensor]:
+    """:func:`search` with the fused candidate pass (:func:`bayesurl.evaluation.fused.fused_topk`).
+
+    1. **Candidates.** One kernel keeps each query's top-K (``K`` the kernel's ``keep``) of
+       the products ``p`` of the bfloat16 roundings of queries and gallery, summed in float32,
+       over every gallery chunk in one running state. ``|p - exact| <= a`` per query
+       (:func:`_lowp_bound` with the accumulator's unit roundoff
+       :data:`bayesurl.evaluation.fused.ACCUMULATOR_UNIT`; no rounding of ``p`` itself).
+    2. **Re-rank.** ``E``, the K-th kept ``p``, bounds every item that was not kept; a kept
+       item whose ``p + a`` lies below ``p_k - a`` (``p_k`` the k-th kept) cannot reach the
+       top-k, and the others get their float64 similarity (:func:`_pair_sims`, the float32
+       path's bits); the top-k is taken in (similarity descending, id ascending) order. For
+       k = 1 without ``exact_values`` a lone candidate needs no float64 value.
+    3. **Certificate.** Every item that was not kept has a float64 similarity of at most
+       ``E + a + gamma_d`` (float64); the row is certified when its k-th similarity (or the
+       lone candidate's lower bound) exceeds that strictly. The other rows take the unfused
+       passes of :func:`search` (collective under ``shards``).
+    """
+    m, d = qn.shape
+    dev = qn.device
+    cfg = fused.default_config()
+    qb = qn.to(torch.bfloat16).contiguous()
+    q_stats = _residual_norms(qn, qb)
+    best_v = torch.full((m, cfg.keep), -math.inf, dtype=torch.float32, device=dev)
+    best_i = torch.full((m, cfg.keep), -1, dtype=torch.long, device=dev)
+    g_max = [0.0, 0.0, 0.0]
+    for off, gn in gallery():
+        gb = qb if gn is qn else gn.to(torch.bfloat16).contiguous()
+        if gn.shape[0]:
+            stats = q_stats if gn is qn else _residual_norms(gn, gb)
+            g_max = [max(g, float(v.max())) for g, v in zip(g_max, stats, strict=True)]
+        own = None if self_index is None else self_index - off
+        fused.fused_topk(qb, gb, best_v, best_i, own=own, offset=off, config=cfg)
+    del qb
+    a, _ = _lowp_bound(q_stats, tuple(g_max), d, unit=fused.ACCUMULATOR_UNIT)
+    u64 = 2.0**-53
+    slack64 = (d + 2) * u64 / (1 - (d + 2) * u64) * 1.01 * q_stats[0] * g_max[0] + 1e-300
+    w = a + slack64  # [M]: |float64 similarity - p| <= w
+    p = best_v.double()
+    keep = torch.isfinite(best_v) & (best_i >= 0)
+    upper = p.amin(dim=1) + w  # -inf where fewer than K items exist: every item is kept
+    pk = p.topk(k, dim=1).values[:, -1]
+    need = keep & (p + w[:, None] >= (pk - w)[:, None])
+    lone = torch.zeros(m, dtype=torch.bool, device=dev)
+    if k == 1 and not exact_values:
+        lone = (need.sum(dim=1) == 1) & (pk - w > upper)
+        need &= ~lone[:, None]
+    val = torch.full((m, cfg.keep), -math.inf, dtype=torch.float64, device=dev)
+    val[lone] = torch.where(keep[lone] & (p[lone] == pk[lone, None]), p[lone], -math.inf)
+    step = max(512, memory_budget // (32 * d))  # [step, D] gathers and float64 operands
+    for off, gn in gallery():
+        loc = best_i - off
+        r, c = (need & (loc >= 0) & (loc < gn.shape[0])).nonzero(as_tuple=True)
+        for b0 in range(0, r.numel(), step):
+            rr, cc = r[b0 : b0 + step], c[b0 : b0 + step]
+            val[rr, cc] = _pair_sims(qn[rr], gn[loc[rr, cc]])
+    ids = torch.where(need | lone[:, None], best_i, torch.iinfo(torch.long).max)
+    order = ids.argsort(dim=1)
+    ids, val = ids.gather(1, order), val.gather(1, order)
+    order = val.argsort(dim=1, descending=True, stable=True)[:, :k]
+    out_i, out_v = ids.gather(1, order), val.gather(1, order)
+    certified = lone | (torch.isfinite(out_v[:, -1]) & (out_v[:, -1] > upper))
+    fail = (~certified).nonzero().squeeze(1)
+    _STATS["fused_queries"] += m
+    _STATS["fused_certified"] += m - fail.numel()
+    out_v = out_v.to(qn.dtype)
+    n_fail = float(fail.numel()) if shards is None else shards.sum(float(fail.numel()))
+    if n_fail:  # collective under shards: every rank enters the unfused passes
+        rest = _search_lowp if _lowp_applies(qn, k) else _search_exact
+        fv, fi = rest(
             qn[fail], gallery, k, memory_budget, chunk_size,
             None if self_index is None else self_index[fail], shards, exact_values,
         )  # fmt: skip

@@ -73,6 +73,13 @@ def _as_array(x: object) -> np.ndarray:
     return np.asarray(x, dtype=np.float64).reshape(-1)
 
 
+def _as_labels(x: object) -> np.ndarray:
+    """Class labels as a flat array, a tensor on any device through the CPU."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()  # type: ignore[union-attr]
+    return np.asarray(x).reshape(-1)
+
+
 def constant_u(u: object) -> Note | None:
     """The ``constant_u`` note, or ``None`` when u varies enough to rank inputs."""
     v = _as_array(u)
@@ -143,7 +150,7 @@ def chance_r1(hit: object, labels: object) -> tuple[float, float]:
     ``chance = sum_c n_c (n_c - 1) / (N (N - 1))`` for the class counts ``n_c`` of ``labels``.
     """
     h = _as_array(hit)
-    y = np.asarray(labels).reshape(-1)
+    y = _as_labels(labels)
     n = y.size
     if n < 2 or h.size != n:
         raise ValueError(f"`hit` and `labels` need the same length >= 2, got {h.size}, {n}")
@@ -153,7 +160,7 @@ def chance_r1(hit: object, labels: object) -> tuple[float, float]:
 
 def _chance_r1_note(hit: object, labels: object) -> Note | None:
     r1, p = chance_r1(hit, labels)
-    n = np.asarray(labels).size
+    n = _as_labels(labels).size
     se = math.sqrt(max(p * (1 - p), 1e-12) / n)
     if r1 <= p + _z(ALPHA) * se:
         return Note(

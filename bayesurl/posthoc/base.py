@@ -14,7 +14,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim, check_output_file, match_module_dtype
+from bayesurl._checks import (
+    check_finite,
+    check_ndim,
+    check_output_file,
+    load_refusal,
+    match_module_dtype,
+)
 from bayesurl._modules import eval_mode
 from bayesurl.backbones import watch_input_range
 from bayesurl.files import atomic_open
@@ -392,7 +398,7 @@ def load(path: str | os.PathLike, encoder: nn.Module, **options: Any) -> Posthoc
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ValueError(f"`path` {path} is not a readable checkpoint: {exc}") from exc
+        raise ValueError(load_refusal(path, exc, f"`path` {path!r}")) from exc
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"`path` {path} is not a bayesurl post-hoc checkpoint ({FORMAT})")
     for key in ("method", "config", "state"):
@@ -412,10 +418,41 @@ def load(path: str | os.PathLike, encoder: nn.Module, **options: Any) -> Posthoc
     return obj
 
 
-def iterate(loader: Iterable[Any], progress: bool, desc: str) -> Iterable[Any]:
-    """``loader`` wrapped in a tqdm bar unless ``progress`` is False."""
+def loader_items(loader: Iterable[Any]) -> int | None:
+    """How many items (images) a pass over ``loader`` yields, where it can tell without
+    iterating: a :class:`torch.utils.data.DataLoader` over a sized sampler; else ``None``."""
+    size = getattr(loader, "batch_size", None)
+    sampler = getattr(loader, "sampler", None)
+    if not isinstance(size, int) or size < 1 or sampler is None:
+        return None
+    try:
+        n = len(sampler)
+    except TypeError:
+        return None
+    return n - n % size if getattr(loader, "drop_last", False) else n
+
+
+def _batch_items(batch: Any) -> int:
+    """The items of one batch: the length of its first tensor (``x``, ``(x, y)``,
+    ``((x1, x2), y)``)."""
+    while isinstance(batch, (tuple, list)) and batch:
+        batch = batch[0]
+    return len(batch) if isinstance(batch, Tensor) and batch.ndim else 1
+
+
+def iterate(
+    loader: Iterable[Any], progress: bool, desc: str, *, total: int | None = None
+) -> Iterator[Any]:
+    """The batches of ``loader``, with a tqdm bar (unless ``progress`` is False) that counts
+    the items (images) toward ``total`` with their rate and time left; ``total`` defaults to
+    :func:`loader_items`."""
     if not progress:
-        return loader
+        yield from loader
+        return
     from tqdm.auto import tqdm
 
-    return tqdm(loader, desc=desc, leave=False)
+    total = loader_items(loader) if total is None else total
+    with tqdm(total=total, desc=desc, unit="img", leave=False) as bar:
+        for batch in loader:
+            yield batch
+            bar.update(_batch_items(batch))

@@ -240,7 +240,9 @@ def credible_mask(
     for start in range(0, mu.shape[0], max(1, int(chunk_size))):
         sim = mu[start : start + chunk_size] @ gal.T
         rows.append(sim >= t[start : start + chunk_size].unsqueeze(1))
-    return torch.cat(rows) if rows else torch.zeros(0, gal.shape[0], dtype=torch.bool)
+    if not rows:
+        return torch.zeros(0, gal.shape[0], dtype=torch.bool, device=gal.device)
+    return torch.cat(rows)
 
 
 def retrieve(

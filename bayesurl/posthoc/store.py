@@ -54,7 +54,7 @@ from bayesurl._modules import eval_mode
 from bayesurl.data.batch import unpack_batch
 from bayesurl.data.transforms import Resize
 from bayesurl.files import CorruptedFileError, reuse_or_build, seal, unseal
-from bayesurl.posthoc.base import device_of, encode, iterate
+from bayesurl.posthoc.base import device_of, encode, iterate, loader_items
 
 __all__ = [
     "EmbeddingCache",
@@ -130,6 +130,7 @@ def encode_batches(
     view_encoder: nn.Module | None = None,
     progress: bool = True,
     desc: str = "encoding",
+    total: int | None = None,
 ) -> Iterator[tuple[Tensor, Tensor | None]]:
     """Run a frozen encoder over ``batches``: the one embedding loop of the store.
 
@@ -155,7 +156,10 @@ def encode_batches(
     view_encoder : nn.Module or None
         Encoder of the augmented inputs (default: ``encoder``).
     progress : bool
-        Show a tqdm bar named ``desc``.
+        Show a tqdm bar named ``desc`` that counts images.
+    total : int or None
+        The images ``batches`` yields, for the bar's total and time left (default: asked of a
+        :class:`~torch.utils.data.DataLoader`, whose sampler knows it).
 
     Yields
     ------
@@ -173,7 +177,7 @@ def encode_batches(
     with contextlib.ExitStack() as stack:
         stack.enter_context(eval_mode(encoder))
         stack.enter_context(eval_mode(view_encoder))
-        for batch in iterate(batches, progress, desc):
+        for batch in iterate(batches, progress, desc, total=total):
             x, y = unpack_batch(batch)
             if not isinstance(x, Tensor):
                 raise ValueError(
@@ -466,7 +470,7 @@ class EmbeddingCache(EmbeddingShard):
                 count = 0
                 for e, y in encode_batches(
                     encoder, _shapes(loader, item_shape), progress=progress,
-                    desc=f"caching pass {p + 1}/{passes}",
+                    desc=f"caching pass {p + 1}/{passes}", total=loader_items(loader),
                 ):  # fmt: skip
                     count += len(e)
                     yield e, y
@@ -493,6 +497,8 @@ class EmbeddingCache(EmbeddingShard):
 
     def rows(self, index: np.ndarray | Tensor | range) -> tuple[Tensor, Tensor | None]:
         """Embeddings ``[B, D]`` (float32) and labels ``[B]`` of global rows ``index``."""
+        if isinstance(index, Tensor):
+            index = index.detach().cpu().numpy()
         idx = np.asarray(index, dtype=np.int64)
         emb = _gather(self.embeddings, idx).astype(np.float32, copy=False)
         lab = None if self.labels is None else torch.from_numpy(_gather(self.labels, idx))
@@ -672,15 +678,15 @@ class FeatureStore:
 
         def build(shard: Path) -> dict[str, Any]:
             t0 = time.perf_counter()
+            starts = range(0, len(images), EXTRACT_BATCH)
+            chunks = (images[lo : lo + EXTRACT_BATCH] for lo in starts)
             rows = (
-                self._encode(
-                    images[lo : lo + EXTRACT_BATCH], digests[lo : lo + EXTRACT_BATCH], views,
-                    padded,
-                )
-                for lo in _progress(
-                    range(0, len(images), EXTRACT_BATCH), len(images), self.progress,
-                    f"extracting features ({len(images)} images x {views} views)",
-                )
+                self._encode(x, digests[lo : lo + len(x)], views, padded)
+                for lo, x in zip(starts, iterate(
+                    chunks, self.progress,
+                    f"extracting features ({views} view{'s' if views > 1 else ''} each)",
+                    total=len(images),
+                ))
             )  # fmt: skip
             built = write_shard(shard, rows, digests=digests)
             self.timings["extract_seconds"] += time.perf_counter() - t0
@@ -739,7 +745,8 @@ def _draw(augment: Any, x: Tensor, seed: int) -> Tensor:
         takes_generator = False
     if takes_generator:
         return augment(x, generator=gen)
-    with torch.random.fork_rng(devices=[]):
+    # a CUDA generator too: manual_seed reseeds every device's generator
+    with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
         torch.manual_seed(int(seed))
         return augment(x)
 
@@ -757,16 +764,6 @@ class _Padded(nn.Module):
         if 0 < n < MIN_EXTRACT_ROWS:
             x = torch.cat([x, x[-1:].expand(MIN_EXTRACT_ROWS - n, *x.shape[1:])])
         return self.module(x)[:n]
-
-
-def _progress(items: range, total: int, show: bool, desc: str) -> Iterator[int]:
-    """``items`` (batch starts) with a tqdm bar counting images up to ``total``."""
-    from tqdm.auto import tqdm
-
-    with tqdm(total=total, disable=not show, desc=desc, unit="img") as bar:
-        for lo in items:
-            yield lo
-            bar.update(min(EXTRACT_BATCH, total - lo))
 
 
 def _load_shards(folder: Path) -> dict[str, tuple[np.ndarray, int]]:

@@ -1,4 +1,5 @@
-"""One call that adds u(x) to any trained encoder (thesis chapter 5; TaU section 4; LAM sec. 3)."""
+"""One call that adds u(x) to any trained encoder (thesis chapter 5; TaU section 4; LAM sec. 3;
+the kNN, Mahalanobis and feature-density scores of :mod:`bayesurl.posthoc.reference`)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def wrap(encoder: nn.Module, method: str = "pvu", **options: Any) -> PosthocWrap
         Any module mapping inputs to embeddings ``[N, D]``, or a trained
         :class:`~bayesurl.methods.base.Method` (its ``Output.embedding`` is used, through
         :class:`MethodEncoder`). It is frozen: kept in eval mode and never updated.
-    method : {"pvu", "tau", "laplace"}
+    method : {"pvu", "tau", "laplace", "knn", "mahalanobis", "gmm"}
         - ``"pvu"``: pretrained visual uncertainties, a loss-prediction head trained on cached
           embeddings with the ranking loss (thesis section 5.3); options of
           :class:`~bayesurl.posthoc.pvu.PVU` (``classifier``, ``task``, ``loss``, ...).
@@ -35,6 +36,16 @@ def wrap(encoder: nn.Module, method: str = "pvu", **options: Any) -> PosthocWrap
           :class:`~bayesurl.posthoc.tau.PosthocTaU`.
         - ``"laplace"``: last-layer Laplace of an encoder that ends in an ``nn.Linear``
           (LAM section 3); options of :class:`~bayesurl.posthoc.laplace.LaplaceWrapper`.
+        - ``"knn"``: mean cosine distance to the ``k`` nearest reference embeddings (Sun et
+          al., 2022); no labels; options of :class:`~bayesurl.posthoc.reference.KNNWrapper`.
+        - ``"mahalanobis"``: squared Mahalanobis distance to the nearest class mean under a
+          shared, Ledoit-Wolf-shrunk covariance (Lee et al., 2018); ``fit`` needs labelled
+          batches; options of :class:`~bayesurl.posthoc.reference.MahalanobisWrapper`.
+        - ``"gmm"``: ``-log`` density of a Gaussian mixture of the embeddings, one component
+          per class (DDU, Mukhoti et al., 2023) or ``components=K`` k-means clusters; options
+          of :class:`~bayesurl.posthoc.reference.GMMWrapper`.
+
+        The last three train nothing: ``fit(loader)`` encodes the reference set once.
     **options
         Passed to the wrapper's constructor.
 

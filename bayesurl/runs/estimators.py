@@ -18,7 +18,9 @@ Kinds (:data:`ESTIMATORS`):
   last-layer Laplace, LAM section 3, with laplace-torch on a classifier) around a trained base
   method that the runner trains or reuses;
 - ``baseline``: a free, training-free score of the input representation (the pretrained
-  features of a frozen-feature run): ``1 / ||f||`` or the k-NN cosine distance;
+  features of a frozen-feature run): ``1 / ||f||``, the k-NN cosine distance, the
+  Mahalanobis distance to the upstream classes or a Gaussian-mixture density
+  (:mod:`bayesurl.posthoc.reference`);
 - ``lam``: an embedding net trained with the contrastive loss and a post-hoc last-layer
   Laplace (LAM section 3), or trained with online LAM (LAM eqs. 4-5), via
   :mod:`bayesurl.laplace`;
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ESTIMATORS",
+    "BASELINE_WRAPPERS",
     "BaselineEstimator",
     "BaselineScore",
     "DeepEnsembleEstimator",
@@ -285,10 +288,11 @@ def _probe_batch(data: Any, device: torch.device | str) -> Tensor | None:
 
 
 class PosthocEstimator(Estimator):
-    """:func:`bayesurl.wrap` around a trained base method (PVU, post-hoc TaU, Laplace)."""
+    """:func:`bayesurl.wrap` around a trained base method (PVU, post-hoc TaU, Laplace, or a
+    score fitted on the base's embeddings of the upstream images: kNN, Mahalanobis, GMM)."""
 
     kind = "posthoc"
-    WRAPPERS: ClassVar[tuple[str, ...]] = ("pvu", "tau", "laplace")
+    WRAPPERS: ClassVar[tuple[str, ...]] = ("pvu", "tau", "laplace", "knn", "mahalanobis", "gmm")
 
     def __init__(self, cfg: RunConfig) -> None:
         from bayesurl.posthoc.base import wrapper_class
@@ -670,43 +674,81 @@ class DeepEnsembleEstimator(Estimator):
 
 
 class BaselineScore(str, Enum):
-    """Free uncertainty scores of the run's input representation (no training)."""
+    """Uncertainty scores of the run's input representation that train nothing."""
 
+    #: ``1 / ||f||``
     INVERSE_NORM = "inverse_norm"
+    #: mean cosine distance to the ``k`` nearest upstream features (Sun et al., 2022)
     KNN_DISTANCE = "knn_distance"
+    #: squared Mahalanobis distance to the nearest upstream class mean (Lee et al., 2018)
+    MAHALANOBIS = "mahalanobis"
+    #: ``-log`` density of a Gaussian mixture of the upstream features (DDU)
+    GMM = "gmm"
+
+
+#: The post-hoc wrapper (:mod:`bayesurl.posthoc.reference`) fitted on the upstream features
+#: behind each score but ``inverse_norm``: one implementation for ``wrap`` and the protocols.
+BASELINE_WRAPPERS = {
+    BaselineScore.KNN_DISTANCE: "knn",
+    BaselineScore.MAHALANOBIS: "mahalanobis",
+    BaselineScore.GMM: "gmm",
+}
 
 
 class BaselineEstimator(Estimator):
-    """A free baseline: the input representation itself, with a training-free ``u(x)``.
+    """A free baseline: the input representation itself, with a ``u(x)`` that trains nothing.
 
     With ``backbone.freeze`` the inputs are the pretrained features ``f``, so the embedding is
-    ``f`` and ``u`` is ``1 / ||f||`` (``score = "inverse_norm"``; the feature norm tracks how
-    typical an input is for the pretrained network, a reference score of the PVU thesis,
-    section 5.3) or the mean cosine distance to the ``k`` nearest upstream training features
-    (``score = "knn_distance"``). From scratch the inputs are the normalised pixels: the same
-    scores in pixel space.
+    ``f`` and ``u`` is (``kwargs.score``):
+
+    - ``"inverse_norm"``: ``1 / ||f||`` (the feature norm tracks how typical an input is for
+      the pretrained network, a reference score of the PVU thesis, section 5.3);
+    - ``"knn_distance"``: the mean cosine distance to the ``k`` nearest upstream training
+      features (Sun et al., 2022; :class:`~bayesurl.posthoc.reference.KNNWrapper`);
+    - ``"mahalanobis"``: the squared Mahalanobis distance to the nearest upstream class mean
+      under a shared, shrunk covariance (Lee et al., 2018;
+      :class:`~bayesurl.posthoc.reference.MahalanobisWrapper`);
+    - ``"gmm"``: ``-log`` density of a Gaussian mixture of the upstream features, one
+      component per upstream class or ``components`` k-means clusters (DDU, Mukhoti et al.,
+      2023; :class:`~bayesurl.posthoc.reference.GMMWrapper`).
+
+    The last three are the post-hoc wrappers of :func:`bayesurl.wrap` around an identity,
+    fitted on the upstream training images' features (deterministic transform, with their
+    labels); the other ``kwargs`` are the wrapper's options (``k``, ``reduce``,
+    ``shrinkage``, ``components``, ``covariance``, ``seed``). From scratch the inputs are the
+    normalised pixels: the same scores in pixel space.
     """
 
     kind = "baseline"
 
     def __init__(self, cfg: RunConfig) -> None:
+        from bayesurl.posthoc import wrap
+        from bayesurl.posthoc.base import wrapper_class
+
         super().__init__(cfg)
         e = cfg.estimator
         where = f"estimators.{e.name}.kwargs"
-        unknown = [k for k in e.kwargs if k not in ("score", "k")]
-        if unknown:
-            raise ValueError(f"unknown key `{where}.{unknown[0]}`; valid: score, k")
+        raw = e.kwargs.get("score", "inverse_norm")
         try:
-            self.score = BaselineScore(str(e.kwargs.get("score", "inverse_norm")))
+            self.score = BaselineScore(str(raw))
         except ValueError:
             valid = ", ".join(s.value for s in BaselineScore)
-            raise ValueError(
-                f"unknown `{where}.score` {e.kwargs.get('score')!r}; valid: {valid}"
-            ) from None
-        self.k = int(e.kwargs.get("k", 10))
-        if self.k < 1:
-            raise ValueError(f"`{where}.k` must be >= 1, got {self.k}")
-        self.gallery: Tensor | None = None
+            raise ValueError(f"unknown `{where}.score` {raw!r}; valid: {valid}") from None
+        options = {k: v for k, v in e.kwargs.items() if k != "score"}
+        self.wrapped: Any = None
+        if self.score is BaselineScore.INVERSE_NORM:
+            if options:
+                raise ValueError(
+                    f"unknown key `{where}.{next(iter(options))}`; score 'inverse_norm' takes "
+                    "no options"
+                )
+            return
+        name = BASELINE_WRAPPERS[self.score]
+        _check_kwargs(wrapper_class(name).__init__, options, where, ("encoder", "embed_dim"))
+        try:
+            self.wrapped = wrap(nn.Identity(), name, **options)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"`{where}`: {exc}") from exc
 
     def fit(
         self,
@@ -720,29 +762,33 @@ class BaselineEstimator(Estimator):
         from bayesurl.data import make_loader
 
         t0 = time.perf_counter()
-        if self.score is BaselineScore.KNN_DISTANCE:
+        report: dict[str, Any] = {}
+        if self.wrapped is not None:
             loader = make_loader(data.sets.train, 1024, shuffle=False, distributed=False)
-            rows = [x.flatten(1) for x, _ in TransformedLoader(loader, data.transform, device)]
-            self.gallery = nn.functional.normalize(torch.cat(rows).float(), dim=1)
+            batches = (
+                (x.flatten(1).float(), y)
+                for x, y in TransformedLoader(loader, data.transform, device)
+            )
+            report = self.wrapped.fit(batches, progress=progress)
         if out is not None:  # what the score needs, loadable with weights_only=True
             out.mkdir(parents=True, exist_ok=True)
-            self.checkpoint = out / "baseline.pt"
-            state = {"score": self.score.value, "k": self.k, "config": self.cfg.to_dict()}
-            if self.gallery is not None:
-                state["gallery"] = self.gallery.cpu()
-            torch.save(state, self.checkpoint)
-        return {"train_time": time.perf_counter() - t0}
+            if self.wrapped is not None:  # bayesurl.posthoc.load(path, nn.Identity())
+                self.checkpoint = out / f"{BASELINE_WRAPPERS[self.score]}.pt"
+                self.wrapped.save(self.checkpoint)
+            else:
+                self.checkpoint = out / "baseline.pt"
+                with atomic_open(self.checkpoint, "wb") as fh:
+                    torch.save({"score": self.score.value, "config": self.cfg.to_dict()}, fh)
+        clean = {k: v for k, v in report.items() if isinstance(v, (int, float, str))}
+        return {"train_time": time.perf_counter() - t0, "fit": clean}
 
     def predict(self, x: Tensor, n_samples: int = 0) -> Output:
         emb = x.flatten(1).float()
-        if self.score is BaselineScore.INVERSE_NORM:
+        if self.wrapped is None:
             u = 1.0 / emb.norm(dim=1).clamp_min(torch.finfo(emb.dtype).tiny)
-        else:
-            assert self.gallery is not None, "fit first"
-            sim = nn.functional.normalize(emb, dim=1) @ self.gallery.to(emb.device).T
-            k = min(self.k, sim.shape[1])
-            u = (1.0 - sim.topk(k, dim=1).values).mean(dim=1)
-        return Output(embedding=emb, uncertainty=u)
+            return Output(embedding=emb, uncertainty=u)
+        self.wrapped.eval()
+        return Output(embedding=emb, uncertainty=self.wrapped(emb).uncertainty)
 
 
 #: Estimator classes by ``kind``.

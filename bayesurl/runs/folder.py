@@ -31,6 +31,19 @@ The road of ``bayesurl folder`` (:func:`score_folder`, its settings in :class:`F
    The nearest-neighbour pairs (as NNCLR mines its positives, Dwibedi et al., 2021) cost no
    encoding beyond the plain one, so these two methods run at the speed of the extractor.
 
+   Three methods train nothing and are **cross-fitted** instead: the images are dealt into
+   5 folds (class by class where there are classes) and each fold's u comes from the wrapper
+   fitted on the fit sample's plain features in the other four, so no image is scored by a
+   density or neighbour list that holds it (:mod:`bayesurl.posthoc.reference`):
+
+   - ``knn``: the mean cosine distance to the 10 nearest images (Sun et al., 2022);
+   - ``mahalanobis``: the squared Mahalanobis distance to the nearest class mean under one
+     shared, Ledoit-Wolf-shrunk covariance (Lee et al., 2018); it needs class sub-folders,
+     and uses the other folds' labels;
+   - ``gmm``: ``-log`` density of a Gaussian mixture of the features, one component per class
+     (DDU, Mukhoti et al., 2023; the other folds' labels) or, without classes, 10 k-means
+     components.
+
 4. **Rank**: every readable image is a query; its nearest neighbour among the others
    (cosine, docs/concepts/metrics.rst), and, with labels, the evaluator's R@1, R-AUROC, AUSC
    (:func:`bayesurl.evaluation.evaluate`).
@@ -71,6 +84,7 @@ from bayesurl.data.folder import (
     folder_summary,
     scan_image_folder,
 )
+from bayesurl.distributions.gaussian_mixture import MIN_POINTS
 from bayesurl.evaluation import evaluate
 from bayesurl.evaluation.knn import knn
 from bayesurl.evaluation.notes import u_digits
@@ -109,6 +123,13 @@ U_MEANING = {
     "only its order means something (thesis section 5.3)",
     "laplace": "1 / kappa of the last-layer Laplace predictive of the embedding (LAM "
     "section 3): the spread of the embedding under the posterior",
+    "knn": "the mean cosine distance 1 - cos to the 10 nearest images of the other folds "
+    "(Sun et al. 2022): how far the image lies from the rest of the folder",
+    "mahalanobis": "the squared Mahalanobis distance of the feature to the nearest class mean "
+    "of the other folds, one shared Ledoit-Wolf covariance (Lee et al. 2018)",
+    "gmm": "-log density of the feature under a Gaussian mixture of the other folds' features, "
+    "one component per class (DDU, Mukhoti et al. 2023), or 10 k-means components in a folder "
+    "without classes (in nats: negative where the density exceeds 1)",
 }
 
 
@@ -118,6 +139,9 @@ class FolderMethod(str, Enum):
     TAU = "tau"
     PVU = "pvu"
     LAPLACE = "laplace"
+    KNN = "knn"
+    MAHALANOBIS = "mahalanobis"
+    GMM = "gmm"
 
 
 @dataclass
@@ -265,7 +289,9 @@ class _FitPlan:
     each image its own class; ``augmented`` pairs two augmented views of each image (encoded
     for it) rather than each image with its nearest neighbour; ``trains`` passes ``epochs``
     and ``lr`` to ``fit`` (a trained head); ``fit_max`` is the default size of the fit
-    sample, set by what a fit image costs; ``fit`` holds the other keywords of ``fit``.
+    sample, set by what a fit image costs; ``fit`` holds the other keywords of ``fit``;
+    ``crossfit`` fits the wrapper on the fit sample's features of the other folds
+    (:func:`_crossfit`) instead of on pairs.
     """
 
     encoder: Callable[[int], nn.Module]
@@ -275,9 +301,11 @@ class _FitPlan:
     trains: bool
     fit_max: int
     fit: dict[str, Any] = field(default_factory=dict)
+    crossfit: bool = False
 
 
-#: The wrapper behind each folder method (labels unused: the views are the positives).
+#: The wrapper behind each folder method (tau, pvu, laplace: labels unused, the views are the
+#: positives; knn, mahalanobis, gmm: nothing trained, fitted on the other folds).
 _FIT_PLANS = {
     FolderMethod.TAU: _FitPlan(
         lambda d: nn.Identity(),
@@ -307,7 +335,25 @@ _FIT_PLANS = {
         trains=False,
         fit_max=5000,
     ),
+    **{
+        m: _FitPlan(
+            lambda d: nn.Identity(),
+            lambda e, d: {},
+            pairs=False,
+            augmented=False,
+            trains=False,
+            fit_max=5000,  # a fit image costs no encoding
+            crossfit=True,
+        )
+        for m in (FolderMethod.KNN, FolderMethod.MAHALANOBIS, FolderMethod.GMM)
+    },
 }
+#: Folds of the methods fitted on the other folds (each image's u comes from the other 4/5)
+CROSSFIT_FOLDS = 5
+#: Neighbours of ``knn`` (fewer when a fold's reference holds fewer images)
+FOLDER_K = 10
+#: k-means components of ``gmm`` in a folder without classes
+FOLDER_COMPONENTS = 10
 
 
 def _neighbour_pairs(feats: Tensor) -> Tensor:
@@ -356,6 +402,74 @@ def _fit(
     report = wrapped.fit(batches, **plan.fit, **hyper, progress=False)
     wrapped.eval()
     return wrapped, report
+
+
+def _fold_ids(labels: Tensor | None, n: int, folds: int, generator: torch.Generator) -> Tensor:
+    """Fold of each of ``n`` images: a seeded permutation dealt round-robin, class by class
+    when there are labels (every class spread over every fold)."""
+    fold = torch.empty(n, dtype=torch.long)
+    groups = [torch.arange(n)] if labels is None else [
+        (labels == c).nonzero().squeeze(1) for c in torch.unique(labels)
+    ]  # fmt: skip
+    dealt = 0
+    for idx in groups:
+        idx = idx[torch.randperm(len(idx), generator=generator)]
+        fold[idx] = (torch.arange(len(idx)) + dealt) % folds
+        dealt += len(idx)
+    return fold
+
+
+def _crossfit(
+    method: FolderMethod, fx: _Features, fit_ids: set[int], labelled: bool,
+    generator: torch.Generator,
+) -> tuple[Tensor, dict[str, Any], int]:  # fmt: skip
+    """u of every image from the wrapper fitted on the fit sample's features in the other
+    folds (:data:`CROSSFIT_FOLDS`), so no image is scored by a density or neighbour list that
+    holds it; the labels of the other folds' images are used where the method needs them.
+
+    Returns u ``[N]``, the fit report and the number of fit-sample images.
+    """
+    n = fx.feats.shape[0]
+    in_fit = torch.tensor([int(i) in fit_ids for i in fx.ids.tolist()], dtype=torch.bool)
+    labels = fx.labels if labelled and method is not FolderMethod.KNN else None
+    folds = min(CROSSFIT_FOLDS, n)
+    fold = _fold_ids(labels, n, folds, generator)
+    refs = [in_fit & (fold != f) for f in range(folds)]
+    smallest = min(int(r.sum()) for r in refs)
+    if smallest < 2:
+        raise ValueError(
+            f"post-hoc {method.value!r} needs at least 2 readable images outside each of its "
+            f"{folds} folds to fit on, got {smallest}"
+        )
+    options: dict[str, Any] = {}
+    if method is FolderMethod.KNN:
+        options["k"] = min(FOLDER_K, smallest)
+    elif method is FolderMethod.GMM and labels is None:
+        options["components"] = max(1, min(FOLDER_COMPONENTS, smallest // MIN_POINTS["full"]))
+    u = torch.empty(n, dtype=fx.feats.dtype)
+    reports = []
+    for f, ref in enumerate(refs):
+        wrapped = wrap(nn.Identity(), method.value, **options)
+        batch = fx.feats[ref] if labels is None else (fx.feats[ref], labels[ref])
+        try:
+            reports.append(wrapped.fit([batch], progress=False))
+        except ValueError as exc:
+            raise ValueError(
+                f"post-hoc {method.value!r} on fold {f + 1} of {folds}: {exc}"
+            ) from exc
+        with torch.no_grad():
+            u[fold == f] = wrapped(fx.feats[fold == f]).uncertainty.cpu()
+    report = {
+        "folds": folds,
+        **{("kmeans_components" if k == "components" else k): v for k, v in options.items()},
+        "labels_used": labels is not None,
+        "reference_images": [r["n_reference"] for r in reports],
+        "fit_seconds": sum(r["fit_seconds"] for r in reports),
+    }
+    for key in ("shrinkage_used", "components", "dropped_components"):
+        if key in reports[0]:
+            report[key] = [r[key] for r in reports]
+    return u, report, int(in_fit.sum())
 
 
 def _write_csv(path: Path, scan: Any, fx: _Features, rec: QueryRecord) -> None:
@@ -458,7 +572,7 @@ class FolderOptions:
 
     Parameters
     ----------
-    method : {"tau", "pvu", "laplace"}
+    method : {"tau", "pvu", "laplace", "knn", "mahalanobis", "gmm"}
         The post-hoc u (any case; stored as a :class:`FolderMethod`).
     backbone : str
         A name of :func:`bayesurl.backbones.build_backbone`.
@@ -579,6 +693,12 @@ def _encode_folder(images: str | os.PathLike[str], opts: FolderOptions) -> _Enco
     """Scan the folder, build the frozen backbone and stream every image through it."""
     t0 = time.perf_counter()
     scan = scan_image_folder(images)
+    if opts.method is FolderMethod.MAHALANOBIS and scan.labels is None:
+        raise ValueError(
+            f"`method` 'mahalanobis' fits one Gaussian per class and needs labels: class "
+            f"sub-folders DIR/<class>/<image>, but {scan.root} has none; 'gmm' (k-means "
+            "components) and 'knn' need no labels"
+        )
     dev = torch.device(opts.device)
     torch.manual_seed(opts.seed)
     kw: dict[str, Any] = {"pretrained": True} if opts.pretrained else {}
@@ -622,6 +742,19 @@ def _info(
     pairs = (
         f"{opts.views} augmented views" if _FIT_PLANS[method].augmented else "its nearest neighbour"
     )
+    fitted = f"each paired with {pairs}, labels unused"
+    if _FIT_PLANS[method].crossfit:
+        extra = ""
+        if "k" in fit_report:
+            extra = f" (u: the {fit_report['k']} nearest)"
+        elif "kmeans_components" in fit_report:
+            extra = f" ({fit_report['kmeans_components']} k-means components)"
+        fitted = (
+            f"each image scored by the fit on the other {fit_report['folds'] - 1} of "
+            f"{fit_report['folds']} folds"
+            + (", their labels used" if fit_report["labels_used"] else ", labels unused")
+            + extra
+        )
     return {
         "format": FOLDER_FORMAT,
         "title": f"bayesurl folder: {scan.root}",
@@ -640,8 +773,8 @@ def _info(
             ),
             f"backbone {opts.backbone}"
             + (" (ImageNet weights)" if opts.pretrained else " (random weights)")
-            + f", {enc.size} px; post-hoc {method.value} fitted on {fit_images} images, each "
-            f"paired with {pairs}, labels unused",
+            + f", {enc.size} px; post-hoc {method.value} fitted on {fit_images} images, "
+            + fitted,
         ],
         "settings": {
             "images": str(scan.root), "backbone": opts.backbone, "pretrained": opts.pretrained,
@@ -719,17 +852,25 @@ def score_folder(
     t0 = time.perf_counter()
     enc = _encode_folder(images, opts)
     scan, fx = enc.scan, enc.fx
-    pairs = _fit_pairs(opts.method, fx, enc.fit_ids)
-    wrapped, fit_report = _fit(
-        opts.method, pairs, epochs=opts.epochs, batch_size=opts.batch_size,
-        lr=opts.lr, generator=enc.generator,
-    )  # fmt: skip
-    with torch.no_grad():
-        pred, _ = predict(
-            lambda x, _s: wrapped(x), fx.feats, None, batch_size=1024, device=enc.device,
-            seed=None,
+    if _FIT_PLANS[opts.method].crossfit:
+        # the embedding is the feature itself; u of each fold from the other folds
+        emb = fx.feats
+        u, fit_report, fit_images = _crossfit(
+            opts.method, fx, enc.fit_ids, scan.labels is not None, enc.generator
+        )
+    else:
+        pairs = _fit_pairs(opts.method, fx, enc.fit_ids)
+        wrapped, fit_report = _fit(
+            opts.method, pairs, epochs=opts.epochs, batch_size=opts.batch_size,
+            lr=opts.lr, generator=enc.generator,
         )  # fmt: skip
-    emb, u = pred.embedding, pred.uncertainty
+        with torch.no_grad():
+            pred, _ = predict(
+                lambda x, _s: wrapped(x), fx.feats, None, batch_size=1024, device=enc.device,
+                seed=None,
+            )  # fmt: skip
+        emb, u = pred.embedding, pred.uncertainty
+        fit_images = int(pairs.shape[0])
     labels = None if scan.labels is None else fx.labels
     meta = {"name": opts.method.value, "root": str(scan.root.resolve()),
             "paths": [scan.paths[i] for i in fx.ids.tolist()], "classes": scan.classes}  # fmt: skip
@@ -738,7 +879,7 @@ def score_folder(
     if labels is not None and len(set(labels.tolist())) > 1:
         metrics = evaluate(emb, labels, uncertainties=u)
     skipped = [(scan.paths[i], err) for i, err in fx.skipped]
-    info = _info(enc, opts, metrics, skipped, fit_report, int(pairs.shape[0]))
+    info = _info(enc, opts, metrics, skipped, fit_report, fit_images)
     info["timings"] = {"encode": enc.seconds, "total": time.perf_counter() - t0}
     paths = _write(out, enc, opts.method, info, rec, metrics)
     return FolderResult(rec, metrics, skipped, info, paths)

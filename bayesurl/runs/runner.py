@@ -46,10 +46,12 @@ from bayesurl.runs.queries import record_from_outputs
 __all__ = [
     "CHECKPOINT_DATASETS",
     "CROP_IMAGES",
+    "CROP_KEYS",
     "RESULT_FORMAT",
     "RunCache",
     "RunResult",
     "agree_on_outcome",
+    "crop_test_images",
     "evaluate_checkpoint",
     "launch_rank",
     "launched_by_torchrun",
@@ -444,6 +446,16 @@ def run(
 #: Downstream images of URL's crop test per run (evenly spaced over the retrieval set).
 CROP_IMAGES = 2000
 
+#: The record keys of URL's crop test (:func:`crop_test_images`).
+CROP_KEYS = ("crop_share", "crop_spearman")
+
+
+def crop_test_images(cfg: RunConfig) -> int:
+    """Downstream images of URL's crop test in a run of ``cfg``: :data:`CROP_IMAGES`, or 0 on
+    frozen features (``backbone.freeze``: the estimators see cached features, no pixels to
+    crop), where :data:`CROP_KEYS` stay ``None``."""
+    return 0 if cfg.backbone.freeze else CROP_IMAGES
+
 
 def _run(
     cfg: RunConfig,
@@ -516,9 +528,8 @@ def _run(
             "device": device,
             "seed": cfg.seed,
             "return_outputs": keep_outputs or record,
-            # every metric a benchmark reports, a run reports; cached features have no
-            # pixels to crop
-            "crop_images": CROP_IMAGES if data.backbone is None else 0,
+            # every metric a benchmark reports, a run reports
+            "crop_images": crop_test_images(cfg),
             "neighbor_memo": cache.neighbor_memo(cfg),
             **evaluate_kwargs,
         }

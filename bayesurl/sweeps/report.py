@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ __all__ = [
     "jsonable",
     "observation_unit",
     "plot_results",
+    "plot_title",
     "plot_training_curves",
     "report_columns",
     "results_table",
@@ -107,7 +109,13 @@ def jsonable(obj: Any) -> Any:
 
 #: Estimators that train nothing (the input representation's own score): the reference an
 #: uncertainty estimator on pretrained features has to beat.
-FREE_BASELINES: tuple[str, ...] = ("feature_norm", "feature_knn")
+FREE_BASELINES: tuple[str, ...] = (
+    "feature_norm",
+    "feature_knn",
+    "feature_mahalanobis",
+    "feature_gmm",
+    "feature_gmm_kmeans",
+)
 
 
 def best_free_baseline(
@@ -255,7 +263,7 @@ def results_table(records: Sequence[Mapping[str, Any]], settings: Mapping[str, A
     return "\n".join(lines)
 
 
-def _plot_title(settings: Mapping[str, Any]) -> str:
+def plot_title(settings: Mapping[str, Any]) -> str:
     """``"<preset>"``, with the data set where it is not FashionMNIST (``"pretrained
     (clipart)"``): two protocols of one preset on two data sets draw distinguishable plots."""
     preset = str(settings.get("preset", ""))
@@ -382,7 +390,7 @@ def write_results(
             w.writerow(
                 {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in row.items()}
             )
-    title = _plot_title(settings)
+    title = plot_title(settings)
     paths["png"] = plot_results(
         summary, folder / "recall_vs_rauroc.png", title=title, over=UNIT_WORDS[unit]
     )
@@ -477,10 +485,15 @@ def plot_training_curves(
 ) -> Path | None:
     """Per-epoch training loss and median ``u`` of a fixed training batch, per estimator.
 
-    A convergence check (a vMF method's kappa may barely move in a short run): one line per
-    (estimator, split), both curves divided by their first epoch's value so that
-    estimators with different scales share the axes (``u`` of the vMF methods is ``1/kappa``).
-    Returns ``None`` (and writes nothing) when no record carries a curve.
+    A convergence check (a vMF method's kappa may barely move in a short run). Each estimator
+    gets its own pair of panels, the loss above its ``u``, each on its own y axis in its own
+    units: a falling line is a falling loss whatever its sign (InfoNCE, MCInfoNCE and HIB
+    losses lie below zero, and a ratio to the first epoch would climb as they improve). One
+    line per run (estimator, split, seed); where an estimator has three or more, they are
+    faint and their per-epoch median is drawn over them in black. ``u`` is drawn on a log
+    axis where all of it is positive and spans more than two decades (``u`` of the vMF
+    methods is ``1/kappa``; TaU's is a log temperature, linear). Returns ``None`` (and
+    writes nothing) when no record carries a curve.
     """
     curves = [
         r for r in records if r.get("error") is None and (r.get("u_curve") or r.get("loss_curve"))
@@ -491,38 +504,82 @@ def plot_training_curves(
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
+
+    def series(r: Mapping[str, Any], key: str) -> list[float] | None:
+        c = [float(v) for v in (r.get(key) or []) if v is not None]
+        return c if c and all(math.isfinite(v) for v in c) else None
 
     names = sorted({str(r.get("method", r.get("estimator"))) for r in curves})
-    cmap = plt.get_cmap("tab20")
-    colour = {n: cmap(i % 20) for i, n in enumerate(names)}
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
-    for key, ax, label in (
-        ("loss_curve", axes[0], "training loss / epoch-1 loss"),
-        ("u_curve", axes[1], "median u on a fixed training batch / epoch-1 value"),
-    ):
-        seen: set[str] = set()
-        for r in curves:
-            c = [float(v) for v in (r.get(key) or []) if v is not None]
-            if len(c) < 1 or c[0] == 0 or not all(math.isfinite(v) for v in c):
-                continue
-            n = str(r.get("method", r.get("estimator")))
-            ax.plot(
-                range(1, len(c) + 1),
-                [v / c[0] for v in c],
-                color=colour[n],
-                lw=1,
-                alpha=0.8,
-                label=None if n in seen else n,
-            )
-            seen.add(n)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    axes[1].set_yscale("log")
-    axes[1].legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
-    fig.suptitle(f"training curves {title}".strip())
+    per_name = {
+        n: [r for r in curves if str(r.get("method", r.get("estimator"))) == n] for n in names
+    }
+    ncols = min(len(names), 5)
+    nrows = -(-len(names) // ncols)
+    fig, axes = plt.subplots(
+        2 * nrows, ncols, figsize=(2.9 * ncols, 3.6 * nrows + 0.6), squeeze=False
+    )
+    rows = (("loss_curve", "training loss", "tab:blue"), ("u_curve", "median u", "tab:orange"))
+    for i, name in enumerate(names):
+        mine = per_name[name]
+        for j, (key, label, colour) in enumerate(rows):
+            ax = axes[2 * (i // ncols) + j, i % ncols]
+            got = [c for c in (series(r, key) for r in mine) if c is not None]
+            for c in got:
+                thin = len(got) >= 3  # many runs: faint, their median drawn over them
+                ax.plot(
+                    range(1, len(c) + 1), c, color=colour, lw=0.8 if thin else 1.4,
+                    alpha=0.45 if thin else 1.0,
+                )  # fmt: skip
+            same = [c for c in got if len(c) == len(got[0])] if got else []
+            if len(same) >= 3:
+                ax.plot(
+                    range(1, len(same[0]) + 1),
+                    np.median(np.array(same), axis=0),
+                    color="black",
+                    lw=1.6,
+                )
+            flat = [v for c in got for v in c]
+            if flat and min(flat) > 0 and max(flat) > 100 * min(flat):
+                ax.set_yscale("log")
+                ax.yaxis.set_minor_formatter(NullFormatter())
+            else:  # each tick in full: an offset or a "1e-5" above the axis meets the title
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+            if not got:
+                ax.text(
+                    0.5,
+                    0.5,
+                    "not recorded",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                    color="grey",
+                    fontsize=8,
+                )
+                ax.set_xticks([])
+                ax.set_yticks([])
+            ax.set_title(f"{name}: {label}", fontsize=9)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+            if got:
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+                if j == 1:
+                    ax.set_xlabel("epoch", fontsize=8)
+    for k in range(len(names), nrows * ncols):  # the grid's empty cells
+        for j in range(2):
+            axes[2 * (k // ncols) + j, k % ncols].set_visible(False)
+    note = (
+        "each panel on its own y axis, in the loss's or u's own units (lower loss is "
+        "better); one line per run"
+        + (", black: their median" if any(len(v) >= 3 for v in per_name.values()) else "")
+    )
+    fig.suptitle(
+        f"training curves {title}".strip() + "\n" + textwrap.fill(note, 40 * ncols),
+        fontsize=10,
+    )
     fig.tight_layout()
     p = Path(path)
-    fig.savefig(p, dpi=110)
+    fig.savefig(p, dpi=100)
     plt.close(fig)
     return p

@@ -49,7 +49,9 @@ from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.files import write_json
 from bayesurl.runs.config import DEFAULT_RECIPE_FILE, RunConfig, read_recipe_file, tuned_sets
 from bayesurl.runs.runner import (
+    CROP_KEYS,
     agree_on_outcome,
+    crop_test_images,
     launched_by_torchrun,
     resolve_device,
     torchrun_group,
@@ -502,6 +504,16 @@ def _earlier_tuned(folder: Path | None) -> dict[str, list[str]]:
     return {} if folder is None else load_tuned(folder)
 
 
+def uncomputed(runs: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The metric keys that none of the planned ``runs`` computes, by their resolved configs
+    (URL's crop test on frozen features: :func:`~bayesurl.runs.runner.crop_test_images`);
+    empty when a run carries no config (nothing is left out on a guess)."""
+    if not runs or not all(isinstance(r.get("config"), Mapping) for r in runs):
+        return set()
+    configs = [RunConfig.from_dict(r["config"]) for r in runs]
+    return set(CROP_KEYS) if all(crop_test_images(c) == 0 for c in configs) else set()
+
+
 def _planned(
     opts: SweepOptions,
     plan: SweepPreset,
@@ -545,6 +557,8 @@ class _Sweep:
         self.distributed = under_torchrun()
         self.log = log if self.main else (lambda text: None)
         self.t0 = time.perf_counter()
+        #: metric keys no run of the sweep computes, left out of its progress lines
+        self.uncomputed: set[str] = set()
 
     def factory(self, tuned: Mapping[str, Sequence[str]]) -> RunFn:
         """The run function: the given one, or the pipeline with the sweep's tuned settings."""
@@ -578,6 +592,7 @@ class _Sweep:
         notice = smoke_notice(self.plan, opts.dataset)
         if notice:
             self.log(notice)
+        self.uncomputed = uncomputed(runs)
         store = self.open_store()
         fn = factory(tuned)
         if opts.tune:
@@ -592,6 +607,7 @@ class _Sweep:
             fn = factory(tuned)
             resolve = self.given_fn is None
             runs = _planned(opts, self.plan, self.folder, names, tuned, self.device, resolve)
+            self.uncomputed = uncomputed(runs)
         if opts.worker:
             self.wait_for_plan(store)
         else:
@@ -690,11 +706,14 @@ class _Sweep:
             if error:
                 self.log(f"{head}: FAILED {error}")
             else:
+                # a worker does not know the plan: it leaves out what its own run skips
+                skip = self.uncomputed or uncomputed([params])
                 self.log(
                     f"{head}: "
                     + ", ".join(
                         f"{c.title} {c.format(record.get(c.key))}"
                         for c in report_columns(shown=True)
+                        if c.key not in skip
                     )
                 )
 

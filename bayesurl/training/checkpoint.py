@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from bayesurl._checks import load_refusal
 from bayesurl.files import atomic_open
 from bayesurl.methods.base import Method
 
@@ -136,11 +137,7 @@ def load_checkpoint(
         TypeError,
         IndexError,
     ) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(
-            f"checkpoint {str(path)!r} is corrupted, truncated or not a weights-only checkpoint: "
-            f"{first}"
-        ) from exc
+        raise ValueError(load_refusal(path, exc, f"checkpoint {str(path)!r}")) from exc
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"checkpoint {str(path)!r} is not a bayesurl training checkpoint")
     missing = [k for k in (*require, "version") if k not in ckpt]

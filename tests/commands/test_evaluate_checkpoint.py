@@ -124,3 +124,56 @@ def test_npz_path_still_works(tmp_path, capsys):
     )
     assert main(["evaluate", str(path)]) == 0
     assert "r_auroc" in capsys.readouterr().out
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_text_file_is_no_checkpoint_and_no_npz_in_one_line(tmp_path, capsys):
+    """A text file given as a checkpoint or as INPUT.npz: one line naming the file and what
+    was expected, never a bare number from the unpickler nor advice to load it unsafely."""
+    text = tmp_path / "notes.txt"
+    text.write_text("hello world\n")
+    assert main(["evaluate", "--checkpoint", str(text)]) == 2
+    err = _one_line_error(capsys)
+    assert str(text) in err and "is not a checkpoint" in err
+    assert not err.rstrip().endswith(": 101")
+    for name in ("notes.txt", "notes.npz"):
+        path = tmp_path / name
+        path.write_text("hello world\n")
+        assert main(["evaluate", str(path)]) == 2
+        err = _one_line_error(capsys)
+        assert name in err and "not an .npz archive" in err and "named arrays" in err
+        assert "pickle" not in err and "unsafe" not in err
+    single = tmp_path / "one.npz"
+    with open(single, "wb") as fh:
+        np.save(fh, np.zeros(3))
+    assert main(["evaluate", str(single)]) == 2
+    assert "a single .npy array" in _one_line_error(capsys)
+
+
+def test_checkpoint_of_foreign_objects_is_refused_without_unsafe_advice(tmp_path, capsys):
+    import fractions
+
+    path = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {}, "x": fractions.Fraction(1, 3)}, path)
+    assert main(["evaluate", "--checkpoint", str(path)]) == 2
+    err = _one_line_error(capsys)
+    assert str(path) in err and "fractions.Fraction" in err
+    for advice in ("weights_only", "trust", "allowlist", "safe_globals", "pickle"):
+        assert advice not in err, err
+    # the other weights-only loads say the same: backbone weights and post-hoc checkpoints
+    from bayesurl.backbones import load_backbone_weights
+    from bayesurl.posthoc.base import load as load_posthoc
+
+    for call in (
+        lambda: load_backbone_weights(torch.nn.Linear(2, 2), path),
+        lambda: load_posthoc(path, torch.nn.Linear(2, 2)),
+    ):
+        with pytest.raises(ValueError) as info:
+            call()
+        msg = str(info.value)
+        assert "foreign.pt" in msg and "fractions.Fraction" in msg and "trust" not in msg

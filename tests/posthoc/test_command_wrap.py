@@ -38,7 +38,7 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("method", ["pvu", "tau"])
+@pytest.mark.parametrize("method", ["pvu", "tau", "mahalanobis", "gmm", "knn"])
 def test_wrap_command_fits_saves_and_reloads(checkpoint, tmp_path, method, capsys):
     out = tmp_path / f"{method}.pt"
     argv = [

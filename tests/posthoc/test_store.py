@@ -8,6 +8,7 @@ brute-force walk over the loader's batches for the pass-indexed cache.
 from __future__ import annotations
 
 import io
+import re
 import warnings
 
 import numpy as np
@@ -231,3 +232,30 @@ def test_pass_cache_refuses_another_encoder(tmp_path):
     store.features(torch.zeros(2, 3, 2, 2, dtype=torch.uint8))
     with pytest.raises(CorruptedFileError, match="n_items"):
         EmbeddingCache(next((tmp_path / "store").glob("*/shard-*")))
+
+
+def _bars(text: str) -> list[str]:
+    return [s for s in text.replace("\r", "\n").splitlines() if "/s]" in s]
+
+
+def test_extraction_bars_count_images_toward_a_total(tmp_path, capsys):
+    """The feature store's extraction (batches from a generator) and the pass cache (a
+    DataLoader) show images out of the total with a time left, not a bare batch count
+    ("16it")."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = _gen(5)
+    images = torch.randint(0, 256, (300, 3, 2, 2), dtype=torch.uint8, generator=g)
+    store = _store(tmp_path)
+    store.progress = True
+    store.features(images)
+    err = capsys.readouterr().err
+    bars = _bars(err)
+    assert bars and all(re.search(r"\d+/300 \[", b) and "img" in b for b in bars), bars
+    assert not re.search(r"\b\d+it\b", err)
+    x = torch.randn(50, 3)
+    for drop_last, total in ((False, 50), (True, 48)):
+        loader = DataLoader(TensorDataset(x), batch_size=16, drop_last=drop_last)
+        EmbeddingCache.build(nn.Linear(3, 2), loader, tmp_path / f"c{total}", progress=True)
+        bars = _bars(capsys.readouterr().err)
+        assert bars and all(f"/{total} [" in b and "img" in b for b in bars), bars

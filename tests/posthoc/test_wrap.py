@@ -163,7 +163,7 @@ def test_load_rejects_bad_files_and_mismatched_encoders(tmp_path):
     with pytest.raises(FileNotFoundError):
         load(tmp_path / "missing.pt", enc)
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="not a readable checkpoint"):
+    with pytest.raises(ValueError, match="junk.pt' is not a checkpoint"):
         load(tmp_path / "junk.pt", enc)
     torch.save({"format": "something else"}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="not a bayesurl post-hoc"):

@@ -155,7 +155,7 @@ def test_free_baselines_against_brute_force():
     u = norm.predict(query).uncertainty.double()
     np.testing.assert_allclose(u.numpy(), 1 / np.linalg.norm(query.numpy(), axis=1), rtol=1e-5)
     knn = BaselineEstimator(load_recipe("fashion_mnist/feature_knn", preset="smoke"))
-    knn.gallery = torch.nn.functional.normalize(gallery.float(), dim=1)
+    knn.wrapped.fit([gallery.float()], progress=False)  # the wrapper behind the score
     got = knn.predict(query.float()).uncertainty.double().numpy()
     for i, q in enumerate(query.tolist()):
         dists = []
@@ -163,11 +163,11 @@ def test_free_baselines_against_brute_force():
             dot = sum(a * b for a, b in zip(q, r))
             dists.append(1 - dot / (sum(a * a for a in q) ** 0.5 * sum(b * b for b in r) ** 0.5))
         assert got[i] == pytest.approx(sum(sorted(dists)[:10]) / 10, abs=1e-5)
-    with pytest.raises(ValueError, match="score"):
+    with pytest.raises(ValueError, match="unknown `estimators.feature_knn.kwargs.score` 'nope'"):
         BaselineEstimator(
             load_recipe(
                 "fashion_mnist/feature_knn",
-                [("estimators.feature_knn.kwargs.score", "nope")],
+                [("estimator.kwargs.score", "nope")],
                 preset="smoke",
             )
         )

@@ -322,3 +322,23 @@ def test_device_follows_argument(small_data):
     assert out.embedding.is_cuda
     res = evaluate_method(method, small_data, device="cuda")
     assert 0.0 <= res["r@1"] <= 1.0
+
+
+def test_progress_lines_leave_out_columns_no_run_computes(monkeypatch):
+    """Frozen features have no pixels to crop: a sweep on them prints no "crop share" on any
+    line (it read "crop share n/a" on every one); a sweep on pixels keeps the column."""
+    from bayesurl.sweeps import pipeline
+    from bayesurl.sweeps.sweep import run_sweep
+
+    def fake(self, params):
+        est = params["estimator"]
+        return {"estimator": est, "method": est, "seed": params["seed"], "error": None,
+                "r@1": 0.9, "r_auroc": 0.55, "crop_share": None}  # fmt: skip
+
+    monkeypatch.setattr(pipeline.PipelineRun, "__call__", fake)
+    for preset, crops in (("pretrained_quick", False), ("quick", True)):
+        lines: list[str] = []
+        run_sweep(["ce", "elk"], preset=preset, log=lines.append)
+        runs = [x for x in lines if x.startswith("[")]
+        assert len(runs) == 2 and all("R-AUROC 0.550" in x for x in runs)
+        assert all(("crop share" in x) == crops for x in runs), (preset, runs)

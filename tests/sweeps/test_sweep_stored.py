@@ -214,6 +214,43 @@ def test_training_curves_plot(tmp_path):
     assert not (tmp_path / "n.png").exists()
 
 
+def test_training_curves_fall_when_the_loss_falls_whatever_its_sign(tmp_path, monkeypatch):
+    """A loss below zero (InfoNCE, MCInfoNCE, HIB) that improves is drawn falling, as is a
+    positive one and one that crosses zero: read back from the saved figure's lines."""
+    import matplotlib.pyplot as plt
+
+    from bayesurl.sweeps.report import plot_training_curves
+
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (figures.append(fig), close(fig)))
+    falling = {
+        "negative": [-2.0, -5.0, -7.5, -9.0],
+        "positive": [3.0, 1.0, 0.5, 0.2],
+        "crossing": [0.3, -1.0, -2.5, -3.0],
+    }
+    recs = [
+        {"method": name, "split": k, "error": None, "loss_curve": [v - 0.1 * k for v in c]}
+        for name, c in falling.items()
+        for k in range(3)
+    ]
+    rising = [1.0, 2.0, 4.0, 8.0]  # a diverging loss must still be drawn rising
+    recs.append({"method": "rising", "split": 0, "error": None, "loss_curve": rising})
+    assert plot_training_curves(recs, tmp_path / "c.png") is not None
+    (fig,) = figures
+    drawn = {}
+    for ax in fig.axes:
+        name, _, what = ax.get_title().partition(": ")
+        if what == "training loss":
+            drawn[name] = [list(line.get_ydata()) for line in ax.get_lines()]
+    assert set(drawn) == {*falling, "rising"}
+    for name in falling:
+        assert len(drawn[name]) == 4  # three runs and their median
+        for ys in drawn[name]:
+            assert all(b < a for a, b in zip(ys, ys[1:])), (name, ys)
+    assert drawn["rising"] == [rising]
+
+
 def test_write_results_keeps_failed_runs_apart(tmp_path):
     from bayesurl.sweeps.report import write_results
 

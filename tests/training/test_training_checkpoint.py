@@ -143,9 +143,9 @@ def test_corrupted_truncated_or_incomplete_checkpoints_fail_clearly(tmp_path):
     good = (tmp_path / "last.pt").read_bytes()
     (tmp_path / "trunc.pt").write_bytes(good[: len(good) // 2])
     (tmp_path / "garbage.pt").write_bytes(b"\x00not a checkpoint" * 50)
-    for name in ("trunc.pt", "garbage.pt"):
+    for name, why in (("trunc.pt", "is corrupted or truncated"), ("garbage.pt", "is not a")):
         path = tmp_path / name
-        with pytest.raises(ValueError, match=rf"checkpoint '.*{name}' is corrupted"):
+        with pytest.raises(ValueError, match=rf"checkpoint '.*{name}' {why}"):
             load_checkpoint(path)
         with pytest.raises(ValueError, match=name):
             _run(tmp_path / "x", 2, resume=path)
