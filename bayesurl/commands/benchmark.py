@@ -7,11 +7,12 @@ laplace-torch Laplace on the CE base, LAM post-hoc and LAM online -- with the pr
 sizes, training length and plan (``[presets.<name>.sweep]``: class splits, seeds, storage):
 
 * ``--preset quick`` / ``smoke``: the standard split (upstream 0-4, downstream 5-9), in
-  memory; prints R@1, R-AUROC, AUSC, ECE, OOD AUROC and training time (mean +- std over
-  seeds) and writes ``results.json``, ``results.csv``, ``recall_vs_rauroc.png`` (URL Fig.
-  2), each run's per-query record (``queries/``) and the HTML report ``report.html``
-  (:mod:`bayesurl.report`) to ``--out``. ``--merge`` joins such results made separately
-  (e.g. one seed each).
+  memory; prints R@1, R-AUROC, AUSC, ECE, OOD AUROC and training time, each with its 95 %
+  interval (over the queries of one seed's run, or Student-t over the seeds; a column's best
+  marked where a paired test separates it) and writes ``results.json``, ``results.csv``,
+  ``recall_vs_rauroc.png`` (URL Fig. 2), each run's per-query record (``queries/``) and the
+  HTML report ``report.html`` (:mod:`bayesurl.report`) to ``--out``. ``--merge`` joins such
+  results made separately (e.g. one seed each).
 * ``--preset standard``: 4 class splits in an Optuna RDB storage
   (``results/sweeps/standard/sweep.db``): killed and started again it goes on where it
   stopped; ``--storage URL`` on several machines, the further ones with ``--worker``;

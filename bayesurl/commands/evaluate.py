@@ -323,10 +323,14 @@ def evaluate_npz(
 
 
 def format_table(res: dict[str, Any]) -> str:
-    """Two-column text table of the scalar metrics, then the notes."""
+    """Text table of the scalar metrics, each beside its 95 % interval and what that interval
+    is (method, n), then the notes: why a metric is n/a, and the notes of
+    :mod:`bayesurl.evaluation.notes` (an AUROC at chance or inverted by its interval, u
+    nearly constant, R@1 at chance)."""
+    ivs = res.get("intervals") or {}
     rows = [(k, v) for k, v in res.items() if isinstance(v, (int, float)) or v is None]
     width = max(len(k) for k, _ in rows)
-    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  ------"]
+    cells = []
     for k, v in rows:
         if v is None:
             s = "n/a"
@@ -334,9 +338,40 @@ def format_table(res: dict[str, Any]) -> str:
             s = f"{v:.4f}" if math.isfinite(v) else str(v)
         else:
             s = str(v)
-        lines.append(f"{k:<{width}}  {s}")
+        iv = ivs.get(k)
+        bounds = "" if iv is None else f"[{iv.low:.4f}, {iv.high:.4f}]"
+        how = "" if iv is None else f"{iv.method}, n = {iv.n} {iv.over}"
+        cells.append((k, s, bounds, how))
+    level = next(iter(ivs.values())).level if ivs else 0.95
+    head = f"{100 * level:g} % interval"
+    wv = max(len("value"), *(len(c[1]) for c in cells))
+    wb = max(len(head), *(len(c[2]) for c in cells))
+    lines = [
+        f"{'metric':<{width}}  {'value':<{wv}}  {head:<{wb}}  method, units",
+        f"{'-' * width}  {'-' * wv}  {'-' * wb}  {'-' * 13}",
+    ]
+    lines += [f"{k:<{width}}  {s:<{wv}}  {b:<{wb}}  {h}".rstrip() for k, s, b, h in cells]
+    if ivs:
+        lines.append(
+            "intervals over the queries (and OOD inputs), treated as independent: Wilson for "
+            "a share, DeLong for an AUROC, a Poisson bootstrap for the rest (docs: Concepts > "
+            "Metrics, Intervals)"
+        )
     lines += [f"note: {n}" for n in res.get("notes", [])]
+    lines += [f"note: {n.text}" for n in getattr(res, "caveats", [])]
     return "\n".join(lines)
+
+
+def json_ready(res: dict[str, Any]) -> dict[str, Any]:
+    """``res`` for ``--json``: each interval as flat fields (``<key>_low``, ``<key>_high``,
+    ``<key>_interval``, ``<key>_n``, ``<key>_over``, ``interval_level``), the notes of
+    :mod:`bayesurl.evaluation.notes` under ``caveats``."""
+    from bayesurl.evaluation.intervals import flat_intervals
+
+    out = {k: v for k, v in res.items() if k != "intervals"}
+    out.update(flat_intervals(res.get("intervals") or {}))
+    out["caveats"] = [n.text for n in getattr(res, "caveats", [])]
+    return out
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -383,7 +418,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_table(res))
     if args.json:
-        write_json(args.json, res)
+        write_json(args.json, json_ready(res))
     return 0
 
 
@@ -433,7 +468,7 @@ def _run_distributed(args: argparse.Namespace) -> int:
         if is_main_process():
             print(format_table(res))
             if args.json:
-                write_json(args.json, res)
+                write_json(args.json, json_ready(res))
         return 0
     finally:
         cleanup()
@@ -460,5 +495,5 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
     print(f"{res['method']} ({res['checkpoint']}) zero-shot on {res['dataset']}")
     print(format_table(res))
     if args.json:
-        write_json(args.json, res)
+        write_json(args.json, json_ready(res))
     return 0

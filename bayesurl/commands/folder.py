@@ -100,6 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Score the folder, write the CSV and the report; 0 on success."""
     from bayesurl.backbones import PACKAGED_WEIGHTS
+    from bayesurl.evaluation.intervals import interval_lines
     from bayesurl.evaluation.table import metric_columns
     from bayesurl.report import print_notes, try_report
     from bayesurl.runs.folder import score_folder
@@ -120,8 +121,14 @@ def run(args: argparse.Namespace) -> int:
     for path, err in res.skipped:
         print(f"skipped {path}: {err}")
     if res.metrics is not None:
-        keys = [c.key for c in metric_columns(shown=True)]
-        print(" ".join(f"{k}={res.metrics[k]:.4f}" for k in keys if res.metrics.get(k) is not None))
+        # a folder has no posterior draws and no OOD set: those columns would only say so
+        cols = [
+            (c.key, c.title, c.digits)
+            for c in metric_columns(shown=True)
+            if c.key not in ("ece", "ood_auroc")
+        ]
+        for line in interval_lines(res.metrics, cols):
+            print(line)
     print_notes(args.out)
     print(
         f"wrote {res.paths['csv']} (read {res.paths['readme'].name} beside it), "

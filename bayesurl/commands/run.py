@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from bayesurl._checks import check_device, check_output_dir
+    from bayesurl.evaluation.intervals import interval_lines
     from bayesurl.evaluation.table import metric_columns
     from bayesurl.report import print_notes, try_report
     from bayesurl.runs import list_recipes, load_recipe
@@ -80,9 +81,10 @@ def run(args: argparse.Namespace) -> int:
     if not result.main_process:  # torchrun: rank 0 reports
         return 0
     m = result.metrics
-    keys = [c.key for c in metric_columns(shown=True) if c.key in m]
-    line = " ".join(f"{k}={m[k]:.4f}" if isinstance(m.get(k), float) else f"{k}=n/a" for k in keys)
-    print(f"{cfg.name} (seed {cfg.seed}, preset {cfg.preset}): {line}")
+    print(f"{cfg.name} (seed {cfg.seed}, preset {cfg.preset}), each metric with its interval:")
+    cols = [(c.key, c.title, c.digits) for c in metric_columns(shown=True)]
+    for line in interval_lines(m, cols):
+        print(f"  {line}")
     print(
         f"train {result.timings['train_time']:.1f} s, eval {result.timings['eval']:.1f} s; "
         f"wrote {out / 'result.json'}"

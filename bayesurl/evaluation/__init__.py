@@ -11,7 +11,13 @@ of their names, so ``bayesurl evaluate`` and the functional API start without th
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from bayesurl.evaluation.evaluator import REQUIRED_KEYS, Evaluator, evaluate, evaluate_output
+from bayesurl.evaluation.evaluator import (
+    REQUIRED_KEYS,
+    EvaluationResult,
+    Evaluator,
+    evaluate,
+    evaluate_output,
+)
 from bayesurl.evaluation.functional import (
     ECEResult,
     auroc,
@@ -36,6 +42,7 @@ from bayesurl.evaluation.functional import (
     sparsification_curve,
     uncertainty_from_samples,
 )
+from bayesurl.evaluation.intervals import Interval, IntervalMethod
 from bayesurl.evaluation.knn import (
     DEFAULT_MEMORY_BUDGET,
     fused_search,
@@ -105,7 +112,10 @@ __all__ = [
     "AUSE",
     "DEFAULT_MEMORY_BUDGET",
     "ECEResult",
+    "EvaluationResult",
     "Evaluator",
+    "Interval",
+    "IntervalMethod",
     "MAPAtK",
     "NeighborMemo",
     "OODAUPRC",

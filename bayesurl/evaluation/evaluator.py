@@ -42,18 +42,28 @@ from bayesurl._checks import (
 from bayesurl.distributed import Shards, raise_if_any
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import sampled as Sm
+from bayesurl.evaluation.intervals import (
+    DEFAULT_LEVEL,
+    DEFAULT_REPLICATES,
+    Interval,
+    check_interval_options,
+    format_interval,
+    intervals_of,
+)
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, rank_budget, search_shards
+from bayesurl.evaluation.notes import Note, result_notes
 from bayesurl.evaluation.table import (
     MISSING,
     EvalContext,
     Metric,
     Need,
     always_keys,
+    metric_columns,
     select_metrics,
 )
 from bayesurl.types import Output
 
-__all__ = ["REQUIRED_KEYS", "Evaluator", "evaluate", "evaluate_output"]
+__all__ = ["REQUIRED_KEYS", "EvaluationResult", "Evaluator", "evaluate", "evaluate_output"]
 
 #: Keys present in every result (``None`` when undefined for the input): the columns of the
 #: built-in metrics marked ``always`` (:func:`~bayesurl.evaluation.table.always_keys`, which
@@ -63,6 +73,56 @@ REQUIRED_KEYS = always_keys()
 
 #: Seed of the draws of the mixed R-AUROC's queries and of the crop test's areas.
 EXTRA_SEED = 0
+
+
+class EvaluationResult(dict):  # type: ignore[type-arg]
+    """The result of :func:`evaluate`: a dict of the metrics, with the notes a person reads.
+
+    A plain ``dict`` for every key (``res["r_auroc"]``, ``res["intervals"]``,
+    ``res["notes"]``: why a metric is ``None``), so two results compare equal as dicts (a
+    sharded evaluation and the single process); ``caveats`` holds the
+    :class:`~bayesurl.evaluation.notes.Note` s of :func:`~bayesurl.evaluation.notes.result_notes`
+    (u nearly constant, an AUROC at chance or inverted by its interval, R@1 at chance).
+    """
+
+    caveats: list[Note]
+
+    def __init__(self, *args: Any, caveats: Sequence[Note] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.caveats = list(caveats)
+
+    @property
+    def intervals(self) -> dict[str, Interval]:
+        """``res["intervals"]``: the interval of every metric that has one."""
+        return self.get("intervals") or {}
+
+    def describe(self, keys: Sequence[str] | None = None, *, notes: bool = True) -> str:
+        """``"R@1 0.877 [0.856, 0.896], R-AUROC 0.581 [0.550, 0.611], ..."``: each metric of
+        ``keys`` (default: the table columns with a value) with its interval, titles and
+        digits from the metric table, then (``notes``) one ``note:`` line per caveat.
+
+        Examples
+        --------
+        >>> import torch
+        >>> x, y = torch.randn(60, 8), torch.arange(60) % 3
+        >>> res = evaluate(x, y, uncertainties=torch.rand(60))
+        >>> print(res.describe(["r@1"], notes=False))  # doctest: +ELLIPSIS
+        R@1 ... [..., ...]
+        """
+        cols = {c.key: c for c in metric_columns()}
+        if keys is None:
+            keys = [k for k, c in cols.items() if c.shown and self.get(k) is not None]
+        parts = []
+        for key in keys:
+            c = cols.get(key)
+            digits, title = (3, key) if c is None else (c.digits, c.title)
+            parts.append(
+                f"{title} {format_interval(self.get(key), self.intervals.get(key), digits)}"
+            )
+        lines = [", ".join(parts)]
+        if notes:
+            lines += [f"note: {n.text}" for n in self.caveats]
+        return "\n".join(lines)
 
 
 def _at_least_float32(t: Tensor) -> Tensor:
@@ -240,6 +300,10 @@ def _options(
     tolerance: float,
     return_curves: bool,
     progress: bool,
+    intervals: bool = True,
+    level: float = DEFAULT_LEVEL,
+    replicates: int = DEFAULT_REPLICATES,
+    interval_seed: int = 0,
 ) -> dict[str, Any]:
     """The checked settings every metric reads (``ctx.options``)."""
     # integers only: ks=(2.7,) would otherwise report recall@2
@@ -248,7 +312,10 @@ def _options(
     check_choice(ece_mode, "ece_mode", ("shortlist", "exact"))
     Fm.check_n_bins(n_bins)
     check_number(tolerance, "tolerance", low=0.0, high=1.0)
-    for name, flag in (("return_curves", return_curves), ("progress", progress)):
+    check_interval_options(level, replicates, interval_seed)
+    for name, flag in (
+        ("return_curves", return_curves), ("progress", progress), ("intervals", intervals),
+    ):  # fmt: skip
         if not isinstance(flag, bool):
             raise ValueError(f"`{name}` must be True or False, got {flag!r}")
     if shortlist is not None:
@@ -263,6 +330,10 @@ def _options(
         "return_curves": return_curves,
         "progress": progress,
         "seed": EXTRA_SEED,
+        "intervals": intervals,
+        "level": float(level),
+        "replicates": replicates,
+        "interval_seed": interval_seed,
     }
 
 
@@ -436,6 +507,19 @@ class Evaluator:
         Also return the search's neighbour ids under ``"neighbors"`` (``[n_r, k]`` Tensor of
         global row ids, self excluded, this rank's queries; ``None`` when no selected metric
         searched), so a caller that needs them (the per-query record) does not search again.
+    intervals : bool
+        Give every metric that declares one its ``level`` interval over the queries (and OOD
+        inputs) under ``res["intervals"]`` (:mod:`bayesurl.evaluation.intervals`: Wilson for
+        R@1 / recall@k, DeLong for the AUROCs, a Poisson bootstrap for AUSC / AUSE, mAP@k and
+        the ECE, Boyd et al.'s logit interval for OOD AUPRC, Fisher-z for a Spearman
+        correlation). ``False``: none (the note on R-AUROC then from DeLong's interval alone).
+    level : float
+        Confidence level of the intervals, in (0, 1).
+    replicates : int
+        Bootstrap replicates (at least 10); the cost grows with ``replicates x N``.
+    interval_seed : int
+        Seed of the bootstrap weights (the same seed, the same intervals; a sharded evaluation
+        gives every rank those of one process).
 
     Raises
     ------
@@ -470,6 +554,10 @@ class Evaluator:
     include: Iterable[str] | None = None
     exclude: Iterable[str] = ()
     return_neighbors: bool = False
+    intervals: bool = True
+    level: float = DEFAULT_LEVEL
+    replicates: int = DEFAULT_REPLICATES
+    interval_seed: int = 0
     #: the checked settings every metric reads (``ctx.options``; each call adds its own)
     options: dict[str, Any] = field(init=False, repr=False, compare=False)
     #: the selected metrics, in table order
@@ -482,7 +570,8 @@ class Evaluator:
         )  # fmt: skip
         options = _options(
             self.ks, self.map_ks, self.n_bins, self.ece_mode, self.shortlist, self.tolerance,
-            self.return_curves, self.progress,
+            self.return_curves, self.progress, self.intervals, self.level, self.replicates,
+            self.interval_seed,
         )  # fmt: skip
         lam = ("lam_ausc", "lam_ece") if self.reference == "lam" else ()
         metrics = select_metrics(self.include, self.exclude, options, also=lam)
@@ -508,7 +597,7 @@ class Evaluator:
         predict_uncertainty: Callable[[Tensor], Tensor] | None = None,
         crop_images: Tensor | None = None,
         neighbors: Tensor | None = None,
-    ) -> dict[str, Any]:
+    ) -> EvaluationResult:
         """Every selected metric defined for these inputs, from one kNN search.
 
         Parameters
@@ -568,10 +657,19 @@ class Evaluator:
         # is read again by the ECE), normalise them in place
         self._search_once(ctx, given, inplace=not self.copy and embeddings is not None)
         res.update(_compute(self.metrics, ctx))
+        o = ctx.options
+        res["intervals"] = (
+            intervals_of(
+                ctx.evidence, res, level=o["level"], replicates=o["replicates"],
+                seed=o["interval_seed"], workers=torch.get_num_threads(),
+            )
+            if o["intervals"]
+            else {}
+        )  # fmt: skip
         res["notes"] = ctx.notes
         if self.return_neighbors:
             res["neighbors"] = ctx.neighbors
-        return res
+        return EvaluationResult(res, caveats=_caveats(ctx, res))
 
     def _context(
         self, c: _Checked, predict_uncertainty: Callable[[Tensor], Tensor] | None
@@ -621,6 +719,37 @@ def _shards(x: Tensor, s: Tensor | None, distributed: bool, group: Any) -> Shard
     return sh
 
 
+def _caveats(ctx: EvalContext, res: dict[str, Any]) -> list[Note]:
+    """The notes of :func:`~bayesurl.evaluation.notes.result_notes` on the gathered queries
+    (every rank the same)."""
+    if ctx.u is None:
+        return []
+    hit = ctx.correct if ctx.neighbors is not None else None
+    return result_notes(
+        ctx.u,
+        hit=None if hit is None else hit.cpu(),
+        labels=None if hit is None else ctx.labels_all.cpu().numpy(),
+        intervals=res["intervals"],
+        estimates=res,
+        level=ctx.options["level"],
+    )
+
+
+def _check_evidence(metric: Metric, values: dict[str, Any], ctx: EvalContext) -> None:
+    """Every key with a value and a declared interval has the evidence that interval reads."""
+    for key, value in values.items():
+        method = metric.interval_for(key, ctx.options)
+        if method is None or value is None:
+            continue
+        ev = ctx.evidence.get(key)
+        if not isinstance(ev, method.evidence):
+            got = "nothing" if ev is None else type(ev).__name__
+            raise TypeError(
+                f"metric {metric.name!r} declares a {method.value} interval for {key!r}, whose "
+                f"compute must keep a {method.evidence.__name__} (ctx.keep), but it kept {got}"
+            )
+
+
 def _compute(metrics: Sequence[Metric], ctx: EvalContext) -> dict[str, Any]:
     """Each metric's keys: its values, or ``None`` with one note per missing input."""
     res: dict[str, Any] = {}
@@ -628,7 +757,9 @@ def _compute(metrics: Sequence[Metric], ctx: EvalContext) -> dict[str, Any]:
     for metric in metrics:
         need = _missing(metric, ctx)
         if need is None:
-            res.update(metric.compute(ctx))
+            values = metric.compute(ctx)
+            _check_evidence(metric, values, ctx)
+            res.update(values)
         else:
             keys = metric.keys(ctx.options)
             res.update(dict.fromkeys(keys))
@@ -667,7 +798,11 @@ def evaluate(
     exclude: Iterable[str] = (),
     return_neighbors: bool = False,
     neighbors: Tensor | None = None,
-) -> dict[str, Any]:
+    intervals: bool = True,
+    level: float = DEFAULT_LEVEL,
+    replicates: int = DEFAULT_REPLICATES,
+    interval_seed: int = 0,
+) -> EvaluationResult:
     """Every selected retrieval and uncertainty metric defined for the input, from one kNN
     search: ``Evaluator(**options)(embeddings, labels, **inputs)``.
 
@@ -681,18 +816,23 @@ id_embeddings, id_labels, id_uncertainties, predict_uncertainty, crop_images, ne
         The inputs: see :meth:`Evaluator.__call__`.
     ks, map_ks, n_bins, ece_mode, shortlist, tolerance, memory_budget, backend, \
 return_curves, progress, distributed, group, reference, copy, include, exclude, \
-return_neighbors
+return_neighbors, intervals, level, replicates, interval_seed
         The options: see :class:`Evaluator`.
 
     Returns
     -------
-    dict
-        ``r@1``, ``r_auroc``, ``ausc``, ``ause``, ``ece``, ``ood_auroc``, ``ood_auprc``,
+    EvaluationResult
+        A dict: ``r@1``, ``r_auroc``, ``ausc``, ``ause``, ``ece``, ``ood_auroc``, ``ood_auprc``,
         ``map@5`` (float or None; present even when not selected), the keys of every selected
         metric (``recall@k`` and ``map@k`` for the requested cut-offs, ``rank_correlation``,
         ``mixed_r_auroc``, ``mixed_r@1``, ``crop_share``, ``crop_spearman``, ...), ``n``,
-        ``uncertainty_source``, ``notes`` (list of str) and, with ``return_neighbors``,
-        ``neighbors``. A shortlist ECE adds ``ece_shortlist`` (L), ``ece_shortlist_miss_rate``
+        ``uncertainty_source``, ``notes`` (list of str: why a metric is ``None``),
+        ``intervals`` (``{key: Interval}``, :class:`~bayesurl.evaluation.intervals.Interval`,
+        every metric with a value and a declared interval; empty with ``intervals=False``)
+        and, with ``return_neighbors``, ``neighbors``; its ``caveats`` attribute holds the
+        notes of :mod:`bayesurl.evaluation.notes` (an AUROC at chance or inverted by its
+        interval, u nearly constant, R@1 at chance). A shortlist ECE adds ``ece_shortlist`` (L),
+        ``ece_shortlist_miss_rate``
         (the pilot's estimated fraction of per-draw neighbours not kept, at most ``tolerance``:
         above it every draw is searched exactly, these fields are left out and ``notes`` says
         so) and ``ece_candidates_per_query`` (docs: concepts/metrics, "The shortlist fields").
@@ -719,7 +859,8 @@ return_neighbors
         tolerance=tolerance, memory_budget=memory_budget, backend=backend,
         return_curves=return_curves, progress=progress, distributed=distributed, group=group,
         reference=reference, copy=copy, include=include, exclude=exclude,
-        return_neighbors=return_neighbors,
+        return_neighbors=return_neighbors, intervals=intervals, level=level,
+        replicates=replicates, interval_seed=interval_seed,
     )  # fmt: skip
     return evaluator(
         embeddings, labels, uncertainties=uncertainties, samples=samples,

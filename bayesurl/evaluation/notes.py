@@ -1,17 +1,21 @@
 """Notes a person reads beside a result: what would otherwise be misread as a finding.
 
 A table of R-AUROC values or a gallery of u scores looks the same whether the model learned
-something or not. These rules, declared here once, say when it did not; every display (the
-``bayesurl run`` / ``benchmark`` / ``folder`` tables, the HTML report, the folder's
-``uncertainty.csv`` companion page) takes its notes from :func:`result_notes`:
+something or not. These rules, declared here once, say when it did not; every road takes its
+notes from :func:`result_notes` (the Python result of :func:`bayesurl.evaluation.evaluate` as
+its ``caveats``, ``bayesurl evaluate``, the ``bayesurl run`` / ``benchmark`` / ``folder``
+tables, the HTML report, the folder's ``uncertainty.csv`` companion page):
 
 - **u nearly constant** (``constant_u``): the spread of u is below
   :data:`NEARLY_CONSTANT_SPREAD` of its typical size, or u takes fewer than
   :data:`MIN_DISTINCT_U` distinct values. Its ranking then rests on a few digits (or on ties).
-- **u inverted** (``inverted_r_auroc``, ``inverted_ood_auroc``): an AUROC below 0.5 beyond
-  noise, by the one-sided Mann-Whitney test of ``AUROC = 0.5`` (Hanley & McNeil 1982: under
-  the null, ``SE = sqrt((n1 + n2 + 1) / (12 n1 n2))``), at level :data:`ALPHA`. u then ranks
-  the wrong retrievals (or the OOD images) as *more* certain.
+- **u at chance** (``chance_r_auroc``, ``chance_ood_auroc``, ``chance_mixed_r_auroc``): the
+  interval of the AUROC (:mod:`bayesurl.evaluation.intervals`: DeLong's, 95 %) holds
+  :data:`CHANCE_AUROC`: u does not tell the wrong retrievals from the right ones (or the OOD
+  images from the in-distribution ones) beyond what the queries' noise allows.
+- **u inverted** (``inverted_r_auroc``, ``inverted_ood_auroc``, ``inverted_mixed_r_auroc``):
+  the AUROC's interval lies below 0.5. u then ranks the wrong retrievals (or the OOD images)
+  as *more* certain.
 - **model at chance** (``chance_r1``, ``chance_loss``): R@1 not above the R@1 of a random
   neighbour for these class counts (``sum_c n_c (n_c - 1) / (N (N - 1))``) beyond a binomial
   standard error at level :data:`ALPHA`; or the last training loss within
@@ -24,18 +28,25 @@ something or not. These rules, declared here once, say when it did not; every di
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
+from bayesurl.evaluation.intervals import DEFAULT_LEVEL, Interval, auroc_interval
+
 __all__ = [
     "ALPHA",
+    "AUROC_TITLES",
+    "CHANCE_AUROC",
     "CHANCE_LOSS_RTOL",
+    "NOTE_WORDS",
     "MIN_DISTINCT_U",
     "NEARLY_CONSTANT_SPREAD",
     "Note",
-    "auroc_null_z",
+    "auroc_note",
     "chance_r1",
     "result_notes",
     "u_digits",
@@ -46,18 +57,44 @@ __all__ = [
 NEARLY_CONSTANT_SPREAD = 0.01
 #: Fewer distinct u values than this (with more queries) is "nearly constant".
 MIN_DISTINCT_U = 3
-#: One-sided level of the inverted-AUROC and the R@1-at-chance tests.
+#: One-sided level of the R@1-at-chance test.
 ALPHA = 0.01
 #: Relative distance of the last training loss to its untrained value that counts as "at chance".
 CHANCE_LOSS_RTOL = 0.02
+#: The AUROC of a u that carries no information.
+CHANCE_AUROC = 0.5
+#: The AUROCs whose interval is read against chance, with their titles (in note order).
+AUROC_TITLES = {"r_auroc": "R-AUROC", "ood_auroc": "OOD AUROC", "mixed_r_auroc": "mixed R-AUROC"}
+#: What each AUROC's positives and negatives are, for its notes.
+_AUROC_MEANING = {
+    "r_auroc": ("the wrong retrievals", "the right ones"),
+    "ood_auroc": ("the OOD images", "the in-distribution ones"),
+    "mixed_r_auroc": ("the wrong retrievals of the mixed queries", "the right ones"),
+}
+
+
+#: What the brief words of the AUROC notes mean, said once under a list of them.
+NOTE_WORDS = (
+    "at chance: the AUROC's 95 % interval holds 0.5 (u does not tell the wrong retrievals, or "
+    "the OOD images, from the rest beyond noise); inverted: it lies below 0.5 (u marks them as "
+    "the more trustworthy)"
+)
 
 
 @dataclass(frozen=True)
 class Note:
-    """One note: a stable ``kind`` (for tests and filters) and the sentence a person reads."""
+    """One note: a stable ``kind`` (for tests and filters), the sentence a person reads and
+    its few words for a list of many (``brief``: ``"R-AUROC 0.505 [0.450, 0.560] at
+    chance"``; the sentence when not given)."""
 
     kind: str
     text: str
+    brief: str = ""
+
+    @property
+    def short(self) -> str:
+        """:attr:`brief`, or the sentence."""
+        return self.brief or self.text
 
     def __str__(self) -> str:
         return self.text
@@ -97,6 +134,7 @@ def constant_u(u: object) -> Note | None:
             "constant_u",
             f"u is nearly constant: it takes {what} over {v.size} inputs, so its ranking "
             "(R-AUROC, AUSC, the galleries) rests on ties",
+            f"u nearly constant ({what})",
         )
     if rel < NEARLY_CONSTANT_SPREAD:
         d = u_digits(v)
@@ -104,44 +142,55 @@ def constant_u(u: object) -> Note | None:
             "constant_u",
             f"u is nearly constant: 98 % of it lies in {lo:.{d}g} to {hi:.{d}g} "
             f"({100 * rel:.2g} % of its median); rank by u, or read its percentile, not its value",
+            f"u nearly constant ({100 * rel:.2g} % of its median)",
         )
     return None
 
 
-def auroc_null_z(auroc: float, n_pos: int, n_neg: int) -> float:
-    """``(auroc - 0.5) / SE0``, SE0 the Mann-Whitney standard error of an AUROC of 0.5.
+def _bounds(iv: Interval, digits: int = 3) -> str:
+    return f"[{iv.low:.{digits}f}, {iv.high:.{digits}f}]"
 
-    ``SE0 = sqrt((n_pos + n_neg + 1) / (12 n_pos n_neg))`` (Hanley & McNeil 1982, no ties).
+
+def auroc_note(
+    key: str, estimate: float | None, interval: Interval | None, detail: str = ""
+) -> Note | None:
+    """The ``chance_<key>`` note where the AUROC's interval holds 0.5, ``inverted_<key>``
+    where it lies below 0.5, else ``None`` (also without an estimate or an interval).
+
+    ``key`` is one of :data:`AUROC_TITLES` (``"r_auroc"``, ``"ood_auroc"``,
+    ``"mixed_r_auroc"``); ``detail`` is added to the interval's description (``"28 of them
+    wrong"``).
     """
-    if n_pos < 1 or n_neg < 1:
-        raise ValueError(f"`n_pos` and `n_neg` must be >= 1, got {n_pos}, {n_neg}")
-    se = math.sqrt((n_pos + n_neg + 1) / (12.0 * n_pos * n_neg))
-    return (float(auroc) - 0.5) / se
-
-
-def _auroc(pos: np.ndarray, neg: np.ndarray) -> float:
-    """P(u_pos > u_neg) + P(tie) / 2 by midranks (the Mann-Whitney statistic)."""
-    from scipy.stats import rankdata
-
-    r = rankdata(np.concatenate([pos, neg]))
-    n1, n2 = pos.size, neg.size
-    return float((r[:n1].sum() - n1 * (n1 + 1) / 2) / (n1 * n2))
-
-
-def inverted(name: str, label: str, pos: object, neg: object) -> Note | None:
-    """The ``inverted_<name>`` note when u ranks ``pos`` *below* ``neg`` beyond noise."""
-    p, n = _as_array(pos), _as_array(neg)
-    if p.size < 1 or n.size < 1:
+    if estimate is None or interval is None:
         return None
-    a = _auroc(p, n)
-    z = auroc_null_z(a, p.size, n.size)
-    if z < -_z(ALPHA):
+    title = AUROC_TITLES[key]
+    pos, neg = _AUROC_MEANING[key]
+    how = interval.describe() + (f", {detail}" if detail else "")
+    told = f"{title} {float(estimate):.3f} {_bounds(interval)} ({how})"
+    if interval.high < CHANCE_AUROC:
         return Note(
-            f"inverted_{name}",
-            f"u is inverted: {label} {a:.3f} is below 0.5 beyond noise (z = {z:.1f}, "
-            f"{p.size} vs {n.size} inputs): higher u marks the more trustworthy ones",
+            f"inverted_{key}",
+            f"u is inverted: {told} lies below 0.5: {pos} get lower u than {neg}, so u marks "
+            "them as the more trustworthy",
+            f"{title} {float(estimate):.3f} {_bounds(interval)} inverted",
+        )
+    if interval.contains(CHANCE_AUROC):
+        return Note(
+            f"chance_{key}",
+            f"u is at chance: {told} holds 0.5: u does not tell {pos} from {neg} beyond noise",
+            f"{title} {float(estimate):.3f} {_bounds(interval)} at chance",
         )
     return None
+
+
+def _auroc_of(
+    pos: np.ndarray, neg: np.ndarray, level: float, over: str
+) -> tuple[float | None, Interval | None]:
+    """DeLong's AUROC and interval of ``pos`` against ``neg`` (``None`` with an empty side)."""
+    if pos.size < 1 or neg.size < 1:
+        return None, None
+    a, lo, hi = auroc_interval(pos, neg, level)
+    return a, Interval(lo, hi, level, "delong", int(pos.size + neg.size), over)
 
 
 def chance_r1(hit: object, labels: object) -> tuple[float, float]:
@@ -167,6 +216,7 @@ def _chance_r1_note(hit: object, labels: object) -> Note | None:
             "chance_r1",
             f"model at chance: R@1 {r1:.3f} is not above the {p:.3f} of a random neighbour "
             f"for these class counts ({n} queries); the embedding has learned nothing usable",
+            f"model at chance (R@1 {r1:.3f}, a random neighbour's {p:.3f})",
         )
     return None
 
@@ -180,6 +230,7 @@ def _chance_loss_note(final_loss: float, untrained_loss: float) -> Note | None:
             f"model at chance: the last training loss {final_loss:.4g} is at its untrained "
             f"value {untrained_loss:.4g} (a uniform softmax); u and R@1 describe an untrained "
             "model",
+            f"model at chance (loss {final_loss:.4g} = untrained {untrained_loss:.4g})",
         )
     return None
 
@@ -193,6 +244,9 @@ def result_notes(
     id_u: object | None = None,
     final_loss: float | None = None,
     untrained_loss: float | None = None,
+    intervals: Mapping[str, Interval] | None = None,
+    estimates: Mapping[str, Any] | None = None,
+    level: float = DEFAULT_LEVEL,
 ) -> list[Note]:
     """Every note that applies to one result (see the module docs for the rules).
 
@@ -202,31 +256,57 @@ def result_notes(
         ``[N]`` u of the queries (higher = less certain).
     hit : array-like, optional
         ``[N]`` whether each query's nearest neighbour shares its class (R@1's hits); with it,
-        R-AUROC (u of the wrong retrievals against the right ones) is tested for inversion.
+        R-AUROC (u of the wrong retrievals against the right ones) is read against chance.
     labels : array-like, optional
         ``[N]`` query classes; with ``hit``, R@1 is compared with chance.
     ood_u, id_u : array-like, optional
         u of the OOD images and of the in-distribution reference (``None`` or empty: the
-        queries' u); with ``ood_u``, OOD AUROC is tested for inversion.
+        queries' u); with ``ood_u``, OOD AUROC is read against chance.
     final_loss, untrained_loss : float, optional
         The last training loss and its untrained value (``ln C`` for a softmax
         cross-entropy), both given: the loss is compared with it.
+    intervals, estimates : mapping, optional
+        An evaluation's intervals and values (``res["intervals"]`` and ``res``): an AUROC of
+        :data:`AUROC_TITLES` found in both is read from them (the mixed R-AUROC only so); one
+        that is ``None`` in ``estimates`` (undefined) gets no note; otherwise it is computed
+        from ``u`` / ``hit`` / ``ood_u`` with DeLong's interval at ``level``.
+    level : float
+        Level of the intervals computed here.
 
     Returns
     -------
     list of Note
-        In the order constant u, inverted R-AUROC, inverted OOD AUROC, chance R@1, chance loss.
+        In the order constant u, R-AUROC, OOD AUROC, mixed R-AUROC (at chance or inverted),
+        chance R@1, chance loss.
     """
     uu = _as_array(u)
     notes: list[Note | None] = [constant_u(uu)]
+    given_iv = dict(intervals or {})
+    given_est = dict(estimates or {})
+    found: dict[str, tuple[float | None, Interval | None]] = {}
+    for key in AUROC_TITLES:
+        if key in given_iv and given_est.get(key) is not None:
+            found[key] = (float(given_est[key]), given_iv[key])
+        elif key in given_est and given_est[key] is None:
+            found[key] = (None, None)  # undefined in that result: no note
     if hit is not None:
         h = _as_array(hit).astype(bool)
         if h.size != uu.size:
             raise ValueError(f"`hit` has {h.size} entries, `u` {uu.size}")
-        notes.append(inverted("r_auroc", "R-AUROC", uu[~h], uu[h]))
-    if ood_u is not None and _as_array(ood_u).size:
-        ref = uu if id_u is None or not _as_array(id_u).size else _as_array(id_u)
-        notes.append(inverted("ood_auroc", "OOD AUROC", ood_u, ref))
+        if "r_auroc" not in found:
+            found["r_auroc"] = _auroc_of(uu[~h], uu[h], level, "queries")
+    if ood_u is not None and _as_array(ood_u).size and "ood_auroc" not in found:
+        has_id = id_u is not None and _as_array(id_u).size
+        ref = _as_array(id_u) if has_id else uu
+        over = "held-out and OOD inputs" if has_id else "queries and OOD inputs"
+        found["ood_auroc"] = _auroc_of(_as_array(ood_u), ref, level, over)
+    detail = {}
+    if hit is not None:  # how many errors an R-AUROC rests on (its interval needs some 30)
+        wrong = int((~_as_array(hit).astype(bool)).sum())
+        detail["r_auroc"] = f"{wrong} of them wrong"
+    notes += [
+        auroc_note(key, *found[key], detail.get(key, "")) for key in AUROC_TITLES if key in found
+    ]
     if hit is not None and labels is not None:
         notes.append(_chance_r1_note(hit, labels))
     if final_loss is not None and untrained_loss is not None:

@@ -176,13 +176,20 @@ def plot_roc(
     return fig
 
 
+def _bar(iv: Any, value: float) -> list[list[float]] | None:
+    """Error bar lengths of an interval around ``value`` (``None``: no interval)."""
+    return None if iv is None else [[value - iv.low], [iv.high - value]]
+
+
 def plot_recall_vs_rauroc(
     results: Mapping[str, Mapping[str, Any]],
     path: str | Path | None = None,
     *,
     ax: Axes | None = None,
 ) -> Figure:
-    """R@1 against R-AUROC, one point per method (URL benchmark, Fig. 2).
+    """R@1 against R-AUROC, one point per method (URL benchmark, Fig. 2), each with the 95 %
+    intervals its result holds (``res["intervals"]``: over its queries) as error bars; the
+    dashed line marks R-AUROC = 0.5, a u at chance.
 
     Parameters
     ----------
@@ -202,9 +209,12 @@ def plot_recall_vs_rauroc(
         r1, ra = res.get("r@1"), res.get("r_auroc")
         if r1 is None or ra is None:
             continue
-        ax.scatter([r1], [ra])
+        ivs = res.get("intervals") or {}
+        xerr, yerr = _bar(ivs.get("r@1"), r1), _bar(ivs.get("r_auroc"), ra)
+        ax.errorbar([r1], [ra], xerr=xerr, yerr=yerr, fmt="o", capsize=3)
         ax.annotate(name, (r1, ra), textcoords="offset points", xytext=(3, 3), fontsize=7)
+    ax.axhline(0.5, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("R@1")
-    ax.set_ylabel("R-AUROC")
+    ax.set_ylabel("R-AUROC (bars: 95 % intervals over the queries)")
     _save(fig, path)
     return fig

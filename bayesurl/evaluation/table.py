@@ -8,8 +8,11 @@ evaluator validates the inputs once, asks every selected metric for its neighbou
 input is missing reports ``None`` under its keys with a note saying why (docs/concepts/metrics.rst:
 never a made-up number). A metric also declares how its numbers are shown (:class:`Column`: title,
 digits, direction); every table of a run, a sweep report, the HTML report and the protocol
-report is derived from those columns (:func:`metric_columns`). Adding a metric is one
-:func:`register_metric` call.
+report is derived from those columns (:func:`metric_columns`). A metric declares its interval
+here too (``interval=``: one :class:`~bayesurl.evaluation.intervals.IntervalMethod` for all
+its keys, or one per key) and its ``compute`` keeps the per-query data that interval needs
+(``ctx.keep(key, evidence)``); the evaluator computes every interval from them
+(:mod:`bayesurl.evaluation.intervals`). Adding a metric is one :func:`register_metric` call.
 
 Definitions: docs/concepts/metrics.rst; papers: URL benchmark (Kirchhof et al. 2023, section 3.1,
 App. C.3 / C.5) and LAM (Warburg et al. 2023, section 5).
@@ -18,7 +21,7 @@ App. C.3 / C.5) and LAM (Warburg et al. 2023, section 5).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -30,6 +33,18 @@ from torch import Tensor
 from bayesurl.distributed import Shards
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import sampled as Sm
+from bayesurl.evaluation.intervals import (
+    Correlation,
+    Evidence,
+    IntervalMethod,
+    Proportion,
+    Rate,
+    Resample,
+    TwoSamples,
+    weighted_ece,
+    weighted_mean,
+    weighted_sparsification,
+)
 from bayesurl.evaluation.lam_reference import lam_ausc, lam_ece
 from bayesurl.evaluation.url_extra import crop_uncertainty_check, mixed_r_auroc
 
@@ -109,6 +124,8 @@ class EvalContext:
         ``[n_r, k]`` global neighbour ids of the one search (after the search).
     notes : list of str
         Why a metric is ``None``, and what the evaluation chose.
+    evidence : dict
+        What each key's interval is computed from (:meth:`keep`).
     """
 
     x: Tensor
@@ -129,6 +146,12 @@ class EvalContext:
     neighbors: Tensor | None = None
     notes: list[str] = field(default_factory=list)
     shared: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+
+    def keep(self, key: str, evidence: Evidence) -> None:
+        """Keep what the interval of ``key`` is computed from (every rank the same: the
+        gathered per-query data), as its metric's ``interval`` declares."""
+        self.evidence[key] = evidence
 
     @property
     def n(self) -> int:
@@ -249,6 +272,11 @@ class Metric:
         Selected when ``include`` is not given.
     columns : tuple of Column
         How its keys are shown (a key without a column is kept in results, not displayed).
+    interval : IntervalMethod or mapping, optional
+        How the interval of its keys is estimated: one
+        :class:`~bayesurl.evaluation.intervals.IntervalMethod` for every key of ``keys``, or
+        ``{key: IntervalMethod}``; ``None``: no interval. ``compute`` keeps the matching
+        evidence for each key it gives a value (``ctx.keep(key, Proportion(hits))``).
     """
 
     name: str
@@ -258,6 +286,15 @@ class Metric:
     neighbours: NeighboursFn | None = None
     default: bool = True
     columns: tuple[Column, ...] = ()
+    interval: IntervalMethod | Mapping[str, IntervalMethod] | None = None
+
+    def interval_for(self, key: str, options: dict[str, Any]) -> IntervalMethod | None:
+        """The declared interval method of the result key ``key`` (``None``: none)."""
+        if isinstance(self.interval, IntervalMethod):
+            return self.interval if key in self.keys(options) else None
+        if self.interval is None:
+            return None
+        return self.interval.get(key)
 
 
 #: The metric table, in the order the metrics run and report.
@@ -396,8 +433,15 @@ def _f(x: Tensor) -> float:
     return float(x.detach().cpu())
 
 
+def _np(x: Tensor) -> Any:
+    """A tensor as a numpy array (float64 for floating point) for the intervals."""
+    t = x.detach().cpu()
+    return (t.double() if t.is_floating_point() else t).numpy()
+
+
 # --------------------------------------------------------------------------- retrieval
 def _r_at_1(ctx: EvalContext) -> dict[str, Any]:
+    ctx.keep("r@1", Proportion(_np(ctx.correct)))
     return {"r@1": _f(ctx.correct.double().mean())}
 
 
@@ -412,7 +456,9 @@ def _recall(ctx: EvalContext) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k in ks:
         if k in ok:
-            out[f"recall@{k}"] = _f(flags[:, ok.index(k)].contiguous().double().mean())
+            hit = flags[:, ok.index(k)].contiguous()
+            out[f"recall@{k}"] = _f(hit.double().mean())
+            ctx.keep(f"recall@{k}", Proportion(_np(hit)))
         else:
             out[f"recall@{k}"] = None
             ctx.notes.append(f"recall@{k}: undefined with only {ctx.n} points")
@@ -432,7 +478,9 @@ def _map(ctx: EvalContext) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k in map_ks:
         if k in ok:
-            out[f"map@{k}"] = _f(aps[:, ok.index(k)].contiguous().mean())
+            ap = aps[:, ok.index(k)].contiguous()
+            out[f"map@{k}"] = _f(ap.mean())
+            ctx.keep(f"map@{k}", Resample(ctx.n, weighted_mean(_np(ap))))
         else:
             out[f"map@{k}"] = None
             ctx.notes.append(f"map@{k}: undefined with only {ctx.n} points")
@@ -447,10 +495,13 @@ def _u(ctx: EvalContext) -> Tensor:
 
 def _r_auroc(ctx: EvalContext) -> dict[str, Any]:
     try:
-        return {"r_auroc": _f(Fm.r_auroc(_u(ctx), ctx.correct))}
+        value = _f(Fm.r_auroc(_u(ctx), ctx.correct))
     except ValueError as exc:  # all queries correct or all wrong
         ctx.notes.append(f"r_auroc: {exc}")
         return {"r_auroc": None}
+    u, c = _np(_u(ctx)), _np(ctx.correct)
+    ctx.keep("r_auroc", TwoSamples(u[~c], u[c]))
+    return {"r_auroc": value}
 
 
 def _sparsification(ctx: EvalContext) -> dict[str, Any]:
@@ -458,6 +509,9 @@ def _sparsification(ctx: EvalContext) -> dict[str, Any]:
     removed, curve = Fm.sparsification_curve(_u(ctx), correct)
     oracle = Fm.oracle_curve(correct)
     out: dict[str, Any] = {"ausc": _f(curve.mean()), "ause": _f((oracle - curve).mean())}
+    boot = Resample(ctx.n, weighted_sparsification(_np(_u(ctx)), _np(correct), curve.numel()))
+    ctx.keep("ausc", boot)
+    ctx.keep("ause", boot)
     if ctx.options["return_curves"]:
         out["sparsification"] = {
             "removed": removed.tolist(),
@@ -471,7 +525,9 @@ def _rank_correlation(ctx: EvalContext) -> dict[str, Any]:
     u = ctx.u
     assert u is not None and ctx.reference is not None
     ref = ctx.shards.gather(ctx.reference.to(u.device))
-    return {"rank_correlation": _f(Fm.rank_correlation(u, ref))}
+    rho = _f(Fm.rank_correlation(u, ref))
+    ctx.keep("rank_correlation", Correlation(rho, ctx.n))
+    return {"rank_correlation": rho}
 
 
 def _ood(ctx: EvalContext) -> dict[str, Any]:
@@ -488,7 +544,12 @@ def _ood(ctx: EvalContext) -> dict[str, Any]:
     if v.numel() == 0:
         raise ValueError("`ood_uncertainties` is empty on every rank")
     inside = inside.to(v.device)
-    return {"ood_auroc": _f(Fm.ood_auroc(inside, v)), "ood_auprc": _f(Fm.ood_auprc(inside, v))}
+    over = "queries and OOD inputs" if ctx.id_u is None else "held-out and OOD inputs"
+    a, b = _np(inside), _np(v)
+    ctx.keep("ood_auroc", TwoSamples(b, a, over))
+    auprc = _f(Fm.ood_auprc(inside, v))
+    ctx.keep("ood_auprc", Rate(auprc, b.size, a.size + b.size, over))
+    return {"ood_auroc": _f(Fm.ood_auroc(inside, v)), "ood_auprc": auprc}
 
 
 # --------------------------------------------------------------------------- ECE
@@ -540,6 +601,9 @@ def _ece(ctx: EvalContext) -> dict[str, Any]:
     nb_draws = sh.gather(nb_draws.T.contiguous()).T  # [S, N] global ids
     ece = Fm.ece_from_neighbors(nb_draws, ctx.labels_all.to(s.device), s.shape[0], o["n_bins"])
     out: dict[str, Any] = {"ece": _f(ece.ece)}
+    # the bootstrap reweighs each query's (confidence, correct) pair: no draw is searched again
+    stat = weighted_ece(_np(ece.confidence), _np(ece.correct), o["n_bins"])
+    ctx.keep("ece", Resample(ctx.n, stat))
     if info.get("fallback_exact"):
         # the search's own pilot (queries other than the mean embedding) found no shortlist
         # within the tolerance and searched every draw exactly: report the exact pass, not the
@@ -593,6 +657,9 @@ def _mixed(ctx: EvalContext) -> dict[str, Any]:
     except ValueError as exc:  # R-AUROC undefined on the pooled queries
         ctx.notes.append(f"mixed_r_auroc: {exc}")
         return dict.fromkeys(keys)
+    u, c = _np(res.u), _np(res.correct)
+    ctx.keep("mixed_r_auroc", TwoSamples(u[~c], u[c], "pooled queries"))
+    ctx.keep("mixed_r@1", Proportion(c, "pooled queries"))
     return {"mixed_r_auroc": _f(res.r_auroc), "mixed_r@1": _f(res.r_at_1)}
 
 
@@ -608,6 +675,10 @@ def _crop(ctx: EvalContext) -> dict[str, Any]:
         ctx.notes.append(f"crop_share, crop_spearman: {exc}")
         return {"crop_share": None, "crop_spearman": None}
     spear = None if res.spearman is None else _f(res.spearman)
+    m = int(res.u_full.numel())
+    ctx.keep("crop_share", Proportion(_np(res.u_crop > res.u_full), "crop images"))
+    if spear is not None:
+        ctx.keep("crop_spearman", Correlation(spear, m, "crop images"))
     return {"crop_share": _f(res.share), "crop_spearman": spear}
 
 
@@ -622,11 +693,15 @@ def _register_builtin(entries: Sequence[Metric]) -> None:
 
 N, U, S = Need.NEIGHBOURS, Need.UNCERTAINTY, Need.SAMPLES
 C = Column
+W, D, Z, B = (
+    IntervalMethod.WILSON, IntervalMethod.DELONG, IntervalMethod.FISHER_Z,
+    IntervalMethod.BOOTSTRAP,
+)  # fmt: skip
 _register_builtin(
     [
         Metric(
             "r@1", _keys("r@1"), (N,), _r_at_1, lambda ctx: 1,
-            columns=(C("r@1", "R@1", always=True),),
+            columns=(C("r@1", "R@1", always=True),), interval=W,
         ),
         Metric(
             "recall@k",
@@ -634,10 +709,11 @@ _register_builtin(
             (N,),
             _recall,
             lambda ctx: max(ctx.options["ks"]),
+            interval=W,
         ),
         Metric(
             "r_auroc", _keys("r_auroc"), (N, U), _r_auroc, lambda ctx: 1,
-            columns=(C("r_auroc", "R-AUROC", always=True),),
+            columns=(C("r_auroc", "R-AUROC", always=True),), interval=D,
         ),
         Metric(
             "ausc", _keys("ausc", "ause"), (N, U), _sparsification, lambda ctx: 1,
@@ -645,13 +721,15 @@ _register_builtin(
                 C("ausc", "AUSC", always=True),
                 C("ause", "AUSE", higher_is_better=False, shown=False, always=True),
             ),
+            interval=B,
         ),
         Metric(
-            "rank_correlation", _keys("rank_correlation"), (Need.REFERENCE, U), _rank_correlation
+            "rank_correlation", _keys("rank_correlation"), (Need.REFERENCE, U), _rank_correlation,
+            interval=Z,
         ),
         Metric(
             "ece", _keys("ece"), (S,), _ece, _ece_neighbours,
-            columns=(C("ece", "ECE", higher_is_better=False, always=True),),
+            columns=(C("ece", "ECE", higher_is_better=False, always=True),), interval=B,
         ),
         Metric(
             "ood_auroc", _keys("ood_auroc", "ood_auprc"), (Need.OOD, U), _ood,
@@ -659,6 +737,7 @@ _register_builtin(
                 C("ood_auroc", "OOD AUROC", always=True),
                 C("ood_auprc", "OOD AUPRC", shown=False, always=True),
             ),
+            interval={"ood_auroc": D, "ood_auprc": IntervalMethod.LOGIT},
         ),
         Metric(
             "map@k",
@@ -667,17 +746,21 @@ _register_builtin(
             _map,
             lambda ctx: max(ctx.options["map_ks"]),
             columns=(C("map@5", "mAP@5", always=True),),
+            interval=B,
         ),
+        # the LAM authors' code as it computes them, kept for comparison: no interval
         Metric("lam_ausc", _keys("lam_ausc"), (S,), _lam_ausc, default=False),
         Metric("lam_ece", _keys("lam_ece"), (S,), _lam_ece, default=False),
         Metric(
             "mixed_r_auroc", _keys("mixed_r_auroc", "mixed_r@1"), (Need.ID_SET, U), _mixed,
             columns=(C("mixed_r_auroc", "mixed R-AUROC"),),
+            interval={"mixed_r_auroc": D, "mixed_r@1": W},
         ),
         Metric(
             "crop_share", _keys("crop_share", "crop_spearman"), (Need.CROP, U), _crop,
             columns=(C("crop_share", "crop share"),),
+            interval={"crop_share": W, "crop_spearman": Z},
         ),
     ]
 )  # fmt: skip
-del N, U, S, C
+del N, U, S, C, W, D, Z, B

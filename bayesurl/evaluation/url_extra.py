@@ -196,6 +196,10 @@ class MixedResult(NamedTuple):
         Queries drawn from each side.
     index_a, index_b : Tensor
         Indices of the queries drawn from each side.
+    u : Tensor or None
+        ``[2n]`` u of the pooled queries (side ``a`` first).
+    correct : Tensor or None
+        ``[2n]`` bool: each pooled query's nearest neighbour is of its side and class.
     """
 
     r_auroc: Tensor
@@ -203,6 +207,8 @@ class MixedResult(NamedTuple):
     n_per_side: int
     index_a: Tensor
     index_b: Tensor
+    u: Tensor | None = None
+    correct: Tensor | None = None
 
 
 def mixed_r_auroc(
@@ -282,4 +288,6 @@ def mixed_r_auroc(
         n_per_side=n,
         index_a=ia,
         index_b=ib,
+        u=u,
+        correct=correct.cpu(),
     )

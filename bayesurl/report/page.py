@@ -5,17 +5,21 @@ no request to any host, and a Content-Security-Policy that allows ``data:`` imag
 code only says so to the browser. It shows
 
 - the results table (click a column title to sort; each title's arrow says which way is
-  better, the best mean of a column is bold) and the folder's plots; every metric is shown
-  with the title and digits its :class:`~bayesurl.evaluation.table.Column` declares, the same
-  as in the text tables;
+  better) and the folder's plots; every metric is shown with the title and digits its
+  :class:`~bayesurl.evaluation.table.Column` declares, the same as in the text tables, beside
+  its 95 % interval (over the queries of one run, or over the runs / class splits of a
+  protocol; hover a number for the interval's method and n, the footnote says it for the
+  table); a column's best is bold only where a paired test separates it from the runner-up
+  (:func:`bayesurl.sweeps.report.best_marks`), the footnote names the test;
 - per estimator: the most and the least uncertain downstream queries, each beside the
   neighbour it retrieved (the R@1 search, docs/concepts/metrics.rst) with a right / wrong mark; the
   OOD images ranked by u, marked where u is above the 95th percentile of the held-out upstream
   images' u (the ones a threshold at that level would flag); u per class;
 - for several estimators on the same queries: two of them side by side on the most uncertain
   queries of either;
-- the notes of :mod:`bayesurl.evaluation.notes` (u nearly constant, u inverted, a model at
-  chance), above the results and in each estimator's section; u is printed with the digits
+- the notes of :mod:`bayesurl.evaluation.notes` (u nearly constant, an AUROC at chance or
+  inverted by its interval, a model at chance), above the results and in each estimator's
+  section, and a smoke-scale preset's warning above everything; u is printed with the digits
   (:func:`~bayesurl.evaluation.notes.u_digits`) that tell two cards apart, beside its
   percentile.
 
@@ -35,14 +39,17 @@ from typing import Any
 import numpy as np
 
 from bayesurl._checks import check_int
-from bayesurl.evaluation.notes import u_digits
+from bayesurl.evaluation.intervals import Interval, read_interval
+from bayesurl.evaluation.notes import AUROC_TITLES, NOTE_WORDS, Note, u_digits
 from bayesurl.files import atomic_write
 from bayesurl.report.images import THUMB_SIZE, ImageSource, image_source
 from bayesurl.report.sources import RecordedRun, ReportSource, load_source, table_columns
 
 __all__ = [
     "REPORT_FILE",
+    "cell_state",
     "notes_lines",
+    "run_notes",
     "print_notes",
     "render_report",
     "report_line",
@@ -142,6 +149,7 @@ def _estimator(
 ) -> dict[str, Any]:
     """One estimator's part of the model; adds the thumbnails it shows to ``thumbs``."""
     rec = run.record
+    notes = run_notes(run)
     order, pct = rank
     most = [int(i) for i in order[::-1][:k]]
     least = [int(i) for i in order[:k]]
@@ -169,6 +177,11 @@ def _estimator(
             if isinstance(run.metrics.get(c.key), (int, float))
             and _exact(run.metrics[c.key]) is not None
         },
+        "intervals": {
+            c.key: [iv.low, iv.high, iv.describe()]
+            for c in table_columns()
+            if (iv := read_interval(run.metrics, c.key)) is not None
+        },
         "most": most,
         "least": least,
         "q": {str(i): [_fu(rec.u[i]), _f(pct[i]), j, bool(rec.hit[i])] for i, j in pairs},
@@ -177,7 +190,10 @@ def _estimator(
         "ood": ood,
         "per_class": _per_class(run, src.class_names),
         "u_digits": u_digits(np.concatenate([rec.u, rec.ood_u])),
-        "notes": [n.text for n in rec.notes()],
+        "notes": [n.text for n in notes],
+        "briefs": [n.short for n in notes],
+        # the galleries say beside them when their u is at chance or inverted
+        "note_kinds": [n.kind for n in notes],
         # why the galleries have no pictures, in words (None: every image was found)
         "images": src.problem,
     }
@@ -235,7 +251,21 @@ def report_model(
         # `columns`: the keys of the results table, in order
         "formats": {c.key: c.as_dict() for c in table_columns()},
         "columns": [c.key for c in source.columns],
+        # per cell: value, interval bounds, the interval in words (None where there is none)
         "rows": [[row[0], *(list(c) for c in row[1:])] for row in source.rows],
+        "marks": source.marks,
+        # the AUROC cells whose interval holds 0.5 or lies below it (greyed / red)
+        "states": {
+            row[0]: {
+                c.key: st
+                for c, cell in zip(source.columns, row[1:])
+                if (st := cell_state(c.key, cell[1], cell[2])) is not None
+            }
+            for row in source.rows
+        },
+        "legend": source.legend,
+        "notices": source.notices,
+        "note_words": NOTE_WORDS,
         "plots": [{"name": p.name, "uri": png_data_uri_file(p)} for p in source.plots],
         "missing": source.missing,
         "estimators": estimators,
@@ -249,15 +279,45 @@ def report_model(
     }
 
 
+def run_notes(run: RecordedRun) -> list[Note]:
+    """The notes of one recorded run (:meth:`bayesurl.runs.queries.QueryRecord.notes`), its
+    AUROCs read from the intervals its metrics hold where they hold one."""
+    ivs: dict[str, Interval] = {}
+    for key in AUROC_TITLES:
+        iv = read_interval(run.metrics, key)
+        if iv is not None:
+            ivs[key] = iv
+    estimates = {k: run.metrics[k] for k in AUROC_TITLES if k in run.metrics}
+    return run.record.notes(ivs, estimates)
+
+
 def notes_lines(source: ReportSource) -> list[str]:
-    """One printable line per note of each recorded run of ``source`` (the CLI tables): the
-    same notes the report shows (:meth:`bayesurl.runs.queries.QueryRecord.notes`)."""
+    """The printable notes of each recorded run of ``source`` (the CLI tables): the same
+    notes the report shows (:func:`run_notes`). One run: one line per note, in full; several:
+    one line per estimator with each note in brief, and once what the brief words mean."""
     many = len(source.runs) > 1
     lines = []
+    briefs = False
     for r in source.runs:
-        who = f"{r.estimator} (seed {r.seed}): " if many else ""
-        lines += [f"note: {who}{n.text}" for n in r.record.notes()]
+        notes = run_notes(r)
+        if not many:
+            lines += [f"note: {n.text}" for n in notes]
+        elif notes:
+            briefs = True
+            said = "; ".join(n.short for n in notes)
+            lines.append(f"note: {r.estimator} (seed {r.seed}): {said}")
+    if briefs:
+        lines.append(f"  ({NOTE_WORDS})")
     return lines
+
+
+def cell_state(key: str, low: float | None, high: float | None) -> str | None:
+    """``"inverted"`` / ``"chance"`` for an AUROC of
+    :data:`~bayesurl.evaluation.notes.AUROC_TITLES` whose interval lies below / holds 0.5 (the
+    rule of the notes, applied to the interval a table cell shows), else ``None``."""
+    if key not in AUROC_TITLES or low is None or high is None:
+        return None
+    return "inverted" if high < 0.5 else "chance" if low <= 0.5 else None
 
 
 def _paths(rec: Any, pairs: list[tuple[int, int]]) -> dict[str, str]:

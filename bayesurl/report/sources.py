@@ -20,12 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bayesurl.evaluation.intervals import DEFAULT_LEVEL, METHOD_NAMES, read_interval
 from bayesurl.evaluation.table import Column
 from bayesurl.files import read_json_document
 from bayesurl.runs.folder import FOLDER_FORMAT
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, read_queries
 from bayesurl.runs.runner import RESULT_FORMAT
-from bayesurl.sweeps.report import RESULTS_FORMAT, report_columns
+from bayesurl.sweeps.report import (
+    RESULTS_FORMAT,
+    best_marks,
+    interval_caption,
+    mark_legend,
+    report_columns,
+    summarize_runs,
+)
 
 __all__ = ["RecordedRun", "ReportSource", "load_source", "table_columns"]
 
@@ -62,14 +70,22 @@ class ReportSource:
     columns : list of Column
         The table's metric columns (title, digits, direction), after the estimator's name.
     rows : list of list
-        One row per estimator: name, then a ``(mean, spread)`` pair per column (``None`` where
-        undefined).
+        One row per estimator: name, then per column ``(mean, low, high, how)``: the value,
+        its interval's bounds and what the interval is in words (``"95 % DeLong interval
+        over 1000 queries"``); ``None`` where undefined or without an interval.
     plots : list of Path
         PNG files of the folder.
     runs : list of RecordedRun
         Runs with a per-query record, one per estimator (its first class split, lowest seed).
     missing : list of str
         Estimators of the table without a record (said on the page).
+    marks : dict
+        ``{column key: estimator}``: the column's best, where a paired test separates it from
+        the runner-up (:func:`bayesurl.sweeps.report.best_marks`).
+    legend : list of str
+        What the intervals are (with their n) and what a mark means, under the table.
+    notices : list of str
+        Lines above everything (a smoke-scale preset's warning).
     """
 
     folder: Path
@@ -81,6 +97,9 @@ class ReportSource:
     plots: list[Path]
     runs: list[RecordedRun]
     missing: list[str] = field(default_factory=list)
+    marks: dict[str, str] = field(default_factory=dict)
+    legend: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
 
 
 def _num(v: Any) -> float | None:
@@ -91,11 +110,33 @@ def _num(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _stat(entry: Any) -> tuple[float | None, float | None]:
-    """``(mean, spread)`` of a summary entry (a sweep's std or the protocol's sd) or a number."""
-    if isinstance(entry, dict):
-        return _num(entry.get("mean")), _num(entry.get("std", entry.get("sd")))
-    return _num(entry), None
+def _how(method: Any, n: Any, over: Any, level: Any) -> str | None:
+    """``"95 % DeLong interval over 1000 queries"`` (``None`` without a method)."""
+    if not method:
+        return None
+    lv = _num(level) or DEFAULT_LEVEL
+    return f"{100 * lv:g} % {METHOD_NAMES.get(str(method), method)} interval over {n} {over}"
+
+
+def _stat(entry: Any) -> tuple[float | None, float | None, float | None, str | None]:
+    """``(mean, low, high, how)`` of a summary entry (an interval's bounds where finite)."""
+    if not isinstance(entry, dict):
+        return _num(entry), None, None, None
+    lo, hi = _num(entry.get("low")), _num(entry.get("high"))
+    if lo is None or hi is None:
+        return _num(entry.get("mean")), None, None, None
+    method = entry.get("interval", "t")  # results written before the field: Student-t
+    n = entry.get("interval_n", entry.get("n"))
+    how = _how(method, n, entry.get("interval_over") or "runs", entry.get("level"))
+    return _num(entry.get("mean")), lo, hi, how
+
+
+def _metric(metrics: dict[str, Any], key: str) -> tuple[Any, ...]:
+    """``(value, low, high, how)`` of one run's metric and its interval (flat fields)."""
+    iv = read_interval(metrics, key)
+    if iv is None:
+        return _num(metrics.get(key)), None, None, None
+    return _num(metrics.get(key)), iv.low, iv.high, _how(iv.method, iv.n, iv.over, iv.level)
 
 
 def _read_json(path: Path, expected: str) -> dict[str, Any]:
@@ -133,6 +174,18 @@ def _benchmark(folder: Path) -> ReportSource:
             f"{', '.join(sorted(keys)[:4])} ...; this bayesurl reads {RESULTS_FORMAT})"
         )
     s = data.get("settings", {})
+    said = any(
+        isinstance(st, dict) and "interval" in st
+        for row in summary.values()
+        if isinstance(row, dict)
+        for st in row.values()
+    )
+    if not said and runs and all(isinstance(r, dict) for r in runs):
+        # results written before each entry said its interval: summarised as now
+        try:
+            summary = {**summary, **summarize_runs(runs)}
+        except ValueError:
+            pass
     rows = [
         [name, *(_stat(stats.get(c.key)) for c in table_columns())]
         for name, stats in summary.items()
@@ -165,9 +218,24 @@ def _benchmark(folder: Path) -> ReportSource:
         )
         recorded.append(RecordedRun(name, seed, read_queries(path), dict(metrics), split))
     title = f"bayesurl benchmark: {s.get('dataset', '')} ({s.get('preset', '')})"
+    cols, rows = _measured(rows)
+    best = data.get("best")
+    if not isinstance(best, dict):  # results written before the marks were: test them now
+        try:
+            best = best_marks(runs, summary, folder / "queries")
+        except (ValueError, KeyError, TypeError):
+            best = {}
+    marks = {
+        k: str(m["best"]) for k, m in best.items() if isinstance(m, dict) and m.get("separated")
+    }
+    legend = [interval_caption(summary, cols, "Each value with its ") + "."]
+    if len(rows) > 1:
+        legend += mark_legend({k: m for k, m in best.items() if isinstance(m, dict)}, cols, "bold")
+    notices = [str(s["notice"])] if s.get("notice") else []
     return ReportSource(
-        folder, "benchmark", title, settings, *_measured(rows), _plots(folder), recorded, missing
-    )
+        folder, "benchmark", title, settings, cols, rows, _plots(folder), recorded, missing,
+        marks, legend, notices,
+    )  # fmt: skip
 
 
 def _records_of(folder: Path, name: str) -> dict[tuple[int | None, int], Path]:
@@ -196,7 +264,7 @@ def _single(folder: Path, name: str, kind: str) -> ReportSource:
     metrics = dict(data.get("metrics") or {})
     metrics.update({k: v for k, v in (data.get("timings") or {}).items() if k == "train_time"})
     estimator = str(data.get("estimator", folder.name))
-    row = [estimator, *(_stat(metrics.get(c.key)) for c in table_columns())]
+    row = [estimator, *(_metric(metrics, c.key) for c in table_columns())]
     q = folder / QUERIES_FILE
     runs = []
     if q.is_file():
@@ -206,9 +274,15 @@ def _single(folder: Path, name: str, kind: str) -> ReportSource:
         f"data {data.get('dataset')}, seed {data.get('seed')}, preset {data.get('preset')}"
     ]
     title = str(data.get("title") or f"bayesurl run: {data.get('dataset')}/{estimator}")
+    hows = sorted({cell[3] for cell in row[1:] if cell[3]})
+    legend = (
+        ["Each value with its interval over this run's queries: " + "; ".join(hows) + "."]
+        if hows
+        else []
+    )
     return ReportSource(
         folder, kind, title, settings, *_measured([row]), _plots(folder), runs,
-        [] if runs else [estimator],
+        [] if runs else [estimator], {}, legend,
     )  # fmt: skip
 
 

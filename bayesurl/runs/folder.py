@@ -49,8 +49,9 @@ The road of ``bayesurl folder`` (:func:`score_folder`, its settings in :class:`F
    (:func:`bayesurl.evaluation.evaluate`).
 5. **Write** ``uncertainty.csv`` (every file of the folder: path, class, u, its rank, the
    nearest neighbour and its class, right / wrong, or the error of an unreadable file),
-   its companion page ``README.md`` (what u is, the columns, and the notes of
-   :mod:`bayesurl.evaluation.notes`: u nearly constant, u inverted, R@1 at chance),
+   its companion page ``README.md`` (the metrics with their 95 % intervals over the images,
+   what u is, the columns, and the notes of :mod:`bayesurl.evaluation.notes`: u nearly
+   constant, R-AUROC at chance or inverted by its interval, R@1 at chance),
    ``queries.npz`` (:mod:`bayesurl.runs.queries`) and ``folder.json``; the command adds the
    report.
 """
@@ -86,6 +87,7 @@ from bayesurl.data.folder import (
 )
 from bayesurl.distributions.gaussian_mixture import MIN_POINTS
 from bayesurl.evaluation import evaluate
+from bayesurl.evaluation.intervals import flat_intervals, interval_lines
 from bayesurl.evaluation.knn import knn
 from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_open, format_of, write_json
@@ -522,7 +524,11 @@ def _write_readme(
     """The companion page of ``uncertainty.csv``: what u is, the columns, the notes."""
     d = u_digits(rec.u)
     lo, med, hi = np.quantile(rec.u, [0.0, 0.5, 1.0]) if rec.u.size else (np.nan,) * 3
-    notes = rec.notes()
+    ivs = {} if metrics is None else dict(metrics.get("intervals") or {})
+    est = {} if metrics is None else {k: metrics.get(k) for k in ivs}
+    notes = rec.notes(ivs, est)
+    shown = [("r@1", "R@1", 3), ("r_auroc", "R-AUROC", 3), ("ausc", "AUSC", 3)]
+    table = [] if metrics is None else interval_lines(metrics, shown)
     lines = [
         f"# {info['title']}",
         "",
@@ -530,14 +536,12 @@ def _write_readme(
         "",
         *(
             []
-            if metrics is None
+            if not table
             else [
-                "Metrics: "
-                + ", ".join(
-                    f"{k} {metrics[k]:.4f}"
-                    for k in ("r@1", "r_auroc", "ausc")
-                    if metrics.get(k) is not None
-                ),
+                "Metrics, each with its 95 % interval over the labelled images (the queries; "
+                "Wilson for R@1, DeLong for R-AUROC, a Poisson bootstrap for AUSC):",
+                "",
+                *(f"    {line}" for line in table),
                 "",
             ]
         ),
@@ -559,8 +563,8 @@ def _write_readme(
         "",
     ]
     lines += [f"- {n.text}" for n in notes] or [
-        "None: the checks for u nearly constant, u inverted (R-AUROC below 0.5 beyond noise) "
-        "and R@1 at chance found nothing."
+        "None: the checks for u nearly constant, R-AUROC at chance or inverted (its 95 % "
+        "interval holding 0.5, or below it) and R@1 at chance found nothing."
     ]
     with atomic_open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -760,7 +764,12 @@ def _info(
         "title": f"bayesurl folder: {scan.root}",
         "estimator": method.value,
         "seed": opts.seed,
-        "metrics": {} if metrics is None else {k: v for k, v in metrics.items() if k != "notes"},
+        "metrics": {}
+        if metrics is None
+        else {
+            **{k: v for k, v in metrics.items() if k not in ("notes", "intervals")},
+            **flat_intervals(metrics.get("intervals") or {}),
+        },
         "describe": [
             f"{len(scan.paths)} image files in {scan.root}"
             + (f", {len(scan.classes)} classes" if scan.labels is not None else ", no labels")

@@ -5,9 +5,12 @@ trust, and whether it is right not to, the report (:mod:`bayesurl.report`) needs
 downstream query, its u, its nearest neighbour (cosine, self excluded: the R@1 search of
 docs/concepts/metrics.rst) and whether that neighbour shares its class, and, per OOD image, its u.
 This module turns a run's predicted outputs into that record and keeps it beside the run's results
-as one compressed ``.npz`` (a few bytes per query; no embeddings). Images are not stored: the report
-reads them from the data set by id (the record keeps the data settings that rebuild it) or,
-for a folder of one's own images, from the file paths kept in the record. Each query and OOD
+as one compressed ``.npz`` (a few bytes per query; no embeddings). The record also carries
+what the per-query tests of the displays need (:func:`paired_test`: two estimators on the
+same queries, resampled jointly): each query's hit and AP@5, u, and the OOD images' u.
+Images are not stored: the report reads them from the data set by id (the record keeps the
+data settings that rebuild it) or, for a folder of one's own images, from the file paths kept
+in the record. Each query and OOD
 image is also named by the SHA-1 digest of its pixels (its first 8 bytes, :func:`source_ids`;
 for cached features the digest the feature store keeps per row,
 :class:`bayesurl.runs.features.CachedFeatures`), so the report shows the very image the
@@ -28,13 +31,24 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
+from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import knn
+from bayesurl.evaluation.intervals import (
+    DEFAULT_LEVEL,
+    Interval,
+    paired_bootstrap,
+    weighted_auroc,
+    weighted_mean,
+    weighted_sparsification,
+)
 from bayesurl.evaluation.notes import Note, result_notes
 from bayesurl.files import atomic_open
 
 __all__ = [
+    "PAIRED_KEYS",
     "QUERIES_FILE",
     "QueryRecord",
+    "paired_test",
     "query_record",
     "read_queries",
     "record_from_outputs",
@@ -65,6 +79,9 @@ class QueryRecord:
     source, ood_source : ndarray
         ``uint64`` id of the image of every query / OOD image (:func:`source_ids`; empty when
         the run did not know them, e.g. records written before they were kept).
+    ap : ndarray
+        ``[N]`` float32 AP@5 of every query (``map@5`` is their mean; empty when the search
+        kept fewer than 5 neighbours or the queries have no labels).
     meta : dict
         ``name`` (estimator), ``seed``, ``config`` (the run's data / backbone settings,
         to rebuild the images) or ``paths`` / ``classes`` (a folder), ``labelled``, and
@@ -80,15 +97,23 @@ class QueryRecord:
     meta: dict[str, Any] = field(default_factory=dict)
     source: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     ood_source: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    ap: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
     @property
     def labelled(self) -> bool:
         """Whether the queries carry classes (R@1 and the right / wrong marks are defined)."""
         return bool(self.meta.get("labelled", bool((self.label >= 0).all())))
 
-    def notes(self) -> list[Note]:
-        """The notes a person reads beside this run: u nearly constant, R-AUROC or OOD AUROC
-        inverted, the model at chance (:func:`bayesurl.evaluation.notes.result_notes`)."""
+    def notes(
+        self,
+        intervals: dict[str, Interval] | None = None,
+        estimates: dict[str, Any] | None = None,
+    ) -> list[Note]:
+        """The notes a person reads beside this run: u nearly constant, an AUROC at chance or
+        inverted by its interval, the model at chance
+        (:func:`bayesurl.evaluation.notes.result_notes`). ``intervals`` / ``estimates``: the
+        run's metrics, whose intervals are read where they have them (the mixed R-AUROC only
+        so); R-AUROC and OOD AUROC otherwise from the record."""
         fit = self.meta.get("fit") or {}
         labelled = self.labelled
         return result_notes(
@@ -99,6 +124,8 @@ class QueryRecord:
             id_u=self.id_u,
             final_loss=fit.get("final_loss"),
             untrained_loss=fit.get("untrained_loss"),
+            intervals=intervals,
+            estimates=estimates,
         )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -118,6 +145,7 @@ class QueryRecord:
                 meta=np.array(json.dumps(self.meta, default=str)),
                 source=self.source.astype(np.uint64),
                 ood_source=self.ood_source.astype(np.uint64),
+                ap=self.ap.astype(np.float32),
             )
         return p
 
@@ -195,12 +223,17 @@ def query_record(
             f"`neighbors` must be [{n}, k >= 1] neighbour ids, got shape {tuple(neighbors.shape)}"
         )
     neighbour = neighbors[:, 0].cpu().numpy().astype(np.int64)
+    ap = np.zeros(0, np.float32)
     if labels is None:
         label = np.full(n, -1, np.int64)
         hit = np.zeros(n, bool)
     else:
         label = labels.detach().cpu().numpy().astype(np.int64).reshape(-1)
         hit = label[neighbour] == label
+        if neighbors.shape[1] >= 5:  # each query's AP@5 (docs/concepts/metrics.rst, mAP@k)
+            y = labels.detach().cpu().reshape(-1)
+            nb = neighbors[:, :5].cpu().long()
+            ap = Fm.ap_from_hits(y[nb] == y[:, None], Fm.class_mates(y), 5).float().numpy()
     info = dict(meta or {})
     info.setdefault("labelled", labels is not None)
     ood = _numpy(ood_u)
@@ -209,7 +242,7 @@ def query_record(
             raise ValueError(f"length mismatch: `{name}` has {len(ids)} entries, not {size}")
     return QueryRecord(
         _numpy(uncertainty), label, neighbour, hit, ood, _numpy(id_u), info,
-        source_ids(source), source_ids(ood_source),
+        source_ids(source), source_ids(ood_source), ap,
     )  # fmt: skip
 
 
@@ -269,6 +302,7 @@ def read_queries(path: str | os.PathLike[str]) -> QueryRecord:
                 # records written before the images' ids were kept have none
                 source=z["source"] if "source" in z.files else np.zeros(0, np.uint64),
                 ood_source=z["ood_source"] if "ood_source" in z.files else np.zeros(0, np.uint64),
+                ap=z["ap"] if "ap" in z.files else np.zeros(0, np.float32),
             )
     except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         # a truncated or foreign file: numpy's and zipfile's errors do not name it
@@ -283,6 +317,75 @@ def read_queries(path: str | os.PathLike[str]) -> QueryRecord:
         or (n and (rec.neighbour.min() < 0 or rec.neighbour.max() >= n))
         or rec.source.size not in (0, n)
         or rec.ood_source.size not in (0, rec.ood_u.size)
+        or rec.ap.size not in (0, n)
     ):
         raise ValueError(f"{str(p)!r} is not a consistent query record (array lengths / ids)")
     return rec
+
+
+#: The metrics :func:`paired_test` can recompute from two records.
+PAIRED_KEYS = ("r@1", "r_auroc", "ausc", "ood_auroc", "map@5")
+
+
+def _statistic(rec: QueryRecord, key: str) -> Any:
+    """``[w_queries, w_ood, w_id] -> values`` of ``key`` on the weighted units of ``rec``
+    (``None`` where the record cannot give it)."""
+    labelled = rec.labelled
+    if key == "r@1" and labelled:
+        f = weighted_mean(rec.hit.astype(np.float64))
+        return lambda w: f(w[0])
+    if key == "map@5" and labelled and rec.ap.size:
+        f = weighted_mean(rec.ap.astype(np.float64))
+        return lambda w: f(w[0])
+    if key == "r_auroc" and labelled and 0 < rec.hit.sum() < rec.hit.size:
+        f = weighted_auroc(rec.u, ~rec.hit)
+        return lambda w: f(w[0])
+    if key == "ausc" and labelled:
+        g = weighted_sparsification(rec.u, rec.hit)
+        return lambda w: g(w[0])["ausc"]
+    if key == "ood_auroc" and rec.ood_u.size:
+        inside = rec.id_u if rec.id_u.size else rec.u
+        scores = np.concatenate([inside, rec.ood_u]).astype(np.float64)
+        is_ood = np.concatenate([np.zeros(inside.size, bool), np.ones(rec.ood_u.size, bool)])
+        f = weighted_auroc(scores, is_ood)
+        if rec.id_u.size:  # the held-out images and the OOD images, each resampled
+            return lambda w: f(np.concatenate([w[2], w[1]], axis=1))
+        return lambda w: f(np.concatenate([w[0], w[1]], axis=1))
+    return None
+
+
+def paired_test(
+    a: QueryRecord,
+    b: QueryRecord,
+    key: str,
+    *,
+    level: float = DEFAULT_LEVEL,
+    replicates: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any] | None:
+    """``key`` of run ``a`` minus that of run ``b`` on the same queries, by a paired Poisson
+    bootstrap (:func:`bayesurl.evaluation.intervals.paired_bootstrap`): the queries (and the
+    OOD and held-out images) are resampled jointly and both metrics recomputed, so the
+    difference's interval accounts for the two estimators' errors being different but
+    correlated (DeLong's test of two AUROCs on one labelling does not apply: each estimator
+    has its own right / wrong queries).
+
+    Returns
+    -------
+    dict or None
+        As :func:`~bayesurl.evaluation.intervals.paired_bootstrap` plus ``n`` (queries), or
+        ``None`` when the records do not describe the same queries (count, classes, OOD
+        count) or cannot give ``key`` (:data:`PAIRED_KEYS`).
+    """
+    same = (
+        a.u.size == b.u.size
+        and np.array_equal(a.label, b.label)
+        and a.ood_u.size == b.ood_u.size
+        and a.id_u.size == b.id_u.size
+    )
+    fa, fb = _statistic(a, key), _statistic(b, key)
+    if not same or fa is None or fb is None:
+        return None
+    sizes = [a.u.size, a.ood_u.size, a.id_u.size]
+    out = paired_bootstrap(fa, fb, sizes, level=level, replicates=replicates, seed=seed)
+    return {**out, "n": int(a.u.size)}

@@ -34,7 +34,8 @@ import torch
 from bayesurl._checks import check_int, parse_device
 from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.distributed import launch_rank, launched_by_torchrun
-from bayesurl.evaluation import NeighborMemo
+from bayesurl.evaluation import EvaluationResult, NeighborMemo
+from bayesurl.evaluation.intervals import flat_intervals
 from bayesurl.files import format_of, write_json
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
@@ -182,8 +183,20 @@ class RunResult:
     transform: Any = field(default=None, repr=False)
     main_process: bool = field(default=True, repr=False)
 
+    def flat_metrics(self) -> dict[str, Any]:
+        """The metrics with each interval as flat fields (``<key>_low``, ``<key>_high``,
+        ``<key>_interval``, ``<key>_n``, ``<key>_over``, ``interval_level``;
+        :func:`bayesurl.evaluation.intervals.flat_intervals`) in place of ``intervals``."""
+        out = {k: v for k, v in self.metrics.items() if k != "intervals"}
+        out.update(flat_intervals(self.metrics.get("intervals") or {}))
+        return out
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready record (without ``outputs``)."""
+        """JSON-ready record (without ``outputs``); the metrics' intervals as flat fields, their
+        notes (:mod:`bayesurl.evaluation.notes`) under ``metrics["caveats"]``."""
+        metrics = self.flat_metrics()
+        if hasattr(self.metrics, "caveats"):
+            metrics["caveats"] = [n.text for n in self.metrics.caveats]
         return {
             "format": RESULT_FORMAT,
             "estimator": self.estimator,
@@ -191,7 +204,7 @@ class RunResult:
             "split": self.split,
             "seed": self.seed,
             "preset": self.preset,
-            "metrics": self.metrics,
+            "metrics": metrics,
             "settings": self.settings,
             "timings": self.timings,
             "fit": self.fit,
@@ -203,7 +216,7 @@ class RunResult:
     def record(self) -> dict[str, Any]:
         """One flat row for sweep tables: ``estimator``, ``seed``, ``error``, metrics, times."""
         row: dict[str, Any] = {"estimator": self.estimator, "seed": self.seed, "error": self.error}
-        row.update({k: v for k, v in self.metrics.items() if k not in ("notes",)})
+        row.update({k: v for k, v in self.flat_metrics().items() if k not in ("notes",)})
         row.update(
             train_time=self.timings.get("train_time"),
             eval_time=self.timings.get("eval"),
@@ -702,7 +715,8 @@ def evaluate_checkpoint(
         seed=seed,
         **evaluate_kwargs,
     )
-    return {"method": method.name, "checkpoint": str(p), "dataset": data.name, **res}
+    head = {"method": method.name, "checkpoint": str(p), "dataset": data.name}
+    return EvaluationResult({**head, **res}, caveats=getattr(res, "caveats", ()))
 
 
 def train(

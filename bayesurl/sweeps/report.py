@@ -2,7 +2,10 @@
 
 One report for every sweep: the standard split is a sweep over K = 1 split. The intervals
 are over the class splits (each split's mean over its seeds) when the runs span two or more
-splits, otherwise over the runs (the seeds) -- :func:`observation_unit`.
+splits, otherwise over the runs (the seeds) -- :func:`observation_unit`; an estimator with a
+single run keeps that run's own intervals over its queries
+(:mod:`bayesurl.evaluation.intervals`). A column's best is marked only where a paired test
+separates it from the runner-up (:func:`best_marks`).
 :func:`write_results` writes every run's record, the per-estimator means with t-intervals,
 the paired comparison against CE and the split-half reproducibility
 (:mod:`bayesurl.sweeps.aggregate`); :func:`results_table` prints the table,
@@ -25,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from bayesurl.data.class_splits import tuning_leaks
+from bayesurl.evaluation.intervals import DEFAULT_LEVEL, read_interval
 from bayesurl.evaluation.table import Column, metric_column, metric_columns
 from bayesurl.files import atomic_open, format_of, write_json
 from bayesurl.runs.config import DEFAULT_RECIPE_FILE
+from bayesurl.runs.queries import PAIRED_KEYS, QueryRecord, paired_test, read_queries
 from bayesurl.sweeps.aggregate import (
     chance_test,
     complementary_pairs,
@@ -37,15 +42,20 @@ from bayesurl.sweeps.aggregate import (
 )
 
 __all__ = [
+    "BEST_ALPHA",
     "FREE_BASELINES",
     "REPORT_METRICS",
     "REPRO_METRICS",
     "RESULTS_FORMAT",
     "RUN_COLUMNS",
     "best_free_baseline",
+    "best_marks",
     "format_stat",
+    "interval_caption",
+    "mark_legend",
     "jsonable",
     "observation_unit",
+    "plot_over",
     "plot_results",
     "plot_title",
     "plot_training_curves",
@@ -156,14 +166,46 @@ def summarize_runs(
     records: Sequence[Mapping[str, Any]], keys: Sequence[str] | None = None
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """:func:`~bayesurl.sweeps.aggregate.summarize` of every column of :func:`report_columns`
-    (or ``keys``) over the :func:`observation_unit` of ``records``."""
+    (or ``keys``) over the :func:`observation_unit` of ``records``.
+
+    Each entry also says which interval ``low`` / ``high`` are: ``interval`` (``"t"`` over
+    the runs or splits, or the per-query method of an estimator's single run: ``"wilson"``,
+    ``"delong"``, ``"bootstrap"``), ``interval_n`` (its units) and ``interval_over`` (what
+    they are). A single run without its own interval (a time column, or a record written
+    before runs kept one) has ``low = high = None``.
+    """
     recs = _with_split(records)
     keys = [c.key for c in report_columns()] if keys is None else list(keys)
-    return summarize(recs, keys, unit=observation_unit(recs))
+    unit = observation_unit(recs)
+    summ = summarize(recs, keys, unit=unit)
+    ok = [r for r in recs if r.get("error") is None]
+    for name, row in summ.items():
+        mine = [r for r in ok if r.get("method", r.get("estimator")) == name]
+        for key in keys:
+            st = row.get(key)
+            if not isinstance(st, dict) or st.get("mean") is None:
+                continue
+            with_value = [r for r in mine if r.get(key) is not None]
+            if len(with_value) == 1 and st["n"] == 1:
+                iv = read_interval(with_value[0], key)
+                st.update(low=None, high=None, interval=None, interval_n=None, interval_over=None)
+                if iv is not None:
+                    st.update(
+                        low=iv.low, high=iv.high, interval=iv.method, interval_n=iv.n,
+                        interval_over=iv.over, level=iv.level,
+                    )  # fmt: skip
+            else:
+                st.update(
+                    interval="t", interval_n=st["n"], interval_over=UNIT_WORDS[unit],
+                    level=DEFAULT_LEVEL,
+                )  # fmt: skip
+    return summ
 
 
 def format_stat(stat: Mapping[str, Any], key: str | Column) -> str:
-    """``"0.512 +- 0.010"``: mean +- sd with the column's digits (``"n/a"`` without a mean).
+    """``"0.512 +- 0.010"``: the mean and the half-width of its interval (the larger side of an
+    asymmetric one), with the column's digits; the mean alone without a finite interval;
+    ``"n/a"`` without a mean.
 
     ``key`` is a :class:`~bayesurl.evaluation.table.Column` or the key of one of
     :func:`report_columns` (3 digits for another key).
@@ -172,40 +214,196 @@ def format_stat(stat: Mapping[str, Any], key: str | Column) -> str:
     mean = stat.get("mean")
     if mean is None:
         return "n/a"
-    spread = stat.get("sd", stat.get("std"))
+    half = _half_width(stat)
     s = col.format(mean)
-    return s if spread is None else f"{s} +- {col.format(spread)}"
+    return s if half is None else f"{s} +- {col.format(half)}"
+
+
+def _half_width(stat: Mapping[str, Any]) -> float | None:
+    lo, hi, m = stat.get("low"), stat.get("high"), stat.get("mean")
+    if lo is None or hi is None or m is None:
+        return None
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    return max(float(m) - float(lo), float(hi) - float(m))
 
 
 def _column(key: str) -> Column:
     return next((c for c in report_columns() if c.key == key), Column(key, key))
 
 
-def results_table(records: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) -> str:
-    """The sweep's table: one row per estimator, mean +- sd of every shown column.
+def interval_caption(
+    summary: Mapping[str, Mapping[str, Any]],
+    columns: Sequence[Column] | None = None,
+    lead: str = "mean +- half-width of its ",
+) -> str:
+    """What the intervals of ``summary`` are, in words, with their n (the tables' header),
+    after ``lead``."""
+    cols = list(report_columns(shown=True) if columns is None else columns)
+    per_query: dict[str, set[int]] = {}
+    t_units: dict[str, set[int]] = {}
+    for row in summary.values():
+        for c in cols:
+            st = row.get(c.key)
+            if not isinstance(st, Mapping) or st.get("interval") is None:
+                continue
+            if st["interval"] == "t":
+                t_units.setdefault(str(st["interval_over"]), set()).add(int(st["interval_n"]))
+            else:
+                what = str(st.get("interval_over") or "queries")
+                per_query.setdefault(what, set()).add(int(st["interval_n"]))
+    parts = []
+    if per_query:
+        counts = "; ".join(f"{_ns(n)} {what}" for what, n in per_query.items())
+        parts.append(
+            "95 % interval over the queries of the one run (R@1: Wilson, AUROCs: DeLong, "
+            f"AUSC / ECE / mAP: bootstrap; n = {counts})"
+        )
+    for what, n in t_units.items():
+        parts.append(f"95 % Student-t interval over the {what} (n = {_ns(n)})")
+    if not parts:
+        return "no intervals (single runs without per-query intervals)"
+    return lead + "; ".join(parts)
 
-    Over the seeds on the standard split, over the class splits' seed means otherwise
-    (:func:`observation_unit`); a column no estimator measured is left out; failed runs are
+
+def _ns(values: set[int]) -> str:
+    v = sorted(values)
+    return str(v[0]) if len(v) == 1 else f"{v[0]}-{v[-1]}"
+
+
+#: Significance level of the paired tests that decide a column's mark (two-sided).
+BEST_ALPHA = 0.05
+
+
+def _record_of(folder: Path | None, rec: Mapping[str, Any]) -> QueryRecord | None:
+    """The per-query record of the run ``rec`` in ``folder`` (``<estimator>[_split<k>]_s<seed>
+    .npz``), or ``None``."""
+    if folder is None:
+        return None
+    name, seed, split = rec.get("method", rec.get("estimator")), rec.get("seed"), rec.get("split")
+    for stem in (f"{name}_split{split}_s{seed}", f"{name}_s{seed}"):
+        p = Path(folder) / f"{stem}.npz"
+        if p.is_file():
+            try:
+                return read_queries(p)
+            except ValueError:
+                return None
+    return None
+
+
+def best_marks(
+    records: Sequence[Mapping[str, Any]],
+    summary: Mapping[str, Mapping[str, Any]] | None = None,
+    queries: str | os.PathLike[str] | None = None,
+    *,
+    columns: Sequence[Column] | None = None,
+    replicates: int = 1000,
+) -> dict[str, dict[str, Any]]:
+    """Per metric column: its best estimator, the runner-up, and whether a paired test
+    separates them (time columns are never marked).
+
+    - Both with two or more runs on the same (split, seed): the paired t-test of
+      :func:`~bayesurl.sweeps.aggregate.paired_comparison` over those runs, separated at
+      p < :data:`BEST_ALPHA` (two-sided).
+    - Both with one run: a paired bootstrap over the same queries
+      (:func:`bayesurl.runs.queries.paired_test` on their per-query records in ``queries``),
+      separated where the 95 % interval of the difference excludes 0. Only the metrics a
+      record gives (:data:`bayesurl.runs.queries.PAIRED_KEYS`) are tested.
+    - Otherwise no test, no mark.
+
+    Returns
+    -------
+    dict
+        ``{key: {"best", "runner_up", "separated", "test" (words, ``None``: not tested),
+        "diff", "low", "high", "p", "n"}}`` for every column with two estimators or more.
+    """
+    recs = [r for r in _with_split(records) if r.get("error") is None]
+    summ = summarize_runs(recs) if summary is None else summary
+    cols = list(report_columns(shown=True, runs=False) if columns is None else columns)
+    folder = None if queries is None else Path(queries)
+    out: dict[str, dict[str, Any]] = {}
+    for c in cols:
+        means = {
+            n: row[c.key]["mean"]
+            for n, row in summ.items()
+            if isinstance(row.get(c.key), Mapping) and row[c.key].get("mean") is not None
+        }
+        if len(means) < 2:
+            continue
+        ranked = sorted(means, key=lambda n: means[n], reverse=c.higher_is_better)
+        best, second = ranked[0], ranked[1]
+        entry: dict[str, Any] = {
+            "best": best, "runner_up": second, "separated": False, "test": None,
+            "diff": None, "low": None, "high": None, "p": None, "n": None,
+        }  # fmt: skip
+        mine = [r for r in recs if r.get("method", r.get("estimator")) in (best, second)]
+        runs = {n: [r for r in mine if _name_of(r) == n and r.get(c.key) is not None]
+                for n in (best, second)}  # fmt: skip
+        if min(len(v) for v in runs.values()) >= 2:
+            try:
+                row = paired_comparison(
+                    mine, c.key, reference=second, higher_is_better=c.higher_is_better
+                )[best]
+            except ValueError:
+                row = {}
+            if row.get("p_t") is not None:
+                entry.update(
+                    test=f"paired t-test over {row['n']} runs", diff=row["mean_diff"],
+                    low=row["low"], high=row["high"], p=row["p_t"], n=row["n"],
+                    separated=bool(row["p_t"] < BEST_ALPHA and row["mean_diff"] > 0),
+                )  # fmt: skip
+        elif max(len(v) for v in runs.values()) == 1 and c.key in PAIRED_KEYS:
+            a, b = (_record_of(folder, runs[n][0]) for n in (best, second))
+            res = None if a is None or b is None else paired_test(
+                a, b, c.key, replicates=replicates
+            )  # fmt: skip
+            if res is not None:
+                sign = 1.0 if c.higher_is_better else -1.0
+                lo, hi = sorted((sign * res["low"], sign * res["high"]))
+                entry.update(
+                    test=f"paired bootstrap over the same {res['n']} queries",
+                    diff=sign * res["diff"], low=lo, high=hi, p=res["p"], n=res["n"],
+                    separated=bool(lo > 0),
+                )  # fmt: skip
+        out[c.key] = entry
+    return out
+
+
+def _name_of(rec: Mapping[str, Any]) -> str:
+    return str(rec.get("method", rec.get("estimator")))
+
+
+def results_table(
+    records: Sequence[Mapping[str, Any]],
+    settings: Mapping[str, Any],
+    *,
+    queries: str | os.PathLike[str] | None = None,
+    best: Mapping[str, Mapping[str, Any]] | None = None,
+) -> str:
+    """The sweep's table: one row per estimator, each shown column's mean +- the half-width
+    of its 95 % interval (:func:`summarize_runs`; the header says which interval and its n).
+
+    A column's best is marked ``*`` only where a paired test separates it from the runner-up
+    (``best``, else :func:`best_marks` with the per-query records in ``queries``); the
+    legend names the test. A column no estimator measured is left out; failed runs are
     counted in the row and listed below.
     """
     summ = summarize_runs(records)
     names = list(summ)
-    unit = observation_unit(_with_split(records))
     cols = [
         c
         for c in report_columns(shown=True)
         if any(summ[n][c.key]["mean"] is not None for n in names)
     ]
+    marks = dict(best_marks(records, summ, queries) if best is None else best)
     head = ["estimator", *(c.title for c in cols)]
-    # the best mean of each column, in the direction its metric declares (one estimator: none)
-    best = {c.key: c.best(summ[n][c.key]["mean"] for n in names) for c in cols}
-    marked = len(names) > 1 and any(v is not None for v in best.values())
     rows = []
     for n in names:
         row = [n]
         for c in cols:
             cell = format_stat(summ[n][c.key], c)
-            top = marked and best[c.key] is not None and summ[n][c.key]["mean"] == best[c.key]
+            m = marks.get(c.key) or {}
+            top = bool(m.get("separated")) and m.get("best") == n
             row.append(cell + (" *" if top else "  "))
         if summ[n]["_runs"]["failed"]:
             row[0] += f" ({summ[n]['_runs']['failed']} failed)"
@@ -224,18 +422,14 @@ def results_table(records: Sequence[Mapping[str, Any]], settings: Mapping[str, A
         f"bayesurl benchmark: preset {s.get('preset')}, data {s.get('dataset')}, "
         f"seeds {seeds}"
         + (f", {len(splits)} class splits" if isinstance(splits, list) else "")
-        + f", device {s.get('device')}; mean +- sd over the {UNIT_WORDS[unit]}",
+        + f", device {s.get('device')}",
+        interval_caption(summ, cols),
         fmt(head),
         fmt(["-" * w for w in widths]),
         *(fmt(r) for r in rows),
     ]
-    if marked:
-        lower = [c.title for c in cols if not c.higher_is_better]
-        lines.append(
-            "*: the best mean of the column (higher is better"
-            + (f"; lower for {', '.join(lower)}" if lower else "")
-            + ")"
-        )
+    if len(names) > 1:
+        lines += mark_legend(marks, cols)
     if any(c.key == "ece" for c in cols) and any(summ[n]["ece"]["mean"] is None for n in names):
         lines.append(
             "ECE n/a: the estimator has only a scalar u (no distribution to sample; see the "
@@ -243,24 +437,75 @@ def results_table(records: Sequence[Mapping[str, Any]], settings: Mapping[str, A
         )
     free = best_free_baseline(summ)
     if free is not None:
-        ref = summ[free]["r_auroc"]["mean"]
-        above = [
-            f"{m} {summ[m]['r_auroc']['mean']:.3f}"
-            for m in names
-            if m not in FREE_BASELINES
-            and summ[m]["r_auroc"]["mean"] is not None
-            and summ[m]["r_auroc"]["mean"] > ref
-        ]
-        lines.append(
-            f"R-AUROC above the best free baseline ({free} {ref:.3f}): "
-            f"{', '.join(above) or 'none'} (means; the paired tests are in results.json)"
-        )
+        lines.append(_free_baseline_line(records, summ, free, queries))
     lines += [
         f"FAILED {r.get('method', r.get('estimator'))} seed {r.get('seed')}: {r['error']}"
         for r in records
         if r.get("error")
     ]
     return "\n".join(lines)
+
+
+def mark_legend(
+    marks: Mapping[str, Mapping[str, Any]], cols: Sequence[Column], mark: str = "*"
+) -> list[str]:
+    """The lines saying what ``*`` (the report: bold) means, which test decided it, and where
+    there is none (``marks``: :func:`best_marks`)."""
+    title = {c.key: c.title for c in cols}
+    tests = sorted({str(m["test"]) for m in marks.values() if m.get("test")})
+    shown = [k for k in title if k in marks]
+    if not shown:
+        return []
+    lower = [c.title for c in cols if not c.higher_is_better and c.key in marks]
+    line = (
+        f"{mark}: the best of the column (higher is better"
+        + (f"; lower for {', '.join(lower)}" if lower else "")
+        + "), ahead of the runner-up beyond noise"
+        + (f" by a {' / '.join(tests)} (95 %)" if tests else "")
+    )
+    out = [line]
+    tied = [title[k] for k in shown if marks[k].get("test") and not marks[k]["separated"]]
+    untested = [title[k] for k in shown if not marks[k].get("test")]
+    if tied:
+        out.append(f"  no mark, the best not separated from the runner-up: {', '.join(tied)}")
+    if untested:
+        out.append(
+            f"  no mark, no paired test (its per-query data are not kept): {', '.join(untested)}"
+        )
+    return out
+
+
+def _free_baseline_line(
+    records: Sequence[Mapping[str, Any]],
+    summ: Mapping[str, Mapping[str, Any]],
+    free: str,
+    queries: str | os.PathLike[str] | None,
+) -> str:
+    """The estimators whose R-AUROC is above the best free baseline's, each said separated or
+    not by the paired test of :func:`best_marks` (one pair at a time)."""
+    ref = summ[free]["r_auroc"]["mean"]
+    above = [
+        m
+        for m in summ
+        if m not in FREE_BASELINES
+        and summ[m]["r_auroc"]["mean"] is not None
+        and summ[m]["r_auroc"]["mean"] > ref
+    ]
+    col = metric_column("r_auroc")
+    said, tests = [], set()
+    for m in above:
+        pair = {k: v for k, v in summ.items() if k in (m, free)}
+        mark = best_marks(records, pair, queries, columns=[col]).get("r_auroc", {})
+        if mark.get("test"):
+            tests.add(str(mark["test"]).split(" over ")[0])
+            how = "separated" if mark["separated"] else "not separated"
+        else:
+            how = "not tested"
+        said.append(f"{m} {summ[m]['r_auroc']['mean']:.3f} ({how})")
+    by = f"; by a {' / '.join(sorted(tests))}, 95 %" if tests else ""
+    return (
+        f"R-AUROC above the best free baseline ({free} {ref:.3f}): {', '.join(said) or 'none'}{by}"
+    )
 
 
 def plot_title(settings: Mapping[str, Any]) -> str:
@@ -367,6 +612,8 @@ def write_results(
         "verdict": None if check["ok"] else check["line"],
         "runs": jsonable([dict(r) for r in records]),
         "summary": jsonable(summary),
+        "intervals": interval_caption(summary),
+        "best": jsonable(best_marks(recs, summary, folder / "queries")),
         **{f"paired_vs_{reference}{s}": jsonable(p) for s, p in paired.items()},
         "vs_chance": jsonable(vs_chance),
         "best_free_baseline": free,
@@ -376,7 +623,10 @@ def write_results(
     }
     paths = {"json": folder / "results.json", "csv": folder / "results.csv"}
     write_json(paths["json"], doc)
-    cols = ["method", "split", "seed", "error", *keys]
+    # each metric beside its interval (flat fields of bayesurl.evaluation.intervals)
+    have = {k for r in recs for k in r}
+    cols = ["method", "split", "seed", "error"]
+    cols += [k + x for k in keys for x in _INTERVAL_FIELDS if not x or k + x in have]
     cols += sorted(
         {k for r in recs for k in r}
         - set(cols)
@@ -392,12 +642,16 @@ def write_results(
             )
     title = plot_title(settings)
     paths["png"] = plot_results(
-        summary, folder / "recall_vs_rauroc.png", title=title, over=UNIT_WORDS[unit]
+        summary, folder / "recall_vs_rauroc.png", title=title, over=plot_over(summary, unit)
     )
     curves = plot_training_curves(recs, folder / "training_curves.png", title=title)
     if curves is not None:
         paths["curves"] = curves
     return paths
+
+
+#: The suffixes of a metric's interval fields in a record (``""``: the metric itself).
+_INTERVAL_FIELDS = ("", "_low", "_high", "_interval", "_n", "_over")
 
 
 def _paired(recs: Sequence[Mapping[str, Any]]) -> bool:
@@ -410,6 +664,20 @@ def _paired(recs: Sequence[Mapping[str, Any]]) -> bool:
     return len(units) >= 2 and len(units) < len(pair_of)
 
 
+def plot_over(summary: Mapping[str, Mapping[str, Any]], unit: str) -> str:
+    """What the plot's R-AUROC intervals are over (``over`` of :func:`plot_results`)."""
+    kinds = {
+        (st.get("interval"), st.get("interval_n"))
+        for row in summary.values()
+        for st in [row.get("r_auroc")]
+        if isinstance(st, Mapping) and st.get("interval") is not None
+    }
+    if kinds and all(k != "t" for k, _ in kinds):
+        ns = sorted({int(n) for _, n in kinds})
+        return f"the {ns[0] if len(ns) == 1 else f'{ns[0]}-{ns[-1]}'} queries, DeLong"
+    return f"{UNIT_WORDS[unit]}, Student-t"
+
+
 def plot_results(
     summary: Mapping[str, Mapping[str, Any]],
     path: str | os.PathLike[str],
@@ -417,9 +685,10 @@ def plot_results(
     title: str = "",
     over: str = "class splits",
 ) -> Path:
-    """R@1 against R-AUROC per estimator with their 95 % t-intervals (URL Fig. 2 style).
+    """R@1 against R-AUROC per estimator with their 95 % intervals (URL Fig. 2 style).
 
-    Intervals (over ``over``: the class splits or the runs) are drawn clipped to ``[0, 1]``
+    Intervals (over ``over``: the class splits or the runs, or one run's queries) are drawn
+    clipped to ``[0, 1]``
     (both metrics live there; with 4 splits the t-interval's factor is 3.18 and can reach
     past the range); one observation draws the point alone. Each estimator gets its own
     colour and marker, named in a legend beside the axes; the dashed line marks R-AUROC = 0.5
@@ -468,7 +737,7 @@ def plot_results(
         pad = 0.02
         ax.set_xlim(max(min(xs) - pad, 0.0), min(max(xs) + pad, 1.0))
         ax.set_ylim(max(min(ys) - pad, 0.0), min(max(ys) + pad, 1.0))
-    ax.set_xlabel(f"{titles['r_auroc']} (downstream, mean and 95 % t-interval over {over})")
+    ax.set_xlabel(f"{titles['r_auroc']} (downstream, mean and 95 % interval over {over})")
     ax.set_ylabel(f"{titles['r@1']} (downstream)")
     ax.set_title(f"bayesurl benchmark {title}".strip())
     ax.grid(alpha=0.3)

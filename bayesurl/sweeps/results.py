@@ -17,9 +17,9 @@ from typing import Any
 from bayesurl.files import read_json_document
 from bayesurl.sweeps.report import (
     RESULTS_FORMAT,
-    UNIT_WORDS,
     format_stat,
     observation_unit,
+    plot_over,
     plot_results,
     results_table,
     summarize_runs,
@@ -79,14 +79,22 @@ class SweepResults:
         return summarize_runs(self.runs)
 
     def table(self) -> str:
-        """The benchmark table (:func:`~bayesurl.sweeps.report.results_table`)."""
-        return results_table(self.runs, self.settings)
+        """The benchmark table (:func:`~bayesurl.sweeps.report.results_table`), its marks
+        tested on the per-query records written beside the results (once saved)."""
+        return results_table(self.runs, self.settings, queries=self.queries_folder())
+
+    def queries_folder(self) -> Path | None:
+        """The folder of the runs' per-query records (``None`` before the results are
+        written)."""
+        where = self.paths.get("json")
+        return None if where is None else Path(where).parent / "queries"
 
     def plot(self, path: str | os.PathLike[str]) -> Path:
         """R@1 against R-AUROC with the intervals (:func:`~bayesurl.sweeps.report.plot_results`)."""
-        over = UNIT_WORDS[observation_unit(self.runs)]
+        summary = self.summary()
         title = str(self.settings.get("preset", ""))
-        return plot_results(self.summary(), path, title=title, over=over)
+        over = plot_over(summary, observation_unit(self.runs))
+        return plot_results(summary, path, title=title, over=over)
 
     def save(self, out: str | os.PathLike[str]) -> dict[str, Path]:
         """Write the sweep report into ``out`` (:func:`~bayesurl.sweeps.report.write_results`)."""

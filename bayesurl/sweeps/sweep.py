@@ -762,6 +762,8 @@ class _Sweep:
             "recipe": recipe,
             "preset": p.name,
             "plan": {**asdict(p), "storage": p.storage.value},
+            # a smoke-scale preset's warning, for every display of the results (the report)
+            "notice": smoke_notice(p, recipe),
             "overrides": [o if isinstance(o, str) else f"{o[0]}={o[1]!r}" for o in opts.overrides],
             "estimators": list(dict.fromkeys(r.get("estimator", r.get("method")) for r in records))
             or self.names,

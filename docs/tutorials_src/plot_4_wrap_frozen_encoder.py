@@ -86,29 +86,45 @@ with torch.no_grad():
         emb, u = w(x_test)
         assert torch.equal(emb, emb_before)  # the embedding is untouched
         u_test[name], u_ood[name] = u, w(x_ood).uncertainty
-        results[name] = bayesurl.evaluate(
+        results[name] = res = bayesurl.evaluate(
             emb, y_test, uncertainties=u, ood_uncertainties=u_ood[name]
         )
-        print(
-            f"{name:8s} R@1 {results[name]['r@1']:.3f}  R-AUROC {results[name]['r_auroc']:.3f}  "
-            f"OOD AUROC {results[name]['ood_auroc']:.3f}"
-        )
+        # each metric with its 95 % interval over the queries, then the notes on this u
+        print(f"{name:8s} {res.describe(['r@1', 'r_auroc', 'ood_auroc'])}")
 # the docs build checks the figures of this page: the frozen encoder retrieves well and PVU's
 # u ranks its failures better than chance
 assert 0.75 <= results["pvu"]["r@1"] <= 0.88, f"R@1 {results['pvu']['r@1']:.3f}"
 assert 0.55 <= results["pvu"]["r_auroc"] <= 0.70, f"R-AUROC {results['pvu']['r_auroc']:.3f}"
+assert results["pvu"]["intervals"]["r_auroc"].low > 0.5  # beyond the queries' noise
+# a u whose OOD AUROC interval lies below 0.5 carries the "inverted" note, printed above
+for n, res in results.items():
+    inverted = res["intervals"]["ood_auroc"].high < 0.5
+    assert ("inverted_ood_auroc" in {c.kind for c in res.caveats}) == inverted, n
 
 # %%
 # Compare
 # -------
 # R@1 is the same for all three (same embeddings); what differs is how well ``u(x)`` ranks
-# the retrieval failures (R-AUROC) and separates foreign images (OOD AUROC). Right: the
-# distribution of each ``u`` on test and OOD images, on a rank scale so that they compare.
+# the retrieval failures (R-AUROC) and separates foreign images (OOD AUROC). Left: both
+# AUROCs with their 95 % intervals; a bar whose interval reaches below the dashed line is a u
+# at chance or inverted there -- the notes printed above name each one (post-hoc u fitted on
+# the upstream classes need not rank foreign images right). Right: the distribution of each
+# ``u`` on test and OOD images, on a rank scale so that they compare.
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
 names = list(results)
 pos = torch.arange(len(names), dtype=torch.float64)
-ax1.bar(pos - 0.2, [results[n]["r_auroc"] for n in names], 0.4, label="R-AUROC")
-ax1.bar(pos + 0.2, [results[n]["ood_auroc"] for n in names], 0.4, label="OOD AUROC")
+
+
+def bars(key: str) -> tuple[list[float], list[list[float]]]:
+    """The AUROC of each wrapper and its interval as error-bar lengths."""
+    v = [results[n][key] for n in names]
+    ivs = [results[n]["intervals"][key] for n in names]
+    return v, [[x - iv.low for x, iv in zip(v, ivs)], [iv.high - x for x, iv in zip(v, ivs)]]
+
+
+for shift, key, label in ((-0.2, "r_auroc", "R-AUROC"), (0.2, "ood_auroc", "OOD AUROC")):
+    v, err = bars(key)
+    ax1.bar(pos + shift, v, 0.4, yerr=err, capsize=3, label=label)
 ax1.axhline(0.5, color="k", lw=0.8, ls="--")
 ax1.set_xticks(pos.tolist(), names)
 ax1.set(ylim=(0, 1), title="post-hoc u(x) on a frozen encoder")

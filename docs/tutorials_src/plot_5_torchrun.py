@@ -155,12 +155,15 @@ res_sharded = bayesurl.evaluate(o.embedding, y_test[lo:hi], uncertainties=o.unce
 record = {"rank": info.rank, "world_size": info.world_size, "backend": info.backend,
           "n_local": len(loader.dataset) if info.world_size == 1 else len(list(loader.sampler)),
           "losses": res.losses, "n_eval_rows": hi - lo,
-          "metrics": {k: v for k, v in res_sharded.items() if isinstance(v, float)}}
+          "metrics": {k: v for k, v in res_sharded.items() if isinstance(v, float)},
+          "intervals": {k: list(v) for k, v in res_sharded["intervals"].items()}}
 # for this page only: gather everything on rank 0 and compare with one process
 emb, u = D.all_gather_tensors(o.embedding), D.all_gather_tensors(o.uncertainty)
 if D.is_main_process():
     one = bayesurl.evaluate(emb, y_test, uncertainties=u)
     record["one_process"] = {k: v for k, v in one.items() if isinstance(v, float)}
+    record["one_process_intervals"] = {k: list(v) for k, v in one["intervals"].items()}
+    record["one_process_line"] = one.describe(["r@1", "r_auroc", "ausc", "map@5"])
 with open(f"{out}/rank{info.rank}.json", "w") as f:
     json.dump(record, f)
 D.cleanup()
@@ -201,6 +204,9 @@ for r in ranks:
     print(f"rank {r['rank']} sharded:", {k: round(r["metrics"][k], 4) for k in keys})
 print("one process:     ", {k: round(ranks[0]["one_process"][k], 4) for k in keys})
 assert all(r["metrics"] == ranks[0]["one_process"] for r in ranks)  # identical, ties included
+# the 95 % intervals over the queries too, the bootstrap's included (seeded, gathered data)
+print("with intervals:  ", ranks[0]["one_process_line"])
+assert all(r["intervals"] == ranks[0]["one_process_intervals"] for r in ranks)
 # the docs build checks the figure: 24 steps learn embeddings well above chance (0.2)
 r1 = ranks[0]["one_process"]["r@1"]
 assert 0.5 <= r1 <= 0.72, f"R@1 {r1:.3f} outside [0.5, 0.72]"

@@ -36,7 +36,7 @@ def test_bayesurl_run_under_torchrun_two_ranks(tmp_path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count(f"{RECIPE.replace('/', '.')}") <= 1  # rank 0 alone reports
-    assert proc.stdout.count("r@1=") == 1, proc.stdout
+    assert sum(ln.startswith("  R@1 ") for ln in proc.stdout.splitlines()) == 1, proc.stdout
     res = json.loads((out / "result.json").read_text())
     assert res["settings"]["world_size"] == 2 and res["settings"]["config"]["device"] == "cpu"
     # the same model evaluated in one process: every metric identical (ECE included)

@@ -93,6 +93,16 @@ def run_case(name: str, d: dict[str, torch.Tensor], rows: slice, ood_rows: slice
     )
 
 
+def plain(res) -> dict:
+    """A result as plain data (torch.load with weights_only=True): its intervals as lists, its
+    caveats (the notes of bayesurl.evaluation.notes) as their text."""
+    return {
+        **res,
+        "intervals": {k: list(v) for k, v in res["intervals"].items()},
+        "caveats": [n.text for n in res.caveats],
+    }
+
+
 def worker(
     rank: int, sizes: list[int], ood_sizes: list[int], ring_rows: int, port: int, out: str
 ) -> None:
@@ -113,7 +123,9 @@ def worker(
         rows = slice(lo, lo + sizes[rank])
         o = sum(ood_sizes[:rank])
         ood_rows = slice(o, o + ood_sizes[rank])
-        results = {name: run_case(name, d, rows, ood_rows, distributed=True) for name in CASES}
+        results = {
+            name: plain(run_case(name, d, rows, ood_rows, distributed=True)) for name in CASES
+        }
         nbs = {k: knn_sharded(d["x"][rows], k, chunk_size=3)[1] for k in (1, 4)}
         # bad input on the last rank only: every rank raises (none waits in a collective)
         bad = d["x"][rows].clone()

@@ -113,3 +113,57 @@ def test_missing_array_and_file(tmp_path, arrays, capsys) -> None:
     (tmp_path / "junk.npz").write_text("not a zip")
     assert main(["evaluate", str(tmp_path / "junk.npz")]) != 0
     assert "junk.npz" in capsys.readouterr().err
+
+
+def _informative(n: int = 1000, seed: int = 0) -> dict:
+    """R@1 about 0.8 with a u that rises on the hard queries (their noise), and OOD inputs
+    noisier still: R-AUROC and OOD AUROC well above 0.5."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 10, n)
+    noise = rng.uniform(0.3, 1.6, n)
+    x = rng.normal(size=(10, 16))[y] + noise[:, None] * rng.normal(size=(n, 16))
+    return {
+        "embeddings": x.astype(np.float32),
+        "labels": y,
+        "uncertainties": noise,
+        "ood_uncertainties": rng.uniform(1.2, 2.0, 300),
+    }
+
+
+@pytest.mark.parametrize(
+    "how, kinds",
+    [
+        ("as is", set()),
+        ("negated", {"inverted_r_auroc", "inverted_ood_auroc"}),
+        ("random", {"chance_r_auroc", "chance_ood_auroc"}),
+    ],
+)
+def test_evaluate_prints_the_intervals_and_the_chance_and_inverted_notes(
+    tmp_path, capsys, how, kinds
+) -> None:
+    a = _informative()
+    if how == "negated":
+        a["uncertainties"], a["ood_uncertainties"] = -a["uncertainties"], -a["ood_uncertainties"]
+    elif how == "random":
+        rng = np.random.default_rng(7)
+        a["uncertainties"] = rng.random(a["uncertainties"].size)
+        a["ood_uncertainties"] = rng.random(a["ood_uncertainties"].size)
+    out = tmp_path / "m.json"
+    assert main(["evaluate", write(tmp_path / "a.npz", **a), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    # each AUROC beside its interval in the table and in the JSON
+    row = next(line for line in printed.splitlines() if line.split()[:1] == ["r_auroc"])
+    assert f"[{res['r_auroc_low']:.4f}, {res['r_auroc_high']:.4f}]" in row and "delong" in row
+    assert res["r_auroc_n"] == 1000 and res["ood_auroc_n"] == 1300
+    words = {"inverted_r_auroc": "u is inverted: R-AUROC",
+             "chance_r_auroc": "u is at chance: R-AUROC",
+             "inverted_ood_auroc": "u is inverted: OOD AUROC",
+             "chance_ood_auroc": "u is at chance: OOD AUROC"}  # fmt: skip
+    for kind, text in words.items():
+        assert (f"note: {text}" in printed) == (kind in kinds), (how, kind)
+        assert any(text in c for c in res["caveats"]) == (kind in kinds)
+    if how == "negated":
+        assert res["r_auroc_high"] < 0.5 and res["ood_auroc_high"] < 0.5
+    if how == "random":
+        assert res["r_auroc_low"] <= 0.5 <= res["r_auroc_high"]

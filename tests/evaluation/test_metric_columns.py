@@ -63,7 +63,7 @@ def test_a_registered_metric_shows_in_every_table(throwaway, tmp_path, with_spli
     recs = _records(with_split)
     settings = {"preset": "t", "dataset": "d", "seeds": [0, 1]}
     # the run table of a sweep
-    head = results_table(recs, settings).splitlines()[1]
+    head = results_table(recs, settings).splitlines()[2]  # after the title and the caption
     assert "HALF" in head.split()
     assert "HALF" in SweepResults(runs=recs, settings=settings).table()
     # the sweep report (json, csv) and its HTML source
@@ -138,9 +138,10 @@ def test_the_paired_test_and_the_table_read_the_direction(lower_better):
     assert paired_comparison(recs, "miss", higher_is_better=True)["elk"]["verdict"] == "worse"
     with pytest.raises(ValueError, match="higher_is_better"):
         paired_comparison(recs, "train_time")
-    # the text table marks the best mean of each column, in its direction
+    # the text table marks the best of each column, in its direction, where the paired t-test
+    # over the three seeds separates it from the runner-up
     lines = results_table(recs, {"seeds": [0, 1, 2]}).splitlines()
-    head, rows = lines[1], {ln.split()[0]: ln for ln in lines[3:5]}
+    head, rows = lines[2], {ln.split()[0]: ln for ln in lines[4:6]}
     col = head.index("MISS")
     assert "*" in rows["elk"] and "*" not in rows["ce"]
     assert rows["elk"].rstrip().endswith("*") and len(rows["elk"]) >= col

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bayesurl.evaluation import evaluate, plots
@@ -19,7 +20,12 @@ def test_recall_vs_rauroc_and_curves(tmp_path) -> None:
     }
     fig = plots.plot_recall_vs_rauroc(res, tmp_path / "fig2.png")
     assert (tmp_path / "fig2.png").stat().st_size > 0
-    assert len(fig.axes[0].collections) == 2  # "no-u" has no R-AUROC
+    ax = fig.axes[0]
+    assert len(ax.containers) == 2  # "no-u" has no R-AUROC
+    # each point's vertical bar spans its R-AUROC interval
+    iv = res["a"]["intervals"]["r_auroc"]
+    (seg,) = ax.containers[0].lines[2][1].get_segments()  # the y bars of the first point
+    assert seg[:, 1] == pytest.approx([iv.low, iv.high])
     sp = res["a"]["sparsification"]
     plots.plot_sparsification_curve(sp["removed"], sp["r@1"], sp["oracle"], path=tmp_path / "s.png")
     rel = res["b"]["reliability"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from _sharded_worker import CASES, data, run_case, worker
+from _sharded_worker import CASES, data, plain, run_case, worker
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -46,7 +46,10 @@ def test_sharded_evaluate_equals_one_process(sizes, ood_sizes, ring_rows, tmp_pa
     n = sum(sizes)
     d = data(n=n)
     everything = slice(0, None)
-    ref = {name: run_case(name, d, everything, everything) for name in CASES}
+    ref = {name: plain(run_case(name, d, everything, everything)) for name in CASES}
+    # the intervals and the notes come along, the bootstrap's too (seeded, gathered data)
+    assert {"r@1", "r_auroc", "ausc", "ece", "ood_auroc"} <= set(ref["exact"]["intervals"])
+    assert ref["id_set"]["intervals"]["mixed_r_auroc"][3] == "delong"
     ranks = _spawn(sizes, ood_sizes, ring_rows, tmp_path)
     for name in CASES:
         for r, out in enumerate(ranks):

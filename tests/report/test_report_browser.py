@@ -213,7 +213,7 @@ def five_digits():
 def test_the_page_shows_each_metric_as_its_column_declares(five_digits, tmp_path):
     """Titles, digits and direction come from the metric table: the page's numbers are the
     text table's (Python's rounding, an exact tie such as 0.0625 included), the arrow says
-    the direction and the best mean per column is bold."""
+    the direction, and the best of a column is bold where a paired test separates it."""
     recs = []
     for name, r1, odd in (("ce", 0.0625, 0.123456), ("elk", 0.5, 0.015625), ("vmf", 0.25, 2.5)):
         for seed in range(2):
@@ -232,15 +232,18 @@ def test_the_page_shows_each_metric_as_its_column_declares(five_digits, tmp_path
         c = cols[key]
         assert title == c.title + (" \u2191" if c.higher_is_better else " \u2193")
     for row in model["rows"]:
-        for (mean, spread), key, (text, spread_text, bold) in zip(
+        for (mean, low, high, how), key, (text, spread_text, bold) in zip(
             row[1:], shown, seen["cells"][row[0]]
         ):
             c = cols[key]
             assert text == c.format(mean)  # the text table's digits, e.g. 0.0625 -> 0.062
-            if spread is not None:
-                assert spread_text == "\u00b1 " + c.format(spread)
-            best = c.best(r[1 + shown.index(key)][0] for r in model["rows"])
-            assert bold == (mean is not None and mean == best)
+            if low is not None:  # the interval beside it, in the column's digits
+                assert spread_text == f"[{c.format(low)}, {c.format(high)}]"
+                assert how.startswith("95 % Student-t interval over 2 runs")
+            # bold: the column's best, where the paired test separates it (model["marks"])
+            assert bold == (model["marks"].get(key) == row[0])
+            if bold:
+                assert mean == c.best(r[1 + shown.index(key)][0] for r in model["rows"])
     odd = [seen["cells"][n][shown.index("odd5")][0] for n in ("ce", "elk", "vmf")]
     assert odd == ["0.12346", "0.01562", "2.50000"]  # 5 digits, 1/64 tied to even as Python
     assert seen["cells"]["ce"][shown.index("r@1")][0] == "0.062"

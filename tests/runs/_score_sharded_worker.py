@@ -7,6 +7,7 @@ the uncertainties) sit on both sides of every shard border.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -136,7 +137,8 @@ def worker(rank: int, world: int, port: int, out: str, names: list[str]) -> None
             outputs = res.pop("outputs")
             res.pop("eval_time")
             saved[name] = {
-                "metrics": res,
+                # plain JSON values: torch.load(weights_only=True) refuses the result's classes
+                "metrics": json.loads(json.dumps(dict(res))),
                 "test": (outputs["test"][0].embedding, outputs["test"][0].samples),
                 "u_id": outputs["id_test"][0].uncertainty,
             }
@@ -153,7 +155,10 @@ def worker(rank: int, world: int, port: int, out: str, names: list[str]) -> None
                 seed=0,
                 progress=False,
             )
-            fitted = {"eval": r.history[-1]["eval"], "state": method.state_dict()}
+            fitted = {
+                "eval": json.loads(json.dumps(dict(r.history[-1]["eval"]))),
+                "state": method.state_dict(),
+            }
         torch.save({"results": saved, "fit": fitted}, Path(out) / f"rank{rank}.pt")
     finally:
         cleanup()

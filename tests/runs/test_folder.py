@@ -113,7 +113,9 @@ def test_command_writes_csv_and_report(tmp_path, capsys):
                  "--no-progress"])  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
-    assert "r@1=" in printed and "report" in printed
+    # each metric with its 95 % interval over the images
+    r1 = next(line for line in printed.splitlines() if line.startswith("R@1 "))
+    assert "95 % Wilson interval over" in r1 and "report" in printed
     assert (out / "uncertainty.csv").is_file() and (out / "report.html").is_file()
     assert main(["folder", str(tmp_path / "absent"), "--out", str(out)]) == 2
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import warnings
 
 import numpy as np
@@ -127,4 +128,7 @@ def test_options_and_command_know_the_new_methods(tmp_path, capsys):
                  "--backbone", "small_convnet", "--random-weights", "--batch-size", "8",
                  "--no-progress"])  # fmt: skip
     assert code == 0
-    assert "r@1=" in capsys.readouterr().out and (out / "report.html").is_file()
+    printed = capsys.readouterr().out
+    assert "R@1 " in printed and (out / "report.html").is_file()
+    assert re.search("R-AUROC +n/a +R-AUROC is undefined: all 24 queries", printed)  # all right
+    assert "ECE" not in printed and "OOD" not in printed

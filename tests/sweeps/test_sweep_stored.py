@@ -74,6 +74,7 @@ def test_stored_sweep_writes_results_and_resumes(tmp_path):
     assert rep["mean"] == pytest.approx(1.0)  # the fake's ranking is split-independent
     assert "note" in doc["reproducibility"]["r@1"] or doc["reproducibility"]["r@1"]["mean"] is None
     csv_lines = (tmp_path / "results.csv").read_text().splitlines()
+    # (these fake runs keep no intervals: no interval fields beside the metrics)
     assert csv_lines[0].startswith("method,split,seed,error,r@1,r_auroc") and len(csv_lines) == 33
     assert (tmp_path / "recall_vs_rauroc.png").stat().st_size > 10_000
     # starting again runs nothing: every run is finished
