@@ -84,6 +84,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="feature-store folder that keeps the plain features: a later run over the same "
         "images reads them instead of encoding them again (default: none kept)",
     )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the method's post-hoc wrapper, repeatable (e.g. --option "
+        "hessian_miner=hard for laplace; bayesurl.posthoc.wrap)",
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument(
         "--max-pixels",
@@ -103,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     from bayesurl.evaluation.intervals import interval_lines
     from bayesurl.evaluation.table import metric_columns
     from bayesurl.report import print_notes, try_report
-    from bayesurl.runs.folder import score_folder
+    from bayesurl.runs.config import parse_value
+    from bayesurl.runs.folder import U_MEASURED, score_folder
 
     pretrained = not args.random_weights
     if pretrained and args.backbone.lower() not in PACKAGED_WEIGHTS:
@@ -111,13 +120,23 @@ def run(args: argparse.Namespace) -> int:
             f"`--backbone` {args.backbone!r} has no packaged pretrained weights "
             f"({', '.join(PACKAGED_WEIGHTS)}): pass --random-weights to encode with random weights"
         )
+    wrapper_options = {}
+    for item in args.option:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(
+                f"`--option` expects KEY=VALUE (e.g. hessian_miner=hard), got {item!r}"
+            )
+        wrapper_options[key.strip()] = parse_value(raw)
     try:  # errors named by the flags the user typed
-        options = _options(args, pretrained)
+        options = _options(args, pretrained, wrapper_options)
         res = score_folder(args.images, out=args.out, options=options)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         raise type(exc)(name_flags(str(exc), FLAGS)) from exc
     for line in res.info["describe"]:
         print(line)
+    if options.method.value in U_MEASURED:
+        print(f"caution: {U_MEASURED[options.method.value]}")
     for path, err in res.skipped:
         print(f"skipped {path}: {err}")
     if res.metrics is not None:
@@ -152,14 +171,18 @@ FLAGS = {
     "cache": "--cache",
     "device": "--device",
     "max_pixels": "--max-pixels",
+    "wrapper_options": "--option",
 }
 
 
-def _options(args: argparse.Namespace, pretrained: bool) -> Any:
+def _options(
+    args: argparse.Namespace, pretrained: bool, wrapper_options: dict[str, Any]
+) -> Any:
     from bayesurl.runs.folder import FolderOptions
 
     return FolderOptions(
         method=args.method,
+        wrapper_options=wrapper_options,
         backbone=args.backbone,
         pretrained=pretrained,
         image_size=args.image_size,

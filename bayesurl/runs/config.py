@@ -67,6 +67,7 @@ __all__ = [
     "inherit_estimators",
     "list_recipes",
     "load_recipe",
+    "parse_value",
     "TunedSet",
     "preset_tuned",
     "tuned_sets",
@@ -484,7 +485,9 @@ def _merge(dst: dict[str, Any], src: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # -- overrides --------------------------------------------------------------------------------
-def _parse_value(raw: str) -> Any:
+def parse_value(raw: str) -> Any:
+    """A ``--set`` value: a TOML value (``5``, ``1e-3``, ``true``, ``"x"``), ``none`` / ``null``
+    for ``None``, else the bare word as a string."""
     text = raw.strip()
     if text.lower() in ("none", "null"):
         return None
@@ -501,7 +504,7 @@ def _split_override(item: str | tuple[str, Any]) -> tuple[list[str], Any]:
         if "=" not in item:
             raise ValueError(f"`--set` expects KEY=VALUE (e.g. train.epochs=5), got {item!r}")
         key, raw = item.split("=", 1)
-        value = _parse_value(raw)
+        value = parse_value(raw)
     parts = [p.strip() for p in str(key).split(".") if p.strip()]
     if not parts:
         raise ValueError(f"`--set` has an empty key in {item!r}")

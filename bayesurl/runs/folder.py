@@ -59,12 +59,13 @@ The road of ``bayesurl folder`` (:func:`score_folder`, its settings in :class:`F
 from __future__ import annotations
 
 import csv
+import inspect
 import math
 import os
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -91,6 +92,7 @@ from bayesurl.evaluation.intervals import flat_intervals, interval_lines
 from bayesurl.evaluation.knn import knn
 from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_open, format_of, write_json
+from bayesurl.posthoc.base import wrapper_class
 from bayesurl.posthoc.store import FeatureStore, FrozenEncoder, encode_batches
 from bayesurl.posthoc.wrap import wrap
 from bayesurl.runs.predict import predict
@@ -132,6 +134,17 @@ U_MEANING = {
     "gmm": "-log density of the feature under a Gaussian mixture of the other folds' features, "
     "one component per class (DDU, Mukhoti et al. 2023), or 10 k-means components in a folder "
     "without classes (in nats: negative where the density exceeds 1)",
+}
+
+
+#: What u did on labelled folders where it was measured, for a method whose u misled there: the
+#: companion page says it even when the folder has no labels to check it against.
+U_MEASURED = {
+    "laplace": "Measured on two labelled folders of 1,000 images (Open Clip Art drawings, "
+    "FashionMNIST test images) this u was inverted on both -- R-AUROC 0.32 and 0.38, higher u "
+    "on the images whose neighbour is right -- and stayed so with every Hessian pair set tried "
+    "(docs: Concepts > Laplacian metric learning, 'Which pairs enter the Hessian'). Do not "
+    "rank images by it unless labelled images of your own show R-AUROC above 0.5.",
 }
 
 
@@ -387,9 +400,10 @@ def _fit(
     batch_size: int,
     lr: float,
     generator: torch.Generator,
+    wrapper_options: Mapping[str, Any] | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """The post-hoc wrapper of ``method`` fitted on the positive pairs ``views``
-    ``[M, 2, D]`` (labels unused)."""
+    ``[M, 2, D]`` (labels unused), with ``wrapper_options`` on top of the plan's."""
     dim = views.shape[-1]
     pairs = _pair_batches(views, batch_size, generator)
     if not pairs:
@@ -398,7 +412,7 @@ def _fit(
         )
     plan = _FIT_PLANS[method]
     encoder = plan.encoder(dim)
-    wrapped = wrap(encoder, method.value, **plan.options(encoder, dim))
+    wrapped = wrap(encoder, method.value, **plan.options(encoder, dim), **(wrapper_options or {}))
     hyper = {"epochs": epochs, "lr": lr} if plan.trains else {}
     batches = pairs if plan.pairs else _stacked(pairs)
     report = wrapped.fit(batches, **plan.fit, **hyper, progress=False)
@@ -423,7 +437,7 @@ def _fold_ids(labels: Tensor | None, n: int, folds: int, generator: torch.Genera
 
 def _crossfit(
     method: FolderMethod, fx: _Features, fit_ids: set[int], labelled: bool,
-    generator: torch.Generator,
+    generator: torch.Generator, wrapper_options: Mapping[str, Any] | None = None,
 ) -> tuple[Tensor, dict[str, Any], int]:  # fmt: skip
     """u of every image from the wrapper fitted on the fit sample's features in the other
     folds (:data:`CROSSFIT_FOLDS`), so no image is scored by a density or neighbour list that
@@ -448,6 +462,7 @@ def _crossfit(
         options["k"] = min(FOLDER_K, smallest)
     elif method is FolderMethod.GMM and labels is None:
         options["components"] = max(1, min(FOLDER_COMPONENTS, smallest // MIN_POINTS["full"]))
+    options.update(wrapper_options or {})  # the user's options win over the folder's defaults
     u = torch.empty(n, dtype=fx.feats.dtype)
     reports = []
     for f, ref in enumerate(refs):
@@ -548,6 +563,11 @@ def _write_readme(
         f"## What u is ({method.value})",
         "",
         f"u = {U_MEANING[method.value]}. Higher u = less certain.",
+        *(
+            ["", f"**Caution.** {U_MEASURED[method.value]}", ""]
+            if method.value in U_MEASURED
+            else []
+        ),  # fmt: skip
         f"Over the {rec.u.size} readable images u runs from {lo:.{d}g} (median {med:.{d}g}) "
         f"to {hi:.{d}g}; `u_rank` 1 is the most uncertain image.",
         "",
@@ -604,6 +624,10 @@ class FolderOptions:
         Raise on the first unreadable image instead of skipping it.
     progress : bool
         Progress bar over the images.
+    wrapper_options : mapping, optional
+        Options of the method's post-hoc wrapper (:func:`bayesurl.posthoc.wrap`) beside the
+        ones the folder sets itself, e.g. ``{"hessian_miner": "hard"}`` for ``laplace``
+        (:class:`~bayesurl.posthoc.laplace.LaplaceWrapper`).
     cache : path-like, optional
         Folder of the frozen-feature store (:class:`bayesurl.posthoc.store.FeatureStore`) the
         plain features are kept in: a later run over the same images with the same backbone,
@@ -643,6 +667,7 @@ class FolderOptions:
     progress: bool = True
     cache: str | os.PathLike[str] | None = None
     max_pixels: int | None = DEFAULT_MAX_PIXELS
+    wrapper_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         try:
@@ -678,6 +703,31 @@ class FolderOptions:
         object.__setattr__(self, "device", check_device(self.device, "device"))
         if self.cache is not None:
             object.__setattr__(self, "cache", check_output_dir(self.cache, "cache"))
+        object.__setattr__(
+            self, "wrapper_options", _check_wrapper_options(method, self.wrapper_options)
+        )
+
+
+def _check_wrapper_options(method: FolderMethod, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` as a dict, every key an option of ``method``'s wrapper that the folder does
+    not set itself."""
+    if not isinstance(options, Mapping):
+        raise ValueError(f"`wrapper_options` must be a mapping, got {type(options).__name__}")
+    params = inspect.signature(wrapper_class(method.value)).parameters
+    plan = _FIT_PLANS[method]
+    # the classifier path needs class labels, which the folder's fit never uses
+    fixed = {*plan.options(plan.encoder(2), 2), "classifier", "backend"}
+    valid = sorted(
+        n for n, p in params.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and n not in fixed
+    )  # fmt: skip
+    for key in options:
+        if key not in valid:
+            raise ValueError(
+                f"`wrapper_options`: method {method.value!r} has no option {key!r} the folder "
+                f"leaves open; valid: {', '.join(valid)}"
+            )
+    return dict(options)
 
 
 @dataclass
@@ -790,6 +840,7 @@ def _info(
             "image_size": enc.size, "views": opts.views, "fit_max": opts.fit_max,
             "epochs": opts.epochs, "lr": opts.lr, "batch_size": opts.batch_size,
             "seed": opts.seed, "device": str(enc.device),
+            "wrapper_options": dict(opts.wrapper_options),
         },
         "sizes": {**folder_summary(scan), "readable": int(fx.feats.shape[0]),
                   "unreadable": len(skipped), "fit_images": fit_images},
@@ -865,13 +916,14 @@ def score_folder(
         # the embedding is the feature itself; u of each fold from the other folds
         emb = fx.feats
         u, fit_report, fit_images = _crossfit(
-            opts.method, fx, enc.fit_ids, scan.labels is not None, enc.generator
+            opts.method, fx, enc.fit_ids, scan.labels is not None, enc.generator,
+            opts.wrapper_options,
         )
     else:
         pairs = _fit_pairs(opts.method, fx, enc.fit_ids)
         wrapped, fit_report = _fit(
             opts.method, pairs, epochs=opts.epochs, batch_size=opts.batch_size,
-            lr=opts.lr, generator=enc.generator,
+            lr=opts.lr, generator=enc.generator, wrapper_options=opts.wrapper_options,
         )  # fmt: skip
         with torch.no_grad():
             pred, _ = predict(

@@ -120,6 +120,34 @@ def test_command_writes_csv_and_report(tmp_path, capsys):
     assert main(["folder", str(tmp_path / "absent"), "--out", str(out)]) == 2
 
 
+def test_wrapper_options_reach_the_wrapper_and_the_command(tmp_path, capsys):
+    """``wrapper_options`` / ``--option``: the Laplace pair set of the folder's fit; the
+    Laplace u's measured inversion is on its page and printed, with labels or without."""
+    images = _folder(tmp_path / "imgs", corrupt=False)
+    opts = {"approximation": "fixed", "geometry": "arccos", "hessian_miner": "triplets",
+            "hessian_pairs": "all_mined"}  # fmt: skip
+    res = score_folder(images, out=tmp_path / "api", method="laplace", wrapper_options=opts,
+                       **FAST)  # fmt: skip
+    info = json.loads((tmp_path / "api" / "folder.json").read_text())
+    assert info["settings"]["wrapper_options"] == opts
+    plain = score_folder(images, out=tmp_path / "plain", method="laplace", **FAST)
+    assert not torch.equal(torch.as_tensor(res.record.u), torch.as_tensor(plain.record.u))
+    code = main(["folder", str(images), "--out", str(tmp_path / "cli"), "--method", "laplace",
+                 "--backbone", "small_convnet", "--random-weights", "--batch-size", "8",
+                 "--no-progress", *(f"--option={k}={v}" for k, v in opts.items())])  # fmt: skip
+    assert code == 0
+    assert "caution: Measured on two labelled folders" in capsys.readouterr().out
+    csvs = [(tmp_path / d / "uncertainty.csv").read_bytes() for d in ("api", "cli")]
+    assert csvs[0] == csvs[1]
+    page = (tmp_path / "cli" / "README.md").read_text()
+    assert "**Caution.** Measured on two labelled folders" in page and "R-AUROC 0.32" in page
+    with pytest.raises(ValueError, match="`wrapper_options`: method 'laplace' has no option 'x'"):
+        FolderOptions(method="laplace", wrapper_options={"x": 1})
+    with pytest.raises(ValueError, match="'last_layer'"):  # set by the folder itself
+        FolderOptions(method="laplace", wrapper_options={"last_layer": "0"})
+    assert main(["folder", str(images), "--out", str(tmp_path / "bad"), "--option", "x"]) == 2
+
+
 def _spy_backbone(monkeypatch):
     """Record the distinct rows every backbone built by the folder road encodes (the feature
     store pads a short batch with repeats of its last row)."""
