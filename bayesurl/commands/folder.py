@@ -175,9 +175,7 @@ FLAGS = {
 }
 
 
-def _options(
-    args: argparse.Namespace, pretrained: bool, wrapper_options: dict[str, Any]
-) -> Any:
+def _options(args: argparse.Namespace, pretrained: bool, wrapper_options: dict[str, Any]) -> Any:
     from bayesurl.runs.folder import FolderOptions
 
     return FolderOptions(

@@ -916,7 +916,11 @@ def score_folder(
         # the embedding is the feature itself; u of each fold from the other folds
         emb = fx.feats
         u, fit_report, fit_images = _crossfit(
-            opts.method, fx, enc.fit_ids, scan.labels is not None, enc.generator,
+            opts.method,
+            fx,
+            enc.fit_ids,
+            scan.labels is not None,
+            enc.generator,
             opts.wrapper_options,
         )
     else:
