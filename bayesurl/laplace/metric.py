@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from bayesurl._checks import check_finite, check_labels, check_tensor, match_module_dtype
+from bayesurl._checks import check_finite, check_int, check_labels, check_tensor, match_module_dtype
 from bayesurl._modules import eval_mode
 from bayesurl.data.batch import unpack_batch
 from bayesurl.laplace.curvature import (
@@ -626,8 +626,7 @@ class BaseMetricLaplace:
     # ------------------------------------------------------------------ prediction
     def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         """``n`` draws of the last layer's parameter vector from the posterior, ``[n, P]``."""
-        if int(n) < 1:
-            raise ValueError(f"`n` must be >= 1, got {n}")
+        check_int(n, "n", low=1)
         mean = self.mean
         eps = torch.randn(
             (int(n), mean.numel()), generator=generator, dtype=mean.dtype, device=mean.device
@@ -702,7 +701,7 @@ class BaseMetricLaplace:
         """
         if u_from not in ("trace", "samples"):
             raise ValueError(f"`u_from` must be 'trace' or 'samples', got {u_from!r}")
-        if u_from == "samples" and int(n_samples) < 2:
+        if u_from == "samples" and check_int(n_samples, "n_samples") < 2:
             raise ValueError(f"`u_from='samples'` needs `n_samples` >= 2, got {n_samples}")
         self._check_embedding_dim()
         with eval_mode(self.model), torch.no_grad():
@@ -1022,10 +1021,9 @@ class OnlineMetricLaplace(BaseMetricLaplace):
         self.online_scale = _enum(OnlineScale, online_scale, "online_scale")
         if not 0.0 <= float(alpha) <= 1.0:
             raise ValueError(f"`alpha` must be in [0, 1], got {alpha}")
-        if int(n_weight_samples) < 1:
-            raise ValueError(f"`n_weight_samples` must be >= 1, got {n_weight_samples}")
-        if dataset_size is not None and int(dataset_size) < 1:
-            raise ValueError(f"`dataset_size` must be >= 1, got {dataset_size}")
+        check_int(n_weight_samples, "n_weight_samples", low=1)
+        if dataset_size is not None:
+            check_int(dataset_size, "dataset_size", low=1)
         self.alpha = float(alpha)
         self.dataset_size = None if dataset_size is None else int(dataset_size)
         self.n_weight_samples = int(n_weight_samples)

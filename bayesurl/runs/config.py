@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 import sys
 import types
 import typing
@@ -42,6 +43,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bayesurl._checks import check_int
+from bayesurl.backbones import check_backbone_kwargs
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -434,9 +438,10 @@ def _check_value(value: Any, hint: Any, where: str, toml_none: bool = True) -> A
             raise ValueError(f"`{where}` must be true or false, got {value!r}")
         return value
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"`{where}` must be an integer, got {value!r}")
-        return value
+        try:
+            return check_int(value, where)
+        except TypeError as exc:  # a config error is a bad value, whatever its type
+            raise ValueError(str(exc)) from None
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"`{where}` must be a number, got {value!r}")
@@ -925,6 +930,10 @@ def _validate(cfg: RunConfig) -> None:
         raise ValueError(f"`eval.samples` must be >= 0, got {e.samples}")
     if b.embed_dim is not None and b.embed_dim < 1:
         raise ValueError(f"`backbone.embed_dim` must be >= 1 or none, got {b.embed_dim}")
+    try:  # bayesurl's own backbones: a bad width fails here, named, not in the first batch
+        check_backbone_kwargs(b.name, dict(b.kwargs))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(re.sub(r"`(\w+)`", r"`backbone.kwargs.\1`", str(exc))) from None
     if t.optimizer.lower() not in OPTIMIZER_NAMES:
         raise ValueError(
             f"unknown `train.optimizer` {t.optimizer!r}; valid: {', '.join(OPTIMIZER_NAMES)}"
