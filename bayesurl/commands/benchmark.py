@@ -97,10 +97,15 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def _recipe_presets(dataset: str = "fashion_mnist") -> list[str]:
-    """The presets of a recipe file, read when the parser is built (``--help`` lists them)."""
-    from bayesurl.runs.config import read_recipe_file
+    """The presets of a packaged recipe file, read when the parser is built (``--help`` lists
+    them). Read as plain TOML: building the parser of every command must not import the run
+    pipeline (``bayesurl evaluate`` starts without it)."""
+    import tomllib
+    from pathlib import Path
 
-    return list(read_recipe_file(dataset).get("presets", {}))
+    path = Path(__file__).resolve().parents[1] / "runs" / "recipes" / f"{dataset}.toml"
+    with path.open("rb") as f:
+        return list(tomllib.load(f).get("presets", {}))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
