@@ -42,6 +42,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import tomllib
+
 from bayesurl.commands import name_flags
 
 if TYPE_CHECKING:
@@ -100,9 +102,6 @@ def _recipe_presets(dataset: str = "fashion_mnist") -> list[str]:
     """The presets of a packaged recipe file, read when the parser is built (``--help`` lists
     them). Read as plain TOML: building the parser of every command must not import the run
     pipeline (``bayesurl evaluate`` starts without it)."""
-    import tomllib
-    from pathlib import Path
-
     path = Path(__file__).resolve().parents[1] / "runs" / "recipes" / f"{dataset}.toml"
     with path.open("rb") as f:
         return list(tomllib.load(f).get("presets", {}))
