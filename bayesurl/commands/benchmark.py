@@ -42,7 +42,10 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import tomllib
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10 (the tomli dependency)
+    import tomli as tomllib
 
 from bayesurl.commands import name_flags
 
