@@ -304,6 +304,7 @@ def _options(
     level: float = DEFAULT_LEVEL,
     replicates: int = DEFAULT_REPLICATES,
     interval_seed: int = 0,
+    avg_of_avgs: bool = False,
 ) -> dict[str, Any]:
     """The checked settings every metric reads (``ctx.options``)."""
     # integers only: ks=(2.7,) would otherwise report recall@2
@@ -315,6 +316,7 @@ def _options(
     check_interval_options(level, replicates, interval_seed)
     for name, flag in (
         ("return_curves", return_curves), ("progress", progress), ("intervals", intervals),
+        ("avg_of_avgs", avg_of_avgs),
     ):  # fmt: skip
         if not isinstance(flag, bool):
             raise ValueError(f"`{name}` must be True or False, got {flag!r}")
@@ -334,6 +336,7 @@ def _options(
         "level": float(level),
         "replicates": replicates,
         "interval_seed": interval_seed,
+        "avg_of_avgs": avg_of_avgs,
     }
 
 
@@ -519,6 +522,10 @@ class Evaluator:
     interval_seed : int
         Seed of the bootstrap weights (the same seed, the same intervals; a sharded evaluation
         gives every rank those of one process).
+    avg_of_avgs : bool
+        Also give ``map@r`` and ``r_precision`` averaged per class first, then over the classes
+        (``map@r_class_avg``, ``r_precision_class_avg``; pytorch-metric-learning's
+        ``avg_of_avgs``), when ``map@r`` is selected.
 
     Raises
     ------
@@ -556,6 +563,7 @@ class Evaluator:
     level: float = DEFAULT_LEVEL
     replicates: int = DEFAULT_REPLICATES
     interval_seed: int = 0
+    avg_of_avgs: bool = False
     #: the checked settings every metric reads (``ctx.options``; each call adds its own)
     options: dict[str, Any] = field(init=False, repr=False, compare=False)
     #: the selected metrics, in table order
@@ -569,7 +577,7 @@ class Evaluator:
         options = _options(
             self.ks, self.map_ks, self.n_bins, self.ece_mode, self.shortlist, self.tolerance,
             self.return_curves, self.progress, self.intervals, self.level, self.replicates,
-            self.interval_seed,
+            self.interval_seed, self.avg_of_avgs,
         )  # fmt: skip
         lam = ("lam_ausc", "lam_ece") if self.reference == "lam" else ()
         metrics = select_metrics(self.include, self.exclude, options, also=lam)
@@ -800,6 +808,7 @@ def evaluate(
     level: float = DEFAULT_LEVEL,
     replicates: int = DEFAULT_REPLICATES,
     interval_seed: int = 0,
+    avg_of_avgs: bool = False,
 ) -> EvaluationResult:
     """Every selected retrieval and uncertainty metric defined for the input, from one kNN
     search: ``Evaluator(**options)(embeddings, labels, **inputs)``.
@@ -814,7 +823,7 @@ id_embeddings, id_labels, id_uncertainties, predict_uncertainty, crop_images, ne
         The inputs: see :meth:`Evaluator.__call__`.
     ks, map_ks, n_bins, ece_mode, shortlist, tolerance, memory_budget, backend, \
 return_curves, progress, distributed, group, reference, copy, include, exclude, \
-return_neighbors, intervals, level, replicates, interval_seed
+return_neighbors, intervals, level, replicates, interval_seed, avg_of_avgs
         The options: see :class:`Evaluator`.
 
     Returns
@@ -858,7 +867,7 @@ return_neighbors, intervals, level, replicates, interval_seed
         return_curves=return_curves, progress=progress, distributed=distributed, group=group,
         reference=reference, copy=copy, include=include, exclude=exclude,
         return_neighbors=return_neighbors, intervals=intervals, level=level,
-        replicates=replicates, interval_seed=interval_seed,
+        replicates=replicates, interval_seed=interval_seed, avg_of_avgs=avg_of_avgs,
     )  # fmt: skip
     return evaluator(
         embeddings, labels, uncertainties=uncertainties, samples=samples,

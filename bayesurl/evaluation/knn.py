@@ -53,6 +53,7 @@ __all__ = [
     "rank_budget",
     "search_precision",
     "search_stats",
+    "stable_topk",
 ]
 
 #: Default bytes allowed for one chunk of the query-gallery similarity matrix (256 MiB).
@@ -145,7 +146,7 @@ def rank_budget(memory_budget: int, shards: Shards) -> int:
     return max(1, memory_budget // shards.world_size)
 
 
-def _stable_topk(sims: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def stable_topk(sims: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """Top-k along dim 1, ordered by (similarity descending, index ascending).
 
     ``torch.topk`` does not promise an order among equal values. The common case (no tie at the
@@ -1191,7 +1192,7 @@ def _topk_chunked(
             si = self_index[start:stop]
             own = ((si >= 0) & (si < n)).nonzero().squeeze(1)
             sims[own, si[own]] = -math.inf
-        v, i = _stable_topk(sims, k)
+        v, i = stable_topk(sims, k)
         bv, bi = best_v[start:stop], best_i[start:stop]
         cv, ci = torch.cat([bv, v], dim=1), torch.cat([bi, i + offset], dim=1)
         order = cv.argsort(dim=1, descending=True, stable=True)[:, :kk]
