@@ -57,6 +57,7 @@ __all__ = [
     "ood_auroc",
     "oracle_curve",
     "precision_at_r",
+    "precision_at_r_from_hits",
     "r_at_1",
     "r_auroc",
     "r_precision",
@@ -385,7 +386,6 @@ def precision_at_r(
     # one similarity row, its top-R values and ids, the relevance and its running count
     per_row = n * item + r_max * (item + 8 + 1 + 8)
     b = max(1, int(memory_budget // per_row))
-    pos = torch.arange(1, r_max + 1, device=qn.device)
     for a in range(0, n, b):
         e = min(n, a + b)
         rows = torch.arange(e - a, device=qn.device)
@@ -397,11 +397,23 @@ def precision_at_r(
         sims[rows, rows + a] = -torch.inf  # self, by index
         _, idx = stable_topk(sims, k)
         del sims
-        rel = (y[idx] == y[a:e, None]) & (pos[None, :k] <= ri[:, None])
-        hits = rel.cumsum(dim=1)
-        denom = ri.clamp(min=1).double()
-        ap[a:e] = (hits.double() / pos[:k].double() * rel).sum(dim=1) / denom
-        rp[a:e] = hits[:, -1].double() / denom
+        ap[a:e], rp[a:e] = precision_at_r_from_hits(y[idx] == y[a:e, None], ri)
+    return ap, rp
+
+
+def precision_at_r_from_hits(hit: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-query AP@R and R-precision (:func:`precision_at_r`) from the relevance ``hit``
+    ``[M, >= max r]`` of each query's ranked neighbours and its ``R`` ``[M]``; ``nan`` where
+    ``R = 0``."""
+    k = int(r.max()) if r.numel() else 0
+    if hit.shape[1] < k:
+        raise ValueError(f"`hit` has {hit.shape[1]} columns, fewer than the largest R ({k})")
+    pos = torch.arange(1, k + 1, device=hit.device)
+    rel = hit[:, :k] & (pos[None, :] <= r[:, None])
+    hits = rel.cumsum(dim=1)
+    denom = r.clamp(min=1).double()
+    ap = (hits.double() / pos.double() * rel).sum(dim=1) / denom
+    rp = (hits[:, -1].double() if k else torch.zeros_like(denom)) / denom
     lone = r == 0
     ap[lone] = torch.nan
     rp[lone] = torch.nan

@@ -471,17 +471,26 @@ def _map_at_r_keys(options: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _map_at_r(ctx: EvalContext) -> dict[str, Any]:
-    """MAP@R and R-precision (Musgrave et al. 2020) from their own chunked ranking of every
-    query's ``R`` nearest items (:func:`~bayesurl.evaluation.functional.precision_at_r`): the
-    one search keeps a few neighbours per query, ``R`` is a class size."""
+    """MAP@R and R-precision (Musgrave et al. 2020): from the one search when it kept every
+    query's ``R`` neighbours (classes no larger than its ``k + 1``), else from their own
+    chunked ranking of every query's ``R`` nearest items
+    (:func:`~bayesurl.evaluation.functional.precision_at_r`), ``R`` being a class size."""
     keys = _map_at_r_keys(ctx.options)
-    if ctx.shards.active:
+    sh = ctx.shards
+    mates = Fm.class_mates(ctx.labels_all)
+    nb = ctx.neighbors
+    if nb is not None and nb.shape[1] >= int(mates.max()):
+        mine = mates[sh.offset : sh.offset + nb.shape[0]].to(ctx.hits.device)
+        ap, rp = (sh.gather(v) for v in Fm.precision_at_r_from_hits(ctx.hits, mine))
+    elif sh.active:
         ctx.notes.append(
-            f"{', '.join(keys)}: not computed in a sharded evaluation (each query ranks every "
-            "row; run it in one process)"
+            f"{', '.join(keys)}: not computed in a sharded evaluation with classes larger than "
+            f"the search's k + 1 = {0 if nb is None else nb.shape[1] + 1} (each query would "
+            "rank every row; run it in one process)"
         )
         return dict.fromkeys(keys)
-    ap, rp = Fm.precision_at_r(ctx.x, ctx.y, memory_budget=ctx.options["memory_budget"])
+    else:
+        ap, rp = Fm.precision_at_r(ctx.x, ctx.y, memory_budget=ctx.options["memory_budget"])
     defined = ~torch.isnan(ap)
     if not bool(defined.any()):
         ctx.notes.append(f"{', '.join(keys)}: undefined, every query is alone in its class")
@@ -491,14 +500,14 @@ def _map_at_r(ctx: EvalContext) -> dict[str, Any]:
         ctx.notes.append(
             f"map@r, r_precision: {lone} queries alone in their class left out (R = 0)"
         )
-    y = _np(ctx.y)[_np(defined)]
+    y = _np(ctx.labels_all)[_np(defined)]
     out: dict[str, Any] = {}
     for key, per_query in (("map@r", ap), ("r_precision", rp)):
         v = _np(per_query[defined])
         out[key] = float(v.mean())
         ctx.keep(key, Resample(v.size, weighted_mean(v)))
         if ctx.options["avg_of_avgs"]:
-            out[f"{key}_class_avg"] = _f(Fm.class_average(per_query, ctx.y))
+            out[f"{key}_class_avg"] = _f(Fm.class_average(per_query, ctx.labels_all))
             ctx.keep(f"{key}_class_avg", Resample(v.size, weighted_class_mean(v, y)))
     return out
 

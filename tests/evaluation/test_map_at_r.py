@@ -113,3 +113,28 @@ def test_evaluator_notes_lone_queries_and_all_lone() -> None:
     res = Evaluator(include=["map@r"])(x[:5], torch.arange(5))
     assert res["map@r"] is None and res["r_precision"] is None
     assert any("every query is alone" in n for n in res["notes"])
+
+
+def small_classes() -> tuple[torch.Tensor, torch.Tensor]:
+    # tied data in classes of at most 11 items: R <= 10, the one search's k
+    x = tie_data(120, seed=6)
+    y = torch.arange(120) // 11
+    y = y[torch.randperm(120, generator=torch.Generator().manual_seed(7))]
+    return x, y
+
+
+def test_small_classes_come_from_the_one_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, y = small_classes()
+    ref = pml(x, y)
+    own = Evaluator(include=["map@r"])(x, y)  # no search asked for: its own pass
+
+    def no_second_pass(*args, **kwargs):
+        raise AssertionError("MAP@R ranked again although the search kept every R")
+
+    monkeypatch.setattr(Fm, "precision_at_r", no_second_pass)
+    res = Evaluator(include=["r@1", "recall@k", "map@r"], ks=(1, 10))(x, y)
+    for got in (res, own):
+        assert got["map@r"] == pytest.approx(ref[KEYS[0]], abs=1e-12)
+        assert got["r_precision"] == pytest.approx(ref[KEYS[1]], abs=1e-12)
+    with pytest.raises(AssertionError, match="ranked again"):
+        Evaluator(include=["r@1", "map@r"], ks=(1, 5))(x, y)  # k = 5 < R = 10
