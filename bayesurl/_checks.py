@@ -36,6 +36,7 @@ __all__ = [
     "check_min_points",
     "check_tensor",
     "match_module_dtype",
+    "parse_device",
 ]
 
 
@@ -232,25 +233,33 @@ def check_number(
 
 
 def check_int(value: object, name: str, *, low: int | None = None, high: int | None = None) -> int:
-    """Return ``value`` as an ``int`` within ``[low, high]``.
+    """Return ``value`` as an ``int`` within ``[low, high]``: the one whole-number check.
 
-    Only integral values are accepted: ``2.7`` (or ``True``) raises :class:`TypeError` naming
-    ``name`` instead of being truncated to ``2``; ``3.0`` and numpy / 0-d tensor integers pass.
+    Every count, size, seed and index of the package is checked here, so ``2.5`` is refused
+    everywhere instead of being truncated to ``2`` somewhere. Whole numbers of any type pass
+    (``3``, ``3.0``, numpy integers, a one-element tensor); a fractional or non-finite number,
+    or a value below ``low`` / above ``high``, raises :class:`ValueError`; anything that is
+    not a number (``"3"``, ``None``, ``True``) raises :class:`TypeError`. The message names
+    ``name`` and the allowed range.
     """
     if isinstance(value, Tensor) and value.numel() == 1:
         value = value.item()
-    integral = isinstance(value, numbers.Integral) or (
-        isinstance(value, numbers.Real)
-        and math.isfinite(float(value))
-        and float(value).is_integer()
+    bounds = (
+        (f" >= {low}" if low is not None else "")
+        + (" and" if low is not None and high is not None else "")
+        + (f" <= {high}" if high is not None else "")
     )
-    if isinstance(value, bool) or not integral:
-        raise TypeError(f"`{name}` must be an integer, got {type(value).__name__} {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"`{name}` must be an integer{bounds}, got {type(value).__name__} {value!r}"
+        )
+    if not isinstance(value, numbers.Integral) and not (
+        math.isfinite(float(value)) and float(value).is_integer()
+    ):
+        raise ValueError(f"`{name}` must be an integer{bounds}, got {value!r}")
     v = int(value)
-    if low is not None and v < low:
-        raise ValueError(f"`{name}` must be >= {low}, got {v}")
-    if high is not None and v > high:
-        raise ValueError(f"`{name}` must be <= {high}, got {v}")
+    if (low is not None and v < low) or (high is not None and v > high):
+        raise ValueError(f"`{name}` must be an integer{bounds}, got {v}")
     return v
 
 
@@ -282,17 +291,7 @@ def check_device(text: str | torch.device | None, name: str = "device") -> torch
     """
     if text is None:
         return None
-    if isinstance(text, torch.device):
-        dev = text
-    else:
-        if not isinstance(text, str):
-            raise TypeError(f"`{name}` must be a device name, got {type(text).__name__}")
-        try:
-            dev = torch.device(text.strip())
-        except (RuntimeError, ValueError):
-            raise ValueError(
-                f"`{name}` {text!r} is not a device; use cpu, cuda, cuda:N or mps"
-            ) from None
+    dev = parse_device(text, name)
     if dev.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:
@@ -311,6 +310,22 @@ def check_device(text: str | torch.device | None, name: str = "device") -> torch
         if available is None or not available():
             raise ValueError(f"`{name}` {str(dev)!r}: that device is not available here")
     return dev
+
+
+def parse_device(text: str | torch.device, name: str = "device") -> torch.device:
+    """``text`` as a :class:`torch.device`, whether or not this machine has it (a config
+    made here may run on another machine); an unparsable name raises :class:`ValueError`
+    naming ``name`` and the usual names."""
+    if isinstance(text, torch.device):
+        return text
+    if not isinstance(text, str):
+        raise TypeError(f"`{name}` must be a device name, got {type(text).__name__}")
+    try:
+        return torch.device(text.strip())
+    except (RuntimeError, ValueError):
+        raise ValueError(
+            f"`{name}` {text!r} is not a device; use cpu, cuda, cuda:N or mps"
+        ) from None
 
 
 def _writable_ancestor(p: Path, name: str) -> None:

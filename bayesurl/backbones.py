@@ -34,6 +34,7 @@ is a slightly larger one for the zero-shot recipes.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -45,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import load_refusal
+from bayesurl._checks import check_int, check_number, load_refusal
 from bayesurl._modules import eval_mode
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "PackagedWeights",
     "SmallConvNet",
     "build_backbone",
+    "check_backbone_kwargs",
     "data_config",
     "efficientnet_pytorch_key_map",
     "load_backbone_weights",
@@ -102,6 +104,10 @@ class SmallConvNet(nn.Module):
         self, in_channels: int = 1, num_features: int = 128, width: int = 32, dropout: float = 0.0
     ) -> None:
         super().__init__()
+        in_channels = check_int(in_channels, "in_channels", low=1)
+        num_features = check_int(num_features, "num_features", low=1)
+        width = check_int(width, "width", low=1)
+        dropout = check_number(dropout, "dropout", low=0.0, high=1.0, high_open=True)
         self.num_features = num_features
         self.pretrained_cfg = self.input_config(in_channels)
         self.features = nn.Sequential(
@@ -146,7 +152,7 @@ class Identity(nn.Module):
 
     def __init__(self, num_features: int, in_channels: int | None = None) -> None:
         super().__init__()
-        self.num_features = int(num_features)
+        self.num_features = check_int(num_features, "num_features", low=1)
         self.pretrained_cfg = self.input_config(num_features)
 
     @staticmethod
@@ -187,7 +193,7 @@ class LamConvNet(nn.Module):
 
     def __init__(self, in_channels: int = 1) -> None:
         super().__init__()
-        c = int(in_channels)
+        c = check_int(in_channels, "in_channels", low=1)
         self.num_features = 64 * 5 * 5
         self.feature_groups = 64
         self.pretrained_cfg = self.input_config(c)
@@ -217,6 +223,43 @@ _LOCAL_BACKBONES: dict[str, type[nn.Module]] = {
     "identity": Identity,
     "lam_convnet": LamConvNet,
 }
+
+
+def check_backbone_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
+    """Check the constructor arguments of one of bayesurl's own backbones before it is built.
+
+    An unknown keyword, or a value the constructor refuses (``width=0``, ``width=2.5``), is a
+    one-line error naming the keyword, raised where the settings are made instead of deep in
+    the first forward pass (where a zero-width layer shows up as a wrong input shape). Names of
+    timm models are left to timm.
+
+    Raises
+    ------
+    ValueError
+        Naming the keyword (an unknown one with the keywords the backbone takes).
+    """
+    cls = _LOCAL_BACKBONES.get(str(name).lower())
+    if cls is None:
+        return
+    kw = {k: v for k, v in kwargs.items() if k not in ("checkpoint", "pretrained", "probe_input")}
+    if "in_chans" in kw:
+        kw["in_channels"] = kw.pop("in_chans")
+    params = inspect.signature(cls).parameters
+    takes = [p for p in params if p != "self"]
+    unknown = sorted(k for k in kw if k not in takes)
+    if unknown:
+        raise ValueError(
+            f"unknown `{unknown[0]}` for backbone {name!r}; {cls.__name__} takes {', '.join(takes)}"
+        )
+    if any(p.default is p.empty and n not in kw for n, p in params.items()):
+        return  # the road supplies the rest (the identity's feature width)
+    try:
+        # the constructor checks the values; on the meta device nothing is allocated and no
+        # random number drawn (resolving a recipe leaves torch's generator as it was)
+        with torch.device("meta"):
+            cls(**kw)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def load_backbone_weights(module: nn.Module, path: str | os.PathLike[str]) -> nn.Module:

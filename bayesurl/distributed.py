@@ -33,6 +33,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from bayesurl._checks import check_int
+
 __all__ = [
     "DistInfo",
     "RankFailedError",
@@ -261,14 +263,12 @@ def launch_local(
     """
     import torch.multiprocessing as mp
 
-    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
-        raise ValueError(f"`nprocs` must be a positive integer, got {nprocs!r}")
+    nprocs = check_int(nprocs, "nprocs", low=1)
     if threads is None:
         raw = os.environ.get("OMP_NUM_THREADS")
         threads = int(raw) if raw and raw.isdigit() and int(raw) > 0 else None
         threads = threads or max(1, torch.get_num_threads() // nprocs)
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"`threads` must be a positive integer, got {threads!r}")
+    threads = check_int(threads, "threads", low=1)
     if _initialised() or launched_by_torchrun():
         raise ValueError(
             "`nprocs`: this process is already one rank of a distributed job "

@@ -18,7 +18,9 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -26,9 +28,13 @@ from typing import IO, Any
 
 __all__ = [
     "CorruptedFileError",
+    "FormatError",
     "atomic_open",
     "atomic_write",
+    "check_format",
     "file_record",
+    "format_of",
+    "read_json_document",
     "reuse_or_build",
     "seal",
     "unseal",
@@ -190,18 +196,124 @@ def reuse_or_build(
     fingerprint, data and transform; JSON-able) is stored in the index and must match for reuse.
     A missing, truncated, altered or foreign cache is rebuilt (a corrupted one with a
     :class:`UserWarning` saying why), never read.
+
+    Safe for several processes building the same cache at once: each builds into a hidden
+    folder of its own beside ``directory`` and renames it into place when sealed; a process
+    that finds the place taken by a verified cache of the same key (built meanwhile by
+    another) uses that one and removes its own.
     """
     folder = Path(os.fspath(directory))
     want = json.loads(json.dumps(dict(key), default=str))
+    found = _verified(folder, want, index, warn=True)
+    if found is not None:
+        return found
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    tmp.mkdir()  # (mkdir follows the umask, as the files of the cache do)
+    try:
+        built = build(tmp)
+        meta = seal(tmp, {**dict(built.get("meta", {})), "key": want}, built["files"], index=index)
+        for _ in range(3):
+            try:
+                os.rename(tmp, folder)
+                return meta
+            except OSError:  # the place is taken: by a cache another process just built?
+                other = _verified(folder, want, index, warn=False)
+                if other is not None:
+                    return other
+                _set_aside(folder)  # an old, corrupted or foreign cache
+        raise OSError(f"cannot put the cache {str(folder)!r} in place")
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _verified(folder: Path, key: Any, index: str, *, warn: bool) -> dict[str, Any] | None:
+    """The index of a verified cache in ``folder`` built for ``key``, else ``None``."""
     try:
         meta = unseal(folder, index=index)
-        if meta.get("key") == want:
-            return meta
     except FileNotFoundError:
-        pass
+        return None
     except CorruptedFileError as exc:
-        warnings.warn(f"rebuilding the cache: {exc}", UserWarning, stacklevel=2)
-    (folder / index).unlink(missing_ok=True)  # the old index must not outlive a failed build
-    folder.mkdir(parents=True, exist_ok=True)
-    built = build(folder)
-    return seal(folder, {**dict(built.get("meta", {})), "key": want}, built["files"], index=index)
+        if warn:
+            warnings.warn(f"rebuilding the cache: {exc}", UserWarning, stacklevel=3)
+        return None
+    return meta if meta.get("key") == key else None
+
+
+def _set_aside(folder: Path) -> None:
+    """Move a cache folder out of the way (and delete it); gone already is fine."""
+    aside = folder.with_name(f".{folder.name}.{os.getpid()}.{time.monotonic_ns()}.old")
+    try:
+        os.rename(folder, aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+# result documents: a format name and version in every file a reader may meet again
+
+
+class FormatError(ValueError):
+    """A result file of another kind, or written by a newer bayesurl than this one reads."""
+
+
+def format_of(name: str, version: int) -> str:
+    """The format tag ``"<name>/<version>"`` a result document records in ``"format"``."""
+    return f"{name}/{int(version)}"
+
+
+def check_format(doc: Any, path: str | os.PathLike[str], expected: str) -> int | None:
+    """Refuse a document whose ``"format"`` this bayesurl does not read; its version.
+
+    ``expected`` is the tag this bayesurl writes (``"bayesurl.results/1"``). A document of
+    that format at a version up to it passes (the version is returned); one without a
+    ``"format"`` entry was written before result files carried one and passes with ``None``
+    (the reader then checks its layout itself). Anything else raises :class:`FormatError` in
+    one line naming ``path``, the format found and the one read here.
+    """
+    name, _, top = expected.rpartition("/")
+    where = str(os.fspath(path))
+    if not isinstance(doc, dict):
+        raise FormatError(f"{where!r} does not hold a JSON object (this bayesurl reads {expected})")
+    found = doc.get("format")
+    if found is None:
+        return None
+    text = str(found)
+    kind, _, version = text.rpartition("/")
+    if kind != name or not version.isdigit():
+        raise FormatError(
+            f"{where!r} is of format {text!r}, not a {name} file (this bayesurl reads {expected})"
+        )
+    if int(version) > int(top):
+        raise FormatError(
+            f"{where!r} was written by a newer bayesurl (format {text}); this one reads "
+            f"{expected}: upgrade bayesurl to read it"
+        )
+    return int(version)
+
+
+def read_json_document(path: str | os.PathLike[str], expected: str) -> dict[str, Any]:
+    """Read a JSON result file and check its format (:func:`check_format`); one-line errors.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    FormatError
+        If the file is not JSON (truncated, binary, another kind of file), not an object, or
+        of another format or a newer version; naming ``path``.
+    """
+    p = Path(os.fspath(path))
+    if not p.is_file():
+        raise FileNotFoundError(f"{str(p)!r} does not exist")
+    try:
+        doc = json.loads(p.read_bytes().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        first = " ".join(str(exc).split())
+        raise FormatError(
+            f"{str(p)!r} is not a readable JSON file ({first}; truncated or not a {expected} file)"
+        ) from None
+    check_format(doc, p, expected)
+    return doc

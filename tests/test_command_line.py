@@ -210,3 +210,18 @@ def test_output_options_declared_by_a_subcommand_are_checked_while_parsing(
     err = _one_line_error(capsys, ["train", "--method", "ce", "--out", str(a_file)])
     assert "argument --out:" in err and "is a file" in err and not ran
     assert main(["train", "--method", "ce", "--out", str(tmp_path / "new")]) == 0 and ran
+
+
+def test_benchmark_help_lists_every_preset(capsys) -> None:
+    """``make run`` uses pretrained_quick: ``--help`` names it and every other preset of the
+    default recipe, each of the recipes' presets read from the TOML files."""
+    from bayesurl.runs.config import list_recipes, read_recipe_file
+
+    with pytest.raises(SystemExit):
+        main(["benchmark", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    presets = set(read_recipe_file("fashion_mnist")["presets"])
+    assert {"pretrained_quick", "pretrained", "quick", "smoke"} <= presets
+    for preset in presets:
+        assert preset in text, preset
+    assert list_recipes()  # the recipe files the presets come from are found

@@ -227,6 +227,40 @@ def test_read_only_folder_refuses_and_keeps_the_previous_results():
         shutil.rmtree(folder)
 
 
+def test_reuse_or_build_is_safe_when_processes_build_the_same_cache_at_once(tmp_path):
+    """Two builders of one cache at the same time (two workers of a sweep extracting the same
+    split's features): each writes its own folder; one is put in place, the other builder
+    reads it, and no file of the cache is ever half written or missing."""
+    import threading
+
+    both = threading.Barrier(2)
+    calls, results, errors = [], [], []
+
+    def build(folder):
+        calls.append(folder)
+        both.wait(timeout=30)  # both are building now
+        np.arange(100, dtype=np.float32).tofile(folder / "x.bin")
+        (folder / "labels.npy").write_bytes(b"x")
+        (folder / "labels.npy").unlink()  # as write_shard removes an unused file
+        return {"files": ["x.bin"], "meta": {"n": 100}}
+
+    def go():
+        try:
+            results.append(reuse_or_build(tmp_path / "c", build, key={"weights": "abc"}))
+        except Exception as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == [] and len(calls) == 2 and calls[0] != calls[1]
+    assert results[0]["files"] == results[1]["files"]
+    assert unseal(tmp_path / "c")["n"] == 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # no builder's folder left
+
+
 @pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
 @pytest.mark.parametrize("mask", [0o022, 0o027, 0o077, 0o002], ids=oct)
 def test_atomic_writes_follow_the_umask_like_a_plain_open(tmp_path, mask):

@@ -39,9 +39,10 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from bayesurl.commands import name_flags
 
 if TYPE_CHECKING:
     from bayesurl.sweeps.results import SweepResults
@@ -68,9 +69,16 @@ def parse_seeds(text: str) -> list[int]:
     raw = str(text).strip()
     try:
         if "," in raw:
-            seeds = [int(s) for s in raw.split(",") if s.strip()]
+            parts = [s.strip() for s in raw.removesuffix(",").split(",")]
+            if "" in parts:  # "0,,1": a seed left out, not a list of two
+                raise ValueError(f"`--seeds {raw}` has an empty entry")
+            seeds = [int(s) for s in parts]
+            if len(set(seeds)) != len(seeds):
+                raise ValueError(f"`--seeds {raw}` names a seed twice")
         else:
             n = int(raw)
+            if n < 0:
+                raise ValueError(f"`--seeds {raw}`: seeds are non-negative integers")
             if n < 1:
                 raise ValueError(
                     f"`--seeds {raw}`: a single number is a count (>= 1); "
@@ -78,7 +86,7 @@ def parse_seeds(text: str) -> list[int]:
                 )
             seeds = list(range(n))
     except ValueError as exc:
-        if "`--seeds`" in str(exc):
+        if "`--seeds" in str(exc):
             raise
         raise ValueError(
             f"`--seeds` must be a count (3) or a comma-separated list (0,1,2), got {text!r}"
@@ -86,6 +94,13 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds or min(seeds) < 0:
         raise ValueError(f"`--seeds` must hold non-negative integers, got {text!r}")
     return list(dict.fromkeys(seeds))
+
+
+def _recipe_presets(dataset: str = "fashion_mnist") -> list[str]:
+    """The presets of a recipe file, read when the parser is built (``--help`` lists them)."""
+    from bayesurl.runs.config import read_recipe_file
+
+    return list(read_recipe_file(dataset).get("presets", {}))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,7 +131,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--preset",
         default="quick",
         help="a preset of the recipe file: smoke (tests), quick (minutes, one split), "
-        "standard (4 class splits, stored, resumable), full",
+        "standard (4 class splits, stored, resumable), full; on pretrained features "
+        "pretrained_smoke, pretrained_quick (the main job, make run) and pretrained (the "
+        "cross-fitted class splits). The default recipe's presets: " + ", ".join(_recipe_presets()),
     )
     parser.add_argument(
         "--set",
@@ -227,6 +244,15 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 #: the :class:`~bayesurl.sweeps.sweep.SweepOptions` fields set by a flag of another name
 FLAGS = {
+    "dataset": "--dataset",
+    "preset": "--preset",
+    "seeds": "--seeds",
+    "splits": "--splits",
+    "overrides": "--set",
+    "device": "--device",
+    "out": "--out",
+    "storage": "--storage",
+    "save_checkpoints": "--save-checkpoints",
     "tune": "--tune",
     "tune_only": "--tune-only",
     "tune_split": "--tune-split",
@@ -269,9 +295,8 @@ def sweep_options(
             poll=args.poll,
             heartbeat_interval=args.heartbeat,
         )
-    except ValueError as exc:
-        flag = re.sub(r"`(\w+)`", lambda m: f"`{FLAGS.get(m.group(1), m.group(1))}`", str(exc))
-        raise ValueError(flag) from None
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(name_flags(str(exc), FLAGS)) from exc
 
 
 def merge(args: argparse.Namespace) -> int:
@@ -310,7 +335,11 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.root is not None:
         overrides.append(("data.root", str(args.root)))
-    res = run_sweep(args.methods, sweep_options(args, seeds, overrides, device))
+    options = sweep_options(args, seeds, overrides, device)
+    try:
+        res = run_sweep(args.methods, options)
+    except ValueError as exc:  # an estimator name is given with --methods
+        raise ValueError(name_flags(str(exc), {"estimators": "--methods"})) from exc
     if not res.main_process:  # torchrun: rank 0 reports (and alone wrote the files)
         return 1 if any(r.get("error") for r in res.runs) else 0
     if args.tune_only:

@@ -33,6 +33,9 @@ Examples::
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+from bayesurl.commands import name_flags
 
 HELP = "u(x) for every image of a folder (class sub-folders or flat): CSV and report"
 OUTPUT_DIRS = ("out", "cache")  # checked while parsing (bayesurl.cli)
@@ -81,7 +84,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="feature-store folder that keeps the plain features: a later run over the same "
         "images reads them instead of encoding them again (default: none kept)",
     )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the method's post-hoc wrapper, repeatable (e.g. --option "
+        "hessian_miner=hard for laplace; bayesurl.posthoc.wrap)",
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument(
+        "--max-pixels",
+        type=int,
+        default=None,
+        help="largest image decoded, width x height: a file whose header claims more is "
+        "skipped and listed, never decoded (default: Pillow's own limit, about 89 million; "
+        "0: no limit)",
+    )
     parser.add_argument("--strict", action="store_true", help="stop on an unreadable image")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -92,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     from bayesurl.evaluation.intervals import interval_lines
     from bayesurl.evaluation.table import metric_columns
     from bayesurl.report import print_notes, try_report
-    from bayesurl.runs.folder import FolderOptions, score_folder
+    from bayesurl.runs.config import parse_value
+    from bayesurl.runs.folder import U_MEASURED, score_folder
 
     pretrained = not args.random_weights
     if pretrained and args.backbone.lower() not in PACKAGED_WEIGHTS:
@@ -100,24 +120,23 @@ def run(args: argparse.Namespace) -> int:
             f"`--backbone` {args.backbone!r} has no packaged pretrained weights "
             f"({', '.join(PACKAGED_WEIGHTS)}): pass --random-weights to encode with random weights"
         )
-    options = FolderOptions(
-        method=args.method,
-        backbone=args.backbone,
-        pretrained=pretrained,
-        image_size=args.image_size,
-        epochs=args.epochs,
-        fit_max=args.fit_max,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        device=args.device,
-        seed=args.seed,
-        strict=args.strict,
-        progress=not args.no_progress,
-        cache=args.cache,
-    )
-    res = score_folder(args.images, out=args.out, options=options)
+    wrapper_options = {}
+    for item in args.option:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(
+                f"`--option` expects KEY=VALUE (e.g. hessian_miner=hard), got {item!r}"
+            )
+        wrapper_options[key.strip()] = parse_value(raw)
+    try:  # errors named by the flags the user typed
+        options = _options(args, pretrained, wrapper_options)
+        res = score_folder(args.images, out=args.out, options=options)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        raise type(exc)(name_flags(str(exc), FLAGS)) from exc
     for line in res.info["describe"]:
         print(line)
+    if options.method.value in U_MEASURED:
+        print(f"caution: {U_MEASURED[options.method.value]}")
     for path, err in res.skipped:
         print(f"skipped {path}: {err}")
     if res.metrics is not None:
@@ -136,3 +155,43 @@ def run(args: argparse.Namespace) -> int:
     )
     print(try_report(args.out))
     return 0
+
+
+#: the :class:`~bayesurl.runs.folder.FolderOptions` fields and their flags
+FLAGS = {
+    "images": "DIR",
+    "method": "--method",
+    "backbone": "--backbone",
+    "image_size": "--image-size",
+    "epochs": "--epochs",
+    "fit_max": "--fit-max",
+    "batch_size": "--batch-size",
+    "workers": "--workers",
+    "seed": "--seed",
+    "cache": "--cache",
+    "device": "--device",
+    "max_pixels": "--max-pixels",
+    "wrapper_options": "--option",
+}
+
+
+def _options(args: argparse.Namespace, pretrained: bool, wrapper_options: dict[str, Any]) -> Any:
+    from bayesurl.runs.folder import FolderOptions
+
+    return FolderOptions(
+        method=args.method,
+        wrapper_options=wrapper_options,
+        backbone=args.backbone,
+        pretrained=pretrained,
+        image_size=args.image_size,
+        epochs=args.epochs,
+        fit_max=args.fit_max,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        device=args.device,
+        seed=args.seed,
+        strict=args.strict,
+        progress=not args.no_progress,
+        cache=args.cache,
+        **({} if args.max_pixels is None else {"max_pixels": args.max_pixels or None}),
+    )

@@ -50,6 +50,8 @@ from typing import Any
 
 import torch
 
+from bayesurl._checks import check_int
+
 from .base import ImageTensorDataset, subset
 from .clipart import clipart
 from .fmnist import fashion_mnist, find_fashion_mnist
@@ -137,13 +139,16 @@ def class_splits(
     ValueError
         On counts out of range, or when ``n_splits`` distinct splits do not exist.
     """
+    n_splits = check_int(n_splits, "n_splits", low=1)
+    k = check_int(num_classes, "num_classes", low=2)
+    seed = check_int(seed, "seed", low=0)
+    n_val = check_int(n_val, "n_val", low=1)
+    if n_upstream is not None:
+        n_upstream = check_int(n_upstream, "n_upstream", low=1)
     if val_classes is not None:
-        return _fixed_val_splits(n_splits, int(num_classes), n_upstream, val_classes, int(seed))
-    k = int(num_classes)
-    n_up = k // 2 if n_upstream is None else int(n_upstream)
-    if int(n_splits) < 1:
-        raise ValueError(f"`n_splits` must be positive, got {n_splits}")
-    if k < 2 or not 1 <= n_up < k:
+        return _fixed_val_splits(n_splits, k, n_upstream, val_classes, seed)
+    n_up = k // 2 if n_upstream is None else n_upstream
+    if not 1 <= n_up < k:
         raise ValueError(f"`n_upstream` must be in [1, {k - 1}], got {n_upstream}")
     if not 1 <= int(n_val) < n_up:
         raise ValueError(f"`n_val` must be in [1, {n_up - 1}] (upstream {n_up}), got {n_val}")
@@ -205,9 +210,11 @@ def _fixed_val_splits(
 
 
 def _classes(values: Any, name: str) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise ValueError(f"`{name}` must be a list of class indices, got {values!r}")
     try:
-        out = tuple(sorted(int(v) for v in values))
-    except (TypeError, ValueError):
+        out = tuple(sorted(check_int(v, f"{name}[{i}]", low=0) for i, v in enumerate(values)))
+    except TypeError:  # not numbers at all
         raise ValueError(f"`{name}` must be a list of class indices, got {values!r}") from None
     if len(set(out)) != len(out):
         raise ValueError(f"`{name}` repeats a class: {list(values)!r}")
@@ -259,9 +266,12 @@ def crossfit_splits(
         that does not fit upstream, an odd ``n_splits`` with complementary pairs, or more
         splits asked for than exist.
     """
-    k = int(num_classes)
-    n_up = k // 2 if n_upstream is None else int(n_upstream)
-    if k < 2 or not 1 <= n_up < k:
+    k = check_int(num_classes, "num_classes", low=2)
+    seed = check_int(seed, "seed", low=0)
+    if n_splits is not None:
+        n_splits = check_int(n_splits, "n_splits", low=1)
+    n_up = k // 2 if n_upstream is None else check_int(n_upstream, "n_upstream", low=1)
+    if not 1 <= n_up < k:
         raise ValueError(f"`n_upstream` must be in [1, {k - 1}], got {n_upstream}")
     sets = [_classes(v, f"val_sets[{i}]") for i, v in enumerate(val_sets)]
     if len(sets) < 2:
@@ -493,10 +503,10 @@ def split_data(
     if dataset not in SPLIT_DATASETS:
         raise ValueError(f"`dataset` must be one of {list(SPLIT_DATASETS)}, got {dataset!r}")
     for arg, v in (("max_train", max_train), ("max_test", max_test), ("max_id", max_id)):
-        if v is not None and int(v) < 1:
-            raise ValueError(f"`{arg}` must be a positive size or None, got {v}")
-    if max_ood is not None and int(max_ood) < 1:
-        raise ValueError(f"`max_ood` must be a positive size or None, got {max_ood}")
+        if v is not None:
+            check_int(v, arg, low=1)
+    if max_ood is not None:
+        check_int(max_ood, "max_ood", low=1)
     pool, held, ood, ood_name = _pool(dataset, root, seed, image_size)
     present = set(pool.targets.unique().tolist())
     bad = sorted({*split.upstream, *split.downstream} - present)

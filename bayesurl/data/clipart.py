@@ -51,8 +51,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from bayesurl._checks import check_int
+
 from .base import ImageTensorDataset, Transform
 from .splits import stratified_split
+from .transforms import to_rgb
 
 __all__ = [
     "CLIPART_HOW_TO_GET",
@@ -118,16 +121,6 @@ def _png_size(path: Path) -> tuple[int, int]:
     if len(head) < 24 or head[:8] != b"\x89PNG\r\n\x1a\n":
         raise ValueError(f"{str(path)!r} is not a PNG file")
     return struct.unpack(">II", head[16:24])
-
-
-def _on_white(im: Any) -> Any:
-    """An RGB image: transparency composited on white."""
-    from PIL import Image
-
-    rgba = im.convert("RGBA")
-    canvas = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-    canvas.alpha_composite(rgba)
-    return canvas.convert("RGB")
 
 
 def _difference_hash(rgb: Any) -> str:
@@ -281,7 +274,7 @@ def build_clipart_manifest(
     from PIL import Image
 
     base = find_clipart(root)
-    if int(min_count) < 1 or int(per_class) < int(min_count):
+    if check_int(min_count, "min_count", low=1) > check_int(per_class, "per_class", low=1):
         raise ValueError(
             f"need 1 <= `min_count` <= `per_class`, got min_count={min_count}, "
             f"per_class={per_class}"
@@ -309,7 +302,7 @@ def build_clipart_manifest(
             data = full.read_bytes()
             with Image.open(io.BytesIO(data)) as im:
                 im.load()
-                rgb = _on_white(im)
+                rgb = to_rgb(im)
         except (OSError, ValueError, SyntaxError) as exc:
             excluded[p] = f"unreadable ({type(exc).__name__}: {exc})"
             continue
@@ -446,7 +439,7 @@ def _load_images(
             )
         with Image.open(io.BytesIO(data)) as im:
             im.load()
-            rgb = _square_resize(_on_white(im), size)
+            rgb = _square_resize(to_rgb(im), size)
         images[i] = torch.from_numpy(np.asarray(rgb, dtype=np.uint8).copy()).permute(2, 0, 1)
     labels = torch.tensor([int(f[3]) for f in files], dtype=torch.int64)
     return images, labels
@@ -496,8 +489,7 @@ def clipart(
     """
     if split not in ("all", "train", "test"):
         raise ValueError(f"`split` must be one of ['all', 'test', 'train'], got {split!r}")
-    if int(size) < 8:
-        raise ValueError(f"`size` must be at least 8, got {size}")
+    check_int(size, "size", low=8)
     base = find_clipart(root)
     man = manifest if isinstance(manifest, dict) else read_clipart_manifest(manifest)
     digest = hashlib.sha1(json.dumps(man["files"]).encode()).hexdigest()

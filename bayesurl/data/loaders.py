@@ -16,6 +16,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from bayesurl._checks import check_int
+
 __all__ = ["TransformedLoader", "UnpaddedDistributedSampler", "make_loader", "set_epoch"]
 
 
@@ -96,10 +98,8 @@ def make_loader(
     DataLoader
         Its ``sampler`` is a :class:`DistributedSampler` when sharding.
     """
-    if int(batch_size) < 1:
-        raise ValueError(f"`batch_size` must be positive, got {batch_size}")
-    if int(num_workers) < 0:
-        raise ValueError(f"`num_workers` must be >= 0, got {num_workers}")
+    check_int(batch_size, "batch_size", low=1)
+    check_int(num_workers, "num_workers", low=0)
     if len(dataset) == 0:  # type: ignore[arg-type]
         raise ValueError("`dataset` is empty")
     explicit = num_replicas is not None or rank is not None
@@ -114,8 +114,8 @@ def make_loader(
     generator = torch.Generator().manual_seed(int(seed))
     sampler = None
     if distributed:
-        if num_replicas is not None and int(num_replicas) < 1:
-            raise ValueError(f"`num_replicas` must be positive, got {num_replicas}")
+        if num_replicas is not None:
+            check_int(num_replicas, "num_replicas", low=1)
         if rank is not None and num_replicas is not None and not 0 <= rank < num_replicas:
             raise ValueError(f"`rank` must be in [0, {num_replicas}), got {rank}")
         sampler_cls = DistributedSampler if pad or drop_last else UnpaddedDistributedSampler

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from bayesurl._checks import check_int
+
 from .base import ImageTensorDataset, Transform
 from .splits import stratified_split
 
@@ -93,8 +95,7 @@ def digits(
         )
     if split not in ("all", "train", "test"):
         raise ValueError(f"`split` must be one of ['all', 'test', 'train'], got {split!r}")
-    if int(size) < 1:
-        raise ValueError(f"`size` must be positive, got {size}")
+    check_int(size, "size", low=1)
     images, labels = load_digits_images(size)
     if split != "all":
         train_idx, test_idx = stratified_split(labels, test_fraction, seed=seed)

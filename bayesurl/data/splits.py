@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bayesurl._checks import check_int
+
 from .base import get_targets
 
 __all__ = [
@@ -149,7 +151,10 @@ def zero_shot_split(
             "least two classes"
         )
     if upstream is None and downstream is None:
-        if n_upstream is not None and not 1 <= int(n_upstream) <= len(present) - 1:
+        if (
+            n_upstream is not None
+            and not 1 <= check_int(n_upstream, "n_upstream") <= len(present) - 1
+        ):
             raise ValueError(f"`n_upstream` must be in [1, {len(present) - 1}], got {n_upstream}")
         up, down = split_classes(present, n_upstream, seed=seed)
     else:

@@ -17,9 +17,12 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from bayesurl._checks import check_int
 
 __all__ = [
     "FASHION_MNIST_MEAN",
@@ -33,6 +36,7 @@ __all__ = [
     "TwoViews",
     "PilToUint8",
     "default_transform",
+    "to_rgb",
     "default_augmentation",
 ]
 
@@ -132,9 +136,7 @@ class Resize(nn.Module):
 
     def __init__(self, size: int) -> None:
         super().__init__()
-        if int(size) != size or size < 1:
-            raise ValueError(f"`size` must be a positive integer, got {size}")
-        self.size = int(size)
+        self.size = check_int(size, "size", low=1)
 
     def forward(self, x: Tensor) -> Tensor:
         """``[N, C, H, W]`` or ``[C, H, W]`` floats -> the same with ``H = W = size``."""
@@ -264,13 +266,65 @@ class TwoViews:
         return f"TwoViews({self.transform!r})"
 
 
+#: Pillow modes that carry transparency (composited on white by :func:`to_rgb`).
+_ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
+
+
+def to_rgb(img: Any) -> Any:
+    """A PIL image as 8-bit RGB, its pixels' meaning kept whatever its mode.
+
+    - transparency (``RGBA``, ``LA``, ``PA``, a palette with a transparent colour) is
+      composited on white, as an image viewer shows it (its hidden colour, often black, is
+      not the picture);
+    - 16-bit greyscale (``I;16``, and ``I`` with values in ``0..65535``, e.g. a medical or
+      microscopy PNG) is scaled to 8 bits (``>> 8``), not clipped at 255 (which would make it
+      almost white);
+    - every other mode Pillow can convert (``1``, ``L``, ``P``, ``CMYK``, ``YCbCr`` ...) is
+      converted.
+
+    Raises
+    ------
+    ValueError
+        For pixels with no fixed range to map to 8 bits: floating point (mode ``F``) or
+        32-bit integers outside ``0..65535``; and for a mode Pillow cannot convert.
+    """
+    from PIL import Image
+
+    mode = img.mode
+    if mode == "P" and "transparency" in img.info:
+        mode = "PA"
+    if mode in _ALPHA_MODES:
+        rgba = img.convert("RGBA")
+        canvas = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        canvas.alpha_composite(rgba)
+        return canvas.convert("RGB")
+    if mode.startswith("I"):
+        a = np.asarray(img)
+        if a.size and (int(a.min()) < 0 or int(a.max()) > 65535):
+            raise ValueError(
+                f"32-bit integer pixels (mode {img.mode}) from {int(a.min())} to {int(a.max())}: "
+                "no fixed range to map to 8 bits; save the image with 8 or 16 bits"
+            )
+        return Image.fromarray((a.astype(np.uint32) >> 8).astype(np.uint8), "L").convert("RGB")
+    if mode == "F":
+        raise ValueError(
+            "floating-point pixels (mode F) have no fixed range to map to 8 bits; save the "
+            "image with 8 or 16 bits"
+        )
+    try:
+        return img.convert("RGB")
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"cannot convert an image of mode {img.mode} to RGB ({exc})") from None
+
+
 class PilToUint8:
     """Per-item transform of a folder image: RGB, shorter side to ``size``, centre crop, ``uint8``.
 
     The one PIL-to-tensor step of the folder data sets (CUB, CARS, SOP, ImageNet): batches stay
     ``uint8`` ``[3, size, size]`` and are normalised / augmented per batch on the training
     device (:func:`default_transform`, :func:`default_augmentation`). The image is converted to
-    RGB first, so grayscale and palette images are resized like colour ones.
+    RGB first (:func:`to_rgb`: transparency on white, 16-bit greyscale scaled to 8 bits), so
+    grayscale and palette images are resized like colour ones.
 
     Parameters
     ----------
@@ -279,14 +333,12 @@ class PilToUint8:
     """
 
     def __init__(self, size: int) -> None:
-        if int(size) != size or size < 8:
-            raise ValueError(f"`size` must be an integer >= 8, got {size}")
-        self.size = int(size)
+        self.size = check_int(size, "size", low=8)
 
     def __call__(self, img: Any) -> Tensor:
         from torchvision.transforms import functional as TF
 
-        img = TF.center_crop(TF.resize(img.convert("RGB"), self.size), [self.size, self.size])
+        img = TF.center_crop(TF.resize(to_rgb(img), self.size), [self.size, self.size])
         return TF.pil_to_tensor(img)
 
     def __repr__(self) -> str:

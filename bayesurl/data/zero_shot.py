@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from bayesurl._checks import check_int
+
 from .base import ImageTensorDataset, subset
 from .fmnist import fashion_mnist, find_fashion_mnist
 from .sklearn_digits import load_digits_images
@@ -264,10 +266,9 @@ def default_zero_shot(
     >>> x_test, y_test = as_tensors(data.test)  # downstream retrieval set, all at once
     """
     for arg, value in (("max_train", max_train), ("max_test", max_test), ("max_ood", max_ood)):
-        if value is not None and int(value) < 1:
-            raise ValueError(f"`{arg}` must be a positive size or None, got {value}")
-    if int(image_size) < 1:
-        raise ValueError(f"`image_size` must be positive, got {image_size}")
+        if value is not None:
+            check_int(value, arg, low=1)
+    check_int(image_size, "image_size", low=1)
     name = _embedded_name(root, force_digits)
     if name == "fashion_mnist":
         pool_all = fashion_mnist(root, "train")
@@ -415,10 +416,9 @@ def closed_set(
         For a non-positive cap or image size, or ``val_fraction`` outside ``[0, 1)``.
     """
     for arg, value in (("max_train", max_train), ("max_test", max_test), ("max_ood", max_ood)):
-        if value is not None and int(value) < 1:
-            raise ValueError(f"`{arg}` must be a positive size or None, got {value}")
-    if int(image_size) < 1:
-        raise ValueError(f"`image_size` must be positive, got {image_size}")
+        if value is not None:
+            check_int(value, arg, low=1)
+    check_int(image_size, "image_size", low=1)
     if not 0.0 <= float(val_fraction) < 1.0:
         raise ValueError(f"`val_fraction` must be in [0, 1), got {val_fraction}")
     name = _embedded_name(root, force_digits)

@@ -204,9 +204,7 @@ def _check_directions(mu: Tensor, name: str) -> None:
 
 
 def _check_dim(dim: int) -> int:
-    if int(dim) != dim or dim < 2:
-        raise ValueError(f"`dim` must be an integer >= 2, got {dim}")
-    return int(dim)
+    return check_int(dim, "dim", low=2)
 
 
 def log_bessel_iv(v: float, x: Tensor | float) -> Tensor:

@@ -322,7 +322,7 @@ def _options(
     mks = sorted({*ks, 5} if map_ks is None else {*check_ints(map_ks, "map_ks", low=1), 5})
     check_choice(ece_mode, "ece_mode", ("shortlist", "exact"))
     Fm.check_n_bins(n_bins)
-    check_number(tolerance, "tolerance", low=0.0)
+    check_number(tolerance, "tolerance", low=0.0, high=1.0)
     check_interval_options(level, replicates, interval_seed)
     for name, flag in (
         ("return_curves", return_curves), ("progress", progress), ("intervals", intervals),
@@ -361,8 +361,9 @@ def _check_call(
     """The settings of the search and of a sharded evaluation."""
     if reference not in (None, "lam"):
         raise ValueError(f"`reference` must be None or 'lam', got {reference!r}")
-    if not isinstance(copy, bool):
-        raise ValueError(f"`copy` must be True or False, got {copy!r}")
+    for name, flag in (("copy", copy), ("distributed", distributed)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"`{name}` must be True or False, got {flag!r}")
     check_choice(backend, "backend", ("torch", "faiss"))
     check_int(memory_budget, "memory_budget", low=1)
     if reference is not None and distributed:
@@ -549,8 +550,9 @@ class Evaluator:
     Raises
     ------
     ValueError
-        On bad settings (naming the argument) or an unknown metric name in ``include`` /
-        ``exclude``.
+        On bad settings (naming the argument), an unknown metric name in ``include`` /
+        ``exclude``, a metric named in both (or excluded while ``reference`` selects it), or
+        a selection of no metric.
 
     Examples
     --------

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from bayesurl._checks import check_same_length, check_tensor
+from bayesurl._checks import check_int, check_same_length, check_tensor
 from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, neighbor_ids, normalize, stable_topk
 from bayesurl.evaluation.sampled import (  # the search behind the ECE (re-exported)
     checked_samples,
@@ -372,8 +372,7 @@ def precision_at_r(
     x = _embeddings(embeddings)
     n = x.shape[0]
     y = _labels(labels, n)
-    if memory_budget <= 0:
-        raise ValueError(f"`memory_budget` must be positive, got {memory_budget}")
+    check_int(memory_budget, "memory_budget", low=1)
     qn = normalize(x)
     y = y.to(qn.device)
     r = class_mates(y)
@@ -922,8 +921,7 @@ class ECEResult(NamedTuple):
 
 
 def check_n_bins(n_bins: object) -> None:
-    if not isinstance(n_bins, int) or n_bins < 1:
-        raise ValueError(f"`n_bins` must be a positive integer, got {n_bins!r}")
+    check_int(n_bins, "n_bins", low=1)
 
 
 def calibration_bins(confidence: Tensor, correct: Tensor, n_bins: int = 10) -> ECEResult:

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from threadpoolctl import ThreadpoolController
 from torch import Tensor
 
-from bayesurl._checks import check_floating, check_tensor
+from bayesurl._checks import check_floating, check_int, check_tensor
 from bayesurl.distributed import Shards
 from bayesurl.evaluation import fused
 
@@ -326,8 +326,7 @@ def _knn(
         raise ValueError(f"embeddings must be floating point, got {q.dtype}")
     n = g.shape[0]
     k_max = n - 1 if exclude_self else n
-    if not isinstance(k, int) or k < 1 or k > k_max:
-        raise ValueError(f"`k` must be an integer in [1, {k_max}], got {k!r}")
+    k = check_int(k, "k", low=1, high=k_max)
     if g.dtype != q.dtype or g.device != q.device:
         raise ValueError(
             f"`queries` ({q.dtype}, {q.device}) and `gallery` ({g.dtype}, {g.device}) must "
@@ -1271,8 +1270,7 @@ def search_shards(
     n = sh.n
     if n < 2:
         raise ValueError(f"`embeddings` needs at least 2 points over all ranks, got {n}")
-    if not isinstance(k, int) or k < 1 or k > n - 1:
-        raise ValueError(f"`k` must be an integer in [1, {n - 1}], got {k!r}")
+    k = check_int(k, "k", low=1, high=n - 1)
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"`chunk_size` must be positive, got {chunk_size}")
     qn = normalize(x, inplace=inplace)
@@ -1454,9 +1452,7 @@ class ExactSearch:
     name = "torch"
 
     def __init__(self, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
-        if not isinstance(memory_budget, int) or memory_budget <= 0:
-            raise ValueError(f"`memory_budget` must be a positive integer, got {memory_budget!r}")
-        self.memory_budget = memory_budget
+        self.memory_budget = check_int(memory_budget, "memory_budget", low=1)
 
     def __call__(
         self, query: Tensor, k: int, reference: Tensor, ref_includes_query: bool = False

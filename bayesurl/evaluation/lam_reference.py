@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from bayesurl._checks import check_finite, check_same_length, check_tensor
+from bayesurl._checks import check_finite, check_int, check_same_length, check_tensor
 
 __all__ = [
     "lam_ausc",
@@ -169,8 +169,7 @@ def lam_ece(samples: Tensor, labels: Tensor, n_bins: int = 10) -> float:
     y = check_tensor(labels, "labels", ndim=1)
     if y.shape[0] != s.shape[1]:
         raise ValueError(f"`labels` has {y.shape[0]} entries, `samples` has {s.shape[1]} inputs")
-    if int(n_bins) < 1:
-        raise ValueError(f"`n_bins` must be >= 1, got {n_bins}")
+    check_int(n_bins, "n_bins", low=1)
     y = y.to(s.device).long()
     if bool((y < 0).any()):
         raise ValueError("`labels` must be non-negative integers")

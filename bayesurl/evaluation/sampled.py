@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from bayesurl._checks import check_tensor
+from bayesurl._checks import check_int, check_tensor
 from bayesurl.distributed import RowExchange, Shards
 from bayesurl.evaluation.knn import (
     DEFAULT_MEMORY_BUDGET,
@@ -692,10 +692,8 @@ def neighbors_per_draw(
             )  # fmt: skip
         if margin is None:
             margin = pilot["margin"]
-    elif not isinstance(shortlist, int) or shortlist < 1:
-        raise ValueError(f"`shortlist` must be a positive integer or None, got {shortlist!r}")
     else:
-        L, pilot = min(shortlist, n - 1), {}
+        L, pilot = min(check_int(shortlist, "shortlist", low=1), n - 1), {}
     if info is not None:
         info.update(pilot, shortlist=float(L))
     mean = normalize(res)
@@ -716,8 +714,7 @@ def neighbors_per_draw(
     if cand is None:
         m_sims, cand = search(mean, partial(sh.chunks, mean), L, memory_budget, None, own, sh)
     if mode == "block":
-        if not isinstance(block, int) or block < 1:
-            raise ValueError(f"`block` must be a positive integer, got {block!r}")
+        block = check_int(block, "block", low=1)
         order = _cluster_order(mean, block, cluster_iters, memory_budget)
         return _nn_in_blocks(s, cand, order, block, memory_budget, progress)
     keep = torch.ones(cand.shape, dtype=torch.bool, device=cand.device)

@@ -397,13 +397,37 @@ def select_metrics(
             out.add(hit[0])
         return out
 
-    chosen = (
-        {m.name for m in METRICS.values() if m.default}
-        if include is None
-        else resolve(include, "include")
-    )
-    chosen |= resolve(also, "also")
-    chosen -= resolve(exclude, "exclude")
+    asked = None if include is None else resolve(include, "include")
+    extra = resolve(also, "also")
+    dropped = resolve(exclude, "exclude")
+    for name in [] if isinstance(exclude, str) else exclude:
+        metric = next(m for m in METRICS.values() if name == m.name or name in m.keys(options))
+        keys = metric.keys(options)
+        if name != metric.name and len(keys) > 1:
+            # excluding one key would silently drop its siblings too
+            raise ValueError(
+                f"`exclude`: {name!r} is one key of the metric {metric.name!r} "
+                f"({', '.join(keys)}); exclude drops whole metrics: name {metric.name!r}, "
+                "or choose the cut-offs with `ks` / `map_ks`"
+            )
+    both = sorted((asked or set()) & dropped)
+    if both:
+        raise ValueError(
+            f"`include` and `exclude` both name {', '.join(both)}: a metric is either computed "
+            "or not; drop it from one of them"
+        )
+    if extra & dropped:
+        raise ValueError(
+            f"`exclude` drops {', '.join(sorted(extra & dropped))}, which the other options "
+            "select (reference='lam' selects lam_ausc and lam_ece)"
+        )
+    chosen = {m.name for m in METRICS.values() if m.default} if asked is None else asked
+    chosen = (chosen | extra) - dropped
+    if not chosen:
+        raise ValueError(
+            "`include` / `exclude` select no metric: nothing would be computed (name at least "
+            f"one of {', '.join(METRICS)})"
+        )
     return [m for m in METRICS.values() if m.name in chosen]
 
 
@@ -467,7 +491,7 @@ def _map(ctx: EvalContext) -> dict[str, Any]:
 
 def _map_at_r_keys(options: dict[str, Any]) -> tuple[str, ...]:
     base = ("map@r", "r_precision")
-    return (*base, *(f"{k}_class_avg" for k in base)) if options["avg_of_avgs"] else base
+    return (*base, *(f"{k}_class_avg" for k in base)) if options.get("avg_of_avgs") else base
 
 
 def _map_at_r(ctx: EvalContext) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bayesurl._checks import check_same_length, check_tensor
+from bayesurl._checks import check_int, check_same_length, check_tensor
 from bayesurl.evaluation.functional import r_at_1, r_auroc, rank_correlation
 
 __all__ = [
@@ -159,8 +159,7 @@ def crop_uncertainty_check(
     lo, hi = (float(v) for v in area_range)
     if not 0.0 < lo <= hi <= 1.0:
         raise ValueError(f"`area_range` must satisfy 0 < low <= high <= 1, got {area_range}")
-    if int(batch_size) < 1:
-        raise ValueError(f"`batch_size` must be positive, got {batch_size}")
+    check_int(batch_size, "batch_size", low=1)
     x = check_tensor(images, "images", ndim=4, min_points=1)
     gen = torch.Generator().manual_seed(int(seed))
     area = lo + (hi - lo) * torch.rand(x.shape[0], generator=gen, dtype=torch.float64)

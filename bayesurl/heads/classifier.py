@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim
+from bayesurl._checks import check_finite, check_int, check_ndim
 
 __all__ = ["LinearClassifier"]
 
@@ -28,8 +28,7 @@ class LinearClassifier(nn.Linear):
 
     def __init__(self, embed_dim: int, num_classes: int, bias: bool = True) -> None:
         for name, val in (("embed_dim", embed_dim), ("num_classes", num_classes)):
-            if int(val) != val or val < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {val}")
+            check_int(val, name, low=1)
         super().__init__(int(embed_dim), int(num_classes), bias=bias)
 
     def forward(self, embedding: Tensor) -> Tensor:

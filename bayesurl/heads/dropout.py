@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim
+from bayesurl._checks import check_finite, check_int, check_ndim
 
 __all__ = ["MCDropoutHead", "block_dropout_linear"]
 
@@ -45,12 +45,10 @@ class MCDropoutHead(nn.Module):
     def __init__(self, embed_dim: int, num_classes: int, p: float = 0.1, n_passes: int = 10):
         super().__init__()
         for name, val in (("embed_dim", embed_dim), ("num_classes", num_classes)):
-            if int(val) != val or val < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {val}")
+            check_int(val, name, low=1)
         if not 0.0 < p < 1.0:
             raise ValueError(f"`p` must be in (0, 1), got {p}")
-        if int(n_passes) != n_passes or n_passes < 1:
-            raise ValueError(f"`n_passes` must be a positive integer, got {n_passes}")
+        check_int(n_passes, "n_passes", low=1)
         self.embed_dim, self.num_classes = int(embed_dim), int(num_classes)
         self.p, self.n_passes = float(p), int(n_passes)
         self.classifier = nn.Linear(self.embed_dim, self.num_classes)
@@ -134,12 +132,11 @@ def block_dropout_linear(
     n, f = features.shape
     if f != linear.in_features:
         raise ValueError(f"`features` must have {linear.in_features} columns, got {f}")
-    if int(groups) < 1 or f % int(groups):
+    if check_int(groups, "groups", low=1) and f % int(groups):
         raise ValueError(f"`groups` must divide the {f} features, got {groups}")
     if not 0.0 <= float(p) < 1.0:
         raise ValueError(f"`p` must be in [0, 1), got {p}")
-    if int(n_draws) < 1:
-        raise ValueError(f"`n_draws` must be >= 1, got {n_draws}")
+    check_int(n_draws, "n_draws", low=1)
     g = int(groups)
     w = linear.weight.reshape(linear.out_features, g, f // g)
     per_block = torch.einsum("ngk,dgk->ngd", features.reshape(n, g, f // g), w)

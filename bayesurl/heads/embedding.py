@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim
+from bayesurl._checks import check_finite, check_int, check_ndim
 from bayesurl.backbones import build_backbone
 
 __all__ = ["EmbeddingNet", "build_backbone"]
@@ -56,8 +56,8 @@ class EmbeddingNet(nn.Module):
         self, backbone: str | nn.Module, embed_dim: int | None = None, **backbone_kwargs: Any
     ) -> None:
         super().__init__()
-        if embed_dim is not None and (int(embed_dim) != embed_dim or embed_dim < 1):
-            raise ValueError(f"`embed_dim` must be a positive integer or None, got {embed_dim}")
+        if embed_dim is not None:
+            check_int(embed_dim, "embed_dim", low=1)
         self.backbone, self.feature_dim = build_backbone(backbone, **backbone_kwargs)
         if embed_dim is None:
             self.proj: nn.Module = nn.Identity()

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_floating, check_ndim
+from bayesurl._checks import check_finite, check_floating, check_int, check_ndim
 
 __all__ = ["EnsembleHeads", "average_log_probs", "orthogonal_procrustes", "pool_embeddings"]
 
@@ -169,8 +169,7 @@ class EnsembleHeads(nn.Module):
             ("num_classes", num_classes),
             ("num_heads", num_heads),
         ):
-            if int(val) != val or val < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {val}")
+            check_int(val, name, low=1)
         self.embed_dim, self.num_classes = int(embed_dim), int(num_classes)
         self.num_heads = int(num_heads)
         self.linear = nn.Linear(self.embed_dim, self.num_heads * self.num_classes)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_ndim
+from bayesurl._checks import check_finite, check_int, check_ndim
 from bayesurl.distributions.lowrank_gaussian import LowRankGaussian
 
 __all__ = ["DiagNoise", "HetXLHead", "HetXLOutput", "mc_softmax_log_probs"]
@@ -139,10 +139,8 @@ class HetXLHead(nn.Module):
             valid = ", ".join(v.value for v in DiagNoise)
             raise ValueError(f"`diag_noise` must be one of {valid}, got {diag_noise!r}") from None
         for name, val in (("embed_dim", embed_dim), ("num_classes", num_classes), ("rank", rank)):
-            if int(val) != val or val < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {val}")
-        if int(n_mc) != n_mc or n_mc < 1:
-            raise ValueError(f"`n_mc` must be a positive integer, got {n_mc}")
+            check_int(val, name, low=1)
+        check_int(n_mc, "n_mc", low=1)
         if not temperature > 0:
             raise ValueError(f"`temperature` must be > 0, got {temperature}")
         if min_scale < 0:

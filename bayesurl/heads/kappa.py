@@ -99,8 +99,7 @@ class KappaHead(nn.Module):
         min_kappa: float = 1e-4,
     ) -> None:
         super().__init__()
-        if int(in_dim) != in_dim or in_dim < 1:
-            raise ValueError(f"`in_dim` must be a positive integer, got {in_dim}")
+        check_int(in_dim, "in_dim", low=1)
         if warmup_u is not None and not (math.isfinite(warmup_u) and warmup_u > 0):
             raise ValueError(f"`warmup_u` must be a positive finite float or None, got {warmup_u}")
         min_kappa = check_number(min_kappa, "min_kappa", low=0.0)

@@ -15,16 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bayesurl._checks import check_int
 from bayesurl.heads.kappa import inverse_softplus
 
 __all__ = ["NonIsotropicVMFProxies", "VMFProxies"]
 
 
 def _check_sizes(num_classes: int, dim: int, kappa_scale: float, init_kappa: float) -> None:
-    if int(num_classes) != num_classes or num_classes < 2:
-        raise ValueError(f"`num_classes` must be an integer >= 2, got {num_classes}")
-    if int(dim) != dim or dim < 2:
-        raise ValueError(f"`dim` must be an integer >= 2, got {dim}")
+    check_int(num_classes, "num_classes", low=2)
+    check_int(dim, "dim", low=2)
     if not kappa_scale > 0:
         raise ValueError(f"`kappa_scale` must be positive, got {kappa_scale}")
     if not init_kappa > 0:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from bayesurl._checks import check_finite, check_ndim, check_same_length, check_tensor
+from bayesurl._checks import check_finite, check_int, check_ndim, check_same_length, check_tensor
 
 __all__ = [
     "PROBIT_MEAN_FIELD",
@@ -234,8 +234,7 @@ class RandomFeatureGP(nn.Module):
             ("num_classes", num_classes),
             ("num_random_features", num_random_features),
         ):
-            if int(val) != val or val < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {val}")
+            check_int(val, name, low=1)
         if not ridge > 0:
             raise ValueError(f"`ridge` must be > 0, got {ridge}")
         if mean_field_factor < 0:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import check_ndim
+from bayesurl._checks import check_int, check_ndim
 
 __all__ = [
     "TAU_UNCERTAINTIES",
@@ -134,10 +134,8 @@ class TemperatureHead(nn.Module):
 
     def __init__(self, in_features: int, scale: float = 0.1, hidden: int = 0) -> None:
         super().__init__()
-        if int(in_features) < 1:
-            raise ValueError(f"`in_features` must be >= 1, got {in_features}")
-        if int(hidden) < 0:
-            raise ValueError(f"`hidden` must be >= 0, got {hidden}")
+        check_int(in_features, "in_features", low=1)
+        check_int(hidden, "hidden", low=0)
         self.in_features = int(in_features)
         self.scale = _check_scale(scale)
         if hidden:

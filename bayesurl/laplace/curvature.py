@@ -14,7 +14,8 @@ where ``H_ij`` is the ``2D x 2D`` Hessian of the per-pair loss with respect to t
     diag_W[d, f] = sum_pairs A_dd phi_i,f^2 + 2 B_dd phi_i,f phi_j,f + C_dd phi_j,f^2
     diag_b[d]    = sum_pairs A_dd + 2 B_dd + C_dd
 
-which is three matrix products ``[D, P] @ [P, F]`` -- no autograd, no BackPACK.
+which is one matrix product ``[D, N] @ [N, F]`` for the ``A`` and ``C`` terms (summed per
+row first) and one ``[D, P] @ [P, F]`` for the cross terms ``B`` -- no autograd, no BackPACK.
 
 Blocks used (``u_k = z_k/||z_k||``, ``n_k = ||z_k||``, ``c = u_i . u_j``, ``P_k = (I - u_k
 u_k^T)/n_k``), for a *positive* pair; negative pairs inside the margin use the negated blocks
@@ -202,6 +203,7 @@ def contributing_pairs(
 
 def _pair_terms(
     z: Tensor,
+    phi2: Tensor,
     phi: Tensor,
     i: Tensor,
     j: Tensor,
@@ -209,12 +211,16 @@ def _pair_terms(
     geometry: Geometry,
     cross: bool,
 ) -> tuple[Tensor, Tensor]:
+    """One pair set's ``(diag_W, diag_b)``. The diagonal blocks are summed per row first,
+    ``s_k = sum_{pairs with i = k} A + sum_{pairs with j = k} C``, so they cost one
+    ``[D, N] @ [N, F]`` product (``phi2 = phi^2``) however many pairs share the rows (every
+    triplet of a batch repeats its anchor); only the cross blocks need a product per pair."""
     a, b, c = output_hessian_diagonals(z[i], z[j], geometry)
-    p1, p2 = phi[i], phi[j]
-    hw = a.T @ (p1 * p1) + c.T @ (p2 * p2)
-    hb = a.sum(0) + c.sum(0)
+    per_row = torch.zeros_like(z).index_add_(0, i, a).index_add_(0, j, c)
+    hw = per_row.T @ phi2
+    hb = per_row.sum(0)
     if cross:
-        hw = hw + 2.0 * (b.T @ (p1 * p2))
+        hw = hw + 2.0 * (b.T @ (phi[i] * phi[j]))
         hb = hb + 2.0 * b.sum(0)
     return sign * hw, sign * hb
 
@@ -257,8 +263,9 @@ def ggn_diagonal_linear(
         hw = torch.zeros_like(weight)
         hb = torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
         cross = approximation is not Approximation.FIXED
+        phi2 = phi * phi
         for i, j, sign in contributing_pairs(z, (a1, p, a2, ng), approximation, margin):
-            w, b = _pair_terms(z, phi, i, j, sign, geometry, cross)
+            w, b = _pair_terms(z, phi2, phi, i, j, sign, geometry, cross)
             hw, hb = hw + w, hb + b
         out = hw.reshape(-1) if bias is None else torch.cat([hw.reshape(-1), hb])
         return out.clamp_min(0.0) if clamp else out

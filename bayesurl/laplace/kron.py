@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from bayesurl._checks import check_int
 from bayesurl.laplace.curvature import (
     Approximation,
     Geometry,
@@ -327,8 +328,7 @@ def kron_factors(
     ValueError
         If the sum is zero (no pairs and no memory).
     """
-    if int(max_iter) < 1:
-        raise ValueError(f"`max_iter` must be >= 1, got {max_iter}")
+    check_int(max_iter, "max_iter", low=1)
     if tol is None:
         tol = 1e-4 if inputs.dtype in (torch.float32, torch.float16, torch.bfloat16) else 1e-8
     if init is None:

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 from torch.nn.utils import parameters_to_vector
 
-from bayesurl._checks import check_finite, check_labels, match_module_dtype
+from bayesurl._checks import check_finite, check_int, check_labels, match_module_dtype
 from bayesurl._modules import eval_mode
 from bayesurl.data.batch import unpack_batch
 from bayesurl.laplace.curvature import Approximation, Geometry, _enum, split_pairs
@@ -312,8 +312,7 @@ class KronHeadLaplace:
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         """``n`` draws of the head's parameter vector, ``[n, P]`` (layers independent)."""
-        if int(n) < 1:
-            raise ValueError(f"`n` must be >= 1, got {n}")
+        check_int(n, "n", low=1)
         parts = []
         for post, var in zip(self.posteriors, self._variances()):
             eps = torch.randn(

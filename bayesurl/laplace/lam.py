@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_labels
+from bayesurl._checks import check_int, check_labels
 from bayesurl.laplace.metric import Miner, OnlineMetricLaplace, loss_miner
 from bayesurl.losses.contrastive import ContrastiveLoss
 from bayesurl.methods.base import Method
@@ -187,8 +187,7 @@ class PriorPrecisionTuning(Hook):
     the prior fixed). A Hessian whose every entry is clamped keeps the prior."""
 
     def __init__(self, laplace: OnlineMetricLaplace, every: int) -> None:
-        if isinstance(every, bool) or int(every) < 1:
-            raise ValueError(f"`optimize_prior_every` must be >= 1, got {every}")
+        check_int(every, "optimize_prior_every", low=1)
         self.laplace, self.every = laplace, int(every)
 
     def on_step_end(self, trainer: Trainer) -> None:

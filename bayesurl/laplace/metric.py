@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from bayesurl._checks import check_finite, check_labels, check_tensor, match_module_dtype
+from bayesurl._checks import check_finite, check_int, check_labels, check_tensor, match_module_dtype
 from bayesurl._modules import eval_mode
 from bayesurl.data.batch import unpack_batch
 from bayesurl.laplace.curvature import (
@@ -73,6 +73,7 @@ __all__ = [
     "KronMetricLaplace",
     "KronOnlineMetricLaplace",
     "KronPosthocMetricLaplace",
+    "HessianMiner",
     "HessianPairs",
     "LaplaceMode",
     "MetricLaplace",
@@ -100,14 +101,53 @@ class HessianPairs(str, Enum):
     """Which mined negative pairs enter the Hessian.
 
     The contrastive loss is flat for a negative pair outside the margin, so its GGN there is
-    0 (``inside_margin``, default). The LAM code (``laplace_online_model.py`` lines 132-148,
+    0 (``inside_margin``). The LAM code (``laplace_online_model.py`` lines 132-148,
     FrederikWarburg/bayesian-metric-learning e0188f4) passes every tuple its
     ``TripletMarginMiner`` returns to the Hessian calculator, which has no margin test
-    (``all_mined``).
+    (``all_mined``, default with the ``triplets`` miner of :class:`HessianMiner`: the pair set
+    measured best on most of four roads, docs/concepts/laplace.rst, "Which pairs enter the
+    Hessian").
     """
 
     INSIDE_MARGIN = "inside_margin"
     ALL_MINED = "all_mined"
+
+
+class HessianMiner(str, Enum):
+    """Which tuples of a batch the Hessian is mined from (when ``fit`` gets no ``miner``).
+
+    ``hard``: the hardest positive and the hardest negative of every anchor (PML's
+    ``BatchEasyHardMiner("hard", "hard")``). ``loss_pairs``: every positive pair and every
+    negative pair inside the margin, the pairs with a non-zero contrastive loss (PML's
+    ``PairMarginMiner(0, margin)``; LAM section 3, "Hard negative mining"). ``triplets``:
+    the LAM code's ``TripletMarginMiner(margin, "all")``, every triplet with
+    ``d(a, n) - d(a, p) < margin``, at most :data:`MAX_TRIPLETS` of them per batch (a
+    seeded subsample, as the LAM code's ``max_pairs``; default).
+    """
+
+    HARD = "hard"
+    LOSS_PAIRS = "loss_pairs"
+    TRIPLETS = "triplets"
+
+
+#: the LAM code's ``max_pairs``: triplets per batch that enter the Hessian
+MAX_TRIPLETS = 5000
+
+
+class _CappedMiner:
+    """A PML miner whose triplets are subsampled to at most ``cap`` per batch (seeded)."""
+
+    def __init__(self, miner: Miner, cap: int, seed: int = 0) -> None:
+        self.miner, self.cap = miner, int(cap)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, ...]:
+        tup = self.miner(embeddings, labels)
+        n = len(tup[0])
+        if n <= self.cap:
+            return tup
+        keep = torch.randperm(n, generator=self.generator)[: self.cap].to(tup[0].device)
+        return tuple(t[keep] for t in tup)
 
 
 class OnlineScale(str, Enum):
@@ -280,7 +320,8 @@ class BaseMetricLaplace:
         prior_precision: float | Tensor = 1.0,
         margin: float = 0.2,
         hessian_scale: float = 1.0,
-        hessian_pairs: HessianPairs | str = HessianPairs.INSIDE_MARGIN,
+        hessian_pairs: HessianPairs | str = HessianPairs.ALL_MINED,
+        hessian_miner: HessianMiner | str = HessianMiner.TRIPLETS,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ValueError(f"`model` must be an nn.Module, got {type(model).__name__}")
@@ -292,6 +333,8 @@ class BaseMetricLaplace:
             raise ValueError(f"`margin` must be positive, got {margin}")
         self.margin = float(margin)
         self.hessian_pairs = _enum(HessianPairs, hessian_pairs, "hessian_pairs")
+        self.hessian_miner = _enum(HessianMiner, hessian_miner, "hessian_miner")
+        self._miner: Miner | None = None
         if not float(hessian_scale) > 0:
             raise ValueError(f"`hessian_scale` must be positive, got {hessian_scale}")
         self.hessian_scale = float(hessian_scale)
@@ -450,18 +493,19 @@ class BaseMetricLaplace:
         return self.margin
 
     def _default_miner(self) -> Miner:
-        """Hessian pairs: the hardest positive and hardest negative of every anchor.
+        """The Hessian miner of :attr:`hessian_miner` (:class:`HessianMiner`), built once
+        (the ``triplets`` subsample draws from one seeded stream per posterior)."""
+        if self._miner is None:
+            from pytorch_metric_learning import miners
 
-        All positive pairs and all negatives inside the margin (PML's ``PairMarginMiner``)
-        are dominated ~5:1 by negatives on a trained FashionMNIST net, so the ``fixed`` and
-        ``full`` diagonals were clamped in 100% / 88-99% of entries; one hard positive and
-        one hard negative per anchor (PML's ``BatchEasyHardMiner("hard", "hard")``) keeps
-        the pair balance (docs/concepts/laplace.rst, "The contrastive loss and its Hessian"; LAM
-        section 3, "Hard negative mining"). Negatives outside the margin are still dropped.
-        """
-        from pytorch_metric_learning.miners import BatchEasyHardMiner
-
-        return BatchEasyHardMiner(pos_strategy="hard", neg_strategy="hard")
+            if self.hessian_miner is HessianMiner.HARD:
+                self._miner = miners.BatchEasyHardMiner(pos_strategy="hard", neg_strategy="hard")
+            elif self.hessian_miner is HessianMiner.LOSS_PAIRS:
+                self._miner = loss_miner(self.margin)
+            else:
+                triplets = miners.TripletMarginMiner(margin=self.margin, type_of_triplets="all")
+                self._miner = _CappedMiner(triplets, MAX_TRIPLETS)
+        return self._miner
 
     @staticmethod
     def _loss_miner(margin: float) -> Miner:
@@ -492,10 +536,9 @@ class BaseMetricLaplace:
         loader : iterable of (x, y)
             Training batches with class labels.
         miner : callable, optional
-            ``miner(embeddings, labels) -> indices_tuple`` (any PML miner). Default: PML's
-            ``BatchEasyHardMiner("hard", "hard")``, the hardest positive and hardest
-            negative of each anchor (see ``_default_miner``); negatives outside the margin
-            contribute nothing. Pairs are formed within each batch.
+            ``miner(embeddings, labels) -> indices_tuple`` (any PML miner). Default: the
+            miner of :attr:`hessian_miner` (:class:`HessianMiner`); which of its negatives
+            enter the Hessian is :attr:`hessian_pairs`. Pairs are formed within each batch.
         reset : bool
             Start from ``H = 0`` (default) or add to the current ``H``.
         progress : bool
@@ -583,8 +626,7 @@ class BaseMetricLaplace:
     # ------------------------------------------------------------------ prediction
     def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         """``n`` draws of the last layer's parameter vector from the posterior, ``[n, P]``."""
-        if int(n) < 1:
-            raise ValueError(f"`n` must be >= 1, got {n}")
+        check_int(n, "n", low=1)
         mean = self.mean
         eps = torch.randn(
             (int(n), mean.numel()), generator=generator, dtype=mean.dtype, device=mean.device
@@ -659,7 +701,7 @@ class BaseMetricLaplace:
         """
         if u_from not in ("trace", "samples"):
             raise ValueError(f"`u_from` must be 'trace' or 'samples', got {u_from!r}")
-        if u_from == "samples" and int(n_samples) < 2:
+        if u_from == "samples" and check_int(n_samples, "n_samples") < 2:
             raise ValueError(f"`u_from='samples'` needs `n_samples` >= 2, got {n_samples}")
         self._check_embedding_dim()
         with eval_mode(self.model), torch.no_grad():
@@ -690,6 +732,7 @@ class BaseMetricLaplace:
             "margin": self.margin,
             "hessian_scale": self.hessian_scale,
             "hessian_pairs": self.hessian_pairs.value,
+            "hessian_miner": self.hessian_miner.value,
             "mode": self.mode,
             "n_pairs": self.n_pairs,
             "hessian_structure": self.hessian_structure.value,
@@ -732,8 +775,12 @@ class BaseMetricLaplace:
         self.geometry = _enum(Geometry, state["geometry"], "geometry")
         self.margin = float(state["margin"])
         self.hessian_scale = float(state.get("hessian_scale", 1.0))
+        # a state saved before these options existed was fitted with the then defaults
         pairs = state.get("hessian_pairs", HessianPairs.INSIDE_MARGIN.value)
         self.hessian_pairs = _enum(HessianPairs, pairs, "hessian_pairs")
+        miner = state.get("hessian_miner", HessianMiner.HARD.value)
+        self.hessian_miner = _enum(HessianMiner, miner, "hessian_miner")
+        self._miner = None
         self.prior_precision = state["prior_precision"]
         self.hessian = h.to(w.device).clone()
         self.n_pairs = int(state.get("n_pairs", 0))
@@ -974,10 +1021,9 @@ class OnlineMetricLaplace(BaseMetricLaplace):
         self.online_scale = _enum(OnlineScale, online_scale, "online_scale")
         if not 0.0 <= float(alpha) <= 1.0:
             raise ValueError(f"`alpha` must be in [0, 1], got {alpha}")
-        if int(n_weight_samples) < 1:
-            raise ValueError(f"`n_weight_samples` must be >= 1, got {n_weight_samples}")
-        if dataset_size is not None and int(dataset_size) < 1:
-            raise ValueError(f"`dataset_size` must be >= 1, got {dataset_size}")
+        check_int(n_weight_samples, "n_weight_samples", low=1)
+        if dataset_size is not None:
+            check_int(dataset_size, "dataset_size", low=1)
         self.alpha = float(alpha)
         self.dataset_size = None if dataset_size is None else int(dataset_size)
         self.n_weight_samples = int(n_weight_samples)
@@ -1185,7 +1231,8 @@ def MetricLaplace(  # noqa: N802 - factory named like the class it returns (lapl
     margin: float = 0.2,
     hessian_scale: float = 1.0,
     hessian_structure: HessianStructure | str = "diag",
-    hessian_pairs: HessianPairs | str = HessianPairs.INSIDE_MARGIN,
+    hessian_pairs: HessianPairs | str = HessianPairs.ALL_MINED,
+    hessian_miner: HessianMiner | str = HessianMiner.TRIPLETS,
     **online_kwargs: Any,
 ) -> BaseMetricLaplace:
     """Last-layer Laplace for metric learning, laplace-torch style (LAM section 3).
@@ -1218,9 +1265,16 @@ def MetricLaplace(  # noqa: N802 - factory named like the class it returns (lapl
         (EKFAC; :mod:`bayesurl.laplace.kron`). Every method below works for both; ``kron``
         costs one input cache of ``N (F + 1)`` floats during :meth:`fit`. Online, each step
         refits the factors to the decayed EKFAC curvature plus the batch GGN.
-    hessian_pairs : {"inside_margin", "all_mined"}
-        :class:`HessianPairs`: negatives outside the margin contribute nothing (default, the
-        GGN of the loss) or every mined pair does (the LAM code).
+    hessian_pairs : {"all_mined", "inside_margin"}
+        :class:`HessianPairs`: every mined pair enters (default, the LAM code) or negatives
+        outside the margin contribute nothing (the GGN of the loss).
+    hessian_miner : {"triplets", "hard", "loss_pairs"}
+        :class:`HessianMiner`: the tuples the Hessian is mined from when ``fit`` (or
+        ``online_loss``) gets no miner of its own: every triplet inside the margin, at most
+        5,000 per batch (default, the LAM code), the hardest positive and negative of each
+        anchor, or every pair with a non-zero loss (LAM section 3). The default pair set was
+        chosen by measurement on four roads (docs/concepts/laplace.rst, "Which pairs enter the
+        Hessian"); it costs one ``[P, D]`` output-Hessian block per mined pair.
     **online_kwargs
         ``alpha`` (memory, default 1e-3), ``dataset_size``, ``n_weight_samples`` (default 1),
         ``init_hessian`` (default 0; LAM code: ``dataset_size``), ``online_scale``
@@ -1254,5 +1308,6 @@ def MetricLaplace(  # noqa: N802 - factory named like the class it returns (lapl
         margin=margin,
         hessian_scale=hessian_scale,
         hessian_pairs=hessian_pairs,
+        hessian_miner=hessian_miner,
         **online_kwargs,
     )

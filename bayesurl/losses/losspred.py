@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_floating, check_ndim, check_same_length
+from bayesurl._checks import check_finite, check_floating, check_int, check_ndim, check_same_length
 
 __all__ = ["LossPredictionLoss", "LossPredictor", "losspred_loss"]
 
@@ -128,8 +128,7 @@ class LossPredictor(nn.Module):
         eps: float = 1e-6,
     ) -> None:
         super().__init__()
-        if int(in_dim) != in_dim or in_dim < 1:
-            raise ValueError(f"`in_dim` must be a positive integer, got {in_dim}")
+        check_int(in_dim, "in_dim", low=1)
         if warmup_u is not None and not (math.isfinite(warmup_u) and warmup_u > eps):
             raise ValueError(f"`warmup_u` must be a finite float > eps or None, got {warmup_u}")
         h = max(int(in_dim), 16) if hidden_dim is None else int(hidden_dim)

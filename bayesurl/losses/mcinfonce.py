@@ -36,6 +36,7 @@ import torch
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import Tensor
 
+from bayesurl._checks import check_int
 from bayesurl.distributions.vmf import VmfSampler, _sample_vmf, check_sampler
 from bayesurl.losses._base import (
     ExplicitKappaLoss,
@@ -64,9 +65,7 @@ __all__ = [
 
 
 def _check_n_samples(n: int) -> int:
-    if int(n) != n or n < 1:
-        raise ValueError(f"`n_samples` must be a positive integer, got {n}")
-    return int(n)
+    return check_int(n, "n_samples", low=1)
 
 
 _DENOMINATORS = ("negatives", "positive")

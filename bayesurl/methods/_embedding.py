@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_integer, check_ndim
+from bayesurl._checks import check_finite, check_int, check_integer, check_ndim
 from bayesurl.data.batch import unpack_batch
 from bayesurl.heads.embedding import EmbeddingNet
 from bayesurl.methods.base import Method
@@ -68,10 +68,10 @@ class EmbeddingMethod(Method):
         backbone_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        if self.needs_classes and (
-            num_classes is None or int(num_classes) != num_classes or num_classes < 2
-        ):
-            raise ValueError(f"`num_classes` must be an integer >= 2, got {num_classes}")
+        if self.needs_classes and num_classes is None:
+            raise ValueError("`num_classes` must be an integer >= 2, got None")
+        if num_classes is not None:
+            check_int(num_classes, "num_classes", low=2 if self.needs_classes else 1)
         self.num_classes = None if num_classes is None else int(num_classes)
         self.net = EmbeddingNet(backbone, embed_dim, **dict(backbone_kwargs or {}))
         self.embed_dim = self.net.embed_dim
@@ -106,9 +106,7 @@ class EmbeddingMethod(Method):
 
     @staticmethod
     def _check_n_samples(n_samples: int) -> int:
-        if int(n_samples) != n_samples or n_samples < 0:
-            raise ValueError(f"`n_samples` must be an integer >= 0, got {n_samples}")
-        return int(n_samples)
+        return check_int(n_samples, "n_samples", low=0)
 
     def _check_views(self, batch: Any) -> tuple[Tensor, Tensor]:
         """``((x1, x2), y) -> (x1, x2)`` for the two-view (self-supervised) methods."""

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from pytorch_metric_learning.miners import PairMarginMiner
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite
+from bayesurl._checks import check_finite, check_int
 from bayesurl.evaluation.functional import uncertainty_from_samples
 from bayesurl.heads.dropout import block_dropout_linear
 from bayesurl.losses.contrastive import ContrastiveLoss
@@ -126,8 +126,7 @@ class ContrastiveMCDropout(Contrastive):
             raise ValueError("`embed_dim` must be set: the dropout acts before that linear layer")
         if not 0.0 < float(p) < 1.0:
             raise ValueError(f"`p` must be in (0, 1), got {p}")
-        if int(n_passes) != n_passes or n_passes < 2:
-            raise ValueError(f"`n_passes` must be an integer >= 2, got {n_passes}")
+        check_int(n_passes, "n_passes", low=2)
         groups = dropout_groups or getattr(self.net.backbone, "feature_groups", None)
         groups = int(groups or self.net.feature_dim)
         if self.net.feature_dim % groups:

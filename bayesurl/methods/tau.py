@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from bayesurl._checks import check_int
 from bayesurl.data.batch import unpack_batch
 from bayesurl.heads.embedding import EmbeddingNet
 from bayesurl.heads.temperature import check_tau_uncertainty, tau_uncertainty
@@ -72,8 +73,7 @@ class TaU(Method):
     ) -> None:
         super().__init__()
         self.uncertainty = check_tau_uncertainty(uncertainty)
-        if int(embed_dim) != embed_dim or embed_dim < 1:
-            raise ValueError(f"`embed_dim` must be a positive integer, got {embed_dim}")
+        check_int(embed_dim, "embed_dim", low=1)
         self.embed_dim = int(embed_dim)
         self.scale = float(scale)
         if not self.scale > 0:

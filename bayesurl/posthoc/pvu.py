@@ -32,6 +32,7 @@ from bayesurl._checks import (
     check_floating,
     check_int,
     check_ndim,
+    check_number,
     check_same_length,
 )
 from bayesurl.data.batch import unpack_batch
@@ -102,10 +103,8 @@ class PVUHead(nn.Module):
 
     def __init__(self, in_features: int, hidden: int = 512) -> None:
         super().__init__()
-        if int(in_features) < 1 or int(hidden) < 1:
-            raise ValueError(
-                f"`in_features` and `hidden` must be >= 1, got {in_features}, {hidden}"
-            )
+        check_int(in_features, "in_features", low=1)
+        check_int(hidden, "hidden", low=1)
         self.in_features = int(in_features)
         self.net = nn.Sequential(
             nn.Linear(in_features, hidden),
@@ -403,8 +402,9 @@ class PVU(PosthocWrapper):
         dict
             ``losses`` (mean head loss per epoch), ``cache_seconds``, ``train_seconds``.
         """
-        if int(epochs) < 1:
-            raise ValueError(f"`epochs` must be >= 1, got {epochs}")
+        check_int(epochs, "epochs", low=1)
+        check_number(lr, "lr", low=0.0, low_open=True)
+        check_number(weight_decay, "weight_decay", low=0.0)
         if self.task is PVUTask.CLASSIFIER and self.classifier is None:
             raise ValueError(
                 "task='classifier' needs a `classifier` module (wrap(..., classifier=))"

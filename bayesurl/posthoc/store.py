@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import os
 import time
@@ -48,6 +49,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bayesurl._checks import check_int
 from bayesurl._modules import eval_mode
 from bayesurl.data.batch import unpack_batch
 from bayesurl.data.transforms import Resize
@@ -63,6 +65,7 @@ __all__ = [
     "encoder_fingerprint",
     "image_digests",
     "write_shard",
+    "view_seed",
 ]
 
 #: The format every shard records in its ``meta.json``.
@@ -110,6 +113,8 @@ def encoder_fingerprint(encoder: nn.Module) -> str:
 
 def image_digests(images: Tensor) -> list[str]:
     """SHA-1 hex digest of each image's bytes (the :class:`FeatureStore`'s address of it)."""
+    if len(images) == 0:
+        return []
     flat = images.reshape(len(images), -1).contiguous().cpu().numpy()
     return [hashlib.sha1(row.tobytes()).hexdigest() for row in flat]
 
@@ -163,7 +168,7 @@ def encode_batches(
     labels : Tensor or None
         The batch's ``y``.
     """
-    if int(views) < 0 or int(views) + int(plain) < 1:
+    if check_int(views, "views", low=0) + int(plain) < 1:
         raise ValueError(f"nothing to encode: plain={plain}, views={views}")
     if views and augment is None:
         raise ValueError("`augment` is required for `views` > 0")
@@ -447,8 +452,7 @@ class EmbeddingCache(EmbeddingShard):
         progress : bool
             Show a tqdm bar per pass.
         """
-        if int(passes) < 1:
-            raise ValueError(f"`passes` must be >= 1, got {passes}")
+        check_int(passes, "passes", low=1)
         if dtype not in _DTYPES:
             raise ValueError(f"unknown `dtype` {dtype!r}; valid: {', '.join(_DTYPES)}")
         directory = Path(os.fspath(directory))
@@ -510,8 +514,7 @@ class EmbeddingCache(EmbeddingShard):
         generator: torch.Generator | None = None,
     ) -> Iterator[tuple[Tensor, Tensor | None]]:
         """Mini-batches ``(embeddings, labels)`` of one pass (``pass_index`` modulo passes)."""
-        if int(batch_size) < 1:
-            raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
+        check_int(batch_size, "batch_size", low=1)
         base = (int(pass_index) % self.passes) * self.n_items
         if shuffle:
             order = torch.randperm(self.n_items, generator=generator).numpy()
@@ -565,7 +568,9 @@ class FeatureStore:
     is encoded once). Missing images are encoded into a new shard, sealed by
     :func:`bayesurl.files.reuse_or_build`: a corrupted shard is rebuilt, never read. Training
     images get ``views`` rows: row 0 the deterministic transform, rows ``1..views-1`` random
-    augmentations drawn once at extraction, seeded by ``seed``.
+    augmentations drawn once at extraction, view ``v`` of an image seeded by ``seed``, the
+    image's digest and ``v`` (:func:`view_seed`): an image's features never depend on which
+    images were extracted with it or before it.
 
     Parameters
     ----------
@@ -580,7 +585,8 @@ class FeatureStore:
     description : dict
         What the transform and resolution are (JSON-able; part of the key).
     seed : int
-        Seed of the augmentations drawn at extraction.
+        Seed of the augmentations drawn at extraction (with each image's digest and view
+        number, :func:`view_seed`).
     progress : bool
         tqdm bar per extraction.
     """
@@ -611,6 +617,11 @@ class FeatureStore:
             "transform": self.description,
             "views": int(views),
             "seed": int(self.seed) if views > 1 else None,
+            # rows computed independently of the other images extracted with them (batches of
+            # at least MIN_EXTRACT_ROWS, each image's views drawn from its own seed,
+            # :func:`view_seed`); shards written before carry no such entries and are not read
+            "min_batch": MIN_EXTRACT_ROWS,
+            **({"draws": "per-image"} if views > 1 else {}),
         }
 
     def folder(self, views: int) -> Path:
@@ -628,6 +639,8 @@ class FeatureStore:
         when the caller has them already.
         """
         views = int(self.views) if augmented else 1
+        if len(images) == 0:
+            raise ValueError("`images` is empty: nothing to look up or extract")
         if digests is None:
             digests = image_digests(images)
         elif len(digests) != len(images):
@@ -657,33 +670,100 @@ class FeatureStore:
     def _extract(self, folder: Path, images: Tensor, digests: list[str], views: int) -> Path:
         name = hashlib.sha256("".join(digests).encode()).hexdigest()[:16]
         key = {**self.key(views), "images": name}
-        gen = torch.Generator().manual_seed(int(self.seed))
-
-        def draw(x: Tensor) -> Tensor:
-            # the augmentations draw from torch's global generator of x's device: seed a fork
-            # of it (a CUDA one too: manual_seed reseeds every device's generator)
-            with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
-                torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-                return self.encoder.resize(self.augment(x))  # type: ignore[misc]
+        # rows are handed to the backbone in batches of at least MIN_EXTRACT_ROWS: CPU kernels
+        # pick another algorithm for very small batches (measured: below 16 rows the features
+        # differ by ~1e-5), so a short remainder batch would make an image's features depend
+        # on how many other images were missing from the store when it was extracted
+        padded = _Padded(self.encoder.backbone)
 
         def build(shard: Path) -> dict[str, Any]:
             t0 = time.perf_counter()
-            batches = (
-                images[lo : lo + EXTRACT_BATCH] for lo in range(0, len(images), EXTRACT_BATCH)
-            )
-            rows = encode_batches(
-                self.encoder, batches, views=views - 1, augment=draw,
-                view_encoder=self.encoder.backbone, progress=self.progress,
-                desc=f"extracting features ({views} view{'s' if views > 1 else ''} each)",
-                total=len(images),
+            starts = range(0, len(images), EXTRACT_BATCH)
+            chunks = (images[lo : lo + EXTRACT_BATCH] for lo in starts)
+            rows = (
+                self._encode(x, digests[lo : lo + len(x)], views, padded)
+                for lo, x in zip(starts, iterate(
+                    chunks, self.progress,
+                    f"extracting features ({views} view{'s' if views > 1 else ''} each)",
+                    total=len(images),
+                ))
             )  # fmt: skip
-            built = write_shard(shard, ((e.float(), y) for e, y in rows), digests=digests)
+            built = write_shard(shard, rows, digests=digests)
             self.timings["extract_seconds"] += time.perf_counter() - t0
             self.timings["extract_images"] += len(images) * views
             return built
 
         reuse_or_build(folder / f"shard-{name}", build, key=key)
         return folder / f"shard-{name}"
+
+    @torch.no_grad()
+    def _encode(
+        self, images: Tensor, digests: list[str], views: int, backbone: nn.Module
+    ) -> tuple[Tensor, None]:
+        """Rows ``[B, views, F]`` of one batch: the plain row, then ``views - 1`` augmented
+        rows, each image's view ``v`` drawn from its own generator (:func:`view_seed`)."""
+        device = device_of(self.encoder)
+        x = images.to(device)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(eval_mode(self.encoder))
+            rows = [encode(backbone, self.encoder.resize(self.encoder.transform(x)))]
+            for v in range(1, views):
+                drawn = [
+                    _draw(self.augment, x[i : i + 1], view_seed(self.seed, d, v))
+                    for i, d in enumerate(digests)
+                ]
+                rows.append(encode(backbone, self.encoder.resize(torch.cat(drawn))))
+        return torch.stack(rows, dim=1).float().cpu(), None
+
+
+#: Smallest batch the store hands to a backbone (short batches are padded, see ``_extract``).
+MIN_EXTRACT_ROWS = 32
+
+
+def view_seed(seed: int, digest: str, view: int) -> int:
+    """The seed of augmented view ``view`` of the image with SHA-1 ``digest``.
+
+    A function of the store's ``seed``, the image's content and the view number only, so an
+    image gets the same views whatever other images are extracted with it, before it or in
+    which order (a run's numbers never depend on the cache's history).
+    """
+    blob = hashlib.sha256(f"{int(seed)}/{digest}/{int(view)}".encode()).digest()
+    return int.from_bytes(blob[:8], "little") & (2**63 - 1)
+
+
+def _draw(augment: Any, x: Tensor, seed: int) -> Tensor:
+    """``augment(x)`` with its randomness drawn from ``seed`` alone.
+
+    An augmentation that takes a ``generator`` (:func:`bayesurl.data.default_augmentation`)
+    gets a CPU generator (the same draws on every device); any other draws from torch's
+    global generator, seeded in a fork of it.
+    """
+    gen = torch.Generator().manual_seed(int(seed))
+    try:
+        takes_generator = "generator" in inspect.signature(augment.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        takes_generator = False
+    if takes_generator:
+        return augment(x, generator=gen)
+    # a CUDA generator too: manual_seed reseeds every device's generator
+    with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+        torch.manual_seed(int(seed))
+        return augment(x)
+
+
+class _Padded(nn.Module):
+    """``module`` run on at least :data:`MIN_EXTRACT_ROWS` rows (repeats of the last row),
+    returning the rows it was given."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: Tensor) -> Tensor:
+        n = x.shape[0]
+        if 0 < n < MIN_EXTRACT_ROWS:
+            x = torch.cat([x, x[-1:].expand(MIN_EXTRACT_ROWS - n, *x.shape[1:])])
+        return self.module(x)[:n]
 
 
 def _load_shards(folder: Path) -> dict[str, tuple[np.ndarray, int]]:

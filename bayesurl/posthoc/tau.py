@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import check_int
+from bayesurl._checks import check_int, check_number
 from bayesurl.data.batch import unpack_batch
 from bayesurl.heads.temperature import TemperatureHead, check_tau_uncertainty, tau_uncertainty
 from bayesurl.losses.tau import TaUVariant, _variant, tau_simclr_loss
@@ -155,8 +155,9 @@ class PosthocTaU(PosthocWrapper):
         dict
             ``losses`` (mean per epoch) and ``train_seconds``.
         """
-        if int(epochs) < 1:
-            raise ValueError(f"`epochs` must be >= 1, got {epochs}")
+        check_int(epochs, "epochs", low=1)
+        check_number(lr, "lr", low=0.0, low_open=True)
+        check_number(weight_decay, "weight_decay", low=0.0)
         make_opt = optimizer or (lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=weight_decay))
         dev = device_of(self.encoder)
         opt = None

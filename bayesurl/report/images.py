@@ -31,8 +31,10 @@ import torch
 from PIL import Image
 
 from bayesurl.data.fmnist import FASHION_MNIST_CLASSES
+from bayesurl.data.folder import file_digest, read_image
 from bayesurl.runs.config import BackboneConfig, DataConfig, EstimatorConfig, RunConfig
 from bayesurl.runs.data import build_data
+from bayesurl.runs.folder import DEFAULT_MAX_PIXELS
 from bayesurl.runs.queries import QueryRecord, source_ids
 
 __all__ = ["ImageSource", "image_source", "pixel_digest", "png_data_uri"]
@@ -106,6 +108,8 @@ class ImageSource:
     ----------
     names : dict
         Thumbnail key (``q<id>``, ``o<id>``) -> name of the source image.
+    why : dict
+        Thumbnail key -> why that image is not drawn (changed or missing since the run).
     problem : str or None
         Why images are missing, in words (``None``: every image was had).
     """
@@ -125,6 +129,7 @@ class ImageSource:
         self.size = int(size)
         self.problem = problem
         self.names: dict[str, str] = {}
+        self.why: dict[str, str] = {}
         self._cache: dict[str, str] = {}
 
     def _thumb(self, kind: str, fn: Callable[[int], Any] | None, i: int) -> str | None:
@@ -137,6 +142,7 @@ class ImageSource:
             except (OSError, ValueError) as exc:
                 # a file gone or changed since the run: the page says so instead of a picture
                 self.problem = self.problem or f"{exc}"
+                self.why[key] = f"{exc}"
                 return None
             self._cache[key] = png_data_uri(image, self.size)
             if self._name is not None:
@@ -238,15 +244,27 @@ def _dataset_source(record: QueryRecord, cache: dict[str, Any], size: int) -> Im
 
 
 def _folder_source(record: QueryRecord, size: int) -> ImageSource:
-    """Images of a folder record: its files (relative to ``meta["root"]``)."""
+    """Images of a folder record: its files (relative to ``meta["root"]``), each checked
+    against the digest of the file the run scored (where the record keeps them): a file
+    changed or gone since the run is not drawn, and the page says which and why."""
     root = Path(record.meta.get("root", "."))
     paths = list(record.meta["paths"])
     names = {i: str(c) for i, c in enumerate(record.meta.get("classes") or [])}
+    kept = record.source if record.source.size == len(paths) else None
 
     def query(i: int) -> Any:
-        with Image.open(root / paths[i]) as im:
-            im.load()
-            return im.convert("RGB") if im.mode not in ("L", "RGB") else im.copy()
+        try:
+            data = (root / paths[i]).read_bytes()
+        except FileNotFoundError:
+            raise ValueError(f"{paths[i]} is missing since the run") from None
+        except OSError as exc:
+            raise ValueError(f"{paths[i]} cannot be read ({exc.strerror or exc})") from None
+        if kept is not None and source_ids([file_digest(data)])[0] != kept[i]:
+            raise ValueError(
+                f"{paths[i]} changed since the run (its bytes are not those of the image scored)"
+            )
+        # a file the run decoded is read whatever its size; an unchecked one within the limit
+        return read_image(data, None if kept is not None else DEFAULT_MAX_PIXELS, keep_grey=True)
 
     return ImageSource(query, None, names, size, name=lambda kind, i, image: str(paths[i]))
 

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from bayesurl._checks import check_int
 from bayesurl.evaluation.intervals import Interval, read_interval
 from bayesurl.evaluation.notes import AUROC_TITLES, NOTE_WORDS, Note, u_digits
 from bayesurl.files import atomic_write
@@ -219,8 +220,8 @@ def report_model(
     ValueError
         If ``k`` or ``compare_k`` is below 1.
     """
-    if int(k) < 1 or int(compare_k) < 1:
-        raise ValueError(f"`k` and `compare_k` must be >= 1, got {k}, {compare_k}")
+    check_int(k, "k", low=1)
+    check_int(compare_k, "compare_k", low=1)
     thumbs: dict[str, str] = {}
     data_cache: dict[str, Any] = {}
     runs = source.runs
@@ -232,6 +233,7 @@ def report_model(
             shared.update(int(i) for i in order[::-1][:compare_k])
     classes: dict[int, str] = {}
     sources: dict[str, str] = {}
+    why: dict[str, str] = {}
     estimators = []
     for r, rank in zip(runs, ranked):
         src = image_source(r.record, data_cache, size)
@@ -239,6 +241,8 @@ def report_model(
         estimators.append(_estimator(r, src, rank, shared, k, thumbs))
         for key, name in src.names.items():
             sources.setdefault(key, name)
+        for key, reason in src.why.items():
+            why.setdefault(key, reason)
     return {
         "title": source.title,
         "kind": source.kind,
@@ -270,6 +274,8 @@ def report_model(
         "classes": {str(c): n for c, n in classes.items()},
         "thumbs": thumbs,
         "sources": {key: sources[key] for key in thumbs if key in sources},
+        # why an image is not drawn (changed or missing since the run), per thumbnail key
+        "why": why,
     }
 
 

@@ -13,7 +13,6 @@ per-query record (results written before the record existed) still gives the tab
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -23,8 +22,12 @@ from typing import Any
 
 from bayesurl.evaluation.intervals import DEFAULT_LEVEL, METHOD_NAMES, read_interval
 from bayesurl.evaluation.table import Column
+from bayesurl.files import read_json_document
+from bayesurl.runs.folder import FOLDER_FORMAT
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, read_queries
+from bayesurl.runs.runner import RESULT_FORMAT
 from bayesurl.sweeps.report import (
+    RESULTS_FORMAT,
     best_marks,
     interval_caption,
     mark_legend,
@@ -136,14 +139,10 @@ def _metric(metrics: dict[str, Any], key: str) -> tuple[Any, ...]:
     return _num(metrics.get(key)), iv.low, iv.high, _how(iv.method, iv.n, iv.over, iv.level)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{str(path)!r} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{str(path)!r} does not hold a JSON object")
-    return data
+def _read_json(path: Path, expected: str) -> dict[str, Any]:
+    """The document at ``path`` if it is of the ``expected`` format (or older, or from before
+    result files carried a format); one line naming the file otherwise."""
+    return read_json_document(path, expected)
 
 
 def _measured(rows: list[list[Any]]) -> tuple[list[Column], list[list[Any]]]:
@@ -157,10 +156,23 @@ def _measured(rows: list[list[Any]]) -> tuple[list[Column], list[list[Any]]]:
 
 
 def _benchmark(folder: Path) -> ReportSource:
-    data = _read_json(folder / "results.json")
+    path = folder / "results.json"
+    data = _read_json(path, RESULTS_FORMAT)
     summary, runs = data.get("summary"), data.get("runs")
     if not isinstance(summary, dict) or not isinstance(runs, list):
-        raise ValueError(f"{str(folder / 'results.json')!r} is not a bayesurl benchmark result")
+        raise ValueError(
+            f"{str(path)!r} is not a bayesurl benchmark result (no 'summary' and 'runs'; this "
+            f"bayesurl reads {RESULTS_FORMAT})"
+        )
+    keys = {c.key for c in table_columns()}
+    if summary and not any(
+        isinstance(stats, dict) and keys & set(stats) for stats in summary.values()
+    ):
+        # a results file of another layout: its numbers would all show as n/a
+        raise ValueError(
+            f"{str(path)!r} holds a summary in another layout (none of its estimators has "
+            f"{', '.join(sorted(keys)[:4])} ...; this bayesurl reads {RESULTS_FORMAT})"
+        )
     s = data.get("settings", {})
     said = any(
         isinstance(st, dict) and "interval" in st
@@ -240,7 +252,15 @@ def _records_of(folder: Path, name: str) -> dict[tuple[int | None, int], Path]:
 
 
 def _single(folder: Path, name: str, kind: str) -> ReportSource:
-    data = _read_json(folder / name)
+    path = folder / name
+    data = _read_json(path, FOLDER_FORMAT if kind == "folder" else RESULT_FORMAT)
+    if not isinstance(data.get("metrics", {}), dict) or (
+        "estimator" not in data and "title" not in data
+    ):
+        raise ValueError(
+            f"{str(path)!r} is not a bayesurl {kind} result (no 'estimator' and 'metrics'; "
+            f"this bayesurl reads {FOLDER_FORMAT if kind == 'folder' else RESULT_FORMAT})"
+        )
     metrics = dict(data.get("metrics") or {})
     metrics.update({k: v for k, v in (data.get("timings") or {}).items() if k == "train_time"})
     estimator = str(data.get("estimator", folder.name))
@@ -282,6 +302,11 @@ def load_source(path: str | os.PathLike[str]) -> ReportSource:
         is not what its name says (naming it).
     """
     folder = Path(path)
+    if folder.is_file() and folder.name in ("results.json", "result.json", "folder.json"):
+        raise ValueError(
+            f"`path` {str(folder)!r} is a results file: give the folder holding it "
+            f"({str(folder.parent)!r})"
+        )
     if not folder.is_dir():
         raise FileNotFoundError(f"`path` {str(folder)!r} is not a folder")
     if (folder / "folder.json").is_file():

@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 import sys
 import types
 import typing
@@ -42,6 +43,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bayesurl._checks import check_int
+from bayesurl.backbones import check_backbone_kwargs
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -63,6 +67,7 @@ __all__ = [
     "inherit_estimators",
     "list_recipes",
     "load_recipe",
+    "parse_value",
     "TunedSet",
     "preset_tuned",
     "tuned_sets",
@@ -433,9 +438,10 @@ def _check_value(value: Any, hint: Any, where: str, toml_none: bool = True) -> A
             raise ValueError(f"`{where}` must be true or false, got {value!r}")
         return value
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"`{where}` must be an integer, got {value!r}")
-        return value
+        try:
+            return check_int(value, where)
+        except TypeError as exc:  # a config error is a bad value, whatever its type
+            raise ValueError(str(exc)) from None
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"`{where}` must be a number, got {value!r}")
@@ -479,7 +485,9 @@ def _merge(dst: dict[str, Any], src: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # -- overrides --------------------------------------------------------------------------------
-def _parse_value(raw: str) -> Any:
+def parse_value(raw: str) -> Any:
+    """A ``--set`` value: a TOML value (``5``, ``1e-3``, ``true``, ``"x"``), ``none`` / ``null``
+    for ``None``, else the bare word as a string."""
     text = raw.strip()
     if text.lower() in ("none", "null"):
         return None
@@ -496,7 +504,7 @@ def _split_override(item: str | tuple[str, Any]) -> tuple[list[str], Any]:
         if "=" not in item:
             raise ValueError(f"`--set` expects KEY=VALUE (e.g. train.epochs=5), got {item!r}")
         key, raw = item.split("=", 1)
-        value = _parse_value(raw)
+        value = parse_value(raw)
     parts = [p.strip() for p in str(key).split(".") if p.strip()]
     if not parts:
         raise ValueError(f"`--set` has an empty key in {item!r}")
@@ -922,6 +930,10 @@ def _validate(cfg: RunConfig) -> None:
         raise ValueError(f"`eval.samples` must be >= 0, got {e.samples}")
     if b.embed_dim is not None and b.embed_dim < 1:
         raise ValueError(f"`backbone.embed_dim` must be >= 1 or none, got {b.embed_dim}")
+    try:  # bayesurl's own backbones: a bad width fails here, named, not in the first batch
+        check_backbone_kwargs(b.name, dict(b.kwargs))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(re.sub(r"`(\w+)`", r"`backbone.kwargs.\1`", str(exc))) from None
     if t.optimizer.lower() not in OPTIMIZER_NAMES:
         raise ValueError(
             f"unknown `train.optimizer` {t.optimizer!r}; valid: {', '.join(OPTIMIZER_NAMES)}"

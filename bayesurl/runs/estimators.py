@@ -34,6 +34,7 @@ import contextlib
 import copy
 import dataclasses
 import inspect
+import re
 import time
 import warnings
 from enum import Enum
@@ -44,6 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from bayesurl._checks import check_int, check_number
 from bayesurl.data import TransformedLoader
 from bayesurl.files import atomic_open
 from bayesurl.runs.config import RunConfig
@@ -100,6 +102,18 @@ def _check_kwargs(fn: Any, kwargs: dict[str, Any], where: str, skip: tuple[str, 
             else f"{getattr(fn, '__qualname__', fn)} takes no further options"
         )
         raise ValueError(f"unknown key `{where}.{unknown[0]}`; {options}")
+
+
+def _check_fit_values(fit: dict[str, Any], where: str) -> None:
+    """The numbers of a post-hoc ``fit`` table, checked with the recipe (before the base is
+    trained): whole ``epochs`` / ``batch_size`` >= 1, ``lr`` > 0, ``weight_decay`` >= 0."""
+    for key in ("epochs", "batch_size"):
+        if key in fit:
+            check_int(fit[key], f"{where}.{key}", low=1)
+    if "lr" in fit:
+        check_number(fit["lr"], f"{where}.lr", low=0.0, low_open=True)
+    if "weight_decay" in fit:
+        check_number(fit["weight_decay"], f"{where}.weight_decay", low=0.0)
 
 
 class Estimator:
@@ -294,6 +308,7 @@ class PosthocEstimator(Estimator):
         cls = wrapper_class(self.wrapper_name)
         _check_kwargs(cls.__init__, e.kwargs, f"{where}.kwargs", ("encoder", "classifier"))
         _check_kwargs(cls.fit, e.fit, f"{where}.fit", ("loader", "progress", "augment"))
+        _check_fit_values(e.fit, f"{where}.fit")
         self.wrapped: Any = None
 
     @property
@@ -333,7 +348,19 @@ class PosthocEstimator(Estimator):
                 head = plain.to(head.weight.device, head.weight.dtype)
                 head.load_state_dict(method.classifier.state_dict())
             options["classifier"] = head
-        self.wrapped = wrap(method, self.wrapper_name, **options).to(device)
+        try:
+            self.wrapped = wrap(method, self.wrapper_name, **options).to(device)
+        except (ValueError, TypeError) as exc:  # a bad value of the recipe's kwargs, named so
+            named = re.sub(
+                r"`(\w+)`",
+                lambda m: (
+                    f"`estimators.{e.name}.kwargs.{m.group(1)}`"
+                    if m.group(1) in e.kwargs
+                    else m.group(0)
+                ),
+                str(exc),
+            )
+            raise type(exc)(named) from exc
         fit_kw = dict(e.fit)
         batch = int(fit_kw.pop("batch_size", cfg.train.batch_size))
         loader = make_loader(data.sets.train, batch, shuffle=True, seed=cfg.seed)
@@ -543,7 +570,6 @@ class DeepEnsembleEstimator(Estimator):
     DEFAULT_MEMBERS: ClassVar[int] = 5
 
     def __init__(self, cfg: RunConfig) -> None:
-        from bayesurl._checks import check_int
 
         super().__init__(cfg)
         e = cfg.estimator

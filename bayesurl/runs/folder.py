@@ -59,12 +59,13 @@ The road of ``bayesurl folder`` (:func:`score_folder`, its settings in :class:`F
 from __future__ import annotations
 
 import csv
+import inspect
 import math
 import os
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -76,7 +77,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from bayesurl.backbones import build_backbone, data_config
+from bayesurl._checks import check_device, check_int, check_number, check_output_dir
+from bayesurl.backbones import PACKAGED_WEIGHTS, build_backbone, data_config
 from bayesurl.data import default_augmentation, default_transform
 from bayesurl.data.folder import (
     ReadableImages,
@@ -89,16 +91,30 @@ from bayesurl.evaluation import evaluate
 from bayesurl.evaluation.intervals import flat_intervals, interval_lines
 from bayesurl.evaluation.knn import knn
 from bayesurl.evaluation.notes import u_digits
-from bayesurl.files import atomic_open, write_json
+from bayesurl.files import atomic_open, format_of, write_json
+from bayesurl.posthoc.base import wrapper_class
 from bayesurl.posthoc.store import FeatureStore, FrozenEncoder, encode_batches
 from bayesurl.posthoc.wrap import wrap
 from bayesurl.runs.predict import predict
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, query_record
 
-__all__ = ["FOLDER_FILE", "FolderMethod", "FolderOptions", "FolderResult", "score_folder"]
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "FOLDER_FILE",
+    "FOLDER_FORMAT",
+    "FolderMethod",
+    "FolderOptions",
+    "FolderResult",
+    "score_folder",
+]
 
 #: The result record of a folder (read by :mod:`bayesurl.report`).
 FOLDER_FILE = "folder.json"
+#: Its format (a reader refuses a newer one).
+FOLDER_FORMAT = format_of("bayesurl.folder", 1)
+#: Largest image decoded by default (width x height): Pillow's decompression-bomb warning
+#: limit, ``PIL.Image.MAX_IMAGE_PIXELS``.
+DEFAULT_MAX_PIXELS = 89_478_485
 #: The per-image table.
 CSV_FILE = "uncertainty.csv"
 #: Its companion page: what u is, the columns, the notes.
@@ -118,6 +134,17 @@ U_MEANING = {
     "gmm": "-log density of the feature under a Gaussian mixture of the other folds' features, "
     "one component per class (DDU, Mukhoti et al. 2023), or 10 k-means components in a folder "
     "without classes (in nats: negative where the density exceeds 1)",
+}
+
+
+#: What u did on labelled folders where it was measured, for a method whose u misled there: the
+#: companion page says it even when the folder has no labels to check it against.
+U_MEASURED = {
+    "laplace": "Measured on two labelled folders of 1,000 images (Open Clip Art drawings, "
+    "FashionMNIST test images) this u was inverted on both -- R-AUROC 0.32 and 0.38, higher u "
+    "on the images whose neighbour is right -- and stayed so with every Hessian pair set tried "
+    "(docs: Concepts > Laplacian metric learning, 'Which pairs enter the Hessian'). Do not "
+    "rank images by it unless labelled images of your own show R-AUROC above 0.5.",
 }
 
 
@@ -164,6 +191,7 @@ class _Features:
     labels: Tensor  # [N]
     views: Tensor  # [M, V, D] augmented views of the fit sample
     skipped: list[tuple[int, str]]
+    digests: list[str]  # SHA-1 of each readable image's file, in the order of ``ids``
 
 
 def _prefetched(batches: Iterable[Any]) -> Iterator[Any]:
@@ -203,10 +231,10 @@ def _encode(
         data, batch_size=batch_size, num_workers=workers, collate_fn=collate_readable
     )
     backbone = store.encoder.backbone
-    feats, ids, labels, view_feats, skipped = [], [], [], [], []
+    feats, ids, labels, view_feats, skipped, digests = [], [], [], [], [], []
     bar = tqdm(total=len(data), disable=not progress, desc="encoding", unit="img")
     with torch.no_grad():
-        for x, y, idx, bad in loader if workers else _prefetched(loader):
+        for x, y, idx, bad, files in loader if workers else _prefetched(loader):
             for i, err in bad:
                 if strict:
                     raise ValueError(f"cannot read image {data.scan.paths[i]!r}: {err}")
@@ -219,6 +247,7 @@ def _encode(
                 feats.append(store.features(x)[:, 0])
                 ids.append(idx)
                 labels.append(y)
+                digests.extend(files)
                 keep = torch.tensor([int(i) in fit_ids for i in idx], dtype=torch.bool)
                 if views and bool(keep.any()):
                     ((v, _),) = encode_batches(
@@ -237,6 +266,7 @@ def _encode(
         torch.cat(labels),
         torch.cat(view_feats) if view_feats else torch.empty(0, views, dim),
         skipped,
+        digests,
     )
 
 
@@ -370,9 +400,10 @@ def _fit(
     batch_size: int,
     lr: float,
     generator: torch.Generator,
+    wrapper_options: Mapping[str, Any] | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """The post-hoc wrapper of ``method`` fitted on the positive pairs ``views``
-    ``[M, 2, D]`` (labels unused)."""
+    ``[M, 2, D]`` (labels unused), with ``wrapper_options`` on top of the plan's."""
     dim = views.shape[-1]
     pairs = _pair_batches(views, batch_size, generator)
     if not pairs:
@@ -381,7 +412,7 @@ def _fit(
         )
     plan = _FIT_PLANS[method]
     encoder = plan.encoder(dim)
-    wrapped = wrap(encoder, method.value, **plan.options(encoder, dim))
+    wrapped = wrap(encoder, method.value, **plan.options(encoder, dim), **(wrapper_options or {}))
     hyper = {"epochs": epochs, "lr": lr} if plan.trains else {}
     batches = pairs if plan.pairs else _stacked(pairs)
     report = wrapped.fit(batches, **plan.fit, **hyper, progress=False)
@@ -406,7 +437,7 @@ def _fold_ids(labels: Tensor | None, n: int, folds: int, generator: torch.Genera
 
 def _crossfit(
     method: FolderMethod, fx: _Features, fit_ids: set[int], labelled: bool,
-    generator: torch.Generator,
+    generator: torch.Generator, wrapper_options: Mapping[str, Any] | None = None,
 ) -> tuple[Tensor, dict[str, Any], int]:  # fmt: skip
     """u of every image from the wrapper fitted on the fit sample's features in the other
     folds (:data:`CROSSFIT_FOLDS`), so no image is scored by a density or neighbour list that
@@ -431,6 +462,7 @@ def _crossfit(
         options["k"] = min(FOLDER_K, smallest)
     elif method is FolderMethod.GMM and labels is None:
         options["components"] = max(1, min(FOLDER_COMPONENTS, smallest // MIN_POINTS["full"]))
+    options.update(wrapper_options or {})  # the user's options win over the folder's defaults
     u = torch.empty(n, dtype=fx.feats.dtype)
     reports = []
     for f, ref in enumerate(refs):
@@ -531,6 +563,11 @@ def _write_readme(
         f"## What u is ({method.value})",
         "",
         f"u = {U_MEANING[method.value]}. Higher u = less certain.",
+        *(
+            ["", f"**Caution.** {U_MEASURED[method.value]}", ""]
+            if method.value in U_MEASURED
+            else []
+        ),  # fmt: skip
         f"Over the {rec.u.size} readable images u runs from {lo:.{d}g} (median {med:.{d}g}) "
         f"to {hi:.{d}g}; `u_rank` 1 is the most uncertain image.",
         "",
@@ -587,17 +624,31 @@ class FolderOptions:
         Raise on the first unreadable image instead of skipping it.
     progress : bool
         Progress bar over the images.
+    wrapper_options : mapping, optional
+        Options of the method's post-hoc wrapper (:func:`bayesurl.posthoc.wrap`) beside the
+        ones the folder sets itself, e.g. ``{"hessian_miner": "hard"}`` for ``laplace``
+        (:class:`~bayesurl.posthoc.laplace.LaplaceWrapper`).
     cache : path-like, optional
         Folder of the frozen-feature store (:class:`bayesurl.posthoc.store.FeatureStore`) the
         plain features are kept in: a later run over the same images with the same backbone,
         weights, size and normalisation reads them instead of encoding them again (the
         augmented views are always encoded afresh). Default: a temporary folder, removed at
         the end.
+    max_pixels : int or None
+        Largest image (width x height) decoded: a file whose header claims more is skipped
+        and listed with its size, never decoded (a "decompression bomb": a small PNG can
+        claim 30,000 x 30,000 px, 2.7 GB of pixels). Default :data:`DEFAULT_MAX_PIXELS`
+        (Pillow's own warning limit, a 9,459 px square); ``None``: no limit.
 
     Raises
     ------
     ValueError
-        On an unknown ``method`` or a size below its minimum, naming the argument.
+        On an unknown ``method`` or ``backbone``, ``pretrained`` for a backbone without
+        packaged weights, a size or count below its minimum or not whole, ``lr`` not
+        positive, a ``device`` this machine lacks, or a ``cache`` that is a file; naming the
+        argument.
+    TypeError
+        On a setting of the wrong type (``strict="yes"``), naming it.
     """
 
     method: str | FolderMethod = FolderMethod.TAU
@@ -615,6 +666,8 @@ class FolderOptions:
     strict: bool = False
     progress: bool = True
     cache: str | os.PathLike[str] | None = None
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+    wrapper_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         try:
@@ -623,13 +676,58 @@ class FolderOptions:
             valid = ", ".join(m.value for m in FolderMethod)
             raise ValueError(f"unknown `method` {self.method!r}; valid: {valid}") from None
         object.__setattr__(self, "method", method)
+        if not isinstance(self.backbone, str) or not self.backbone.strip():
+            raise TypeError(f"`backbone` must be a backbone name, got {self.backbone!r}")
+        for name in ("pretrained", "strict", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"`{name}` must be True or False, got {getattr(self, name)!r}")
+        # the name is known and, with `pretrained`, has packaged weights: answered from its
+        # configuration, nothing is built
+        data_config(self.backbone)
+        if self.pretrained and self.backbone.lower() not in PACKAGED_WEIGHTS:
+            raise ValueError(
+                f"`backbone` {self.backbone!r} has no packaged pretrained weights "
+                f"({', '.join(PACKAGED_WEIGHTS)}): pass pretrained=False for random weights"
+            )
         if self.fit_max is None:
             object.__setattr__(self, "fit_max", _FIT_PLANS[method].fit_max)
         for name, low in (("views", 2), ("fit_max", 2), ("epochs", 1), ("batch_size", 2),
-                          ("workers", 0)):  # fmt: skip
-            value = getattr(self, name)
-            if int(value) != value or value < low:
-                raise ValueError(f"`{name}` must be an integer >= {low}, got {value}")
+                          ("workers", 0), ("seed", 0)):  # fmt: skip
+            object.__setattr__(self, name, check_int(getattr(self, name), name, low=low))
+        if self.image_size is not None:
+            # PilToUint8's smallest side; the backbone's own default is used when None
+            object.__setattr__(self, "image_size", check_int(self.image_size, "image_size", low=8))
+        if self.max_pixels is not None:
+            object.__setattr__(self, "max_pixels", check_int(self.max_pixels, "max_pixels", low=1))
+        object.__setattr__(self, "lr", check_number(self.lr, "lr", low=0, low_open=True))
+        object.__setattr__(self, "device", check_device(self.device, "device"))
+        if self.cache is not None:
+            object.__setattr__(self, "cache", check_output_dir(self.cache, "cache"))
+        object.__setattr__(
+            self, "wrapper_options", _check_wrapper_options(method, self.wrapper_options)
+        )
+
+
+def _check_wrapper_options(method: FolderMethod, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` as a dict, every key an option of ``method``'s wrapper that the folder does
+    not set itself."""
+    if not isinstance(options, Mapping):
+        raise ValueError(f"`wrapper_options` must be a mapping, got {type(options).__name__}")
+    params = inspect.signature(wrapper_class(method.value)).parameters
+    plan = _FIT_PLANS[method]
+    # the classifier path needs class labels, which the folder's fit never uses
+    fixed = {*plan.options(plan.encoder(2), 2), "classifier", "backend"}
+    valid = sorted(
+        n for n, p in params.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and n not in fixed
+    )  # fmt: skip
+    for key in options:
+        if key not in valid:
+            raise ValueError(
+                f"`wrapper_options`: method {method.value!r} has no option {key!r} the folder "
+                f"leaves open; valid: {', '.join(valid)}"
+            )
+    return dict(options)
 
 
 @dataclass
@@ -677,7 +775,7 @@ def _encode_folder(images: str | os.PathLike[str], opts: FolderOptions) -> _Enco
             None, 1, description, seed=opts.seed, progress=False,
         )  # fmt: skip
         fx = _encode(
-            store, ReadableImages(scan, size), augment, fit_ids=fit_ids,
+            store, ReadableImages(scan, size, opts.max_pixels), augment, fit_ids=fit_ids,
             views=opts.views if _FIT_PLANS[opts.method].augmented else 0,
             batch_size=opts.batch_size, workers=opts.workers, device=dev, generator=aug_gen,
             progress=opts.progress, strict=opts.strict,
@@ -712,6 +810,7 @@ def _info(
             + extra
         )
     return {
+        "format": FOLDER_FORMAT,
         "title": f"bayesurl folder: {scan.root}",
         "estimator": method.value,
         "seed": opts.seed,
@@ -725,7 +824,12 @@ def _info(
             f"{len(scan.paths)} image files in {scan.root}"
             + (f", {len(scan.classes)} classes" if scan.labels is not None else ", no labels")
             + f"; {len(skipped)} unreadable (skipped, listed in {CSV_FILE})"
-            + (f"; {len(scan.ignored)} other files ignored" if scan.ignored else ""),
+            + (f"; {len(scan.ignored)} other files ignored" if scan.ignored else "")
+            + (
+                "; one class only: R@1 and R-AUROC need two or more, so none are computed"
+                if scan.labels is not None and len(scan.classes) < 2
+                else ""
+            ),
             f"backbone {opts.backbone}"
             + (" (ImageNet weights)" if opts.pretrained else " (random weights)")
             + f", {enc.size} px; post-hoc {method.value} fitted on {fit_images} images, "
@@ -736,6 +840,7 @@ def _info(
             "image_size": enc.size, "views": opts.views, "fit_max": opts.fit_max,
             "epochs": opts.epochs, "lr": opts.lr, "batch_size": opts.batch_size,
             "seed": opts.seed, "device": str(enc.device),
+            "wrapper_options": dict(opts.wrapper_options),
         },
         "sizes": {**folder_summary(scan), "readable": int(fx.feats.shape[0]),
                   "unreadable": len(skipped), "fit_images": fit_images},
@@ -811,13 +916,18 @@ def score_folder(
         # the embedding is the feature itself; u of each fold from the other folds
         emb = fx.feats
         u, fit_report, fit_images = _crossfit(
-            opts.method, fx, enc.fit_ids, scan.labels is not None, enc.generator
+            opts.method,
+            fx,
+            enc.fit_ids,
+            scan.labels is not None,
+            enc.generator,
+            opts.wrapper_options,
         )
     else:
         pairs = _fit_pairs(opts.method, fx, enc.fit_ids)
         wrapped, fit_report = _fit(
             opts.method, pairs, epochs=opts.epochs, batch_size=opts.batch_size,
-            lr=opts.lr, generator=enc.generator,
+            lr=opts.lr, generator=enc.generator, wrapper_options=opts.wrapper_options,
         )  # fmt: skip
         with torch.no_grad():
             pred, _ = predict(
@@ -829,7 +939,7 @@ def score_folder(
     labels = None if scan.labels is None else fx.labels
     meta = {"name": opts.method.value, "root": str(scan.root.resolve()),
             "paths": [scan.paths[i] for i in fx.ids.tolist()], "classes": scan.classes}  # fmt: skip
-    rec = query_record(emb, u, labels, meta=meta)
+    rec = query_record(emb, u, labels, meta=meta, source=fx.digests)
     metrics = None
     if labels is not None and len(set(labels.tolist())) > 1:
         metrics = evaluate(emb, labels, uncertainties=u)

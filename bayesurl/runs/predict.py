@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from bayesurl._checks import check_int
 from bayesurl._modules import eval_mode
 from bayesurl.distributed import is_distributed
 from bayesurl.evaluation import NeighborMemo, evaluate
@@ -64,8 +65,7 @@ def n_samples_for(has_distribution: bool, requested: int) -> int:
     ValueError
         If ``requested`` is negative.
     """
-    if int(requested) < 0:
-        raise ValueError(f"`n_samples` must be >= 0, got {requested}")
+    check_int(requested, "n_samples", low=0)
     return int(requested) if has_distribution else 0
 
 
@@ -95,8 +95,7 @@ def batch_shard(
     """
     from bayesurl.distributed import get_rank, get_world_size, shard_range
 
-    if int(batch_size) < 1:
-        raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
+    check_int(batch_size, "batch_size", low=1)
     rank = get_rank(group) if rank is None else rank
     world_size = get_world_size(group) if world_size is None else world_size
     b_lo, b_hi = shard_range(math.ceil(n / batch_size), rank, world_size)
@@ -205,10 +204,8 @@ def predict(
     """
     if len(dataset) == 0 or (isinstance(dataset, Tensor) and dataset.ndim < 2):
         raise ValueError("`dataset` is empty (or not a batch [N, ...])")
-    if int(batch_size) < 1:
-        raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
-    if int(n_samples) < 0:
-        raise ValueError(f"`n_samples` must be >= 0, got {n_samples}")
+    check_int(batch_size, "batch_size", low=1)
+    check_int(n_samples, "n_samples", low=0)
     bs, n = int(batch_size), len(dataset)
     lo, hi = (0, n) if rows is None else (int(rows[0]), int(rows[1]))
     if not 0 <= lo <= hi <= n or (lo < hi and lo % bs):

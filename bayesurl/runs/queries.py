@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,8 +304,13 @@ def read_queries(path: str | os.PathLike[str]) -> QueryRecord:
                 ood_source=z["ood_source"] if "ood_source" in z.files else np.zeros(0, np.uint64),
                 ap=z["ap"] if "ap" in z.files else np.zeros(0, np.float32),
             )
-    except (KeyError, ValueError, OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{str(p)!r} is not a bayesurl query record: {exc}") from None
+    except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        # a truncated or foreign file: numpy's and zipfile's errors do not name it
+        what = " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError(
+            f"{str(p)!r} is not a readable bayesurl query record ({type(exc).__name__}: {what}; "
+            "truncated, or another kind of file)"
+        ) from None
     n = rec.u.shape[0]
     if (
         not (rec.label.shape[0] == rec.neighbour.shape[0] == rec.hit.shape[0] == n)

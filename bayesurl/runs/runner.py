@@ -31,11 +31,12 @@ from typing import Any
 
 import torch
 
+from bayesurl._checks import check_int, parse_device
 from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.distributed import launch_rank, launched_by_torchrun
 from bayesurl.evaluation import EvaluationResult, NeighborMemo
 from bayesurl.evaluation.intervals import flat_intervals
-from bayesurl.files import write_json
+from bayesurl.files import format_of, write_json
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
 from bayesurl.runs.estimators import Estimator, build_estimator
@@ -47,6 +48,7 @@ __all__ = [
     "CHECKPOINT_DATASETS",
     "CROP_IMAGES",
     "CROP_KEYS",
+    "RESULT_FORMAT",
     "RunCache",
     "RunResult",
     "agree_on_outcome",
@@ -61,6 +63,9 @@ __all__ = [
     "train",
 ]
 
+#: The format of a run's ``result.json`` (a reader refuses a newer one).
+RESULT_FORMAT = format_of("bayesurl.result", 1)
+
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """``device`` as a :class:`torch.device` (``None``: CUDA if available, else CPU).
@@ -73,9 +78,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"`device` {device!r} is not a torch device: {exc}") from None
+        return parse_device(device, "device")
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 @dataclass
@@ -193,6 +198,7 @@ class RunResult:
         if hasattr(self.metrics, "caveats"):
             metrics["caveats"] = [n.text for n in self.metrics.caveats]
         return {
+            "format": RESULT_FORMAT,
             "estimator": self.estimator,
             "dataset": self.dataset,
             "split": self.split,
@@ -681,8 +687,8 @@ def evaluate_checkpoint(
                 dataset = "default"
     name, _ = dataset_kind(dataset, argument="dataset", allowed=CHECKPOINT_DATASETS)
     for arg, value in (("max_test", max_test), ("max_ood", max_ood)):
-        if value is not None and int(value) < 1:
-            raise ValueError(f"`{arg}` must be a positive size or None, got {value}")
+        if value is not None:
+            check_int(value, arg, low=1)
     dev = resolve_device(device)
     method = load_method_from_checkpoint(p, map_location=dev)
     hp = dict(getattr(method, "hparams", {}) or {})

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from bayesurl._checks import check_int
 from bayesurl.evaluation.table import metric_column
 
 __all__ = [
@@ -58,10 +59,10 @@ def _name(rec: Mapping[str, Any]) -> str:
 def _int(rec: Mapping[str, Any], key: str) -> int:
     if key not in rec:
         raise ValueError(f"a record in `records` lacks {key!r}: {dict(rec)!r}")
-    v = rec[key]
-    if isinstance(v, bool) or int(v) != v:
-        raise ValueError(f"record field {key!r} must be an integer, got {v!r}")
-    return int(v)
+    try:
+        return check_int(rec[key], f"record field {key}")
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _ok(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

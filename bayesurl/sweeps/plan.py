@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from bayesurl._checks import check_int, check_ints
 from bayesurl.data.class_splits import ClassSplit, class_splits, crossfit_splits
 from bayesurl.runs.config import DEFAULT_RECIPE_FILE, RunConfig, load_recipe, read_recipe_file
 
@@ -110,11 +111,8 @@ class SweepPreset:
     val_classes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.splits, bool) or int(self.splits) < 0:
-            raise ValueError(f"`splits` must be an integer >= 0, got {self.splits!r}")
-        seeds = tuple(self.seeds)
-        if not seeds or any(isinstance(s, bool) or int(s) != s or s < 0 for s in seeds):
-            raise ValueError(f"`seeds` must be non-negative integers, got {self.seeds!r}")
+        object.__setattr__(self, "splits", check_int(self.splits, "splits", low=0))
+        seeds = check_ints(self.seeds, "seeds", low=0)
         try:
             store = SweepStore(self.storage)
         except ValueError:

@@ -30,7 +30,7 @@ from typing import Any
 from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.evaluation.intervals import DEFAULT_LEVEL, read_interval
 from bayesurl.evaluation.table import Column, metric_column, metric_columns
-from bayesurl.files import atomic_open, write_json
+from bayesurl.files import atomic_open, format_of, write_json
 from bayesurl.runs.config import DEFAULT_RECIPE_FILE
 from bayesurl.runs.queries import PAIRED_KEYS, QueryRecord, paired_test, read_queries
 from bayesurl.sweeps.aggregate import (
@@ -46,6 +46,7 @@ __all__ = [
     "FREE_BASELINES",
     "REPORT_METRICS",
     "REPRO_METRICS",
+    "RESULTS_FORMAT",
     "RUN_COLUMNS",
     "best_free_baseline",
     "best_marks",
@@ -95,6 +96,8 @@ HALVINGS: tuple[str, ...] = ("random", "pairs", "class")
 
 #: What an interval is over, per :func:`observation_unit`.
 UNIT_WORDS = {"split": "class splits", "run": "runs"}
+#: The format of a benchmark's ``results.json`` (a reader refuses a newer one).
+RESULTS_FORMAT = format_of("bayesurl.results", 1)
 
 
 def jsonable(obj: Any) -> Any:
@@ -602,6 +605,7 @@ def write_results(
                     if isinstance(row, dict) and "verdict" in row:
                         row["verdict"] = None
     doc = {
+        "format": RESULTS_FORMAT,
         "settings": jsonable(dict(settings)),
         "interval_over": UNIT_WORDS[unit],
         "tuning_check": check,

@@ -8,14 +8,15 @@ and the sweep's settings; its table, files and plot are the one sweep report of
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bayesurl.files import read_json_document
 from bayesurl.sweeps.report import (
+    RESULTS_FORMAT,
     format_stat,
     observation_unit,
     plot_over,
@@ -134,10 +135,10 @@ def merge_results(
             path = path / "results.json"
         if not path.is_file():
             raise FileNotFoundError(f"benchmark result {str(path)!r} does not exist")
+        data = read_json_document(path, RESULTS_FORMAT)
         try:
-            data = json.loads(path.read_text())
             parts.append(SweepResults(runs=list(data["runs"]), settings=dict(data["settings"])))
-        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        except (KeyError, TypeError) as exc:
             what = f"no {exc} entry" if isinstance(exc, KeyError) else str(exc)
             raise ValueError(f"{str(path)!r} is not a bayesurl benchmark result: {what}") from None
         for i, r in enumerate(parts[-1].runs):

@@ -57,6 +57,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import difflib
+import json
 import math
 import os
 import random
@@ -65,7 +67,6 @@ import signal
 import sqlite3
 import threading
 import time
-import urllib.parse
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -74,6 +75,7 @@ from typing import Any
 
 __all__ = [
     "LOCK_TIMEOUT",
+    "SWEEP_FORMAT",
     "Claim",
     "StorageError",
     "SweepStorage",
@@ -85,6 +87,10 @@ __all__ = [
 
 #: Default file name of the SQLite storage inside the output folder.
 DEFAULT_DB = "sweep.db"
+#: The layout of a sweep's runs in the storage (a study user attribute; a reader refuses a
+#: newer one). A :func:`bayesurl.files.format_of` tag, written out: this module imports
+#: nothing of bayesurl at load time, so a worker process needs no torch.
+SWEEP_FORMAT = "bayesurl.sweep/1"
 
 
 def require_optuna() -> Any:
@@ -109,9 +115,10 @@ def run_key(estimator: str, split: int, seed: int) -> str:
     est = str(estimator).strip()
     if not est or "/" in est:
         raise ValueError(f"`estimator` must be a non-empty name without '/', got {estimator!r}")
+    from bayesurl._checks import check_int  # here: a worker loads this module without torch
+
     for arg, v in (("split", split), ("seed", seed)):
-        if isinstance(v, bool) or int(v) != v or int(v) < 0:
-            raise ValueError(f"`{arg}` must be a non-negative integer, got {v!r}")
+        check_int(v, arg, low=0)
     return f"{est}/split{int(split)}/seed{int(seed)}"
 
 
@@ -130,32 +137,58 @@ def redact_url(url: str) -> str:
     from sqlalchemy.exc import ArgumentError
 
     text = str(url)
+    if _ats(text) > 1:  # an unencoded @ in the password: all of it up to the host's @
+        return re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", text, count=1)
     try:
         return make_url(text).render_as_string(hide_password=True)
     except (ArgumentError, ValueError):  # not parseable: hide whatever sits between : and @
         return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", text)
 
 
-def _password(url: str) -> str | None:
+def _ats(url: str) -> int:
+    """The number of ``@`` between ``://`` and the path: more than one means a password with
+    an unencoded ``@``, which SQLAlchemy would split at the first one."""
+    rest = str(url).split("://", 1)[-1]
+    return rest.split("/", 1)[0].count("@")
+
+
+#: the password field of a URL (``scheme://user:PASSWORD@``) inside a message
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)([^@\s]+)(@)")
+#: the password field of a connection string (``password=PASSWORD``)
+_KEY_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('[^']*'|\"[^\"]*\"|[^\s,;)]+)", re.IGNORECASE)
+
+
+def _scrub(text: str, url: str) -> str:
+    """``text`` with ``url`` and every password *field* in it hidden.
+
+    The field, never the password's text wherever it appears: a stock password equal to the
+    user name or part of the dialect (``postgress://postgres:postgres@...``) would otherwise
+    hide the very typo the message is about.
+    """
+    text = text.replace(str(url), redact_url(url))
+    text = _URL_PASSWORD.sub(r"\1***\3", text)
+    return _KEY_PASSWORD.sub(r"\1***", text)
+
+
+#: the databases an Optuna storage runs on (SQLAlchemy dialect names)
+_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
+
+
+def _dialect_hint(url: str) -> str:
+    """``" (did you mean ...?)"`` for a URL whose database name is not a dialect, else ``""``."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
     try:
-        pw = make_url(str(url)).password
+        name = make_url(url).get_backend_name()
     except (ArgumentError, ValueError):
-        m = re.search(r"://[^:/@]*:([^@]*)@", str(url))
-        pw = m.group(1) if m else None
-    return str(pw) if pw else None
-
-
-def _scrub(text: str, url: str) -> str:
-    """``text`` with ``url`` and its password (as given and URL-decoded) hidden."""
-    text = text.replace(str(url), redact_url(url))
-    pw = _password(url)
-    if pw:
-        for secret in {pw, urllib.parse.quote(pw, safe=""), urllib.parse.quote_plus(pw)}:
-            text = text.replace(secret, "***")
-    return text
+        return ""
+    if name in _DIALECTS:
+        return ""
+    near = difflib.get_close_matches(name, _DIALECTS, n=1)
+    return f" ({name!r} is no database SQLAlchemy knows" + (
+        f"; did you mean {near[0]}://...?)" if near else f"; e.g. {', '.join(_DIALECTS)})"
+    )
 
 
 def default_storage_url(out: str | os.PathLike[str]) -> str:
@@ -497,15 +530,27 @@ class SweepStorage:
             raise ValueError("`url` must be a non-empty SQLAlchemy URL")
         if not str(sweep).strip():
             raise ValueError("`sweep` must be a non-empty name")
-        for arg, v in (("heartbeat_interval", heartbeat_interval), ("max_attempts", max_attempts)):
-            if int(v) < 1:
-                raise ValueError(f"`{arg}` must be a positive integer, got {v}")
+        # whole numbers checked here, not by bayesurl._checks: a worker process loads this
+        # module alone, without torch
+        for arg, v in (
+            ("heartbeat_interval", heartbeat_interval),
+            ("max_attempts", max_attempts),
+            ("grace_period", 1 if grace_period is None else grace_period),
+        ):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"`{arg}` must be an integer >= 1, got {v!r}")
         grace = 4 * int(heartbeat_interval) if grace_period is None else int(grace_period)
         if grace < 1:
             raise ValueError(f"`grace_period` must be a positive integer, got {grace_period}")
         self._url = str(url)
         #: the storage URL with its password hidden (for messages and results files)
         self.url = redact_url(self._url)
+        if _ats(self._url) > 1:
+            raise StorageError(
+                f"`url` {self.url!r} holds more than one '@' before the host: write an '@' of "
+                "the user name or password as %40 (URL-encoded), or give the password as "
+                "PGPASSWORD"
+            )
         try:
             make_url(self._url)
         except (ArgumentError, ValueError) as exc:
@@ -529,6 +574,7 @@ class SweepStorage:
         except ArgumentError as exc:
             raise StorageError(
                 f"sweep storage {self.url}: {_scrub(_one_line(exc), self._url)}"
+                + _dialect_hint(self._url)
             ) from None
         except ImportError as exc:  # the URL's database driver is not installed
             raise StorageError(
@@ -587,6 +633,29 @@ class SweepStorage:
             "create study",
         )
         self._study_id = self._study._study_id
+        self._check_format()
+
+    def _check_format(self) -> None:
+        """Refuse a sweep written by a newer bayesurl (or not by bayesurl); stamp ours on a new
+        one and on one from before sweeps carried a format."""
+        attrs = self._retry(
+            lambda: self._storage.get_study_user_attrs(self._study_id), "read the format"
+        )
+        found = attrs.get("format")
+        if found is None:
+            self._retry(
+                lambda: self._storage.set_study_user_attr(self._study_id, "format", SWEEP_FORMAT),
+                "stamp the format",
+            )
+            return
+        if found == SWEEP_FORMAT:
+            return
+        from bayesurl.files import FormatError, check_format
+
+        try:
+            check_format({"format": found}, self.url, SWEEP_FORMAT)
+        except FormatError as exc:
+            raise StorageError(f"sweep storage {exc} (sweep {self.sweep!r})") from None
 
     def _retry(
         self,
@@ -629,7 +698,7 @@ class SweepStorage:
             optuna.trial.TrialState.RUNNING,
             optuna.trial.TrialState.COMPLETE,
         )
-        return [t for t in trials if t.state in live]
+        return [t for t in trials if t.state in live and not t.system_attrs.get("superseded")]
 
     @staticmethod
     def _attempts(trials: Iterable[Any]) -> int:
@@ -652,7 +721,11 @@ class SweepStorage:
             out["total"] += 1
             live = self._live(ts)
             if not live:
-                out["failed"] += 1
+                # set aside to be run again (enqueued by the next add_runs), or given up
+                again = any(t.system_attrs.get("superseded") for t in ts)
+                out[
+                    "waiting" if again and self._attempts(ts) < self.max_attempts else "failed"
+                ] += 1
                 continue
             state = live[0].state
             name = {st.WAITING: "waiting", st.RUNNING: "running", st.COMPLETE: "complete"}[state]
@@ -752,6 +825,73 @@ class SweepStorage:
             )
             added += 1
         return added
+
+    def supersede(self, estimators: Iterable[str], reason: str) -> int:
+        """Set the finished runs of ``estimators`` aside so that the sweep runs them again.
+
+        For a protocol some of whose estimators changed (a fix): each key of ``estimators``
+        whose run is finished gets its trial marked ``superseded`` (with ``reason``); the trial
+        and its record stay in the storage, but no longer count, so the next :meth:`add_runs`
+        of the plan enqueues the key again and the sweep, started as before, runs only those.
+        Idempotent per ``reason``: a key already superseded for ``reason`` is left alone (its
+        new run stands), so the same call after a resumed re-run changes nothing.
+
+        Returns
+        -------
+        int
+            How many runs were set aside.
+
+        Raises
+        ------
+        ValueError
+            If ``estimators`` is empty or names an estimator with no run in the storage, or
+            ``reason`` is empty.
+        """
+        optuna = require_optuna()
+        from sqlalchemy import text
+
+        names = [
+            str(e).strip() for e in ([estimators] if isinstance(estimators, str) else estimators)
+        ]
+        names = [n for n in names if n]
+        if not names:
+            raise ValueError("`estimators` must name at least one estimator")
+        why = str(reason).strip()
+        if not why:
+            raise ValueError("`reason` must say why the runs are superseded")
+        groups = self._by_key()
+        known = {key.split("/")[0] for key in groups}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(
+                f"`estimators` {unknown} have no runs in the storage {self.url} (it holds "
+                f"{', '.join(sorted(known)) or 'none'})"
+            )
+        marked = 0
+        for key, ts in groups.items():
+            if key.split("/")[0] not in names:
+                continue
+            if any(t.system_attrs.get("superseded") == why for t in ts):
+                continue
+            live = self._live(ts)
+            if not live or live[0].state != optuna.trial.TrialState.COMPLETE:
+                continue
+            trial_id = live[0]._trial_id
+
+            def mark(trial_id: int = trial_id) -> None:
+                # Optuna keeps a finished trial's attributes read-only: one row of its table
+                with self._storage.engine.begin() as conn:
+                    conn.execute(
+                        text(
+                            "INSERT INTO trial_system_attributes (trial_id, key, value_json) "
+                            "VALUES (:trial_id, 'superseded', :value)"
+                        ),
+                        {"trial_id": trial_id, "value": json.dumps(why)},
+                    )
+
+            self._retry(mark, "supersede")
+            marked += 1
+        return marked
 
     def fail_stale(self) -> None:
         """Fail running trials whose heartbeat is older than ``grace_period`` (crashed

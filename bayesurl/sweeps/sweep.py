@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from bayesurl._checks import check_device, check_int, check_ints, check_number, check_output_dir
 from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.files import write_json
 from bayesurl.runs.config import DEFAULT_RECIPE_FILE, RunConfig, read_recipe_file, tuned_sets
@@ -328,21 +329,53 @@ class SweepOptions:
     plan_timeout: float = 3600.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.overrides, str):
+            raise TypeError(
+                f"`overrides` must be a sequence of 'section.key=value' strings, got the string "
+                f"{self.overrides!r} (wrap it in a list)"
+            )
         object.__setattr__(self, "overrides", tuple(self.overrides))
-        if self.tune < 0:
-            raise ValueError(f"`tune` must be >= 0, got {self.tune}")
+        for o in self.overrides:
+            if isinstance(o, str) and "=" not in o:
+                raise ValueError(f"`overrides`: {o!r} is not of the form section.key=value")
+        for name in ("worker", "tune_only", "recipe_tuned", "save_checkpoints", "progress",
+                     "raise_errors"):  # fmt: skip
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"`{name}` must be True or False, got {getattr(self, name)!r}")
+        # the recipe file and the preset exist (a typo fails here, not after the plan)
+        if isinstance(self.preset, str):
+            sweep_preset(self.dataset, self.preset)
+        elif self.preset is not None and not isinstance(self.preset, SweepPreset):
+            raise TypeError(f"`preset` must be a preset name, got {type(self.preset).__name__}")
+        else:
+            read_recipe_file(self.dataset)
+        if self.seeds is not None and not isinstance(self.seeds, (int, bool)):
+            object.__setattr__(self, "seeds", check_ints(self.seeds, "seeds", low=0))
+        elif self.seeds is not None:
+            object.__setattr__(self, "seeds", check_int(self.seeds, "seeds", low=1))
+        if self.splits is not None:
+            object.__setattr__(self, "splits", check_int(self.splits, "splits", low=0))
+        object.__setattr__(self, "tune", check_int(self.tune, "tune", low=0))
+        object.__setattr__(self, "tune_split", check_int(self.tune_split, "tune_split", low=0))
         if self.worker and self.tune:
             raise ValueError("`tune` runs on the first machine only; drop it with `worker`")
         if self.tune_only and not self.tune:
             raise ValueError("`tune_only` needs `tune` > 0 and no `worker`")
-        if self.tune_split < 0:
-            raise ValueError(f"`tune_split` must be >= 0, got {self.tune_split}")
-        if not self.poll > 0:
-            raise ValueError(f"`poll` must be > 0 seconds, got {self.poll}")
-        if self.heartbeat_interval < 1:
-            raise ValueError(
-                f"`heartbeat_interval` must be >= 1 second, got {self.heartbeat_interval}"
-            )
+        check_number(self.poll, "poll", low=0.0, low_open=True)
+        check_number(self.plan_timeout, "plan_timeout", low=0.0, low_open=True)
+        object.__setattr__(
+            self,
+            "heartbeat_interval",
+            check_int(self.heartbeat_interval, "heartbeat_interval", low=1),
+        )
+        check_device(self.device, "device")
+        if self.storage is not None and (
+            not isinstance(self.storage, str) or not self.storage.strip()
+        ):
+            raise ValueError(f"`storage` must be a SQLAlchemy URL, got {self.storage!r}")
+        for name in ("out", "default_out", "checkpoint_dir"):
+            if getattr(self, name) is not None:
+                check_output_dir(getattr(self, name), name)
 
     def folder(self, plan: SweepPreset) -> Path | None:
         """The results folder of a sweep of ``plan``."""
@@ -526,6 +559,8 @@ class _Sweep:
         self.t0 = time.perf_counter()
         #: metric keys no run of the sweep computes, left out of its progress lines
         self.uncomputed: set[str] = set()
+        #: the planned estimators (the settings' list when no run has a record yet)
+        self.names: list[str] = []
 
     def factory(self, tuned: Mapping[str, Sequence[str]]) -> RunFn:
         """The run function: the given one, or the pipeline with the sweep's tuned settings."""
@@ -553,6 +588,7 @@ class _Sweep:
     ) -> SweepResults:
         """Tune, store the planned ``runs``, work and report (``tune_only``: tune and stop)."""
         opts, factory = self.opts, self.factory
+        self.names = list(names)
         if self.plan.stored and self.distributed and not self.main:
             done = follow(factory(tuned))
             return self._result([], {}, None, done, {})

@@ -209,8 +209,7 @@ def tune_estimators(
     """
     import optuna
 
-    if int(n_trials) < 1:
-        raise ValueError(f"`n_trials` must be positive, got {n_trials}")
+    check_int(n_trials, "n_trials", low=1)
     tables = tables or {}
     st = optuna.trial.TrialState
     chosen: dict[str, dict[str, Any]] = {}

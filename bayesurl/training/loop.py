@@ -363,11 +363,33 @@ def _optimizer(method: Method, opts: FitOptions) -> torch.optim.Optimizer:
     if not params:
         raise ValueError("`method` has no trainable parameters")
     if isinstance(opts.optimizer, torch.optim.Optimizer):
+        _check_holds(opts.optimizer, params)
         return opts.optimizer
     kwargs = dict(opts.optimizer_kwargs or {})
     return build_optimizer(
         params, opts.optimizer, lr=opts.lr, weight_decay=opts.weight_decay, **kwargs
     )
+
+
+def _check_holds(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+    """Refuse an optimiser that steps none of the method's trainable parameters (it would
+    train nothing, in silence); warn when it steps only some of them."""
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    mine = [p for p in params if id(p) in held]
+    if not mine:
+        raise ValueError(
+            f"`optimizer` ({type(optimizer).__name__}) holds none of the method's {len(params)} "
+            "trainable parameters: it would train nothing. Build it over this method's "
+            "parameters, e.g. torch.optim.SGD(method.parameters(), lr=...)"
+        )
+    if len(mine) < len(params):
+        n_left = sum(p.numel() for p in params if id(p) not in held)
+        warnings.warn(
+            f"`optimizer` ({type(optimizer).__name__}) holds {len(mine)} of the method's "
+            f"{len(params)} trainable parameter tensors: the other {len(params) - len(mine)} "
+            f"({n_left} values) stay as they are",
+            stacklevel=4,
+        )
 
 
 def _optimizer_name(optimizer: str | torch.optim.Optimizer) -> str:

@@ -9,8 +9,9 @@ controlled experiment (Kirchhof et al., 2023, MCInfoNCE appendix B.3: x 0.1 afte
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -19,6 +20,8 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from bayesurl._checks import check_int
+
 __all__ = [
     "OPTIMIZERS",
     "MultiStep",
@@ -26,6 +29,7 @@ __all__ = [
     "WarmupCosine",
     "build_optimizer",
     "build_scheduler",
+    "check_optimizer_kwargs",
     "even_milestones",
     "multistep_factor",
     "parse_optimizer",
@@ -60,11 +64,52 @@ OPTIMIZERS: dict[OptimizerName, Callable[..., Optimizer]] = {
 def parse_optimizer(name: str | OptimizerName) -> OptimizerName:
     """The :class:`OptimizerName` of ``name`` (any case); an unknown name raises ValueError
     listing the valid ones."""
+    if isinstance(name, type):  # torch.optim.Adam, the class, not an instance
+        raise ValueError(
+            f"`optimizer` is the class {name.__name__}, not an optimiser: give a name "
+            f"({', '.join(o.value for o in OptimizerName)}) or an instance built over the "
+            f"method's parameters ({name.__name__}(method.parameters(), lr=...))"
+        )
     try:
         return OptimizerName(str(getattr(name, "value", name)).lower())
     except ValueError:
         valid = ", ".join(o.value for o in OptimizerName)
-        raise ValueError(f"unknown optimizer {name!r}; valid names: {valid}") from None
+        raise ValueError(f"unknown `optimizer` {name!r}; valid names: {valid}") from None
+
+
+def check_optimizer_kwargs(name: str | OptimizerName, kwargs: Mapping[str, Any]) -> None:
+    """Refuse an unknown optimiser ``name`` or a keyword its constructor does not take.
+
+    Checked when the options are built, so a typo (``momentm``) is named before any data is
+    read instead of failing in the optimiser's constructor after it.
+
+    Raises
+    ------
+    ValueError
+        Naming ``optimizer_kwargs`` and the keywords the optimiser takes.
+    """
+    kind = parse_optimizer(name)
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"`optimizer_kwargs` must be a mapping, got {type(kwargs).__name__}")
+    if not kwargs:
+        return
+    cls: Any = OPTIMIZERS[kind]
+    if kind is OptimizerName.LAMB:  # the factory passes everything on to timm's class
+        from timm.optim import Lamb
+
+        cls = Lamb
+    takes = [
+        p
+        for p, spec in inspect.signature(cls).parameters.items()
+        if p not in ("self", "params", "lr", "weight_decay")
+        and spec.kind not in (spec.VAR_KEYWORD, spec.VAR_POSITIONAL)
+    ]
+    unknown = sorted(str(k) for k in kwargs if k not in takes)
+    if unknown:
+        raise ValueError(
+            f"`optimizer_kwargs` {', '.join(unknown)}: no argument of the {kind.value} "
+            f"optimiser ({cls.__name__} takes {', '.join(takes)})"
+        )
 
 
 def build_optimizer(
@@ -207,11 +252,8 @@ def even_milestones(total_steps: int, n_stages: int) -> list[int]:
     ``ceil(k T / n)``; e.g. ``even_milestones(8, 4) == [2, 4, 6]`` (the quarters of MCI
     appendix B.3).
     """
-    if int(total_steps) != total_steps or total_steps < 1:
-        raise ValueError(f"`total_steps` must be an integer >= 1, got {total_steps}")
-    if int(n_stages) != n_stages or n_stages < 1:
-        raise ValueError(f"`n_stages` must be an integer >= 1, got {n_stages}")
-    t, n = int(total_steps), int(n_stages)
+    t = check_int(total_steps, "total_steps", low=1)
+    n = check_int(n_stages, "n_stages", low=1)
     return [-(-k * t // n) for k in range(1, n)]
 
 

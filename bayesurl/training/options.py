@@ -8,7 +8,6 @@ and the hooks (objects with state) are its arguments.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,9 +16,9 @@ from typing import Any
 
 import torch
 
-from bayesurl._checks import check_device, check_number
+from bayesurl._checks import check_device, check_input_file, check_int, check_number
 from bayesurl.training.checkpoint import check_serialisable
-from bayesurl.training.optim import parse_optimizer
+from bayesurl.training.optim import check_optimizer_kwargs
 from bayesurl.training.trainer import Augment
 
 __all__ = ["AmpMode", "FitOptions"]
@@ -55,9 +54,12 @@ class FitOptions:
         Total number of epochs of the run (including those done before ``resume``).
     optimizer : {"lamb", "adamw", "adam", "sgd"} or torch.optim.Optimizer
         See :func:`~bayesurl.training.optim.build_optimizer`. An optimiser instance over the
-        method's parameters is used as it is (``lr``, ``weight_decay`` and
-        ``optimizer_kwargs`` are then not applied; the schedule scales its learning rate by
-        the warm-up / cosine factor, which stays 1 with ``min_lr = lr`` and no warm-up).
+        method's parameters is used as it is (``lr`` and ``weight_decay`` are then not
+        applied, and ``optimizer_kwargs`` beside it are refused; the schedule scales its
+        learning rate by the warm-up / cosine factor, which stays 1 with ``min_lr = lr`` and
+        no warm-up). :func:`~bayesurl.training.fit` refuses an instance that holds none of
+        the method's trainable parameters (it would train nothing) and warns when it holds
+        only some.
     lr, weight_decay : float
         Peak learning rate and weight decay (both >= 0).
     optimizer_kwargs : mapping or None
@@ -101,11 +103,17 @@ class FitOptions:
     Raises
     ------
     ValueError
-        Naming the argument: ``epochs`` or ``grad_accum`` below 1, a negative
+        Naming the argument: ``epochs`` or ``grad_accum`` below 1 or not whole, a negative
         ``warmup_steps``, a negative or non-finite ``lr``, ``weight_decay`` or
-        ``warmup_epochs``, ``min_lr`` outside ``[0, lr]``, a non-positive ``clip_grad``, an
-        unknown optimiser name or ``amp`` mode, ``method_kwargs`` a checkpoint cannot hold, a
-        device this machine lacks.
+        ``warmup_epochs``, ``min_lr`` outside ``[0, lr]``, a non-positive ``clip_grad``, a
+        ``seed`` outside ``[0, 2**32)``, an unknown optimiser name or ``amp`` mode, an
+        ``optimizer_kwargs`` key the optimiser does not take (or any beside an optimiser
+        instance), ``method_kwargs`` a checkpoint cannot hold, a device this machine lacks.
+    TypeError
+        Naming the argument: a setting of the wrong type (``epochs="5"``, ``augment`` not
+        callable, ``progress`` not a bool, ``optimizer_kwargs`` not a mapping).
+    FileNotFoundError
+        If ``resume`` names no file.
 
     Examples
     --------
@@ -135,24 +143,41 @@ class FitOptions:
     ddp_kwargs: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        _check_int(self.epochs, "epochs")
-        _check_int(self.grad_accum, "grad_accum")
+        object.__setattr__(self, "epochs", check_int(self.epochs, "epochs", low=1))
+        object.__setattr__(self, "grad_accum", check_int(self.grad_accum, "grad_accum", low=1))
         if self.warmup_steps is not None:
-            _check_int(self.warmup_steps, "warmup_steps", minimum=0)
-        if not (math.isfinite(self.warmup_epochs) and self.warmup_epochs >= 0):
-            raise ValueError(
-                f"`warmup_epochs` must be a finite number >= 0, got {self.warmup_epochs}"
-            )
+            steps = check_int(self.warmup_steps, "warmup_steps", low=0)
+            object.__setattr__(self, "warmup_steps", steps)
+        check_number(self.warmup_epochs, "warmup_epochs", low=0.0)
         check_number(self.lr, "lr", low=0.0)
-        if not (math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr):
+        check_number(self.min_lr, "min_lr", low=0.0)
+        if self.min_lr > self.lr:
             raise ValueError(f"`min_lr` must lie in [0, lr={self.lr}], got {self.min_lr}")
         check_number(self.weight_decay, "weight_decay", low=0.0)
-        if self.clip_grad is not None and not (
-            math.isfinite(self.clip_grad) and self.clip_grad > 0
-        ):
-            raise ValueError(f"`clip_grad` must be a positive number or None, got {self.clip_grad}")
-        if not isinstance(self.optimizer, torch.optim.Optimizer):
-            parse_optimizer(self.optimizer)
+        if self.clip_grad is not None:
+            check_number(self.clip_grad, "clip_grad", low=0.0, low_open=True)
+        if self.seed is not None:
+            object.__setattr__(self, "seed", check_int(self.seed, "seed", low=0, high=2**32 - 1))
+        for name in ("optimizer_kwargs", "ddp_kwargs"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Mapping):
+                raise TypeError(f"`{name}` must be a mapping or None, got {type(value).__name__}")
+        if self.augment is not None and not callable(self.augment):
+            raise TypeError(
+                f"`augment` must be callable or None, got {type(self.augment).__name__}"
+            )
+        if not isinstance(self.progress, bool):
+            raise TypeError(f"`progress` must be True or False, got {self.progress!r}")
+        if self.resume is not None:
+            check_input_file(self.resume, "resume")
+        if isinstance(self.optimizer, torch.optim.Optimizer):
+            if self.optimizer_kwargs:
+                raise ValueError(
+                    "`optimizer_kwargs` are not applied to an optimiser instance: give them to "
+                    "its constructor, or name the optimiser (optimizer='sgd')"
+                )
+        else:
+            check_optimizer_kwargs(self.optimizer, self.optimizer_kwargs or {})
         try:
             amp = AmpMode(str(getattr(self.amp, "value", self.amp)).lower())
         except ValueError:
@@ -163,8 +188,3 @@ class FitOptions:
         if self.method_kwargs is not None:
             check_serialisable(dict(self.method_kwargs), "method_kwargs")
             object.__setattr__(self, "method_kwargs", dict(self.method_kwargs))
-
-
-def _check_int(value: Any, name: str, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from bayesurl._checks import check_int
+
 __all__ = ["get_rng_state", "seed_everything", "set_rng_state"]
 
 
@@ -33,13 +35,11 @@ def seed_everything(seed: int) -> int:
     Raises
     ------
     ValueError
-        If ``seed`` is not an integer in ``[0, 2**32)``.
+        If ``seed`` is a number but not a whole one in ``[0, 2**32)``.
+    TypeError
+        If it is not a number (``"3"``, ``None``, ``True``).
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"`seed` must be an integer, got {type(seed).__name__}")
-    seed = int(seed)
-    if not 0 <= seed < 2**32:
-        raise ValueError(f"`seed` must lie in [0, 2**32), got {seed}")
+    seed = check_int(seed, "seed", low=0, high=2**32 - 1)
     random.seed(seed)
     np.random.seed(seed)  # noqa: NPY002 - the legacy global generator is what user code draws from
     torch.manual_seed(seed)  # also seeds every CUDA device

@@ -7,9 +7,10 @@ a miner, your own loop. :func:`bayesurl.laplace.MetricLaplace` puts LAM's Laplac
 (Warburg et al., 2023, "Bayesian Metric Learning for Uncertainty Quantification in Image
 Retrieval", section 3) on its last linear layer without retraining (post-hoc), or trains a
 fresh one with it (online). This page maps PML's options onto ``MetricLaplace``'s, runs both
-modes on one small conv net -- and shows that on this net LAM's uncertainty ranks the
-out-of-distribution digits as *more* certain than the clothes it was trained on, why, and
-what to trust instead. :doc:`/concepts/laplace` ("When the last-layer u inverts") has the
+modes on one small conv net -- and shows that on this net LAM's uncertainty with the hard
+pairs (bayesurl's earlier default) ranks the out-of-distribution digits as *more* certain
+than the clothes it was trained on, why, what the LAM code's pair set (the default now)
+changes, and what to trust. :doc:`/concepts/laplace` ("When the last-layer u inverts") has the
 analysis.
 """
 
@@ -92,18 +93,21 @@ net.eval()
 # - ``LpDistance(normalize_embeddings=False)`` -> not covered: LAM's embedding is
 #   ``normalize(W phi + b)``.
 # - your miner -> ``la.fit(loader, miner=your_miner)``: any PML miner gives the Hessian
-#   pairs (default: the hardest positive and hardest negative of each anchor). Negatives
-#   outside the margin have a flat loss and add nothing, unless
-#   ``hessian_pairs="all_mined"`` (what the LAM authors' code does, see below).
+#   pairs (default: the LAM code's, every triplet of ``TripletMarginMiner(margin, "all")``,
+#   at most 5,000 per batch, ``hessian_miner="triplets"``). Every mined pair enters
+#   (``hessian_pairs="all_mined"``), negatives outside the margin included, whose loss is
+#   flat; ``hessian_pairs="inside_margin"`` drops them.
 # - your training loop -> post-hoc: keep it and call ``fit`` afterwards. Online:
 #   ``mode="online"`` with :func:`bayesurl.laplace.train_online` replaces it (LAM's own
 #   loss, averaged over weight draws; ``miner=`` / ``loss_fn=`` take PML's).
 #
-# Post-hoc LAM: three pair sets, one trained net
-# ----------------------------------------------
-# The defaults; the training miner as the Hessian miner; and the LAM authors' setting
-# (every tuple of a ``TripletMarginMiner("all")`` enters the Hessian, negatives outside
-# the margin included, batches of 64, prior precision 1). Each u is scored by
+# Post-hoc LAM: four pair sets, one trained net
+# ---------------------------------------------
+# The defaults (the LAM code's triplets, evidence-optimised prior); the hard pairs
+# (``hessian_miner="hard"``, ``hessian_pairs="inside_margin"``: the hardest positive and
+# negative of each anchor, bayesurl's default until it was measured on four roads,
+# :doc:`/concepts/laplace`); the training miner as the Hessian miner; and the LAM authors'
+# whole setting (their pairs, batches of 64, prior precision 1). Each u is scored by
 # :func:`~bayesurl.evaluation.evaluate` next to ``1 / ||z||``, the inverse norm of the same net's
 # unnormalised embedding (no Laplace at all).
 with torch.no_grad():
@@ -119,16 +123,14 @@ def score(name: str, u_test: torch.Tensor, u_ood: torch.Tensor) -> dict:
     return r
 
 
+inside = {"hessian_pairs": "inside_margin"}
 fits = {
     "defaults": dict(miner=None, kw={}, batch_size=128),
+    "hard pairs": dict(miner=None, kw={"hessian_miner": "hard", **inside}, batch_size=128),
     "training miner (MultiSimilarity)": dict(
-        miner=miners.MultiSimilarityMiner(epsilon=0.1), kw={}, batch_size=128
+        miner=miners.MultiSimilarityMiner(epsilon=0.1), kw=inside, batch_size=128
     ),
-    "LAM authors' pairs": dict(
-        miner=miners.TripletMarginMiner(margin=MARGIN, type_of_triplets="all"),
-        kw={"hessian_pairs": "all_mined", "prior_precision": 1.0},
-        batch_size=64,
-    ),
+    "LAM authors' setting": dict(miner=None, kw={"prior_precision": 1.0}, batch_size=64),
 }
 results, posteriors = {}, {}
 results["1/||z|| (no Laplace)"] = score(
@@ -147,14 +149,16 @@ for name, f in fits.items():
 # %%
 # Read the table before using u. Retrieval R-AUROC is near 0.5 for every u, the norm
 # included: the notes under each line say where its 95 % interval over the 1,000 queries
-# (about 150 of them errors) holds 0.5. For OOD the
-# post-hoc LAM u with the defaults or the training miner is **inverted**: the digits get
-# *lower* u than the clothes (OOD AUROC well below 0.5), while ``1/||z||`` of the same net
-# separates them (about 0.84). The authors' pair set gives about 0.87: the u of their code
-# on this very net (``tools/lam_authors_compare.py``: Spearman 0.988 with theirs, the
-# Hessian diagonals equal to 4e-7).
+# (about 170 of them errors) holds 0.5. For OOD the
+# post-hoc LAM u with the hard pairs or the training miner is **inverted**: the digits get
+# *lower* u than the clothes (OOD AUROC about 0.25), while ``1/||z||`` of the same net
+# separates them (about 0.79). The LAM code's pair set -- the defaults, and the authors'
+# whole setting -- moves the u above chance but not far on this net (about 0.56-0.58;
+# over five nets trained the same way 0.68 [0.51, 0.85], ``results/lam/hessian_pairs/``).
+# It is the u of their code: on an earlier net of this recipe the two agreed to Spearman
+# 0.988 (``tools/lam_authors_compare.py``, the Hessian diagonals equal to 4e-7).
 #
-# Why: ``u`` of a last-layer posterior is
+# Why the hard pairs invert: ``u`` of a last-layer posterior is
 # ``sum_d sum_f sigma^2_df phi_f^2 (1 - u_d^2) / ||z||^2``. With the posterior variance
 # ``sigma^2`` nearly flat over the weights an input uses, that is ``||phi||^2 / ||z||^2``
 # -- the inverse gain of the last layer, blind to the feature *norm* that ``1/||z||``
@@ -162,13 +166,13 @@ for name, f in fits.items():
 # slightly smaller ratio). The only way the posterior can say "unseen" is mass on weights
 # the training pairs did not constrain; here the ReLU features that never fire on the
 # training images never fire on the digits either.
-u_def = torch.cat([posteriors["defaults"].predictive(x).uncertainty for x in (x_test, x_ood)])
+u_def = torch.cat([posteriors["hard pairs"].predictive(x).uncertainty for x in (x_test, x_ood)])
 phi_all, z_all = torch.cat([phi_test, phi_ood]), torch.cat([z_test, z_ood])
 gain = (phi_all.norm(dim=1) / z_all.norm(dim=1)) ** 2
 rho_gain = spearmanr(u_def.numpy(), gain.numpy())[0]
 dead = (phi_train > 0).sum(0) == 0
 ood_fires = float((phi_ood[:, dead] > 0).float().mean())
-print(f"Spearman(u of the defaults, ||phi||^2/||z||^2) = {rho_gain:.3f}")
+print(f"Spearman(u of the hard pairs, ||phi||^2/||z||^2) = {rho_gain:.3f}")
 print(f"||phi|| ID {phi_test.norm(dim=1).mean():.2f}, OOD {phi_ood.norm(dim=1).mean():.2f};  "
       f"||z|| ID {z_test.norm(dim=1).mean():.2f}, OOD {z_ood.norm(dim=1).mean():.2f}")  # fmt: skip
 print(
@@ -181,7 +185,7 @@ n_id = len(x_test)
 inv_norm = 1 / z_all.norm(dim=1)
 fig, axes = plt.subplots(1, 3, figsize=(13, 4), layout="constrained")
 for ax, (title, v) in zip(
-    axes[[0, 2]], (("post-hoc LAM u (defaults)", u_def), ("1/||z|| (no Laplace)", inv_norm))
+    axes[[0, 2]], (("post-hoc LAM u (hard pairs)", u_def), ("1/||z|| (no Laplace)", inv_norm))
 ):
     bins = torch.linspace(float(v.min()), float(v.max()), 40).numpy()
     ax.hist(v[:n_id].numpy(), bins=bins, alpha=0.6, density=True, label="test (FashionMNIST)")
@@ -192,27 +196,28 @@ axes[1].scatter(gain[:n_id], u_def[:n_id], s=4, alpha=0.5, label="test (FashionM
 axes[1].scatter(gain[n_id:], u_def[n_id:], s=4, alpha=0.5, label="OOD (digits)")
 axes[1].set(
     xlabel="||phi||^2 / ||z||^2 (inverse gain of the last layer)",
-    ylabel="post-hoc LAM u (defaults)",
+    ylabel="post-hoc LAM u (hard pairs)",
     title=f"u follows the gain (Spearman {rho_gain:.2f})",
 )
 axes[1].legend()
 plt.show()
 
 # %%
-# The authors' setting works here by a side effect: it subtracts the curvature of mined
-# negatives whose loss is flat (outside the margin), which clamps 7 % of the
+# The LAM code's pairs work here by a side effect: they subtract the curvature of mined
+# negatives whose loss is flat (outside the margin), which clamps part of the
 # diagonal to zero and leaves the prior variance on weights of features the digits use
-# more (18 % of their squared feature mass, 13 % of the clothes'). It does the same on
-# the MLP of :doc:`/tutorials/plot_3_laplace`, but it is not the GGN of the contrastive
-# loss and nothing guarantees it elsewhere: check OOD AUROC on held-out data before
-# trusting any u.
+# more. They do the same on the MLP of :doc:`/tutorials/plot_3_laplace` post-hoc, but the
+# term is not the GGN of the contrastive loss and nothing guarantees it elsewhere: check
+# OOD AUROC on held-out data before trusting any u.
 #
 # Online LAM
 # ----------
 # Online LAM trains a fresh net with weights drawn from the running posterior (its own
-# loss replaces the PML loop). With the defaults its u is inverted as well; the authors'
-# online training step, and ``MetricLaplace`` online with their pair set and scaling, give
-# OOD AUROC about 0.87 on this data (``results/lam/pml_comparison.txt``).
+# loss replaces the PML loop). With the hard pairs its u is inverted as well (OOD AUROC
+# about 0.02 on this seed); with the defaults it ranks the retrieval errors above chance
+# (R-AUROC about 0.60, its interval above 0.5) but not the digits: OOD AUROC about 0.47 on
+# this seed, its interval just below 0.5 (the note calls it inverted); over five seeds
+# 0.76 [0.55, 0.96] (``results/lam/hessian_pairs/``), so the seed decides.
 torch.manual_seed(0)
 net_online = make_net()
 la_online = MetricLaplace(
@@ -235,25 +240,29 @@ results["online"] = score(
 )
 
 # %%
-# What is trustworthy here: the embeddings (R@1 about 0.85) and, for OOD, the inverse
-# norm ``1/||z||`` or LAM with the authors' pair set, both checked on held-out digits --
-# not LAM's u with the defaults, and no u for ranking retrieval errors. The checks below
-# keep this page honest: if a change to :mod:`bayesurl.laplace` moves these figures out of
-# their ranges, the docs build fails and the text above must be revisited.
+# What is trustworthy here: the embeddings (R@1 about 0.83) and, for OOD, the inverse
+# norm ``1/||z||`` checked on held-out digits -- LAM's u with the default pairs only as far
+# as its OOD AUROC on such data carries it, and no post-hoc u for ranking retrieval errors.
+# The checks below keep this page honest: if a change to :mod:`bayesurl.laplace` moves these
+# figures out of their ranges, the docs build fails and the text above must be revisited.
 if data.name != "fashion_mnist":  # the ranges below were measured on FashionMNIST
     print(f"figures not checked: the data is {data.name!r}, not FashionMNIST")
 else:
-    assert 0.80 <= results["defaults"]["r@1"] <= 0.90, results["defaults"]["r@1"]
-    assert 0.75 <= results["1/||z|| (no Laplace)"]["ood_auroc"] <= 0.92
-    for name in ("defaults", "training miner (MultiSimilarity)", "online"):
+    assert 0.78 <= results["defaults"]["r@1"] <= 0.90, results["defaults"]["r@1"]
+    assert 0.72 <= results["1/||z|| (no Laplace)"]["ood_auroc"] <= 0.92
+    for name in ("hard pairs", "training miner (MultiSimilarity)"):
         assert 0.0 <= results[name]["ood_auroc"] <= 0.40, (name, results[name]["ood_auroc"])
-    assert 0.72 <= results["LAM authors' pairs"]["ood_auroc"] <= 0.90
+    for name in ("defaults", "LAM authors' setting"):
+        assert 0.50 <= results[name]["ood_auroc"] <= 0.70, (name, results[name]["ood_auroc"])
+    assert 0.35 <= results["online"]["ood_auroc"] <= 0.60, results["online"]["ood_auroc"]
+    assert 0.54 <= results["online"]["r_auroc"] <= 0.66, results["online"]["r_auroc"]
     assert rho_gain >= 0.85, rho_gain
-    # the words above are what the intervals say: OOD inverted for the defaults, the training
-    # miner and online LAM, above 0.5 for 1/||z|| and the authors' pairs
+    # the words above are what the intervals say
     for name, r in results.items():
         iv = r["intervals"]["ood_auroc"]
-        if name in ("defaults", "training miner (MultiSimilarity)", "online"):
+        if name in ("hard pairs", "training miner (MultiSimilarity)"):
             assert iv.high < 0.5 and "inverted_ood_auroc" in {n.kind for n in r.caveats}, name
-        if name in ("1/||z|| (no Laplace)", "LAM authors' pairs"):
+        if name in ("1/||z|| (no Laplace)", "defaults", "LAM authors' setting"):
             assert iv.low > 0.5, (name, iv)
+    assert results["online"]["intervals"]["r_auroc"].low > 0.5
+    assert results["online"]["intervals"]["ood_auroc"].low < 0.5  # not above chance

@@ -1,5 +1,7 @@
 """Scanning and reading a folder of one's own images (bayesurl.data.folder)."""
 
+import hashlib
+
 import pytest
 import torch
 from PIL import Image
@@ -48,9 +50,12 @@ def test_unreadable_file_gives_its_error_and_the_batch_keeps_the_rest(tmp_path):
     _img(tmp_path / "c.png", 200)
     data = ReadableImages(scan_image_folder(tmp_path), 8)
     items = [data[i] for i in range(3)]
-    assert items[1][0] is None and "b.png" in items[1][3]
-    x, y, ids, bad = collate_readable(items)
+    assert items[1][0] is None and "not an image" in items[1][3] and items[1][2] == 1
+    x, y, ids, bad, digests = collate_readable(items)
     assert x.dtype == torch.uint8 and x.shape == (2, 3, 8, 8)
     assert ids.tolist() == [0, 2] and y.tolist() == [-1, -1] and [i for i, _ in bad] == [1]
+    # each decoded image's file digest: the SHA-1 of its bytes
+    want = [hashlib.sha1((tmp_path / n).read_bytes()).hexdigest() for n in ("a.png", "c.png")]
+    assert digests == want
     # the pixels are the file's: a uniform image stays uniform after resize and crop
     assert x[0, 0].unique().tolist() == [10] and x[1, 2].unique().tolist() == [55]

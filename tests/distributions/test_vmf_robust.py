@@ -88,7 +88,7 @@ def test_issue_examples():
         sample_vmf(mu, 5.0, 4)
     with pytest.raises(ValueError, match="`loc`.*all-zero row"):
         VonMisesFisher(mu, torch.ones(2))
-    with pytest.raises(TypeError, match="`n_samples`"):
+    with pytest.raises(ValueError, match="`n_samples`"):
         sample_vmf(mu[:1], 5.0, 2.5)  # type: ignore[arg-type]
     # VonMisesFisher(e1, inf).log_prob(-e1) was NaN
     e1 = torch.tensor([[1.0, 0.0, 0.0]])

@@ -18,9 +18,9 @@ def _data(n=40, d=6, seed=0):
 
 def test_fractional_ks_are_refused_not_truncated():
     x, y = _data()
-    with pytest.raises(TypeError, match=r"`ks\[0\]` must be an integer"):
+    with pytest.raises(ValueError, match=r"`ks\[0\]` must be an integer"):
         evaluate(x, y, ks=(2.7,))  # reported recall@2
-    with pytest.raises(TypeError, match=r"`map_ks\[1\]`"):
+    with pytest.raises(ValueError, match=r"`map_ks\[1\]`"):
         evaluate(x, y, map_ks=(1, 0.5))
     with pytest.raises(ValueError, match="`ks` must not be empty"):
         evaluate(x, y, ks=())
@@ -32,7 +32,7 @@ def test_ece_mode_is_named():
     x, y = _data()
     with pytest.raises(ValueError, match="`ece_mode` must be one of shortlist, exact"):
         evaluate(x, y, ece_mode="x")
-    with pytest.raises(ValueError, match="`shortlist` must be >= 1"):
+    with pytest.raises(ValueError, match="`shortlist` must be an integer >= 1"):
         evaluate(x, y, shortlist=0)
 
 

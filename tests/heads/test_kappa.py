@@ -69,8 +69,10 @@ def test_bad_input():
         KappaHead(3, warmup_u=0.1).warmup_(torch.full((2, 3), float("nan")))
     with pytest.raises(ValueError, match="hidden_dim"):
         KappaHead(3, hidden_dim=-1)
-    with pytest.raises(TypeError, match="hidden_dim"):
+    with pytest.raises(ValueError, match="hidden_dim"):
         KappaHead(3, hidden_dim=2.5)
+    with pytest.raises(TypeError, match="hidden_dim"):
+        KappaHead(3, hidden_dim="8")
     with pytest.raises(ValueError, match="min_kappa"):
         KappaHead(3, min_kappa=float("nan"))
 

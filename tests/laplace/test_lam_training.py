@@ -228,7 +228,7 @@ def _reference():
                         batch.pairs,
                         approximation="fixed",
                         geometry="arccos",
-                        margin=MARGIN,
+                        margin=la.hessian_margin,
                         clamp=False,
                     )
                 )

@@ -87,13 +87,16 @@ def test_posterior_precision_nonnegative_hessian_and_report():
 
 
 def test_trained_model_keeps_clamped_fraction_low():
+    """With the hard pairs (one positive and one negative inside the margin per anchor)
+    training moves the fixed diagonal from mostly clamped to almost nowhere clamped."""
     x, y = _data(n=64, seed=2)
     net = _net(3)
     fractions = []
     for epochs in (0, 8):
         opt = torch.optim.Adam(net.parameters(), lr=3e-2)
         train_contrastive(net, _batches(x, y, 32), opt, epochs, margin=0.5, progress=False)
-        la = MetricLaplace(net, approximation="fixed", geometry="arccos", margin=0.5)
+        la = MetricLaplace(net, approximation="fixed", geometry="arccos", margin=0.5,
+                           hessian_miner="hard", hessian_pairs="inside_margin")  # fmt: skip
         la.fit(_batches(x, y, 32), progress=False)
         fractions.append(la.clamped_fraction)
     assert fractions[1] <= 0.05 < fractions[0]
@@ -223,13 +226,15 @@ def test_online_update_follows_formula():
         (2, la.n_params), generator=torch.Generator().manual_seed(7), dtype=h_old.dtype
     )
     noise = eps * std_old
-    from pytorch_metric_learning.miners import BatchEasyHardMiner, PairMarginMiner
+    from pytorch_metric_learning.miners import PairMarginMiner, TripletMarginMiner
 
     phi = ref_net[1](ref_net[0](xb))
     z0 = ref_net[2](phi)
     u0 = nn.functional.normalize(z0.detach(), dim=1)
     tup = PairMarginMiner(0.0, 1.5)(u0, yb)
-    h_tup = BatchEasyHardMiner("hard", "hard")(u0, yb)
+    # the default Hessian pairs: every triplet of the LAM code's miner (fewer than its cap)
+    h_tup = TripletMarginMiner(margin=1.5, type_of_triplets="all")(u0, yb)
+    assert 0 < len(h_tup[0]) < 5000
     lossf = ContrastiveLoss(margin=1.5)
     d, f = 4, 8
     total = 0
@@ -248,7 +253,7 @@ def test_online_update_follows_formula():
             h_tup,
             approximation="fixed",
             geometry="arccos",
-            margin=1.5,
+            margin=math.inf,
             clamp=False,
         )
     total = total / 2
@@ -603,7 +608,7 @@ def test_all_mined_pairs_keep_negatives_outside_the_margin():
     want = ggn_diagonal(net[2], phi, tup, approximation="full", geometry="arccos",
                         margin=math.inf, clamp=False)  # fmt: skip
     torch.testing.assert_close(la.hessian, want)
-    inside = MetricLaplace(net, **kw)
+    inside = MetricLaplace(net, hessian_pairs="inside_margin", **kw)
     inside.fit([(x, y)], miner=lambda e, lab: tup, progress=False)
     assert not torch.allclose(inside.hessian, want)
     with pytest.raises(ValueError, match="hessian_pairs"):

@@ -326,12 +326,12 @@ def test_small_kmeans_clusters_are_dropped_with_a_warning():
 
 @pytest.mark.parametrize(
     ("method", "options", "match"),
-    [("knn", {"k": 0}, "`k` must be >= 1"),
+    [("knn", {"k": 0}, "`k` must be an integer >= 1"),
      ("knn", {"reduce": "median"}, "`reduce` must be 'mean' or 'kth'"),
      ("mahalanobis", {"shrinkage": "oas"}, "`shrinkage` must be 'ledoit_wolf' or a number"),
      ("mahalanobis", {"shrinkage": 1.5}, "`shrinkage` must be <= 1.0"),
      ("gmm", {"covariance": "diag"}, "`covariance` must be 'full' or 'tied'"),
-     ("gmm", {"components": 0}, "`components` must be >= 1"),
+     ("gmm", {"components": 0}, "`components` must be an integer >= 1"),
      ("gmm", {"bogus": 1}, r"unknown option\(s\) \['bogus'\]")],
 )  # fmt: skip
 def test_bad_options_are_named(method, options, match):

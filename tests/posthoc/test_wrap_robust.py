@@ -89,8 +89,10 @@ def test_pvu_temperature_must_be_positive():
     for bad in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="`temperature`"):
             wrap(_enc(), "pvu", temperature=bad)
-    with pytest.raises(TypeError, match="`embed_dim`"):
+    with pytest.raises(ValueError, match="`embed_dim`"):
         wrap(_enc(), "pvu", embed_dim=2.5)
+    with pytest.raises(TypeError, match="`embed_dim`"):
+        wrap(_enc(), "pvu", embed_dim="8")
 
 
 def test_tau_fit_that_cannot_train_raises():

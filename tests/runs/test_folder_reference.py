@@ -30,9 +30,9 @@ def _capture(monkeypatch):
     seen = {}
     crossfit = road._crossfit
 
-    def spied(method, fx, fit_ids, labelled, generator):
+    def spied(method, fx, fit_ids, labelled, generator, *options):
         seen["feats"], seen["labels"] = fx.feats.clone(), fx.labels.clone()
-        return crossfit(method, fx, fit_ids, labelled, generator)
+        return crossfit(method, fx, fit_ids, labelled, generator, *options)
 
     monkeypatch.setattr(road, "_crossfit", spied)
     return seen
@@ -132,3 +132,18 @@ def test_options_and_command_know_the_new_methods(tmp_path, capsys):
     assert "R@1 " in printed and (out / "report.html").is_file()
     assert re.search("R-AUROC +n/a +R-AUROC is undefined: all 24 queries", printed)  # all right
     assert "ECE" not in printed and "OOD" not in printed
+
+
+def test_wrapper_options_reach_the_cross_fitted_fit(tmp_path):
+    """``--option k=3`` for knn is the k of every fold's fit (the folder's own default is
+    min(FOLDER_K, smallest reference)), recorded in the fit report; an option the wrapper
+    lacks is refused by name before anything is encoded."""
+    images = _folder(tmp_path / "imgs", n=8, corrupt=False)
+    res = score_folder(images, out=tmp_path / "out", method="knn", wrapper_options={"k": 3},
+                       pretrained=False, **FAST)  # fmt: skip
+    assert res.info["fit"]["k"] == 3
+    default = score_folder(images, out=tmp_path / "d", method="knn", pretrained=False, **FAST)
+    assert default.info["fit"]["k"] != 3
+    assert not np.allclose(res.record.u, default.record.u)
+    with pytest.raises(ValueError, match="`wrapper_options`: method 'knn' has no option 'kk'"):
+        FolderOptions(method="knn", wrapper_options={"kk": 3})

@@ -393,3 +393,30 @@ def test_a_worker_killed_before_its_first_heartbeat_loses_no_run(tmp_path):
     store.storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.RUNNING)
     assert store.status()["running"] == 1
     _given_back_then_run_once(store)
+
+
+def test_superseded_runs_are_run_again_once_and_the_rest_stay(tmp_path):
+    """A fix to some estimators: their finished runs are set aside (kept in the storage,
+    marked with the reason), the same plan enqueues and runs only them, and the same call
+    again after the re-run changes nothing."""
+    store = SweepStorage(out=tmp_path, sweep="fix")
+    plan = [{"estimator": e, "split": k, "seed": 0} for e in ("ce", "pvu") for k in range(3)]
+    store.add_runs(plan)
+    store.work(lambda p: {"r_auroc": 0.5})
+    with pytest.raises(ValueError, match="nope"):
+        store.supersede(["nope"], "views per image")
+    with pytest.raises(ValueError, match="reason"):
+        store.supersede(["pvu"], " ")
+    assert store.supersede(["pvu"], "views per image") == 3
+    assert store.status() == {"waiting": 3, "running": 0, "complete": 3, "failed": 0, "total": 6}
+    assert store.add_runs(plan) == 3
+    ran = []
+    store.work(lambda p: ran.append(p["estimator"]) or {"r_auroc": 0.6})
+    assert ran == ["pvu"] * 3
+    got = {(r["key"], r["r_auroc"]) for r in store.records()}
+    assert got == {(run_key(e, k, 0), 0.5 if e == "ce" else 0.6) for e in ("ce", "pvu")
+                   for k in range(3)}  # fmt: skip
+    # the same call again: the new runs stand; a reopened storage sees the same
+    again = SweepStorage(out=tmp_path, sweep="fix")
+    assert again.supersede("pvu", "views per image") == 0 and again.add_runs(plan) == 0
+    assert len(again.records()) == 6

@@ -89,7 +89,7 @@ def test_options_equal_a_hand_written_loop() -> None:
     ("bad", "name"),
     [
         ({"epochs": 0}, "epochs"),
-        ({"epochs": 2.0}, "epochs"),
+        ({"epochs": 2.5}, "epochs"),
         ({"grad_accum": 0}, "grad_accum"),
         ({"warmup_steps": -1}, "warmup_steps"),
         ({"warmup_epochs": float("inf")}, "warmup_epochs"),

@@ -92,9 +92,9 @@ def test_fit_uses_the_schedule_per_step():
 
 
 def test_unknown_optimizer_lists_valid_names():
-    with pytest.raises(ValueError, match=r"unknown optimizer 'rmsprop'.*adamw.*lamb"):
+    with pytest.raises(ValueError, match=r"unknown `optimizer` 'rmsprop'.*adamw.*lamb"):
         build_optimizer([torch.nn.Parameter(torch.zeros(1))], "rmsprop")
-    with pytest.raises(ValueError, match="unknown optimizer"):
+    with pytest.raises(ValueError, match="unknown `optimizer`"):
         fit(LinearCE(), loader(), optimizer="adam_typo", progress=False)
 
 

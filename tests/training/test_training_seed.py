@@ -48,8 +48,11 @@ def test_same_seed_same_run_different_seed_different_run():
 
 
 def test_bad_seed_and_state():
-    for bad in (-1, 2**32, 1.5, True, "3"):
-        with pytest.raises(ValueError, match="`seed`"):
+    for bad in (-1, 2**32, 1.5):
+        with pytest.raises(ValueError, match="`seed` must be an integer >= 0 and <= 4294967295"):
+            seed_everything(bad)
+    for bad in (True, "3", None):
+        with pytest.raises(TypeError, match="`seed` must be an integer"):
             seed_everything(bad)
     with pytest.raises(ValueError, match="numpy, python"):
         set_rng_state({"torch": torch.get_rng_state()})
