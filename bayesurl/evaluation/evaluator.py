@@ -50,7 +50,17 @@ from bayesurl.evaluation.intervals import (
     format_interval,
     intervals_of,
 )
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, rank_budget, search_shards
+from bayesurl.evaluation.knn import (
+    DEFAULT_MEMORY_BUDGET,
+    ExactSearch,
+    FaissSearch,
+    KnnFunc,
+    checked_ids,
+    knn,
+    rank_budget,
+    resolve_search,
+    search_shards,
+)
 from bayesurl.evaluation.notes import Note, result_notes
 from bayesurl.evaluation.table import (
     MISSING,
@@ -304,6 +314,7 @@ def _options(
     level: float = DEFAULT_LEVEL,
     replicates: int = DEFAULT_REPLICATES,
     interval_seed: int = 0,
+    avg_of_avgs: bool = False,
 ) -> dict[str, Any]:
     """The checked settings every metric reads (``ctx.options``)."""
     # integers only: ks=(2.7,) would otherwise report recall@2
@@ -315,6 +326,7 @@ def _options(
     check_interval_options(level, replicates, interval_seed)
     for name, flag in (
         ("return_curves", return_curves), ("progress", progress), ("intervals", intervals),
+        ("avg_of_avgs", avg_of_avgs),
     ):  # fmt: skip
         if not isinstance(flag, bool):
             raise ValueError(f"`{name}` must be True or False, got {flag!r}")
@@ -334,6 +346,7 @@ def _options(
         "level": float(level),
         "replicates": replicates,
         "interval_seed": interval_seed,
+        "avg_of_avgs": avg_of_avgs,
     }
 
 
@@ -472,7 +485,7 @@ class Evaluator:
         Bytes per similarity chunk of one process; with ``distributed`` each of the ``W``
         ranks uses ``memory_budget // W`` (:func:`~bayesurl.evaluation.rank_budget`).
     backend : {"torch", "faiss"}
-        kNN backend of the deterministic pass.
+        kNN backend of the deterministic pass, by name (``search`` is its general form).
     return_curves : bool
         Also return ``sparsification`` (removed fraction, R@1 curve, oracle curve) and
         ``reliability`` (bin edges, confidence, accuracy, count) as lists.
@@ -520,6 +533,19 @@ class Evaluator:
     interval_seed : int
         Seed of the bootstrap weights (the same seed, the same intervals; a sharded evaluation
         gives every rank those of one process).
+    avg_of_avgs : bool
+        Also give ``map@r`` and ``r_precision`` averaged per class first, then over the classes
+        (``map@r_class_avg``, ``r_precision_class_avg``; pytorch-metric-learning's
+        ``avg_of_avgs``), when ``map@r`` is selected.
+    search : str or KnnFunc, optional
+        The neighbour search of the one pass: ``"torch"`` / ``"faiss"``
+        (:class:`~bayesurl.evaluation.knn.ExactSearch` /
+        :class:`~bayesurl.evaluation.knn.FaissSearch`) or any object with
+        pytorch-metric-learning's ``knn_func`` contract, ``search(query, k, reference,
+        ref_includes_query) -> (distances, indices)`` (:class:`~bayesurl.evaluation.knn.KnnFunc`;
+        e.g. PML's ``CustomKNN``). It is called once as ``search(x, k, x, True)``; its ids are
+        checked (shape ``[N, k]``, in range, no query its own neighbour) and every metric reads
+        them. Default: ``backend``. ``distributed`` needs the exact torch search.
 
     Raises
     ------
@@ -558,10 +584,14 @@ class Evaluator:
     level: float = DEFAULT_LEVEL
     replicates: int = DEFAULT_REPLICATES
     interval_seed: int = 0
+    avg_of_avgs: bool = False
+    search: str | KnnFunc | None = None
     #: the checked settings every metric reads (``ctx.options``; each call adds its own)
     options: dict[str, Any] = field(init=False, repr=False, compare=False)
     #: the selected metrics, in table order
     metrics: tuple[Metric, ...] = field(init=False, repr=False, compare=False)
+    #: the search object of ``search`` (or of ``backend``)
+    knn_func: KnnFunc = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_call(
@@ -571,7 +601,7 @@ class Evaluator:
         options = _options(
             self.ks, self.map_ks, self.n_bins, self.ece_mode, self.shortlist, self.tolerance,
             self.return_curves, self.progress, self.intervals, self.level, self.replicates,
-            self.interval_seed,
+            self.interval_seed, self.avg_of_avgs,
         )  # fmt: skip
         lam = ("lam_ausc", "lam_ece") if self.reference == "lam" else ()
         metrics = select_metrics(self.include, self.exclude, options, also=lam)
@@ -581,6 +611,7 @@ class Evaluator:
             )
         object.__setattr__(self, "options", options)
         object.__setattr__(self, "metrics", tuple(metrics))
+        object.__setattr__(self, "knn_func", _knn_func(self.search, self.backend, self.distributed))
 
     def __call__(
         self,
@@ -699,7 +730,7 @@ class Evaluator:
             ctx.neighbors = given[:, :k].to(ctx.x.device)
         else:
             budget = ctx.options["memory_budget"]
-            ctx.neighbors = _search(ctx.x, k, ctx.shards, budget, self.backend, inplace)
+            ctx.neighbors = _search(ctx.x, k, ctx.shards, budget, self.knn_func, inplace)
 
 
 def _shards(x: Tensor, s: Tensor | None, distributed: bool, group: Any) -> Shards:
@@ -802,6 +833,8 @@ def evaluate(
     level: float = DEFAULT_LEVEL,
     replicates: int = DEFAULT_REPLICATES,
     interval_seed: int = 0,
+    avg_of_avgs: bool = False,
+    search: str | KnnFunc | None = None,
 ) -> EvaluationResult:
     """Every selected retrieval and uncertainty metric defined for the input, from one kNN
     search: ``Evaluator(**options)(embeddings, labels, **inputs)``.
@@ -816,7 +849,7 @@ id_embeddings, id_labels, id_uncertainties, predict_uncertainty, crop_images, ne
         The inputs: see :meth:`Evaluator.__call__`.
     ks, map_ks, n_bins, ece_mode, shortlist, tolerance, memory_budget, backend, \
 return_curves, progress, distributed, group, reference, copy, include, exclude, \
-return_neighbors, intervals, level, replicates, interval_seed
+return_neighbors, intervals, level, replicates, interval_seed, avg_of_avgs, search
         The options: see :class:`Evaluator`.
 
     Returns
@@ -860,7 +893,8 @@ return_neighbors, intervals, level, replicates, interval_seed
         return_curves=return_curves, progress=progress, distributed=distributed, group=group,
         reference=reference, copy=copy, include=include, exclude=exclude,
         return_neighbors=return_neighbors, intervals=intervals, level=level,
-        replicates=replicates, interval_seed=interval_seed,
+        replicates=replicates, interval_seed=interval_seed, avg_of_avgs=avg_of_avgs,
+        search=search,
     )  # fmt: skip
     return evaluator(
         embeddings, labels, uncertainties=uncertainties, samples=samples,
@@ -888,13 +922,36 @@ def _given_neighbors(neighbors: object | None, n: int, distributed: bool) -> Ten
     return nb
 
 
+def _knn_func(search: object, backend: str, distributed: bool) -> KnnFunc:
+    """The search object of the evaluation: ``search``, else the one ``backend`` names."""
+    if search is None:
+        return resolve_search(backend, "backend")
+    if backend != "torch":
+        raise ValueError(
+            f"give the search as `search` or `backend`, not both (backend={backend!r})"
+        )
+    found = resolve_search(search)
+    if distributed and type(found) is not ExactSearch:
+        raise ValueError(f"`distributed=True` needs the exact torch search, got search={search!r}")
+    return found
+
+
 def _search(
-    x: Tensor, k: int, sh: Shards, memory_budget: int, backend: str, inplace: bool
+    x: Tensor, k: int, sh: Shards, memory_budget: int, knn_func: KnnFunc, inplace: bool
 ) -> Tensor:
     """Neighbour ids ``[n_r, k]`` (global) of this rank's queries over every rank's rows."""
-    if backend == "torch":
+    if type(knn_func) is ExactSearch:
         return search_shards(x, k, sh, memory_budget, None, inplace=inplace, exact_values=False)[1]
-    return knn(x, k, memory_budget=memory_budget, backend=backend)[1]
+    if type(knn_func) is FaissSearch:
+        return knn(x, k, memory_budget=memory_budget, backend="faiss")[1]
+    try:
+        found = knn_func(x, k, x, True)
+    except TypeError as exc:  # not the knn_func signature
+        raise ValueError(
+            "`search` must be callable as search(query, k, reference, ref_includes_query) "
+            f"-> (distances, indices): {exc}"
+        ) from exc
+    return checked_ids(found, x.shape[0], k).to(x.device)
 
 
 def evaluate_output(

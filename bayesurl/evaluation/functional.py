@@ -9,6 +9,9 @@ Every definition follows docs/concepts/metrics.rst, which fixes the choices the 
   over 100 retention levels.
 - ECE for retrieval (LAM, section 5 and its evaluation code): modal 1-NN label over posterior
   draws, 10 equal-width confidence bins.
+- MAP@R and R-precision (Musgrave et al. 2020, "A Metric Learning Reality Check"), as
+  pytorch-metric-learning's ``AccuracyCalculator``; AURC (Geifman et al. 2019) and AUGRC
+  (Traub et al. 2024) of the retrieval error ``1 - R@1``.
 - OOD AUROC / AUPRC (LAM, section 5), mAP@k (LAM, section 5), Spearman rank correlation
   (URL, App. C.3), Sra's kappa approximation (docs/concepts/uncertainty.rst, "Samples").
 
@@ -25,7 +28,7 @@ import torch
 from torch import Tensor
 
 from bayesurl._checks import check_int, check_same_length, check_tensor
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, neighbor_ids, normalize
+from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, neighbor_ids, normalize, stable_topk
 from bayesurl.evaluation.sampled import (  # the search behind the ECE (re-exported)
     checked_samples,
     choose_shortlist,
@@ -36,24 +39,32 @@ from bayesurl.evaluation.sampled import (  # the search behind the ECE (re-expor
 
 __all__ = [
     "ECEResult",
+    "augrc",
+    "aurc",
     "auroc",
     "ause",
     "ausc",
     "average_precision",
     "calibration_bins",
+    "class_average",
     "choose_shortlist",
     "kappa_from_samples",
     "map_at_k",
+    "map_at_r",
     "mean_from_samples",
     "modal_labels",
     "ood_auprc",
     "ood_auroc",
     "oracle_curve",
+    "precision_at_r",
+    "precision_at_r_from_hits",
     "r_at_1",
     "r_auroc",
+    "r_precision",
     "rank_correlation",
     "recall_at_k",
     "retrieval_ece",
+    "risk_coverage",
     "sampled_neighbors",
     "sparsification_curve",
     "uncertainty_from_samples",
@@ -322,6 +333,161 @@ def ap_from_hits(hit: Tensor, mates: Tensor, k: int) -> Tensor:
     return torch.where(n_rel > 0, ap, torch.zeros_like(ap))
 
 
+def precision_at_r(
+    embeddings: Tensor, labels: Tensor, *, memory_budget: int = DEFAULT_MEMORY_BUDGET
+) -> tuple[Tensor, Tensor]:
+    """Per-query AP@R and R-precision (Musgrave et al. 2020, "A Metric Learning Reality
+    Check", section 3.2), ``R`` being the number of other items of the query's class.
+
+    Every query is ranked against all other items (self excluded by index) by the cosine
+    similarity its block product gives, ties to the lowest index, and each query gets all of
+    its ``R`` nearest neighbours: there is no cut-off, so the value never depends on a search
+    depth. Queries are processed in chunks whose ``[B, N]`` similarity block and ``[B, R]``
+    ranking fit ``memory_budget``; nothing of size ``N x R`` is kept.
+
+    ``AP@R_i = sum_{j <= R_i} rel_ij * precision@j_i / R_i`` and
+    ``R-precision_i = sum_{j <= R_i} rel_ij / R_i``.
+
+    Parameters
+    ----------
+    embeddings, labels : Tensor
+        ``[N, D]`` and ``[N]``.
+    memory_budget : int
+        Bytes for one chunk's similarity block and ranking.
+
+    Returns
+    -------
+    ap, r_precision : Tensor
+        ``[N]`` float64 each; ``nan`` for a query alone in its class (``R = 0``), which
+        pytorch-metric-learning's ``AccuracyCalculator`` leaves out too.
+
+    Notes
+    -----
+    Items are ordered by the similarities of the chunk's matrix product in the embeddings'
+    dtype, so two items whose similarities to a query differ by less than its rounding (about
+    ``1e-6`` in float32, exact duplicates included) may come in either order; that changes
+    AP@R only when they differ in relevance (duplicates with different labels): pass
+    float64 embeddings for such data.
+    """
+    x = _embeddings(embeddings)
+    n = x.shape[0]
+    y = _labels(labels, n)
+    check_int(memory_budget, "memory_budget", low=1)
+    qn = normalize(x)
+    y = y.to(qn.device)
+    r = class_mates(y)
+    ap = torch.full((n,), torch.nan, dtype=torch.float64, device=qn.device)
+    rp = ap.clone()
+    r_max = int(r.max())
+    if r_max == 0:
+        return ap, rp
+    item = qn.element_size()
+    # one similarity row, its top-R values and ids, the relevance and its running count
+    per_row = n * item + r_max * (item + 8 + 1 + 8)
+    b = max(1, int(memory_budget // per_row))
+    for a in range(0, n, b):
+        e = min(n, a + b)
+        rows = torch.arange(e - a, device=qn.device)
+        ri = r[a:e]
+        k = int(ri.max())
+        if k == 0:
+            continue
+        sims = qn[a:e] @ qn.T
+        sims[rows, rows + a] = -torch.inf  # self, by index
+        _, idx = stable_topk(sims, k)
+        del sims
+        ap[a:e], rp[a:e] = precision_at_r_from_hits(y[idx] == y[a:e, None], ri)
+    return ap, rp
+
+
+def precision_at_r_from_hits(hit: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-query AP@R and R-precision (:func:`precision_at_r`) from the relevance ``hit``
+    ``[M, >= max r]`` of each query's ranked neighbours and its ``R`` ``[M]``; ``nan`` where
+    ``R = 0``."""
+    k = int(r.max()) if r.numel() else 0
+    if hit.shape[1] < k:
+        raise ValueError(f"`hit` has {hit.shape[1]} columns, fewer than the largest R ({k})")
+    pos = torch.arange(1, k + 1, device=hit.device)
+    rel = hit[:, :k] & (pos[None, :] <= r[:, None])
+    hits = rel.cumsum(dim=1)
+    denom = r.clamp(min=1).double()
+    ap = (hits.double() / pos.double() * rel).sum(dim=1) / denom
+    rp = (hits[:, -1].double() if k else torch.zeros_like(denom)) / denom
+    lone = r == 0
+    ap[lone] = torch.nan
+    rp[lone] = torch.nan
+    return ap, rp
+
+
+def class_average(values: Tensor, labels: Tensor) -> Tensor:
+    """The mean over classes of each class's mean of ``values`` (pytorch-metric-learning's
+    ``avg_of_avgs``); ``nan`` values (queries alone in their class) are left out.
+
+    Parameters
+    ----------
+    values : Tensor
+        ``[N]`` per-query values.
+    labels : Tensor
+        ``[N]`` class labels.
+
+    Returns
+    -------
+    Tensor
+        0-d float64 (``nan`` when no value is defined).
+    """
+    v = check_tensor(values, "values", ndim=1, finite=False).to(torch.float64)
+    y = _labels(labels, v.shape[0]).to(v.device)
+    keep = ~torch.isnan(v)
+    _, inv = torch.unique(y[keep], return_inverse=True)
+    if inv.numel() == 0:
+        return v.new_tensor(torch.nan)
+    sums = torch.zeros(int(inv.max()) + 1, dtype=torch.float64, device=v.device)
+    sums.index_add_(0, inv, v[keep])
+    counts = torch.bincount(inv).double()
+    return (sums / counts).mean()
+
+
+def map_at_r(
+    embeddings: Tensor,
+    labels: Tensor,
+    *,
+    avg_of_avgs: bool = False,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
+    """MAP@R: mean over queries of AP@R (Musgrave et al. 2020, "A Metric Learning Reality
+    Check"; pytorch-metric-learning's ``mean_average_precision_at_r``).
+
+    Parameters
+    ----------
+    embeddings, labels : Tensor
+        ``[N, D]`` and ``[N]``.
+    avg_of_avgs : bool
+        Average per class first, then over the classes.
+    memory_budget : int
+        Bytes per chunk (:func:`precision_at_r`).
+
+    Returns
+    -------
+    Tensor
+        0-d float64 in [0, 1]; ``nan`` when every query is alone in its class.
+    """
+    ap, _ = precision_at_r(embeddings, labels, memory_budget=memory_budget)
+    return class_average(ap, labels) if avg_of_avgs else ap.nanmean()
+
+
+def r_precision(
+    embeddings: Tensor,
+    labels: Tensor,
+    *,
+    avg_of_avgs: bool = False,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
+    """R-precision: the share of relevant items among each query's ``R`` nearest, averaged
+    (Musgrave et al. 2020; arguments and result as :func:`map_at_r`)."""
+    _, rp = precision_at_r(embeddings, labels, memory_budget=memory_budget)
+    return class_average(rp, labels) if avg_of_avgs else rp.nanmean()
+
+
 # --------------------------------------------------------------------------- uncertainty
 def r_auroc(uncertainties: Tensor, correct: Tensor) -> Tensor:
     """R-AUROC: AUROC of ``u`` for the positive class "R@1 wrong" (URL, section 3.1).
@@ -450,6 +616,87 @@ def ause(uncertainties: Tensor, correct: Tensor, n_levels: int = N_LEVELS) -> Te
     """
     _, curve = sparsification_curve(uncertainties, correct, n_levels)
     return (oracle_curve(correct, n_levels) - curve).mean()
+
+
+def risk_coverage(uncertainties: Tensor, correct: Tensor) -> Tensor:
+    """Expected number of wrong queries among the ``k`` most certain, ``k = 1 .. N``.
+
+    Queries are kept in ascending ``u``; within a run of equal ``u`` every order is equally
+    likely, so the wrong queries of the run are spread evenly over its positions (the
+    expectation over the orders). A constant ``u`` therefore gives the overall error rate at
+    every coverage.
+
+    Parameters
+    ----------
+    uncertainties : Tensor
+        ``[N]`` u (higher = less certain).
+    correct : Tensor
+        ``[N]`` bool R@1 correctness.
+
+    Returns
+    -------
+    Tensor
+        ``[N]`` float64 ``E_k``; the selective risk at coverage ``k / N`` is ``E_k / k``,
+        the generalised risk ``E_k / N``.
+    """
+    u = _scores(uncertainties, "uncertainties")
+    c = _bool(correct, "correct").to(u.device)
+    check_same_length(("uncertainties", u), ("correct", c))
+    n = u.numel()
+    us, order = torch.sort(u, stable=True)
+    err = (~c[order]).double()
+    start = torch.ones(n, dtype=torch.bool, device=u.device)
+    start[1:] = us[1:] != us[:-1]
+    gid = start.long().cumsum(0) - 1
+    size = torch.bincount(gid).double()
+    wrong = torch.bincount(gid, weights=err)
+    k_before = size.cumsum(0) - size
+    e_before = wrong.cumsum(0) - wrong
+    k = torch.arange(1, n + 1, dtype=torch.float64, device=u.device)
+    return e_before[gid] + (k - k_before[gid]) * (wrong / size)[gid]
+
+
+def aurc(uncertainties: Tensor, correct: Tensor) -> Tensor:
+    """Area under the risk-coverage curve: the mean over the coverages ``k / N`` of the
+    selective risk (error rate of the ``k`` most certain queries; Geifman et al. 2019,
+    "Bias-Reduced Uncertainty Estimation for Deep Neural Classifiers", ICLR; torch-uncertainty's
+    ``AURC``). The risk here is the retrieval error ``1 - R@1``; ties in ``u`` as
+    :func:`risk_coverage`.
+
+    Parameters
+    ----------
+    uncertainties, correct : Tensor
+        ``[N]`` u and R@1 correctness.
+
+    Returns
+    -------
+    Tensor
+        0-d float64 in [0, 1]; lower is better. A constant ``u`` gives the error rate.
+    """
+    e = risk_coverage(uncertainties, correct)
+    k = torch.arange(1, e.numel() + 1, dtype=torch.float64, device=e.device)
+    return (e / k).mean()
+
+
+def augrc(uncertainties: Tensor, correct: Tensor) -> Tensor:
+    """Area under the generalised risk-coverage curve (Traub et al. 2024, "Overcoming Common
+    Flaws in the Evaluation of Selective Classification Systems", NeurIPS; torch-uncertainty's
+    ``AUGRC``): the mean over the coverages ``k / N`` of the generalised risk, the share of
+    all queries that are kept **and** wrong (``E_k / N``, :func:`risk_coverage`).
+
+    Parameters
+    ----------
+    uncertainties, correct : Tensor
+        ``[N]`` u and R@1 correctness.
+
+    Returns
+    -------
+    Tensor
+        0-d float64 in [0, 1]; lower is better. A constant ``u`` gives
+        ``error rate * (N + 1) / (2 N)``.
+    """
+    e = risk_coverage(uncertainties, correct)
+    return e.mean() / e.numel()
 
 
 def ood_auroc(uncertainties: Tensor, ood_uncertainties: Tensor) -> Tensor:

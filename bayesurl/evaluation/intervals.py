@@ -75,9 +75,11 @@ __all__ = [
     "poisson_weights",
     "read_interval",
     "weighted_auroc",
+    "weighted_class_mean",
     "weighted_average_precision",
     "weighted_ece",
     "weighted_mean",
+    "weighted_risk_coverage",
     "weighted_sparsification",
     "wilson_interval",
 ]
@@ -572,6 +574,64 @@ def weighted_average_precision(
         with np.errstate(invalid="ignore", divide="ignore"):
             precision = np.where(cnt > 0, tp_end / cnt, 0.0)  # a group of weight 0 adds 0
             return (np.take(wo, at, axis=1) * precision).sum(axis=1) / total
+
+    return stat
+
+
+def weighted_risk_coverage(
+    u: np.ndarray, correct: np.ndarray
+) -> Callable[[np.ndarray], dict[str, np.ndarray]]:
+    """``w -> {"aurc", "augrc"}`` of the weighted queries, from one fixed sort of ``u``.
+
+    The replicate holds query ``i`` ``w_i`` times (integer weights). Per run ``g`` of equal
+    ``u`` (weight ``W_g``, wrong weight ``e_g``, ``K`` / ``E`` the weights before it) the
+    expected wrong count at position ``k`` of the run is ``E + (k - K) e_g / W_g``
+    (:func:`~bayesurl.evaluation.functional.risk_coverage`), so its positions add
+    ``(E - K e_g / W_g) (H(K + W_g) - H(K)) + e_g`` to ``sum_k E_k / k`` (``H``: harmonic
+    numbers) and ``W_g E + e_g (W_g + 1) / 2`` to ``sum_k E_k``: O(N) per replicate. All-ones
+    weights give :func:`~bayesurl.evaluation.functional.aurc` / ``augrc``.
+    """
+    order, starts = _groups(np.asarray(u, dtype=np.float64).reshape(-1))
+    wrong = ~np.asarray(correct, dtype=bool).reshape(-1)[order]
+
+    def stat(w: np.ndarray) -> dict[str, np.ndarray]:
+        wo = np.take(w, order, axis=1).astype(np.float64)
+        size = np.add.reduceat(wo, starts, axis=1)
+        bad = np.add.reduceat(wo * wrong, starts, axis=1)
+        k_end = np.cumsum(size, axis=1)
+        e_end = np.cumsum(bad, axis=1)
+        k0, e0 = k_end - size, e_end - bad
+        total = k_end[:, -1]
+        m = int(total.max())
+        harmonic = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, m + 1))])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = np.where(size > 0, bad / size, 0.0)
+            h = harmonic[k_end.astype(np.int64)] - harmonic[k0.astype(np.int64)]
+            aurc = ((e0 - k0 * rate) * h + bad).sum(axis=1) / total
+            augrc = (size * e0 + bad * (size + 1) / 2).sum(axis=1) / total**2
+        aurc[total < 1] = np.nan
+        augrc[total < 1] = np.nan
+        return {"aurc": aurc, "augrc": augrc}
+
+    return stat
+
+
+def weighted_class_mean(
+    values: np.ndarray, classes: np.ndarray
+) -> Callable[[np.ndarray], np.ndarray]:
+    """``w -> mean over classes of each class's weighted mean of values`` (the bootstrap of
+    pytorch-metric-learning's ``avg_of_avgs``); a class with no weight in a replicate is left
+    out of it."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    order, starts = _groups(np.asarray(classes).reshape(-1))
+    vo = v[order]
+
+    def stat(w: np.ndarray) -> np.ndarray:
+        wo = np.take(w, order, axis=1).astype(np.float64)
+        num = np.add.reduceat(wo * vo, starts, axis=1)
+        den = np.add.reduceat(wo, starts, axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.nanmean(np.where(den > 0, num / den, np.nan), axis=1)
 
     return stat
 

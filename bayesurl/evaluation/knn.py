@@ -29,6 +29,7 @@ import functools
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -43,6 +44,11 @@ from bayesurl.evaluation import fused
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
+    "SEARCHES",
+    "ExactSearch",
+    "FaissSearch",
+    "KnnFunc",
+    "checked_ids",
     "chunk_rows",
     "fused_search",
     "knn",
@@ -50,9 +56,11 @@ __all__ = [
     "knn_sharded",
     "low_precision",
     "normalize",
+    "resolve_search",
     "rank_budget",
     "search_precision",
     "search_stats",
+    "stable_topk",
 ]
 
 #: Default bytes allowed for one chunk of the query-gallery similarity matrix (256 MiB).
@@ -145,7 +153,7 @@ def rank_budget(memory_budget: int, shards: Shards) -> int:
     return max(1, memory_budget // shards.world_size)
 
 
-def _stable_topk(sims: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def stable_topk(sims: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """Top-k along dim 1, ordered by (similarity descending, index ascending).
 
     ``torch.topk`` does not promise an order among equal values. The common case (no tie at the
@@ -1190,7 +1198,7 @@ def _topk_chunked(
             si = self_index[start:stop]
             own = ((si >= 0) & (si < n)).nonzero().squeeze(1)
             sims[own, si[own]] = -math.inf
-        v, i = _stable_topk(sims, k)
+        v, i = stable_topk(sims, k)
         bv, bi = best_v[start:stop], best_i[start:stop]
         cv, ci = torch.cat([bv, v], dim=1), torch.cat([bi, i + offset], dim=1)
         order = cv.argsort(dim=1, descending=True, stable=True)[:, :kk]
@@ -1407,3 +1415,117 @@ def _faiss_knn(q: Tensor, g: Tensor, k: int, exclude_self: bool) -> tuple[Tensor
     keep = torch.ones_like(i, dtype=torch.bool)
     keep[torch.arange(i.shape[0]), drop] = False
     return v[keep].view(-1, k), i[keep].view(-1, k)
+
+
+# --------------------------------------------------------------------------- search objects
+@runtime_checkable
+class KnnFunc(Protocol):
+    """A neighbour search with pytorch-metric-learning's ``knn_func`` contract.
+
+    ``search(query, k, reference, ref_includes_query) -> (distances, indices)``: for each row
+    of ``query`` the ``k`` nearest rows of ``reference``, nearest first, as ``[M, k]``
+    similarities (or distances) and ``[M, k]`` integer ids into ``reference``. With
+    ``ref_includes_query`` the query set is the reference set and a query is not its own
+    neighbour. :class:`ExactSearch` and :class:`FaissSearch` are two; any callable of this
+    shape (a ``pytorch_metric_learning.utils.inference.CustomKNN`` or ``FaissKNN``) is one.
+    """
+
+    def __call__(
+        self, query: Tensor, k: int, reference: Tensor, ref_includes_query: bool = False
+    ) -> tuple[Tensor, Tensor]: ...
+
+
+class ExactSearch:
+    """The exact cosine search of this module as a :class:`KnnFunc` (``search="torch"``).
+
+    Self is excluded by index, ties go to the lowest index, memory is bounded by chunks
+    (:func:`knn`, :func:`knn_query`).
+
+    Parameters
+    ----------
+    memory_budget : int
+        Bytes for one similarity chunk when called on its own; inside
+        :class:`~bayesurl.evaluation.Evaluator` the evaluator's ``memory_budget`` (shared by
+        its ranks) applies.
+    """
+
+    name = "torch"
+
+    def __init__(self, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
+        self.memory_budget = check_int(memory_budget, "memory_budget", low=1)
+
+    def __call__(
+        self, query: Tensor, k: int, reference: Tensor, ref_includes_query: bool = False
+    ) -> tuple[Tensor, Tensor]:
+        """``(similarities, indices)``, ``[M, k]`` each (see :class:`KnnFunc`)."""
+        if ref_includes_query:
+            return knn(reference, k, memory_budget=self.memory_budget, backend=self.name)
+        return knn_query(query, reference, k, memory_budget=self.memory_budget, backend=self.name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(memory_budget={self.memory_budget})"
+
+
+class FaissSearch(ExactSearch):
+    """faiss's exact inner-product index (``IndexFlatIP``, CPU, float32) as a
+    :class:`KnnFunc` (``search="faiss"``); tie order is faiss's own."""
+
+    name = "faiss"
+
+
+#: The names ``search=`` accepts, and the object each stands for.
+SEARCHES: dict[str, type[ExactSearch]] = {"torch": ExactSearch, "faiss": FaissSearch}
+
+
+def resolve_search(search: object, name: str = "search") -> KnnFunc:
+    """The search object of ``search``: a name of :data:`SEARCHES` or a :class:`KnnFunc`.
+
+    Raises
+    ------
+    ValueError
+        Naming ``name`` for an unknown name or an object that is not callable.
+    """
+    if isinstance(search, str):
+        if search not in SEARCHES:
+            raise ValueError(
+                f"`{name}` must be one of {tuple(SEARCHES)} or a knn_func object, got {search!r}"
+            )
+        return SEARCHES[search]()
+    if not callable(search):
+        raise ValueError(
+            f"`{name}` must be a name {tuple(SEARCHES)} or a callable "
+            "(query, k, reference, ref_includes_query) -> (distances, indices), got "
+            f"{type(search).__name__}"
+        )
+    return search  # type: ignore[return-value]
+
+
+def checked_ids(found: object, n: int, k: int, name: str = "search") -> Tensor:
+    """The ``[n, k]`` int64 neighbour ids of a search object's answer over ``n`` rows that
+    exclude themselves, checked (:class:`KnnFunc`).
+
+    Raises
+    ------
+    ValueError
+        Naming ``name`` when the answer is not ``(distances, indices)`` of that shape, holds
+        ids outside ``[0, n)`` or lists a query as its own neighbour.
+    """
+    if not (isinstance(found, (tuple, list)) and len(found) == 2):
+        raise ValueError(f"`{name}` must return (distances, indices), got {type(found).__name__}")
+    ids = found[1]
+    if not isinstance(ids, Tensor):
+        ids = torch.as_tensor(np.asarray(ids))
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dtype.is_complex:
+        raise ValueError(f"`{name}` returned indices of dtype {ids.dtype}, expected integers")
+    if tuple(ids.shape) != (n, k):
+        raise ValueError(
+            f"`{name}` returned indices of shape {tuple(ids.shape)}, expected {(n, k)}"
+        )
+    ids = ids.long()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        raise ValueError(f"`{name}` returned ids outside [0, {n})")
+    if bool((ids == torch.arange(n, device=ids.device)[:, None]).any()):
+        raise ValueError(
+            f"`{name}` listed a query as its own neighbour with ref_includes_query=True"
+        )
+    return ids

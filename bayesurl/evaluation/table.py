@@ -41,8 +41,10 @@ from bayesurl.evaluation.intervals import (
     Rate,
     Resample,
     TwoSamples,
+    weighted_class_mean,
     weighted_ece,
     weighted_mean,
+    weighted_risk_coverage,
     weighted_sparsification,
 )
 from bayesurl.evaluation.lam_reference import lam_ausc, lam_ece
@@ -487,6 +489,53 @@ def _map(ctx: EvalContext) -> dict[str, Any]:
     return out
 
 
+def _map_at_r_keys(options: dict[str, Any]) -> tuple[str, ...]:
+    base = ("map@r", "r_precision")
+    return (*base, *(f"{k}_class_avg" for k in base)) if options.get("avg_of_avgs") else base
+
+
+def _map_at_r(ctx: EvalContext) -> dict[str, Any]:
+    """MAP@R and R-precision (Musgrave et al. 2020): from the one search when it kept every
+    query's ``R`` neighbours (classes no larger than its ``k + 1``), else from their own
+    chunked ranking of every query's ``R`` nearest items
+    (:func:`~bayesurl.evaluation.functional.precision_at_r`), ``R`` being a class size."""
+    keys = _map_at_r_keys(ctx.options)
+    sh = ctx.shards
+    mates = Fm.class_mates(ctx.labels_all)
+    nb = ctx.neighbors
+    if nb is not None and nb.shape[1] >= int(mates.max()):
+        mine = mates[sh.offset : sh.offset + nb.shape[0]].to(ctx.hits.device)
+        ap, rp = (sh.gather(v) for v in Fm.precision_at_r_from_hits(ctx.hits, mine))
+    elif sh.active:
+        ctx.notes.append(
+            f"{', '.join(keys)}: not computed in a sharded evaluation with classes larger than "
+            f"the search's k + 1 = {0 if nb is None else nb.shape[1] + 1} (each query would "
+            "rank every row; run it in one process)"
+        )
+        return dict.fromkeys(keys)
+    else:
+        ap, rp = Fm.precision_at_r(ctx.x, ctx.y, memory_budget=ctx.options["memory_budget"])
+    defined = ~torch.isnan(ap)
+    if not bool(defined.any()):
+        ctx.notes.append(f"{', '.join(keys)}: undefined, every query is alone in its class")
+        return dict.fromkeys(keys)
+    lone = int((~defined).sum())
+    if lone:
+        ctx.notes.append(
+            f"map@r, r_precision: {lone} queries alone in their class left out (R = 0)"
+        )
+    y = _np(ctx.labels_all)[_np(defined)]
+    out: dict[str, Any] = {}
+    for key, per_query in (("map@r", ap), ("r_precision", rp)):
+        v = _np(per_query[defined])
+        out[key] = float(v.mean())
+        ctx.keep(key, Resample(v.size, weighted_mean(v)))
+        if ctx.options["avg_of_avgs"]:
+            out[f"{key}_class_avg"] = _f(Fm.class_average(per_query, ctx.labels_all))
+            ctx.keep(f"{key}_class_avg", Resample(v.size, weighted_class_mean(v, y)))
+    return out
+
+
 # --------------------------------------------------------------------------- uncertainty
 def _u(ctx: EvalContext) -> Tensor:
     assert ctx.u is not None
@@ -519,6 +568,15 @@ def _sparsification(ctx: EvalContext) -> dict[str, Any]:
             "oracle": oracle.tolist(),
         }
     return out
+
+
+def _risk_coverage(ctx: EvalContext) -> dict[str, Any]:
+    """AURC (Geifman et al. 2019) and AUGRC (Traub et al. 2024) of the retrieval error."""
+    u, correct = _u(ctx), ctx.correct
+    boot = Resample(ctx.n, weighted_risk_coverage(_np(u), _np(correct)))
+    ctx.keep("aurc", boot)
+    ctx.keep("augrc", boot)
+    return {"aurc": _f(Fm.aurc(u, correct)), "augrc": _f(Fm.augrc(u, correct))}
 
 
 def _rank_correlation(ctx: EvalContext) -> dict[str, Any]:
@@ -724,6 +782,14 @@ _register_builtin(
             interval=B,
         ),
         Metric(
+            "aurc", _keys("aurc", "augrc"), (N, U), _risk_coverage, lambda ctx: 1,
+            columns=(
+                C("aurc", "AURC", higher_is_better=False, shown=False),
+                C("augrc", "AUGRC", higher_is_better=False, shown=False),
+            ),
+            interval=B,
+        ),
+        Metric(
             "rank_correlation", _keys("rank_correlation"), (Need.REFERENCE, U), _rank_correlation,
             interval=Z,
         ),
@@ -746,6 +812,15 @@ _register_builtin(
             _map,
             lambda ctx: max(ctx.options["map_ks"]),
             columns=(C("map@5", "mAP@5", always=True),),
+            interval=B,
+        ),
+        # its own ranking of R neighbours per query costs about one more search: asked for
+        Metric(
+            "map@r", _map_at_r_keys, (), _map_at_r, default=False,
+            columns=(
+                C("map@r", "MAP@R", shown=False),
+                C("r_precision", "R-precision", shown=False),
+            ),
             interval=B,
         ),
         # the LAM authors' code as it computes them, kept for comparison: no interval

@@ -271,9 +271,9 @@ def test_every_declared_metric_gets_its_interval_and_the_seed_fixes_them():
     methods = {k: iv.method for k, iv in res["intervals"].items()}
     assert methods == {
         "r@1": "wilson", "recall@1": "wilson", "recall@5": "wilson", "recall@10": "wilson",
-        "r_auroc": "delong", "ausc": "bootstrap", "ause": "bootstrap",
-        "rank_correlation": "fisher_z", "ece": "bootstrap", "ood_auroc": "delong",
-        "ood_auprc": "logit", "map@1": "bootstrap", "map@5": "bootstrap",
+        "r_auroc": "delong", "ausc": "bootstrap", "ause": "bootstrap", "aurc": "bootstrap",
+        "augrc": "bootstrap", "rank_correlation": "fisher_z", "ece": "bootstrap",
+        "ood_auroc": "delong", "ood_auprc": "logit", "map@1": "bootstrap", "map@5": "bootstrap",
         "map@10": "bootstrap",
     }  # fmt: skip
     assert res["intervals"]["ood_auroc"].n == 550

@@ -154,7 +154,9 @@ def test_missing_inputs_are_none_with_one_note_per_input():
     res = evaluate(d["x"], d["y"], samples=None)
     assert res["r_auroc"] is None and res["ece"] is None
     notes = [n for n in res["notes"] if "no uncertainties" in n]
-    assert notes == ["r_auroc, ausc, ause: no uncertainties (give `uncertainties` or `samples`)"]
+    assert notes == [
+        "r_auroc, ausc, ause, aurc, augrc: no uncertainties (give `uncertainties` or `samples`)"
+    ]
     assert res["mixed_r_auroc"] is None and res["crop_share"] is None  # silent extras
 
 
