@@ -180,9 +180,9 @@ def test_pair_bootstrap_has_no_width_without_split_noise():
 
 def test_the_pages_quote_chance_intervals_from_the_results():
     """Every "mean [low, high]" typed into the verdict pages' prose is an estimator's test
-    against chance or a metric's summary over the splits in a committed results.json (or a folder row's interval in
-    results/folder_reference), and the sentences that claimed more than the
-    data carry stay gone."""
+    against chance or a metric's summary over the splits in a committed results.json (or a
+    folder row's interval in results/folder_reference), and the sentences that claimed more
+    than the data carry stay gone."""
     known = set()
     for folder, _, _ in PROTOCOLS[:3]:
         doc = json.loads((ROOT / folder / "results.json").read_text())
