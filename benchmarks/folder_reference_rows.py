@@ -18,13 +18,13 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import resource
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from _machine import cpu_flags, cpu_name
 
 from bayesurl.evaluation.intervals import read_interval
 from bayesurl.files import write_json
@@ -33,6 +33,7 @@ from bayesurl.runs.folder import FolderOptions, score_folder
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("knn", "mahalanobis", "gmm")
 KEYS = ("r@1", "r_auroc", "ausc")
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 def _module(name: str) -> Any:
@@ -64,19 +65,6 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _flags() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    flags = next(
-        (ln.split(":")[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
-    )
-    model = next((ln.split(":")[1].strip() for ln in text.splitlines() if "model name" in ln), "")
-    has = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{model}; {', '.join(has)}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=200)
@@ -92,7 +80,7 @@ def main() -> None:
             "threads": args.threads,
             "folder_options": "defaults (efficientnet_lite0, ImageNet weights, 224 px, "
             "cross-fitted over 5 folds)",
-            "machine": _flags(),
+            "machine": f"{cpu_name()}; {', '.join(cpu_flags(FLAGS).split())}",
             "load_average_before": os.getloadavg(),
             "torch": torch.__version__,
         },

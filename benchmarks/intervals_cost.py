@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import subprocess
 import time
 
 import numpy as np
 import torch
+from _machine import cpu_name, uptime
 
 
 def make_data(n: int, d: int, m: int, classes: int, seed: int):
@@ -39,25 +38,6 @@ def make_data(n: int, d: int, m: int, classes: int, seed: int):
     u = spread.squeeze(1) + 0.3 * torch.rand(n, generator=g)
     v = 3.5 + torch.rand(m, generator=g)
     return x, y, u, v
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        load = os.getloadavg()
-        return f"load average: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}"
 
 
 def main() -> None:

@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _machine import cpu_name
 from scipy import stats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,14 +188,8 @@ def paired_queries(
 
 # -- shared plumbing ---------------------------------------------------------------------------
 def _machine() -> dict[str, Any]:
-    cpu = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
     return {
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "load_average": os.getloadavg(),
         "torch": torch.__version__,

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import subprocess
 import time
 
 import numpy as np
 import torch
+from _machine import cpu_flags, cpu_name, uptime
 
 
 def make_data(n: int, d: int, classes: int, seed: int):
@@ -38,39 +37,6 @@ def make_data(n: int, d: int, classes: int, seed: int):
     x = torch.nn.functional.normalize(centers[y] + spread * torch.randn(n, d, generator=g), dim=1)
     u = spread.squeeze(1) + 0.3 * torch.rand(n, generator=g)
     return x, y, u
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def cpu_flags() -> str:
-    """The vector extensions the search and the products can use."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    want = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-                    return " ".join(w for w in want if w in have)
-    except OSError:
-        pass
-    return "unknown"
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        load = os.getloadavg()
-        return f"load average: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}"
 
 
 def main() -> None:

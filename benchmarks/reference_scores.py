@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import time
 
 import numpy as np
 import torch
+from _machine import cpu_name
 from sklearn.covariance import LedoitWolf
 from sklearn.mixture import GaussianMixture
 from sklearn.neighbors import NearestNeighbors
@@ -78,18 +78,6 @@ def _sklearn(method: str, x, y, q):
     return u, t1 - t0, time.perf_counter() - t1
 
 
-def _cpu() -> str:
-    """The processor's model name (``/proc/cpuinfo``), else the platform's word for it."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2500)
@@ -99,7 +87,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
     x, y, q = _data(args.n, args.classes, args.dim, args.queries)
-    print(f"CPU: {_cpu()}, {os.cpu_count()} cores; "
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; "
           f"torch {torch.__version__}; load {os.getloadavg()[0]:.2f} at start")  # fmt: skip
     print(f"N = {args.n} reference points, {args.classes} classes, D = {args.dim}, "
           f"{args.queries} queries, float64")  # fmt: skip
