@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _image_folders import noisy_squares
 from PIL import Image
 
 from bayesurl.cli import main
@@ -37,19 +38,6 @@ def _helper(rel: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def _images(root: Path, n: int = 6, labelled: bool = True) -> Path:
-    """Noisy squares of three colours, ``n`` per class."""
-    g = torch.Generator().manual_seed(0)
-    for c, rgb in enumerate([(220, 30, 30), (30, 200, 30), (30, 30, 220)]):
-        for i in range(n):
-            px = torch.tensor(rgb).view(1, 1, 3) + 40 * torch.randn(16, 16, 3, generator=g)
-            img = Image.fromarray(px.clamp(0, 255).to(torch.uint8).numpy())
-            path = root / f"c{c}" / f"{i}.png" if labelled else root / f"c{c}_{i}.png"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            img.save(path)
-    return root
 
 
 def _png_claiming(path: Path, width: int, height: int) -> None:
@@ -175,7 +163,7 @@ def test_score_folder_refuses_bad_settings_before_encoding(tmp_path, monkeypatch
 
     encoded = []
     monkeypatch.setattr(road, "_encode_folder", lambda *a, **k: encoded.append(1))
-    images = _images(tmp_path / "imgs")
+    images = noisy_squares(tmp_path / "imgs")
     for bad in ({"lr": -1e-3}, {"device": "gpu"}):
         with pytest.raises(ValueError, match=f"`{next(iter(bad))}`"):
             score_folder(images, out=tmp_path / "out", **{**FAST, **bad})
@@ -190,7 +178,7 @@ def test_folder_cache_that_is_a_file_is_named(tmp_path):
 
 @pytest.mark.parametrize("size", ["0", "-4", "7", "2.5"])
 def test_folder_command_names_the_image_size_flag(size, tmp_path, capsys):
-    images = _images(tmp_path / "imgs")
+    images = noisy_squares(tmp_path / "imgs")
     argv = ["folder", str(images), "--out", str(tmp_path / "out"), "--random-weights",
             "--backbone", "small_convnet", f"--image-size={size}", "--no-progress"]  # fmt: skip
     code = None
@@ -205,7 +193,7 @@ def test_folder_command_names_the_image_size_flag(size, tmp_path, capsys):
 
 # ------------------------------------------------------------------------ images on disk
 def test_a_decompression_bomb_is_skipped_and_listed_not_decoded(tmp_path):
-    images = _images(tmp_path / "imgs")
+    images = noisy_squares(tmp_path / "imgs")
     _png_claiming(images / "c0" / "bomb.png", 30_000, 30_000)
     res = _score(images, tmp_path / "out")
     reasons = dict(res.skipped)
@@ -216,7 +204,7 @@ def test_a_decompression_bomb_is_skipped_and_listed_not_decoded(tmp_path):
 
 
 def test_the_pixel_limit_is_settable(tmp_path):
-    images = _images(tmp_path / "imgs", n=4)  # 16 x 16 px each
+    images = noisy_squares(tmp_path / "imgs", n=4)  # 16 x 16 px each
     Image.new("RGB", (40, 40), (90, 90, 90)).save(images / "c1" / "large.png")
     res = _score(images, tmp_path / "small", max_pixels=1599)
     assert [p for p, _ in res.skipped] == ["c1/large.png"]
@@ -226,7 +214,7 @@ def test_the_pixel_limit_is_settable(tmp_path):
 
 
 def test_truncated_unreadable_and_odd_images_are_listed_with_the_reason(tmp_path):
-    images = _images(tmp_path / "imgs")
+    images = noisy_squares(tmp_path / "imgs")
     good = (images / "c0" / "0.png").read_bytes()
     Image.new("RGB", (64, 64), (10, 200, 30)).save(images / "c0" / "cut.png")
     cut = (images / "c0" / "cut.png").read_bytes()
@@ -259,7 +247,7 @@ def test_sixteen_bit_and_transparent_images_keep_their_meaning(tmp_path):
 
 # -------------------------------------------------------------------- bayesurl report
 def _folder_result(tmp_path: Path) -> tuple[Path, Path]:
-    images = _images(tmp_path / "imgs", n=8)
+    images = noisy_squares(tmp_path / "imgs", n=8)
     out = tmp_path / "out"
     assert main(["folder", str(images), "--out", str(out), "--backbone", "small_convnet",
                  "--random-weights", "--epochs", "1", "--batch-size", "8",

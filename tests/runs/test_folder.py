@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from _image_folders import noisy_squares
 from PIL import Image
 
 import bayesurl.runs.folder as road
@@ -23,14 +24,7 @@ FAST = {"backbone": "small_convnet", "epochs": 1, "batch_size": 8, "progress": F
 
 def _folder(root, labelled=True, n=6, corrupt=True):
     """Three colours of noisy squares; one broken PNG."""
-    g = torch.Generator().manual_seed(0)
-    for c, rgb in enumerate([(220, 30, 30), (30, 200, 30), (30, 30, 220)]):
-        for i in range(n):
-            px = torch.tensor(rgb).view(1, 1, 3) + 40 * torch.randn(16, 16, 3, generator=g)
-            img = Image.fromarray(px.clamp(0, 255).to(torch.uint8).numpy())
-            path = root / f"c{c}" / f"{i}.png" if labelled else root / f"c{c}_{i}.png"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            img.save(path)
+    noisy_squares(root, n, labelled)
     if corrupt:
         bad = root / "c1" / "broken.png" if labelled else root / "broken.png"
         bad.write_bytes(b"\x89PNG\r\n\x1a\n broken")
