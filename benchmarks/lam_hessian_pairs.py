@@ -223,32 +223,6 @@ def _authors_compare():
     return mod
 
 
-def _train_pml_net(lac, x: torch.Tensor, y: torch.Tensor, seed: int) -> torch.nn.Module:
-    """``lam_authors_compare.train_pml_net`` (the user's PML loop) from seed ``seed``: the net's
-    initialisation and the batch order; seed 0 is that script's net."""
-    from pytorch_metric_learning import distances, losses, miners
-    from torch.utils.data import DataLoader, TensorDataset
-
-    torch.manual_seed(seed)
-    net = lac._net()
-    loss_fn = losses.ContrastiveLoss(
-        pos_margin=0,
-        neg_margin=lac.MARGIN,
-        distance=distances.LpDistance(normalize_embeddings=True),
-    )
-    miner = miners.MultiSimilarityMiner(epsilon=0.1)
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    for _ in range(5):
-        gen = torch.Generator().manual_seed(seed)
-        for xb, yb in DataLoader(TensorDataset(x, y), 128, shuffle=True, generator=gen):
-            emb = net(xb)
-            loss = loss_fn(emb, yb, miner(emb, yb))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return net.eval()
-
-
 def _over_seeds(
     runs: Mapping[str, Any], mode: str, sets: Sequence[str], seeds: Sequence[int]
 ) -> dict:
@@ -324,7 +298,7 @@ def road_pml(out: Path) -> None:
     for seed in PML_SEEDS:
         if all(f"{m}/{n}/seed{seed}" in doc["runs"] for m in ("posthoc", "online") for n in sets):
             continue
-        net = _train_pml_net(lac, x_tr, y_tr, seed)
+        net = lac.train_pml_net(x_tr, y_tr, seed)
         with torch.no_grad():
             checksum = float(sum(p.abs().sum() for p in net.parameters()))
             z_te = net(x_te)

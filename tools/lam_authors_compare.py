@@ -78,11 +78,12 @@ def _net() -> nn.Sequential:
     )  # fmt: skip
 
 
-def train_pml_net(x: torch.Tensor, y: torch.Tensor) -> nn.Sequential:
-    """The user's PML training loop: ContrastiveLoss(0, 0.2) on normalised embeddings."""
+def train_pml_net(x: torch.Tensor, y: torch.Tensor, seed: int = 0) -> nn.Sequential:
+    """The user's PML training loop: ContrastiveLoss(0, 0.2) on normalised embeddings; ``seed``
+    sets the initialisation and the batch order (0: the tutorial's net)."""
     from pytorch_metric_learning import distances, losses, miners
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     net = _net()
     loss_fn = losses.ContrastiveLoss(
         pos_margin=0, neg_margin=MARGIN, distance=distances.LpDistance(normalize_embeddings=True)
@@ -90,7 +91,7 @@ def train_pml_net(x: torch.Tensor, y: torch.Tensor) -> nn.Sequential:
     miner = miners.MultiSimilarityMiner(epsilon=0.1)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     for _ in range(5):
-        gen = torch.Generator().manual_seed(0)  # as the tutorial's loader(): same order each epoch
+        gen = torch.Generator().manual_seed(seed)  # as the tutorial's loader(): same each epoch
         for xb, yb in DataLoader(TensorDataset(x, y), 128, shuffle=True, generator=gen):
             emb = net(xb)
             loss = loss_fn(emb, yb, miner(emb, yb))
