@@ -54,7 +54,6 @@ else:  # pragma: no cover - Python 3.10
 
 __all__ = [
     "DEFAULT_RECIPE_FILE",
-    "ESTIMATOR_KINDS",
     "RECIPE_DIR",
     "BackboneConfig",
     "DataConfig",
@@ -83,9 +82,6 @@ RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 #: The recipe file a sweep reads when none is named (``bayesurl benchmark`` without
 #: ``--dataset``); messages and plots name any other.
 DEFAULT_RECIPE_FILE = "fashion_mnist"
-
-#: Estimator kinds (see :mod:`bayesurl.runs.estimators`).
-ESTIMATOR_KINDS = ("method", "posthoc", "lam", "baseline", "deep_ensemble")
 
 
 @dataclass
@@ -959,12 +955,10 @@ def _typed(
     """
     where = f"estimators.{tables['estimator'].get('name', '')}"
     est_cfg: EstimatorConfig = _build(EstimatorConfig, tables["estimator"], where, toml_none)
-    kind = est_cfg.kind.lower()
-    if kind not in ESTIMATOR_KINDS:
-        raise ValueError(
-            f"unknown `{where}.kind` {est_cfg.kind!r}; valid: {', '.join(ESTIMATOR_KINDS)}"
-        )
-    est_cfg.kind = kind
+    # the kinds register themselves in modules that import this one: looked up at call time
+    from bayesurl.runs.estimators import ESTIMATORS
+
+    est_cfg.kind = ESTIMATORS.entry(est_cfg.kind, argument=f"{where}.kind").name
     sections = {s: tables.get(s, {}) for s in ("data", "backbone", "train", "eval")}
     cfg = RunConfig(
         dataset=dataset,

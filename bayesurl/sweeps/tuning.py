@@ -7,8 +7,9 @@ to ``<out>/tuned.json``, which every later run of the sweep in ``<out>`` reuses,
 ``<out>/tuned.toml``, the ``[presets.<name>.tuned]`` table that commits them to the recipe
 (:func:`bayesurl.runs.config.preset_tuned`).
 
-What is searched depends on the estimator's recipe table (:func:`search_space`): a trained
-method its learning rate and its own keys (the ``tune`` key of its table, e.g.
+What is searched follows the tuning rule its kind declares
+(:class:`~bayesurl.runs.estimators.Tuning`) and its recipe table (:func:`search_space`): a
+trained method its learning rate and its own keys (the ``tune`` key of its table, e.g.
 ``infonce = { ..., tune = { "estimator.kwargs.inverse_temperature" = ["float", 8.0, 64.0] } }``
 in the base table of estimators); a post-hoc wrapper the rate
 of its own fit, on top of its base's chosen settings (bases are tuned first, so the wrapper
@@ -29,6 +30,7 @@ from bayesurl._checks import check_int, check_number
 from bayesurl.data.class_splits import ClassSplit
 from bayesurl.files import atomic_write, write_json
 from bayesurl.runs.config import inherit_estimators
+from bayesurl.runs.estimators import ESTIMATORS, Tuning
 
 __all__ = [
     "load_tuned",
@@ -108,16 +110,17 @@ def search_space(
     """
     if table is None:
         table = inherit_estimators("estimators", {}).get(estimator, {})
-    kind = str(table.get("kind", "method")).lower()
+    kind = str(table.get("kind", "method"))
+    rule = Tuning(ESTIMATORS.entry(kind, argument=f"estimators.{estimator}.kind").traits["tuning"])
     own = _own_space(estimator, table)
-    if own and kind in ("baseline", "posthoc"):
+    if own and rule is not Tuning.TRAINED:
         raise ValueError(
-            f"`estimators.{estimator}.tune`: an estimator of kind {kind!r} searches "
-            + ("nothing" if kind == "baseline" else "only `estimator.fit.lr`")
+            f"`estimators.{estimator}.tune`: an estimator of kind {kind.lower()!r} searches "
+            + ("nothing" if rule is Tuning.NONE else "only `estimator.fit.lr`")
         )
-    if kind == "baseline":
+    if rule is Tuning.NONE:
         return {}
-    if kind == "posthoc":
+    if rule is Tuning.FIT_RATE:
         return dict(_WRAPPER_SPACE) if "lr" in (table.get("fit") or {}) else {}
     return {**_TRAINED_SPACE, **own}
 
