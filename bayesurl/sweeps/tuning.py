@@ -210,11 +210,8 @@ def tune_estimators(
         its base's chosen run settings followed by ``own`` (what a run of the row needs);
         also written to ``<out>/tuned.json`` and ``<out>/tuned.toml`` when ``out`` is given.
     """
-    import optuna
-
     check_int(n_trials, "n_trials", low=1)
     tables = tables or {}
-    st = optuna.trial.TrialState
     chosen: dict[str, dict[str, Any]] = {}
     for est in _base_first(estimators, tables):
         space = search_space(est, tables.get(est))
@@ -226,67 +223,102 @@ def tune_estimators(
             chosen[est] = {**_choice(under, None, 0), "skipped": "nothing to tune"}
             log(f"tune {est}: nothing to tune")
             continue
-        study = store.tuning_study(est, sampler=optuna.samplers.TPESampler(seed=seed))
-
-        def objective(
-            trial: Any, est: str = est, space: Mapping[str, Any] = space, under: list[str] = under
-        ) -> float:
-            overrides = _suggest(trial, space)
-            rec = run_fn(
-                {
-                    "estimator": est,
-                    "split": split.index,
-                    "seed": seed,
-                    "class_split": split.to_dict(),
-                    "stage": "tune",
-                    "overrides": [*under, *overrides],
-                }
-            )
-            for k in ("r@1", "r_auroc"):
-                v = rec.get(k)
-                trial.set_user_attr(k, None if v is None else float(v))
-            if rec.get("error"):
-                trial.set_user_attr("error", str(rec["error"]))
-                raise optuna.TrialPruned(f"run failed: {rec['error']}")
-            r1, ra = rec.get("r@1"), rec.get("r_auroc")
-            if r1 is None or ra is None or not math.isfinite(float(ra)) or float(r1) < min_r1:
-                trial.set_user_attr("discarded", f"R@1 {r1} < {min_r1}")
-                raise optuna.TrialPruned(f"R@1 {r1} < {min_r1}")
-            log(f"tune {est} trial {trial.number}: R-AUROC {ra:.4f}, R@1 {r1:.4f} {overrides}")
-            return float(ra)
-
-        done = len(study.get_trials(deepcopy=False, states=(st.COMPLETE, st.PRUNED)))
-        if done:  # a resumed search: a sampler seeded as at the start would repeat its trials
-            study.sampler = optuna.samplers.TPESampler(seed=seed + done)
-        if done < int(n_trials):
-            study.optimize(
-                objective,
-                n_trials=int(n_trials) - done,
-                callbacks=[
-                    optuna.study.MaxTrialsCallback(int(n_trials), states=(st.COMPLETE, st.PRUNED))
-                ],
-                catch=(),
-            )
-        complete = study.get_trials(deepcopy=False, states=(st.COMPLETE,))
-        pruned = study.get_trials(deepcopy=False, states=(st.PRUNED,))
+        complete, pruned = _search(
+            est, space, under, int(n_trials), run_fn, store,
+            split=split, min_r1=min_r1, seed=seed, log=log,
+        )  # fmt: skip
         best = max(complete, key=lambda t: t.value) if complete else None
         chosen[est] = _choice(under, best, len(complete), len(pruned))
     trained = sorted(c for c in split.upstream if c not in split.val)
     for c in chosen.values():
         c.update(tuned_on=sorted(split.val), trained_on=trained)
     if out is not None:
-        path = Path(out) / "tuned.json"
-        old = json.loads(path.read_text()) if path.is_file() else {}
-        stale = [e for e, c in old.items() if c.get("tuned_on") not in (None, sorted(split.val))]
-        if stale:
-            raise ValueError(
-                f"{path} holds settings tuned on other classes ({', '.join(stale)}); tune "
-                "each validation set into its own folder"
-            )
-        old.update(chosen)
-        write_json(path, old)
-        atomic_write(Path(out) / "tuned.toml", tuned_table(old, preset))
+        _save_tuned(Path(out), chosen, split, preset)
     return chosen
+
+
+def _search(
+    est: str,
+    space: Mapping[str, tuple[str, float, float]],
+    under: list[str],
+    n_trials: int,
+    run_fn: Callable[[dict[str, Any]], Mapping[str, Any]],
+    store: Any,
+    *,
+    split: ClassSplit,
+    min_r1: float,
+    seed: int,
+    log: Callable[[str], None],
+) -> tuple[list[Any], list[Any]]:
+    """Run (or go on with) the study of ``est`` until it holds ``n_trials`` finished trials
+    (see :func:`tune_estimators`); its complete and its discarded trials."""
+    import optuna
+
+    st = optuna.trial.TrialState
+    study = store.tuning_study(est, sampler=optuna.samplers.TPESampler(seed=seed))
+
+    def objective(trial: Any) -> float:
+        overrides = _suggest(trial, space)
+        rec = run_fn(
+            {
+                "estimator": est,
+                "split": split.index,
+                "seed": seed,
+                "class_split": split.to_dict(),
+                "stage": "tune",
+                "overrides": [*under, *overrides],
+            }
+        )
+        for k in ("r@1", "r_auroc"):
+            v = rec.get(k)
+            trial.set_user_attr(k, None if v is None else float(v))
+        if rec.get("error"):
+            trial.set_user_attr("error", str(rec["error"]))
+            raise optuna.TrialPruned(f"run failed: {rec['error']}")
+        r1, ra = rec.get("r@1"), rec.get("r_auroc")
+        if r1 is None or ra is None or not math.isfinite(float(ra)) or float(r1) < min_r1:
+            trial.set_user_attr("discarded", f"R@1 {r1} < {min_r1}")
+            raise optuna.TrialPruned(f"R@1 {r1} < {min_r1}")
+        log(f"tune {est} trial {trial.number}: R-AUROC {ra:.4f}, R@1 {r1:.4f} {overrides}")
+        return float(ra)
+
+    done = len(study.get_trials(deepcopy=False, states=(st.COMPLETE, st.PRUNED)))
+    if done:  # a resumed search: a sampler seeded as at the start would repeat its trials
+        study.sampler = optuna.samplers.TPESampler(seed=seed + done)
+    if done < n_trials:
+        study.optimize(
+            objective,
+            n_trials=n_trials - done,
+            callbacks=[optuna.study.MaxTrialsCallback(n_trials, states=(st.COMPLETE, st.PRUNED))],
+            catch=(),
+        )
+    return (
+        study.get_trials(deepcopy=False, states=(st.COMPLETE,)),
+        study.get_trials(deepcopy=False, states=(st.PRUNED,)),
+    )
+
+
+def _save_tuned(
+    out: Path, chosen: Mapping[str, dict[str, Any]], split: ClassSplit, preset: str | None
+) -> None:
+    """Add ``chosen`` to ``out/tuned.json`` and rewrite ``out/tuned.toml`` from it.
+
+    Raises
+    ------
+    ValueError
+        If the file holds settings tuned on other validation classes.
+    """
+    path = out / "tuned.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    stale = [e for e, c in old.items() if c.get("tuned_on") not in (None, sorted(split.val))]
+    if stale:
+        raise ValueError(
+            f"{path} holds settings tuned on other classes ({', '.join(stale)}); tune "
+            "each validation set into its own folder"
+        )
+    old.update(chosen)
+    write_json(path, old)
+    atomic_write(out / "tuned.toml", tuned_table(old, preset))
 
 
 def _choice(under: list[str], best: Any, complete: int, pruned: int = 0) -> dict[str, Any]:

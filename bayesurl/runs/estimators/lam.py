@@ -144,17 +144,7 @@ class LamEstimator(Estimator):
         train_time = time.perf_counter() - t0
         self.la, self.net, self.result = la, net, result
         if out is not None and is_main_process():
-            out.mkdir(parents=True, exist_ok=True)
-            self.checkpoint = out / "laplace.pt"
-            with atomic_open(self.checkpoint, "wb") as fh:
-                torch.save(
-                    {
-                        "model": net.state_dict(),
-                        "laplace": la.state_dict(),
-                        "config": cfg.to_dict(),
-                    },
-                    fh,
-                )
+            self._save(out)
         return {
             "train_time": train_time,
             "final_loss": None if result is None else float(result.final_loss),
@@ -163,6 +153,18 @@ class LamEstimator(Estimator):
             "prior_precision": float(torch.as_tensor(la.prior_precision).mean()),
             "clamped_fraction": float(la.clamped_fraction),
         }
+
+    def _save(self, out: Path) -> None:
+        """``out/laplace.pt``: the net's weights, the posterior and the config."""
+        out.mkdir(parents=True, exist_ok=True)
+        self.checkpoint = out / "laplace.pt"
+        state = {
+            "model": self.net.state_dict(),
+            "laplace": self.la.state_dict(),
+            "config": self.cfg.to_dict(),
+        }
+        with atomic_open(self.checkpoint, "wb") as fh:
+            torch.save(state, fh)
 
     def predict(self, x: Tensor, n_samples: int = 0) -> Output:
         return self.la.predictive(x, n_samples=n_samples)
