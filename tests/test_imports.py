@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     "types": 0,
     "uncertainty": 0,
     "distributed": 0,
+    "registry": 0,
     "backbones": 1,
     "data": 1,
     "distributions": 1,
