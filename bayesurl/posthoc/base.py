@@ -177,6 +177,10 @@ def register_wrapper(name: str, **traits: Any):
         The ``method`` name of :func:`~bayesurl.posthoc.wrap` (also set as ``cls.method``).
     **traits
         What the wrapper declares about itself (:class:`~bayesurl.registry.Registry`).
+        ``fit_inputs``: what a recipe's post-hoc estimator hands its ``fit``:
+        ``"transformed"`` (default: the images under the deterministic transform),
+        ``"augmented"`` (one augmented view per image, and ``batch_size``) or ``"raw"``
+        (untransformed images, and the ``augment`` module to draw views with).
     """
 
     def deco(cls: type[PosthocWrapper]) -> type[PosthocWrapper]:
