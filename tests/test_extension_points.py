@@ -9,6 +9,7 @@ and in the run's metrics. Both are removed again, and the tables are as before.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,3 +96,14 @@ def test_a_new_metric_is_one_entry(extended):
 def test_an_unknown_kind_names_the_key_as_typed(extended):
     with pytest.raises(ValueError, match=r"unknown `estimators.ce.kind` 'centre'.*center_distance"):
         load_recipe("fashion_mnist/ce", ["estimator.kind=centre"], preset="smoke")
+
+
+def test_each_shipped_kind_is_one_file_of_its_name():
+    """The folder's files are the kinds: ``<kind>.py`` registers ``<kind>``, nothing else does."""
+    import bayesurl.runs.estimators.base as base
+
+    folder = Path(base.__file__).parent
+    files = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")} - {"base"}
+    homes = {e.name: e.obj.__module__.rpartition(".")[2] for e in ESTIMATORS}
+    assert homes == {f: f for f in files}
+    assert set(ESTIMATORS.names(distributed=True)) == {"method", "lam"}
