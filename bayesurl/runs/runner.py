@@ -265,7 +265,7 @@ def refuse_undistributed(cfgs: Sequence[RunConfig], *, argument: str = "cfg") ->
     """Raise if any of ``cfgs`` has an estimator whose fit is not distributed.
 
     The kinds registered with ``distributed=True`` in
-    :data:`~bayesurl.runs.estimators.ESTIMATORS` (registry methods and LAM) train under DDP
+    :data:`~bayesurl.runs.estimators.base.ESTIMATORS` (registry methods and LAM) train under DDP
     (:func:`bayesurl.training.fit`); a post-hoc estimator's fit is not distributed, and under a
     process group its loaders would shard the training data, so each rank would fit a
     different model. Every offending estimator is named in one error, before anything runs.
