@@ -22,8 +22,9 @@ compared with) raises ``ValueError`` naming the argument.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 import torch
@@ -811,30 +812,8 @@ def evaluate(
     id_uncertainties: Tensor | None = None,
     predict_uncertainty: Callable[[Tensor], Tensor] | None = None,
     crop_images: Tensor | None = None,
-    ks: Sequence[int] = (1, 5, 10),
-    map_ks: Sequence[int] | None = None,
-    n_bins: int = 10,
-    ece_mode: str = "shortlist",
-    shortlist: int | None = None,
-    tolerance: float = 1e-3,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    backend: str = "torch",
-    return_curves: bool = False,
-    progress: bool = False,
-    distributed: bool = False,
-    group: dist.ProcessGroup | None = None,
-    reference: str | None = None,
-    copy: bool = True,
-    include: Iterable[str] | None = None,
-    exclude: Iterable[str] = (),
-    return_neighbors: bool = False,
     neighbors: Tensor | None = None,
-    intervals: bool = True,
-    level: float = DEFAULT_LEVEL,
-    replicates: int = DEFAULT_REPLICATES,
-    interval_seed: int = 0,
-    avg_of_avgs: bool = False,
-    search: str | KnnFunc | None = None,
+    **options: Any,
 ) -> EvaluationResult:
     """Every selected retrieval and uncertainty metric defined for the input, from one kNN
     search: ``Evaluator(**options)(embeddings, labels, **inputs)``.
@@ -847,10 +826,10 @@ def evaluate(
     embeddings, labels, uncertainties, samples, ood_uncertainties, reference_uncertainties, \
 id_embeddings, id_labels, id_uncertainties, predict_uncertainty, crop_images, neighbors
         The inputs: see :meth:`Evaluator.__call__`.
-    ks, map_ks, n_bins, ece_mode, shortlist, tolerance, memory_budget, backend, \
-return_curves, progress, distributed, group, reference, copy, include, exclude, \
-return_neighbors, intervals, level, replicates, interval_seed, avg_of_avgs, search
-        The options: see :class:`Evaluator`.
+    **options
+        The settings, each a field of :class:`Evaluator` (``ks``, ``include``, ``intervals``,
+        ``distributed``, ``search`` ...; its docs list them with their defaults), checked by
+        it.
 
     Returns
     -------
@@ -872,6 +851,9 @@ return_neighbors, intervals, level, replicates, interval_seed, avg_of_avgs, sear
 
     Raises
     ------
+    TypeError
+        For a keyword that is neither an input nor a setting of :class:`Evaluator` (naming it
+        and the valid settings).
     ValueError
         On bad input (naming the argument), an unknown metric name in ``include`` /
         ``exclude``, or bad settings.
@@ -887,21 +869,37 @@ return_neighbors, intervals, level, replicates, interval_seed, avg_of_avgs, sear
     >>> [k for k in res if k.startswith("recall@")]
     ['recall@1', 'recall@2']
     """
-    evaluator = Evaluator(
-        ks=ks, map_ks=map_ks, n_bins=n_bins, ece_mode=ece_mode, shortlist=shortlist,
-        tolerance=tolerance, memory_budget=memory_budget, backend=backend,
-        return_curves=return_curves, progress=progress, distributed=distributed, group=group,
-        reference=reference, copy=copy, include=include, exclude=exclude,
-        return_neighbors=return_neighbors, intervals=intervals, level=level,
-        replicates=replicates, interval_seed=interval_seed, avg_of_avgs=avg_of_avgs,
-        search=search,
-    )  # fmt: skip
-    return evaluator(
+    unknown = [k for k in options if k not in _SETTINGS]
+    if unknown:
+        raise TypeError(
+            f"evaluate() got an unknown keyword `{unknown[0]}`; the settings (of Evaluator): "
+            + ", ".join(_SETTINGS)
+        )
+    return Evaluator(**options)(
         embeddings, labels, uncertainties=uncertainties, samples=samples,
         ood_uncertainties=ood_uncertainties, reference_uncertainties=reference_uncertainties,
         id_embeddings=id_embeddings, id_labels=id_labels, id_uncertainties=id_uncertainties,
         predict_uncertainty=predict_uncertainty, crop_images=crop_images, neighbors=neighbors,
     )  # fmt: skip
+
+
+#: the settings of :class:`Evaluator`, the keywords :func:`evaluate` passes on to it
+_SETTINGS = tuple(f.name for f in fields(Evaluator) if f.init)
+
+
+def _signature() -> inspect.Signature:
+    """:func:`evaluate`'s signature with the settings spelt out from :class:`Evaluator`'s
+    fields (for ``help`` and editors), so the two cannot drift apart."""
+    params = list(inspect.signature(evaluate).parameters.values())[:-1]
+    settings = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+        for f in fields(Evaluator)
+        if f.init
+    ]
+    return inspect.signature(evaluate).replace(parameters=[*params, *settings])
+
+
+evaluate.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
 def _given_neighbors(neighbors: object | None, n: int, distributed: bool) -> Tensor | None:
