@@ -1028,6 +1028,7 @@ def load_recipe(
     *,
     preset: str | None = None,
     tuned: bool = True,
+    recipe: Mapping[str, Any] | None = None,
 ) -> RunConfig:
     """Read ``"<dataset>/<estimator>"`` into a :class:`RunConfig`.
 
@@ -1044,6 +1045,10 @@ def load_recipe(
     tuned : bool
         Apply the preset's committed tuned settings (``[presets.<name>.tuned]``,
         :func:`preset_tuned`); ``False`` gives the recipe's default settings.
+    recipe : mapping, optional
+        The file's tables as :func:`read_recipe_file` gave them, for a caller that resolves
+        many runs of one file (a sweep reads it once); default: the file is read. Not
+        modified.
 
     Returns
     -------
@@ -1056,7 +1061,8 @@ def load_recipe(
         lists the valid ones) or a value of the wrong type.
     """
     dataset, estimator = _split_name(name)
-    raw = read_recipe_file(dataset)
+    # the overrides write into nested tables: a caller's tables are copied, not changed
+    raw = read_recipe_file(dataset) if recipe is None else copy.deepcopy(dict(recipe))
     path = recipe_path(dataset)
     ds_name = path.stem if str(dataset).endswith(".toml") else str(dataset).lower()
     return _resolve(raw, ds_name, estimator, preset, list(overrides), str(path), tuned=tuned)
