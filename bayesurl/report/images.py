@@ -32,7 +32,7 @@ from PIL import Image
 
 from bayesurl.data.fmnist import FASHION_MNIST_CLASSES
 from bayesurl.data.folder import file_digest, read_image
-from bayesurl.runs.config import BackboneConfig, DataConfig, EstimatorConfig, RunConfig
+from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import build_data
 from bayesurl.runs.folder import DEFAULT_MAX_PIXELS
 from bayesurl.runs.queries import QueryRecord, source_ids
@@ -164,12 +164,13 @@ def _images_config(record: QueryRecord) -> RunConfig:
     cfg = record.meta.get("config")
     if not isinstance(cfg, dict) or "data" not in cfg:
         raise ValueError("the query record keeps no data settings to rebuild its images")
-    backbone = {**cfg.get("backbone", {}), "freeze": False}
-    return RunConfig(
-        dataset=str(record.meta.get("dataset", "fashion_mnist")),
-        estimator=EstimatorConfig(name=str(record.meta.get("name", "report"))),
-        data=DataConfig(**cfg["data"]),
-        backbone=BackboneConfig(**backbone),
+    return RunConfig.from_dict(
+        {
+            "dataset": str(record.meta.get("dataset", "fashion_mnist")),
+            "estimator": {"name": str(record.meta.get("name", "report"))},
+            "data": cfg["data"],
+            "backbone": {**cfg.get("backbone", {}), "freeze": False},
+        }
     )
 
 

@@ -376,6 +376,45 @@ class RunConfig:
         _validate(cfg)
         return cfg
 
+    @classmethod
+    def from_checkpoint(
+        cls,
+        method: Any,
+        *,
+        dataset: str,
+        estimator: EstimatorConfig | None = None,
+        data: DataConfig | None = None,
+        train: TrainConfig | None = None,
+        seed: int = 0,
+        device: str | None = None,
+    ) -> RunConfig:
+        """The config of a run on a trained method (a checkpoint read by
+        :func:`bayesurl.training.load_method_from_checkpoint`): the backbone its
+        ``hparams`` name (``small_convnet`` when they name none), the method itself as the
+        estimator unless ``estimator`` is given, checked by range as every config is.
+
+        Raises
+        ------
+        ValueError
+            For a value out of range (naming it).
+        """
+        hp = dict(getattr(method, "hparams", {}) or {})
+        backbone = hp.get("backbone")
+        cfg = cls(
+            dataset=dataset,
+            estimator=EstimatorConfig(name=method.name) if estimator is None else estimator,
+            data=DataConfig(name=dataset) if data is None else data,
+            backbone=BackboneConfig(
+                name=backbone if isinstance(backbone, str) else "small_convnet",
+                kwargs=dict(hp.get("backbone_kwargs") or {}),
+            ),
+            train=TrainConfig() if train is None else train,
+            seed=seed,
+            device=device,
+        )
+        _validate(cfg)
+        return cfg
+
     @property
     def name(self) -> str:
         """``"<dataset>/<estimator>"``."""

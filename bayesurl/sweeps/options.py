@@ -14,7 +14,6 @@ import argparse
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -351,14 +350,6 @@ class SweepOptions:
         for name in ("out", "default_out", "checkpoint_dir"):
             if getattr(self, name) is not None:
                 check_output_dir(getattr(self, name), name)
-
-    def folder(self, plan: SweepPreset) -> Path | None:
-        """The results folder of a sweep of ``plan``."""
-        if self.out is not None:
-            return Path(self.out)
-        if plan.stored:
-            return Path("results") / "sweeps" / plan.name
-        return None if self.default_out is None else Path(self.default_out)
 
     @classmethod
     def from_flags(cls, args: argparse.Namespace, **given: Any) -> SweepOptions:

@@ -294,7 +294,7 @@ def run_sweep(
         stored=stored,
         recipe=recipe,
     )
-    folder, dev = opts.folder(plan), resolve_device(opts.device)
+    folder, dev = results_folder(opts, plan), resolve_device(opts.device)
     if opts.worker:
         names: list[str] = []
     else:
@@ -320,6 +320,16 @@ def run_sweep(
             dev = rank_device
         sweep = _Sweep(opts, plan, folder, dev, log, run_fn, recipe)
         return sweep.go(names, runs, tuned)
+
+
+def results_folder(opts: SweepOptions, plan: SweepPreset) -> Path | None:
+    """The results folder of a sweep of ``plan``: ``out``; else a stored sweep's
+    ``results/sweeps/<name>``, an in-memory one's ``default_out`` (``None``: nowhere)."""
+    if opts.out is not None:
+        return Path(opts.out)
+    if plan.stored:
+        return Path("results") / "sweeps" / plan.name
+    return None if opts.default_out is None else Path(opts.default_out)
 
 
 def _names(estimators: str | Iterable[str] | None) -> list[str]:
@@ -445,21 +455,13 @@ class _Sweep:
         """The run function: the given one, or the pipeline with the sweep's tuned settings."""
         if self.given_fn is not None:
             return self.given_fn
-        opts, folder = self.opts, self.folder
-        ckpt = opts.checkpoint_dir
-        if ckpt is None and opts.save_checkpoints and folder is not None:
-            ckpt = folder / "checkpoints"
         return PipelineRun(
-            dataset=opts.dataset,
+            self.opts,
             preset=self.plan,
-            overrides=opts.overrides,
             tuned=tuned,
-            recipe_tuned=opts.recipe_tuned,
             device=self.device,
-            checkpoint_dir=ckpt,
-            queries_dir=None if folder is None else folder / "queries",
-            raise_errors=opts.raise_errors,
-            progress=opts.progress,
+            folder=self.folder,
+            recipe=self.recipe,
         )
 
     def go(
