@@ -2,8 +2,9 @@
 
 The core dependencies (pyproject's ``[project] dependencies``) are imported at the top of the
 modules that use them. A package that only some calls need -- a laplace-torch curvature
-backend chosen by ``backend=`` -- is imported through :func:`require` at the call instead, so
-that ``import bayesurl`` never loads it and a user without it learns which extra to install.
+backend chosen by ``backend=``, faiss, Optuna -- is imported through :func:`require` at the
+call instead, so that ``import bayesurl`` never loads it and a user without it learns which
+extra to install.
 laplace-torch itself is a core dependency imported here too: importing it imports every
 curvature backend, which ``import bayesurl`` should not pay for.
 """
@@ -23,6 +24,9 @@ EXTRAS: dict[str, tuple[str, str | None]] = {
     "curvlinops": ("curvlinops-for-pytorch", "curvlinops"),
     "asdl": ("asdfghjkl", "asdl"),
     "asdfghjkl": ("asdfghjkl", "asdl"),
+    "faiss": ("faiss-cpu", "faiss"),
+    "optuna": ("optuna", "sweep"),
+    "sqlalchemy": ("sqlalchemy", "sweep"),
 }
 
 

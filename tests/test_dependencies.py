@@ -111,6 +111,42 @@ def test_missing_backend_names_its_extra(imports: dict, backend: str) -> None:
         assert msg.endswith(f"pip install 'bayesurl[{extra}]'"), msg
 
 
+@pytest.mark.parametrize("module", sorted(EXTRAS))
+def test_require_names_the_extra_of_each_optional_module(monkeypatch, module: str) -> None:
+    from bayesurl._optional import require
+
+    dist, extra = EXTRAS[module]
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ImportError, match=re.escape(dist)) as info:
+        require(module, "this call")
+    hint = "pip install --force-reinstall bayesurl" if extra is None else f"bayesurl[{extra}]"
+    assert str(info.value).startswith("this call needs") and hint in str(info.value)
+    assert extra is None or extra in OPTIONAL
+
+
+def test_faiss_and_optuna_call_sites_name_their_extra(monkeypatch) -> None:
+    import torch
+
+    from bayesurl.evaluation.knn import knn
+    from bayesurl.sweeps.storage import require_optuna
+
+    monkeypatch.setitem(sys.modules, "faiss", None)
+    monkeypatch.setitem(sys.modules, "optuna", None)
+    with pytest.raises(ImportError, match=re.escape("pip install 'bayesurl[faiss]'")):
+        knn(torch.randn(6, 3), 2, backend="faiss")
+    with pytest.raises(ImportError, match=re.escape("pip install 'bayesurl[sweep]'")):
+        require_optuna()
+
+
+def test_an_unknown_missing_dependency_keeps_its_own_error(monkeypatch) -> None:
+    from bayesurl._optional import require
+
+    monkeypatch.setitem(sys.modules, "no_such_module_of_bayesurl", None)
+    with pytest.raises(ImportError) as info:
+        require("no_such_module_of_bayesurl", "this call")
+    assert "bayesurl[" not in str(info.value)
+
+
 def test_core_list_has_ranges_not_pins() -> None:
     for req in CORE:
         ops = {s.operator for s in req.specifier}
