@@ -799,37 +799,22 @@ def _compute(metrics: Sequence[Metric], ctx: EvalContext) -> dict[str, Any]:
     return res
 
 
-def evaluate(
-    embeddings: Tensor | None,
-    labels: Tensor,
-    *,
-    uncertainties: Tensor | None = None,
-    samples: Tensor | None = None,
-    ood_uncertainties: Tensor | None = None,
-    reference_uncertainties: Tensor | None = None,
-    id_embeddings: Tensor | None = None,
-    id_labels: Tensor | None = None,
-    id_uncertainties: Tensor | None = None,
-    predict_uncertainty: Callable[[Tensor], Tensor] | None = None,
-    crop_images: Tensor | None = None,
-    neighbors: Tensor | None = None,
-    **options: Any,
-) -> EvaluationResult:
+def evaluate(embeddings: Tensor | None, labels: Tensor, **options: Any) -> EvaluationResult:
     """Every selected retrieval and uncertainty metric defined for the input, from one kNN
-    search: ``Evaluator(**options)(embeddings, labels, **inputs)``.
+    search: ``Evaluator(**settings)(embeddings, labels, **inputs)``.
 
     To evaluate several models with the same settings, build one :class:`Evaluator` and call
     it on each.
 
     Parameters
     ----------
-    embeddings, labels, uncertainties, samples, ood_uncertainties, reference_uncertainties, \
-id_embeddings, id_labels, id_uncertainties, predict_uncertainty, crop_images, neighbors
-        The inputs: see :meth:`Evaluator.__call__`.
+    embeddings, labels
+        As :meth:`Evaluator.__call__`.
     **options
-        The settings, each a field of :class:`Evaluator` (``ks``, ``include``, ``intervals``,
-        ``distributed``, ``search`` ...; its docs list them with their defaults), checked by
-        it.
+        The further inputs of :meth:`Evaluator.__call__` (``uncertainties``, ``samples``,
+        ``ood_uncertainties``, ..., ``neighbors``) and the settings of :class:`Evaluator`
+        (``ks``, ``include``, ``intervals``, ``distributed``, ``search``, ...), each by its
+        name there: their docs list them with their defaults, and they check them.
 
     Returns
     -------
@@ -853,7 +838,7 @@ id_embeddings, id_labels, id_uncertainties, predict_uncertainty, crop_images, ne
     ------
     TypeError
         For a keyword that is neither an input nor a setting of :class:`Evaluator` (naming it
-        and the valid settings).
+        and the valid ones).
     ValueError
         On bad input (naming the argument), an unknown metric name in ``include`` /
         ``exclude``, or bad settings.
@@ -869,34 +854,33 @@ id_embeddings, id_labels, id_uncertainties, predict_uncertainty, crop_images, ne
     >>> [k for k in res if k.startswith("recall@")]
     ['recall@1', 'recall@2']
     """
-    unknown = [k for k in options if k not in _SETTINGS]
+    unknown = [k for k in options if k not in _SETTINGS and k not in _INPUTS]
     if unknown:
         raise TypeError(
-            f"evaluate() got an unknown keyword `{unknown[0]}`; the settings (of Evaluator): "
-            + ", ".join(_SETTINGS)
+            f"evaluate() got an unknown keyword `{unknown[0]}`; the inputs: "
+            f"{', '.join(_INPUTS)}; the settings (of Evaluator): {', '.join(_SETTINGS)}"
         )
-    return Evaluator(**options)(
-        embeddings, labels, uncertainties=uncertainties, samples=samples,
-        ood_uncertainties=ood_uncertainties, reference_uncertainties=reference_uncertainties,
-        id_embeddings=id_embeddings, id_labels=id_labels, id_uncertainties=id_uncertainties,
-        predict_uncertainty=predict_uncertainty, crop_images=crop_images, neighbors=neighbors,
-    )  # fmt: skip
+    settings = {k: v for k, v in options.items() if k in _SETTINGS}
+    inputs = {k: v for k, v in options.items() if k in _INPUTS}
+    return Evaluator(**settings)(embeddings, labels, **inputs)
 
 
-#: the settings of :class:`Evaluator`, the keywords :func:`evaluate` passes on to it
+#: the settings of :class:`Evaluator` and the keyword inputs of its call: what :func:`evaluate`
+#: passes on
 _SETTINGS = tuple(f.name for f in fields(Evaluator) if f.init)
+_CALL = list(inspect.signature(Evaluator.__call__).parameters.values())[1:]
+_INPUTS = tuple(p.name for p in _CALL if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 def _signature() -> inspect.Signature:
-    """:func:`evaluate`'s signature with the settings spelt out from :class:`Evaluator`'s
-    fields (for ``help`` and editors), so the two cannot drift apart."""
-    params = list(inspect.signature(evaluate).parameters.values())[:-1]
+    """:func:`evaluate`'s signature spelt out from :meth:`Evaluator.__call__`'s inputs and
+    :class:`Evaluator`'s fields (for ``help`` and editors), so the three cannot drift apart."""
     settings = [
         inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
         for f in fields(Evaluator)
         if f.init
     ]
-    return inspect.signature(evaluate).replace(parameters=[*params, *settings])
+    return inspect.signature(evaluate).replace(parameters=[*_CALL, *settings])
 
 
 evaluate.__signature__ = _signature()  # type: ignore[attr-defined]
