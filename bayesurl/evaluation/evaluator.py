@@ -302,22 +302,14 @@ def _validate_extras(
     return ix, iy, iu, images
 
 
-def _options(
-    ks: Sequence[int],
-    map_ks: Sequence[int] | None,
-    n_bins: int,
-    ece_mode: str,
-    shortlist: int | None,
-    tolerance: float,
-    return_curves: bool,
-    progress: bool,
-    intervals: bool = True,
-    level: float = DEFAULT_LEVEL,
-    replicates: int = DEFAULT_REPLICATES,
-    interval_seed: int = 0,
-    avg_of_avgs: bool = False,
-) -> dict[str, Any]:
-    """The checked settings every metric reads (``ctx.options``)."""
+def _options(ev: Evaluator) -> dict[str, Any]:
+    """The checked settings every metric reads (``ctx.options``), from ``ev``'s fields."""
+    ks, map_ks, n_bins, ece_mode = ev.ks, ev.map_ks, ev.n_bins, ev.ece_mode
+    shortlist, tolerance, level = ev.shortlist, ev.tolerance, ev.level
+    replicates, interval_seed = ev.replicates, ev.interval_seed
+    return_curves, progress, intervals, avg_of_avgs = (
+        ev.return_curves, ev.progress, ev.intervals, ev.avg_of_avgs
+    )  # fmt: skip
     # integers only: ks=(2.7,) would otherwise report recall@2
     ks = check_ints(ks, "ks", low=1)
     mks = sorted({*ks, 5} if map_ks is None else {*check_ints(map_ks, "map_ks", low=1), 5})
@@ -599,11 +591,7 @@ class Evaluator:
             self.reference, self.copy, self.distributed, self.group, self.backend,
             self.memory_budget,
         )  # fmt: skip
-        options = _options(
-            self.ks, self.map_ks, self.n_bins, self.ece_mode, self.shortlist, self.tolerance,
-            self.return_curves, self.progress, self.intervals, self.level, self.replicates,
-            self.interval_seed, self.avg_of_avgs,
-        )  # fmt: skip
+        options = _options(self)
         lam = ("lam_ausc", "lam_ece") if self.reference == "lam" else ()
         metrics = select_metrics(self.include, self.exclude, options, also=lam)
         if not isinstance(self.return_neighbors, bool):

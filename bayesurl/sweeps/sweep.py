@@ -286,30 +286,21 @@ def run_sweep(
     # the sweep's one read of its recipe file: every step below is handed its tables
     recipe = read_recipe_file(opts.dataset)
     stored = bool(opts.storage or opts.worker)
+    seeds, splits = opts.seeds, opts.splits
     plan = resolve_preset(
-        opts.dataset,
-        opts.preset,
-        seeds=opts.seeds,
-        splits=opts.splits,
-        stored=stored,
-        recipe=recipe,
+        opts.dataset, opts.preset, seeds=seeds, splits=splits, stored=stored, recipe=recipe
     )
     folder, dev = results_folder(opts, plan), resolve_device(opts.device)
-    if opts.worker:
-        names: list[str] = []
-    else:
-        names = (
-            _names(estimators)
-            if run_fn
-            else resolve_estimators(estimators, opts.dataset, recipe=recipe)
-        )
+    names: list[str] = []
+    if run_fn and not opts.worker:
+        names = _names(estimators)
+    elif not opts.worker:
+        names = resolve_estimators(estimators, opts.dataset, recipe=recipe)
     # every run resolved (recipe, preset, tuned set, overrides) before anything trains
     tuned = {} if opts.tune else _earlier_tuned(folder)
-    runs = (
-        []
-        if opts.worker
-        else _planned(opts, plan, folder, names, tuned, dev, run_fn is None, recipe)
-    )
+    runs: list[dict[str, Any]] = []
+    if not opts.worker:
+        runs = _planned(opts, plan, folder, names, tuned, dev, run_fn is None, recipe)
     cfgs = []
     if under_torchrun():  # the estimators' kinds decide whether they may run distributed
         firsts = {r["estimator"]: r["config"] for r in runs if "config" in r}
