@@ -1,7 +1,7 @@
 """Sweeps of many runs: the one sweep engine of ``bayesurl benchmark``.
 
 - :func:`run_sweep` ``(estimators, SweepOptions(dataset, preset, seeds, overrides, ...))
-  -> SweepResults`` (the options also as keywords, :mod:`bayesurl.sweeps.sweep`): the
+  -> SweepResults`` (the options also as keywords, :mod:`bayesurl.sweeps.options`): the
   preset's plan of class splits x seeds with each run's config resolved once
   (:mod:`bayesurl.sweeps.plan`), kept in memory or in a resumable storage
   (:mod:`bayesurl.sweeps.storage`, extra ``sweep``), optional tuning on validation classes
