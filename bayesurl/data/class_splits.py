@@ -52,15 +52,12 @@ import torch
 
 from bayesurl._checks import check_int
 
-from .base import ImageTensorDataset, subset
-from .clipart import clipart
-from .fmnist import fashion_mnist, find_fashion_mnist
-from .sklearn_digits import load_digits_images, upsample_uint8
-from .splits import stratified_split, stratified_subsample
-from .zero_shot import ZeroShotData, synthetic_ood
+from .base import subset
+from .registry import DATASETS, pool_datasets
+from .splits import stratified_subsample
+from .zero_shot import ZeroShotData
 
 __all__ = [
-    "SPLIT_DATASETS",
     "ClassSplit",
     "class_splits",
     "crossfit_splits",
@@ -388,62 +385,17 @@ def tuning_leaks(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-#: The data sets :func:`split_data` splits by class.
-SPLIT_DATASETS = ("fashion_mnist", "digits", "clipart")
-
-
-def _clipart_ood(size: int) -> tuple[ImageTensorDataset, str]:
-    """The OOD set of the clip art: Fashion-MNIST's test photographs of clothes (the digits
-    where it is absent), RGB at ``size``."""
-    try:
-        ood, name = fashion_mnist(None, "test"), "fashion_mnist"
-        images = ood.images.unsqueeze(1) if ood.images.ndim == 3 else ood.images
-        images = upsample_uint8(images, size)
-    except FileNotFoundError:
-        images, _ = load_digits_images(size)
-        name = "digits"
-    images = images.expand(-1, 3, -1, -1).contiguous()
-    labels = torch.zeros(len(images), dtype=torch.int64)
-    return ImageTensorDataset(images, labels, name=f"{name}/ood"), name
-
-
-def _pool(
-    dataset: str, root: str | os.PathLike[str] | None, seed: int, image_size: int | None = None
-) -> tuple[ImageTensorDataset, torch.Tensor, ImageTensorDataset, str]:
-    """All images of the data set, a ``held`` flag (official test file / held-out 20 %), the
-    OOD set and its name."""
-    if dataset == "clipart":
-        size = int(image_size or 128)
-        pool = clipart(root, "all", size=size)
-        _, held_idx = stratified_split(pool.targets, 0.2, seed=seed)
-        held = torch.zeros(len(pool), dtype=torch.bool)
-        held[held_idx] = True
-        ood, ood_name = _clipart_ood(size)
-        return ImageTensorDataset(pool.images, pool.targets, name="clipart"), held, ood, ood_name
-    if dataset == "fashion_mnist":
-        find_fashion_mnist(root)
-        tr, te = fashion_mnist(root, "train"), fashion_mnist(root, "test")
-        images = torch.cat([tr.images, te.images])
-        labels = torch.cat([tr.targets, te.targets])
-        held = torch.cat(
-            [torch.zeros(len(tr), dtype=torch.bool), torch.ones(len(te), dtype=torch.bool)]
-        )
-        d_img, d_lbl = load_digits_images(int(images.shape[-1]))
-        ood = ImageTensorDataset(d_img, d_lbl, name="digits/ood")
-        return ImageTensorDataset(images, labels, name="fashion_mnist"), held, ood, "digits"
-    images, labels = load_digits_images(28)
-    _, held_idx = stratified_split(labels, 0.2, seed=seed)
-    held = torch.zeros(len(labels), dtype=torch.bool)
-    held[held_idx] = True
-    ood = synthetic_ood(len(labels), 28, seed=seed)
-    ood.name = "noise/ood"
-    return ImageTensorDataset(images, labels, name="digits"), held, ood, "noise"
-
-
 def _cap(ds: Any, n: int | None, seed: int) -> Any:
     if n is None or n >= len(ds):
         return ds
     return subset(ds, stratified_subsample(ds, n, seed=seed))
+
+
+def _stage_classes(split: ClassSplit, stage: str) -> tuple[list[int], list[int]]:
+    """The classes trained on and the classes retrieved among at ``stage``."""
+    if stage == "final":
+        return list(split.upstream), list(split.downstream)
+    return [c for c in split.upstream if c not in split.val], list(split.val)
 
 
 def split_data(
@@ -470,11 +422,13 @@ def split_data(
         Final runs (train on all upstream classes, retrieve among the downstream ones) or
         tuning (train without the validation classes, retrieve among them).
     root : path-like, optional
-        Fashion-MNIST location (default system path).
-    dataset : {"fashion_mnist", "digits", "clipart"}
-        The data set (digits: 1,797 images, OOD = seeded noise images; clipart: the Open Clip
-        Art drawings of :func:`bayesurl.data.clipart.clipart`, 20 % of each class held out,
-        OOD = Fashion-MNIST's test images, or the digits where it is absent).
+        The data set's location (default: its loader's).
+    dataset : str
+        A data set that declares a ``pool`` (:func:`bayesurl.data.registry.pool_datasets`:
+        ``"fashion_mnist"``, ``"digits"``, ``"clipart"`` and any registered one); its pool
+        fixes the held-out images and the OOD set (digits: 1,797 images, OOD = seeded noise
+        images; clipart: the Open Clip Art drawings, 20 % of each class held out, OOD =
+        Fashion-MNIST's test images, or the digits where it is absent).
     max_train, max_test, max_id, max_ood : int, optional
         Class-balanced caps on ``train``, ``test`` (retrieval), ``id_test`` and ``ood``.
     transform : callable, optional
@@ -500,24 +454,21 @@ def split_data(
     """
     if stage not in ("final", "tune"):
         raise ValueError(f"`stage` must be 'final' or 'tune', got {stage!r}")
-    if dataset not in SPLIT_DATASETS:
-        raise ValueError(f"`dataset` must be one of {list(SPLIT_DATASETS)}, got {dataset!r}")
+    make_pool = DATASETS.traits(dataset).get("pool") if dataset in DATASETS else None
+    if make_pool is None:
+        raise ValueError(f"`dataset` must be one of {list(pool_datasets())}, got {dataset!r}")
+    dataset = DATASETS.entry(dataset).name
     for arg, v in (("max_train", max_train), ("max_test", max_test), ("max_id", max_id)):
         if v is not None:
             check_int(v, arg, low=1)
     if max_ood is not None:
         check_int(max_ood, "max_ood", low=1)
-    pool, held, ood, ood_name = _pool(dataset, root, seed, image_size)
+    pool, held, ood, ood_name = make_pool(root, seed, image_size)
     present = set(pool.targets.unique().tolist())
     bad = sorted({*split.upstream, *split.downstream} - present)
     if bad:
         raise ValueError(f"`split` names classes {bad} that {dataset} does not have")
-    if stage == "final":
-        fit_cls = list(split.upstream)
-        eval_cls = list(split.downstream)
-    else:
-        fit_cls = [c for c in split.upstream if c not in split.val]
-        eval_cls = list(split.val)
+    fit_cls, eval_cls = _stage_classes(split, stage)
     y = pool.targets
     fit_mask = torch.isin(y, torch.tensor(fit_cls))
     relabel = {c: i for i, c in enumerate(fit_cls)}

@@ -54,6 +54,9 @@ import torch
 from bayesurl._checks import check_int
 
 from .base import ImageTensorDataset, Transform
+from .fmnist import fashion_mnist
+from .registry import DatasetKind, register_dataset
+from .sklearn_digits import load_digits_images, upsample_uint8
 from .splits import stratified_split
 from .transforms import to_rgb
 
@@ -504,3 +507,37 @@ def clipart(
     return ImageTensorDataset(
         images, labels, transform, list(man["classes"]), f"clipart{int(size)}/{split}"
     )
+
+
+def _ood(size: int) -> tuple[ImageTensorDataset, str]:
+    """The OOD set of the clip art: Fashion-MNIST's test photographs of clothes (the digits
+    where it is absent), RGB at ``size``."""
+    try:
+        ood, name = fashion_mnist(None, "test"), "fashion_mnist"
+        images = ood.images.unsqueeze(1) if ood.images.ndim == 3 else ood.images
+        images = upsample_uint8(images, size)
+    except FileNotFoundError:
+        images, _ = load_digits_images(size)
+        name = "digits"
+    images = images.expand(-1, 3, -1, -1).contiguous()
+    labels = torch.zeros(len(images), dtype=torch.int64)
+    return ImageTensorDataset(images, labels, name=f"{name}/ood"), name
+
+
+def _pool(
+    root: str | os.PathLike[str] | None, seed: int, image_size: int | None
+) -> tuple[ImageTensorDataset, torch.Tensor, ImageTensorDataset, str]:
+    """Every kept drawing at ``image_size`` (default 128) as one pool for the class-split
+    protocol: a seeded stratified 20 % of each class held out, :func:`_ood` as OOD set."""
+    size = int(image_size or 128)
+    pool = clipart(root, "all", size=size)
+    _, held_idx = stratified_split(pool.targets, 0.2, seed=seed)
+    held = torch.zeros(len(pool), dtype=torch.bool)
+    held[held_idx] = True
+    ood, ood_name = _ood(size)
+    return ImageTensorDataset(pool.images, pool.targets, name="clipart"), held, ood, ood_name
+
+
+register_dataset(
+    "clipart", kind=DatasetKind.POOL, classes=clipart_classes, ood="fashion_mnist", pool=_pool
+)(clipart)

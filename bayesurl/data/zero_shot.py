@@ -39,13 +39,13 @@ from enum import Enum
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from bayesurl._checks import check_int
 
-from .base import ImageTensorDataset, subset
+from .base import ImageTensorDataset, subset, synthetic_ood
 from .fmnist import fashion_mnist, find_fashion_mnist
+from .registry import DatasetKind, dataset_names, get_dataset
 from .sklearn_digits import load_digits_images
 from .splits import stratified_split, stratified_subsample, zero_shot_split
 
@@ -138,37 +138,6 @@ class ZeroShotData:
             shown = cls if len(cls) <= 12 else f"{cls[:5]} ... {cls[-5:]} ({len(cls)})"
             lines.append(f"  {key:8s} n={len(ds):6d} classes={shown}")
         return "\n".join(lines)
-
-
-def synthetic_ood(n: int, size: int = 28, *, seed: int = 0) -> ImageTensorDataset:
-    """Seeded smooth-noise images, the offline OOD fallback (see module docs).
-
-    Parameters
-    ----------
-    n : int
-        Number of images.
-    size : int
-        Image side.
-    seed : int
-        Seed of the noise.
-
-    Returns
-    -------
-    ImageTensorDataset
-        ``uint8`` ``[n, 1, size, size]`` with label ``-1``.
-    """
-    if n < 1 or size < 1:
-        raise ValueError(f"`n` and `size` must be positive, got n={n}, size={size}")
-    gen = torch.Generator().manual_seed(int(seed))
-    coarse = max(2, (int(size) + 3) // 4)
-    x = torch.rand(n, 1, coarse, coarse, generator=gen)
-    x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
-    lo = x.amin(dim=(1, 2, 3), keepdim=True)
-    hi = x.amax(dim=(1, 2, 3), keepdim=True)
-    x = (x - lo) / (hi - lo).clamp_min(1e-12) * 255.0
-    return ImageTensorDataset(
-        x.round().to(torch.uint8), torch.full((n,), -1, dtype=torch.int64), name="noise"
-    )
 
 
 def _embedded_name(root: str | os.PathLike[str] | None, force_digits: bool) -> str:
@@ -508,8 +477,9 @@ def dml_zero_shot(
 
     Parameters
     ----------
-    name : {"cub", "cars", "sop"}
-        The data set.
+    name : str
+        A folder data set (``"cub"``, ``"cars"``, ``"sop"`` or a registered one of kind
+        ``"folder"``: its loader takes the splits and keywords of :mod:`bayesurl.data.dml`).
     root : str or PathLike
         Where it lies (see :mod:`bayesurl.data.dml` for the layouts).
     tune : bool
@@ -532,11 +502,10 @@ def dml_zero_shot(
         ``train`` / ``val`` relabelled to ``0..K-1``; ``test`` with the original 0-based class
         ids; ``id_test`` is ``None`` (all train-class images are training data).
     """
-    from .registry import get_dataset
-
     key = str(name).lower()
-    if key not in ("cub", "cars", "sop"):
-        raise ValueError(f"`name` must be one of ['cars', 'cub', 'sop'], got {name!r}")
+    folder_sets = dataset_names(DatasetKind.FOLDER)
+    if key not in folder_sets:
+        raise ValueError(f"`name` must be one of {sorted(folder_sets)}, got {name!r}")
     kw = {"val_seed": val_seed, "check_files": check_files}
     split = "train_noval" if tune else "train"
     train = get_dataset(key, root, split, train_transform, relabel=True, **kw)
