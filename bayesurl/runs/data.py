@@ -291,8 +291,10 @@ def _class_split_sets(cfg: RunConfig, name: str) -> Any:
         raise ValueError(f"`data.stage` must be 'final' or 'tune', got {d.stage!r}")
     if d.class_split is None and d.stage != "final":
         raise ValueError("`data.stage` 'tune' needs a `data.class_split`")
-    # a pool set without a class split: its first split (the lower half of the classes up)
-    cs = d.class_split or class_splits(1, num_classes=len(dataset_classes(name)))[0].to_dict()
+    cs = d.class_split
+    if cs is None:  # a pool set without a class split: its first split (the lower half up)
+        k = len(dataset_classes(name))
+        cs = class_splits(1, num_classes=k, n_val=max(1, min(2, k // 2 - 1)))[0].to_dict()
     try:
         split = ClassSplit(
             index=int(cs.get("index", 0)),
