@@ -3,7 +3,8 @@
 The one table of data set names is :data:`DATASETS`, a :class:`bayesurl.registry.Registry`
 filled by the data sets themselves: each module of ``bayesurl/data/`` that holds a data set
 registers it with :func:`register_dataset` and declares what the rest of the library asks of
-it, so no other module keeps a list of names or a branch per name. The CLI (``bayesurl train``
+it, so no other module keeps a list of names or a branch per name (the registry imports every
+module of the folder before its first lookup). The CLI (``bayesurl train``
 / ``wrap`` / ``evaluate``), the run pipeline (:func:`bayesurl.runs.data.build_data`), the
 class-split protocol (:func:`bayesurl.data.class_splits.split_data`), the report and the
 checkpoint loader read the declarations here. The kinds:
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pkgutil
 import sys
 from collections.abc import Callable, Sequence
 from enum import Enum
@@ -72,27 +74,26 @@ class DatasetKind(str, Enum):
     POOL = "pool"
 
 
-#: The modules of bayesurl/data that register the shipped data sets, in the order the CLI
-#: lists their names (whichever of them Python happens to import first).
-_MODULES = tuple(
-    f"{__package__}.{m}" for m in ("fmnist", "sklearn_digits", "dml", "imagenet", "clipart")
-)
-
-
 def _load() -> None:
-    for module in _MODULES:
-        importlib.import_module(module)
+    """Import every module of ``bayesurl/data``: the shipped data sets register themselves."""
+    for module in pkgutil.iter_modules([os.path.dirname(__file__)]):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__package__}.{module.name}")
 
 
-def _listed(names: Sequence[str]) -> tuple[str, ...]:
-    """``names`` with the shipped data sets in the order of :data:`_MODULES` (registration
-    order within a module), then the others in registration order."""
+def _listed(
+    names: Sequence[str], kinds: Sequence[DatasetKind] = tuple(DatasetKind)
+) -> tuple[str, ...]:
+    """``names`` kind by kind (in the order of ``kinds``), within a kind by declaring module
+    (alphabetical) and then in registration order: an order that does not depend on which
+    module Python happened to import first."""
+    order = {n: i for i, n in enumerate(DATASETS.names())}
 
-    def rank(name: str) -> int:
-        module = DATASETS.traits(name).get("module")
-        return _MODULES.index(module) if module in _MODULES else len(_MODULES)
+    def key(name: str) -> tuple[int, str, int]:
+        traits = DATASETS.traits(name)
+        return kinds.index(traits["kind"]), str(traits.get("module") or ""), order[name]
 
-    return tuple(sorted(names, key=rank))
+    return tuple(sorted(names, key=key))
 
 
 #: Every data set by name (its loader, ``None`` for an alias) with its declared traits.
@@ -141,7 +142,7 @@ def register_dataset(
     (4, ('a', 'b'))
     >>> _ = DATASETS.remove("tiny")
     """
-    module = sys._getframe(1).f_globals.get("__name__")  # the declaring module: its rank
+    module = sys._getframe(1).f_globals.get("__name__")  # the declaring module: the order
     return DATASETS.register(
         name,
         replace=replace,
@@ -154,10 +155,9 @@ def register_dataset(
 
 
 def dataset_names(*kinds: DatasetKind | str) -> tuple[str, ...]:
-    """Registered names of the given kinds (all of them without ``kinds``), in table order."""
-    if not kinds:
-        return _listed(DATASETS.names())
-    return _listed(DATASETS.names(kind=tuple(DatasetKind(k) for k in kinds)))
+    """Registered names of the given kinds (all of them without ``kinds``), kind by kind."""
+    want = tuple(DatasetKind(k) for k in kinds) or tuple(DatasetKind)
+    return _listed(DATASETS.names(kind=want), want)
 
 
 def pool_datasets() -> tuple[str, ...]:
