@@ -270,6 +270,31 @@ def crossfit_splits(
     n_up = k // 2 if n_upstream is None else check_int(n_upstream, "n_upstream", low=1)
     if not 1 <= n_up < k:
         raise ValueError(f"`n_upstream` must be in [1, {k - 1}], got {n_upstream}")
+    sets = _val_sets(val_sets, k, n_up)
+    base, paired = _crossfit_pairs(sets, k, n_up)
+    units = [base[i : i + 2] for i in range(0, len(base), 2)] if paired else [[b] for b in base]
+    # the first unit (the lowest free classes: the splits the searches train on) leads, the
+    # others follow in a seeded order, so any prefix of the plan is a random sample of pairs
+    gen = torch.Generator().manual_seed(int(seed))
+    order = [0, *(1 + torch.randperm(len(units) - 1, generator=gen)).tolist()]
+    units = [units[i] for i in order]
+    if n_splits is not None:
+        n = int(n_splits)
+        if n < 1 or n > len(base):
+            raise ValueError(f"`n_splits` must be in [1, {len(base)}], got {n_splits}")
+        if paired and n % 2:
+            raise ValueError(f"`n_splits` must be even (complementary pairs), got {n_splits}")
+        units = units[: n // 2 if paired else n]
+    out = []
+    for up, val in (s for unit in units for s in unit):
+        down = tuple(c for c in range(k) if c not in up)
+        out.append(ClassSplit(index=len(out), upstream=up, downstream=down, val=val))
+    return out
+
+
+def _val_sets(val_sets: Sequence[Sequence[int]], k: int, n_up: int) -> list[tuple[int, ...]]:
+    """The validation sets of :func:`crossfit_splits`, checked: two or more, disjoint, each
+    within the classes and fitting upstream and downstream."""
     sets = [_classes(v, f"val_sets[{i}]") for i, v in enumerate(val_sets)]
     if len(sets) < 2:
         raise ValueError(
@@ -290,8 +315,17 @@ def crossfit_splits(
                 f"trained class at least) and downstream ({k - n_up} classes)"
             )
         seen |= set(v)
+    return sets
+
+
+def _crossfit_pairs(
+    sets: list[tuple[int, ...]], k: int, n_up: int
+) -> tuple[list[tuple[tuple[int, ...], tuple[int, ...]]], bool]:
+    """``(upstream, val)`` of every split of :func:`crossfit_splits` in canonical order, each
+    followed by its complement where it has one, and whether all of them have one."""
+    seen = {c for v in sets for c in v}
     free = [c for c in range(k) if c not in seen]
-    base: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # (upstream, val) of each split
+    base: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     paired = True
     for g, h in itertools.combinations(range(len(sets)), 2):
         need = n_up - len(sets[g])
@@ -307,24 +341,7 @@ def crossfit_splits(
             base.append((up, sets[g]))
             if twin:
                 base.append((comp, sets[h]))
-    units = [base[i : i + 2] for i in range(0, len(base), 2)] if paired else [[b] for b in base]
-    # the first unit (the lowest free classes: the splits the searches train on) leads, the
-    # others follow in a seeded order, so any prefix of the plan is a random sample of pairs
-    gen = torch.Generator().manual_seed(int(seed))
-    order = [0, *(1 + torch.randperm(len(units) - 1, generator=gen)).tolist()]
-    units = [units[i] for i in order]
-    if n_splits is not None:
-        n = int(n_splits)
-        if n < 1 or n > len(base):
-            raise ValueError(f"`n_splits` must be in [1, {len(base)}], got {n_splits}")
-        if paired and n % 2:
-            raise ValueError(f"`n_splits` must be even (complementary pairs), got {n_splits}")
-        units = units[: n // 2 if paired else n]
-    out = []
-    for up, val in (s for unit in units for s in unit):
-        down = tuple(c for c in range(k) if c not in up)
-        out.append(ClassSplit(index=len(out), upstream=up, downstream=down, val=val))
-    return out
+    return base, paired
 
 
 def tuning_leaks(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -398,6 +415,29 @@ def _stage_classes(split: ClassSplit, stage: str) -> tuple[list[int], list[int]]
     return [c for c in split.upstream if c not in split.val], list(split.val)
 
 
+def _select(
+    pool: Any,
+    held: torch.Tensor,
+    fit_cls: list[int],
+    eval_cls: list[int],
+    caps: Mapping[str, int | None],
+    seed: int,
+) -> dict[str, Any]:
+    """``train`` (trained classes, not held out), ``test`` (every image of the retrieved
+    classes) and ``id_test`` (trained classes, held out), each capped class-balanced."""
+    y = pool.targets
+    fit_mask = torch.isin(y, torch.tensor(fit_cls))
+    relabel = {c: i for i, c in enumerate(fit_cls)}
+    train = subset(pool, (fit_mask & ~held).nonzero().flatten(), relabel=relabel)
+    test = subset(pool, torch.isin(y, torch.tensor(eval_cls)).nonzero().flatten())
+    id_test = subset(pool, (fit_mask & held).nonzero().flatten(), relabel=relabel)
+    return {
+        "train": _cap(train, caps["max_train"], seed),
+        "test": _cap(test, caps["max_test"], seed),
+        "id_test": _cap(id_test, caps["max_id"], seed),
+    }
+
+
 def split_data(
     split: ClassSplit,
     *,
@@ -458,31 +498,17 @@ def split_data(
     if make_pool is None:
         raise ValueError(f"`dataset` must be one of {list(pool_datasets())}, got {dataset!r}")
     dataset = DATASETS.entry(dataset).name
-    for arg, v in (("max_train", max_train), ("max_test", max_test), ("max_id", max_id)):
+    caps = {"max_train": max_train, "max_test": max_test, "max_id": max_id, "max_ood": max_ood}
+    for arg, v in caps.items():
         if v is not None:
             check_int(v, arg, low=1)
-    if max_ood is not None:
-        check_int(max_ood, "max_ood", low=1)
     pool, held, ood, ood_name = make_pool(root, seed, image_size)
     present = set(pool.targets.unique().tolist())
     bad = sorted({*split.upstream, *split.downstream} - present)
     if bad:
         raise ValueError(f"`split` names classes {bad} that {dataset} does not have")
     fit_cls, eval_cls = _stage_classes(split, stage)
-    y = pool.targets
-    fit_mask = torch.isin(y, torch.tensor(fit_cls))
-    relabel = {c: i for i, c in enumerate(fit_cls)}
-    train = _cap(
-        subset(pool, (fit_mask & ~held).nonzero().flatten(), relabel=relabel), max_train, seed
-    )
-    id_test = _cap(
-        subset(pool, (fit_mask & held).nonzero().flatten(), relabel=relabel), max_id, seed
-    )
-    test = _cap(
-        subset(pool, torch.isin(y, torch.tensor(eval_cls)).nonzero().flatten()), max_test, seed
-    )
-    ood = _cap(ood, max_ood, seed)
-    sets = {"train": train, "test": test, "id_test": id_test, "ood": ood}
+    sets = {**_select(pool, held, fit_cls, eval_cls, caps, seed), "ood": _cap(ood, max_ood, seed)}
     for key, ds in sets.items():
         ds.name = f"{pool.name}/split{split.index}/{stage}/{key}" if key != "ood" else ood.name
         sets[key] = ds.with_transform(transform)
