@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from bayesurl.data.fmnist import FASHION_MNIST_CLASSES
 from bayesurl.data.folder import file_digest, read_image
+from bayesurl.data.registry import DATASETS, dataset_classes
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import build_data
 from bayesurl.runs.folder import DEFAULT_MAX_PIXELS
@@ -238,7 +238,8 @@ def _dataset_source(record: QueryRecord, cache: dict[str, Any], size: int) -> Im
             )
         return img
 
-    names = dict(enumerate(FASHION_MNIST_CLASSES)) if sets.name == "fashion_mnist" else {}
+    # the class names the data set declares (a folder set's come from its files: none here)
+    names = dict(enumerate(dataset_classes(sets.name))) if sets.name in DATASETS else {}
     return ImageSource(
         query, None if ood is None else (lambda i: ood[i][0]), names, size, name=name
     )
