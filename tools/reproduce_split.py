@@ -88,6 +88,7 @@ def main() -> int:
 
     import torch
 
+    from bayesurl.sweeps.options import SweepOptions
     from bayesurl.sweeps.pipeline import PipelineRun
     from bayesurl.sweeps.plan import sweep_preset
 
@@ -106,14 +107,13 @@ def main() -> int:
     for params, record in runs:
         tuned = bool(params.get("recipe_tuned", True))
         if tuned not in fns:
-            fns[tuned] = PipelineRun(
+            opts = SweepOptions(
                 dataset=a.dataset,
-                preset=sweep_preset(a.dataset, name),
                 overrides=[f"backbone.cache={cache}"],
                 recipe_tuned=tuned,
-                device="cpu",
                 progress=False,
             )
+            fns[tuned] = PipelineRun(opts, preset=sweep_preset(a.dataset, name), device="cpu")
         t0 = time.perf_counter()
         now = fns[tuned](dict(params))
         diffs = {}

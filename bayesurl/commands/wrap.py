@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
     from bayesurl._checks import check_device, check_output_file
     from bayesurl.posthoc.base import wrapper_class
-    from bayesurl.runs import BackboneConfig, DataConfig, EstimatorConfig, RunConfig, TrainConfig
+    from bayesurl.runs import DataConfig, EstimatorConfig, RunConfig, TrainConfig
     from bayesurl.runs.data import build_data
     from bayesurl.runs.estimators import MethodEstimator, PosthocEstimator
     from bayesurl.training import load_method_from_checkpoint, seed_everything
@@ -113,10 +114,9 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out")
     device = check_device(args.device, "--device") or torch.device("cpu")
     method = load_method_from_checkpoint(args.checkpoint, map_location=device)
-    hp = dict(getattr(method, "hparams", {}) or {})
     options, fit = _options(args, method)
-    backbone = hp.get("backbone", "small_convnet")
-    cfg = RunConfig(
+    cfg = RunConfig.from_checkpoint(
+        method,
         dataset=dataset,
         estimator=EstimatorConfig(
             name=method_name,
@@ -127,15 +127,11 @@ def run(args: argparse.Namespace) -> int:
             fit=fit,
         ),
         data=DataConfig(name=dataset, root=args.root, max_train=args.subset, seed=args.seed),
-        backbone=BackboneConfig(
-            name=backbone if isinstance(backbone, str) else "small_convnet",
-            kwargs=dict(hp.get("backbone_kwargs") or {}),
-        ),
         train=TrainConfig(batch_size=args.batch_size),
         seed=args.seed,
         device=str(device),
     )
-    base_cfg = RunConfig(**{**cfg.__dict__, "estimator": EstimatorConfig(name=method.name)})
+    base_cfg = replace(cfg, estimator=EstimatorConfig(name=method.name))
     base = MethodEstimator.from_trained(base_cfg, method)
     estimator = PosthocEstimator(cfg)
     data = build_data(cfg)

@@ -668,7 +668,7 @@ def evaluate_checkpoint(
         If the checkpoint is corrupted or not a method checkpoint (naming ``path``), or
         ``dataset`` / a cap is invalid.
     """
-    from bayesurl.runs.config import BackboneConfig, DataConfig, EstimatorConfig
+    from bayesurl.runs.config import DataConfig
     from bayesurl.runs.predict import evaluate_method
     from bayesurl.training import load_method_from_checkpoint
 
@@ -689,17 +689,11 @@ def evaluate_checkpoint(
             check_int(value, arg, low=1)
     dev = resolve_device(device)
     method = load_method_from_checkpoint(p, map_location=dev)
-    hp = dict(getattr(method, "hparams", {}) or {})
-    backbone = hp.get("backbone", "small_convnet")
-    cfg = RunConfig(
+    cfg = RunConfig.from_checkpoint(
+        method,
         dataset=name,
-        estimator=EstimatorConfig(name=method.name),
         data=DataConfig(
             name=name, root=None if root is None else str(root), max_test=max_test, max_ood=max_ood
-        ),
-        backbone=BackboneConfig(
-            name=backbone if isinstance(backbone, str) else "small_convnet",
-            kwargs=dict(hp.get("backbone_kwargs") or {}),
         ),
     )
     data = build_data(cfg)
