@@ -168,10 +168,9 @@ def tune_estimators(
 
     Each trial trains on the upstream classes of ``split`` minus its validation classes and
     retrieves among the validation classes (``stage="tune"``); the objective is the R-AUROC,
-    and trials with R@1 < ``min_r1`` are discarded (pruned; URL section 3). The trials live
-    in ``store`` (``"tune:<sweep>:<estimator>"`` studies of a
-    :class:`~bayesurl.sweeps.storage.SweepStorage`, or in-memory studies), so a restarted or
-    multi-worker search goes on where it stopped and stops at ``n_trials`` finished trials.
+    and trials with R@1 < ``min_r1`` are discarded (pruned; URL section 3). The studies
+    (``"tune:<sweep>:<estimator>"``) live in ``store``, a stored or in-memory one, so a
+    restarted or multi-worker search goes on where it stopped, up to ``n_trials``.
 
     Parameters
     ----------
@@ -202,32 +201,28 @@ def tune_estimators(
     -------
     dict
         ``{estimator: {"overrides", "own", "params", "r_auroc", "r@1", "trials",
-        "discarded", "tuned_on", "trained_on"}}`` (``tuned_on``: the validation classes that
-        scored the trials, ``trained_on``: the classes the trials trained on; every run with
-        these settings records them): ``own`` the estimator's chosen settings (empty when
-        every trial was discarded or there is nothing to tune: the recipe's defaults stay),
-        ``overrides``
-        its base's chosen run settings followed by ``own`` (what a run of the row needs);
-        also written to ``<out>/tuned.json`` and ``<out>/tuned.toml`` when ``out`` is given.
+        "discarded", "tuned_on", "trained_on"}}``: ``own`` the estimator's chosen settings
+        (empty when every trial was discarded or there is nothing to tune: the recipe's
+        defaults stay), ``overrides`` its base's chosen run settings followed by ``own`` (what
+        a run of the row needs), ``tuned_on`` the validation classes that scored the trials and
+        ``trained_on`` the classes they trained on (every run with these settings records
+        both); also written to ``<out>/tuned.json`` and ``<out>/tuned.toml`` with ``out``.
     """
     check_int(n_trials, "n_trials", low=1)
     tables = tables or {}
     chosen: dict[str, dict[str, Any]] = {}
     for est in _base_first(estimators, tables):
         space = search_space(est, tables.get(est))
-        base = (tables.get(est) or {}).get("base")
         # the base's run settings (its rate, not its own estimator keys) come first
-        base_own = chosen.get(str(base), {}).get("own", [])
+        base_own = chosen.get(str((tables.get(est) or {}).get("base")), {}).get("own", [])
         under = [o for o in base_own if not o.startswith("estimator.")]
         if not space:
             chosen[est] = {**_choice(under, None, 0), "skipped": "nothing to tune"}
             log(f"tune {est}: nothing to tune")
             continue
-        complete, pruned = _search(
-            est, space, under, int(n_trials), run_fn, store,
-            split=split, min_r1=min_r1, seed=seed, log=log,
-        )  # fmt: skip
-        best = max(complete, key=lambda t: t.value) if complete else None
+        complete, pruned = _search(est, space, under, int(n_trials), run_fn, store,
+                                   split=split, min_r1=min_r1, seed=seed, log=log)  # fmt: skip
+        best = max(complete, key=lambda t: t.value, default=None)
         chosen[est] = _choice(under, best, len(complete), len(pruned))
     trained = sorted(c for c in split.upstream if c not in split.val)
     for c in chosen.values():
