@@ -32,6 +32,7 @@ PKG = ROOT / "bayesurl"
 LAYERS: dict[str, int] = {
     "_checks": 0,
     "_modules": 0,
+    "_optional": 0,
     "files": 0,
     "types": 0,
     "uncertainty": 0,
