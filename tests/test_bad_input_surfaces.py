@@ -522,6 +522,27 @@ def test_a_posthoc_wrappers_bad_kwarg_is_named_by_its_recipe_key(tmp_path, capsy
     assert "`estimators.pvu.kwargs.temperature` must be a positive number" in _err(capsys)
 
 
+def test_benchmark_names_the_set_override_a_refused_estimator_key_came_from(tmp_path, capsys):
+    argv = ["benchmark", "--preset", "smoke", "--methods", "ce", "--no-progress",
+            "--out", str(tmp_path), "--set", "estimator.kwargs.nope=1"]  # fmt: skip
+    assert main(argv) == 2
+    err = _err(capsys)
+    assert "`estimators.ce.kwargs.nope`" in err
+    assert "from `--set estimator.kwargs.nope=1`" in err
+
+
+def test_set_override_naming_leaves_other_messages_alone():
+    from bayesurl.commands import name_set_overrides
+
+    msg = "unknown key `estimators.ce.kwargs.nope`; CE.__init__ takes no further options"
+    assert name_set_overrides(msg, ["train.epochs=1"]) == msg
+    assert name_set_overrides(msg, ["estimator.kwargs.other=1"]) == msg
+    assert name_set_overrides(msg, None) == msg
+    assert name_set_overrides(msg, ["estimator.kwargs.nope=2"]).endswith(
+        "(from `--set estimator.kwargs.nope=2`, applied to every estimator)"
+    )
+
+
 def test_benchmark_names_methods_and_a_negative_seed_count_by_the_flags(tmp_path, capsys):
     from bayesurl.commands.benchmark import parse_seeds
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-__all__ = ["name_flags"]
+__all__ = ["name_flags", "name_set_overrides"]
 
 
 def name_flags(message: str, flags: Mapping[str, str]) -> str:
@@ -16,3 +16,20 @@ def name_flags(message: str, flags: Mapping[str, str]) -> str:
     replaced, so ```backbone.kwargs``` stays as it is.
     """
     return re.sub(r"`([\w.]+)`", lambda m: f"`{flags.get(m.group(1), m.group(1))}`", str(message))
+
+
+def name_set_overrides(message: str, overrides: Iterable[str] | None) -> str:
+    """``message`` with the ``--set estimator.KEY=VALUE`` it came from, where it names one.
+
+    ``--set estimator.KEY=VALUE`` reaches every estimator's table, so the checks that refuse
+    it name the table they read (```estimators.ce.kwargs.nope```); the user typed
+    ``estimator.kwargs.nope``, which this appends.
+    """
+    for item in overrides or ():
+        key = str(item).split("=", 1)[0].strip()
+        if not key.startswith("estimator."):
+            continue
+        rest = re.escape(key[len("estimator.") :])
+        if re.search(rf"`estimators\.[^.`]+\.{rest}`", str(message)):
+            return f"{message} (from `--set {item}`, applied to every estimator)"
+    return str(message)

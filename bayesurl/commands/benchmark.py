@@ -47,7 +47,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10 (the tomli dependency)
     import tomli as tomllib
 
-from bayesurl.commands import name_flags
+from bayesurl.commands import name_flags, name_set_overrides
 from bayesurl.sweeps.options import FLAGS, SweepOptions, add_flags, parse_seeds
 
 if TYPE_CHECKING:
@@ -167,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = run_sweep(args.methods, options)
     except (ValueError, TypeError) as exc:  # the recipe's checks: --preset, --methods ...
-        raise type(exc)(name_flags(str(exc), {**FLAGS, "estimators": "--methods"})) from exc
+        message = name_flags(str(exc), {**FLAGS, "estimators": "--methods"})
+        raise type(exc)(name_set_overrides(message, args.overrides)) from exc
     if not res.main_process:  # torchrun: rank 0 reports (and alone wrote the files)
         return 1 if any(r.get("error") for r in res.runs) else 0
     if args.tune_only:
