@@ -36,6 +36,7 @@ import numpy as np
 
 from bayesurl._checks import check_int
 from bayesurl.evaluation.table import metric_column
+from bayesurl.sweeps.record import estimator_of
 
 __all__ = [
     "bootstrap_interval",
@@ -50,10 +51,7 @@ __all__ = [
 
 
 def _name(rec: Mapping[str, Any]) -> str:
-    name = rec.get("method", rec.get("estimator"))
-    if name is None:
-        raise ValueError(f"a record in `records` has neither 'method' nor 'estimator': {rec!r}")
-    return str(name)
+    return estimator_of(rec)
 
 
 def _int(rec: Mapping[str, Any], key: str) -> int:

@@ -46,7 +46,7 @@ import torch
 
 from bayesurl._checks import check_device, check_int, check_ints, check_number, check_output_dir
 from bayesurl.data.class_splits import tuning_leaks
-from bayesurl.files import write_json
+from bayesurl.files import jsonable, write_json
 from bayesurl.runs.config import DEFAULT_RECIPE_FILE, RunConfig, read_recipe_file, tuned_sets
 from bayesurl.runs.runner import (
     CROP_KEYS,
@@ -66,7 +66,8 @@ from bayesurl.sweeps.plan import (
     smoke_notice,
     sweep_preset,
 )
-from bayesurl.sweeps.report import jsonable, report_columns, write_results
+from bayesurl.sweeps.record import run_rows
+from bayesurl.sweeps.report import report_columns, save_results
 from bayesurl.sweeps.results import SweepResults
 from bayesurl.sweeps.storage import SweepStorage
 from bayesurl.sweeps.tuning import load_tuned, load_tuned_classes, tune_estimators
@@ -699,7 +700,7 @@ class _Sweep:
                 so_far = {
                     "preset": self.plan.name,
                     "status": store.status(),
-                    "runs": store.records(),
+                    "runs": run_rows(store.records()),
                 }
                 write_json(self.folder / "partial_runs.json", jsonable(so_far))
             if not (self.opts.progress or self.plan.stored):
@@ -725,16 +726,19 @@ class _Sweep:
     def report(self, store: Any, done: int, info: Mapping[str, Any]) -> SweepResults:
         """The sweep's results; written to ``out`` when every run is finished."""
         status = store.status()
-        records = store.records()
+        records = run_rows(store.records())
         finished = status["total"] and status["waiting"] == status["running"] == 0
         settings = self.settings(store, records, info)
         paths: dict[str, Any] = {}
+        doc = None
         if finished and self.main and self.folder is not None:
-            paths = write_results(records, self.folder, settings)
+            doc, paths = save_results(records, self.folder, settings)
             if self.plan.n_splits:
                 self.log(tuning_leaks(records)["line"])
             self.log(f"results written to {self.folder}")
-        return self._result(records, settings, status, done, paths)
+        res = self._result(records, settings, status, done, paths)
+        res.document = doc
+        return res
 
     def _result(
         self,
@@ -768,8 +772,7 @@ class _Sweep:
             # a smoke-scale preset's warning, for every display of the results (the report)
             "notice": smoke_notice(p, recipe),
             "overrides": [o if isinstance(o, str) else f"{o[0]}={o[1]!r}" for o in opts.overrides],
-            "estimators": list(dict.fromkeys(r.get("estimator", r.get("method")) for r in records))
-            or self.names,
+            "estimators": list(dict.fromkeys(r["estimator"] for r in records)) or self.names,
             "seeds": list(p.seeds),
             "class_splits": [s.to_dict() for s in preset_splits(p)] or None,
             "tuned": {} if self.folder is None else load_tuned(self.folder),
