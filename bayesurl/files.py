@@ -122,8 +122,8 @@ def write_json(path: str | os.PathLike[str], obj: Any, **dumps: Any) -> Path:
 
 def jsonable(obj: Any) -> Any:
     """``obj`` ready for JSON: mappings and sequences walked (keys as text), non-finite
-    floats as ``None``, arrays and tensors as (nested) lists, other numbers as ``float``,
-    anything else as its text.
+    floats as ``None``, NumPy arrays, NumPy scalars and tensors as Python's lists and numbers
+    (``tolist``), other numbers as ``float``, anything else as its text.
 
     The one clean-up every results file of bayesurl goes through, so that a metric that is
     undefined is written as ``null`` (JSON has no NaN) and a value of an unknown type never
@@ -137,7 +137,7 @@ def jsonable(obj: Any) -> Any:
         return obj if math.isfinite(obj) else None
     if obj is None or isinstance(obj, (int, str, bool)):
         return obj
-    if getattr(obj, "ndim", 0) and hasattr(obj, "tolist"):  # an array or tensor, not a scalar
+    if hasattr(obj, "tolist"):  # a NumPy array or scalar, a tensor: Python's own numbers
         return jsonable(obj.tolist())
     try:
         f = float(obj)
