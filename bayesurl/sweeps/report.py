@@ -49,7 +49,7 @@ from bayesurl.sweeps.aggregate import (
     split_half_reproducibility,
     summarize,
 )
-from bayesurl.sweeps.record import CURVES, RunRecord, run_rows
+from bayesurl.sweeps.record import CURVES, RunRecord, estimator_of, run_rows
 
 __all__ = [
     "BEST_ALPHA",
@@ -737,9 +737,17 @@ def read_results(path: str | os.PathLike[str], *, detail: bool = True) -> dict[s
     p = Path(path)
     p = p / "results.json" if p.is_dir() else p
     doc = read_json_document(p, RESULTS_FORMAT)
+    what = f"{str(p)!r} is not a bayesurl benchmark result"
     runs = doc.get("runs")
-    if not isinstance(runs, list) or not all(isinstance(r, Mapping) for r in runs):
-        raise ValueError(f"{str(p)!r} is not a bayesurl benchmark result: no list of 'runs'")
+    if not isinstance(runs, list):
+        raise ValueError(
+            f"{what}: no 'runs' entry" if runs is None else f"{what}: 'runs' is no list"
+        )
+    for i, r in enumerate(runs):
+        try:
+            estimator_of(r)
+        except (ValueError, AttributeError):
+            raise ValueError(f"{what}: runs[{i}] has no 'estimator' name") from None
     doc["runs"] = run_rows(runs)
     files = doc.pop("files", None) or {}
     if not detail:

@@ -66,7 +66,7 @@ from bayesurl.sweeps.plan import (
     smoke_notice,
     sweep_preset,
 )
-from bayesurl.sweeps.record import run_rows
+from bayesurl.sweeps.record import RunRecord, run_rows
 from bayesurl.sweeps.report import report_columns, save_results
 from bayesurl.sweeps.results import SweepResults
 from bayesurl.sweeps.storage import SweepStorage
@@ -154,6 +154,25 @@ class MemoryStore:
 
 
 # --------------------------------------------------------------------------- torchrun
+class NamedRuns:
+    """A given run function whose records name their run: ``estimator``, ``split`` and
+    ``seed`` taken from the run's parameters where the record does not give them, every
+    record a row of :class:`~bayesurl.sweeps.record.RunRecord`."""
+
+    def __init__(self, fn: RunFn) -> None:
+        self.fn = fn
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The wrapped function's data description (``{}`` when it keeps none)."""
+        return dict(getattr(self.fn, "info", {}) or {})
+
+    def __call__(self, params: dict[str, Any]) -> dict[str, Any]:
+        rec = self.fn(params)
+        run = {"estimator": params["estimator"], "split": params.get("split", 0)}
+        return RunRecord.from_row({**run, "seed": params.get("seed"), **rec}).to_row()
+
+
 def under_torchrun() -> bool:
     """Whether this process is one rank of a ``torchrun`` launch or a process group."""
     from bayesurl.distributed import is_distributed
@@ -566,7 +585,7 @@ class _Sweep:
     def factory(self, tuned: Mapping[str, Sequence[str]]) -> RunFn:
         """The run function: the given one, or the pipeline with the sweep's tuned settings."""
         if self.given_fn is not None:
-            return self.given_fn
+            return NamedRuns(self.given_fn)
         opts, folder = self.opts, self.folder
         ckpt = opts.checkpoint_dir
         if ckpt is None and opts.save_checkpoints and folder is not None:
