@@ -398,4 +398,5 @@ def report(res: SweepResults) -> int:
         print(f"total time {total:.1f} s; wrote {', '.join(res.paths.values())}")
     if source is not None:
         print(try_report(source, images=False))
+        print(f"its thumbnails: bayesurl report {source.folder}")
     return 1 if st.get("failed") else 0
