@@ -9,8 +9,11 @@
   (:mod:`bayesurl.sweeps.pipeline` over :func:`bayesurl.runs.run`), and the one report
   (:mod:`bayesurl.sweeps.report` with the statistics of :mod:`bayesurl.sweeps.aggregate`;
   the standard split is one split);
+- :class:`RunRecord` (:mod:`bayesurl.sweeps.record`): one run's record, made once by the run
+  function and stored as a flat row (``estimator``, ``split``, ``seed``, ``error``, metrics);
 - :class:`SweepResults` / :func:`merge_results` (:mod:`bayesurl.sweeps.results`): a finished
-  sweep's runs, summary, tables and plots, and the merge of sweeps run apart.
+  sweep's runs, summary, tables and plots, and the merge of sweeps run apart;
+  :func:`read_results` reads a written ``results.json`` with its side files back.
 
 One run is :mod:`bayesurl.runs`, one layer below: this package imports it, never the other way.
 
@@ -25,7 +28,16 @@ Command line: ``bayesurl benchmark --preset smoke --methods ce,elk``.
 
 from __future__ import annotations
 
+from bayesurl.sweeps.record import RunRecord
+from bayesurl.sweeps.report import read_results
 from bayesurl.sweeps.results import SweepResults, merge_results
 from bayesurl.sweeps.sweep import SweepOptions, run_sweep
 
-__all__ = ["SweepOptions", "SweepResults", "merge_results", "run_sweep"]
+__all__ = [
+    "RunRecord",
+    "SweepOptions",
+    "SweepResults",
+    "merge_results",
+    "read_results",
+    "run_sweep",
+]
