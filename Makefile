@@ -5,23 +5,30 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+# the exact versions CI tests; pyproject.toml declares the ranges a user may have
+CONSTRAINTS := constraints.txt
+EXTRAS ?= all,dev,docs
 # the main job: frozen ImageNet EfficientNet-Lite0 features (extracted once into
 # runs/features, reused by later runs); `make run PRESET=quick` trains the small conv net
 # from scratch instead
 PRESET ?= pretrained_quick
 MAIN_ARGS ?= --preset $(PRESET) --out runs/benchmark
 
-.PHONY: run test install data mathjax lint docs clean
+.PHONY: run test install constraints data mathjax lint docs clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(TORCH_PINS)
-	$(PIP) install -q -e '.[dev,docs,faiss,pretrained,sweep,postgres]'
+	$(PIP) install -q -c $(CONSTRAINTS) torch torchvision
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	touch $@
 
 install: $(VENV)/.installed
+
+# pin what the venv holds now (after an upgrade inside the ranges of pyproject.toml)
+constraints: install
+	{ sed -n '/^#/p' $(CONSTRAINTS); $(PIP) freeze --exclude-editable | grep -v '^#'; } \
+	  > $(CONSTRAINTS).new && mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 # FashionMNIST from Debian when apt is usable; otherwise the bundled scikit-learn digits are used.
 # Open Clip Art (the `clipart` data set) from Debian likewise; without it `--dataset clipart`

@@ -39,6 +39,7 @@ from threadpoolctl import ThreadpoolController
 from torch import Tensor
 
 from bayesurl._checks import check_floating, check_int, check_tensor
+from bayesurl._optional import require
 from bayesurl.distributed import Shards
 from bayesurl.evaluation import fused
 
@@ -194,10 +195,7 @@ def _check_backend(backend: str) -> None:
 
 
 def _faiss_search(q: Tensor, g: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    try:
-        import faiss
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ValueError("`backend='faiss'` needs faiss (pip install faiss-cpu)") from exc
+    faiss = require("faiss", "`backend='faiss'`")
     if q.device.type != "cpu":
         raise ValueError("`backend='faiss'` runs on CPU tensors only; use backend='torch'")
     gn = normalize(g).to(torch.float32).contiguous().numpy()

@@ -30,11 +30,18 @@ import torch
 from torch import Tensor, nn
 
 from bayesurl._modules import eval_mode
+from bayesurl._optional import require
 from bayesurl.types import Output
 
 __all__ = ["ClassifierLaplace", "ClassifierPredictive"]
 
-_BACKENDS = ("backpack", "curvlinops", "asdl")
+#: ``backend=`` value -> (laplace-torch's GGN class, the module of the package it runs on).
+_BACKEND_CLASSES = {
+    "backpack": ("BackPackGGN", "backpack"),
+    "curvlinops": ("CurvlinopsGGN", "curvlinops"),
+    "asdl": ("AsdlGGN", "asdl"),
+}
+_BACKENDS = tuple(_BACKEND_CLASSES)
 
 
 class ClassifierPredictive(NamedTuple):
@@ -88,22 +95,13 @@ def _known_warnings(call: str) -> Iterator[None]:
 
 def _backend(name: str) -> type:
     name = str(name).lower()
-    if name == "backpack":
-        with _known_warnings("import"):
-            from laplace.curvature import BackPackGGN
-
-        return BackPackGGN
-    if name == "curvlinops":
-        with _known_warnings("import"):
-            from laplace.curvature import CurvlinopsGGN
-
-        return CurvlinopsGGN
-    if name == "asdl":
-        with _known_warnings("import"):
-            from laplace.curvature import AsdlGGN
-
-        return AsdlGGN
-    raise ValueError(f"`backend` must be one of {', '.join(_BACKENDS)}; got {name!r}")
+    if name not in _BACKEND_CLASSES:
+        raise ValueError(f"`backend` must be one of {', '.join(_BACKENDS)}; got {name!r}")
+    cls, module = _BACKEND_CLASSES[name]
+    purpose = f"ClassifierLaplace(backend={name!r})"
+    with _known_warnings("import"):
+        require(module, purpose)
+        return getattr(require("laplace.curvature", purpose), cls)
 
 
 class ClassifierLaplace:
@@ -147,7 +145,7 @@ class ClassifierLaplace:
         **laplace_kwargs: Any,
     ) -> None:
         with _known_warnings("import"):
-            from laplace import Laplace
+            Laplace = require("laplace", "ClassifierLaplace").Laplace  # noqa: N806 - its class
 
         if not isinstance(model, nn.Module):
             raise ValueError(f"`model` must be an nn.Module, got {type(model).__name__}")

@@ -73,6 +73,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bayesurl._optional import require
+
 __all__ = [
     "LOCK_TIMEOUT",
     "SWEEP_FORMAT",
@@ -95,13 +97,7 @@ SWEEP_FORMAT = "bayesurl.sweep/1"
 
 def require_optuna() -> Any:
     """Import Optuna or raise an :class:`ImportError` that says how to install it."""
-    try:
-        import optuna
-    except ImportError as exc:  # pragma: no cover - exercised only without optuna
-        raise ImportError(
-            "sweep storage and --tune need Optuna and SQLAlchemy: pip install 'bayesurl[sweep]'"
-        ) from exc
-    return optuna
+    return require("optuna", "the sweep storage (and --tune)")
 
 
 def run_key(estimator: str, split: int, seed: int) -> str:
