@@ -721,7 +721,8 @@ class _Sweep:
                     "status": store.status(),
                     "runs": run_rows(store.records()),
                 }
-                write_json(self.folder / "partial_runs.json", jsonable(so_far))
+                # machine-read (tools/protocol_report.py --interim): compact
+                write_json(self.folder / "partial_runs.json", jsonable(so_far), indent=None)
             if not (self.opts.progress or self.plan.stored):
                 return
             st = store.status()
