@@ -28,19 +28,19 @@ from typing import Any, Generic, TypeVar
 
 __all__ = ["Entry", "Registry"]
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
-class Entry(Generic[T]):
+class Entry(Generic[_T]):
     """One registered thing: its ``name``, the ``obj`` (a class or function) and its ``traits``."""
 
     name: str
-    obj: T
+    obj: _T
     traits: Mapping[str, Any] = field(default_factory=dict)
 
 
-class Registry(Generic[T]):
+class Registry(Generic[_T]):
     """Names to classes or functions, each with the traits it declared when registered.
 
     Parameters
@@ -65,10 +65,10 @@ class Registry(Generic[T]):
         self._normalise = normalise or (lambda s: str(s).lower().replace("-", "_"))
         self._load = load
         self._loaded = load is None
-        self._entries: dict[str, Entry[T]] = {}
+        self._entries: dict[str, Entry[_T]] = {}
 
     # -- adding -----------------------------------------------------------------------------
-    def register(self, name: str, *, replace: bool = False, **traits: Any) -> Callable[[T], T]:
+    def register(self, name: str, *, replace: bool = False, **traits: Any) -> Callable[[_T], _T]:
         """Decorator adding the decorated class or function under ``name`` with ``traits``.
 
         Raises
@@ -77,13 +77,13 @@ class Registry(Generic[T]):
             If ``name`` is taken by another object and ``replace`` is false.
         """
 
-        def deco(obj: T) -> T:
+        def deco(obj: _T) -> _T:
             self.add(name, obj, replace=replace, **traits)
             return obj
 
         return deco
 
-    def add(self, name: str, obj: T, *, replace: bool = False, **traits: Any) -> Entry[T]:
+    def add(self, name: str, obj: _T, *, replace: bool = False, **traits: Any) -> Entry[_T]:
         """Add ``obj`` under ``name`` (the call form of :meth:`register`)."""
         key = self._normalise(name)
         if not key:
@@ -95,7 +95,7 @@ class Registry(Generic[T]):
         self._entries[key] = entry
         return entry
 
-    def remove(self, name: str) -> Entry[T]:
+    def remove(self, name: str) -> Entry[_T]:
         """Remove and return the entry ``name`` (ValueError naming the valid ones if unknown)."""
         return self._entries.pop(self.entry(name).name)
 
@@ -106,7 +106,7 @@ class Registry(Generic[T]):
             assert self._load is not None
             self._load()
 
-    def entry(self, name: str, *, argument: str | None = None) -> Entry[T]:
+    def entry(self, name: str, *, argument: str | None = None) -> Entry[_T]:
         """The entry ``name`` (normalised).
 
         Parameters
@@ -130,7 +130,7 @@ class Registry(Generic[T]):
             )
         return self._entries[key]
 
-    def get(self, name: str, *, argument: str | None = None) -> T:
+    def get(self, name: str, *, argument: str | None = None) -> _T:
         """The class or function registered under ``name`` (see :meth:`entry`)."""
         return self.entry(name, argument=argument).obj
 
@@ -145,7 +145,7 @@ class Registry(Generic[T]):
         """
         self._ensure_loaded()
 
-        def keep(entry: Entry[T]) -> bool:
+        def keep(entry: Entry[_T]) -> bool:
             for k, want in where.items():
                 have = entry.traits.get(k)
                 if isinstance(want, (tuple, list, set, frozenset)):
@@ -161,7 +161,7 @@ class Registry(Generic[T]):
         self._ensure_loaded()
         return isinstance(name, str) and self._normalise(name) in self._entries
 
-    def __iter__(self) -> Iterator[Entry[T]]:
+    def __iter__(self) -> Iterator[Entry[_T]]:
         self._ensure_loaded()
         return iter(list(self._entries.values()))
 

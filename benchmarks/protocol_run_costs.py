@@ -29,6 +29,7 @@ def measure(estimators: list[str], log: Path, n_train: int) -> None:
     import torch
 
     from bayesurl.data.class_splits import class_splits
+    from bayesurl.sweeps.options import SweepOptions
     from bayesurl.sweeps.pipeline import PipelineRun
     from bayesurl.sweeps.plan import SweepPreset
 
@@ -38,7 +39,9 @@ def measure(estimators: list[str], log: Path, n_train: int) -> None:
         done = {json.loads(line)["estimator"] for line in log.read_text().splitlines() if line}
     preset = SweepPreset("timing", recipe_preset="quick", splits=1)
     sizes = [f"data.max_train={n_train}", "data.max_test=none", "data.max_ood=none"]
-    fn = PipelineRun(preset=preset, overrides=["train.epochs=1", *sizes], device="cpu")
+    fn = PipelineRun(
+        SweepOptions(overrides=["train.epochs=1", *sizes]), preset=preset, device="cpu"
+    )
     split = class_splits(1)[0].to_dict()
     for est in estimators:
         if est in done:

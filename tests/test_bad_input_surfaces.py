@@ -408,13 +408,11 @@ def test_a_whole_float_in_a_recipe_is_that_number_and_a_fraction_is_refused():
 
 
 def test_sweep_options_check_every_field_when_built(tmp_path):
-    from bayesurl.sweeps.sweep import SweepOptions
+    from bayesurl.sweeps.sweep import SweepOptions, run_sweep
 
     for bad, error, needle in (
         ({"seeds": [0, 1.5]}, ValueError, r"`seeds\[1\]`"),
         ({"splits": 2.5}, ValueError, "`splits`"),
-        ({"preset": "quik"}, ValueError, "unknown `preset` 'quik'"),
-        ({"dataset": "fashon_mnist"}, ValueError, "fashon_mnist"),
         ({"overrides": "train.epochs=2"}, TypeError, "`overrides`"),
         ({"overrides": ["train.epochs"]}, ValueError, "section.key=value"),
         ({"tune": 2.5}, ValueError, "`tune`"),
@@ -427,6 +425,11 @@ def test_sweep_options_check_every_field_when_built(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ValueError, match="`out`"):
         SweepOptions(out=tmp_path / "f")
+    # the recipe file and its preset: where the sweep reads the file, before anything runs
+    for bad, needle in (({"preset": "quik"}, "unknown `preset` 'quik'"),
+                        ({"dataset": "fashon_mnist"}, "fashon_mnist")):  # fmt: skip
+        with pytest.raises(ValueError, match=needle):
+            run_sweep("ce", SweepOptions(**bad), run_fn=lambda p: pytest.fail("ran"))
 
 
 def test_benchmark_names_the_flag_of_a_bad_sweep_option(tmp_path, capsys):

@@ -32,10 +32,12 @@ PKG = ROOT / "bayesurl"
 LAYERS: dict[str, int] = {
     "_checks": 0,
     "_modules": 0,
+    "_optional": 0,
     "files": 0,
     "types": 0,
     "uncertainty": 0,
     "distributed": 0,
+    "registry": 0,
     "backbones": 1,
     "data": 1,
     "distributions": 1,

@@ -30,6 +30,7 @@ import optuna
 import torch
 
 from bayesurl.files import write_json
+from bayesurl.sweeps.options import SweepOptions
 from bayesurl.sweeps.pipeline import PipelineRun
 from bayesurl.sweeps.plan import sweep_preset
 from bayesurl.sweeps.record import RunRecord
@@ -107,14 +108,13 @@ def main() -> int:
     for params, record in runs:
         tuned = bool(params.get("recipe_tuned", True))
         if tuned not in fns:
-            fns[tuned] = PipelineRun(
+            opts = SweepOptions(
                 dataset=a.dataset,
-                preset=sweep_preset(a.dataset, name),
                 overrides=[f"backbone.cache={cache}"],
                 recipe_tuned=tuned,
-                device="cpu",
                 progress=False,
             )
+            fns[tuned] = PipelineRun(opts, preset=sweep_preset(a.dataset, name), device="cpu")
         t0 = time.perf_counter()
         now = fns[tuned](dict(params))
         diffs = {}

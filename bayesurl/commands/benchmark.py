@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 try:  # Python 3.11+
     import tomllib
@@ -48,10 +48,12 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10 (the tomli depende
     import tomli as tomllib
 
 from bayesurl.commands import name_flags
+from bayesurl.sweeps.options import FLAGS, SweepOptions, add_flags, parse_seeds
 
 if TYPE_CHECKING:
     from bayesurl.sweeps.results import SweepResults
-    from bayesurl.sweeps.sweep import SweepOptions
+
+__all__ = ["add_arguments", "parse_seeds", "run", "sweep_options"]
 
 OUTPUT_DIRS = ("out",)  # checked while parsing (bayesurl.cli)
 HELP = "train and evaluate every estimator on the same zero-shot data; print one table"
@@ -59,46 +61,6 @@ HELP = "train and evaluate every estimator on the same zero-shot data; print one
 #: Default ``--out`` of an in-memory sweep; a stored one writes to ``results/sweeps/<preset>``
 #: unless ``--out`` is given.
 DEFAULT_OUT = "runs/benchmark"
-
-
-def parse_seeds(text: str) -> list[int]:
-    """``"0,1,2"`` -> ``[0, 1, 2]``; a single number ``"3"`` is a count -> ``[0, 1, 2]``.
-
-    A single explicit seed is written with a trailing comma (``"7,"``).
-
-    Raises
-    ------
-    ValueError
-        On anything but non-negative integers, or a count below 1.
-    """
-    raw = str(text).strip()
-    try:
-        if "," in raw:
-            parts = [s.strip() for s in raw.removesuffix(",").split(",")]
-            if "" in parts:  # "0,,1": a seed left out, not a list of two
-                raise ValueError(f"`--seeds {raw}` has an empty entry")
-            seeds = [int(s) for s in parts]
-            if len(set(seeds)) != len(seeds):
-                raise ValueError(f"`--seeds {raw}` names a seed twice")
-        else:
-            n = int(raw)
-            if n < 0:
-                raise ValueError(f"`--seeds {raw}`: seeds are non-negative integers")
-            if n < 1:
-                raise ValueError(
-                    f"`--seeds {raw}`: a single number is a count (>= 1); "
-                    f"write `{raw},` for that one seed"
-                )
-            seeds = list(range(n))
-    except ValueError as exc:
-        if "`--seeds" in str(exc):
-            raise
-        raise ValueError(
-            f"`--seeds` must be a count (3) or a comma-separated list (0,1,2), got {text!r}"
-        ) from None
-    if not seeds or min(seeds) < 0:
-        raise ValueError(f"`--seeds` must hold non-negative integers, got {text!r}")
-    return list(dict.fromkeys(seeds))
 
 
 def _recipe_presets(dataset: str = "fashion_mnist") -> list[str]:
@@ -111,7 +73,9 @@ def _recipe_presets(dataset: str = "fashion_mnist") -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``bayesurl benchmark``."""
+    """Options of ``bayesurl benchmark``: the command's own, then a flag per field of
+    :class:`~bayesurl.sweeps.options.SweepOptions` that declares one
+    (:func:`~bayesurl.sweeps.options.add_flags`)."""
     parser.add_argument(
         "--methods",
         "--estimators",
@@ -119,53 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="comma-separated estimator names of the recipe file (default: all of them)",
     )
-    parser.add_argument(
-        "--dataset", default="fashion_mnist", help="recipe file (default: fashion_mnist)"
-    )
-    parser.add_argument(
-        "--seeds",
-        default=None,
-        help="comma-separated seeds (0,1,2; one seed: 7,) or a count (3 = seeds 0,1,2); "
-        "default: the preset's (seed 0)",
-    )
-    parser.add_argument(
-        "--splits",
-        type=int,
-        default=None,
-        help="class splits instead of the preset's (0: the standard zero-shot split)",
-    )
-    parser.add_argument(
-        "--preset",
-        default="quick",
-        help="a preset of the recipe file: smoke (tests), quick (minutes, one split), "
-        "standard (4 class splits, stored, resumable), full; on pretrained features "
-        "pretrained_smoke, pretrained_quick (the main job, make run) and pretrained (the "
-        "cross-fitted class splits). The default recipe's presets: " + ", ".join(_recipe_presets()),
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value of every run (train.epochs=5), repeatable",
-    )
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: auto)")
-    parser.add_argument(
-        "--out",
-        default=None,
-        help=f"output folder (default: {DEFAULT_OUT}; a stored sweep: results/sweeps/PRESET)",
-    )
     parser.add_argument("--root", default=None, help="data folder (= --set data.root=DIR)")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
     )
-    parser.add_argument(
-        "--save-checkpoints",
-        action="store_true",
-        help="keep each run's checkpoint in OUT/checkpoints/<estimator>[_split<k>]_s<seed>/",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="hide the per-run lines")
     parser.add_argument(
         "--merge",
         nargs="+",
@@ -174,62 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="train nothing: merge the results.json of earlier one-split sweeps (e.g. one "
         "seed each) into one table in --out",
     )
-    g = parser.add_argument_group("stored sweeps (resumable, several workers)")
-    g.add_argument(
-        "--worker",
-        action="store_true",
-        help="join a running sweep: work on the runs already in --storage, then exit",
-    )
-    g.add_argument(
-        "--storage",
-        default=None,
-        metavar="URL",
-        help="SQLAlchemy URL of the sweep storage (default of a stored preset: "
-        "sqlite:///OUT/sweep.db); postgresql+psycopg2://... for workers on several machines",
-    )
-    g.add_argument(
-        "--heartbeat",
-        type=int,
-        default=30,
-        metavar="SECONDS",
-        help="seconds between a running run's heartbeats; a run whose worker stays silent for "
-        "4 heartbeats (killed, machine lost) is given to another worker (default: 30)",
-    )
-    g.add_argument(
-        "--poll",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="seconds between looks while waiting for the plan or for runs elsewhere (default: 10)",
-    )
-    g.add_argument(
-        "--tune",
-        type=int,
-        default=0,
-        metavar="N",
-        help="Optuna trials per estimator on the validation classes before the sweep "
-        "(R-AUROC objective, R@1 < 0.1 discarded); chosen settings -> OUT/tuned.json and "
-        "OUT/tuned.toml (the recipe's [presets.NAME.tuned] table)",
-    )
-    g.add_argument(
-        "--tune-split",
-        type=int,
-        default=0,
-        metavar="K",
-        help="tune on class split K's validation classes (training on its other upstream "
-        "classes); in a cross-fitted preset split K holds the K-th validation set",
-    )
-    g.add_argument(
-        "--tune-only",
-        action="store_true",
-        help="stop after --tune: plan and run nothing (then commit OUT/tuned.toml)",
-    )
-    g.add_argument(
-        "--untuned",
-        action="store_true",
-        help="ignore the preset's committed [presets.NAME.tuned] table: the recipe's default "
-        "settings (how results/pretrained/protocol ran); a --worker follows the lead's choice",
-    )
+    add_flags(parser, default_out=DEFAULT_OUT, presets=", ".join(_recipe_presets()))
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -249,59 +115,20 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise FileNotFoundError(f"`--root` {args.root!r} does not exist")
 
 
-#: the :class:`~bayesurl.sweeps.sweep.SweepOptions` fields set by a flag of another name
-FLAGS = {
-    "dataset": "--dataset",
-    "preset": "--preset",
-    "seeds": "--seeds",
-    "splits": "--splits",
-    "overrides": "--set",
-    "device": "--device",
-    "out": "--out",
-    "storage": "--storage",
-    "save_checkpoints": "--save-checkpoints",
-    "tune": "--tune",
-    "tune_only": "--tune-only",
-    "tune_split": "--tune-split",
-    "worker": "--worker",
-    "poll": "--poll",
-    "heartbeat_interval": "--heartbeat",
-}
-
-
-def sweep_options(
-    args: argparse.Namespace, seeds: Any, overrides: list[Any], device: Any
-) -> SweepOptions:
-    """The sweep's options from the flags; an error names the flag.
+def sweep_options(args: argparse.Namespace) -> SweepOptions:
+    """The sweep's options from the flags (``--root`` joins the ``--set`` overrides); an
+    error names the flag.
 
     Raises
     ------
-    ValueError
-        As :class:`~bayesurl.sweeps.sweep.SweepOptions`, naming the flags.
+    ValueError, TypeError
+        As :class:`~bayesurl.sweeps.options.SweepOptions`, naming the flags.
     """
-    from bayesurl.sweeps.sweep import SweepOptions
-
+    overrides = list(args.overrides)
+    if args.root is not None:
+        overrides.append(("data.root", str(args.root)))
     try:
-        return SweepOptions(
-            dataset=args.dataset,
-            preset=args.preset,
-            seeds=seeds,
-            splits=args.splits,
-            overrides=overrides,
-            device=device,
-            out=args.out,
-            default_out=DEFAULT_OUT,
-            storage=args.storage,
-            worker=args.worker,
-            tune=args.tune,
-            tune_only=args.tune_only,
-            tune_split=args.tune_split,
-            recipe_tuned=not args.untuned,
-            save_checkpoints=args.save_checkpoints,
-            progress=not args.no_progress,
-            poll=args.poll,
-            heartbeat_interval=args.heartbeat,
-        )
+        return SweepOptions.from_flags(args, overrides=overrides, default_out=DEFAULT_OUT)
     except (ValueError, TypeError) as exc:
         raise type(exc)(name_flags(str(exc), FLAGS)) from exc
 
@@ -331,22 +158,16 @@ def run(args: argparse.Namespace) -> int:
         return merge(args)
     import torch
 
-    from bayesurl._checks import check_device
     from bayesurl.sweeps.sweep import run_sweep
 
     check_arguments(args)
-    device = check_device(args.device, "--device")
-    seeds = None if args.seeds is None else parse_seeds(args.seeds)
+    options = sweep_options(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    overrides = list(args.overrides)
-    if args.root is not None:
-        overrides.append(("data.root", str(args.root)))
-    options = sweep_options(args, seeds, overrides, device)
     try:
         res = run_sweep(args.methods, options)
-    except ValueError as exc:  # an estimator name is given with --methods
-        raise ValueError(name_flags(str(exc), {"estimators": "--methods"})) from exc
+    except (ValueError, TypeError) as exc:  # the recipe's checks: --preset, --methods ...
+        raise type(exc)(name_flags(str(exc), {**FLAGS, "estimators": "--methods"})) from exc
     if not res.main_process:  # torchrun: rank 0 reports (and alone wrote the files)
         return 1 if any(r.get("error") for r in res.runs) else 0
     if args.tune_only:

@@ -27,25 +27,27 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 
 OUTPUT_FILES = ("out",)  # checked while parsing (bayesurl.cli)
-HELP = (
-    "fit a post-hoc u(x) (pvu, tau, laplace, knn, mahalanobis or gmm) on a trained checkpoint "
-    "and save it"
-)
+HELP = "fit a post-hoc u(x) (a registered wrapper: pvu, tau, laplace ...) on a trained checkpoint"
 
 DATASETS = dataset_names(DatasetKind.EMBEDDED)
-METHODS = ("pvu", "tau", "laplace", "knn", "mahalanobis", "gmm")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``bayesurl wrap``."""
     parser.add_argument("checkpoint", help="checkpoint written by `bayesurl train` (last.pt)")
-    parser.add_argument("--method", default="pvu", help=f"one of {', '.join(METHODS)}")
+    parser.add_argument(
+        "--method",
+        default="pvu",
+        help="a post-hoc wrapper's name (bayesurl.posthoc.wrapper_names(); an unknown one is "
+        "named with the valid ones)",
+    )
     parser.add_argument("--out", required=True, help="file to write the wrapper to (.pt)")
     parser.add_argument("--dataset", default="default", help=f"one of {', '.join(DATASETS)}")
     parser.add_argument("--root", default=None, help="FashionMNIST folder (default: system path)")
@@ -94,14 +96,13 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from bayesurl._checks import check_device, check_output_file
-    from bayesurl.runs import BackboneConfig, DataConfig, EstimatorConfig, RunConfig, TrainConfig
+    from bayesurl.posthoc.base import wrapper_class
+    from bayesurl.runs import DataConfig, EstimatorConfig, RunConfig, TrainConfig
     from bayesurl.runs.data import build_data
     from bayesurl.runs.estimators import MethodEstimator, PosthocEstimator
     from bayesurl.training import load_method_from_checkpoint, seed_everything
 
-    method_name = str(args.method).lower()
-    if method_name not in METHODS:
-        raise ValueError(f"unknown `--method` {args.method!r}; valid: {', '.join(METHODS)}")
+    method_name = wrapper_class(args.method, argument="--method").method
     for name in ("epochs", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"`--{name.replace('_', '-')}` must be >= 1")
@@ -113,10 +114,9 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out")
     device = check_device(args.device, "--device") or torch.device("cpu")
     method = load_method_from_checkpoint(args.checkpoint, map_location=device)
-    hp = dict(getattr(method, "hparams", {}) or {})
     options, fit = _options(args, method)
-    backbone = hp.get("backbone", "small_convnet")
-    cfg = RunConfig(
+    cfg = RunConfig.from_checkpoint(
+        method,
         dataset=dataset,
         estimator=EstimatorConfig(
             name=method_name,
@@ -127,15 +127,11 @@ def run(args: argparse.Namespace) -> int:
             fit=fit,
         ),
         data=DataConfig(name=dataset, root=args.root, max_train=args.subset, seed=args.seed),
-        backbone=BackboneConfig(
-            name=backbone if isinstance(backbone, str) else "small_convnet",
-            kwargs=dict(hp.get("backbone_kwargs") or {}),
-        ),
         train=TrainConfig(batch_size=args.batch_size),
         seed=args.seed,
         device=str(device),
     )
-    base_cfg = RunConfig(**{**cfg.__dict__, "estimator": EstimatorConfig(name=method.name)})
+    base_cfg = replace(cfg, estimator=EstimatorConfig(name=method.name))
     base = MethodEstimator.from_trained(base_cfg, method)
     estimator = PosthocEstimator(cfg)
     data = build_data(cfg)

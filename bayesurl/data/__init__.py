@@ -1,7 +1,8 @@
 """Data for the zero-shot protocol of URL (Kirchhof et al., 2023, Sec. 3.2).
 
 * Data sets: :func:`fashion_mnist`, :func:`digits`, :class:`CUB200`, :class:`Cars196`,
-  :class:`StanfordOnlineProducts`, by name through :func:`get_dataset`.
+  :class:`StanfordOnlineProducts`, by name through :func:`get_dataset`; a new one declares
+  itself with :func:`register_dataset` (:mod:`bayesurl.data.registry`).
 * Splits: :func:`zero_shot_split` (class lists or a seeded permutation), :func:`split_classes`,
   :func:`stratified_split`, :func:`stratified_subsample`, views via :func:`subset`.
 * The embedded default experiment: :func:`default_zero_shot` -> :class:`ZeroShotData`; LAM's
@@ -43,7 +44,7 @@ from .fmnist import (
 from .idx import read_idx
 from .loaders import TransformedLoader, UnpaddedDistributedSampler, make_loader, set_epoch
 from .plot import plot_images
-from .registry import available_datasets, get_dataset
+from .registry import DatasetKind, available_datasets, get_dataset, register_dataset
 from .sklearn_digits import digits, load_digits_images, upsample_uint8
 from .splits import (
     check_disjoint,
@@ -88,6 +89,7 @@ __all__ = [
     "FASHION_MNIST_STD",
     "CUB200",
     "Cars196",
+    "DatasetKind",
     "GaussianNoise",
     "ImageFileDataset",
     "ImageTensorDataset",
@@ -122,6 +124,7 @@ __all__ = [
     "make_loader",
     "plot_images",
     "read_idx",
+    "register_dataset",
     "select_split_classes",
     "set_epoch",
     "split_classes",

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
@@ -27,6 +28,7 @@ __all__ = [
     "as_tensors",
     "subset",
     "get_targets",
+    "synthetic_ood",
 ]
 
 Transform = Callable[[Any], Any]
@@ -374,3 +376,37 @@ def as_tensors(
         xs.append(transform(x) if transform is not None else x)
         ys.append(int(y))
     return torch.stack(xs), torch.tensor(ys, dtype=torch.int64)
+
+
+def synthetic_ood(n: int, size: int = 28, *, seed: int = 0) -> ImageTensorDataset:
+    """Seeded smooth-noise images, the offline OOD set of data sets with no foreign set.
+
+    Uniform noise on a grid a quarter of the side, bilinearly upsampled and min-max scaled
+    to 0-255 per image (:mod:`bayesurl.data.zero_shot`).
+
+    Parameters
+    ----------
+    n : int
+        Number of images.
+    size : int
+        Image side.
+    seed : int
+        Seed of the noise.
+
+    Returns
+    -------
+    ImageTensorDataset
+        ``uint8`` ``[n, 1, size, size]`` with label ``-1``.
+    """
+    if n < 1 or size < 1:
+        raise ValueError(f"`n` and `size` must be positive, got n={n}, size={size}")
+    gen = torch.Generator().manual_seed(int(seed))
+    coarse = max(2, (int(size) + 3) // 4)
+    x = torch.rand(n, 1, coarse, coarse, generator=gen)
+    x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    lo = x.amin(dim=(1, 2, 3), keepdim=True)
+    hi = x.amax(dim=(1, 2, 3), keepdim=True)
+    x = (x - lo) / (hi - lo).clamp_min(1e-12) * 255.0
+    return ImageTensorDataset(
+        x.round().to(torch.uint8), torch.full((n,), -1, dtype=torch.int64), name="noise"
+    )

@@ -52,15 +52,12 @@ import torch
 
 from bayesurl._checks import check_int
 
-from .base import ImageTensorDataset, subset
-from .clipart import clipart
-from .fmnist import fashion_mnist, find_fashion_mnist
-from .sklearn_digits import load_digits_images, upsample_uint8
-from .splits import stratified_split, stratified_subsample
-from .zero_shot import ZeroShotData, synthetic_ood
+from .base import subset
+from .registry import DATASETS, pool_datasets
+from .splits import stratified_subsample
+from .zero_shot import ZeroShotData
 
 __all__ = [
-    "SPLIT_DATASETS",
     "ClassSplit",
     "class_splits",
     "crossfit_splits",
@@ -273,6 +270,31 @@ def crossfit_splits(
     n_up = k // 2 if n_upstream is None else check_int(n_upstream, "n_upstream", low=1)
     if not 1 <= n_up < k:
         raise ValueError(f"`n_upstream` must be in [1, {k - 1}], got {n_upstream}")
+    sets = _val_sets(val_sets, k, n_up)
+    base, paired = _crossfit_pairs(sets, k, n_up)
+    units = [base[i : i + 2] for i in range(0, len(base), 2)] if paired else [[b] for b in base]
+    # the first unit (the lowest free classes: the splits the searches train on) leads, the
+    # others follow in a seeded order, so any prefix of the plan is a random sample of pairs
+    gen = torch.Generator().manual_seed(int(seed))
+    order = [0, *(1 + torch.randperm(len(units) - 1, generator=gen)).tolist()]
+    units = [units[i] for i in order]
+    if n_splits is not None:
+        n = int(n_splits)
+        if n < 1 or n > len(base):
+            raise ValueError(f"`n_splits` must be in [1, {len(base)}], got {n_splits}")
+        if paired and n % 2:
+            raise ValueError(f"`n_splits` must be even (complementary pairs), got {n_splits}")
+        units = units[: n // 2 if paired else n]
+    out = []
+    for up, val in (s for unit in units for s in unit):
+        down = tuple(c for c in range(k) if c not in up)
+        out.append(ClassSplit(index=len(out), upstream=up, downstream=down, val=val))
+    return out
+
+
+def _val_sets(val_sets: Sequence[Sequence[int]], k: int, n_up: int) -> list[tuple[int, ...]]:
+    """The validation sets of :func:`crossfit_splits`, checked: two or more, disjoint, each
+    within the classes and fitting upstream and downstream."""
     sets = [_classes(v, f"val_sets[{i}]") for i, v in enumerate(val_sets)]
     if len(sets) < 2:
         raise ValueError(
@@ -293,8 +315,17 @@ def crossfit_splits(
                 f"trained class at least) and downstream ({k - n_up} classes)"
             )
         seen |= set(v)
+    return sets
+
+
+def _crossfit_pairs(
+    sets: list[tuple[int, ...]], k: int, n_up: int
+) -> tuple[list[tuple[tuple[int, ...], tuple[int, ...]]], bool]:
+    """``(upstream, val)`` of every split of :func:`crossfit_splits` in canonical order, each
+    followed by its complement where it has one, and whether all of them have one."""
+    seen = {c for v in sets for c in v}
     free = [c for c in range(k) if c not in seen]
-    base: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # (upstream, val) of each split
+    base: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     paired = True
     for g, h in itertools.combinations(range(len(sets)), 2):
         need = n_up - len(sets[g])
@@ -310,24 +341,7 @@ def crossfit_splits(
             base.append((up, sets[g]))
             if twin:
                 base.append((comp, sets[h]))
-    units = [base[i : i + 2] for i in range(0, len(base), 2)] if paired else [[b] for b in base]
-    # the first unit (the lowest free classes: the splits the searches train on) leads, the
-    # others follow in a seeded order, so any prefix of the plan is a random sample of pairs
-    gen = torch.Generator().manual_seed(int(seed))
-    order = [0, *(1 + torch.randperm(len(units) - 1, generator=gen)).tolist()]
-    units = [units[i] for i in order]
-    if n_splits is not None:
-        n = int(n_splits)
-        if n < 1 or n > len(base):
-            raise ValueError(f"`n_splits` must be in [1, {len(base)}], got {n_splits}")
-        if paired and n % 2:
-            raise ValueError(f"`n_splits` must be even (complementary pairs), got {n_splits}")
-        units = units[: n // 2 if paired else n]
-    out = []
-    for up, val in (s for unit in units for s in unit):
-        down = tuple(c for c in range(k) if c not in up)
-        out.append(ClassSplit(index=len(out), upstream=up, downstream=down, val=val))
-    return out
+    return base, paired
 
 
 def tuning_leaks(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -388,62 +402,40 @@ def tuning_leaks(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-#: The data sets :func:`split_data` splits by class.
-SPLIT_DATASETS = ("fashion_mnist", "digits", "clipart")
-
-
-def _clipart_ood(size: int) -> tuple[ImageTensorDataset, str]:
-    """The OOD set of the clip art: Fashion-MNIST's test photographs of clothes (the digits
-    where it is absent), RGB at ``size``."""
-    try:
-        ood, name = fashion_mnist(None, "test"), "fashion_mnist"
-        images = ood.images.unsqueeze(1) if ood.images.ndim == 3 else ood.images
-        images = upsample_uint8(images, size)
-    except FileNotFoundError:
-        images, _ = load_digits_images(size)
-        name = "digits"
-    images = images.expand(-1, 3, -1, -1).contiguous()
-    labels = torch.zeros(len(images), dtype=torch.int64)
-    return ImageTensorDataset(images, labels, name=f"{name}/ood"), name
-
-
-def _pool(
-    dataset: str, root: str | os.PathLike[str] | None, seed: int, image_size: int | None = None
-) -> tuple[ImageTensorDataset, torch.Tensor, ImageTensorDataset, str]:
-    """All images of the data set, a ``held`` flag (official test file / held-out 20 %), the
-    OOD set and its name."""
-    if dataset == "clipart":
-        size = int(image_size or 128)
-        pool = clipart(root, "all", size=size)
-        _, held_idx = stratified_split(pool.targets, 0.2, seed=seed)
-        held = torch.zeros(len(pool), dtype=torch.bool)
-        held[held_idx] = True
-        ood, ood_name = _clipart_ood(size)
-        return ImageTensorDataset(pool.images, pool.targets, name="clipart"), held, ood, ood_name
-    if dataset == "fashion_mnist":
-        find_fashion_mnist(root)
-        tr, te = fashion_mnist(root, "train"), fashion_mnist(root, "test")
-        images = torch.cat([tr.images, te.images])
-        labels = torch.cat([tr.targets, te.targets])
-        held = torch.cat(
-            [torch.zeros(len(tr), dtype=torch.bool), torch.ones(len(te), dtype=torch.bool)]
-        )
-        d_img, d_lbl = load_digits_images(int(images.shape[-1]))
-        ood = ImageTensorDataset(d_img, d_lbl, name="digits/ood")
-        return ImageTensorDataset(images, labels, name="fashion_mnist"), held, ood, "digits"
-    images, labels = load_digits_images(28)
-    _, held_idx = stratified_split(labels, 0.2, seed=seed)
-    held = torch.zeros(len(labels), dtype=torch.bool)
-    held[held_idx] = True
-    ood = synthetic_ood(len(labels), 28, seed=seed)
-    ood.name = "noise/ood"
-    return ImageTensorDataset(images, labels, name="digits"), held, ood, "noise"
-
-
 def _cap(ds: Any, n: int | None, seed: int) -> Any:
     if n is None or n >= len(ds):
         return ds
     return subset(ds, stratified_subsample(ds, n, seed=seed))
+
+
+def _stage_classes(split: ClassSplit, stage: str) -> tuple[list[int], list[int]]:
+    """The classes trained on and the classes retrieved among at ``stage``."""
+    if stage == "final":
+        return list(split.upstream), list(split.downstream)
+    return [c for c in split.upstream if c not in split.val], list(split.val)
+
+
+def _select(
+    pool: Any,
+    held: torch.Tensor,
+    fit_cls: list[int],
+    eval_cls: list[int],
+    caps: Mapping[str, int | None],
+    seed: int,
+) -> dict[str, Any]:
+    """``train`` (trained classes, not held out), ``test`` (every image of the retrieved
+    classes) and ``id_test`` (trained classes, held out), each capped class-balanced."""
+    y = pool.targets
+    fit_mask = torch.isin(y, torch.tensor(fit_cls))
+    relabel = {c: i for i, c in enumerate(fit_cls)}
+    train = subset(pool, (fit_mask & ~held).nonzero().flatten(), relabel=relabel)
+    test = subset(pool, torch.isin(y, torch.tensor(eval_cls)).nonzero().flatten())
+    id_test = subset(pool, (fit_mask & held).nonzero().flatten(), relabel=relabel)
+    return {
+        "train": _cap(train, caps["max_train"], seed),
+        "test": _cap(test, caps["max_test"], seed),
+        "id_test": _cap(id_test, caps["max_id"], seed),
+    }
 
 
 def split_data(
@@ -470,11 +462,13 @@ def split_data(
         Final runs (train on all upstream classes, retrieve among the downstream ones) or
         tuning (train without the validation classes, retrieve among them).
     root : path-like, optional
-        Fashion-MNIST location (default system path).
-    dataset : {"fashion_mnist", "digits", "clipart"}
-        The data set (digits: 1,797 images, OOD = seeded noise images; clipart: the Open Clip
-        Art drawings of :func:`bayesurl.data.clipart.clipart`, 20 % of each class held out,
-        OOD = Fashion-MNIST's test images, or the digits where it is absent).
+        The data set's location (default: its loader's).
+    dataset : str
+        A data set that declares a ``pool`` (:func:`bayesurl.data.registry.pool_datasets`:
+        ``"fashion_mnist"``, ``"digits"``, ``"clipart"`` and any registered one); its pool
+        fixes the held-out images and the OOD set (digits: 1,797 images, OOD = seeded noise
+        images; clipart: the Open Clip Art drawings, 20 % of each class held out, OOD =
+        Fashion-MNIST's test images, or the digits where it is absent).
     max_train, max_test, max_id, max_ood : int, optional
         Class-balanced caps on ``train``, ``test`` (retrieval), ``id_test`` and ``ood``.
     transform : callable, optional
@@ -500,38 +494,21 @@ def split_data(
     """
     if stage not in ("final", "tune"):
         raise ValueError(f"`stage` must be 'final' or 'tune', got {stage!r}")
-    if dataset not in SPLIT_DATASETS:
-        raise ValueError(f"`dataset` must be one of {list(SPLIT_DATASETS)}, got {dataset!r}")
-    for arg, v in (("max_train", max_train), ("max_test", max_test), ("max_id", max_id)):
+    make_pool = DATASETS.traits(dataset).get("pool") if dataset in DATASETS else None
+    if make_pool is None:
+        raise ValueError(f"`dataset` must be one of {list(pool_datasets())}, got {dataset!r}")
+    dataset = DATASETS.entry(dataset).name
+    caps = {"max_train": max_train, "max_test": max_test, "max_id": max_id, "max_ood": max_ood}
+    for arg, v in caps.items():
         if v is not None:
             check_int(v, arg, low=1)
-    if max_ood is not None:
-        check_int(max_ood, "max_ood", low=1)
-    pool, held, ood, ood_name = _pool(dataset, root, seed, image_size)
+    pool, held, ood, ood_name = make_pool(root, seed, image_size)
     present = set(pool.targets.unique().tolist())
     bad = sorted({*split.upstream, *split.downstream} - present)
     if bad:
         raise ValueError(f"`split` names classes {bad} that {dataset} does not have")
-    if stage == "final":
-        fit_cls = list(split.upstream)
-        eval_cls = list(split.downstream)
-    else:
-        fit_cls = [c for c in split.upstream if c not in split.val]
-        eval_cls = list(split.val)
-    y = pool.targets
-    fit_mask = torch.isin(y, torch.tensor(fit_cls))
-    relabel = {c: i for i, c in enumerate(fit_cls)}
-    train = _cap(
-        subset(pool, (fit_mask & ~held).nonzero().flatten(), relabel=relabel), max_train, seed
-    )
-    id_test = _cap(
-        subset(pool, (fit_mask & held).nonzero().flatten(), relabel=relabel), max_id, seed
-    )
-    test = _cap(
-        subset(pool, torch.isin(y, torch.tensor(eval_cls)).nonzero().flatten()), max_test, seed
-    )
-    ood = _cap(ood, max_ood, seed)
-    sets = {"train": train, "test": test, "id_test": id_test, "ood": ood}
+    fit_cls, eval_cls = _stage_classes(split, stage)
+    sets = {**_select(pool, held, fit_cls, eval_cls, caps, seed), "ood": _cap(ood, max_ood, seed)}
     for key, ds in sets.items():
         ds.name = f"{pool.name}/split{split.index}/{stage}/{key}" if key != "ood" else ood.name
         sets[key] = ds.with_transform(transform)

@@ -54,6 +54,9 @@ import torch
 from bayesurl._checks import check_int
 
 from .base import ImageTensorDataset, Transform
+from .fmnist import fashion_mnist
+from .registry import DatasetKind, register_dataset
+from .sklearn_digits import load_digits_images, upsample_uint8
 from .splits import stratified_split
 from .transforms import to_rgb
 
@@ -271,8 +274,6 @@ def build_clipart_manifest(
         ``dropped_folders`` (``{folder: [count, reason]}``) and ``excluded``
         (``{path: reason}``).
     """
-    from PIL import Image
-
     base = find_clipart(root)
     if check_int(min_count, "min_count", low=1) > check_int(per_class, "per_class", low=1):
         raise ValueError(
@@ -289,48 +290,8 @@ def build_clipart_manifest(
     for p in [p for p in paths if Path(p).parts[0] in NOT_A_CATEGORY]:
         excluded[p] = "in a folder that names no category"
     paths = [p for p in paths if p not in excluded]
-    rows: list[dict[str, Any]] = []
-    for i, p in enumerate(paths):
-        if progress is not None:
-            progress(i, len(paths))
-        full = base / p
-        try:
-            w, h = _png_size(full)
-            if w * h > int(max_pixels):
-                excluded[p] = f"too large ({w} x {h} pixels)"
-                continue
-            data = full.read_bytes()
-            with Image.open(io.BytesIO(data)) as im:
-                im.load()
-                rgb = to_rgb(im)
-        except (OSError, ValueError, SyntaxError) as exc:
-            excluded[p] = f"unreadable ({type(exc).__name__}: {exc})"
-            continue
-        rows.append(
-            {
-                "path": p,
-                "folder": str(Path(p).parent),
-                "bytes": len(data),
-                "sha1": hashlib.sha1(data).hexdigest(),
-                "real": os.path.realpath(full),
-                "name": _name_key(p),
-                "dhash": _difference_hash(rgb),
-            }
-        )
-    groups = _Groups(len(rows))
-    flat = "0" * (_HASH_SIDE * _HASH_SIDE // 4)
-    for key in ("real", "sha1", "name", "dhash"):
-        by: dict[str, list[int]] = defaultdict(list)
-        for i, r in enumerate(rows):
-            if not (key == "dhash" and r[key] == flat):  # flat thumbnails say nothing
-                by[r[key]].append(i)
-        for members in by.values():
-            if len(members) > 1:
-                groups.join(members)
-    members_of: dict[int, list[int]] = defaultdict(list)
-    for i in range(len(rows)):
-        members_of[groups.find(i)].append(i)
-    group_of = [groups.find(i) for i in range(len(rows))]
+    rows = _scan(base, paths, int(max_pixels), excluded, progress)
+    members_of, group_of = _duplicate_groups(rows)
     classes, home, dropped = _class_folders(rows, group_of, int(min_count))
     while True:
         keep, per_folder = _keep_one_per_group(rows, members_of, group_of, home)
@@ -341,20 +302,7 @@ def build_clipart_manifest(
             dropped[f] = [len(per_folder[f]), f"fewer than {min_count} distinct drawings kept"]
         home = [None if h in small else h for h in home]
         classes = [f for f in classes if f not in small]
-    rng = random.Random(int(seed))
-    files = []
-    counts: dict[str, int] = {}
-    merges: dict[str, list[str]] = {}
-    for c, f in enumerate(classes):
-        ms = sorted(per_folder[f], key=lambda m: rows[m]["path"])
-        counts[f] = len(ms)
-        if len(ms) > int(per_class):
-            ms = sorted(rng.sample(ms, int(per_class)), key=lambda m: rows[m]["path"])
-        files += [[rows[m]["path"], rows[m]["bytes"], rows[m]["sha1"], c] for m in ms]
-        merged = sorted({rows[m]["folder"] for m in per_folder[f]} - {f})
-        if merged:
-            merges[f] = merged
-    files.sort()
+    files, counts, merges = _pick_files(rows, classes, per_folder, int(per_class), int(seed))
     dup_groups = []
     for g, members in members_of.items():
         if len(members) < 2:
@@ -381,6 +329,94 @@ def build_clipart_manifest(
         "dropped_folders": dict(sorted(dropped.items())),
         "excluded": dict(sorted(excluded.items())),
     }
+
+
+def _scan(
+    base: Path,
+    paths: list[str],
+    max_pixels: int,
+    excluded: dict[str, str],
+    progress: Callable[[int, int], None] | None,
+) -> list[dict[str, Any]]:
+    """Decode every file once: its folder, size, SHA-1, real path, name key and difference
+    hash (files too large or unreadable go to ``excluded`` with the reason)."""
+    from PIL import Image
+
+    rows: list[dict[str, Any]] = []
+    for i, p in enumerate(paths):
+        if progress is not None:
+            progress(i, len(paths))
+        full = base / p
+        try:
+            w, h = _png_size(full)
+            if w * h > max_pixels:
+                excluded[p] = f"too large ({w} x {h} pixels)"
+                continue
+            data = full.read_bytes()
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+                rgb = to_rgb(im)
+        except (OSError, ValueError, SyntaxError) as exc:
+            excluded[p] = f"unreadable ({type(exc).__name__}: {exc})"
+            continue
+        rows.append(
+            {
+                "path": p,
+                "folder": str(Path(p).parent),
+                "bytes": len(data),
+                "sha1": hashlib.sha1(data).hexdigest(),
+                "real": os.path.realpath(full),
+                "name": _name_key(p),
+                "dhash": _difference_hash(rgb),
+            }
+        )
+    return rows
+
+
+def _duplicate_groups(rows: list[dict[str, Any]]) -> tuple[dict[int, list[int]], list[int]]:
+    """Join files that share a real path, bytes, name key or (non-flat) difference hash: the
+    members of each group by its root, and each file's root."""
+    groups = _Groups(len(rows))
+    flat = "0" * (_HASH_SIDE * _HASH_SIDE // 4)
+    for key in ("real", "sha1", "name", "dhash"):
+        by: dict[str, list[int]] = defaultdict(list)
+        for i, r in enumerate(rows):
+            if not (key == "dhash" and r[key] == flat):  # flat thumbnails say nothing
+                by[r[key]].append(i)
+        for members in by.values():
+            if len(members) > 1:
+                groups.join(members)
+    members_of: dict[int, list[int]] = defaultdict(list)
+    for i in range(len(rows)):
+        members_of[groups.find(i)].append(i)
+    return members_of, [groups.find(i) for i in range(len(rows))]
+
+
+def _pick_files(
+    rows: list[dict[str, Any]],
+    classes: list[str],
+    per_folder: dict[str, list[int]],
+    per_class: int,
+    seed: int,
+) -> tuple[list[list[Any]], dict[str, int], dict[str, list[str]]]:
+    """The kept files ``[path, bytes, sha1, class]`` (a seeded pick of ``per_class`` where a
+    class has more, sorted by path), the count of each class before the pick and the other
+    folders whose copies each class holds."""
+    rng = random.Random(seed)
+    files = []
+    counts: dict[str, int] = {}
+    merges: dict[str, list[str]] = {}
+    for c, f in enumerate(classes):
+        ms = sorted(per_folder[f], key=lambda m: rows[m]["path"])
+        counts[f] = len(ms)
+        if len(ms) > per_class:
+            ms = sorted(rng.sample(ms, per_class), key=lambda m: rows[m]["path"])
+        files += [[rows[m]["path"], rows[m]["bytes"], rows[m]["sha1"], c] for m in ms]
+        merged = sorted({rows[m]["folder"] for m in per_folder[f]} - {f})
+        if merged:
+            merges[f] = merged
+    files.sort()
+    return files, counts, merges
 
 
 def write_clipart_manifest(manifest: dict[str, Any], path: str | os.PathLike[str]) -> None:
@@ -504,3 +540,37 @@ def clipart(
     return ImageTensorDataset(
         images, labels, transform, list(man["classes"]), f"clipart{int(size)}/{split}"
     )
+
+
+def _ood(size: int) -> tuple[ImageTensorDataset, str]:
+    """The OOD set of the clip art: Fashion-MNIST's test photographs of clothes (the digits
+    where it is absent), RGB at ``size``."""
+    try:
+        ood, name = fashion_mnist(None, "test"), "fashion_mnist"
+        images = ood.images.unsqueeze(1) if ood.images.ndim == 3 else ood.images
+        images = upsample_uint8(images, size)
+    except FileNotFoundError:
+        images, _ = load_digits_images(size)
+        name = "digits"
+    images = images.expand(-1, 3, -1, -1).contiguous()
+    labels = torch.zeros(len(images), dtype=torch.int64)
+    return ImageTensorDataset(images, labels, name=f"{name}/ood"), name
+
+
+def _pool(
+    root: str | os.PathLike[str] | None, seed: int, image_size: int | None
+) -> tuple[ImageTensorDataset, torch.Tensor, ImageTensorDataset, str]:
+    """Every kept drawing at ``image_size`` (default 128) as one pool for the class-split
+    protocol: a seeded stratified 20 % of each class held out, :func:`_ood` as OOD set."""
+    size = int(image_size or 128)
+    pool = clipart(root, "all", size=size)
+    _, held_idx = stratified_split(pool.targets, 0.2, seed=seed)
+    held = torch.zeros(len(pool), dtype=torch.bool)
+    held[held_idx] = True
+    ood, ood_name = _ood(size)
+    return ImageTensorDataset(pool.images, pool.targets, name="clipart"), held, ood, ood_name
+
+
+register_dataset(
+    "clipart", kind=DatasetKind.POOL, classes=clipart_classes, ood="fashion_mnist", pool=_pool
+)(clipart)

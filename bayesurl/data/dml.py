@@ -22,11 +22,13 @@ lazily with PIL; transforms are passed in.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from .base import ImageFileDataset, Transform
+from .registry import DatasetKind, register_dataset
 from .splits import check_disjoint, split_classes
 
 __all__ = [
@@ -412,3 +414,22 @@ class StanfordOnlineProducts(ImageFileDataset):
             {},
             extra={"super_targets": [r[2] - 1 for r in rows]},
         )
+
+
+def _needs_root(cls: type[ImageFileDataset]) -> Callable[..., ImageFileDataset]:
+    """The loader of ``cls``: its ``root`` is required (the error says how to get the data)."""
+
+    def load(root: str | os.PathLike[str] | None, split: str, transform: Any, **kw: Any):
+        if root is None:
+            raise FileNotFoundError(
+                f"{cls.__name__} needs `root`: the folder holding the extracted data set. "
+                + cls.HOW_TO_GET  # type: ignore[attr-defined]
+            )
+        return cls(root, split, transform, **kw)
+
+    return load
+
+
+register_dataset("cub", kind=DatasetKind.FOLDER)(_needs_root(CUB200))
+register_dataset("cars", kind=DatasetKind.FOLDER)(_needs_root(Cars196))
+register_dataset("sop", kind=DatasetKind.FOLDER)(_needs_root(StanfordOnlineProducts))

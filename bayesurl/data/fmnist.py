@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from .base import ImageTensorDataset, Transform
 from .idx import read_idx
+from .registry import DatasetKind, register_dataset
+from .sklearn_digits import load_digits_images
 
 __all__ = [
     "DEFAULT_FASHION_MNIST_ROOT",
@@ -134,3 +138,40 @@ def fashion_mnist(
     return ImageTensorDataset(
         images, labels.long(), transform, FASHION_MNIST_CLASSES, f"fashion_mnist/{split}"
     )
+
+
+def _pool(
+    root: str | os.PathLike[str] | None, seed: int, image_size: int | None
+) -> tuple[ImageTensorDataset, torch.Tensor, ImageTensorDataset, str]:
+    """Both files as one pool for the class-split protocol: the t10k file is the held-out
+    part, the digits (at 28 px) the OOD set."""
+    find_fashion_mnist(root)
+    tr, te = fashion_mnist(root, "train"), fashion_mnist(root, "test")
+    images = torch.cat([tr.images, te.images])
+    labels = torch.cat([tr.targets, te.targets])
+    held = torch.cat(
+        [torch.zeros(len(tr), dtype=torch.bool), torch.ones(len(te), dtype=torch.bool)]
+    )
+    d_img, d_lbl = load_digits_images(int(images.shape[-1]))
+    ood = ImageTensorDataset(d_img, d_lbl, name="digits/ood")
+    return ImageTensorDataset(images, labels, name="fashion_mnist"), held, ood, "digits"
+
+
+# the embedded default: Fashion-MNIST, or the digits with a warning where it is absent
+register_dataset(
+    "default",
+    kind=DatasetKind.EMBEDDED,
+    classes=FASHION_MNIST_CLASSES,
+    ood="digits",
+    split_options={},
+)(None)
+
+
+register_dataset(
+    "fashion_mnist",
+    kind=DatasetKind.EMBEDDED,
+    classes=FASHION_MNIST_CLASSES,
+    ood="digits",
+    pool=_pool,
+    split_options={},
+)(fashion_mnist)

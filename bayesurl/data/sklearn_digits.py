@@ -14,7 +14,8 @@ from torch import Tensor
 
 from bayesurl._checks import check_int
 
-from .base import ImageTensorDataset, Transform
+from .base import ImageTensorDataset, Transform, synthetic_ood
+from .registry import DatasetKind, register_dataset
 from .splits import stratified_split
 
 __all__ = ["digits", "load_digits_images", "upsample_uint8"]
@@ -104,3 +105,28 @@ def digits(
     return ImageTensorDataset(
         images, labels, transform, [str(d) for d in range(10)], f"digits{size}/{split}"
     )
+
+
+def _pool(
+    root: None, seed: int, image_size: int | None
+) -> tuple[ImageTensorDataset, Tensor, ImageTensorDataset, str]:
+    """The digits at 28 px as one pool for the class-split protocol: a seeded stratified 20 %
+    held out, seeded noise images as the OOD set (no foreign set ships offline)."""
+    images, labels = load_digits_images(28)
+    _, held_idx = stratified_split(labels, 0.2, seed=seed)
+    held = torch.zeros(len(labels), dtype=torch.bool)
+    held[held_idx] = True
+    ood = synthetic_ood(len(labels), 28, seed=seed)
+    ood.name = "noise/ood"
+    return ImageTensorDataset(images, labels, name="digits"), held, ood, "noise"
+
+
+register_dataset(
+    "digits",
+    kind=DatasetKind.EMBEDDED,
+    classes=tuple(str(d) for d in range(10)),
+    ood="noise",
+    pool=_pool,
+    # the embedded split builders run the digits alone (their Fashion-MNIST fallback)
+    split_options={"force_digits": True},
+)(digits)

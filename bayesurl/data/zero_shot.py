@@ -39,13 +39,13 @@ from enum import Enum
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from bayesurl._checks import check_int
 
-from .base import ImageTensorDataset, subset
+from .base import ImageTensorDataset, subset, synthetic_ood
 from .fmnist import fashion_mnist, find_fashion_mnist
+from .registry import DatasetKind, dataset_names, get_dataset
 from .sklearn_digits import load_digits_images
 from .splits import stratified_split, stratified_subsample, zero_shot_split
 
@@ -138,37 +138,6 @@ class ZeroShotData:
             shown = cls if len(cls) <= 12 else f"{cls[:5]} ... {cls[-5:]} ({len(cls)})"
             lines.append(f"  {key:8s} n={len(ds):6d} classes={shown}")
         return "\n".join(lines)
-
-
-def synthetic_ood(n: int, size: int = 28, *, seed: int = 0) -> ImageTensorDataset:
-    """Seeded smooth-noise images, the offline OOD fallback (see module docs).
-
-    Parameters
-    ----------
-    n : int
-        Number of images.
-    size : int
-        Image side.
-    seed : int
-        Seed of the noise.
-
-    Returns
-    -------
-    ImageTensorDataset
-        ``uint8`` ``[n, 1, size, size]`` with label ``-1``.
-    """
-    if n < 1 or size < 1:
-        raise ValueError(f"`n` and `size` must be positive, got n={n}, size={size}")
-    gen = torch.Generator().manual_seed(int(seed))
-    coarse = max(2, (int(size) + 3) // 4)
-    x = torch.rand(n, 1, coarse, coarse, generator=gen)
-    x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
-    lo = x.amin(dim=(1, 2, 3), keepdim=True)
-    hi = x.amax(dim=(1, 2, 3), keepdim=True)
-    x = (x - lo) / (hi - lo).clamp_min(1e-12) * 255.0
-    return ImageTensorDataset(
-        x.round().to(torch.uint8), torch.full((n,), -1, dtype=torch.int64), name="noise"
-    )
 
 
 def _embedded_name(root: str | os.PathLike[str] | None, force_digits: bool) -> str:
@@ -265,21 +234,9 @@ def default_zero_shot(
     >>> (x1, x2), y = data.train[0]          # two views for InfoNCE / MCInfoNCE
     >>> x_test, y_test = as_tensors(data.test)  # downstream retrieval set, all at once
     """
-    for arg, value in (("max_train", max_train), ("max_test", max_test), ("max_ood", max_ood)):
-        if value is not None:
-            check_int(value, arg, low=1)
-    check_int(image_size, "image_size", low=1)
+    _check_caps(max_train, max_test, max_ood, image_size)
     name = _embedded_name(root, force_digits)
-    if name == "fashion_mnist":
-        pool_all = fashion_mnist(root, "train")
-        eval_all = fashion_mnist(root, "test")
-        size = int(pool_all.images.shape[-1])
-    else:
-        size = int(image_size)
-        images, labels = load_digits_images(size)
-        pool_all = ImageTensorDataset(images, labels, name="digits")
-        eval_all = pool_all
-
+    pool_all, eval_all, size = _embedded_files(name, root, image_size)
     if upstream is None and downstream is None and class_seed is None:
         upstream, downstream = list(range(5)), list(range(5, 10))
     up_idx, _ = zero_shot_split(pool_all, upstream, downstream, seed=class_seed)
@@ -291,7 +248,7 @@ def default_zero_shot(
     if downstream is not None:
         down_cls = [int(c) for c in downstream]
 
-    if name == "fashion_mnist":
+    if name == "fashion_mnist":  # the t10k file holds the held-out upstream images
         pool_idx = up_idx
         id_idx, _ = zero_shot_split(eval_all, up_cls, down_cls)
     else:
@@ -300,60 +257,17 @@ def default_zero_shot(
 
     relabel = {c: i for i, c in enumerate(up_cls)}
     pool = _cap(subset(pool_all, pool_idx), max_train, seed)  # type: ignore[arg-type]
-
     if val_classes is not None:
-        vcls = [int(c) for c in val_classes]
-        bad = sorted(set(vcls) - set(up_cls))
-        if bad:
-            raise ValueError(f"`val_classes` {bad} are not upstream classes {up_cls}")
-        if len(set(vcls)) >= len(up_cls):
-            raise ValueError("`val_classes` must leave at least one upstream class for training")
-        fit_cls = [c for c in up_cls if c not in set(vcls)]
-        fit_idx, val_idx = zero_shot_split(pool, fit_cls, vcls)
-        relabel = {c: i for i, c in enumerate(fit_cls)}
-        val_map = {c: i for i, c in enumerate(sorted(vcls))}
-        train = subset(pool, fit_idx, relabel=relabel)
-        val = subset(pool, val_idx, relabel=val_map)
-        n_train_classes = len(fit_cls)
-        up_cls = fit_cls
-    else:
-        if not 0.0 <= float(val_fraction) < 1.0:
-            raise ValueError(f"`val_fraction` must be in [0, 1), got {val_fraction}")
-        if val_fraction > 0:
-            fit_idx, val_idx = stratified_split(pool, val_fraction, seed=seed)
-        else:
-            fit_idx, val_idx = torch.arange(len(pool)), torch.empty(0, dtype=torch.int64)
-        train = subset(pool, fit_idx, relabel=relabel)
-        val = subset(pool, val_idx, relabel=relabel)
-        n_train_classes = len(up_cls)
-
-    if val_classes is not None:  # held-out data of the classes actually trained on
+        train, val, up_cls, relabel = _class_disjoint_val(pool, up_cls, val_classes)
+        # held-out data of the classes actually trained on
         id_idx = id_idx[torch.isin(eval_all.targets[id_idx], torch.tensor(up_cls))]
+    else:
+        train, val = _stratified_val(pool, relabel, val_fraction, seed)
     id_test = _cap(subset(eval_all, id_idx, relabel=relabel), max_test, seed)  # type: ignore[arg-type]
     test = _cap(subset(eval_all, down_idx_eval), max_test, seed)  # type: ignore[arg-type]
-
-    if name == "fashion_mnist":
-        d_img, d_lbl = load_digits_images(size)
-        ood = ImageTensorDataset(d_img, d_lbl, name="digits")
-        ood_name = "digits"
-    else:
-        n_ood = len(pool_all) if max_ood is None else min(len(pool_all), int(max_ood))
-        ood = synthetic_ood(n_ood, size, seed=seed)
-        ood_name = "noise"
-    ood = _cap(ood, max_ood, seed)
-
-    sets = {
-        "train": train,
-        "val": val,
-        "test": test,
-        "id_test": id_test,
-        "ood": ood,
-    }
-    for key, ds in sets.items():
-        ds = _named(ds, f"{name}/{key}" if key != "ood" else f"{ood_name}/ood")  # type: ignore[arg-type]
-        sets[key] = ds.with_transform(
-            train_transform if key == "train" and train_transform is not None else transform
-        )
+    ood, ood_name = _embedded_ood(name, len(pool_all), size, max_ood, seed)
+    sets = {"train": train, "val": val, "test": test, "id_test": id_test, "ood": ood}
+    sets = _finish(sets, name, ood_name, transform, train_transform)
     return ZeroShotData(
         name=name,
         train=sets["train"],
@@ -364,7 +278,7 @@ def default_zero_shot(
         ood_name=ood_name,
         upstream_classes=list(up_cls),
         downstream_classes=list(down_cls),
-        num_train_classes=n_train_classes,
+        num_train_classes=len(up_cls),
         image_shape=tuple(pool_all.images.shape[1:]),  # type: ignore[arg-type]
         info={
             "val_fraction": None if val_classes is not None else float(val_fraction),
@@ -374,6 +288,90 @@ def default_zero_shot(
             "sizes": {k: len(v) for k, v in sets.items()},
         },
     )
+
+
+def _check_caps(
+    max_train: int | None, max_test: int | None, max_ood: int | None, image_size: int
+) -> None:
+    for arg, value in (("max_train", max_train), ("max_test", max_test), ("max_ood", max_ood)):
+        if value is not None:
+            check_int(value, arg, low=1)
+    check_int(image_size, "image_size", low=1)
+
+
+def _embedded_files(
+    name: str, root: str | os.PathLike[str] | None, image_size: int
+) -> tuple[ImageTensorDataset, ImageTensorDataset, int]:
+    """The training pool, the evaluation pool and the image side of the embedded set: the
+    two Fashion-MNIST files, or the digits (one pool for both) at ``image_size``."""
+    if name == "fashion_mnist":
+        pool_all = fashion_mnist(root, "train")
+        return pool_all, fashion_mnist(root, "test"), int(pool_all.images.shape[-1])
+    images, labels = load_digits_images(int(image_size))
+    pool_all = ImageTensorDataset(images, labels, name="digits")
+    return pool_all, pool_all, int(image_size)
+
+
+def _class_disjoint_val(
+    pool: ImageTensorDataset, up_cls: list[int], val_classes: Sequence[int]
+) -> tuple[Any, Any, list[int], dict[int, int]]:
+    """``train`` without the ``val_classes``, ``val`` their images (URL Sec. 3.2), the classes
+    trained on and their relabelling."""
+    vcls = [int(c) for c in val_classes]
+    bad = sorted(set(vcls) - set(up_cls))
+    if bad:
+        raise ValueError(f"`val_classes` {bad} are not upstream classes {up_cls}")
+    if len(set(vcls)) >= len(up_cls):
+        raise ValueError("`val_classes` must leave at least one upstream class for training")
+    fit_cls = [c for c in up_cls if c not in set(vcls)]
+    fit_idx, val_idx = zero_shot_split(pool, fit_cls, vcls)
+    relabel = {c: i for i, c in enumerate(fit_cls)}
+    val_map = {c: i for i, c in enumerate(sorted(vcls))}
+    train = subset(pool, fit_idx, relabel=relabel)
+    return train, subset(pool, val_idx, relabel=val_map), fit_cls, relabel
+
+
+def _stratified_val(
+    pool: ImageTensorDataset, relabel: dict[int, int], val_fraction: float, seed: int
+) -> tuple[Any, Any]:
+    """``train`` and a seeded, stratified ``val_fraction`` of it as ``val``."""
+    if not 0.0 <= float(val_fraction) < 1.0:
+        raise ValueError(f"`val_fraction` must be in [0, 1), got {val_fraction}")
+    if val_fraction > 0:
+        fit_idx, val_idx = stratified_split(pool, val_fraction, seed=seed)
+    else:
+        fit_idx, val_idx = torch.arange(len(pool)), torch.empty(0, dtype=torch.int64)
+    return subset(pool, fit_idx, relabel=relabel), subset(pool, val_idx, relabel=relabel)
+
+
+def _embedded_ood(
+    name: str, n_pool: int, size: int, max_ood: int | None, seed: int
+) -> tuple[ImageTensorDataset, str]:
+    """The OOD set of the embedded zero-shot data: the digits for Fashion-MNIST, seeded noise
+    images for the digits."""
+    if name == "fashion_mnist":
+        d_img, d_lbl = load_digits_images(size)
+        ood, ood_name = ImageTensorDataset(d_img, d_lbl, name="digits"), "digits"
+    else:
+        n_ood = n_pool if max_ood is None else min(n_pool, int(max_ood))
+        ood, ood_name = synthetic_ood(n_ood, size, seed=seed), "noise"
+    return _cap(ood, max_ood, seed), ood_name
+
+
+def _finish(
+    sets: dict[str, Any],
+    name: str,
+    ood_name: str,
+    transform: Callable[[Any], Any] | None,
+    train_transform: Callable[[Any], Any] | None = None,
+) -> dict[str, Any]:
+    """Name every set (``<name>/<key>``, ``<ood_name>/ood``) and give it its transform."""
+    out = {}
+    for key, ds in sets.items():
+        ds = _named(ds, f"{name}/{key}" if key != "ood" else f"{ood_name}/ood")
+        t = train_transform if key == "train" and train_transform is not None else transform
+        out[key] = ds.with_transform(t)
+    return out
 
 
 def closed_set(
@@ -415,10 +413,7 @@ def closed_set(
     ValueError
         For a non-positive cap or image size, or ``val_fraction`` outside ``[0, 1)``.
     """
-    for arg, value in (("max_train", max_train), ("max_test", max_test), ("max_ood", max_ood)):
-        if value is not None:
-            check_int(value, arg, low=1)
-    check_int(image_size, "image_size", low=1)
+    _check_caps(max_train, max_test, max_ood, image_size)
     if not 0.0 <= float(val_fraction) < 1.0:
         raise ValueError(f"`val_fraction` must be in [0, 1), got {val_fraction}")
     name = _embedded_name(root, force_digits)
@@ -445,9 +440,7 @@ def closed_set(
         "test": _cap(test_all, max_test, seed),  # type: ignore[arg-type]
         "ood": _cap(ood, max_ood, seed),
     }
-    for key, ds in sets.items():
-        ds = _named(ds, f"{name}/{key}" if key != "ood" else f"{ood_name}/ood")
-        sets[key] = ds.with_transform(transform)
+    sets = _finish(sets, name, ood_name, transform)
     classes = sorted(int(c) for c in sets["train"].targets.unique())
     return ZeroShotData(
         name=name,
@@ -508,8 +501,9 @@ def dml_zero_shot(
 
     Parameters
     ----------
-    name : {"cub", "cars", "sop"}
-        The data set.
+    name : str
+        A folder data set (``"cub"``, ``"cars"``, ``"sop"`` or a registered one of kind
+        ``"folder"``: its loader takes the splits and keywords of :mod:`bayesurl.data.dml`).
     root : str or PathLike
         Where it lies (see :mod:`bayesurl.data.dml` for the layouts).
     tune : bool
@@ -532,11 +526,10 @@ def dml_zero_shot(
         ``train`` / ``val`` relabelled to ``0..K-1``; ``test`` with the original 0-based class
         ids; ``id_test`` is ``None`` (all train-class images are training data).
     """
-    from .registry import get_dataset
-
     key = str(name).lower()
-    if key not in ("cub", "cars", "sop"):
-        raise ValueError(f"`name` must be one of ['cars', 'cub', 'sop'], got {name!r}")
+    folder_sets = dataset_names(DatasetKind.FOLDER)
+    if key not in folder_sets:
+        raise ValueError(f"`name` must be one of {sorted(folder_sets)}, got {name!r}")
     kw = {"val_seed": val_seed, "check_files": check_files}
     split = "train_noval" if tune else "train"
     train = get_dataset(key, root, split, train_transform, relabel=True, **kw)

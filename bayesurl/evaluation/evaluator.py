@@ -22,8 +22,9 @@ compared with) raises ``ValueError`` naming the argument.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 import torch
@@ -301,22 +302,14 @@ def _validate_extras(
     return ix, iy, iu, images
 
 
-def _options(
-    ks: Sequence[int],
-    map_ks: Sequence[int] | None,
-    n_bins: int,
-    ece_mode: str,
-    shortlist: int | None,
-    tolerance: float,
-    return_curves: bool,
-    progress: bool,
-    intervals: bool = True,
-    level: float = DEFAULT_LEVEL,
-    replicates: int = DEFAULT_REPLICATES,
-    interval_seed: int = 0,
-    avg_of_avgs: bool = False,
-) -> dict[str, Any]:
-    """The checked settings every metric reads (``ctx.options``)."""
+def _options(ev: Evaluator) -> dict[str, Any]:
+    """The checked settings every metric reads (``ctx.options``), from ``ev``'s fields."""
+    ks, map_ks, n_bins, ece_mode = ev.ks, ev.map_ks, ev.n_bins, ev.ece_mode
+    shortlist, tolerance, level = ev.shortlist, ev.tolerance, ev.level
+    replicates, interval_seed = ev.replicates, ev.interval_seed
+    return_curves, progress, intervals, avg_of_avgs = (
+        ev.return_curves, ev.progress, ev.intervals, ev.avg_of_avgs
+    )  # fmt: skip
     # integers only: ks=(2.7,) would otherwise report recall@2
     ks = check_ints(ks, "ks", low=1)
     mks = sorted({*ks, 5} if map_ks is None else {*check_ints(map_ks, "map_ks", low=1), 5})
@@ -598,11 +591,7 @@ class Evaluator:
             self.reference, self.copy, self.distributed, self.group, self.backend,
             self.memory_budget,
         )  # fmt: skip
-        options = _options(
-            self.ks, self.map_ks, self.n_bins, self.ece_mode, self.shortlist, self.tolerance,
-            self.return_curves, self.progress, self.intervals, self.level, self.replicates,
-            self.interval_seed, self.avg_of_avgs,
-        )  # fmt: skip
+        options = _options(self)
         lam = ("lam_ausc", "lam_ece") if self.reference == "lam" else ()
         metrics = select_metrics(self.include, self.exclude, options, also=lam)
         if not isinstance(self.return_neighbors, bool):
@@ -798,59 +787,22 @@ def _compute(metrics: Sequence[Metric], ctx: EvalContext) -> dict[str, Any]:
     return res
 
 
-def evaluate(
-    embeddings: Tensor | None,
-    labels: Tensor,
-    *,
-    uncertainties: Tensor | None = None,
-    samples: Tensor | None = None,
-    ood_uncertainties: Tensor | None = None,
-    reference_uncertainties: Tensor | None = None,
-    id_embeddings: Tensor | None = None,
-    id_labels: Tensor | None = None,
-    id_uncertainties: Tensor | None = None,
-    predict_uncertainty: Callable[[Tensor], Tensor] | None = None,
-    crop_images: Tensor | None = None,
-    ks: Sequence[int] = (1, 5, 10),
-    map_ks: Sequence[int] | None = None,
-    n_bins: int = 10,
-    ece_mode: str = "shortlist",
-    shortlist: int | None = None,
-    tolerance: float = 1e-3,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    backend: str = "torch",
-    return_curves: bool = False,
-    progress: bool = False,
-    distributed: bool = False,
-    group: dist.ProcessGroup | None = None,
-    reference: str | None = None,
-    copy: bool = True,
-    include: Iterable[str] | None = None,
-    exclude: Iterable[str] = (),
-    return_neighbors: bool = False,
-    neighbors: Tensor | None = None,
-    intervals: bool = True,
-    level: float = DEFAULT_LEVEL,
-    replicates: int = DEFAULT_REPLICATES,
-    interval_seed: int = 0,
-    avg_of_avgs: bool = False,
-    search: str | KnnFunc | None = None,
-) -> EvaluationResult:
+def evaluate(embeddings: Tensor | None, labels: Tensor, **options: Any) -> EvaluationResult:
     """Every selected retrieval and uncertainty metric defined for the input, from one kNN
-    search: ``Evaluator(**options)(embeddings, labels, **inputs)``.
+    search: ``Evaluator(**settings)(embeddings, labels, **inputs)``.
 
     To evaluate several models with the same settings, build one :class:`Evaluator` and call
     it on each.
 
     Parameters
     ----------
-    embeddings, labels, uncertainties, samples, ood_uncertainties, reference_uncertainties, \
-id_embeddings, id_labels, id_uncertainties, predict_uncertainty, crop_images, neighbors
-        The inputs: see :meth:`Evaluator.__call__`.
-    ks, map_ks, n_bins, ece_mode, shortlist, tolerance, memory_budget, backend, \
-return_curves, progress, distributed, group, reference, copy, include, exclude, \
-return_neighbors, intervals, level, replicates, interval_seed, avg_of_avgs, search
-        The options: see :class:`Evaluator`.
+    embeddings, labels
+        As :meth:`Evaluator.__call__`.
+    **options
+        The further inputs of :meth:`Evaluator.__call__` (``uncertainties``, ``samples``,
+        ``ood_uncertainties``, ..., ``neighbors``) and the settings of :class:`Evaluator`
+        (``ks``, ``include``, ``intervals``, ``distributed``, ``search``, ...), each by its
+        name there: their docs list them with their defaults, and they check them.
 
     Returns
     -------
@@ -872,6 +824,9 @@ return_neighbors, intervals, level, replicates, interval_seed, avg_of_avgs, sear
 
     Raises
     ------
+    TypeError
+        For a keyword that is neither an input nor a setting of :class:`Evaluator` (naming it
+        and the valid ones).
     ValueError
         On bad input (naming the argument), an unknown metric name in ``include`` /
         ``exclude``, or bad settings.
@@ -887,21 +842,36 @@ return_neighbors, intervals, level, replicates, interval_seed, avg_of_avgs, sear
     >>> [k for k in res if k.startswith("recall@")]
     ['recall@1', 'recall@2']
     """
-    evaluator = Evaluator(
-        ks=ks, map_ks=map_ks, n_bins=n_bins, ece_mode=ece_mode, shortlist=shortlist,
-        tolerance=tolerance, memory_budget=memory_budget, backend=backend,
-        return_curves=return_curves, progress=progress, distributed=distributed, group=group,
-        reference=reference, copy=copy, include=include, exclude=exclude,
-        return_neighbors=return_neighbors, intervals=intervals, level=level,
-        replicates=replicates, interval_seed=interval_seed, avg_of_avgs=avg_of_avgs,
-        search=search,
-    )  # fmt: skip
-    return evaluator(
-        embeddings, labels, uncertainties=uncertainties, samples=samples,
-        ood_uncertainties=ood_uncertainties, reference_uncertainties=reference_uncertainties,
-        id_embeddings=id_embeddings, id_labels=id_labels, id_uncertainties=id_uncertainties,
-        predict_uncertainty=predict_uncertainty, crop_images=crop_images, neighbors=neighbors,
-    )  # fmt: skip
+    unknown = [k for k in options if k not in _SETTINGS and k not in _INPUTS]
+    if unknown:
+        raise TypeError(
+            f"evaluate() got an unknown keyword `{unknown[0]}`; the inputs: "
+            f"{', '.join(_INPUTS)}; the settings (of Evaluator): {', '.join(_SETTINGS)}"
+        )
+    settings = {k: v for k, v in options.items() if k in _SETTINGS}
+    inputs = {k: v for k, v in options.items() if k in _INPUTS}
+    return Evaluator(**settings)(embeddings, labels, **inputs)
+
+
+#: the settings of :class:`Evaluator` and the keyword inputs of its call: what :func:`evaluate`
+#: passes on
+_SETTINGS = tuple(f.name for f in fields(Evaluator) if f.init)
+_CALL = list(inspect.signature(Evaluator.__call__).parameters.values())[1:]
+_INPUTS = tuple(p.name for p in _CALL if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def _signature() -> inspect.Signature:
+    """:func:`evaluate`'s signature spelt out from :meth:`Evaluator.__call__`'s inputs and
+    :class:`Evaluator`'s fields (for ``help`` and editors), so the three cannot drift apart."""
+    settings = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+        for f in fields(Evaluator)
+        if f.init
+    ]
+    return inspect.signature(evaluate).replace(parameters=[*_CALL, *settings])
+
+
+evaluate.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
 def _given_neighbors(neighbors: object | None, n: int, distributed: bool) -> Tensor | None:

@@ -24,9 +24,11 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from bayesurl.backbones import resolve_backbone
+from bayesurl.registry import Registry
 from bayesurl.types import Output
 
 __all__ = [
+    "METHODS",
     "Method",
     "available",
     "constructor_options",
@@ -35,8 +37,6 @@ __all__ = [
     "register",
     "resolve_backbone",
 ]
-
-_REGISTRY: dict[str, type[Method]] = {}
 
 
 class Method(nn.Module):
@@ -73,21 +73,8 @@ class Method(nn.Module):
         """Called by the training loop after each epoch (default: nothing)."""
 
 
-def register(name: str) -> Callable[[type[Method]], type[Method]]:
-    """Class decorator adding a :class:`Method` subclass to the registry under ``name``."""
-
-    def deco(cls: type[Method]) -> type[Method]:
-        key = name.lower()
-        if key in _REGISTRY and _REGISTRY[key] is not cls:
-            raise ValueError(f"method name {name!r} is registered twice")
-        cls.name = key
-        _REGISTRY[key] = cls
-        return cls
-
-    return deco
-
-
 def _load_all() -> None:
+    """Import every method module of :mod:`bayesurl.methods`, whose decorators register them."""
     import bayesurl.methods as pkg
 
     for info in pkgutil.iter_modules(pkg.__path__):
@@ -95,10 +82,32 @@ def _load_all() -> None:
             importlib.import_module(f"bayesurl.methods.{info.name}")
 
 
+#: The method classes by name (case-insensitive), filled by :func:`register` on first lookup.
+METHODS: Registry[type[Method]] = Registry(
+    "method", normalise=lambda s: str(s).lower(), load=_load_all
+)
+
+
+def register(name: str, **traits: Any) -> Callable[[type[Method]], type[Method]]:
+    """Class decorator adding a :class:`Method` subclass to :data:`METHODS` under ``name``.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is taken by another class.
+    """
+
+    def deco(cls: type[Method]) -> type[Method]:
+        entry = METHODS.add(name, cls, **traits)
+        cls.name = entry.name
+        return cls
+
+    return deco
+
+
 def available() -> list[str]:
     """Names of every registered method, sorted."""
-    _load_all()
-    return sorted(_REGISTRY)
+    return sorted(METHODS.names())
 
 
 def get(name: str) -> type[Method]:
@@ -109,11 +118,7 @@ def get(name: str) -> type[Method]:
     ValueError
         If ``name`` is unknown; the message lists the valid names.
     """
-    _load_all()
-    key = str(name).lower()
-    if key not in _REGISTRY:
-        raise ValueError(f"unknown method {name!r}; valid names: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[key]
+    return METHODS.get(name)
 
 
 def constructor_options(cls: type) -> list[str]:

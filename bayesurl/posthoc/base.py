@@ -24,10 +24,12 @@ from bayesurl._checks import (
 from bayesurl._modules import eval_mode
 from bayesurl.backbones import watch_input_range
 from bayesurl.files import atomic_open
+from bayesurl.registry import Registry
 from bayesurl.types import Output
 
 __all__ = [
     "FORMAT",
+    "WRAPPERS",
     "MethodEncoder",
     "PosthocOutput",
     "PosthocWrapper",
@@ -35,12 +37,16 @@ __all__ = [
     "encode",
     "known_embedding_dim",
     "load",
+    "register_wrapper",
+    "wrapper_class",
     "wrapper_names",
 ]
 
 #: tag written into every saved wrapper
 FORMAT = "bayesurl.posthoc/1"
-_WRAPPERS: dict[str, type[PosthocWrapper]] = {}
+#: Post-hoc wrapper classes by name (``wrap(encoder, method=<name>)``); filled by the
+#: ``register_wrapper`` decorators of the modules that :mod:`bayesurl.posthoc` imports.
+WRAPPERS: Registry[type[PosthocWrapper]] = Registry("wrapper")
 
 
 class PosthocOutput(Output):
@@ -162,28 +168,42 @@ def as_encoder(encoder: nn.Module) -> nn.Module:
     return encoder
 
 
-def register_wrapper(name: str):
-    """Class decorator naming a wrapper for :func:`bayesurl.posthoc.wrap` and :func:`load`."""
+def register_wrapper(name: str, **traits: Any):
+    """Class decorator naming a wrapper for :func:`bayesurl.posthoc.wrap` and :func:`load`.
+
+    Parameters
+    ----------
+    name : str
+        The ``method`` name of :func:`~bayesurl.posthoc.wrap` (also set as ``cls.method``).
+    **traits
+        What the wrapper declares about itself (:class:`~bayesurl.registry.Registry`).
+        ``fit_inputs``: what a recipe's post-hoc estimator hands its ``fit``:
+        ``"transformed"`` (default: the images under the deterministic transform),
+        ``"augmented"`` (one augmented view per image, and ``batch_size``) or ``"raw"``
+        (untransformed images, and the ``augment`` module to draw views with).
+    """
 
     def deco(cls: type[PosthocWrapper]) -> type[PosthocWrapper]:
         cls.method = name
-        _WRAPPERS[name] = cls
-        return cls
+        return WRAPPERS.register(name, **traits)(cls)
 
     return deco
 
 
 def wrapper_names() -> list[str]:
-    """The names of the registered wrappers (``pvu``, ``tau``, ``laplace``), sorted."""
-    return sorted(_WRAPPERS)
+    """The names of the registered wrappers (``gmm``, ``knn``, ``laplace`` ...), sorted."""
+    return sorted(WRAPPERS.names())
 
 
-def wrapper_class(name: str) -> type[PosthocWrapper]:
-    """The wrapper class registered under ``name``; ValueError listing the valid names."""
-    key = str(getattr(name, "value", name)).lower()
-    if key not in _WRAPPERS:
-        raise ValueError(f"unknown `method` {name!r}; valid: {', '.join(sorted(_WRAPPERS))}")
-    return _WRAPPERS[key]
+def wrapper_class(name: str, *, argument: str = "method") -> type[PosthocWrapper]:
+    """The wrapper class registered under ``name``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, naming ``argument`` and listing the valid names.
+    """
+    return WRAPPERS.get(name, argument=argument)
 
 
 def known_embedding_dim(encoder: nn.Module) -> int | None:

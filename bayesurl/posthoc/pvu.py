@@ -258,7 +258,7 @@ def check_head_trainable(head: nn.Module, probe: Tensor) -> None:
         )
 
 
-@register_wrapper("pvu")
+@register_wrapper("pvu", fit_inputs="augmented")
 class PVU(PosthocWrapper):
     """Post-hoc pretrained visual uncertainties around a frozen encoder (thesis section 5.3).
 

@@ -48,7 +48,7 @@ def two_views(x: Any, augment: Callable[[Tensor], Tensor] | None) -> tuple[Tenso
     )
 
 
-@register_wrapper("tau")
+@register_wrapper("tau", fit_inputs="raw")
 class PosthocTaU(PosthocWrapper):
     """A frozen encoder plus a trained temperature head (TaU section 4).
 

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from bayesurl.data.fmnist import FASHION_MNIST_CLASSES
 from bayesurl.data.folder import file_digest, read_image
-from bayesurl.runs.config import BackboneConfig, DataConfig, EstimatorConfig, RunConfig
+from bayesurl.data.registry import DATASETS, dataset_classes
+from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import build_data
 from bayesurl.runs.folder import DEFAULT_MAX_PIXELS
 from bayesurl.runs.queries import QueryRecord, source_ids
@@ -164,12 +164,13 @@ def _images_config(record: QueryRecord) -> RunConfig:
     cfg = record.meta.get("config")
     if not isinstance(cfg, dict) or "data" not in cfg:
         raise ValueError("the query record keeps no data settings to rebuild its images")
-    backbone = {**cfg.get("backbone", {}), "freeze": False}
-    return RunConfig(
-        dataset=str(record.meta.get("dataset", "fashion_mnist")),
-        estimator=EstimatorConfig(name=str(record.meta.get("name", "report"))),
-        data=DataConfig(**cfg["data"]),
-        backbone=BackboneConfig(**backbone),
+    return RunConfig.from_dict(
+        {
+            "dataset": str(record.meta.get("dataset", "fashion_mnist")),
+            "estimator": {"name": str(record.meta.get("name", "report"))},
+            "data": cfg["data"],
+            "backbone": {**cfg.get("backbone", {}), "freeze": False},
+        }
     )
 
 
@@ -237,7 +238,8 @@ def _dataset_source(record: QueryRecord, cache: dict[str, Any], size: int) -> Im
             )
         return img
 
-    names = dict(enumerate(FASHION_MNIST_CLASSES)) if sets.name == "fashion_mnist" else {}
+    # the class names the data set declares (a folder set's come from its files: none here)
+    names = dict(enumerate(dataset_classes(sets.name))) if sets.name in DATASETS else {}
     return ImageSource(
         query, None if ood is None else (lambda i: ood[i][0]), names, size, name=name
     )

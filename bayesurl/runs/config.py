@@ -54,7 +54,6 @@ else:  # pragma: no cover - Python 3.10
 
 __all__ = [
     "DEFAULT_RECIPE_FILE",
-    "ESTIMATOR_KINDS",
     "RECIPE_DIR",
     "BackboneConfig",
     "DataConfig",
@@ -83,9 +82,6 @@ RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 #: The recipe file a sweep reads when none is named (``bayesurl benchmark`` without
 #: ``--dataset``); messages and plots name any other.
 DEFAULT_RECIPE_FILE = "fashion_mnist"
-
-#: Estimator kinds (see :mod:`bayesurl.runs.estimators`).
-ESTIMATOR_KINDS = ("method", "posthoc", "lam", "baseline", "deep_ensemble")
 
 
 @dataclass
@@ -372,6 +368,45 @@ class RunConfig:
             base=None if v.get("base") is None else cls.from_dict(v["base"]),
             source=_check_value(v.get("source", ""), str, "source"),
             **tuned,
+        )
+        _validate(cfg)
+        return cfg
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        method: Any,
+        *,
+        dataset: str,
+        estimator: EstimatorConfig | None = None,
+        data: DataConfig | None = None,
+        train: TrainConfig | None = None,
+        seed: int = 0,
+        device: str | None = None,
+    ) -> RunConfig:
+        """The config of a run on a trained method (a checkpoint read by
+        :func:`bayesurl.training.load_method_from_checkpoint`): the backbone its
+        ``hparams`` name (``small_convnet`` when they name none), the method itself as the
+        estimator unless ``estimator`` is given, checked by range as every config is.
+
+        Raises
+        ------
+        ValueError
+            For a value out of range (naming it).
+        """
+        hp = dict(getattr(method, "hparams", {}) or {})
+        backbone = hp.get("backbone")
+        cfg = cls(
+            dataset=dataset,
+            estimator=EstimatorConfig(name=method.name) if estimator is None else estimator,
+            data=DataConfig(name=dataset) if data is None else data,
+            backbone=BackboneConfig(
+                name=backbone if isinstance(backbone, str) else "small_convnet",
+                kwargs=dict(hp.get("backbone_kwargs") or {}),
+            ),
+            train=TrainConfig() if train is None else train,
+            seed=seed,
+            device=device,
         )
         _validate(cfg)
         return cfg
@@ -959,12 +994,10 @@ def _typed(
     """
     where = f"estimators.{tables['estimator'].get('name', '')}"
     est_cfg: EstimatorConfig = _build(EstimatorConfig, tables["estimator"], where, toml_none)
-    kind = est_cfg.kind.lower()
-    if kind not in ESTIMATOR_KINDS:
-        raise ValueError(
-            f"unknown `{where}.kind` {est_cfg.kind!r}; valid: {', '.join(ESTIMATOR_KINDS)}"
-        )
-    est_cfg.kind = kind
+    # the kinds register themselves in modules that import this one: looked up at call time
+    from bayesurl.runs.estimators import ESTIMATORS
+
+    est_cfg.kind = ESTIMATORS.entry(est_cfg.kind, argument=f"{where}.kind").name
     sections = {s: tables.get(s, {}) for s in ("data", "backbone", "train", "eval")}
     cfg = RunConfig(
         dataset=dataset,
@@ -1028,6 +1061,7 @@ def load_recipe(
     *,
     preset: str | None = None,
     tuned: bool = True,
+    recipe: Mapping[str, Any] | None = None,
 ) -> RunConfig:
     """Read ``"<dataset>/<estimator>"`` into a :class:`RunConfig`.
 
@@ -1044,6 +1078,10 @@ def load_recipe(
     tuned : bool
         Apply the preset's committed tuned settings (``[presets.<name>.tuned]``,
         :func:`preset_tuned`); ``False`` gives the recipe's default settings.
+    recipe : mapping, optional
+        The file's tables as :func:`read_recipe_file` gave them, for a caller that resolves
+        many runs of one file (a sweep reads it once); default: the file is read. Not
+        modified.
 
     Returns
     -------
@@ -1056,7 +1094,8 @@ def load_recipe(
         lists the valid ones) or a value of the wrong type.
     """
     dataset, estimator = _split_name(name)
-    raw = read_recipe_file(dataset)
+    # the overrides write into nested tables: a caller's tables are copied, not changed
+    raw = read_recipe_file(dataset) if recipe is None else copy.deepcopy(dict(recipe))
     path = recipe_path(dataset)
     ds_name = path.stem if str(dataset).endswith(".toml") else str(dataset).lower()
     return _resolve(raw, ds_name, estimator, preset, list(overrides), str(path), tuned=tuned)

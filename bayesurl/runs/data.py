@@ -14,13 +14,22 @@ backbone's statistics.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
+from bayesurl.data.registry import (
+    DATASETS,
+    DatasetKind,
+    dataset_classes,
+    dataset_kind,
+    dataset_names,
+    get_dataset,
+    pool_datasets,
+)
 from bayesurl.runs.config import RunConfig
 
 __all__ = ["RunData", "backbone_kwargs", "build_data", "data_key", "method_backbone"]
@@ -107,9 +116,28 @@ def _cap(ds: Any, n: int | None, seed: int) -> Any:
     return bd.subset(ds, bd.stratified_subsample(ds, n, seed=seed))
 
 
+@dataclass(frozen=True)
+class _Road:
+    """How the runs read the data sets of one :class:`DatasetKind`."""
+
+    #: ``sets(cfg, name, split) -> (ZeroShotData, further test sets by name)`` at
+    #: ``data.stage = "final"`` without a ``data.class_split`` (else the class-split road)
+    sets: Callable[[RunConfig, str, Any], tuple[Any, dict[str, Any]]]
+    #: colour images normalised with the backbone's statistics (else grayscale, normalised
+    #: with the data set's own or the pretrained weights' averaged statistics)
+    colour: bool
+    #: images read in as three channels, whatever channels the backbone is built with
+    three_channels: bool
+    #: fine-tuning a pretrained backbone enlarges the images to the size it was made with
+    upsize: bool
+
+
 def build_data(cfg: RunConfig, progress: bool = True) -> RunData:
     """Assemble the zero-shot sets and batch transforms of ``cfg`` (``progress``: the frozen
     features' extraction shows its bar).
+
+    The data set's declared kind (:mod:`bayesurl.data.registry`) picks the road: its sets,
+    how its images are normalised and whether they are resized.
 
     Raises
     ------
@@ -119,79 +147,19 @@ def build_data(cfg: RunConfig, progress: bool = True) -> RunData:
     FileNotFoundError
         If ``data.root`` does not exist.
     """
-    from bayesurl import data as bd
     from bayesurl.backbones import data_config
 
     d = cfg.data
     name, kind = dataset_kind(d.name, argument="data.name")
-    for key in ("max_train", "max_test", "max_ood"):
-        v = getattr(d, key)
-        if v is not None and v < 1:
-            raise ValueError(f"`data.{key}` must be a positive size or none, got {v}")
-    if d.root is not None and not Path(d.root).exists():
-        raise FileNotFoundError(f"`data.root` {d.root!r} does not exist")
-    try:
-        split = bd.Split(d.split)
-    except ValueError:
-        valid_splits = ", ".join(x.value for x in bd.Split)
-        raise ValueError(f"unknown `data.split` {d.split!r}; valid: {valid_splits}") from None
-    if split is not bd.Split.ZERO_SHOT and (kind is not DatasetKind.EMBEDDED or d.class_split):
-        raise ValueError(
-            f"`data.split` {d.split!r} is available for the embedded sets "
-            f"({', '.join(dataset_names(DatasetKind.EMBEDDED))}) without a `data.class_split`, "
-            f"not {name!r}"
-        )
-    tests: dict[str, Any] = {}
-    rgb = kind is DatasetKind.POOL  # RGB images: the backbone's own statistics
-    if d.class_split is not None or d.stage != "final" or kind is DatasetKind.POOL:
-        zs = _class_split_sets(cfg, name)
-    elif kind is DatasetKind.UPSTREAM:
-        zs, tests = _upstream(cfg)
-        rgb = True
-    elif kind is DatasetKind.FOLDER:
-        if d.root is None:
-            how = f": {d.how_to_get}" if d.how_to_get else ""
-            raise ValueError(f"`data.root` is required for {name}{how}; then --set data.root=DIR")
-        to_uint8 = bd.PilToUint8(d.image_size)
-        zs = bd.dml_zero_shot(name, d.root, transform=to_uint8, train_transform=to_uint8)
-        zs.train = _cap(zs.train, d.max_train, d.seed)
-        zs.test = _cap(zs.test, d.max_test, d.seed)
-        rgb = True
+    split = _check_data(cfg, kind, name)
+    road = _ROADS[kind]
+    if d.class_split is not None or d.stage != "final":
+        zs, tests = _class_split_sets(cfg, name), {}
     else:
-        root = d.root
-        if name == "fashion_mnist" and root is None:
-            try:
-                root = bd.find_fashion_mnist()
-            except (FileNotFoundError, ValueError):
-                root = None  # default_zero_shot falls back to the digits (with a warning)
-        zs = bd.SPLITS[split](
-            root,
-            force_digits=name == "digits",
-            max_train=d.max_train,
-            max_test=d.max_test,
-            max_ood=d.max_ood,
-            val_fraction=0.0,
-            seed=d.seed,
-        )
-        zs = zs.with_transform(_Keep())
-    # the read-in sets of the upstream and folder roads are three-channel images
-    three = rgb and kind is not DatasetKind.POOL
-    dc = data_config(cfg.backbone.name, **backbone_kwargs(cfg, 3 if three else None))
-    channels = 3 if three else dc.in_chans
-    stats: dict[str, Any] = {}
-    if rgb:
-        stats = {"mean": dc.mean, "std": dc.std}
-    elif cfg.backbone.pretrained:
-        # grayscale: the data set's own statistics repeated to the channels, or the pretrained
-        # weights' own (averaged over their channels)
-        stats = dc.grayscale_statistics()
-    transform = bd.default_transform(channels, **stats)
-    augment = bd.default_augmentation(channels, **stats)
-    if cfg.backbone.pretrained and not cfg.backbone.freeze and kind is DatasetKind.EMBEDDED:
-        # fine-tuning a pretrained backbone on small images: at the size it was made with
-        size = cfg.backbone.resolution or dc.input_size[-1]
-        transform = nn.Sequential(*transform, bd.Resize(size))
-        augment = nn.Sequential(augment, bd.Resize(size))
+        zs, tests = road.sets(cfg, name, split)
+    dc = data_config(cfg.backbone.name, **backbone_kwargs(cfg, 3 if road.three_channels else None))
+    channels = 3 if road.three_channels else dc.in_chans
+    transform, augment = _batch_transforms(cfg, road, dc, channels)
     info = {
         "dataset": zs.name,
         "ood": zs.ood_name,
@@ -219,23 +187,114 @@ def build_data(cfg: RunConfig, progress: bool = True) -> RunData:
     return data
 
 
-def _class_split_sets(cfg: RunConfig, name: str) -> Any:
-    """The sets of ``data.class_split`` at ``data.stage`` (the benchmark's class-split
-    protocol, :func:`bayesurl.data.class_splits.split_data`; embedded sets only)."""
-    from bayesurl.data.class_splits import SPLIT_DATASETS, ClassSplit, class_splits, split_data
-    from bayesurl.data.clipart import clipart_classes
+def _check_data(cfg: RunConfig, kind: DatasetKind, name: str) -> Any:
+    """Check the caps, ``data.root`` and ``data.split`` of ``cfg``; the :class:`Split`."""
+    from bayesurl import data as bd
 
     d = cfg.data
-    if name not in SPLIT_DATASETS:  # the class-split pools of split_data
+    for key in ("max_train", "max_test", "max_ood"):
+        v = getattr(d, key)
+        if v is not None and v < 1:
+            raise ValueError(f"`data.{key}` must be a positive size or none, got {v}")
+    if d.root is not None and not Path(d.root).exists():
+        raise FileNotFoundError(f"`data.root` {d.root!r} does not exist")
+    try:
+        split = bd.Split(d.split)
+    except ValueError:
+        valid_splits = ", ".join(x.value for x in bd.Split)
+        raise ValueError(f"unknown `data.split` {d.split!r}; valid: {valid_splits}") from None
+    if split is not bd.Split.ZERO_SHOT and (kind is not DatasetKind.EMBEDDED or d.class_split):
         raise ValueError(
-            f"`data.class_split` needs one of {', '.join(SPLIT_DATASETS)}, got {d.name!r}"
+            f"`data.split` {d.split!r} is available for the embedded sets "
+            f"({', '.join(dataset_names(DatasetKind.EMBEDDED))}) without a `data.class_split`, "
+            f"not {name!r}"
+        )
+    return split
+
+
+def _batch_transforms(cfg: RunConfig, road: _Road, dc: Any, channels: int) -> tuple[Any, Any]:
+    """The deterministic batch transform and the random augmentation of the run's images."""
+    from bayesurl import data as bd
+
+    stats: dict[str, Any] = {}
+    if road.colour:
+        stats = {"mean": dc.mean, "std": dc.std}
+    elif cfg.backbone.pretrained:
+        # grayscale: the data set's own statistics repeated to the channels, or the pretrained
+        # weights' own (averaged over their channels)
+        stats = dc.grayscale_statistics()
+    transform = bd.default_transform(channels, **stats)
+    augment = bd.default_augmentation(channels, **stats)
+    if cfg.backbone.pretrained and not cfg.backbone.freeze and road.upsize:
+        # fine-tuning a pretrained backbone on small images: at the size it was made with
+        size = cfg.backbone.resolution or dc.input_size[-1]
+        transform = nn.Sequential(*transform, bd.Resize(size))
+        augment = nn.Sequential(augment, bd.Resize(size))
+    return transform, augment
+
+
+def _embedded_sets(cfg: RunConfig, name: str, split: Any) -> tuple[Any, dict[str, Any]]:
+    """An embedded set's standard split (:data:`bayesurl.data.SPLITS`, with the keywords the
+    set declares in ``split_options``), or its pool's first class split when it declares
+    none."""
+    from bayesurl import data as bd
+
+    d = cfg.data
+    options = DATASETS.traits(name).get("split_options")
+    if options is None:
+        if split is not bd.Split.ZERO_SHOT:
+            raise ValueError(f"`data.split` {d.split!r} is not available for {name!r}")
+        return _class_split_sets(cfg, name), {}
+    zs = bd.SPLITS[split](
+        d.root,
+        **options,
+        max_train=d.max_train,
+        max_test=d.max_test,
+        max_ood=d.max_ood,
+        val_fraction=0.0,
+        seed=d.seed,
+    )
+    return zs.with_transform(_Keep()), {}
+
+
+def _folder_sets(cfg: RunConfig, name: str, split: Any) -> tuple[Any, dict[str, Any]]:
+    """A folder set's standard zero-shot class split (:func:`bayesurl.data.dml_zero_shot`)."""
+    from bayesurl import data as bd
+
+    d = cfg.data
+    if d.root is None:
+        how = f": {d.how_to_get}" if d.how_to_get else ""
+        raise ValueError(f"`data.root` is required for {name}{how}; then --set data.root=DIR")
+    to_uint8 = bd.PilToUint8(d.image_size)
+    zs = bd.dml_zero_shot(name, d.root, transform=to_uint8, train_transform=to_uint8)
+    zs.train = _cap(zs.train, d.max_train, d.seed)
+    zs.test = _cap(zs.test, d.max_test, d.seed)
+    return zs, {}
+
+
+def _pool_sets(cfg: RunConfig, name: str, split: Any) -> tuple[Any, dict[str, Any]]:
+    """A pool set without a ``data.class_split``: its first class split."""
+    return _class_split_sets(cfg, name), {}
+
+
+def _class_split_sets(cfg: RunConfig, name: str) -> Any:
+    """The sets of ``data.class_split`` at ``data.stage`` (the benchmark's class-split
+    protocol, :func:`bayesurl.data.class_splits.split_data`; sets that declare a pool)."""
+    from bayesurl.data.class_splits import ClassSplit, class_splits, split_data
+
+    d = cfg.data
+    if name not in pool_datasets():  # the data sets split_data can split by class
+        raise ValueError(
+            f"`data.class_split` needs one of {', '.join(pool_datasets())}, got {d.name!r}"
         )
     if d.stage not in ("final", "tune"):
         raise ValueError(f"`data.stage` must be 'final' or 'tune', got {d.stage!r}")
     if d.class_split is None and d.stage != "final":
         raise ValueError("`data.stage` 'tune' needs a `data.class_split`")
-    # a pool set without a class split: its first split (the lower half of the classes up)
-    cs = d.class_split or class_splits(1, num_classes=len(clipart_classes()))[0].to_dict()
+    cs = d.class_split
+    if cs is None:  # a pool set without a class split: its first split (the lower half up)
+        k = len(dataset_classes(name))
+        cs = class_splits(1, num_classes=k, n_val=max(1, min(2, k // 2 - 1)))[0].to_dict()
     try:
         split = ClassSplit(
             index=int(cs.get("index", 0)),
@@ -262,10 +321,9 @@ def _class_split_sets(cfg: RunConfig, name: str) -> Any:
     ).with_transform(_Keep())
 
 
-def _upstream(cfg: RunConfig) -> tuple[Any, dict[str, Any]]:
-    """ImageNet-style upstream data: ``root/train/<class>/*`` and the downstream test sets."""
-    from torchvision.datasets import ImageFolder
-
+def _upstream_sets(cfg: RunConfig, name: str, split: Any) -> tuple[Any, dict[str, Any]]:
+    """ImageNet-style upstream data: ``root/train/<class>/*`` (the set's loader) and the
+    downstream test sets of the folder data sets under ``data.downstream_root``."""
     from bayesurl import data as bd
 
     d = cfg.data
@@ -275,19 +333,19 @@ def _upstream(cfg: RunConfig) -> tuple[Any, dict[str, Any]]:
     folder = Path(d.root) / "train"
     if not folder.is_dir():
         raise FileNotFoundError(f"`data.root` has no training folder {str(folder)!r}")
+    folder_sets = dataset_names(DatasetKind.FOLDER)
     if d.downstream_root is None:
         raise ValueError(
-            f"`data.downstream_root` is required for {d.name}: a folder holding cub/, cars/ "
-            "and / or sop/ for the zero-shot evaluation"
+            f"`data.downstream_root` is required for {d.name}: a folder holding one or more "
+            f"of {', '.join(f'{n}/' for n in folder_sets)} for the zero-shot evaluation"
         )
     droot = Path(d.downstream_root)
     if not droot.is_dir():
         raise FileNotFoundError(f"`data.downstream_root` {str(droot)!r} does not exist")
     to_uint8 = bd.PilToUint8(d.image_size)
-    train = ImageFolder(str(folder), transform=to_uint8)
+    train = get_dataset(name, d.root, "train", to_uint8)
     num_classes = len(train.classes)
     train = _cap(train, d.max_train, d.seed)
-    folder_sets = dataset_names(DatasetKind.FOLDER)
     tests = {
         n: _cap(bd.dml_zero_shot(n, droot / n, transform=to_uint8).test, d.max_test, d.seed)
         for n in folder_sets
@@ -312,6 +370,14 @@ def _upstream(cfg: RunConfig) -> tuple[Any, dict[str, Any]]:
         image_shape=None,
     )
     return zs, tests
+
+
+_ROADS = {
+    DatasetKind.EMBEDDED: _Road(_embedded_sets, colour=False, three_channels=False, upsize=True),
+    DatasetKind.POOL: _Road(_pool_sets, colour=True, three_channels=False, upsize=False),
+    DatasetKind.FOLDER: _Road(_folder_sets, colour=True, three_channels=True, upsize=False),
+    DatasetKind.UPSTREAM: _Road(_upstream_sets, colour=True, three_channels=True, upsize=False),
+}
 
 
 def method_backbone(cfg: RunConfig, data: RunData) -> tuple[str, dict[str, Any]]:

@@ -38,7 +38,7 @@ from bayesurl.evaluation.intervals import flat_intervals
 from bayesurl.files import format_of, jsonable, write_json
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
-from bayesurl.runs.estimators import Estimator, build_estimator
+from bayesurl.runs.estimators import ESTIMATORS, Estimator, build_estimator
 from bayesurl.runs.features import source_digests
 from bayesurl.runs.predict import n_samples_for, score
 from bayesurl.runs.queries import record_from_outputs
@@ -254,14 +254,11 @@ def _base_key(cfg: RunConfig, device: torch.device) -> str:
     return json.dumps({**cfg.to_dict(), "device": str(device)}, sort_keys=True, default=str)
 
 
-#: estimator kinds whose fit trains under DDP (:func:`bayesurl.training.fit`)
-DDP_KINDS = ("method", "lam")
-
-
 def refuse_undistributed(cfgs: Sequence[RunConfig], *, argument: str = "cfg") -> None:
     """Raise if any of ``cfgs`` has an estimator whose fit is not distributed.
 
-    Registry methods (kind ``"method"``) and LAM (kind ``"lam"``) train under DDP
+    The kinds registered with ``distributed=True`` in
+    :data:`~bayesurl.runs.estimators.base.ESTIMATORS` (registry methods and LAM) train under DDP
     (:func:`bayesurl.training.fit`); a post-hoc estimator's fit is not distributed, and under a
     process group its loaders would shard the training data, so each rank would fit a
     different model. Every offending estimator is named in one error, before anything runs.
@@ -276,17 +273,18 @@ def refuse_undistributed(cfgs: Sequence[RunConfig], *, argument: str = "cfg") ->
     Raises
     ------
     ValueError
-        Naming every estimator of a kind outside :data:`DDP_KINDS` and the distributed ones.
+        Naming every estimator of a kind that is not distributed, and the distributed ones.
     """
-    bad = {c.estimator.name: c.estimator.kind for c in cfgs if c.estimator.kind not in DDP_KINDS}
+    ddp_kinds = ESTIMATORS.names(distributed=True)
+    bad = {c.estimator.name: c.estimator.kind for c in cfgs if c.estimator.kind not in ddp_kinds}
     if not bad:
         return
-    ok = list(dict.fromkeys(c.estimator.name for c in cfgs if c.estimator.kind in DDP_KINDS))
+    ok = list(dict.fromkeys(c.estimator.name for c in cfgs if c.estimator.kind in ddp_kinds))
     listed = ", ".join(f"{n!r} (kind {k!r})" for n, k in bad.items())
     hint = f"; the distributed ones here: {','.join(ok)}" if ok else ""
     raise ValueError(
         f"`{argument}` under torchrun: estimator(s) {listed}, whose fit is not distributed; "
-        f"only kinds {', '.join(map(repr, DDP_KINDS))} train under DDP{hint}. Run them in one "
+        f"only kinds {', '.join(map(repr, ddp_kinds))} train under DDP{hint}. Run them in one "
         "process (the evaluation of a checkpoint, `bayesurl evaluate --checkpoint`, is sharded "
         "under torchrun)"
     )
@@ -433,7 +431,7 @@ def run(
     ------
     ValueError, FileNotFoundError
         On a bad config or missing data (always raised, even with ``raise_errors=False``:
-        nothing was run); under torchrun, for an estimator kind outside :data:`DDP_KINDS`.
+        nothing was run); under torchrun, for an estimator kind that is not distributed.
     """
     with torchrun_group([cfg], cfg.device, argument=cfg.name) as rank_device:
         return _run(
@@ -663,7 +661,7 @@ def evaluate_checkpoint(
         If the checkpoint is corrupted or not a method checkpoint (naming ``path``), or
         ``dataset`` / a cap is invalid.
     """
-    from bayesurl.runs.config import BackboneConfig, DataConfig, EstimatorConfig
+    from bayesurl.runs.config import DataConfig
     from bayesurl.runs.predict import evaluate_method
     from bayesurl.training import load_method_from_checkpoint
 
@@ -684,17 +682,11 @@ def evaluate_checkpoint(
             check_int(value, arg, low=1)
     dev = resolve_device(device)
     method = load_method_from_checkpoint(p, map_location=dev)
-    hp = dict(getattr(method, "hparams", {}) or {})
-    backbone = hp.get("backbone", "small_convnet")
-    cfg = RunConfig(
+    cfg = RunConfig.from_checkpoint(
+        method,
         dataset=name,
-        estimator=EstimatorConfig(name=method.name),
         data=DataConfig(
             name=name, root=None if root is None else str(root), max_test=max_test, max_ood=max_ood
-        ),
-        backbone=BackboneConfig(
-            name=backbone if isinstance(backbone, str) else "small_convnet",
-            kwargs=dict(hp.get("backbone_kwargs") or {}),
         ),
     )
     data = build_data(cfg)

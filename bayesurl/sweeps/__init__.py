@@ -1,7 +1,7 @@
 """Sweeps of many runs: the one sweep engine of ``bayesurl benchmark``.
 
 - :func:`run_sweep` ``(estimators, SweepOptions(dataset, preset, seeds, overrides, ...))
-  -> SweepResults`` (the options also as keywords, :mod:`bayesurl.sweeps.sweep`): the
+  -> SweepResults`` (the options also as keywords, :mod:`bayesurl.sweeps.options`): the
   preset's plan of class splits x seeds with each run's config resolved once
   (:mod:`bayesurl.sweeps.plan`), kept in memory or in a resumable storage
   (:mod:`bayesurl.sweeps.storage`, extra ``sweep``), optional tuning on validation classes
@@ -28,10 +28,33 @@ Command line: ``bayesurl benchmark --preset smoke --methods ce,elk``.
 
 from __future__ import annotations
 
-from bayesurl.sweeps.record import RunRecord
-from bayesurl.sweeps.report import read_results
-from bayesurl.sweeps.results import SweepResults, merge_results
-from bayesurl.sweeps.sweep import SweepOptions, run_sweep
+import importlib
+from typing import Any
+
+from bayesurl.sweeps.options import SweepOptions
+
+#: the engine loads on first use: the command line builds ``bayesurl benchmark``'s parser from
+#: :class:`SweepOptions` without the run pipeline
+_LAZY = {
+    "RunRecord": "record",
+    "SweepResults": "results",
+    "merge_results": "results",
+    "read_results": "report",
+    "run_sweep": "sweep",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"bayesurl.sweeps.{_LAZY[name]}"), name)
+        globals()[name] = value  # later look-ups skip __getattr__
+        return value
+    raise AttributeError(f"module 'bayesurl.sweeps' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "RunRecord",

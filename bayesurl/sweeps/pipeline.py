@@ -22,8 +22,9 @@ from typing import Any
 import torch
 
 from bayesurl.files import jsonable
-from bayesurl.runs.config import DEFAULT_RECIPE_FILE, RunConfig, read_recipe_file
+from bayesurl.runs.config import RunConfig, read_recipe_file
 from bayesurl.runs.runner import RunCache, run
+from bayesurl.sweeps.options import SweepOptions
 from bayesurl.sweeps.plan import SweepPreset, plain_overrides, resolve_run
 from bayesurl.sweeps.record import RunRecord
 from bayesurl.sweeps.report import report_columns
@@ -36,34 +37,30 @@ class PipelineRun:
 
     Parameters
     ----------
-    dataset : str
-        Recipe file.
+    options : SweepOptions, optional
+        The sweep's options; a run reads ``dataset`` (the recipe file), ``overrides`` (of every
+        run, applied after the run's ``sweep_overrides``: the planning machine's, stored with
+        each run of a stored sweep, so a worker started without them runs what the lead
+        planned; its own come on top, e.g. a local cache path), ``recipe_tuned`` (a stored
+        run's own, the planning machine's choice, wins), ``checkpoint_dir`` /
+        ``save_checkpoints``, ``raise_errors`` and ``progress`` (the bar of a split's
+        frozen-feature extraction). Default: ``SweepOptions()``.
     preset : SweepPreset
         Its ``recipe_preset`` sets the run settings.
-    overrides : sequence
-        ``"section.key=value"`` overrides of every run, applied after the run's
-        ``sweep_overrides`` (the planning machine's, stored with each run of a stored sweep,
-        so a worker started without them runs what the lead planned; its own come on top,
-        e.g. a local cache path).
     tuned : mapping, optional
         ``{estimator: [override, ...]}`` chosen by the tuning (used when the run's own
         ``overrides`` are empty).
-    recipe_tuned : bool
-        Apply the preset's committed tuned settings (``[presets.<name>.tuned]``); a stored
-        run's own ``recipe_tuned`` (the planning machine's choice) wins, so a worker runs
-        what the lead planned.
     device : str or torch.device, optional
         Default: CUDA if available, else CPU.
-    checkpoint_dir : path-like, optional
-        Keep each run's checkpoint in ``checkpoint_dir/<estimator>[_split<k>]_s<seed>/``.
-    queries_dir : path-like, optional
-        Write each run's per-query record to ``queries_dir/<estimator>[_split<k>]_s<seed>.npz``
-        (:mod:`bayesurl.runs.queries`, read by :mod:`bayesurl.report`).
-    raise_errors : bool
-        Re-raise a failing run's exception instead of recording it.
-    progress : bool
-        Show the bar of a split's frozen-feature extraction (``bayesurl benchmark
-        --no-progress`` hides it with the per-run lines).
+    folder : path-like, optional
+        The sweep's results folder: each run's per-query record goes to
+        ``folder/queries/<estimator>[_split<k>]_s<seed>.npz`` (:mod:`bayesurl.runs.queries`,
+        read by :mod:`bayesurl.report`) and, with ``options.save_checkpoints``, its checkpoint
+        to ``folder/checkpoints/<estimator>[_split<k>]_s<seed>/`` (``options.checkpoint_dir``
+        instead when given).
+    recipe : mapping, optional
+        The recipe file's tables as :func:`~bayesurl.runs.config.read_recipe_file` gave them
+        (the sweep reads the file once); default: read here.
 
     Attributes
     ----------
@@ -73,35 +70,33 @@ class PipelineRun:
 
     def __init__(
         self,
+        options: SweepOptions | None = None,
         *,
-        dataset: str = DEFAULT_RECIPE_FILE,
         preset: SweepPreset,
-        overrides: Sequence[Any] = (),
         tuned: Mapping[str, Sequence[str]] | None = None,
-        recipe_tuned: bool = True,
         device: str | torch.device | None = None,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        queries_dir: str | os.PathLike[str] | None = None,
-        raise_errors: bool = False,
-        progress: bool = True,
+        folder: str | os.PathLike[str] | None = None,
+        recipe: Mapping[str, Any] | None = None,
     ) -> None:
-        self.dataset = dataset
-        self.preset = preset
-        self.overrides = list(overrides)
+        opts = SweepOptions() if options is None else options
+        self.options, self.dataset, self.preset = opts, opts.dataset, preset
+        self.overrides = list(opts.overrides)
         self.tuned = {k: list(v) for k, v in (tuned or {}).items()}
-        self.recipe_tuned = bool(recipe_tuned)
+        self.recipe_tuned = opts.recipe_tuned
         self.device = device
-        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
-        self.queries_dir = None if queries_dir is None else Path(queries_dir)
-        self.raise_errors = raise_errors
-        self.progress = bool(progress)
+        ckpt = opts.checkpoint_dir
+        if ckpt is None and opts.save_checkpoints and folder is not None:
+            ckpt = Path(folder) / "checkpoints"
+        self.checkpoint_dir = None if ckpt is None else Path(ckpt)
+        self.queries_dir = None if folder is None else Path(folder) / "queries"
+        self.raise_errors = opts.raise_errors
+        self.progress = opts.progress
+        self.recipe = read_recipe_file(self.dataset) if recipe is None else recipe
         self.info: dict[str, Any] = {}
         self._split: Any = None
         # the estimators other rows start from (a post-hoc wrapper's or LAM's ``base``):
         # their own rows are kept in the cache, so a base is trained once per seed
-        self._keep = {
-            str(t["base"]) for t in read_recipe_file(dataset)["estimators"].values() if "base" in t
-        }
+        self._keep = {str(t["base"]) for t in self.recipe["estimators"].values() if "base" in t}
         self._cache = RunCache(keep=self._keep)
 
     def config(self, params: Mapping[str, Any]) -> RunConfig:
@@ -129,6 +124,7 @@ class PipelineRun:
             tuned=self.tuned,
             recipe_tuned=self.recipe_tuned,
             device=dev,
+            recipe=self.recipe,
         )
 
     def _adds_settings(self, params: Mapping[str, Any]) -> bool:
@@ -176,19 +172,14 @@ class PipelineRun:
 
     def __call__(self, params: dict[str, Any]) -> dict[str, Any]:
         cpu0 = time.process_time()
+        out, queries = self.checkpoint(params), self.queries(params)
         cfg = self.config(params)
         key = (params.get("split"), params.get("stage", "final"))
         if key != self._split:  # a new split: new data, new cache (bases are per split too)
             self._split, self._cache = key, RunCache(keep=self._keep)
         data = self._cache.get_data(cfg, self.progress)
         self.info = dict(data.info)
-        res = run(
-            cfg,
-            cache=self._cache,
-            out=self.checkpoint(params),
-            queries=self.queries(params),
-            raise_errors=self.raise_errors,
-        )
+        res = run(cfg, cache=self._cache, out=out, queries=queries, raise_errors=self.raise_errors)
         rec = res.record()
         for c in report_columns(shown=True):
             rec.setdefault(c.key, None)

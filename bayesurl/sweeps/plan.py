@@ -157,15 +157,19 @@ _SWEEP_KEYS = (
 )
 
 
-def sweep_preset(dataset: str, name: str) -> SweepPreset:
-    """The :class:`SweepPreset` of ``[presets.<name>]`` in ``dataset``'s recipe file.
+def sweep_preset(
+    dataset: str, name: str, *, recipe: Mapping[str, Any] | None = None
+) -> SweepPreset:
+    """The :class:`SweepPreset` of ``[presets.<name>]`` in ``dataset``'s recipe file
+    (``recipe``: its tables as :func:`~bayesurl.runs.config.read_recipe_file` gave them;
+    default: the file is read).
 
     Raises
     ------
     ValueError
         For an unknown preset (listing the valid ones) or an unknown / bad ``sweep`` key.
     """
-    presets = read_recipe_file(dataset).get("presets", {})
+    presets = (read_recipe_file(dataset) if recipe is None else recipe).get("presets", {})
     if name not in presets:
         raise ValueError(
             f"unknown `preset` {name!r} for {dataset}; valid presets: {', '.join(presets)}"
@@ -185,7 +189,12 @@ def sweep_preset(dataset: str, name: str) -> SweepPreset:
     return SweepPreset(name=name, recipe_preset=name, **table)
 
 
-def resolve_estimators(estimators: str | Iterable[str] | None, dataset: str) -> list[str]:
+def resolve_estimators(
+    estimators: str | Iterable[str] | None,
+    dataset: str,
+    *,
+    recipe: Mapping[str, Any] | None = None,
+) -> list[str]:
     """Validate estimator names against the tables of ``dataset``'s recipe file.
 
     Parameters
@@ -195,6 +204,9 @@ def resolve_estimators(estimators: str | Iterable[str] | None, dataset: str) -> 
         file order.
     dataset : str
         Recipe file name (or ``.toml`` path).
+    recipe : mapping, optional
+        Its tables as :func:`~bayesurl.runs.config.read_recipe_file` gave them (default: the
+        file is read).
 
     Returns
     -------
@@ -206,7 +218,7 @@ def resolve_estimators(estimators: str | Iterable[str] | None, dataset: str) -> 
     ValueError
         For an unknown name (listing the valid ones) or an empty list.
     """
-    valid = list(read_recipe_file(dataset)["estimators"])
+    valid = list((read_recipe_file(dataset) if recipe is None else recipe)["estimators"])
     if estimators is None:
         return valid
     if isinstance(estimators, str):
@@ -290,6 +302,7 @@ def resolve_run(
     tuned: Mapping[str, Sequence[str]] | None = None,
     recipe_tuned: bool = True,
     device: str | None = None,
+    recipe: Mapping[str, Any] | None = None,
 ) -> RunConfig:
     """The :class:`~bayesurl.runs.config.RunConfig` of the run ``params``.
 
@@ -322,6 +335,9 @@ def resolve_run(
     overrides, tuned, recipe_tuned, device
         This machine's own overrides, the sweep's tuned settings per estimator, the default
         of ``recipe_tuned``, the device (``None``: left to the recipe).
+    recipe : mapping, optional
+        The file's tables as :func:`~bayesurl.runs.config.read_recipe_file` gave them (a
+        sweep reads its file once); default: the file is read.
 
     Raises
     ------
@@ -344,6 +360,7 @@ def resolve_run(
         [*lead, *overrides, *own, *run],
         preset=preset.recipe_preset,
         tuned=bool(params.get("recipe_tuned", recipe_tuned)),
+        recipe=recipe,
     )
 
 
@@ -358,6 +375,7 @@ def plan_sweep(
     recipe_tuned: bool = True,
     device: str | None = None,
     resolve: bool = True,
+    recipe: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The runs of :func:`plan_runs`, each with what it is run with.
 
@@ -366,7 +384,8 @@ def plan_sweep(
     (this machine's ``overrides``: every worker runs with them), ``recipe_tuned`` and, with
     ``resolve``, ``config``: the run's resolved config (:func:`resolve_run`) as
     :meth:`RunConfig.to_dict <bayesurl.runs.config.RunConfig.to_dict>` gives it, so every
-    recipe, preset and override is checked for every run before anything trains.
+    recipe, preset and override is checked for every run before anything trains (``recipe``:
+    the file's tables, read once by the caller; default: read here).
 
     Raises
     ------
@@ -375,6 +394,8 @@ def plan_sweep(
     """
     runs = plan_runs(estimators, preset)
     shared = plain_overrides(overrides)
+    if resolve and recipe is None:
+        recipe = read_recipe_file(dataset)
     for r in runs:
         r["overrides"] = list((tuned or {}).get(r["estimator"], []))
         if r["overrides"]:  # settings of this sweep's own search: its classes
@@ -383,7 +404,7 @@ def plan_sweep(
         r["sweep_overrides"] = shared
         r["recipe_tuned"] = bool(recipe_tuned)
         if resolve:
-            r["config"] = resolve_run(dataset, preset, r, device=device).to_dict()
+            r["config"] = resolve_run(dataset, preset, r, device=device, recipe=recipe).to_dict()
     return runs
 
 

@@ -33,21 +33,19 @@ LAM, Warburg et al., 2023, section 3).
 from __future__ import annotations
 
 import contextlib
-import os
 import platform
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bayesurl._checks import check_device, check_int, check_ints, check_number, check_output_dir
 from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.files import jsonable, write_json
-from bayesurl.runs.config import DEFAULT_RECIPE_FILE, RunConfig, read_recipe_file, tuned_sets
+from bayesurl.runs.config import RunConfig, read_recipe_file, tuned_sets
 from bayesurl.runs.runner import (
     CROP_KEYS,
     agree_on_outcome,
@@ -56,6 +54,7 @@ from bayesurl.runs.runner import (
     resolve_device,
     torchrun_group,
 )
+from bayesurl.sweeps.options import SweepOptions
 from bayesurl.sweeps.pipeline import PipelineRun
 from bayesurl.sweeps.plan import (
     SweepPreset,
@@ -260,152 +259,6 @@ def follow(fn: RunFn) -> int:
 
 
 # --------------------------------------------------------------------------- the engine
-@dataclass(frozen=True)
-class SweepOptions:
-    """How :func:`run_sweep` runs a sweep (checked once, here).
-
-    Parameters
-    ----------
-    dataset : str
-        Recipe file (``"fashion_mnist"`` ...).
-    preset : str, SweepPreset or None
-        ``[presets.<name>]`` of the file (``"smoke"``, ``"quick"``, ``"standard"``,
-        ``"full"``), or a plan; ``None``: the file's defaults, one split, in memory.
-    seeds : int or sequence of int, optional
-        Training seeds instead of the preset's (an int ``n`` means ``range(n)``).
-    splits : int, optional
-        Class splits instead of the preset's (``0``: the standard zero-shot split).
-    overrides : sequence
-        ``"section.key=value"`` overrides applied to every run
-        (:func:`~bayesurl.sweeps.plan.resolve_run` states where they come in).
-    device : str or torch.device, optional
-        Default: CUDA if available, else CPU (under torchrun ``cuda:LOCAL_RANK``).
-    out : path-like, optional
-        Results folder (with each run's per-query record ``queries/<run>.npz``,
-        :mod:`bayesurl.runs.queries`); ``None``: a stored sweep writes to
-        ``results/sweeps/<preset>``, an in-memory one to ``default_out``.
-    default_out : path-like, optional
-        Where an in-memory sweep writes when ``out`` is ``None`` (``None``: nowhere).
-    storage : str, optional
-        SQLAlchemy URL of a sweep storage (default of a stored preset:
-        ``sqlite:///<out>/sweep.db``); giving one stores any preset's runs.
-    worker : bool
-        Only work on the runs already in the storage (no tuning, no planning). Each run
-        carries the planning machine's resolved config; the worker's own overrides apply on
-        top (the run is then resolved again).
-    tune : int
-        Optuna trials per estimator before the sweep (0: reuse ``<out>/tuned.json``).
-    tune_only : bool
-        Stop after tuning: nothing is planned, the chosen settings are in
-        ``SweepResults.settings["tuned"]`` (and ``<out>/tuned.json`` / ``tuned.toml``).
-    tune_split : int
-        The class split whose validation classes the search is scored on (its ``val``; it
-        trains on the split's other upstream classes). In a cross-fitted plan split ``g``
-        holds the ``g``-th validation set (``0`` and ``1`` for two sets).
-    recipe_tuned : bool
-        Apply the tuned settings the recipe commits for the preset
-        (``[presets.<name>.tuned]``); ``False`` runs the recipe's defaults (stored with each
-        planned run, so the workers follow the lead).
-    checkpoint_dir : path-like, optional
-        Keep each run's checkpoint in ``checkpoint_dir/<estimator>[_split<k>]_s<seed>/``.
-    save_checkpoints : bool
-        Keep them in ``<out>/checkpoints`` (when ``checkpoint_dir`` is not given).
-    progress : bool
-        One line per finished run.
-    raise_errors : bool
-        Re-raise a failing run's exception instead of recording it and going on.
-    poll, heartbeat_interval, plan_timeout
-        Of a stored sweep: seconds between looks while waiting for other workers, between a
-        running run's heartbeats, and how long a ``worker`` waits for the plan.
-
-    Raises
-    ------
-    ValueError
-        For ``tune`` < 0, ``tune`` with ``worker``, ``tune_only`` without ``tune``,
-        ``tune_split`` < 0, ``poll`` <= 0 or ``heartbeat_interval`` < 1 (naming the
-        argument).
-    """
-
-    dataset: str = DEFAULT_RECIPE_FILE
-    preset: str | SweepPreset | None = "quick"
-    seeds: int | Sequence[int] | None = None
-    splits: int | None = None
-    overrides: Sequence[str | tuple[str, Any]] = ()
-    device: str | torch.device | None = None
-    out: str | os.PathLike[str] | None = None
-    default_out: str | os.PathLike[str] | None = None
-    storage: str | None = None
-    worker: bool = False
-    tune: int = 0
-    tune_only: bool = False
-    tune_split: int = 0
-    recipe_tuned: bool = True
-    checkpoint_dir: str | os.PathLike[str] | None = None
-    save_checkpoints: bool = False
-    progress: bool = True
-    raise_errors: bool = False
-    poll: float = 10.0
-    heartbeat_interval: int = 30
-    plan_timeout: float = 3600.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.overrides, str):
-            raise TypeError(
-                f"`overrides` must be a sequence of 'section.key=value' strings, got the string "
-                f"{self.overrides!r} (wrap it in a list)"
-            )
-        object.__setattr__(self, "overrides", tuple(self.overrides))
-        for o in self.overrides:
-            if isinstance(o, str) and "=" not in o:
-                raise ValueError(f"`overrides`: {o!r} is not of the form section.key=value")
-        for name in ("worker", "tune_only", "recipe_tuned", "save_checkpoints", "progress",
-                     "raise_errors"):  # fmt: skip
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"`{name}` must be True or False, got {getattr(self, name)!r}")
-        # the recipe file and the preset exist (a typo fails here, not after the plan)
-        if isinstance(self.preset, str):
-            sweep_preset(self.dataset, self.preset)
-        elif self.preset is not None and not isinstance(self.preset, SweepPreset):
-            raise TypeError(f"`preset` must be a preset name, got {type(self.preset).__name__}")
-        else:
-            read_recipe_file(self.dataset)
-        if self.seeds is not None and not isinstance(self.seeds, (int, bool)):
-            object.__setattr__(self, "seeds", check_ints(self.seeds, "seeds", low=0))
-        elif self.seeds is not None:
-            object.__setattr__(self, "seeds", check_int(self.seeds, "seeds", low=1))
-        if self.splits is not None:
-            object.__setattr__(self, "splits", check_int(self.splits, "splits", low=0))
-        object.__setattr__(self, "tune", check_int(self.tune, "tune", low=0))
-        object.__setattr__(self, "tune_split", check_int(self.tune_split, "tune_split", low=0))
-        if self.worker and self.tune:
-            raise ValueError("`tune` runs on the first machine only; drop it with `worker`")
-        if self.tune_only and not self.tune:
-            raise ValueError("`tune_only` needs `tune` > 0 and no `worker`")
-        check_number(self.poll, "poll", low=0.0, low_open=True)
-        check_number(self.plan_timeout, "plan_timeout", low=0.0, low_open=True)
-        object.__setattr__(
-            self,
-            "heartbeat_interval",
-            check_int(self.heartbeat_interval, "heartbeat_interval", low=1),
-        )
-        check_device(self.device, "device")
-        if self.storage is not None and (
-            not isinstance(self.storage, str) or not self.storage.strip()
-        ):
-            raise ValueError(f"`storage` must be a SQLAlchemy URL, got {self.storage!r}")
-        for name in ("out", "default_out", "checkpoint_dir"):
-            if getattr(self, name) is not None:
-                check_output_dir(getattr(self, name), name)
-
-    def folder(self, plan: SweepPreset) -> Path | None:
-        """The results folder of a sweep of ``plan``."""
-        if self.out is not None:
-            return Path(self.out)
-        if plan.stored:
-            return Path("results") / "sweeps" / plan.name
-        return None if self.default_out is None else Path(self.default_out)
-
-
 def run_sweep(
     estimators: str | Iterable[str] | None = None,
     options: SweepOptions | None = None,
@@ -450,18 +303,24 @@ def run_sweep(
     if options is not None and settings:
         opts = replace(options, **settings)
     refuse_under_torchrun(worker=opts.worker, tune=opts.tune)
+    # the sweep's one read of its recipe file: every step below is handed its tables
+    recipe = read_recipe_file(opts.dataset)
     stored = bool(opts.storage or opts.worker)
+    seeds, splits = opts.seeds, opts.splits
     plan = resolve_preset(
-        opts.dataset, opts.preset, seeds=opts.seeds, splits=opts.splits, stored=stored
+        opts.dataset, opts.preset, seeds=seeds, splits=splits, stored=stored, recipe=recipe
     )
-    folder, dev = opts.folder(plan), resolve_device(opts.device)
-    if opts.worker:
-        names: list[str] = []
-    else:
-        names = _names(estimators) if run_fn else resolve_estimators(estimators, opts.dataset)
+    folder, dev = results_folder(opts, plan), resolve_device(opts.device)
+    names: list[str] = []
+    if run_fn and not opts.worker:
+        names = _names(estimators)
+    elif not opts.worker:
+        names = resolve_estimators(estimators, opts.dataset, recipe=recipe)
     # every run resolved (recipe, preset, tuned set, overrides) before anything trains
     tuned = {} if opts.tune else _earlier_tuned(folder)
-    runs = [] if opts.worker else _planned(opts, plan, folder, names, tuned, dev, run_fn is None)
+    runs: list[dict[str, Any]] = []
+    if not opts.worker:
+        runs = _planned(opts, plan, folder, names, tuned, dev, run_fn is None, recipe)
     cfgs = []
     if under_torchrun():  # the estimators' kinds decide whether they may run distributed
         firsts = {r["estimator"]: r["config"] for r in runs if "config" in r}
@@ -470,8 +329,18 @@ def run_sweep(
     with torchrun_group(cfgs, asked, argument="estimators") as rank_device:
         if rank_device is not None:  # torchrun: cuda:LOCAL_RANK
             dev = rank_device
-        sweep = _Sweep(opts, plan, folder, dev, log, run_fn)
+        sweep = _Sweep(opts, plan, folder, dev, log, run_fn, recipe)
         return sweep.go(names, runs, tuned)
+
+
+def results_folder(opts: SweepOptions, plan: SweepPreset) -> Path | None:
+    """The results folder of a sweep of ``plan``: ``out``; else a stored sweep's
+    ``results/sweeps/<name>``, an in-memory one's ``default_out`` (``None``: nowhere)."""
+    if opts.out is not None:
+        return Path(opts.out)
+    if plan.stored:
+        return Path("results") / "sweeps" / plan.name
+    return None if opts.default_out is None else Path(opts.default_out)
 
 
 def _names(estimators: str | Iterable[str] | None) -> list[str]:
@@ -491,20 +360,26 @@ def resolve_preset(
     seeds: int | Sequence[int] | None,
     splits: int | None,
     stored: bool,
+    recipe: Mapping[str, Any] | None = None,
 ) -> SweepPreset:
-    """The plan of ``preset`` with the caller's seeds, splits and storage.
+    """The plan of ``preset`` with the caller's seeds, splits and storage (``recipe``: the
+    file's tables, :func:`~bayesurl.sweeps.plan.sweep_preset`).
 
     Raises
     ------
     ValueError
         For an unknown preset or empty / negative seeds.
+    TypeError
+        For a ``preset`` that is neither a name, a :class:`SweepPreset` nor ``None``.
     """
     if isinstance(preset, SweepPreset):
         plan = preset
     elif preset is None:
         plan = SweepPreset("defaults")
+    elif isinstance(preset, str):
+        plan = sweep_preset(dataset, preset, recipe=recipe)
     else:
-        plan = sweep_preset(dataset, str(preset))
+        raise TypeError(f"`preset` must be a preset name, got {type(preset).__name__}")
     changes: dict[str, Any] = {}
     if seeds is not None:
         if isinstance(seeds, bool):
@@ -542,6 +417,7 @@ def _planned(
     tuned: Mapping[str, Sequence[str]],
     device: torch.device,
     resolve: bool,
+    recipe: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
     """The runs of the sweep with their resolved configs (:func:`plan_sweep`)."""
     return plan_sweep(
@@ -554,6 +430,7 @@ def _planned(
         recipe_tuned=opts.recipe_tuned,
         device=str(device),
         resolve=resolve,
+        recipe=recipe,
     )
 
 
@@ -568,11 +445,14 @@ class _Sweep:
         device: torch.device,
         log: Callable[[str], None],
         run_fn: RunFn | None,
+        recipe: Mapping[str, Any],
     ) -> None:
         from bayesurl.distributed import is_main_process
 
         self.opts, self.plan, self.folder, self.device = opts, plan, folder, device
         self.given_fn = run_fn
+        #: the tables of the sweep's recipe file, read once by :func:`run_sweep`
+        self.recipe = recipe
         self.main = is_main_process()
         self.distributed = under_torchrun()
         self.log = log if self.main else (lambda text: None)
@@ -586,21 +466,13 @@ class _Sweep:
         """The run function: the given one, or the pipeline with the sweep's tuned settings."""
         if self.given_fn is not None:
             return NamedRuns(self.given_fn)
-        opts, folder = self.opts, self.folder
-        ckpt = opts.checkpoint_dir
-        if ckpt is None and opts.save_checkpoints and folder is not None:
-            ckpt = folder / "checkpoints"
         return PipelineRun(
-            dataset=opts.dataset,
+            self.opts,
             preset=self.plan,
-            overrides=opts.overrides,
             tuned=tuned,
-            recipe_tuned=opts.recipe_tuned,
             device=self.device,
-            checkpoint_dir=ckpt,
-            queries_dir=None if folder is None else folder / "queries",
-            raise_errors=opts.raise_errors,
-            progress=opts.progress,
+            folder=self.folder,
+            recipe=self.recipe,
         )
 
     def go(
@@ -629,7 +501,9 @@ class _Sweep:
             tuned = {k: v["overrides"] for k, v in chosen.items()}
             fn = factory(tuned)
             resolve = self.given_fn is None
-            runs = _planned(opts, self.plan, self.folder, names, tuned, self.device, resolve)
+            runs = _planned(
+                opts, self.plan, self.folder, names, tuned, self.device, resolve, self.recipe
+            )
             self.uncomputed = uncomputed(runs)
         if opts.worker:
             self.wait_for_plan(store)
@@ -672,7 +546,7 @@ class _Sweep:
             store,
             split=splits[k],
             out=self.folder,
-            tables=read_recipe_file(self.opts.dataset)["estimators"],
+            tables=self.recipe["estimators"],
             preset=self.plan.recipe_preset,
             log=self.log,
         )
@@ -805,7 +679,7 @@ class _Sweep:
                     "trained_on": t.trained_on,
                     "settings": t.table,
                 }
-                for t in tuned_sets(read_recipe_file(recipe), p.recipe_preset, recipe)
+                for t in tuned_sets(self.recipe, p.recipe_preset, recipe)
             ]
             if opts.recipe_tuned
             else [],

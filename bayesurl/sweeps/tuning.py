@@ -7,8 +7,9 @@ to ``<out>/tuned.json``, which every later run of the sweep in ``<out>`` reuses,
 ``<out>/tuned.toml``, the ``[presets.<name>.tuned]`` table that commits them to the recipe
 (:func:`bayesurl.runs.config.preset_tuned`).
 
-What is searched depends on the estimator's recipe table (:func:`search_space`): a trained
-method its learning rate and its own keys (the ``tune`` key of its table, e.g.
+What is searched follows the tuning rule its kind declares
+(:class:`~bayesurl.runs.estimators.Tuning`) and its recipe table (:func:`search_space`): a
+trained method its learning rate and its own keys (the ``tune`` key of its table, e.g.
 ``infonce = { ..., tune = { "estimator.kwargs.inverse_temperature" = ["float", 8.0, 64.0] } }``
 in the base table of estimators); a post-hoc wrapper the rate
 of its own fit, on top of its base's chosen settings (bases are tuned first, so the wrapper
@@ -29,6 +30,7 @@ from bayesurl._checks import check_int, check_number
 from bayesurl.data.class_splits import ClassSplit
 from bayesurl.files import atomic_write, write_json
 from bayesurl.runs.config import inherit_estimators
+from bayesurl.runs.estimators import ESTIMATORS, Tuning
 
 __all__ = [
     "load_tuned",
@@ -108,16 +110,17 @@ def search_space(
     """
     if table is None:
         table = inherit_estimators("estimators", {}).get(estimator, {})
-    kind = str(table.get("kind", "method")).lower()
+    kind = str(table.get("kind", "method"))
+    rule = Tuning(ESTIMATORS.entry(kind, argument=f"estimators.{estimator}.kind").traits["tuning"])
     own = _own_space(estimator, table)
-    if own and kind in ("baseline", "posthoc"):
+    if own and rule is not Tuning.TRAINED:
         raise ValueError(
-            f"`estimators.{estimator}.tune`: an estimator of kind {kind!r} searches "
-            + ("nothing" if kind == "baseline" else "only `estimator.fit.lr`")
+            f"`estimators.{estimator}.tune`: an estimator of kind {kind.lower()!r} searches "
+            + ("nothing" if rule is Tuning.NONE else "only `estimator.fit.lr`")
         )
-    if kind == "baseline":
+    if rule is Tuning.NONE:
         return {}
-    if kind == "posthoc":
+    if rule is Tuning.FIT_RATE:
         return dict(_WRAPPER_SPACE) if "lr" in (table.get("fit") or {}) else {}
     return {**_TRAINED_SPACE, **own}
 
@@ -165,10 +168,9 @@ def tune_estimators(
 
     Each trial trains on the upstream classes of ``split`` minus its validation classes and
     retrieves among the validation classes (``stage="tune"``); the objective is the R-AUROC,
-    and trials with R@1 < ``min_r1`` are discarded (pruned; URL section 3). The trials live
-    in ``store`` (``"tune:<sweep>:<estimator>"`` studies of a
-    :class:`~bayesurl.sweeps.storage.SweepStorage`, or in-memory studies), so a restarted or
-    multi-worker search goes on where it stopped and stops at ``n_trials`` finished trials.
+    and trials with R@1 < ``min_r1`` are discarded (pruned; URL section 3). The studies
+    (``"tune:<sweep>:<estimator>"``) live in ``store``, a stored or in-memory one, so a
+    restarted or multi-worker search goes on where it stopped, up to ``n_trials``.
 
     Parameters
     ----------
@@ -199,91 +201,119 @@ def tune_estimators(
     -------
     dict
         ``{estimator: {"overrides", "own", "params", "r_auroc", "r@1", "trials",
-        "discarded", "tuned_on", "trained_on"}}`` (``tuned_on``: the validation classes that
-        scored the trials, ``trained_on``: the classes the trials trained on; every run with
-        these settings records them): ``own`` the estimator's chosen settings (empty when
-        every trial was discarded or there is nothing to tune: the recipe's defaults stay),
-        ``overrides``
-        its base's chosen run settings followed by ``own`` (what a run of the row needs);
-        also written to ``<out>/tuned.json`` and ``<out>/tuned.toml`` when ``out`` is given.
+        "discarded", "tuned_on", "trained_on"}}``: ``own`` the estimator's chosen settings
+        (empty when every trial was discarded or there is nothing to tune: the recipe's
+        defaults stay), ``overrides`` its base's chosen run settings followed by ``own`` (what
+        a run of the row needs), ``tuned_on`` the validation classes that scored the trials and
+        ``trained_on`` the classes they trained on (every run with these settings records
+        both); also written to ``<out>/tuned.json`` and ``<out>/tuned.toml`` with ``out``.
     """
-    import optuna
-
     check_int(n_trials, "n_trials", low=1)
     tables = tables or {}
-    st = optuna.trial.TrialState
     chosen: dict[str, dict[str, Any]] = {}
     for est in _base_first(estimators, tables):
         space = search_space(est, tables.get(est))
-        base = (tables.get(est) or {}).get("base")
         # the base's run settings (its rate, not its own estimator keys) come first
-        base_own = chosen.get(str(base), {}).get("own", [])
+        base_own = chosen.get(str((tables.get(est) or {}).get("base")), {}).get("own", [])
         under = [o for o in base_own if not o.startswith("estimator.")]
         if not space:
             chosen[est] = {**_choice(under, None, 0), "skipped": "nothing to tune"}
             log(f"tune {est}: nothing to tune")
             continue
-        study = store.tuning_study(est, sampler=optuna.samplers.TPESampler(seed=seed))
-
-        def objective(
-            trial: Any, est: str = est, space: Mapping[str, Any] = space, under: list[str] = under
-        ) -> float:
-            overrides = _suggest(trial, space)
-            rec = run_fn(
-                {
-                    "estimator": est,
-                    "split": split.index,
-                    "seed": seed,
-                    "class_split": split.to_dict(),
-                    "stage": "tune",
-                    "overrides": [*under, *overrides],
-                }
-            )
-            for k in ("r@1", "r_auroc"):
-                v = rec.get(k)
-                trial.set_user_attr(k, None if v is None else float(v))
-            if rec.get("error"):
-                trial.set_user_attr("error", str(rec["error"]))
-                raise optuna.TrialPruned(f"run failed: {rec['error']}")
-            r1, ra = rec.get("r@1"), rec.get("r_auroc")
-            if r1 is None or ra is None or not math.isfinite(float(ra)) or float(r1) < min_r1:
-                trial.set_user_attr("discarded", f"R@1 {r1} < {min_r1}")
-                raise optuna.TrialPruned(f"R@1 {r1} < {min_r1}")
-            log(f"tune {est} trial {trial.number}: R-AUROC {ra:.4f}, R@1 {r1:.4f} {overrides}")
-            return float(ra)
-
-        done = len(study.get_trials(deepcopy=False, states=(st.COMPLETE, st.PRUNED)))
-        if done:  # a resumed search: a sampler seeded as at the start would repeat its trials
-            study.sampler = optuna.samplers.TPESampler(seed=seed + done)
-        if done < int(n_trials):
-            study.optimize(
-                objective,
-                n_trials=int(n_trials) - done,
-                callbacks=[
-                    optuna.study.MaxTrialsCallback(int(n_trials), states=(st.COMPLETE, st.PRUNED))
-                ],
-                catch=(),
-            )
-        complete = study.get_trials(deepcopy=False, states=(st.COMPLETE,))
-        pruned = study.get_trials(deepcopy=False, states=(st.PRUNED,))
-        best = max(complete, key=lambda t: t.value) if complete else None
+        complete, pruned = _search(est, space, under, int(n_trials), run_fn, store,
+                                   split=split, min_r1=min_r1, seed=seed, log=log)  # fmt: skip
+        best = max(complete, key=lambda t: t.value, default=None)
         chosen[est] = _choice(under, best, len(complete), len(pruned))
     trained = sorted(c for c in split.upstream if c not in split.val)
     for c in chosen.values():
         c.update(tuned_on=sorted(split.val), trained_on=trained)
     if out is not None:
-        path = Path(out) / "tuned.json"
-        old = json.loads(path.read_text()) if path.is_file() else {}
-        stale = [e for e, c in old.items() if c.get("tuned_on") not in (None, sorted(split.val))]
-        if stale:
-            raise ValueError(
-                f"{path} holds settings tuned on other classes ({', '.join(stale)}); tune "
-                "each validation set into its own folder"
-            )
-        old.update(chosen)
-        write_json(path, old)
-        atomic_write(Path(out) / "tuned.toml", tuned_table(old, preset))
+        _save_tuned(Path(out), chosen, split, preset)
     return chosen
+
+
+def _search(
+    est: str,
+    space: Mapping[str, tuple[str, float, float]],
+    under: list[str],
+    n_trials: int,
+    run_fn: Callable[[dict[str, Any]], Mapping[str, Any]],
+    store: Any,
+    *,
+    split: ClassSplit,
+    min_r1: float,
+    seed: int,
+    log: Callable[[str], None],
+) -> tuple[list[Any], list[Any]]:
+    """Run (or go on with) the study of ``est`` until it holds ``n_trials`` finished trials
+    (see :func:`tune_estimators`); its complete and its discarded trials."""
+    import optuna
+
+    st = optuna.trial.TrialState
+    study = store.tuning_study(est, sampler=optuna.samplers.TPESampler(seed=seed))
+
+    def objective(trial: Any) -> float:
+        overrides = _suggest(trial, space)
+        rec = run_fn(
+            {
+                "estimator": est,
+                "split": split.index,
+                "seed": seed,
+                "class_split": split.to_dict(),
+                "stage": "tune",
+                "overrides": [*under, *overrides],
+            }
+        )
+        for k in ("r@1", "r_auroc"):
+            v = rec.get(k)
+            trial.set_user_attr(k, None if v is None else float(v))
+        if rec.get("error"):
+            trial.set_user_attr("error", str(rec["error"]))
+            raise optuna.TrialPruned(f"run failed: {rec['error']}")
+        r1, ra = rec.get("r@1"), rec.get("r_auroc")
+        if r1 is None or ra is None or not math.isfinite(float(ra)) or float(r1) < min_r1:
+            trial.set_user_attr("discarded", f"R@1 {r1} < {min_r1}")
+            raise optuna.TrialPruned(f"R@1 {r1} < {min_r1}")
+        log(f"tune {est} trial {trial.number}: R-AUROC {ra:.4f}, R@1 {r1:.4f} {overrides}")
+        return float(ra)
+
+    done = len(study.get_trials(deepcopy=False, states=(st.COMPLETE, st.PRUNED)))
+    if done:  # a resumed search: a sampler seeded as at the start would repeat its trials
+        study.sampler = optuna.samplers.TPESampler(seed=seed + done)
+    if done < n_trials:
+        study.optimize(
+            objective,
+            n_trials=n_trials - done,
+            callbacks=[optuna.study.MaxTrialsCallback(n_trials, states=(st.COMPLETE, st.PRUNED))],
+            catch=(),
+        )
+    return (
+        study.get_trials(deepcopy=False, states=(st.COMPLETE,)),
+        study.get_trials(deepcopy=False, states=(st.PRUNED,)),
+    )
+
+
+def _save_tuned(
+    out: Path, chosen: Mapping[str, dict[str, Any]], split: ClassSplit, preset: str | None
+) -> None:
+    """Add ``chosen`` to ``out/tuned.json`` and rewrite ``out/tuned.toml`` from it.
+
+    Raises
+    ------
+    ValueError
+        If the file holds settings tuned on other validation classes.
+    """
+    path = out / "tuned.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    stale = [e for e, c in old.items() if c.get("tuned_on") not in (None, sorted(split.val))]
+    if stale:
+        raise ValueError(
+            f"{path} holds settings tuned on other classes ({', '.join(stale)}); tune "
+            "each validation set into its own folder"
+        )
+    old.update(chosen)
+    write_json(path, old)
+    atomic_write(out / "tuned.toml", tuned_table(old, preset))
 
 
 def _choice(under: list[str], best: Any, complete: int, pruned: int = 0) -> dict[str, Any]:

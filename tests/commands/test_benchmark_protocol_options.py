@@ -7,6 +7,9 @@ import sys
 import pytest
 
 from bayesurl.cli import build_parser, main
+from bayesurl.commands.benchmark import DEFAULT_OUT, sweep_options
+from bayesurl.runs.config import DEFAULT_RECIPE_FILE
+from bayesurl.sweeps.options import FLAGS, SweepOptions
 from bayesurl.sweeps.plan import SweepPreset, smoke_notice, sweep_preset
 from bayesurl.sweeps.sweep import resolve_preset
 
@@ -86,3 +89,33 @@ def test_tune_only_searches_writes_the_recipe_table_and_runs_nothing(tmp_path, c
     assert table["ce"][0].startswith("train.lr=")
     assert table["pvu"][0].startswith("estimator.fit.lr=")
     assert not (out / "results.json").exists() and not (out / "partial_runs.json").exists()
+
+
+def test_benchmark_flags_are_generated_from_the_sweep_options_fields(tmp_path):
+    """Each field that declares a flag has it, with the field's default; the flags set the
+    fields they name and an error names the flag as typed."""
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    flags = {s: a.dest for a in sub.choices["benchmark"]._actions for s in a.option_strings}
+    assert {flags[f] for f in FLAGS.values()} == set(FLAGS)
+    assert len(FLAGS) == 17 and SweepOptions().dataset == DEFAULT_RECIPE_FILE
+    plain = sweep_options(_args())
+    assert plain == SweepOptions(default_out=DEFAULT_OUT)
+    root = str(tmp_path)
+    given = sweep_options(
+        _args("--splits", "3", "--untuned", "--no-progress", "--heartbeat", "5", "--poll", "0.5",
+              "--set", "train.epochs=2", "--seeds", "0,2", "--root", root, "--tune", "2",
+              "--tune-split", "1", "--save-checkpoints", "--preset", "smoke")
+    )  # fmt: skip
+    assert (given.splits, given.recipe_tuned, given.progress) == (3, False, False)
+    assert (given.heartbeat_interval, given.poll, given.tune, given.tune_split) == (5, 0.5, 2, 1)
+    assert given.overrides == ("train.epochs=2", ("data.root", root))
+    assert list(given.seeds) == [0, 2] and given.save_checkpoints and given.preset == "smoke"
+    for argv, needle in (
+        (["--heartbeat", "0"], "`--heartbeat`"),
+        (["--tune-only"], "`--tune-only` needs `--tune`"),
+        (["--seeds", "0,,1"], "empty entry"),
+        (["--set", "train.epochs"], "`--set`"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            sweep_options(_args(*argv))

@@ -89,3 +89,16 @@ def test_evaluator_is_frozen() -> None:
     evaluator = Evaluator()
     with pytest.raises(dataclasses.FrozenInstanceError):
         evaluator.ks = (1,)  # type: ignore[misc]
+
+
+def test_evaluate_passes_its_settings_to_the_evaluator() -> None:
+    """evaluate declares the inputs only: a setting reaches the Evaluator as typed (checked
+    there, the error naming it) and an unknown keyword is refused, naming it."""
+    x, y = torch.randn(30, 4, dtype=torch.float64), torch.arange(30) % 3
+    res = evaluate(x, y, include=["r@1", "recall@k"], ks=(1, 2), intervals=False)
+    want = Evaluator(include=["r@1", "recall@k"], ks=(1, 2), intervals=False)(x, y)
+    assert res["recall@2"] == want["recall@2"] and res["r@1"] == want["r@1"]
+    with pytest.raises(ValueError, match="tolerance"):
+        evaluate(x, y, tolerance=-0.1)
+    with pytest.raises(TypeError, match="unknown keyword `kz`.*ks"):
+        evaluate(x, y, kz=(1,))

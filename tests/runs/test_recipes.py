@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from bayesurl.cli import main
 from bayesurl.runs import build_estimator, config, list_recipes, load_recipe
-from bayesurl.runs.config import RECIPE_DIR, read_recipe_file, tuned_sets
+from bayesurl.runs.config import (
+    RECIPE_DIR,
+    DataConfig,
+    EstimatorConfig,
+    RunConfig,
+    TrainConfig,
+    read_recipe_file,
+    tuned_sets,
+)
 from bayesurl.sweeps.plan import preset_splits, sweep_preset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -326,3 +335,23 @@ def test_the_config_checks_name_the_optimizers_and_amp_modes_training_accepts():
 
     assert set(config.OPTIMIZER_NAMES) == {o.value for o in OptimizerName}
     assert set(config.AMP_MODES) == {a.value for a in AmpMode}
+
+
+def test_run_config_from_checkpoint_reads_the_backbone_of_the_method():
+    """The one config of a run on a trained method: the backbone its hparams name (or the
+    small convnet), the method as the estimator unless another is given, range-checked."""
+    method = SimpleNamespace(
+        name="ce", hparams={"backbone": "small_convnet", "backbone_kwargs": {"width": 8}}
+    )
+    cfg = RunConfig.from_checkpoint(method, dataset="fashion_mnist")
+    assert cfg.estimator == EstimatorConfig(name="ce")
+    assert cfg.data == DataConfig(name="fashion_mnist") and cfg.train == TrainConfig()
+    assert (cfg.backbone.name, cfg.backbone.kwargs) == ("small_convnet", {"width": 8})
+    assert cfg.seed == 0 and cfg.device is None
+    bare = RunConfig.from_checkpoint(SimpleNamespace(name="pfe"), dataset="digits", seed=3)
+    assert bare.backbone.name == "small_convnet" and bare.backbone.kwargs == {}
+    assert bare.estimator.name == "pfe" and bare.seed == 3
+    wrapped = EstimatorConfig(name="tau", kind="posthoc", base="ce", wrapper="tau")
+    assert RunConfig.from_checkpoint(method, dataset="x", estimator=wrapped).estimator is wrapped
+    with pytest.raises(ValueError, match="train.batch_size"):
+        RunConfig.from_checkpoint(method, dataset="x", train=TrainConfig(batch_size=0))

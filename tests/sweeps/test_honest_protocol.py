@@ -21,6 +21,7 @@ from bayesurl.sweeps.aggregate import (
     paired_comparison,
     split_half_reproducibility,
 )
+from bayesurl.sweeps.options import SweepOptions
 from bayesurl.sweeps.pipeline import PipelineRun
 from bayesurl.sweeps.plan import SweepPreset, plan_runs, preset_splits, sweep_preset
 from bayesurl.sweeps.report import best_free_baseline, write_results
@@ -114,7 +115,9 @@ def test_each_split_takes_the_table_tuned_on_its_own_upstream_pair():
         preset="pretrained",
         tuned=False,
     )
-    run = PipelineRun(preset=SweepPreset("p", recipe_preset="pretrained"), recipe_tuned=False)
+    run = PipelineRun(
+        SweepOptions(recipe_tuned=False), preset=SweepPreset("p", recipe_preset="pretrained")
+    )
     assert run.tuned_classes(cfg, {}) == {"tuned_on": [], "tuned_trained_on": []}
     # settings of a sweep's own search carry its classes; unknown classes stay unknown
     own = {"overrides": ["train.lr=0.01"], "tuned_on": [6, 8], "tuned_trained_on": [5, 7, 9]}

@@ -13,6 +13,7 @@ import shutil
 import pytest
 
 from bayesurl.runs.config import RunConfig, load_recipe
+from bayesurl.sweeps.options import SweepOptions
 from bayesurl.sweeps.pipeline import PipelineRun
 from bayesurl.sweeps.plan import SweepPreset, plan_sweep, resolve_run, sweep_preset
 
@@ -81,7 +82,7 @@ def test_the_stored_config_equals_what_resolving_gives(preset):
     sets = ["eval.batch_size=64", ("train.epochs", 1)]
     runs = plan_sweep("fashion_mnist", names, plan, overrides=sets, device="cpu")
     assert len(runs) == len(names) * 2 * max(plan.n_splits, 1)
-    pipe = PipelineRun(dataset="fashion_mnist", preset=plan, overrides=sets, device="cpu")
+    pipe = PipelineRun(SweepOptions(overrides=sets), preset=plan, device="cpu")
     for r in json.loads(json.dumps(runs)):
         by_hand = load_recipe(
             f"fashion_mnist/{r['estimator']}",
@@ -108,12 +109,13 @@ def test_the_pipeline_rebuilds_the_stored_config_and_resolves_only_what_it_adds(
     (run,) = plan_sweep("fashion_mnist", ["ce"], plan, overrides=["train.epochs=1"])
     calls = []
     monkeypatch.setattr(pipeline, "resolve_run", lambda *a, **k: calls.append(a) or "resolved")
-    lead = PipelineRun(preset=plan, overrides=["train.epochs=1"], device="cpu")
+    lead = PipelineRun(SweepOptions(overrides=["train.epochs=1"]), preset=plan, device="cpu")
     assert lead.config(run).train.epochs == 1 and lead.config(run).device == "cpu"
     assert PipelineRun(preset=plan, device="meta").config(run).device == "meta"  # a worker's
     assert calls == []
     # a worker with its own --set, or tuned settings the plan did not have: resolved again
-    assert PipelineRun(preset=plan, overrides=["data.root=/x"]).config(run) == "resolved"
+    own = SweepOptions(overrides=["data.root=/x"])
+    assert PipelineRun(own, preset=plan).config(run) == "resolved"
     assert PipelineRun(preset=plan, tuned={"ce": ["train.lr=0.1"]}).config(run) == "resolved"
     assert len(calls) == 2
 
@@ -149,9 +151,8 @@ def test_a_stored_sweep_keeps_the_config_and_an_old_storage_still_resolves(tmp_p
     study = optuna.load_study(study_name="sweep:pretrained", storage=f"sqlite:///{old}")
     params = study.trials[0].user_attrs["params"]
     assert "config" not in params
-    cfg = PipelineRun(dataset="clipart", preset=sweep_preset("clipart", "pretrained")).config(
-        params
-    )
+    clipart = SweepOptions(dataset="clipart")
+    cfg = PipelineRun(clipart, preset=sweep_preset("clipart", "pretrained")).config(params)
     assert cfg.estimator.name == params["estimator"]
     assert cfg.data.class_split == params["class_split"]
     assert len(SweepStorage(f"sqlite:///{old}", out=tmp_path, sweep="pretrained").records()) > 0

@@ -156,6 +156,7 @@ def test_worker_with_the_wrong_preset_is_told_which_sweeps_the_storage_holds(tmp
 def test_worker_runs_with_the_leads_overrides(tmp_path):
     """A worker started without the lead's --set gets them from each stored run; the
     pipeline applies them first and a worker's own --set after them."""
+    from bayesurl.sweeps.options import SweepOptions
     from bayesurl.sweeps.pipeline import PipelineRun
 
     seen = []
@@ -167,7 +168,9 @@ def test_worker_runs_with_the_leads_overrides(tmp_path):
     lead = ["train.epochs=3", ("data.max_train", 120)]
     run_sweep(["ce"], preset=PRESET, out=tmp_path, overrides=lead, run_fn=record)
     assert seen and all(s == ["train.epochs=3", ["data.max_train", 120]] for s in seen)
-    fn = PipelineRun(preset=sweep_preset("fashion_mnist", "smoke"), overrides=["train.epochs=2"])
+    fn = PipelineRun(
+        SweepOptions(overrides=["train.epochs=2"]), preset=sweep_preset("fashion_mnist", "smoke")
+    )
     params = {"estimator": "ce", "split": 0, "seed": 0, "sweep_overrides": seen[0]}
     cfg = fn.config(params)
     assert cfg.data.max_train == 120  # the lead's

@@ -208,6 +208,7 @@ def test_untuned_gives_the_recipe_defaults(recipe):
 
 
 def test_an_untuned_sweep_stamps_its_runs_so_workers_follow(recipe):
+    from bayesurl.sweeps.options import SweepOptions
     from bayesurl.sweeps.pipeline import PipelineRun
 
     params: list = []
@@ -219,7 +220,7 @@ def test_an_untuned_sweep_stamps_its_runs_so_workers_follow(recipe):
     assert [r["recipe_tuned"] for r in params] == [False]
     assert res.settings["recipe_tuned"] == [] and res.settings["recipe_tuned_applied"] is False
     # a worker started without --untuned runs what the lead planned
-    worker = PipelineRun(dataset=recipe, preset=p)
+    worker = PipelineRun(SweepOptions(dataset=recipe), preset=p)
     assert worker.config(params[0]).train.lr == pytest.approx(1e-3)
     assert worker.config({**params[0], "recipe_tuned": True}).train.lr == pytest.approx(4e-3)
     tuned = run_sweep(["ce"], dataset=recipe, preset=p, run_fn=_fake([]), log=lambda s: None)

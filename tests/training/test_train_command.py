@@ -43,9 +43,10 @@ class ToyImageCE(base.Method):
 
 @pytest.fixture
 def toy_registered(monkeypatch):
-    monkeypatch.setitem(base._REGISTRY, "toy_cli_ce", ToyImageCE)
     monkeypatch.setattr(ToyImageCE, "name", "toy_cli_ce")
-    monkeypatch.setattr(base, "_load_all", lambda: None)
+    base.METHODS.add("toy_cli_ce", ToyImageCE)
+    yield
+    base.METHODS.remove("toy_cli_ce")
 
 
 def test_train_saves_checkpoint_and_resumes(tmp_path, toy_registered, capsys):

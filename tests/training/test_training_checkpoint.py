@@ -171,9 +171,12 @@ def test_resume_into_wrong_model_fails_clearly(tmp_path):
         fit(LinearCE(), loader(), epochs=2, resume=tmp_path / "last.pt", progress=False)
 
 
-def test_load_method_from_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setitem(base._REGISTRY, "toy_linear_ce", LinearCE)
+def test_load_method_from_checkpoint(tmp_path, monkeypatch, request):
     monkeypatch.setattr(LinearCE, "name", "toy_linear_ce")
+    base.METHODS.add("toy_linear_ce", LinearCE)
+    request.addfinalizer(
+        lambda: "toy_linear_ce" in base.METHODS and base.METHODS.remove("toy_linear_ce")
+    )
     torch.manual_seed(0)
     m = LinearCE(in_dim=6, num_classes=3)
     fit(m, loader(), epochs=1, lr=1e-2, checkpoint_dir=tmp_path, progress=False)
@@ -182,7 +185,7 @@ def test_load_method_from_checkpoint(tmp_path, monkeypatch):
     x = torch.randn(5, 6, dtype=torch.float64)
     assert torch.equal(rebuilt(x).embedding, m.eval()(x).embedding)
 
-    monkeypatch.delitem(base._REGISTRY, "toy_linear_ce")
+    base.METHODS.remove("toy_linear_ce")
     with pytest.raises(ValueError, match=r"last.pt'.*unknown method 'toy_linear_ce'"):
         load_method_from_checkpoint(tmp_path / "last.pt")
 
