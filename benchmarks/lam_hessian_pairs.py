@@ -577,9 +577,7 @@ def road_protocol(dataset: str, work: Path, out: Path, cache: str) -> None:
                 _sweep([*base, *sets], folder, log)
             runs = _partial(folder)
         for r in runs:
-            records.append(
-                {**r, "estimator": f"{r['estimator']}/{name}", "method": f"{r['estimator']}/{name}"}
-            )
+            records.append({**r, "estimator": f"{r['estimator']}/{name}"})
         _log(f"protocol {dataset} {name}: {len(runs)} runs")
         if len(runs) == n_runs:  # the pair sets finished so far, written as they finish
             _protocol_doc(records, dataset, base, check, out)
@@ -610,7 +608,8 @@ def _protocol_doc(
     }  # fmt: skip
     summary = summarize(records, ["r@1", *METRICS])
     doc["train_time_median_s"] = {
-        n: float(np.median([r["train_time"] for r in records if r["method"] == n])) for n in summary
+        n: float(np.median([r["train_time"] for r in records if r["estimator"] == n]))
+        for n in summary
     }
     doc["summary"] = {n: {k: v for k, v in d.items() if k != "_runs"} for n, d in summary.items()}
     doc["vs_chance"] = {m: chance_test(records, m, unit="pair") for m in METRICS}

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from bayesurl.sweeps.report import read_results
+
 
 def _auroc_wrong(u: np.ndarray, wrong: np.ndarray) -> float:
     """AUROC of ``u`` for the positives ``wrong`` (average ranks for ties)."""
@@ -145,13 +147,13 @@ def measure(args: argparse.Namespace) -> None:
 
 def summary(args: argparse.Namespace) -> str:
     rows = [json.loads(line) for line in Path(args.log).read_text().splitlines() if line]
-    proto = json.loads(Path(args.protocol).read_text()) if args.protocol else None
+    proto = read_results(args.protocol, detail=False) if args.protocol else None
     between: dict[str, float] = {}
     between_diff: dict[str, float] = {}
     if proto is not None:
         runs = [r for r in proto["runs"] if r.get("error") is None]
-        by = {(r["method"], r["split"]): r["r_auroc"] for r in runs}
-        for e in {r["method"] for r in runs}:
+        by = {(r["estimator"], r["split"]): r["r_auroc"] for r in runs}
+        for e in {r["estimator"] for r in runs}:
             v = [by[(e, s)] for (m, s) in by if m == e]
             between[e] = float(np.std(v, ddof=1))
             d = [by[(e, s)] - by[("ce", s)] for (m, s) in by if m == e and ("ce", s) in by]

@@ -25,7 +25,6 @@ and writes, for R-AUROC, R@1 and OOD AUROC:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from scipy import stats
 
 from bayesurl.files import atomic_write, write_json
 from bayesurl.sweeps.aggregate import complementary_pairs
+from bayesurl.sweeps.report import read_results
 
 METRICS = (("r_auroc", "R-AUROC"), ("r@1", "R@1"), ("ood_auroc", "OOD AUROC"))
 
@@ -75,12 +75,12 @@ def _pair_means(doc: dict[str, Any], key: str, names: list[str]) -> np.ndarray |
         for r in doc.get("runs") or []
         if r.get("error") is None and r.get(key) is not None and "split" in r
     ]
-    if not runs or not all("method" in r for r in runs):
+    if not runs:
         return None
     pair_of = complementary_pairs(runs)
     cells: dict[tuple[str, int], list[float]] = {}
     for r in runs:
-        cells.setdefault((r["method"], pair_of[int(r["split"])]), []).append(float(r[key]))
+        cells.setdefault((r["estimator"], pair_of[int(r["split"])]), []).append(float(r[key]))
     pairs = sorted(set(pair_of.values()))
     table = np.array(
         [[np.mean(cells.get((n, p), [np.nan])) for p in pairs] for n in names], dtype=np.float64
@@ -225,7 +225,8 @@ def main() -> None:
     args = ap.parse_args()
     labels = args.labels or [args.first.name, args.second.name]
     folders = dict(zip(labels, (args.first, args.second), strict=True))
-    docs = {lab: json.loads((f / "results.json").read_text()) for lab, f in folders.items()}
+    # the halvings' statistics are in results.json itself: its side files are not needed
+    docs = {lab: read_results(f, detail=False) for lab, f in folders.items()}
     res = cross_domain(docs)
     res["sources"] = {lab: str(f) for lab, f in folders.items()}
     text = rst(res, res["sources"])

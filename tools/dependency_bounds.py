@@ -74,7 +74,7 @@ def _rows(out: Path) -> dict[str, float | None]:
     got: dict[str, float | None] = {}
     for row in rows if isinstance(rows, list) else []:
         if isinstance(row, dict):
-            name = row.get("estimator", row.get("method"))
+            name = row.get("estimator")  # every results.json names it so
             metrics = row.get("metrics", row)
             got[str(name)] = metrics.get("r@1") if isinstance(metrics, dict) else None
     return got

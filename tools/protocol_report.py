@@ -35,7 +35,19 @@ from pathlib import Path
 from typing import Any
 
 from bayesurl.evaluation.table import Column, metric_column
-from bayesurl.sweeps.report import FREE_BASELINES, REPRO_METRICS, report_columns
+from bayesurl.sweeps.aggregate import complementary_pairs, holm, paired_comparison
+from bayesurl.sweeps.record import run_rows
+from bayesurl.sweeps.report import (
+    CURVES_FILE,
+    FREE_BASELINES,
+    REPRO_METRICS,
+    REPRODUCIBILITY_FILE,
+    plot_title,
+    plot_training_curves,
+    read_results,
+    report_columns,
+    write_results,
+)
 
 
 def _columns() -> list[Column]:
@@ -104,11 +116,11 @@ def reliability(runs: list[dict[str, Any]], metric: str) -> dict[str, float] | N
     import numpy as np
 
     ok = [r for r in runs if r.get("error") is None and r.get(metric) is not None]
-    ests = sorted({r["method"] for r in ok})
+    ests = sorted({r["estimator"] for r in ok})
     splits = sorted({r["split"] for r in ok})
     table = np.full((len(ests), len(splits)), np.nan)
     for r in ok:
-        table[ests.index(r["method"]), splits.index(r["split"])] = float(r[metric])
+        table[ests.index(r["estimator"]), splits.index(r["split"])] = float(r[metric])
     table = table[~np.isnan(table).any(axis=1)]
     n, k = table.shape
     if n < 3 or k < 2:
@@ -161,13 +173,11 @@ def complete_splits(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     split still running would bias the estimators' means towards the splits they have); when
     the splits come in complementary pairs, only the pairs of which both splits are complete
     (a pair holds every class once downstream)."""
-    from bayesurl.sweeps.aggregate import complementary_pairs
-
     ok = [r for r in runs if r.get("error") is None]
-    names = {r.get("method", r.get("estimator")) for r in ok}
+    names = {r["estimator"] for r in ok}
     by_split: dict[Any, set[str]] = {}
     for r in ok:
-        by_split.setdefault(r["split"], set()).add(r.get("method", r.get("estimator")))
+        by_split.setdefault(r["split"], set()).add(r["estimator"])
     keep = {k for k, v in by_split.items() if v == names}
     done = [r for r in ok if r["split"] in keep]
     if done and all(r.get("downstream") for r in done):
@@ -182,10 +192,8 @@ def complete_splits(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def write_interim(folder: Path) -> Path:
     """Results of the complete splits of ``folder/partial_runs.json`` into ``folder/interim``."""
-    from bayesurl.sweeps.report import write_results
-
     part = json.loads((folder / "partial_runs.json").read_text())
-    runs = [dict(r, method=r.get("method", r.get("estimator"))) for r in part["runs"]]
+    runs = run_rows(part["runs"])
     done = complete_splits(runs)
     splits = sorted({r["split"] for r in done})
     if len(splits) < 2:
@@ -196,7 +204,7 @@ def write_interim(folder: Path) -> Path:
         "complete_pairs": True,
         "status": part.get("status"),
         "class_splits": splits,
-        "estimators": sorted({r["method"] for r in done}),
+        "estimators": sorted({r["estimator"] for r in done}),
         "sum_of_run_times_s": sum(float(r.get("total_time") or 0.0) for r in done),
     }
     out = folder / "interim"
@@ -385,7 +393,7 @@ def halvings_table(doc: dict[str, Any]) -> str:
             r = (by.get(h) or {}).get(m)
             if not r or r.get("median") is None:
                 continue  # this halving was not possible on these splits
-            n = len(r.get("partitions", []))
+            n = r.get("n_partitions", len(r.get("partitions", [])))
             rows.append([f"{label}, {_title(m)}", str(n), *_halving_cells(r)])
     if not rows:
         return (
@@ -506,18 +514,16 @@ def against(doc: dict[str, Any], other: dict[str, Any], label: str) -> str:
     the (split, seed) pairs both finished (e.g. tuned minus default settings), one observation
     per complementary pair of splits (their differences averaged: the two splits of a pair
     share their ten classes); Holm over the estimators. A table as text (reStructuredText)."""
-    from bayesurl.sweeps.aggregate import complementary_pairs, holm, paired_comparison
-
     mine = [r for r in doc["runs"] if r.get("error") is None]
     theirs = [r for r in other["runs"] if r.get("error") is None]
     keys = {(r["split"], r["seed"]) for r in mine} & {(r["split"], r["seed"]) for r in theirs}
-    names = sorted({r["method"] for r in mine} & {r["method"] for r in theirs})
+    names = sorted({r["estimator"] for r in mine} & {r["estimator"] for r in theirs})
     cells: dict[str, dict[str, Any]] = {}
     for metric in PAIRED:
         rows = {}
         for n in names:
-            recs = [dict(r, method="this") for r in mine if r["method"] == n]
-            recs += [dict(r, method="other") for r in theirs if r["method"] == n]
+            recs = [dict(r, estimator="this") for r in mine if r["estimator"] == n]
+            recs += [dict(r, estimator="other") for r in theirs if r["estimator"] == n]
             recs = [r for r in recs if (r["split"], r["seed"]) in keys]
             try:
                 rows[n] = paired_comparison(recs, metric, reference="other", unit="pair")["this"]
@@ -555,7 +561,7 @@ def report(
     name: str | None = None,
     other: tuple[Path, str] | None = None,
 ) -> str:
-    doc = json.loads((folder / "results.json").read_text())
+    doc = read_results(folder)
     summary, repro = doc["summary"], doc["reproducibility"]
     settings = doc["settings"]
     name = name or str(settings.get("preset") or "standard")
@@ -655,8 +661,8 @@ def report(
     # training curves: did the loss and the probe u settle?
     crow = []
     runs = [r for r in doc["runs"] if r.get("error") is None]
-    for n in sorted({r["method"] for r in runs}):
-        mine = [r for r in runs if r["method"] == n]
+    for n in sorted({r["estimator"] for r in runs}):
+        mine = [r for r in runs if r["estimator"] == n]
         lc = [_last_change(r.get("loss_curve")) for r in mine]
         uc = [_last_change(r.get("u_curve")) for r in mine]
         lc = [v for v in lc if v is not None]
@@ -686,7 +692,7 @@ def report(
         )
     )
     if other is not None:
-        odoc = json.loads((other[0] / "results.json").read_text())
+        odoc = read_results(other[0])
         parts.append(against(doc, odoc, other[1]))
     text = "\n".join(parts)
     if docs is not None:
@@ -708,17 +714,17 @@ def combine(base: Path, rerun: Path, keep_before: Path | None = None) -> Path:
     write_results`) into ``base``. The original ``base`` files are first copied to
     ``keep_before`` (default ``base/before_rerun``). Returns the new ``results.json``.
     """
-    from bayesurl.sweeps.report import write_results
-
-    old = json.loads((base / "results.json").read_text())
-    new = json.loads((rerun / "results.json").read_text())
-    again = {r["method"] for r in new["runs"]}
+    old, new = read_results(base), read_results(rerun)
+    again = {r["estimator"] for r in new["runs"]}
     keep = keep_before if keep_before is not None else base / "before_rerun"
     keep.mkdir(parents=True, exist_ok=True)
-    for f in ("results.json", "results.csv", "recall_vs_rauroc.png", "training_curves.png"):
+    for f in (
+        "results.json", CURVES_FILE, REPRODUCIBILITY_FILE, "results.csv", "recall_vs_rauroc.png",
+        "training_curves.png",
+    ):  # fmt: skip
         if (base / f).exists() and not (keep / f).exists():
             shutil.copy2(base / f, keep / f)
-    runs = [r for r in old["runs"] if r["method"] not in again] + new["runs"]
+    runs = [r for r in old["runs"] if r["estimator"] not in again] + new["runs"]
     settings = dict(old["settings"])
     settings["rerun"] = {
         "estimators": sorted(again),
@@ -726,7 +732,7 @@ def combine(base: Path, rerun: Path, keep_before: Path | None = None) -> Path:
         "settings": new["settings"],
         "before": str(keep),
     }
-    settings["estimators"] = sorted({r["method"] for r in runs})
+    settings["estimators"] = sorted({r["estimator"] for r in runs})
     settings["sum_of_run_times_s"] = sum(float(r.get("total_time") or 0.0) for r in runs)
     return write_results(runs, base, settings)["json"]
 
@@ -735,9 +741,7 @@ def redraw_curves(folder: Path) -> Path | None:
     """Draw ``folder/training_curves.png`` again from the runs and settings of
     ``folder/results.json`` (every run records its curves): nothing is re-run and no other
     file is rewritten. Returns the figure's path (``None`` when no run carries a curve)."""
-    from bayesurl.sweeps.report import plot_title, plot_training_curves
-
-    doc = json.loads((folder / "results.json").read_text())
+    doc = read_results(folder)
     return plot_training_curves(
         doc["runs"], folder / "training_curves.png", title=plot_title(doc["settings"])
     )

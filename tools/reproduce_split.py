@@ -18,7 +18,6 @@ Prints one line per estimator (its largest absolute difference over the metrics)
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sqlite3
 import sys
@@ -26,6 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import optuna
+import torch
+
+from bayesurl.files import write_json
+from bayesurl.sweeps.options import SweepOptions
+from bayesurl.sweeps.pipeline import PipelineRun
+from bayesurl.sweeps.plan import sweep_preset
+from bayesurl.sweeps.record import RunRecord
 
 #: The metrics compared (every number a protocol's tables read).
 METRICS = (
@@ -43,9 +51,8 @@ METRICS = (
 
 
 def stored_runs(folder: Path, split: int) -> tuple[str, list[tuple[dict, dict]]]:
-    """The sweep's name and ``(params, record)`` of its finished runs of ``split``."""
-    import optuna
-
+    """The sweep's name and ``(params, record)`` of its finished runs of ``split`` (each
+    record a row of :class:`~bayesurl.sweeps.record.RunRecord`, whatever the sweep stored)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "sweep.db"
@@ -70,7 +77,8 @@ def stored_runs(folder: Path, split: int) -> tuple[str, list[tuple[dict, dict]]]
             or int(t.user_attrs["params"]["split"]) != split
         ):
             continue
-        done.setdefault(key, (dict(t.user_attrs["params"]), dict(t.user_attrs["record"])))
+        record = RunRecord.from_row(t.user_attrs["record"]).to_row()
+        done.setdefault(key, (dict(t.user_attrs["params"]), record))
     return names[0].removeprefix("sweep:"), list(done.values())
 
 
@@ -85,13 +93,6 @@ def main() -> int:
     ap.add_argument("--tol", type=float, default=1e-6, help="largest allowed difference")
     ap.add_argument("--out", type=Path, default=None, help="JSON of every comparison")
     a = ap.parse_args()
-
-    import torch
-
-    from bayesurl.sweeps.options import SweepOptions
-    from bayesurl.sweeps.pipeline import PipelineRun
-    from bayesurl.sweeps.plan import sweep_preset
-
     torch.set_num_threads(a.threads)
     name, runs = stored_runs(a.folder, a.split)
     if a.estimators:
@@ -141,12 +142,8 @@ def main() -> int:
             flush=True,
         )
     if a.out is not None:
-        a.out.write_text(
-            json.dumps(
-                {"folder": str(a.folder), "split": a.split, "cache": str(cache), "runs": rows},
-                indent=1,
-            )
-        )
+        doc = {"folder": str(a.folder), "split": a.split, "cache": str(cache), "runs": rows}
+        write_json(a.out, doc, indent=1)
     print(f"largest difference {worst:.2e} (tolerance {a.tol:g})")
     return 0 if worst <= a.tol else 1
 

@@ -187,16 +187,26 @@ def report_tuned(res: SweepResults) -> int:
 
 
 def report(res: SweepResults) -> int:
-    """Print the sweep's outcome and write its HTML report; 0 when every run succeeded."""
-    from bayesurl.report import print_notes, try_report
+    """Print the sweep's outcome and write its HTML report; 0 when every run succeeded.
+
+    The notes and the page are made from the results in memory (the records and the document
+    the sweep wrote); the page's thumbnails, which need the data built again, are left to
+    ``bayesurl report DIR``.
+    """
+    from bayesurl.report import benchmark_source, notes_lines, try_report
 
     st = res.status or {}
     plan = res.settings.get("plan", {})
     one_split = plan.get("splits") == 0
+    doc = res.document
+    source = None
+    if res.paths and doc is not None:
+        folder = Path(res.paths["json"]).parent
+        source = benchmark_source(folder, res.runs, res.settings, doc["summary"], doc["best"])
     if one_split and not (st.get("waiting") or st.get("running")):
         print(res.table())
-        if res.paths:
-            print_notes(Path(next(iter(res.paths.values()))).parent)
+        for line in [] if source is None else notes_lines(source):
+            print(line)
     if plan.get("storage") == "stored" or not one_split:
         print(
             f"sweep {plan.get('name')}: {st.get('complete')}/{st.get('total')} runs finished "
@@ -208,6 +218,7 @@ def report(res: SweepResults) -> int:
     else:
         total = res.settings["total_time"]
         print(f"total time {total:.1f} s; wrote {', '.join(res.paths.values())}")
-    if res.paths:
-        print(try_report(Path(next(iter(res.paths.values()))).parent))
+    if source is not None:
+        print(try_report(source, images=False))
+        print(f"its thumbnails: bayesurl report {source.folder}")
     return 1 if st.get("failed") else 0

@@ -373,7 +373,7 @@ def tuning_leaks(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if meet:
             leaky.append(
                 {
-                    "method": r.get("method", r.get("estimator")),
+                    "estimator": r.get("estimator"),
                     "split": r.get("split"),
                     "seed": r.get("seed"),
                     "classes": meet,

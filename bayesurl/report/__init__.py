@@ -2,7 +2,8 @@
 
 - :func:`write_report` -- the page of a run, a benchmark or a folder of images
   (:mod:`bayesurl.report.page`)
-- :func:`load_source` -- what a result folder holds (:mod:`bayesurl.report.sources`)
+- :func:`load_source` -- what a result folder holds (:mod:`bayesurl.report.sources`);
+  :func:`benchmark_source` -- the same from a benchmark's results in memory
 - :func:`png_data_uri` -- thumbnails as ``data:`` URIs (:mod:`bayesurl.report.images`)
 
 The per-query record the galleries are drawn from is written by the runs
@@ -22,11 +23,12 @@ from bayesurl.report.page import (
     try_report,
     write_report,
 )
-from bayesurl.report.sources import ReportSource, load_source
+from bayesurl.report.sources import ReportSource, benchmark_source, load_source
 
 __all__ = [
     "REPORT_FILE",
     "ReportSource",
+    "benchmark_source",
     "load_source",
     "notes_lines",
     "png_data_uri",

@@ -46,6 +46,7 @@ from bayesurl.report.images import THUMB_SIZE, ImageSource, image_source
 from bayesurl.report.sources import RecordedRun, ReportSource, load_source, table_columns
 
 __all__ = [
+    "LATER_IMAGES",
     "REPORT_FILE",
     "cell_state",
     "notes_lines",
@@ -199,8 +200,18 @@ def _estimator(
     }
 
 
+#: Why a page written straight after a benchmark has no thumbnails (the data would have to
+#: be built again).
+LATER_IMAGES = "thumbnails are drawn by `bayesurl report DIR` (it builds the data again)"
+
+
 def report_model(
-    source: ReportSource, *, k: int = 12, compare_k: int = 8, size: int = THUMB_SIZE
+    source: ReportSource,
+    *,
+    k: int = 12,
+    compare_k: int = 8,
+    size: int = THUMB_SIZE,
+    images: bool = True,
 ) -> dict[str, Any]:
     """The JSON model the page renders (see the module docs).
 
@@ -214,6 +225,9 @@ def report_model(
         Most uncertain queries of each estimator offered to the side-by-side view.
     size : int
         Longest thumbnail side in pixels.
+    images : bool
+        Draw the thumbnails (a run's data are built again for them); without, the galleries
+        say where they are drawn (:data:`LATER_IMAGES`).
 
     Raises
     ------
@@ -236,7 +250,11 @@ def report_model(
     why: dict[str, str] = {}
     estimators = []
     for r, rank in zip(runs, ranked):
-        src = image_source(r.record, data_cache, size)
+        src = (
+            image_source(r.record, data_cache, size)
+            if images
+            else ImageSource(None, problem=LATER_IMAGES)
+        )
         classes.update(src.class_names)
         estimators.append(_estimator(r, src, rank, shared, k, thumbs))
         for key, name in src.names.items():
@@ -343,22 +361,25 @@ def render_report(model: dict[str, Any]) -> str:
 
 
 def write_report(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | ReportSource,
     *,
     out: str | os.PathLike[str] | None = None,
     k: int = 12,
     compare_k: int = 8,
     size: int = THUMB_SIZE,
+    images: bool = True,
 ) -> dict[str, Any]:
     """Write the report of the result folder ``path``.
 
     Parameters
     ----------
-    path : path-like
-        A run, benchmark or folder result (:func:`bayesurl.report.sources.load_source`).
+    path : path-like or ReportSource
+        A run, benchmark or folder result (:func:`bayesurl.report.sources.load_source`), or
+        what it holds as a command has just made it
+        (:func:`bayesurl.report.sources.benchmark_source`).
     out : path-like, optional
         The HTML file (default ``path/report.html``).
-    k, compare_k, size
+    k, compare_k, size, images
         As for :func:`report_model`.
 
     Returns
@@ -368,8 +389,8 @@ def write_report(
         galleries), ``missing`` (estimators without a per-query record), ``thumbnails``.
     """
     t0 = time.perf_counter()
-    source = load_source(path)
-    model = report_model(source, k=k, compare_k=compare_k, size=size)
+    source = path if isinstance(path, ReportSource) else load_source(path)
+    model = report_model(source, k=k, compare_k=compare_k, size=size, images=images)
     target = Path(out) if out is not None else source.folder / REPORT_FILE
     atomic_write(target, render_report(model).encode("utf-8"))
     return {
@@ -404,7 +425,7 @@ def print_notes(path: str | os.PathLike[str]) -> None:
         print(line)
 
 
-def try_report(path: str | os.PathLike[str], **options: Any) -> str:
+def try_report(path: str | os.PathLike[str] | ReportSource, **options: Any) -> str:
     """:func:`write_report` for a command that has just written its results: the line to print.
 
     A report that cannot be written (e.g. the data of the run are no longer where they were)
@@ -413,4 +434,5 @@ def try_report(path: str | os.PathLike[str], **options: Any) -> str:
     try:
         return report_line(write_report(path, **options))
     except (ValueError, OSError, KeyError) as exc:
-        return f"report not written: {exc} (bayesurl report {path} tries again)"
+        where = path.folder if isinstance(path, ReportSource) else path
+        return f"report not written: {exc} (bayesurl report {where} tries again)"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,16 +27,18 @@ from bayesurl.files import read_json_document
 from bayesurl.runs.folder import FOLDER_FORMAT
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, read_queries
 from bayesurl.runs.runner import RESULT_FORMAT
+from bayesurl.sweeps.record import run_rows
 from bayesurl.sweeps.report import (
     RESULTS_FORMAT,
     best_marks,
     interval_caption,
     mark_legend,
+    read_results,
     report_columns,
     summarize_runs,
 )
 
-__all__ = ["RecordedRun", "ReportSource", "load_source", "table_columns"]
+__all__ = ["RecordedRun", "ReportSource", "benchmark_source", "load_source", "table_columns"]
 
 
 def table_columns() -> list[Column]:
@@ -156,10 +159,15 @@ def _measured(rows: list[list[Any]]) -> tuple[list[Column], list[list[Any]]]:
 
 
 def _benchmark(folder: Path) -> ReportSource:
+    """The source of a benchmark folder: its ``results.json`` read back (from disk: the
+    report of a folder written earlier, ``bayesurl report DIR``)."""
     path = folder / "results.json"
-    data = _read_json(path, RESULTS_FORMAT)
-    summary, runs = data.get("summary"), data.get("runs")
-    if not isinstance(summary, dict) or not isinstance(runs, list):
+    try:
+        data = read_results(path, detail=False)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (this bayesurl reads {RESULTS_FORMAT})") from None
+    summary = data.get("summary")
+    if not isinstance(summary, dict):
         raise ValueError(
             f"{str(path)!r} is not a bayesurl benchmark result (no 'summary' and 'runs'; this "
             f"bayesurl reads {RESULTS_FORMAT})"
@@ -173,34 +181,108 @@ def _benchmark(folder: Path) -> ReportSource:
             f"{str(path)!r} holds a summary in another layout (none of its estimators has "
             f"{', '.join(sorted(keys)[:4])} ...; this bayesurl reads {RESULTS_FORMAT})"
         )
-    s = data.get("settings", {})
+    return benchmark_source(
+        folder, data["runs"], data.get("settings", {}), summary, data.get("best")
+    )
+
+
+def benchmark_source(
+    folder: str | os.PathLike[str],
+    runs: Sequence[Mapping[str, Any]],
+    settings: Mapping[str, Any],
+    summary: Mapping[str, Any],
+    best: Mapping[str, Any] | None = None,
+) -> ReportSource:
+    """What the report of a benchmark shows, from its results as they are (in memory, as a
+    sweep has just made them, or as read back from its folder).
+
+    Parameters
+    ----------
+    folder : path-like
+        The results folder (its plots and ``queries/`` are read from there).
+    runs : sequence of mapping
+        The runs' rows (:class:`~bayesurl.sweeps.record.RunRecord`).
+    settings : mapping
+        The sweep's settings.
+    summary : mapping
+        :func:`~bayesurl.sweeps.report.summarize_runs` of ``runs``; one written before each
+        entry said its interval is summarised again.
+    best : mapping, optional
+        :func:`~bayesurl.sweeps.report.best_marks` (tested now when not given).
+    """
+    folder = Path(folder)
+    runs = run_rows(runs)
+    summary = _with_intervals(summary, runs)
+    rows = [
+        [name, *(_stat(stats.get(c.key)) for c in table_columns())]
+        for name, stats in summary.items()
+        if isinstance(stats, dict)
+    ]
+    s = settings
+    recorded, missing = _recorded_runs(folder, [row[0] for row in rows], runs)
+    cols, rows = _measured(rows)
+    if not isinstance(best, Mapping):  # results written before the marks were: test them now
+        try:
+            best = best_marks(runs, summary, folder / "queries")
+        except (ValueError, KeyError, TypeError):
+            best = {}
+    tested = {k: m for k, m in best.items() if isinstance(m, Mapping)}
+    legend = [interval_caption(summary, cols, "Each value with its ") + "."]
+    if len(rows) > 1:
+        legend += mark_legend(tested, cols, "bold")
+    return ReportSource(
+        folder,
+        "benchmark",
+        f"bayesurl benchmark: {s.get('dataset', '')} ({s.get('preset', '')})",
+        _benchmark_settings(s, len(runs), len(rows)),
+        cols,
+        rows,
+        _plots(folder),
+        recorded,
+        missing,
+        {k: str(m["best"]) for k, m in tested.items() if m.get("separated")},
+        legend,
+        [str(s["notice"])] if s.get("notice") else [],
+    )
+
+
+def _with_intervals(
+    summary: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """``summary``; one written before each entry said its interval, summarised again from
+    the runs as now."""
     said = any(
         isinstance(st, dict) and "interval" in st
         for row in summary.values()
         if isinstance(row, dict)
         for st in row.values()
     )
-    if not said and runs and all(isinstance(r, dict) for r in runs):
-        # results written before each entry said its interval: summarised as now
-        try:
-            summary = {**summary, **summarize_runs(runs)}
-        except ValueError:
-            pass
-    rows = [
-        [name, *(_stat(stats.get(c.key)) for c in table_columns())]
-        for name, stats in summary.items()
-        if isinstance(stats, dict)
-    ]
+    if said or not runs:
+        return dict(summary)
+    try:
+        return {**summary, **summarize_runs(runs)}
+    except ValueError:
+        return dict(summary)
+
+
+def _benchmark_settings(s: Mapping[str, Any], n_runs: int, n_estimators: int) -> list[str]:
     seeds = ",".join(str(x) for x in s.get("seeds", []))
     splits = s.get("class_splits")
-    settings = [
+    return [
         f"preset {s.get('preset')}, data {s.get('dataset')}, seeds {seeds}"
         + (f", {len(splits)} class splits" if isinstance(splits, list) else "")
         + (f", device {s['device']}" if s.get("device") else ""),
-        f"{len(runs)} runs, {len(rows)} estimators",
+        f"{n_runs} runs, {n_estimators} estimators",
     ]
+
+
+def _recorded_runs(
+    folder: Path, names: Sequence[str], runs: Sequence[Mapping[str, Any]]
+) -> tuple[list[RecordedRun], list[str]]:
+    """Per estimator its first class split's lowest seed with a per-query record, and the
+    estimators without one."""
     recorded, missing = [], []
-    for name, *_ in rows:
+    for name in names:
         found = _records_of(folder / "queries", name)
         if not found:
             missing.append(name)
@@ -210,32 +292,14 @@ def _benchmark(folder: Path) -> ReportSource:
             (
                 r
                 for r in runs
-                if r.get("estimator") == name
+                if r["estimator"] == name
                 and int(r.get("seed", -1)) == seed
                 and (split is None or int(r.get("split", -1)) == split)
             ),
             {},
         )
         recorded.append(RecordedRun(name, seed, read_queries(path), dict(metrics), split))
-    title = f"bayesurl benchmark: {s.get('dataset', '')} ({s.get('preset', '')})"
-    cols, rows = _measured(rows)
-    best = data.get("best")
-    if not isinstance(best, dict):  # results written before the marks were: test them now
-        try:
-            best = best_marks(runs, summary, folder / "queries")
-        except (ValueError, KeyError, TypeError):
-            best = {}
-    marks = {
-        k: str(m["best"]) for k, m in best.items() if isinstance(m, dict) and m.get("separated")
-    }
-    legend = [interval_caption(summary, cols, "Each value with its ") + "."]
-    if len(rows) > 1:
-        legend += mark_legend({k: m for k, m in best.items() if isinstance(m, dict)}, cols, "bold")
-    notices = [str(s["notice"])] if s.get("notice") else []
-    return ReportSource(
-        folder, "benchmark", title, settings, cols, rows, _plots(folder), recorded, missing,
-        marks, legend, notices,
-    )  # fmt: skip
+    return recorded, missing
 
 
 def _records_of(folder: Path, name: str) -> dict[tuple[int | None, int], Path]:

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import csv
 import inspect
-import math
 import os
 import tempfile
 import time
@@ -91,7 +90,7 @@ from bayesurl.evaluation import evaluate
 from bayesurl.evaluation.intervals import flat_intervals, interval_lines
 from bayesurl.evaluation.knn import knn
 from bayesurl.evaluation.notes import u_digits
-from bayesurl.files import atomic_open, format_of, write_json
+from bayesurl.files import atomic_open, format_of, jsonable, write_json
 from bayesurl.posthoc.base import wrapper_class
 from bayesurl.posthoc.store import FeatureStore, FrozenEncoder, encode_batches
 from bayesurl.posthoc.wrap import wrap
@@ -870,7 +869,7 @@ def _write(
     _write_csv(paths["csv"], enc.scan, enc.fx, rec)
     _write_readme(paths["readme"], method, info, rec, metrics)
     rec.save(paths["queries"])
-    write_json(paths["json"], info, indent=1, default=_json_default)
+    write_json(paths["json"], jsonable(info), indent=1)
     return paths
 
 
@@ -948,11 +947,3 @@ def score_folder(
     info["timings"] = {"encode": enc.seconds, "total": time.perf_counter() - t0}
     paths = _write(out, enc, opts.method, info, rec, metrics)
     return FolderResult(rec, metrics, skipped, info, paths)
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, Tensor):
-        return obj.tolist()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return str(obj)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import sys
 import time
@@ -36,7 +35,7 @@ from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.distributed import launch_rank, launched_by_torchrun
 from bayesurl.evaluation import EvaluationResult, NeighborMemo
 from bayesurl.evaluation.intervals import flat_intervals
-from bayesurl.files import format_of, write_json
+from bayesurl.files import format_of, jsonable, write_json
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
 from bayesurl.runs.estimators import ESTIMATORS, Estimator, build_estimator
@@ -230,13 +229,7 @@ class RunResult:
 
     def write_json(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`to_dict` as JSON (``null`` where a metric is undefined)."""
-        return write_json(path, self.to_dict(), indent=2, default=_json_default)
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return str(obj)
+        return write_json(path, jsonable(self.to_dict()), indent=2)
 
 
 def _mean_of(per: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -9,8 +9,11 @@
   (:mod:`bayesurl.sweeps.pipeline` over :func:`bayesurl.runs.run`), and the one report
   (:mod:`bayesurl.sweeps.report` with the statistics of :mod:`bayesurl.sweeps.aggregate`;
   the standard split is one split);
+- :class:`RunRecord` (:mod:`bayesurl.sweeps.record`): one run's record, made once by the run
+  function and stored as a flat row (``estimator``, ``split``, ``seed``, ``error``, metrics);
 - :class:`SweepResults` / :func:`merge_results` (:mod:`bayesurl.sweeps.results`): a finished
-  sweep's runs, summary, tables and plots, and the merge of sweeps run apart.
+  sweep's runs, summary, tables and plots, and the merge of sweeps run apart;
+  :func:`read_results` reads a written ``results.json`` with its side files back.
 
 One run is :mod:`bayesurl.runs`, one layer below: this package imports it, never the other way.
 
@@ -32,7 +35,13 @@ from bayesurl.sweeps.options import SweepOptions
 
 #: the engine loads on first use: the command line builds ``bayesurl benchmark``'s parser from
 #: :class:`SweepOptions` without the run pipeline
-_LAZY = {"SweepResults": "results", "merge_results": "results", "run_sweep": "sweep"}
+_LAZY = {
+    "RunRecord": "record",
+    "SweepResults": "results",
+    "merge_results": "results",
+    "read_results": "report",
+    "run_sweep": "sweep",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -47,4 +56,11 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-__all__ = ["SweepOptions", "SweepResults", "merge_results", "run_sweep"]
+__all__ = [
+    "RunRecord",
+    "SweepOptions",
+    "SweepResults",
+    "merge_results",
+    "read_results",
+    "run_sweep",
+]

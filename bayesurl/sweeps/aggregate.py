@@ -36,6 +36,7 @@ import numpy as np
 
 from bayesurl._checks import check_int
 from bayesurl.evaluation.table import metric_column
+from bayesurl.sweeps.record import estimator_of
 
 __all__ = [
     "bootstrap_interval",
@@ -50,10 +51,7 @@ __all__ = [
 
 
 def _name(rec: Mapping[str, Any]) -> str:
-    name = rec.get("method", rec.get("estimator"))
-    if name is None:
-        raise ValueError(f"a record in `records` has neither 'method' nor 'estimator': {rec!r}")
-    return str(name)
+    return estimator_of(rec)
 
 
 def _int(rec: Mapping[str, Any], key: str) -> int:
@@ -312,26 +310,20 @@ def paired_comparison(
         If ``reference`` has no run with the metric, on malformed records, or for a metric
         without a column when ``higher_is_better`` is not given.
     """
-    from scipy import stats
-
     _check_level(level)
     if not 0.0 < float(alpha) < 1.0:
         raise ValueError(f"`alpha` must be in (0, 1), got {alpha}")
     if unit not in ("run", "pair"):
         raise ValueError(f"`unit` must be 'run' or 'pair', got {unit!r}")
     recs = _ok(records)
-    pair_of = complementary_pairs(recs) if unit == "pair" else {}
+    pair_of = complementary_pairs(recs) if unit == "pair" else None
     if higher_is_better is None:
         try:
             higher_is_better = metric_column(metric).higher_is_better
         except ValueError as exc:
             raise ValueError(f"{exc}; pass `higher_is_better`") from None
     sign = 1.0 if higher_is_better else -1.0
-    table: dict[str, dict[tuple[int, int], float]] = {}
-    for r in recs:
-        v = _value(r, metric)
-        if v is not None:
-            table.setdefault(_name(r), {})[(_int(r, "split"), _int(r, "seed"))] = v
+    table = _by_run(recs, metric)
     if reference not in table:
         raise ValueError(
             f"`reference` {reference!r} has no run with metric {metric!r}; estimators with it: "
@@ -340,33 +332,8 @@ def paired_comparison(
     ref = table[reference]
     out: dict[str, dict[str, Any]] = {}
     for name, vals in table.items():
-        if name == reference:
-            continue
-        pairs = sorted(set(vals) & set(ref))
-        d = np.array([sign * (vals[k] - ref[k]) for k in pairs], dtype=np.float64)
-        if unit == "pair":  # one observation per complementary pair
-            groups: dict[int, list[float]] = {}
-            for key, x in zip(pairs, d):
-                groups.setdefault(pair_of[key[0]], []).append(float(x))
-            pairs = sorted(groups)  # type: ignore[assignment]
-            d = np.array([np.mean(groups[g]) for g in pairs], dtype=np.float64)
-        row: dict[str, Any] = {"n": len(pairs)}
-        if len(pairs) < 2:
-            row.update(mean_diff=float(d.mean()) if len(d) else None, low=None, high=None)
-            row.update(boot_low=None, boot_high=None)
-            row.update(t=None, p_t=None, p_wilcoxon=None)
-            out[name] = row
-            continue
-        m, lo, hi = t_interval(d, level)
-        row.update(zip(("boot_low", "boot_high"), bootstrap_interval(d, level)))
-        if np.all(d == d[0]):  # no spread: the t statistic is undefined
-            t, p_t = (math.inf * np.sign(d[0]), 0.0) if d[0] != 0 else (0.0, 1.0)
-        else:
-            res = stats.ttest_rel(d, np.zeros_like(d))
-            t, p_t = float(res.statistic), float(res.pvalue)
-        p_w = None if np.all(d == 0) else float(stats.wilcoxon(d).pvalue)
-        row.update(mean_diff=m, low=lo, high=hi, t=float(t), p_t=p_t, p_wilcoxon=p_w)
-        out[name] = row
+        if name != reference:
+            out[name] = _paired_row(_differences(vals, ref, sign, pair_of), level)
     _holm_columns(out, [n for n, r in out.items() if r["p_t"] is not None])
     for r in out.values():
         p = r.get("p_t_holm")
@@ -377,6 +344,59 @@ def paired_comparison(
         else:
             r["verdict"] = "no difference"
     return out
+
+
+def _by_run(
+    recs: Iterable[Mapping[str, Any]], metric: str
+) -> dict[str, dict[tuple[int, int], float]]:
+    """``{estimator: {(split, seed): value}}`` of the runs with ``metric``."""
+    table: dict[str, dict[tuple[int, int], float]] = {}
+    for r in recs:
+        v = _value(r, metric)
+        if v is not None:
+            table.setdefault(_name(r), {})[(_int(r, "split"), _int(r, "seed"))] = v
+    return table
+
+
+def _differences(
+    vals: Mapping[tuple[int, int], float],
+    ref: Mapping[tuple[int, int], float],
+    sign: float,
+    pair_of: Mapping[int, int] | None,
+) -> np.ndarray:
+    """``sign * (vals - ref)`` on the (split, seed) runs both have; with ``pair_of``
+    (:func:`complementary_pairs`) one mean difference per complementary pair."""
+    pairs = sorted(set(vals) & set(ref))
+    d = np.array([sign * (vals[k] - ref[k]) for k in pairs], dtype=np.float64)
+    if pair_of is None:
+        return d
+    groups: dict[int, list[float]] = {}
+    for key, x in zip(pairs, d):
+        groups.setdefault(pair_of[key[0]], []).append(float(x))
+    return np.array([np.mean(groups[g]) for g in sorted(groups)], dtype=np.float64)
+
+
+def _paired_row(d: np.ndarray, level: float) -> dict[str, Any]:
+    """The statistics of one estimator's paired differences ``d`` (see
+    :func:`paired_comparison`; ``None`` with fewer than two)."""
+    from scipy import stats
+
+    row: dict[str, Any] = {"n": len(d)}
+    if len(d) < 2:
+        row.update(mean_diff=float(d.mean()) if len(d) else None, low=None, high=None)
+        row.update(boot_low=None, boot_high=None)
+        row.update(t=None, p_t=None, p_wilcoxon=None)
+        return row
+    m, lo, hi = t_interval(d, level)
+    row.update(zip(("boot_low", "boot_high"), bootstrap_interval(d, level)))
+    if np.all(d == d[0]):  # no spread: the t statistic is undefined
+        t, p_t = (math.inf * np.sign(d[0]), 0.0) if d[0] != 0 else (0.0, 1.0)
+    else:
+        res = stats.ttest_rel(d, np.zeros_like(d))
+        t, p_t = float(res.statistic), float(res.pvalue)
+    p_w = None if np.all(d == 0) else float(stats.wilcoxon(d).pvalue)
+    row.update(mean_diff=m, low=lo, high=hi, t=float(t), p_t=p_t, p_wilcoxon=p_w)
+    return row
 
 
 #: Balanced partitions enumerated exactly up to this many; beyond (e.g. 40 splits: 6.9e10
@@ -452,11 +472,38 @@ def split_half_reproducibility(
     ValueError
         With fewer than 2 splits or fewer than 3 estimators having the metric on all splits.
     """
-    from scipy import stats
-
     if halving not in ("random", "pairs", "class"):
         raise ValueError(f"`halving` must be 'random', 'pairs' or 'class', got {halving!r}")
     recs = _ok(records)
+    per, splits, names = _on_every_split(recs, metric)
+    if halving == "class":
+        return {**_class_halvings(recs, per, names, metric), "splits": splits}
+    lower = tuple(splits[: len(splits) // 2])
+    parts, total = _halvings(recs, splits, halving)
+    if max_partitions is not None:
+        parts = parts[: int(max_partitions)]
+    if halving == "random" and all(a != lower for a, _ in parts):
+        parts.append((lower, tuple(splits[len(splits) // 2 :])))  # always reported
+    rows = [_half_spearman(per, names, a, b) for a, b in parts]
+    vals = [r["spearman"] for r in rows if r["spearman"] is not None]
+    first = next((r["spearman"] for r in rows if r["a"] == splits[: len(splits) // 2]), None)
+    return {
+        "metric": metric,
+        "halving": halving,
+        "estimators": names,
+        "splits": splits,
+        "partitions": rows,
+        **_spread_of(vals),
+        "exhaustive": len(parts) >= total,
+        "first": first,
+    }
+
+
+def _on_every_split(
+    recs: Sequence[Mapping[str, Any]], metric: str
+) -> tuple[dict[str, dict[int, list[float]]], list[int], list[str]]:
+    """``{estimator: {split: values}}`` of ``metric``, the splits, and the estimators with a
+    value on every split (two splits and three such estimators at least)."""
     per: dict[str, dict[int, list[float]]] = {}
     for r in recs:
         v = _value(r, metric)
@@ -471,55 +518,52 @@ def split_half_reproducibility(
             f"split-half reproducibility needs >= 3 estimators with {metric!r} on every split "
             f"{splits}; have {names}"
         )
+    return per, splits, names
 
-    def half_mean(name: str, half: Sequence[int]) -> float:
-        return float(np.mean([x for s in half for x in per[name][s]]))
 
-    if halving == "class":
-        return {**_class_halvings(recs, per, names, metric), "splits": splits}
-    lower = tuple(splits[: len(splits) // 2])
-    if halving == "pairs":
-        pair_of = complementary_pairs(recs)
-        units = sorted(set(pair_of[s] for s in splits))
-        if len(units) < 2:
-            raise ValueError("pair-preserving halvings need >= 2 complementary pairs")
-        members = {u: [s for s in splits if pair_of[s] == u] for u in units}
-        parts = [
-            (
-                tuple(sorted(s for u in a for s in members[u])),
-                tuple(sorted(s for u in b for s in members[u])),
-            )
-            for a, b in _balanced_partitions(units)
-        ]
-        total = math.comb(len(units), len(units) // 2) // (2 if len(units) % 2 == 0 else 1)
+def _half_spearman(
+    per: Mapping[str, Mapping[int, list[float]]],
+    names: Sequence[str],
+    a: Sequence[int],
+    b: Sequence[int],
+) -> dict[str, Any]:
+    """``{"a", "b", "spearman"}``: Spearman of the estimators' mean on the splits ``a``
+    against their mean on ``b`` (``None`` where one side's means are constant)."""
+    from scipy import stats
+
+    xa = [float(np.mean([x for s in a for x in per[n][s]])) for n in names]
+    xb = [float(np.mean([x for s in b for x in per[n][s]])) for n in names]
+    if len(set(xa)) < 2 or len(set(xb)) < 2:
+        rho = None
     else:
-        parts = _balanced_partitions(splits)
-        total = math.comb(len(splits), len(splits) // 2) // (2 if len(splits) % 2 == 0 else 1)
-    if max_partitions is not None:
-        parts = parts[: int(max_partitions)]
-    if halving == "random" and all(a != lower for a, _ in parts):
-        parts.append((lower, tuple(splits[len(splits) // 2 :])))  # always reported
-    rows = []
-    for a, b in parts:
-        xa = [half_mean(n, a) for n in names]
-        xb = [half_mean(n, b) for n in names]
-        if len(set(xa)) < 2 or len(set(xb)) < 2:
-            rho = None
-        else:
-            rho = float(stats.spearmanr(xa, xb).statistic)
-        rows.append({"a": list(a), "b": list(b), "spearman": rho})
-    vals = [r["spearman"] for r in rows if r["spearman"] is not None]
-    first = next((r["spearman"] for r in rows if r["a"] == splits[: len(splits) // 2]), None)
-    return {
-        "metric": metric,
-        "halving": halving,
-        "estimators": names,
-        "splits": splits,
-        "partitions": rows,
-        **_spread_of(vals),
-        "exhaustive": len(parts) >= total,
-        "first": first,
-    }
+        rho = float(stats.spearmanr(xa, xb).statistic)
+    return {"a": list(a), "b": list(b), "spearman": rho}
+
+
+def _halvings(
+    recs: Sequence[Mapping[str, Any]], splits: list[int], halving: str
+) -> tuple[list[tuple[tuple[int, ...], tuple[int, ...]]], int]:
+    """The balanced partitions of ``splits`` (``"random"``) or of their complementary pairs
+    (``"pairs"``, each pair's splits on one side), and how many there are in all."""
+
+    def count(n: int) -> int:
+        return math.comb(n, n // 2) // (2 if n % 2 == 0 else 1)
+
+    if halving != "pairs":
+        return _balanced_partitions(splits), count(len(splits))
+    pair_of = complementary_pairs(recs)
+    units = sorted(set(pair_of[s] for s in splits))
+    if len(units) < 2:
+        raise ValueError("pair-preserving halvings need >= 2 complementary pairs")
+    members = {u: [s for s in splits if pair_of[s] == u] for u in units}
+    parts = [
+        (
+            tuple(sorted(s for u in a for s in members[u])),
+            tuple(sorted(s for u in b for s in members[u])),
+        )
+        for a, b in _balanced_partitions(units)
+    ]
+    return parts, count(len(units))
 
 
 def complementary_pairs(records: Iterable[Mapping[str, Any]]) -> dict[int, int]:

@@ -4,8 +4,9 @@
 :func:`~bayesurl.sweeps.plan.plan_sweep`; resolved by :func:`~bayesurl.sweeps.plan.resolve_run`,
 which states the order of the recipe, preset, tuned settings and overrides, when the run carries
 none), runs it with :func:`bayesurl.runs.runner.run`
-(:func:`bayesurl.runs.data.build_data` assembles the data) and returns its record (every
-metric of the run, the mixed R-AUROC and URL's crop test included) with the training curves.
+(:func:`bayesurl.runs.data.build_data` assembles the data) and returns its
+:class:`~bayesurl.sweeps.record.RunRecord` as a row (every metric of the run, the mixed
+R-AUROC and URL's crop test included, with the training curves).
 The runs of one split share a :class:`~bayesurl.runs.runner.RunCache` (data built once, a
 post-hoc estimator's base trained once per seed); a new split starts a new one.
 """
@@ -20,11 +21,13 @@ from typing import Any
 
 import torch
 
+from bayesurl.files import jsonable
 from bayesurl.runs.config import RunConfig, read_recipe_file
 from bayesurl.runs.runner import RunCache, run
 from bayesurl.sweeps.options import SweepOptions
 from bayesurl.sweeps.plan import SweepPreset, plain_overrides, resolve_run
-from bayesurl.sweeps.report import jsonable, report_columns
+from bayesurl.sweeps.record import RunRecord
+from bayesurl.sweeps.report import report_columns
 
 __all__ = ["PipelineRun"]
 
@@ -184,9 +187,6 @@ class PipelineRun:
         rec.update(loss_curve=res.fit.get("loss_curve"), u_curve=res.fit.get("u_curve"))
         cs = params.get("class_split")
         rec.update(
-            method=cfg.estimator.name,
-            split=int(params.get("split", 0)),
-            seed=cfg.seed,
             stage=cfg.data.stage,
             upstream=None if cs is None else list(cs["upstream"]),
             downstream=None if cs is None else list(cs["downstream"]),
@@ -199,4 +199,13 @@ class PipelineRun:
         )
         if not rec.get("error"):
             rec.pop("traceback", None)
-        return jsonable(rec)
+        error = rec.pop("error")
+        values = {k: v for k, v in rec.items() if k not in ("estimator", "seed")}
+        record = RunRecord(
+            estimator=cfg.estimator.name,
+            seed=cfg.seed,
+            split=int(params.get("split", 0)),
+            error=error,
+            values=jsonable(values),
+        )
+        return record.to_row()

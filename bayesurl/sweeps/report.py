@@ -23,14 +23,23 @@ import json
 import math
 import os
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.evaluation.intervals import DEFAULT_LEVEL, read_interval
 from bayesurl.evaluation.table import Column, metric_column, metric_columns
-from bayesurl.files import atomic_open, format_of, write_json
+from bayesurl.files import (
+    atomic_open,
+    atomic_write,
+    check_format,
+    format_of,
+    jsonable,
+    read_json_document,
+    read_json_gz,
+    write_json_gz,
+)
 from bayesurl.runs.config import DEFAULT_RECIPE_FILE
 from bayesurl.runs.queries import PAIRED_KEYS, QueryRecord, paired_test, read_queries
 from bayesurl.sweeps.aggregate import (
@@ -40,12 +49,15 @@ from bayesurl.sweeps.aggregate import (
     split_half_reproducibility,
     summarize,
 )
+from bayesurl.sweeps.record import CURVES, RunRecord, estimator_of, run_rows
 
 __all__ = [
     "BEST_ALPHA",
     "FREE_BASELINES",
     "REPORT_METRICS",
     "REPRO_METRICS",
+    "CURVES_FILE",
+    "REPRODUCIBILITY_FILE",
     "RESULTS_FORMAT",
     "RUN_COLUMNS",
     "best_free_baseline",
@@ -53,15 +65,18 @@ __all__ = [
     "format_stat",
     "interval_caption",
     "mark_legend",
-    "jsonable",
     "observation_unit",
     "plot_over",
     "plot_results",
     "plot_title",
     "plot_training_curves",
+    "read_results",
     "report_columns",
+    "results_document",
     "results_table",
+    "save_results",
     "summarize_runs",
+    "write_document",
     "write_results",
 ]
 
@@ -97,24 +112,7 @@ HALVINGS: tuple[str, ...] = ("random", "pairs", "class")
 #: What an interval is over, per :func:`observation_unit`.
 UNIT_WORDS = {"split": "class splits", "run": "runs"}
 #: The format of a benchmark's ``results.json`` (a reader refuses a newer one).
-RESULTS_FORMAT = format_of("bayesurl.results", 1)
-
-
-def jsonable(obj: Any) -> Any:
-    """``obj`` with non-finite floats as ``None`` and unknown objects as text (JSON-ready)."""
-    if isinstance(obj, Mapping):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if obj is None or isinstance(obj, (int, str, bool)):
-        return obj
-    try:
-        f = float(obj)
-        return f if math.isfinite(f) else None
-    except (TypeError, ValueError):
-        return str(obj)
+RESULTS_FORMAT = format_of("bayesurl.results", 2)
 
 
 #: Estimators that train nothing (the input representation's own score): the reference an
@@ -149,8 +147,9 @@ def best_free_baseline(
 
 
 def _with_split(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """JSON-ready records; one without ``split`` ran on the standard split, split 0."""
-    return [{**r, "split": r.get("split", 0)} for r in jsonable([dict(r) for r in records])]
+    """JSON-ready rows of one shape (:func:`~bayesurl.sweeps.record.run_rows`); one without
+    ``split`` ran on the standard split, split 0."""
+    return jsonable(run_rows(records))
 
 
 def observation_unit(records: Sequence[Mapping[str, Any]]) -> str:
@@ -180,7 +179,7 @@ def summarize_runs(
     summ = summarize(recs, keys, unit=unit)
     ok = [r for r in recs if r.get("error") is None]
     for name, row in summ.items():
-        mine = [r for r in ok if r.get("method", r.get("estimator")) == name]
+        mine = [r for r in ok if r["estimator"] == name]
         for key in keys:
             st = row.get(key)
             if not isinstance(st, dict) or st.get("mean") is None:
@@ -280,7 +279,7 @@ def _record_of(folder: Path | None, rec: Mapping[str, Any]) -> QueryRecord | Non
     .npz``), or ``None``."""
     if folder is None:
         return None
-    name, seed, split = rec.get("method", rec.get("estimator")), rec.get("seed"), rec.get("split")
+    name, seed, split = rec["estimator"], rec.get("seed"), rec.get("split")
     for stem in (f"{name}_split{split}_s{seed}", f"{name}_s{seed}"):
         p = Path(folder) / f"{stem}.npz"
         if p.is_file():
@@ -336,8 +335,8 @@ def best_marks(
             "best": best, "runner_up": second, "separated": False, "test": None,
             "diff": None, "low": None, "high": None, "p": None, "n": None,
         }  # fmt: skip
-        mine = [r for r in recs if r.get("method", r.get("estimator")) in (best, second)]
-        runs = {n: [r for r in mine if _name_of(r) == n and r.get(c.key) is not None]
+        mine = [r for r in recs if r["estimator"] in (best, second)]
+        runs = {n: [r for r in mine if r["estimator"] == n and r.get(c.key) is not None]
                 for n in (best, second)}  # fmt: skip
         if min(len(v) for v in runs.values()) >= 2:
             try:
@@ -367,10 +366,6 @@ def best_marks(
                 )  # fmt: skip
         out[c.key] = entry
     return out
-
-
-def _name_of(rec: Mapping[str, Any]) -> str:
-    return str(rec.get("method", rec.get("estimator")))
 
 
 def results_table(
@@ -439,8 +434,8 @@ def results_table(
     if free is not None:
         lines.append(_free_baseline_line(records, summ, free, queries))
     lines += [
-        f"FAILED {r.get('method', r.get('estimator'))} seed {r.get('seed')}: {r['error']}"
-        for r in records
+        f"FAILED {r['estimator']} seed {r.get('seed')}: {r['error']}"
+        for r in run_rows(records)
         if r.get("error")
     ]
     return "\n".join(lines)
@@ -516,57 +511,92 @@ def plot_title(settings: Mapping[str, Any]) -> str:
     return f"{preset} ({dataset})" if dataset and dataset != DEFAULT_RECIPE_FILE else preset
 
 
-def write_results(
+def _summary_keys(metrics: Sequence[str]) -> list[str]:
+    """The columns a report summarises: the compared metrics, then every report column."""
+    return list(dict.fromkeys([*metrics, *(c.key for c in report_columns())]))
+
+
+def _default_metrics(metrics: Sequence[str] | None) -> list[str]:
+    return (
+        [c.key for c in report_columns(shown=True, runs=False)] if metrics is None else [*metrics]
+    )
+
+
+def results_document(
     records: Sequence[Mapping[str, Any]],
-    out: str | os.PathLike[str],
     settings: Mapping[str, Any],
     *,
     metrics: Sequence[str] | None = None,
     reference: str = "ce",
-) -> dict[str, Path]:
-    """Write ``results.json``, ``results.csv``, ``recall_vs_rauroc.png`` and
-    ``training_curves.png`` (when the runs carry curves) to ``out``.
+    queries: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """The report of a sweep as one document, in full (the runs with their curves, every
+    halving of the reproducibility); :func:`write_document` writes it.
 
-    The report of every sweep, the standard split being one split (K = 1; a record without
-    ``split`` is on split 0). ``results.json`` holds ``settings``, ``runs`` (every record),
-    ``interval_over`` (:func:`observation_unit`), ``tuning_check``
+    The standard split is one split (K = 1; a record without ``split`` is on split 0). The
+    document holds ``settings``, ``runs`` (every record), ``interval_over``
+    (:func:`observation_unit`), ``tuning_check``
     (:func:`~bayesurl.data.class_splits.tuning_leaks`: when a run's settings were tuned on one
     of its downstream classes, or a run does not say, ``verdict`` is that one line and every
     comparison's ``verdict`` word is withheld), ``summary`` (mean, sd and 95 % t-interval of
     every column of :func:`report_columns` over the splits' seed means, or over the runs on
-    one split; :func:`~bayesurl.sweeps.aggregate.summarize`), ``paired_vs_<reference>`` per
-    metric (paired t / Wilcoxon over (split, seed), Holm, bootstrap interval),
-    ``paired_vs_<reference>_pairs`` (the same with the complementary pair as the unit),
-    ``vs_chance`` (R-AUROC against 0.5 per pair, Holm), the same against the best free
-    baseline that is above chance (``best_free_baseline``,
-    ``paired_vs_best_free_baseline[_pairs]``; :data:`FREE_BASELINES`; ``None`` when none is),
-    ``reproducibility`` (split-half Spearman for R-AUROC, R@1, OOD AUROC over random
-    halvings) and ``reproducibility_by`` (the other halvings of :data:`HALVINGS`:
-    pair-preserving, class-held-out). A comparison that needs more splits or runs than there
-    are holds a ``note`` saying so. ``results.csv`` has one row per run.
+    one split; :func:`~bayesurl.sweeps.aggregate.summarize`), ``best`` (:func:`best_marks`,
+    on the per-query records in ``queries``), ``paired_vs_<reference>`` per metric (paired t
+    / Wilcoxon over (split, seed), Holm, bootstrap interval), ``paired_vs_<reference>_pairs``
+    (the same with the complementary pair as the unit), ``vs_chance`` (R-AUROC against 0.5
+    per pair, Holm), the same against the best free baseline that is above chance
+    (``best_free_baseline``, ``paired_vs_best_free_baseline[_pairs]``;
+    :data:`FREE_BASELINES`; ``None`` when none is), ``reproducibility`` (split-half Spearman
+    for R-AUROC, R@1, OOD AUROC over random halvings) and ``reproducibility_by`` (the other
+    halvings of :data:`HALVINGS`: pair-preserving, class-held-out). A comparison that needs
+    more splits or runs than there are holds a ``note`` saying so.
 
     Parameters
     ----------
     metrics : sequence of str, optional
         The metrics compared (default: the shown metric columns of :func:`report_columns`).
     """
-    import csv
-
-    if metrics is None:
-        metrics = [c.key for c in report_columns(shown=True, runs=False)]
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
+    metrics = _default_metrics(metrics)
     recs = _with_split(records)
     unit = observation_unit(recs)
     check = tuning_leaks(recs)
-    keys = list(dict.fromkeys([*metrics, *(c.key for c in report_columns())]))
-    summary = summarize_runs(recs, keys)
-    names = {r.get("method", r.get("estimator")) for r in recs if r.get("error") is None}
-    paired_units = {"": "run", "_pairs": "pair"} if _paired(recs) else {"": "run"}
+    summary = summarize_runs(recs, _summary_keys(metrics))
+    compared = _comparisons(recs, summary, metrics, reference)
+    if not check["ok"]:  # the numbers stay, the words that would read as a verdict go
+        _withhold_verdicts(v for k, v in compared.items() if k.startswith("paired_vs_"))
+    repro, repro_by = _reproducibility(recs)
+    return {
+        "format": RESULTS_FORMAT,
+        "settings": jsonable(dict(settings)),
+        "interval_over": UNIT_WORDS[unit],
+        "tuning_check": check,
+        "verdict": None if check["ok"] else check["line"],
+        "runs": recs,
+        "summary": jsonable(summary),
+        "intervals": interval_caption(summary),
+        "best": jsonable(best_marks(recs, summary, queries)),
+        **jsonable(compared),
+        "reproducibility": jsonable(repro),
+        "reproducibility_by": jsonable(repro_by),
+    }
 
-    def compare(ref: str) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {suffix: {} for suffix in paired_units}
-        for suffix, unit in paired_units.items():
+
+def _comparisons(
+    recs: Sequence[Mapping[str, Any]],
+    summary: Mapping[str, Mapping[str, Any]],
+    metrics: Sequence[str],
+    reference: str,
+) -> dict[str, Any]:
+    """The paired comparisons against ``reference`` and the best free baseline above
+    chance, and R-AUROC against chance, under their keys in the results document."""
+    names = {r["estimator"] for r in recs if r.get("error") is None}
+    units = {"": "run", "_pairs": "pair"} if _paired(recs) else {"": "run"}
+
+    def compare(ref: str | None) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {suffix: {} for suffix in units}
+        if ref is None:
+            return out
+        for suffix, unit in units.items():
             for m in metrics:
                 try:
                     up = metric_column(m, report_columns()).higher_is_better
@@ -577,15 +607,36 @@ def write_results(
                     out[suffix][m] = {"note": str(exc)}
         return out
 
-    paired = compare(reference) if reference in names else {s: {} for s in paired_units}
+    paired = compare(reference if reference in names else None)
     try:
         vs_chance: dict[str, Any] = chance_test(
-            recs, "r_auroc", unit="pair" if "_pairs" in paired_units else "split"
+            recs, "r_auroc", unit="pair" if "_pairs" in units else "split"
         )
     except ValueError as exc:
         vs_chance = {"note": str(exc)}
     free = best_free_baseline(summary, vs_chance if "note" not in vs_chance else None)
-    paired_free = compare(free) if free is not None else {s: {} for s in paired_units}
+    return {
+        **{f"paired_vs_{reference}{s}": p for s, p in paired.items()},
+        "vs_chance": vs_chance,
+        "best_free_baseline": free,
+        **{f"paired_vs_best_free_baseline{s}": p for s, p in compare(free).items()},
+    }
+
+
+def _withhold_verdicts(tables: Iterable[Mapping[str, Any]]) -> None:
+    """Set every ``verdict`` word of the paired ``tables`` to ``None`` (in place)."""
+    for table in tables:
+        for rows in table.values():
+            for row in rows.values():
+                if isinstance(row, dict) and "verdict" in row:
+                    row["verdict"] = None
+
+
+def _reproducibility(
+    recs: Sequence[Mapping[str, Any]],
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Split-half reproducibility of :data:`REPRO_METRICS`: over random halvings, and over
+    the other halvings of :data:`HALVINGS` (a ``note`` where there are too few splits)."""
     repro: dict[str, Any] = {}
     repro_by: dict[str, dict[str, Any]] = {h: {} for h in HALVINGS if h != "random"}
     for m in REPRO_METRICS:
@@ -598,56 +649,207 @@ def write_results(
                 repro[m] = r
             else:
                 repro_by[h][m] = r
-    if not check["ok"]:  # the numbers stay, the words that would read as a verdict go
-        for table in (*paired.values(), *paired_free.values()):
-            for rows in table.values():
-                for row in rows.values():
-                    if isinstance(row, dict) and "verdict" in row:
-                        row["verdict"] = None
-    doc = {
-        "format": RESULTS_FORMAT,
-        "settings": jsonable(dict(settings)),
-        "interval_over": UNIT_WORDS[unit],
-        "tuning_check": check,
-        "verdict": None if check["ok"] else check["line"],
-        "runs": jsonable([dict(r) for r in records]),
-        "summary": jsonable(summary),
-        "intervals": interval_caption(summary),
-        "best": jsonable(best_marks(recs, summary, folder / "queries")),
-        **{f"paired_vs_{reference}{s}": jsonable(p) for s, p in paired.items()},
-        "vs_chance": jsonable(vs_chance),
-        "best_free_baseline": free,
-        **{f"paired_vs_best_free_baseline{s}": jsonable(p) for s, p in paired_free.items()},
-        "reproducibility": jsonable(repro),
-        "reproducibility_by": jsonable(repro_by),
+    return repro, repro_by
+
+
+#: Beside ``results.json``: each run's training curves (in the order of its ``runs``).
+CURVES_FILE = "runs.json.gz"
+#: Beside ``results.json``: every halving of the split-half reproducibility.
+REPRODUCIBILITY_FILE = "reproducibility.json.gz"
+
+
+def write_document(folder: str | os.PathLike[str], doc: Mapping[str, Any]) -> dict[str, Path]:
+    """Write a results document (:func:`results_document`) into ``folder``: ``results.json``
+    with the summary, the verdict tables and each run's metrics, and beside it, compressed,
+    what only a plot or a detailed report reads: the runs' training curves
+    (:data:`CURVES_FILE`) and every halving of the reproducibility
+    (:data:`REPRODUCIBILITY_FILE`; ``results.json`` keeps each one's statistics and
+    ``n_partitions``). :func:`read_results` puts the document together again.
+
+    Each file is written atomically, the side files first: a ``results.json`` never names a
+    file that is not there. In ``results.json`` each run is one line.
+    """
+    where = Path(folder)
+    runs = [RunRecord.from_row(r) for r in doc["runs"]]
+    curves = [r.curves() for r in runs]
+    paths = {}
+    if any(v is not None for c in curves for v in c.values()):
+        side = {"format": RESULTS_FORMAT, "curves": curves}
+        paths["curves"] = write_json_gz(where / CURVES_FILE, side)
+    slim = {k: v for k, v in doc.items() if k != "runs"}
+    slim["reproducibility"] = _without_partitions(doc.get("reproducibility"))
+    slim["reproducibility_by"] = {
+        h: _without_partitions(v) for h, v in (doc.get("reproducibility_by") or {}).items()
     }
-    paths = {"json": folder / "results.json", "csv": folder / "results.csv"}
-    write_json(paths["json"], doc)
-    # each metric beside its interval (flat fields of bayesurl.evaluation.intervals)
-    have = {k for r in recs for k in r}
-    cols = ["method", "split", "seed", "error"]
-    cols += [k + x for k in keys for x in _INTERVAL_FIELDS if not x or k + x in have]
-    cols += sorted(
-        {k for r in recs for k in r}
-        - set(cols)
-        - {"traceback", "upstream", "downstream", "overrides"}
+    keys = ("reproducibility", "reproducibility_by")
+    if any(slim[k] != doc.get(k) for k in keys):  # some halvings to keep beside
+        detail = {k: doc.get(k) for k in keys}
+        paths["reproducibility"] = write_json_gz(
+            where / REPRODUCIBILITY_FILE, {"format": RESULTS_FORMAT, **detail}
+        )
+    slim["files"] = {k: p.name for k, p in paths.items()}
+    slim["runs"] = "\0runs"
+    text = json.dumps(slim, indent=1)
+    lines = ",\n  ".join(json.dumps(r.to_row(curves=False), separators=(",", ":")) for r in runs)
+    text = text.replace('"\\u0000runs"', f"[\n  {lines}\n ]" if runs else "[]", 1)
+    return {"json": atomic_write(where / "results.json", text), **paths}
+
+
+def _without_partitions(table: Any) -> Any:
+    """A reproducibility table with each entry's ``partitions`` list as its count."""
+    if not isinstance(table, Mapping):
+        return table
+    out = {}
+    for metric, entry in table.items():
+        if isinstance(entry, Mapping) and isinstance(entry.get("partitions"), list):
+            entry = {k: v for k, v in entry.items() if k != "partitions"}
+            entry["n_partitions"] = len(table[metric]["partitions"])
+        out[metric] = entry
+    return out
+
+
+def read_results(path: str | os.PathLike[str], *, detail: bool = True) -> dict[str, Any]:
+    """A benchmark's results document, as :func:`results_document` made it.
+
+    Parameters
+    ----------
+    path : path-like
+        ``results.json`` or the folder holding it; of this bayesurl's format or an earlier
+        one (whose files held everything in ``results.json``).
+    detail : bool
+        Put the side files of :func:`write_document` back in (the runs' curves, every
+        halving of the reproducibility); without them, or where they are missing, the runs
+        carry no curves and each halving its ``n_partitions`` only.
+
+    Returns
+    -------
+    dict
+        The document; its ``runs`` as rows of one shape
+        (:func:`~bayesurl.sweeps.record.run_rows`: ``estimator`` always set).
+
+    Raises
+    ------
+    FileNotFoundError
+        If there is no ``results.json``.
+    ValueError
+        If it (or a side file) is not a benchmark result this bayesurl reads (naming it).
+    """
+    p = Path(path)
+    p = p / "results.json" if p.is_dir() else p
+    doc = read_json_document(p, RESULTS_FORMAT)
+    what = f"{str(p)!r} is not a bayesurl benchmark result"
+    runs = doc.get("runs")
+    if not isinstance(runs, list):
+        raise ValueError(
+            f"{what}: no 'runs' entry" if runs is None else f"{what}: 'runs' is no list"
+        )
+    for i, r in enumerate(runs):
+        try:
+            estimator_of(r)
+        except (ValueError, AttributeError):
+            raise ValueError(f"{what}: runs[{i}] has no 'estimator' name") from None
+    doc["runs"] = run_rows(runs)
+    files = doc.pop("files", None) or {}
+    if not detail:
+        return doc
+    if "curves" in files and (p.parent / files["curves"]).is_file():
+        side = _side(p.parent / files["curves"])
+        curves = side.get("curves")
+        if not isinstance(curves, list) or len(curves) != len(runs):
+            raise ValueError(f"{files['curves']!r} does not match the runs of {str(p)!r}")
+        for row, c in zip(doc["runs"], curves):
+            row.update({k: v for k, v in c.items() if k in CURVES})
+    if "reproducibility" in files and (p.parent / files["reproducibility"]).is_file():
+        side = _side(p.parent / files["reproducibility"])
+        doc.update({k: side.get(k) for k in ("reproducibility", "reproducibility_by")})
+    return doc
+
+
+def _side(path: Path) -> dict[str, Any]:
+    doc = read_json_gz(path)
+    check_format(doc, path, RESULTS_FORMAT)
+    return doc
+
+
+def save_results(
+    records: Sequence[Mapping[str, Any]],
+    out: str | os.PathLike[str],
+    settings: Mapping[str, Any],
+    *,
+    metrics: Sequence[str] | None = None,
+    reference: str = "ce",
+) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Write the report of a sweep into ``out``; the results document (in full) and the
+    paths written.
+
+    :func:`results_document` (its best marks tested on the per-query records in
+    ``out/queries``) written by :func:`write_document`; ``results.csv`` (one row per run,
+    each metric beside its interval); ``recall_vs_rauroc.png`` (:func:`plot_results`) and
+    ``training_curves.png`` (:func:`plot_training_curves`, when the runs carry curves).
+
+    Parameters
+    ----------
+    records : sequence of mapping
+        The runs' rows (:class:`~bayesurl.sweeps.record.RunRecord`).
+    out : path-like
+        The results folder.
+    settings : mapping
+        The sweep's settings.
+    metrics : sequence of str, optional
+        The metrics compared (default: the shown metric columns of :func:`report_columns`).
+    reference : str
+        The estimator every other one is compared with (``"ce"``).
+    """
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    metrics = _default_metrics(metrics)
+    doc = results_document(
+        records, settings, metrics=metrics, reference=reference, queries=folder / "queries"
     )
-    with atomic_open(paths["csv"], "w", newline="") as fh:
+    paths = write_document(folder, doc)
+    recs, summary = doc["runs"], doc["summary"]
+    paths["csv"] = _write_csv(folder / "results.csv", recs, _summary_keys(metrics))
+    title = plot_title(settings)
+    over = plot_over(summary, observation_unit(recs))
+    paths["png"] = plot_results(summary, folder / "recall_vs_rauroc.png", title=title, over=over)
+    curves = plot_training_curves(recs, folder / "training_curves.png", title=title)
+    if curves is not None:
+        paths["training_curves"] = curves
+    return doc, paths
+
+
+def write_results(
+    records: Sequence[Mapping[str, Any]],
+    out: str | os.PathLike[str],
+    settings: Mapping[str, Any],
+    *,
+    metrics: Sequence[str] | None = None,
+    reference: str = "ce",
+) -> dict[str, Path]:
+    """Write ``results.json`` (and its side files), ``results.csv``, ``recall_vs_rauroc.png``
+    and ``training_curves.png`` (when the runs carry curves) to ``out``; the paths written
+    (:func:`save_results`)."""
+    return save_results(records, out, settings, metrics=metrics, reference=reference)[1]
+
+
+def _write_csv(path: Path, recs: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> Path:
+    """``results.csv``: one row per run, each metric beside its interval (the flat fields of
+    :mod:`bayesurl.evaluation.intervals`), then the run's other fields (curves and lists as
+    JSON)."""
+    import csv
+
+    have = {k for r in recs for k in r}
+    cols = ["estimator", "split", "seed", "error"]
+    cols += [k + x for k in keys for x in _INTERVAL_FIELDS if not x or k + x in have]
+    cols += sorted(have - set(cols) - {"traceback", "upstream", "downstream", "overrides"})
+    with atomic_open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
         for r in recs:
-            row = {**r, "method": r.get("method", r.get("estimator"))}
             w.writerow(
-                {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in row.items()}
+                {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in r.items()}
             )
-    title = plot_title(settings)
-    paths["png"] = plot_results(
-        summary, folder / "recall_vs_rauroc.png", title=title, over=plot_over(summary, unit)
-    )
-    curves = plot_training_curves(recs, folder / "training_curves.png", title=title)
-    if curves is not None:
-        paths["curves"] = curves
-    return paths
+    return path
 
 
 #: The suffixes of a metric's interval fields in a record (``""``: the metric itself).
@@ -765,7 +967,9 @@ def plot_training_curves(
     writes nothing) when no record carries a curve.
     """
     curves = [
-        r for r in records if r.get("error") is None and (r.get("u_curve") or r.get("loss_curve"))
+        r
+        for r in run_rows(records)
+        if r.get("error") is None and (r.get("u_curve") or r.get("loss_curve"))
     ]
     if not curves:
         return None
@@ -773,17 +977,9 @@ def plot_training_curves(
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-    import numpy as np
-    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
-    def series(r: Mapping[str, Any], key: str) -> list[float] | None:
-        c = [float(v) for v in (r.get(key) or []) if v is not None]
-        return c if c and all(math.isfinite(v) for v in c) else None
-
-    names = sorted({str(r.get("method", r.get("estimator"))) for r in curves})
-    per_name = {
-        n: [r for r in curves if str(r.get("method", r.get("estimator"))) == n] for n in names
-    }
+    names = sorted({str(r["estimator"]) for r in curves})
+    per_name = {n: [r for r in curves if r["estimator"] == n] for n in names}
     ncols = min(len(names), 5)
     nrows = -(-len(names) // ncols)
     fig, axes = plt.subplots(
@@ -791,50 +987,10 @@ def plot_training_curves(
     )
     rows = (("loss_curve", "training loss", "tab:blue"), ("u_curve", "median u", "tab:orange"))
     for i, name in enumerate(names):
-        mine = per_name[name]
         for j, (key, label, colour) in enumerate(rows):
             ax = axes[2 * (i // ncols) + j, i % ncols]
-            got = [c for c in (series(r, key) for r in mine) if c is not None]
-            for c in got:
-                thin = len(got) >= 3  # many runs: faint, their median drawn over them
-                ax.plot(
-                    range(1, len(c) + 1), c, color=colour, lw=0.8 if thin else 1.4,
-                    alpha=0.45 if thin else 1.0,
-                )  # fmt: skip
-            same = [c for c in got if len(c) == len(got[0])] if got else []
-            if len(same) >= 3:
-                ax.plot(
-                    range(1, len(same[0]) + 1),
-                    np.median(np.array(same), axis=0),
-                    color="black",
-                    lw=1.6,
-                )
-            flat = [v for c in got for v in c]
-            if flat and min(flat) > 0 and max(flat) > 100 * min(flat):
-                ax.set_yscale("log")
-                ax.yaxis.set_minor_formatter(NullFormatter())
-            else:  # each tick in full: an offset or a "1e-5" above the axis meets the title
-                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
-            if not got:
-                ax.text(
-                    0.5,
-                    0.5,
-                    "not recorded",
-                    ha="center",
-                    va="center",
-                    transform=ax.transAxes,
-                    color="grey",
-                    fontsize=8,
-                )
-                ax.set_xticks([])
-                ax.set_yticks([])
+            _curve_panel(ax, [_series(r, key) for r in per_name[name]], colour, last=j == 1)
             ax.set_title(f"{name}: {label}", fontsize=9)
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
-            if got:
-                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-                if j == 1:
-                    ax.set_xlabel("epoch", fontsize=8)
     for k in range(len(names), nrows * ncols):  # the grid's empty cells
         for j in range(2):
             axes[2 * (k // ncols) + j, k % ncols].set_visible(False)
@@ -852,3 +1008,49 @@ def plot_training_curves(
     fig.savefig(p, dpi=100)
     plt.close(fig)
     return p
+
+
+def _series(r: Mapping[str, Any], key: str) -> list[float] | None:
+    """A run's curve ``key`` as floats (``None``: not recorded, or not finite throughout)."""
+    c = [float(v) for v in (r.get(key) or []) if v is not None]
+    return c if c and all(math.isfinite(v) for v in c) else None
+
+
+def _curve_panel(ax: Any, series: Sequence[list[float] | None], colour: str, *, last: bool) -> None:
+    """One panel of :func:`plot_training_curves`: a line per run (faint, with their median
+    in black, from three runs on), a log axis where the values span more than two decades;
+    ``last``: the panel at the bottom of its estimator's pair (it names the x axis)."""
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
+
+    got = [c for c in series if c is not None]
+    thin = len(got) >= 3  # many runs: faint, their median drawn over them
+    for c in got:
+        ax.plot(
+            range(1, len(c) + 1), c, color=colour, lw=0.8 if thin else 1.4,
+            alpha=0.45 if thin else 1.0,
+        )  # fmt: skip
+    same = [c for c in got if len(c) == len(got[0])] if got else []
+    if len(same) >= 3:
+        ax.plot(
+            range(1, len(same[0]) + 1), np.median(np.array(same), axis=0), color="black", lw=1.6
+        )
+    flat = [v for c in got for v in c]
+    if flat and min(flat) > 0 and max(flat) > 100 * min(flat):
+        ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    else:  # each tick in full: an offset or a "1e-5" above the axis meets the title
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+    if not got:
+        ax.text(
+            0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes,
+            color="grey", fontsize=8,
+        )  # fmt: skip
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if last:
+        ax.set_xlabel("epoch", fontsize=8)

@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bayesurl.files import read_json_document
+from bayesurl.sweeps.record import estimator_of
 from bayesurl.sweeps.report import (
-    RESULTS_FORMAT,
     format_stat,
     observation_unit,
     plot_over,
     plot_results,
+    read_results,
     results_table,
+    save_results,
     summarize_runs,
-    write_results,
 )
 
 __all__ = ["SweepResults", "format_stat", "merge_results"]
@@ -54,6 +54,10 @@ class SweepResults:
         Runs this process finished.
     paths : dict
         Files written (empty until every run of the plan is finished).
+    document : dict or None
+        The results document written (:func:`~bayesurl.sweeps.report.results_document`:
+        summary, best marks, comparisons), kept so that what is shown next is made from it,
+        not read back; ``None`` until written.
     """
 
     runs: list[dict[str, Any]]
@@ -62,11 +66,12 @@ class SweepResults:
     status: dict[str, int] | None = field(default=None, repr=False, compare=False)
     done_here: int = field(default=0, repr=False, compare=False)
     paths: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    document: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def estimators(self) -> list[str]:
         """Method names in run order."""
-        return list(dict.fromkeys(r.get("method", r.get("estimator")) for r in self.runs))
+        return list(dict.fromkeys(estimator_of(r) for r in self.runs))
 
     def summary(self) -> dict[str, dict[str, dict[str, Any]]]:
         """``{estimator: {column: {"mean", "low", "high", "sd", "n", "n_runs"}, "_runs":
@@ -80,8 +85,9 @@ class SweepResults:
 
     def table(self) -> str:
         """The benchmark table (:func:`~bayesurl.sweeps.report.results_table`), its marks
-        tested on the per-query records written beside the results (once saved)."""
-        return results_table(self.runs, self.settings, queries=self.queries_folder())
+        those of the results written (tested on the per-query records beside them)."""
+        best = None if self.document is None else self.document.get("best")
+        return results_table(self.runs, self.settings, queries=self.queries_folder(), best=best)
 
     def queries_folder(self) -> Path | None:
         """The folder of the runs' per-query records (``None`` before the results are
@@ -97,8 +103,11 @@ class SweepResults:
         return plot_results(summary, path, title=title, over=over)
 
     def save(self, out: str | os.PathLike[str]) -> dict[str, Path]:
-        """Write the sweep report into ``out`` (:func:`~bayesurl.sweeps.report.write_results`)."""
-        return write_results(self.runs, out, self.settings)
+        """Write the sweep report into ``out`` (:func:`~bayesurl.sweeps.report.save_results`);
+        the paths written (also kept in :attr:`paths`, the document in :attr:`document`)."""
+        self.document, paths = save_results(self.runs, out, self.settings)
+        self.paths = {k: str(v) for k, v in paths.items()}
+        return paths
 
 
 def merge_results(
@@ -135,7 +144,7 @@ def merge_results(
             path = path / "results.json"
         if not path.is_file():
             raise FileNotFoundError(f"benchmark result {str(path)!r} does not exist")
-        data = read_json_document(path, RESULTS_FORMAT)
+        data = read_results(path)
         try:
             parts.append(SweepResults(runs=list(data["runs"]), settings=dict(data["settings"])))
         except (KeyError, TypeError) as exc:

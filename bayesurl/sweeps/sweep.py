@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from bayesurl.data.class_splits import tuning_leaks
-from bayesurl.files import write_json
+from bayesurl.files import jsonable, write_json
 from bayesurl.runs.config import RunConfig, read_recipe_file, tuned_sets
 from bayesurl.runs.runner import (
     CROP_KEYS,
@@ -65,7 +65,8 @@ from bayesurl.sweeps.plan import (
     smoke_notice,
     sweep_preset,
 )
-from bayesurl.sweeps.report import jsonable, report_columns, write_results
+from bayesurl.sweeps.record import RunRecord, run_rows
+from bayesurl.sweeps.report import report_columns, save_results
 from bayesurl.sweeps.results import SweepResults
 from bayesurl.sweeps.storage import SweepStorage
 from bayesurl.sweeps.tuning import load_tuned, load_tuned_classes, tune_estimators
@@ -152,6 +153,25 @@ class MemoryStore:
 
 
 # --------------------------------------------------------------------------- torchrun
+class NamedRuns:
+    """A given run function whose records name their run: ``estimator``, ``split`` and
+    ``seed`` taken from the run's parameters where the record does not give them, every
+    record a row of :class:`~bayesurl.sweeps.record.RunRecord`."""
+
+    def __init__(self, fn: RunFn) -> None:
+        self.fn = fn
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The wrapped function's data description (``{}`` when it keeps none)."""
+        return dict(getattr(self.fn, "info", {}) or {})
+
+    def __call__(self, params: dict[str, Any]) -> dict[str, Any]:
+        rec = self.fn(params)
+        run = {"estimator": params["estimator"], "split": params.get("split", 0)}
+        return RunRecord.from_row({**run, "seed": params.get("seed"), **rec}).to_row()
+
+
 def under_torchrun() -> bool:
     """Whether this process is one rank of a ``torchrun`` launch or a process group."""
     from bayesurl.distributed import is_distributed
@@ -445,7 +465,7 @@ class _Sweep:
     def factory(self, tuned: Mapping[str, Sequence[str]]) -> RunFn:
         """The run function: the given one, or the pipeline with the sweep's tuned settings."""
         if self.given_fn is not None:
-            return self.given_fn
+            return NamedRuns(self.given_fn)
         return PipelineRun(
             self.opts,
             preset=self.plan,
@@ -573,9 +593,10 @@ class _Sweep:
                 so_far = {
                     "preset": self.plan.name,
                     "status": store.status(),
-                    "runs": store.records(),
+                    "runs": run_rows(store.records()),
                 }
-                write_json(self.folder / "partial_runs.json", jsonable(so_far))
+                # machine-read (tools/protocol_report.py --interim): compact
+                write_json(self.folder / "partial_runs.json", jsonable(so_far), indent=None)
             if not (self.opts.progress or self.plan.stored):
                 return
             st = store.status()
@@ -599,16 +620,19 @@ class _Sweep:
     def report(self, store: Any, done: int, info: Mapping[str, Any]) -> SweepResults:
         """The sweep's results; written to ``out`` when every run is finished."""
         status = store.status()
-        records = store.records()
+        records = run_rows(store.records())
         finished = status["total"] and status["waiting"] == status["running"] == 0
         settings = self.settings(store, records, info)
         paths: dict[str, Any] = {}
+        doc = None
         if finished and self.main and self.folder is not None:
-            paths = write_results(records, self.folder, settings)
+            doc, paths = save_results(records, self.folder, settings)
             if self.plan.n_splits:
                 self.log(tuning_leaks(records)["line"])
             self.log(f"results written to {self.folder}")
-        return self._result(records, settings, status, done, paths)
+        res = self._result(records, settings, status, done, paths)
+        res.document = doc
+        return res
 
     def _result(
         self,
@@ -642,8 +666,7 @@ class _Sweep:
             # a smoke-scale preset's warning, for every display of the results (the report)
             "notice": smoke_notice(p, recipe),
             "overrides": [o if isinstance(o, str) else f"{o[0]}={o[1]!r}" for o in opts.overrides],
-            "estimators": list(dict.fromkeys(r.get("estimator", r.get("method")) for r in records))
-            or self.names,
+            "estimators": list(dict.fromkeys(r["estimator"] for r in records)) or self.names,
             "seeds": list(p.seeds),
             "class_splits": [s.to_dict() for s in preset_splits(p)] or None,
             "tuned": {} if self.folder is None else load_tuned(self.folder),

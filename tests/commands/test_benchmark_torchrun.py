@@ -56,6 +56,7 @@ def test_bayesurl_benchmark_under_torchrun_two_ranks(tmp_path) -> None:
         "report.html",  # the HTML report (bayesurl.report); per-query records need 1 process
         "results.csv",
         "results.json",
+        "runs.json.gz",  # the runs' training curves, beside results.json
         "training_curves.png",  # the one sweep report draws them on the standard split too
     ]
     res = json.loads((out / "results.json").read_text())

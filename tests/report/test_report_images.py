@@ -1,10 +1,11 @@
 """Every road to a report shows the images its queries came from (decoded and compared).
 
 One test per road: ``bayesurl run``, ``bayesurl benchmark`` from scratch and on frozen
-pretrained features, a protocol over class splits kept in a sweep storage, ``bayesurl
-folder``; each decodes every thumbnail of the written page and compares it with the source
-image it names, read independently (:mod:`_pictures`). Where a result has no way back to its
-images the page says so in words and shows none.
+pretrained features (its folder reported again: the benchmark's own page leaves the
+thumbnails to ``bayesurl report DIR``), a protocol over class splits kept in a sweep storage,
+``bayesurl folder``; each decodes every thumbnail of the written page and compares it with the
+source image it names, read independently (:mod:`_pictures`). Where a result has no way back
+to its images the page says so in words and shows none.
 """
 
 import json
@@ -18,6 +19,7 @@ from PIL import Image
 
 from bayesurl.cli import main
 from bayesurl.report import write_report
+from bayesurl.report.page import LATER_IMAGES
 from bayesurl.runs.queries import read_queries
 from bayesurl.sweeps import run_sweep
 
@@ -54,11 +56,20 @@ def test_benchmark_road_from_scratch(bench_dir, tmp_path, capsys):
     assert len(m["estimators"]) == 2
 
 
-def test_pretrained_benchmark_road(pretrained_dir):
-    """Frozen features: the page shows the 28 x 28 input image, not the feature vector."""
+def test_pretrained_benchmark_road(pretrained_dir, tmp_path):
+    """Frozen features: the page shows the 28 x 28 input image, not the feature vector.
+
+    The benchmark writes its page from the results in memory without building the data
+    again: its galleries say where the thumbnails are drawn; ``bayesurl report DIR`` draws
+    them."""
     (rec,) = _records(pretrained_dir)
     assert rec.source.size == rec.u.size and rec.ood_source.size == rec.ood_u.size
-    assert_pictures((pretrained_dir / "report.html").read_text(), [rec])
+    first = model((pretrained_dir / "report.html").read_text())
+    assert first["thumbs"] == {} and [e["images"] for e in first["estimators"]] == [LATER_IMAGES]
+    assert first["rows"] and first["estimators"][0]["notes"] is not None
+    page = tmp_path / "again.html"
+    assert main(["report", str(pretrained_dir), "--out", str(page)]) == 0
+    assert_pictures(page.read_text(), [rec])
 
 
 def test_stored_protocol_road(tmp_path):

@@ -125,7 +125,7 @@ def figures(name: str, **values) -> None:
 
 def results_runs(folder: Path) -> dict[tuple[str, int], dict]:
     doc = json.loads((folder / "results.json").read_text())
-    keyed = {(r["method"], int(r["seed"])): r for r in doc["runs"]}
+    keyed = {(r["estimator"], int(r["seed"])): r for r in doc["runs"]}
     assert len(keyed) == len(doc["runs"])  # no run counted twice
     return keyed
 

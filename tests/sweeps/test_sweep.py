@@ -86,7 +86,7 @@ def test_smoke_files_written(smoke):
     )
     with (out / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert [r["method"] for r in rows] == SMOKE_METHODS  # one row per run, one seed
+    assert [r["estimator"] for r in rows] == SMOKE_METHODS  # one row per run, one seed
     assert rows[0]["ece"] == ""  # CE: not available
     assert float(rows[1]["ece"]) == data["summary"]["mcinfonce"]["ece"]["mean"]
     assert float(rows[0]["r@1"]) == data["summary"]["ce"]["r@1"]["mean"]

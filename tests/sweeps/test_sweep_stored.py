@@ -64,7 +64,7 @@ def test_stored_sweep_writes_results_and_resumes(tmp_path):
     assert res.status["complete"] == 32 and res.done_here == 32
     doc = json.loads((tmp_path / "results.json").read_text())
     assert len(doc["runs"]) == 32
-    assert all({"method", "split", "seed", "r_auroc"} <= set(r) for r in doc["runs"])
+    assert all({"estimator", "split", "seed", "r_auroc"} <= set(r) for r in doc["runs"])
     summ = doc["summary"]
     assert summ["c"]["r_auroc"]["n"] == 4  # interval over the 4 splits' seed means
     assert summ["c"]["r_auroc"]["mean"] > summ["ce"]["r_auroc"]["mean"]
@@ -75,7 +75,8 @@ def test_stored_sweep_writes_results_and_resumes(tmp_path):
     assert "note" in doc["reproducibility"]["r@1"] or doc["reproducibility"]["r@1"]["mean"] is None
     csv_lines = (tmp_path / "results.csv").read_text().splitlines()
     # (these fake runs keep no intervals: no interval fields beside the metrics)
-    assert csv_lines[0].startswith("method,split,seed,error,r@1,r_auroc") and len(csv_lines) == 33
+    assert csv_lines[0].startswith("estimator,split,seed,error,r@1,r_auroc")
+    assert len(csv_lines) == 33
     assert (tmp_path / "recall_vs_rauroc.png").stat().st_size > 10_000
     # starting again runs nothing: every run is finished
     calls = []
@@ -116,7 +117,7 @@ def test_tune_two_estimators_and_reuse(tmp_path):
     assert tuned["a"]["discarded"] + tuned["ce"]["discarded"] >= 1  # lr > 5e-3 was tried
     doc = json.loads((tmp_path / "results.json").read_text())
     for r in doc["runs"]:  # the sweep reused the chosen settings
-        assert r["seen_overrides"] == load_tuned(tmp_path)[r["method"]]
+        assert r["seen_overrides"] == load_tuned(tmp_path)[r["estimator"]]
     # a second --tune with the same N runs no further trials
     n_logs = len(logs)
     run_sweep(["ce", "a"], preset=p, out=tmp_path, run_fn=fake_run, tune=12, log=logs.append)
@@ -194,7 +195,7 @@ def test_pipeline_run_fn_on_a_class_split():
         {"estimator": "ce", "split": 1, "seed": 0, "class_split": split.to_dict(), "stage": "final"}
     )
     assert rec["error"] is None
-    assert (rec["method"], rec["split"], rec["seed"]) == ("ce", 1, 0)
+    assert (rec["estimator"], rec["split"], rec["seed"]) == ("ce", 1, 0)
     assert rec["downstream"] == [0, 1, 2, 3, 4] and rec["n_test"] == max_test
     assert 0.0 <= rec["r_auroc"] <= 1.0 and 0.0 <= rec["mixed_r_auroc"] <= 1.0
     # URL's crop test ran on the fitted estimator (a share, not a recorded failure)
