@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import io
 import json
 import math
 import os
@@ -27,6 +28,8 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
+
+from PIL import Image
 
 __all__ = [
     "CorruptedFileError",
@@ -40,6 +43,7 @@ __all__ = [
     "read_json_document",
     "read_json_gz",
     "reuse_or_build",
+    "save_figure",
     "seal",
     "unseal",
     "write_json",
@@ -112,6 +116,23 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> Path:
     with atomic_open(path, "wb" if isinstance(data, bytes) else "w") as fh:
         fh.write(data)
     return Path(os.fspath(path))
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 120) -> Path:
+    """A matplotlib figure written atomically to ``path`` as a PNG of at most 256 colours.
+
+    The plots of a benchmark (lines, markers, text on white) hold a few dozen colours, so an
+    adaptive palette keeps them as they look while the file is about a third of the size of
+    matplotlib's RGBA output: the committed result folders stay small.
+    """
+    raw = io.BytesIO()
+    fig.savefig(raw, format="png", dpi=dpi)
+    raw.seek(0)
+    with Image.open(raw) as im:
+        small = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    out = io.BytesIO()
+    small.save(out, format="PNG", optimize=True)
+    return atomic_write(path, out.getvalue())
 
 
 def write_json(path: str | os.PathLike[str], obj: Any, **dumps: Any) -> Path:

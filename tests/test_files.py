@@ -288,3 +288,30 @@ def test_atomic_writes_follow_the_umask_like_a_plain_open(tmp_path, mask):
     assert {f.name for f in files} >= {"results.json", "results.csv", "training_curves.png"}
     for f in files:
         assert f.stat().st_mode & 0o777 == want, (f.name, oct(f.stat().st_mode & 0o777))
+
+
+def test_save_figure_writes_a_palette_png_smaller_than_matplotlibs(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from bayesurl.files import save_figure
+
+    fig, ax = plt.subplots()
+    for k in range(8):
+        ax.plot(range(50), [((i * (k + 1)) % 17) / 17 for i in range(50)], label=f"curve {k}")
+    ax.legend()
+    fig.savefig(tmp_path / "plain.png", dpi=100)
+    path = save_figure(fig, tmp_path / "small.png", dpi=100)
+    plt.close(fig)
+    assert path == tmp_path / "small.png"
+    with Image.open(path) as im, Image.open(tmp_path / "plain.png") as ref:
+        assert im.mode == "P" and im.size == ref.size
+        # the picture is kept: each pixel within a few levels of matplotlib's own
+        a = np.asarray(im.convert("RGB"), dtype=np.int16)
+        b = np.asarray(ref.convert("RGB"), dtype=np.int16)
+        assert np.abs(a - b).mean() < 2.0
+    assert path.stat().st_size < (tmp_path / "plain.png").stat().st_size
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

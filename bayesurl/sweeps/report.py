@@ -38,6 +38,7 @@ from bayesurl.files import (
     jsonable,
     read_json_document,
     read_json_gz,
+    save_figure,
     write_json_gz,
 )
 from bayesurl.runs.config import DEFAULT_RECIPE_FILE
@@ -945,8 +946,7 @@ def plot_results(
     ax.grid(alpha=0.3)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
-    p = Path(path)
-    fig.savefig(p, dpi=120)
+    p = save_figure(fig, path, dpi=120)
     plt.close(fig)
     return p
 
@@ -1004,8 +1004,7 @@ def plot_training_curves(
         fontsize=10,
     )
     fig.tight_layout()
-    p = Path(path)
-    fig.savefig(p, dpi=100)
+    p = save_figure(fig, path, dpi=100)
     plt.close(fig)
     return p
 
