@@ -34,8 +34,9 @@ The traits a data set declares (all but ``kind`` optional):
     (held out of training: an official test file or a seeded share), the OOD set and its
     name. A set with a pool can be split by class (:mod:`bayesurl.data.class_splits`).
 ``split_options``
-    Keyword arguments of the embedded split builders (:data:`bayesurl.data.zero_shot.SPLITS`) that run
-    this set; an embedded set without them runs its pool's first class split.
+    Keyword arguments of the embedded split builders
+    (:data:`bayesurl.data.zero_shot.SPLITS`) that run this set; an embedded set without them
+    runs its pool's first class split.
 """
 
 from __future__ import annotations
