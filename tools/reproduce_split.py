@@ -18,7 +18,9 @@ Prints one line per estimator (its largest absolute difference over the metrics)
 from __future__ import annotations
 
 import argparse
+import lzma
 import math
+import shutil
 import sqlite3
 import sys
 import tempfile
@@ -56,9 +58,15 @@ def stored_runs(folder: Path, split: int) -> tuple[str, list[tuple[dict, dict]]]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "sweep.db"
-        # SQLite's backup API: a consistent copy, the write-ahead log of a running sweep included
-        with sqlite3.connect(folder / "sweep.db") as src, sqlite3.connect(copy) as dst:
-            src.backup(dst)
+        packed = folder / "sweep.db.xz"
+        if not (folder / "sweep.db").is_file() and packed.is_file():
+            # a committed protocol keeps its storage compressed (results/README.md)
+            with lzma.open(packed) as src, open(copy, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        else:
+            # SQLite's backup API: a consistent copy, a running sweep's write-ahead log included
+            with sqlite3.connect(folder / "sweep.db") as src, sqlite3.connect(copy) as dst:
+                src.backup(dst)
         storage = optuna.storages.RDBStorage(f"sqlite:///{copy}")
         names = [
             s.study_name for s in storage.get_all_studies() if s.study_name.startswith("sweep:")
@@ -84,7 +92,7 @@ def stored_runs(folder: Path, split: int) -> tuple[str, list[tuple[dict, dict]]]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("folder", type=Path, help="a stored sweep's folder (holding sweep.db)")
+    ap.add_argument("folder", type=Path, help="a stored sweep's folder (sweep.db or sweep.db.xz)")
     ap.add_argument("--split", type=int, default=0, help="the class split to run again")
     ap.add_argument("--dataset", default="fashion_mnist", help="the sweep's recipe file")
     ap.add_argument("--estimators", default=None, help="comma-separated (default: all)")

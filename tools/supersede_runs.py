@@ -34,7 +34,9 @@ def main() -> None:
     if url is None:
         db = a.folder / "sweep.db"
         if not db.is_file():
-            raise SystemExit(f"no sweep storage {db}")
+            packed = db.with_name("sweep.db.xz")
+            hint = f"; unpack it first: xz -dk {packed}" if packed.is_file() else ""
+            raise SystemExit(f"no sweep storage {db}{hint}")
         url = f"sqlite:///{db.resolve()}"
     sweep = a.sweep
     if sweep is None:

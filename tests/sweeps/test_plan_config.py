@@ -8,6 +8,7 @@ each layer of a hand-made recipe sets.
 from __future__ import annotations
 
 import json
+import lzma
 import shutil
 
 import pytest
@@ -147,7 +148,8 @@ def test_a_stored_sweep_keeps_the_config_and_an_old_storage_still_resolves(tmp_p
     assert pipe.config(claim.params) == resolve_run("fashion_mnist", plan, runs[0], device="cpu")
     # a committed storage made before configs were stored: its runs resolve as they did
     old = tmp_path / "old.db"
-    shutil.copy("results/clipart/protocol/sweep.db", old)
+    with lzma.open("results/clipart/protocol/sweep.db.xz") as src, open(old, "wb") as dst:
+        shutil.copyfileobj(src, dst)
     study = optuna.load_study(study_name="sweep:pretrained", storage=f"sqlite:///{old}")
     params = study.trials[0].user_attrs["params"]
     assert "config" not in params
