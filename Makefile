@@ -12,7 +12,8 @@ EXTRAS ?= all,dev,docs
 # runs/features, reused by later runs); `make run PRESET=quick` trains the small conv net
 # from scratch instead
 PRESET ?= pretrained_quick
-MAIN_ARGS ?= --preset $(PRESET) --out runs/benchmark
+MAIN_OUT ?= runs/benchmark
+MAIN_ARGS ?= --preset $(PRESET) --out $(MAIN_OUT)
 
 .PHONY: run test install constraints data mathjax lint docs clean
 
@@ -45,8 +46,11 @@ data:
 	  || echo "apt-get failed: no clipart (sudo apt-get install -y openclipart-png)"; \
 	else echo "apt not usable: no clipart (sudo apt-get install -y openclipart-png)"; fi
 
+# the benchmark writes its page from the runs in memory; `bayesurl report` then rebuilds the
+# data from disk once to draw each query's thumbnails and neighbours into the same page
 run: install data
 	$(VENV)/bin/bayesurl benchmark $(MAIN_ARGS)
+	$(VENV)/bin/bayesurl report $(MAIN_OUT)
 
 # random test order (pytest-randomly) with the seed printed; rerun one order with
 # `make test RANDOMLY_SEED=<seed>`
