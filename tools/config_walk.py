@@ -3,7 +3,8 @@
 Runs both commands in this process on a tiny plan (the ``smoke`` preset, one estimator)
 under :func:`sys.setprofile` and follows the calls into bayesurl functions that carry the
 run's config: an argument that is a ``RunConfig`` (or one of its sections), a run's
-parameters or a config's dict (a mapping with ``estimator`` and ``seed`` or ``data``), a
+parameters or a config's dict (a mapping with ``estimator`` and ``seed`` or ``data``; not a
+run's result row, which carries ``error``), a
 sweep's options, the command's parsed arguments, or an argument named ``overrides`` /
 ``tuned`` / ``recipe_tuned`` (what the config is built from). It prints, per command:
 
@@ -49,7 +50,11 @@ def _carries_config(value: Any, types: tuple[type, ...]) -> bool:
     if isinstance(value, types):
         return True
     if isinstance(value, Mapping):
-        return "estimator" in value and ("seed" in value or "data" in value)
+        # a run's result row names its estimator and seed too, but carries its outcome
+        # (``error``) and no settings: the walk follows the settings, not the results
+        return (
+            "estimator" in value and ("seed" in value or "data" in value) and "error" not in value
+        )
     if isinstance(value, argparse.Namespace):
         return hasattr(value, "overrides")
     return False
