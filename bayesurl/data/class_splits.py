@@ -36,7 +36,7 @@ from two or more disjoint **validation sets** ``V_1, V_2, ...``: for each ordere
 the classes in no validation set, and every such split comes with its complement (``V_h``
 upstream, ``V_g`` downstream). A split's ``val`` is the validation set on its upstream side:
 the one whose tuned settings its runs use, so no run's settings were chosen on one of its
-downstream classes. :func:`tuning_leaks` checks run records for exactly that.
+downstream classes. :func:`bayesurl.sweeps.tuning.tuning_leaks` checks run records for exactly that.
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ __all__ = [
     "class_splits",
     "crossfit_splits",
     "split_data",
-    "tuning_leaks",
 ]
 
 
@@ -342,64 +341,6 @@ def _crossfit_pairs(
             if twin:
                 base.append((comp, sets[h]))
     return base, paired
-
-
-def tuning_leaks(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Which run records were tuned on one of their own downstream classes.
-
-    Parameters
-    ----------
-    records : sequence of mapping
-        Run records with ``downstream`` (the run's downstream classes; ``None`` on a data
-        set's standard split) and ``tuned_on`` (the classes whose validation scores chose the
-        run's settings; ``[]``: the recipe's defaults).
-
-    Returns
-    -------
-    dict
-        ``{"ok", "leaky": [{"method", "split", "seed", "classes"}], "unrecorded": n,
-        "line"}``: ``ok`` when no finished run's ``tuned_on`` meets its downstream classes and
-        every finished run records ``tuned_on``; ``line`` says why not in one sentence.
-    """
-    leaky, unrecorded = [], 0
-    for r in records:
-        if r.get("error") is not None:
-            continue
-        tuned = r.get("tuned_on")
-        if tuned is None:
-            unrecorded += 1
-            continue
-        meet = sorted(set(int(c) for c in tuned) & set(int(c) for c in (r.get("downstream") or [])))
-        if meet:
-            leaky.append(
-                {
-                    "estimator": r.get("estimator"),
-                    "split": r.get("split"),
-                    "seed": r.get("seed"),
-                    "classes": meet,
-                }
-            )
-    if leaky:
-        splits = sorted({x["split"] for x in leaky})
-        line = (
-            f"NO VERDICT: {len(leaky)} runs (splits {', '.join(map(str, splits[:8]))}"
-            f"{' ...' if len(splits) > 8 else ''}) use settings tuned on classes that are "
-            "downstream in their own split (selection on the test classes); run a cross-fitted "
-            "plan (sweep.crossfit) or the recipe's defaults (--untuned)"
-        )
-    elif unrecorded:
-        line = (
-            f"NO VERDICT: {unrecorded} runs do not record `tuned_on` (the classes their "
-            "settings were tuned on), so a selection on their test classes cannot be ruled out"
-        )
-    else:
-        line = "tuning check: no run's settings were tuned on one of its downstream classes"
-    return {
-        "ok": not leaky and not unrecorded,
-        "leaky": leaky,
-        "unrecorded": unrecorded,
-        "line": line,
-    }
 
 
 def _cap(ds: Any, n: int | None, seed: int) -> Any:

@@ -27,7 +27,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.evaluation.intervals import DEFAULT_LEVEL, read_interval
 from bayesurl.evaluation.table import Column, metric_column, metric_columns
 from bayesurl.files import (
@@ -51,6 +50,7 @@ from bayesurl.sweeps.aggregate import (
     summarize,
 )
 from bayesurl.sweeps.record import CURVES, RunRecord, estimator_of, run_rows
+from bayesurl.sweeps.tuning import tuning_leaks
 
 __all__ = [
     "BEST_ALPHA",
@@ -537,7 +537,7 @@ def results_document(
     The standard split is one split (K = 1; a record without ``split`` is on split 0). The
     document holds ``settings``, ``runs`` (every record), ``interval_over``
     (:func:`observation_unit`), ``tuning_check``
-    (:func:`~bayesurl.data.class_splits.tuning_leaks`: when a run's settings were tuned on one
+    (:func:`~bayesurl.sweeps.tuning.tuning_leaks`: when a run's settings were tuned on one
     of its downstream classes, or a run does not say, ``verdict`` is that one line and every
     comparison's ``verdict`` word is withheld), ``summary`` (mean, sd and 95 % t-interval of
     every column of :func:`report_columns` over the splits' seed means, or over the runs on

@@ -43,7 +43,6 @@ from typing import Any
 
 import torch
 
-from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.files import jsonable, write_json
 from bayesurl.runs.config import RunConfig, read_recipe_file, tuned_sets
 from bayesurl.runs.runner import (
@@ -69,7 +68,7 @@ from bayesurl.sweeps.record import RunRecord, run_rows
 from bayesurl.sweeps.report import report_columns, save_results
 from bayesurl.sweeps.results import SweepResults
 from bayesurl.sweeps.storage import SweepStorage
-from bayesurl.sweeps.tuning import load_tuned, load_tuned_classes, tune_estimators
+from bayesurl.sweeps.tuning import load_tuned, load_tuned_classes, tune_estimators, tuning_leaks
 
 __all__ = [
     "MemoryStore",

@@ -38,6 +38,7 @@ __all__ = [
     "search_space",
     "tune_estimators",
     "tuned_table",
+    "tuning_leaks",
 ]
 
 #: A search space (URL appendix B): ``{override key: ("log" | "float" | "int", low, high)}``.
@@ -390,3 +391,61 @@ def load_tuned(out: str | os.PathLike[str]) -> dict[str, list[str]]:
         return {str(k): [str(o) for o in v["overrides"]] for k, v in data.items()}
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path} is not a tuned-settings file: {exc}") from None
+
+
+def tuning_leaks(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Which run records were tuned on one of their own downstream classes.
+
+    Parameters
+    ----------
+    records : sequence of mapping
+        Run records with ``downstream`` (the run's downstream classes; ``None`` on a data
+        set's standard split) and ``tuned_on`` (the classes whose validation scores chose the
+        run's settings; ``[]``: the recipe's defaults).
+
+    Returns
+    -------
+    dict
+        ``{"ok", "leaky": [{"estimator", "split", "seed", "classes"}], "unrecorded": n,
+        "line"}``: ``ok`` when no finished run's ``tuned_on`` meets its downstream classes and
+        every finished run records ``tuned_on``; ``line`` says why not in one sentence.
+    """
+    leaky, unrecorded = [], 0
+    for r in records:
+        if r.get("error") is not None:
+            continue
+        tuned = r.get("tuned_on")
+        if tuned is None:
+            unrecorded += 1
+            continue
+        meet = sorted(set(int(c) for c in tuned) & set(int(c) for c in (r.get("downstream") or [])))
+        if meet:
+            leaky.append(
+                {
+                    "estimator": r.get("estimator"),
+                    "split": r.get("split"),
+                    "seed": r.get("seed"),
+                    "classes": meet,
+                }
+            )
+    if leaky:
+        splits = sorted({x["split"] for x in leaky})
+        line = (
+            f"NO VERDICT: {len(leaky)} runs (splits {', '.join(map(str, splits[:8]))}"
+            f"{' ...' if len(splits) > 8 else ''}) use settings tuned on classes that are "
+            "downstream in their own split (selection on the test classes); run a cross-fitted "
+            "plan (sweep.crossfit) or the recipe's defaults (--untuned)"
+        )
+    elif unrecorded:
+        line = (
+            f"NO VERDICT: {unrecorded} runs do not record `tuned_on` (the classes their "
+            "settings were tuned on), so a selection on their test classes cannot be ruled out"
+        )
+    else:
+        line = "tuning check: no run's settings were tuned on one of its downstream classes"
+    return {
+        "ok": not leaky and not unrecorded,
+        "leaky": leaky,
+        "unrecorded": unrecorded,
+        "line": line,
+    }

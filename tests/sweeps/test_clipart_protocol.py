@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from bayesurl.cli import main
-from bayesurl.data.class_splits import tuning_leaks
 from bayesurl.data.clipart import DEFAULT_CLIPART_ROOT, clipart_classes
 from bayesurl.sweeps.plan import SweepPreset, plan_runs, preset_splits, sweep_preset
+from bayesurl.sweeps.tuning import tuning_leaks
 
 
 def test_the_pretrained_plan_never_puts_a_validation_class_downstream():

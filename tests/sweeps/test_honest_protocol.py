@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bayesurl.data.class_splits import crossfit_splits, tuning_leaks
+from bayesurl.data.class_splits import crossfit_splits
 from bayesurl.runs.config import load_recipe
 from bayesurl.sweeps.aggregate import (
     chance_test,
@@ -25,6 +25,7 @@ from bayesurl.sweeps.options import SweepOptions
 from bayesurl.sweeps.pipeline import PipelineRun
 from bayesurl.sweeps.plan import SweepPreset, plan_runs, preset_splits, sweep_preset
 from bayesurl.sweeps.report import best_free_baseline, write_results
+from bayesurl.sweeps.tuning import tuning_leaks
 
 ROOT = Path(__file__).resolve().parents[2]
 
