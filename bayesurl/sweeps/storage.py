@@ -1,4 +1,6 @@
-"""Sweep storage on Optuna's RDB storage: claim-a-run semantics for resumable, multi-worker sweeps.
+"""Where a sweep's runs live: one interface (:class:`RunStore`), kept in memory
+(:class:`MemoryStore`) or in Optuna's RDB storage (:class:`SweepStorage`: claim-a-run
+semantics for resumable, multi-worker sweeps).
 
 A benchmark sweep is a fixed plan of runs, one per (estimator, class split, seed) (URL,
 Kirchhof et al., 2023, section 3: every model is replicated over seeds and downstream sets and
@@ -71,7 +73,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from bayesurl._optional import require
 
@@ -79,6 +81,10 @@ __all__ = [
     "LOCK_TIMEOUT",
     "SWEEP_FORMAT",
     "Claim",
+    "MemoryStore",
+    "OnDone",
+    "RunFn",
+    "RunStore",
     "StorageError",
     "SweepStorage",
     "default_storage_url",
@@ -196,12 +202,143 @@ def default_storage_url(out: str | os.PathLike[str]) -> str:
 
 @dataclass(frozen=True)
 class Claim:
-    """A run claimed by this worker: its key, parameters and the Optuna trial holding it."""
+    """A run claimed by this worker: its key, parameters and the Optuna trial holding it
+    (in a :class:`MemoryStore`: the run's place in the plan)."""
 
     key: str
     params: dict[str, Any]
     trial_id: int
     attempt: int
+
+
+#: One run: ``fn(params) -> record``.
+RunFn = Callable[[dict[str, Any]], Mapping[str, Any]]
+#: Called after each run: ``on_done(claim, record, error)`` (``record`` is ``None`` when the
+#: run raised; ``error`` is the exception's text, or the error the record carries).
+OnDone = Callable[[Claim, Mapping[str, Any] | None, str | None], None]
+
+
+@runtime_checkable
+class RunStore(Protocol):
+    """Where a sweep's runs live: what the sweep engine (:func:`bayesurl.sweeps.run_sweep`)
+    and the tuning (:func:`bayesurl.sweeps.tuning.tune_estimators`) ask of it.
+
+    Implemented by :class:`MemoryStore` (one process, nothing kept) and :class:`SweepStorage`
+    (an Optuna RDB storage: resumable, shared by workers).
+    """
+
+    #: The storage's address, safe to print and to store (no password).
+    url: str
+
+    def add_runs(self, runs: Iterable[Mapping[str, Any]]) -> int:
+        """Plan the runs not planned yet; how many were added."""
+        ...
+
+    def work(
+        self, fn: RunFn, *, wait: bool = True, poll: float = 5.0, on_done: OnDone | None = None
+    ) -> int:
+        """Execute planned runs with ``fn`` until none is left; how many this process ran
+        (``wait``: also for runs other workers hold, looking every ``poll`` seconds)."""
+        ...
+
+    def status(self) -> dict[str, int]:
+        """Counts of the plan's runs: ``waiting``, ``running``, ``complete``, ``failed``,
+        ``total``."""
+        ...
+
+    def records(self) -> list[dict[str, Any]]:
+        """The finished runs' records, in plan order."""
+        ...
+
+    def failures(self) -> list[dict[str, Any]]:
+        """``{"key", "error", ...}`` of every failed attempt."""
+        ...
+
+    def other_sweeps(self) -> list[str]:
+        """Names of other sweeps with runs in the same storage."""
+        ...
+
+    def tuning_study(self, name: str, *, sampler: Any = None) -> Any:
+        """The Optuna study (maximise) of the hyper-parameter search ``name``."""
+        ...
+
+
+class MemoryStore:
+    """The runs of a sweep kept in this process (a :class:`RunStore`, the in-memory twin of
+    :class:`SweepStorage`).
+
+    A run function's exception propagates (a run records its own failure unless it is asked
+    to raise).
+    """
+
+    def __init__(self) -> None:
+        self._plan: list[dict[str, Any]] = []
+        self._records: list[dict[str, Any]] = []
+        self._studies: dict[str, Any] = {}
+        self.url = "memory"
+
+    def add_runs(self, runs: Iterable[Mapping[str, Any]]) -> int:
+        """Append the runs; return how many."""
+        new = [dict(r) for r in runs]
+        self._plan += new
+        return len(new)
+
+    def work(
+        self, fn: RunFn, *, wait: bool = True, poll: float = 5.0, on_done: OnDone | None = None
+    ) -> int:
+        """Run every planned run in order; return how many (nothing to wait for here)."""
+        done = 0
+        while len(self._records) < len(self._plan):
+            i = len(self._records)
+            params = self._plan[i]
+            record = dict(fn(dict(params)))
+            self._records.append(record)
+            done += 1
+            if on_done is not None:
+                claim = Claim(key=_label(params), params=params, trial_id=i, attempt=1)
+                on_done(claim, record, record.get("error"))
+        return done
+
+    def status(self) -> dict[str, int]:
+        """Counts of the plan's runs (``failed``: runs whose record carries an error)."""
+        failed = sum(bool(r.get("error")) for r in self._records)
+        return {
+            "waiting": len(self._plan) - len(self._records),
+            "running": 0,
+            "complete": len(self._records) - failed,
+            "failed": failed,
+            "total": len(self._plan),
+        }
+
+    def records(self) -> list[dict[str, Any]]:
+        """The finished runs' records, in plan order."""
+        return [dict(r) for r in self._records]
+
+    def failures(self) -> list[dict[str, Any]]:
+        """``{"key", "error"}`` of the runs that failed."""
+        return [
+            {"key": _label(p), "error": r["error"]}
+            for p, r in zip(self._plan, self._records)
+            if r.get("error")
+        ]
+
+    def other_sweeps(self) -> list[str]:
+        """None: the store holds this sweep alone."""
+        return []
+
+    def tuning_study(self, name: str, *, sampler: Any = None) -> Any:
+        """An in-memory Optuna study (maximise) per ``name``."""
+        optuna = require_optuna()
+        if name not in self._studies:
+            self._studies[name] = optuna.create_study(direction="maximize", sampler=sampler)
+        return self._studies[name]
+
+
+def _label(params: Mapping[str, Any]) -> str:
+    """The run's progress label (:func:`bayesurl.sweeps.plan.run_label`)."""
+    from bayesurl.sweeps.plan import run_label  # here: a worker loads this module without torch
+
+    return run_label(dict(params))
 
 
 class StorageError(ValueError):
@@ -455,7 +592,8 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 class SweepStorage:
-    """A sweep's plan, claims and records in an Optuna RDB storage (see module docs).
+    """A sweep's plan, claims and records in an Optuna RDB storage (see module docs); a
+    :class:`RunStore`.
 
     Parameters
     ----------
@@ -1054,12 +1192,12 @@ class SweepStorage:
     # ------------------------------------------------------------------ the worker loop
     def work(
         self,
-        fn: Callable[[dict[str, Any]], Mapping[str, Any]],
+        fn: RunFn,
         *,
         wait: bool = True,
         poll: float = 5.0,
         max_runs: int | None = None,
-        on_done: Callable[[Claim, Mapping[str, Any] | None, str | None], None] | None = None,
+        on_done: OnDone | None = None,
     ) -> int:
         """Claim and execute runs until none is left; return how many this worker finished.
 
