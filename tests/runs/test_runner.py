@@ -17,6 +17,7 @@ import bayesurl
 from bayesurl.cli import main
 from bayesurl.runs import load_recipe, n_samples_for, run
 from bayesurl.runs.predict import predict
+from bayesurl.sweeps import read_results
 
 # one of each kind: registry method (with and without samples), post-hoc wrappers on the CE
 # base (PVU, post-hoc TaU, laplace-torch Laplace on the classifier), LAM post-hoc and online
@@ -28,7 +29,7 @@ KEYS = ("r@1", "r_auroc", "ausc", "ause", "ece", "map@5", "ood_auroc", "ood_aupr
 def smoke_benchmark(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     rc = main(["benchmark", "--preset", "smoke", "--out", str(out), "--no-progress"])
-    return rc, json.loads((out / "results.json").read_text())
+    return rc, read_results(out)
 
 
 def test_smoke_benchmark_has_every_estimator_with_finite_rauroc(smoke_benchmark, capsys):
