@@ -890,14 +890,12 @@ def write_results(
     records: Sequence[Mapping[str, Any]],
     out: str | os.PathLike[str],
     settings: Mapping[str, Any],
-    *,
-    metrics: Sequence[str] | None = None,
-    reference: str = "ce",
+    **options: Any,
 ) -> dict[str, Path]:
     """Write ``results.json`` (and its side files), ``results.csv``, ``recall_vs_rauroc.png``
     and ``training_curves.png`` (when the runs carry curves) to ``out``; the paths written
-    (:func:`save_results`)."""
-    return save_results(records, out, settings, metrics=metrics, reference=reference)[1]
+    (:func:`save_results`, whose keyword ``options`` these are: ``metrics``, ``reference``)."""
+    return save_results(records, out, settings, **options)[1]
 
 
 def _write_csv(path: Path, recs: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> Path:
