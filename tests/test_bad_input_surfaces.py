@@ -363,11 +363,11 @@ def test_a_dialect_typo_with_a_stock_password_shows_the_typo():
 
 
 def test_the_password_field_is_hidden_wherever_a_url_appears():
-    from bayesurl.sweeps.storage import _scrub
+    from bayesurl.database import scrub
 
     url = "postgresql://ann:hunter2@db/x"
     msg = "could not connect to postgresql://ann:hunter2@db/x; dsn password=hunter2 host=db"
-    shown = _scrub(msg, url)
+    shown = scrub(msg, url)
     assert "hunter2" not in shown and shown.count("***") == 2
 
 

@@ -45,11 +45,11 @@ while the storage is opened or while the sweep runs, is waited for: every storag
 retries for up to ``lock_timeout`` seconds, with the engine's connections checked before use
 (``pool_pre_ping``); a run in progress keeps running meanwhile. Retried writes are
 idempotent (a second enqueue of a key is retired as a duplicate, a second ``COMPLETE`` is
-ignored).
+ignored). How the database is reached, waited for and named is :mod:`bayesurl.database`.
 
 **Secrets.** The URL may carry a database password: :attr:`SweepStorage.url`, every error
 message and therefore every results file and progress line show it with the password as
-``***`` (:func:`redact_url`); the full URL is used to connect only.
+``***`` (:func:`bayesurl.database.redact_url`); the full URL is used to connect only.
 
 Optuna is an optional dependency: ``pip install bayesurl[sweep]`` (``bayesurl[postgres]``
 adds the PostgreSQL driver psycopg2).
@@ -59,12 +59,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import difflib
 import json
 import math
 import os
-import random
-import re
 import signal
 import sqlite3
 import threading
@@ -76,7 +73,24 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from bayesurl._optional import require
+from bayesurl.database import (
+    LOCK_TIMEOUT,
+    StorageError,
+    check_url,
+    corrupted,
+    dialect_hint,
+    enable_wal,
+    engine_options,
+    one_line,
+    probe,
+    redact_url,
+    retry,
+    scrub,
+    serialise_sqlite,
+)
 
+# LOCK_TIMEOUT, StorageError and redact_url are bayesurl.database's, named here too: a sweep
+# storage's user catches its errors and prints its URL from this module
 __all__ = [
     "LOCK_TIMEOUT",
     "SWEEP_FORMAT",
@@ -122,75 +136,6 @@ def run_key(estimator: str, split: int, seed: int) -> str:
     for arg, v in (("split", split), ("seed", seed)):
         check_int(v, arg, low=0)
     return f"{est}/split{int(split)}/seed{int(seed)}"
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password shown as ``***`` (the form every message, progress line and
-    results file shows: a storage URL may carry a database password).
-
-    Examples
-    --------
-    >>> redact_url("postgresql+psycopg2://ann:secret@db-host:5432/bayesurl")
-    'postgresql+psycopg2://ann:***@db-host:5432/bayesurl'
-    >>> redact_url("sqlite:///results/sweep.db")
-    'sqlite:///results/sweep.db'
-    """
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    text = str(url)
-    if _ats(text) > 1:  # an unencoded @ in the password: all of it up to the host's @
-        return re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", text, count=1)
-    try:
-        return make_url(text).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):  # not parseable: hide whatever sits between : and @
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", text)
-
-
-def _ats(url: str) -> int:
-    """The number of ``@`` between ``://`` and the path: more than one means a password with
-    an unencoded ``@``, which SQLAlchemy would split at the first one."""
-    rest = str(url).split("://", 1)[-1]
-    return rest.split("/", 1)[0].count("@")
-
-
-#: the password field of a URL (``scheme://user:PASSWORD@``) inside a message
-_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)([^@\s]+)(@)")
-#: the password field of a connection string (``password=PASSWORD``)
-_KEY_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('[^']*'|\"[^\"]*\"|[^\s,;)]+)", re.IGNORECASE)
-
-
-def _scrub(text: str, url: str) -> str:
-    """``text`` with ``url`` and every password *field* in it hidden.
-
-    The field, never the password's text wherever it appears: a stock password equal to the
-    user name or part of the dialect (``postgress://postgres:postgres@...``) would otherwise
-    hide the very typo the message is about.
-    """
-    text = text.replace(str(url), redact_url(url))
-    text = _URL_PASSWORD.sub(r"\1***\3", text)
-    return _KEY_PASSWORD.sub(r"\1***", text)
-
-
-#: the databases an Optuna storage runs on (SQLAlchemy dialect names)
-_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
-
-
-def _dialect_hint(url: str) -> str:
-    """``" (did you mean ...?)"`` for a URL whose database name is not a dialect, else ``""``."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        name = make_url(url).get_backend_name()
-    except (ArgumentError, ValueError):
-        return ""
-    if name in _DIALECTS:
-        return ""
-    near = difflib.get_close_matches(name, _DIALECTS, n=1)
-    return f" ({name!r} is no database SQLAlchemy knows" + (
-        f"; did you mean {near[0]}://...?)" if near else f"; e.g. {', '.join(_DIALECTS)})"
-    )
 
 
 def default_storage_url(out: str | os.PathLike[str]) -> str:
@@ -341,165 +286,6 @@ def _label(params: Mapping[str, Any]) -> str:
     return run_label(dict(params))
 
 
-class StorageError(ValueError):
-    """The sweep storage cannot be used: corrupted, not a database, or locked too long.
-
-    The message is one line and names the storage; bayesurl never rewrites or deletes the
-    storage after such an error, so every finished run recorded in it stays there.
-    """
-
-
-#: Seconds a storage call waits for another process's lock before :class:`StorageError`.
-LOCK_TIMEOUT = 120.0
-
-
-def _one_line(exc: BaseException) -> str:
-    """The driver's own message of a database error wrapped by SQLAlchemy and Optuna (the
-    innermost cause), on one line."""
-    seen = {id(exc)}
-    while True:
-        inner = getattr(exc, "orig", None) or exc.__cause__ or exc.__context__
-        if inner is None or id(inner) in seen:
-            break
-        seen.add(id(inner))
-        exc = inner
-    return " ".join(str(exc).split("\n")[0].split())
-
-
-def _locked(exc: BaseException) -> bool:
-    text = _one_line(exc).lower()
-    return "locked" in text or "busy" in text or "could not serialize" in text
-
-
-#: Driver messages of a lost or refused database connection (PostgreSQL restarted, network
-#: down): a running sweep waits for the database to come back.
-_DISCONNECTED = (
-    "could not connect",
-    "connection refused",
-    "server closed the connection",
-    "terminating connection",
-    "the database system is",
-    "connection already closed",
-    "no connection to the server",
-    "could not receive data",
-    "could not send data",
-    "ssl syscall",
-    "timeout expired",
-    "connection timed out",
-    "could not translate host name",
-    "network is unreachable",
-    "no route to host",
-    "connection reset",
-    "cannot connect now",
-)
-
-
-def _disconnected(exc: BaseException) -> bool:
-    if getattr(exc, "connection_invalidated", False):
-        return True
-    text = _one_line(exc).lower()
-    return "password authentication" not in text and any(m in text for m in _DISCONNECTED)
-
-
-def _refused_login(exc: BaseException) -> bool:
-    """The server answered but refused the connection: wrong password, unknown user or
-    database, no ``pg_hba.conf`` entry (no use waiting)."""
-    text = _one_line(exc).lower()
-    markers = (
-        "password authentication failed",
-        "no password supplied",
-        "pg_hba.conf",
-        "does not exist",
-    )
-    return "fatal:" in text and any(m in text for m in markers)
-
-
-def _transient(exc: BaseException) -> bool:
-    """Lock contention, or two workers creating the schema of a new storage at once (the
-    loser's ``CREATE TABLE`` finds the winner's table): both pass when tried again."""
-    return _locked(exc) or "already exists" in _one_line(exc).lower()
-
-
-def _probe(url: str, connect_args: dict[str, Any]) -> None:
-    """Open one connection to the database of ``url``, run ``SELECT 1`` and close it."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.pool import NullPool
-
-    engine = create_engine(url, poolclass=NullPool, connect_args=connect_args)
-    try:
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-    finally:
-        engine.dispose()
-
-
-def _retry(
-    fn: Callable[[], Any],
-    what: str,
-    tries: int = 60,
-    also: tuple[type[BaseException], ...] = (),
-    wait: float = LOCK_TIMEOUT,
-    url: str = "",
-    reconnect: bool = True,
-) -> Any:
-    """Call ``fn``, retrying on lock contention (SQLite ``database is locked``, serialisation
-    failures; plus the exception types ``also``) with a short random back-off, for at most
-    ``tries`` attempts and ``wait`` seconds; then, or on a corrupted database, raise
-    :class:`StorageError` (one line naming ``url`` with its password hidden). A lost
-    connection (the database restarted) is retried for ``wait`` seconds when ``reconnect``,
-    else it is at once a :class:`StorageError`; so is a refused login. Other errors
-    propagate."""
-    optuna = require_optuna()
-    from sqlalchemy.exc import OperationalError
-
-    start = time.monotonic()
-    i = 0
-    while True:
-        try:
-            return fn()
-        except (optuna.exceptions.StorageInternalError, OperationalError, *also) as exc:
-            spent = time.monotonic() - start
-            if _refused_login(exc):
-                raise StorageError(
-                    f"sweep storage {redact_url(url)} refused the connection "
-                    f"({_scrub(_one_line(exc), url)}): check the user, password and database "
-                    "name of --storage"
-                ) from exc
-            if _disconnected(exc):
-                if not reconnect or spent >= wait:
-                    why = f"did not answer for {spent:.0f} s" if reconnect else "does not answer"
-                    raise _unreachable(url, exc, why) from exc
-                time.sleep(0.5 + random.random() * 0.5)
-                continue
-            i += 1
-            if i >= tries or spent >= wait:
-                if _locked(exc):
-                    raise StorageError(
-                        f"sweep storage {redact_url(url)} stayed locked by another process for "
-                        f"{spent:.0f} s ({what}: {_scrub(_one_line(exc), url)}); its finished "
-                        "runs are kept: run again once the other process ends"
-                    ) from exc
-                raise _corrupted(url, exc) from exc
-            if isinstance(exc, OperationalError) and not _transient(exc):
-                raise _corrupted(url, exc) from exc
-            time.sleep(0.02 + random.random() * min(1.0, 0.05 * i))
-
-
-def _corrupted(url: str, exc: BaseException) -> StorageError:
-    return StorageError(
-        f"sweep storage {redact_url(url)} is unreadable ({_scrub(_one_line(exc), url)}); it was "
-        "left untouched: restore it from a copy (or `sqlite3 FILE .recover` for SQLite) to keep "
-        "its finished runs, or give another --storage / --out to start a new sweep"
-    )
-
-
-def _unreachable(url: str, exc: BaseException, why: str) -> StorageError:
-    return StorageError(
-        f"sweep storage {redact_url(url)} {why} ({_scrub(_one_line(exc), url)}); its finished "
-        "runs are kept in the database: start the same command again once it answers"
-    )
-
-
 def _quiet(fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` without Optuna's ExperimentalWarning (heartbeats are 'experimental' since 2.9)."""
     optuna = require_optuna()
@@ -510,45 +296,6 @@ def _quiet(fn: Callable[[], Any]) -> Callable[[], Any]:
             return fn()
 
     return go
-
-
-def _enable_wal(url: str, timeout: float = 30.0) -> None:
-    """Put a local SQLite file in WAL mode (readers do not block the writer); persistent.
-
-    Raises :class:`sqlite3.DatabaseError` when the file is not a SQLite database."""
-    prefix = "sqlite:///"
-    if not url.startswith(prefix) or url == "sqlite:///:memory:":
-        return
-    path = url[len(prefix) :].split("?", 1)[0]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(50):
-        try:
-            with contextlib.closing(sqlite3.connect(path, timeout=min(30.0, timeout))) as con:
-                con.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError:
-            time.sleep(0.05 + random.random() * 0.1)
-
-
-def _serialise_sqlite(engine: Any) -> None:
-    """Open every SQLite transaction with ``BEGIN IMMEDIATE`` (SQLAlchemy's pysqlite recipe).
-
-    The Python driver starts a transaction only at the first write, so Optuna's read-then-write
-    ``WAITING -> RUNNING`` check would not be atomic between processes: two workers could both
-    read ``WAITING`` and both claim the trial (the two-process test caught this). With
-    ``BEGIN IMMEDIATE`` the write lock is taken before the read.
-    """
-    from sqlalchemy import event
-
-    @event.listens_for(engine, "connect")
-    def _no_driver_begin(dbapi_connection: Any, record: Any) -> None:
-        dbapi_connection.isolation_level = None
-
-    @event.listens_for(engine, "begin")
-    def _begin_immediate(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-    engine.dispose()  # drop connections opened before the listeners
 
 
 class _Heartbeat:
@@ -653,7 +400,6 @@ class SweepStorage:
         lock_timeout: float = LOCK_TIMEOUT,
     ) -> None:
         optuna = require_optuna()
-        from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError, DatabaseError
 
         if url is None:
@@ -679,20 +425,7 @@ class SweepStorage:
         self._url = str(url)
         #: the storage URL with its password hidden (for messages and results files)
         self.url = redact_url(self._url)
-        if _ats(self._url) > 1:
-            raise StorageError(
-                f"`url` {self.url!r} holds more than one '@' before the host: write an '@' of "
-                "the user name or password as %40 (URL-encoded), or give the password as "
-                "PGPASSWORD"
-            )
-        try:
-            make_url(self._url)
-        except (ArgumentError, ValueError) as exc:
-            raise StorageError(
-                f"`url` {self.url!r} is not a SQLAlchemy URL "
-                f"({_scrub(_one_line(exc), self._url)}), e.g. sqlite:///path/sweep.db or "
-                "postgresql+psycopg2://user:password@host:5432/database"
-            ) from None
+        check_url(self._url)
         self.sweep = str(sweep)
         self.max_attempts = int(max_attempts)
         self.heartbeat_interval = int(heartbeat_interval)
@@ -704,16 +437,16 @@ class SweepStorage:
         try:
             self._open(optuna)
         except (sqlite3.DatabaseError, DatabaseError) as exc:  # not a database, malformed
-            raise _corrupted(self._url, exc) from None
+            raise corrupted(self._url, exc) from None
         except ArgumentError as exc:
             raise StorageError(
-                f"sweep storage {self.url}: {_scrub(_one_line(exc), self._url)}"
-                + _dialect_hint(self._url)
+                f"sweep storage {self.url}: {scrub(one_line(exc), self._url)}"
+                + dialect_hint(self._url)
             ) from None
         except ImportError as exc:  # the URL's database driver is not installed
             raise StorageError(
                 f"sweep storage {self.url} needs a database driver that is not installed "
-                f"({_one_line(exc)}); for postgresql+psycopg2:// run "
+                f"({one_line(exc)}); for postgresql+psycopg2:// run "
                 "pip install 'bayesurl[postgres]'"
             ) from None
 
@@ -721,25 +454,18 @@ class SweepStorage:
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-        _enable_wal(self._url, self.lock_timeout)
-        engine_kwargs: dict[str, Any] = {}
-        parsed = make_url(self._url)
-        if parsed.get_backend_name() == "sqlite":
-            engine_kwargs["connect_args"] = {"timeout": min(60.0, self.lock_timeout)}
-        else:
-            # a connection dropped by a database restart is replaced before use
-            engine_kwargs["pool_pre_ping"] = True
-            if parsed.get_driver_name() == "psycopg2":
-                engine_kwargs["connect_args"] = {"connect_timeout": 10}
+        enable_wal(self._url, self.lock_timeout)
+        engine_kwargs = engine_options(self._url, self.lock_timeout)
+        server = make_url(self._url).get_backend_name() != "sqlite"
+        if server:
             # one plain connection first: a server that does not answer at start is an error
             # at once; one lost after it answered (restarted while Optuna checks its schema)
             # is waited for, as it is during the sweep
             self._retry(
-                lambda: _probe(self._url, engine_kwargs.get("connect_args", {})),
+                lambda: probe(self._url, engine_kwargs.get("connect_args", {})),
                 "connect",
                 reconnect=False,
             )
-        server = parsed.get_backend_name() != "sqlite"
         self._storage = self._retry(
             _quiet(
                 lambda: optuna.storages.RDBStorage(
@@ -755,8 +481,8 @@ class SweepStorage:
             also=(IntegrityError, ProgrammingError),
             reconnect=server,
         )
-        if parsed.get_backend_name() == "sqlite":
-            _serialise_sqlite(self._storage.engine)
+        if not server:
+            serialise_sqlite(self._storage.engine)
         self._study = self._retry(
             lambda: optuna.create_study(
                 study_name=f"sweep:{self.sweep}",
@@ -798,8 +524,11 @@ class SweepStorage:
         also: tuple[type[BaseException], ...] = (),
         reconnect: bool = True,
     ) -> Any:
-        """:func:`_retry` with this storage's lock timeout and URL in its errors."""
-        return _retry(
+        """:func:`bayesurl.database.retry` with this storage's lock timeout and URL in its
+        errors; Optuna's wrapped storage errors are retried too."""
+        optuna = require_optuna()
+        also = (optuna.exceptions.StorageInternalError, *also)
+        return retry(
             fn, what, also=also, wait=self.lock_timeout, url=self._url, reconnect=reconnect
         )
 
