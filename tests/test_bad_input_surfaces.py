@@ -294,7 +294,7 @@ def test_report_refuses_a_results_file_of_another_layout(tmp_path, capsys):
     )
     assert main(["report", str(out)]) == 2
     err = _err(capsys)
-    assert "results.json" in err and "another layout" in err and "bayesurl.results/2" in err
+    assert "results.json" in err and "another layout" in err and "bayesurl.results/3" in err
     # runs that name no estimator: refused, naming the first such run
     (out / "results.json").write_text(
         json.dumps({"summary": {"ce": {"r@1": 0.9}}, "runs": [{"name": "ce", "r@1": 0.9}]})
