@@ -65,6 +65,13 @@ def check_ndim(x: Tensor, name: str, ndim: int | Sequence[int]) -> None:
         raise ValueError(f"`{name}` must be {want}, got shape {tuple(x.shape)}")
 
 
+def check_columns(x: Tensor, name: str, n: int) -> None:
+    """Raise unless ``x`` is 2-D with ``n`` columns (a head's input ``[N, D]``)."""
+    check_ndim(x, name, 2)
+    if x.shape[1] != n:
+        raise ValueError(f"`{name}` must have {n} columns, got {x.shape[1]}")
+
+
 #: Elements :func:`check_finite` tests at once. ``torch.isfinite`` of a float tensor builds an
 #: ``abs`` copy and two boolean masks of its size; in blocks these temporaries stay a few MiB
 #: instead of 1.5x the input (measured: 44 MiB of a 29 MiB shard of embeddings kept by

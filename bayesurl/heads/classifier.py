@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_int, check_ndim
+from bayesurl._checks import check_columns, check_finite, check_int
 
 __all__ = ["LinearClassifier"]
 
@@ -33,10 +33,6 @@ class LinearClassifier(nn.Linear):
 
     def forward(self, embedding: Tensor) -> Tensor:
         """Logits ``[N, C]``."""
-        check_ndim(embedding, "embedding", 2)
-        if embedding.shape[1] != self.in_features:
-            raise ValueError(
-                f"`embedding` must have {self.in_features} columns, got {embedding.shape[1]}"
-            )
+        check_columns(embedding, "embedding", self.in_features)
         check_finite(embedding.detach(), "embedding")
         return super().forward(embedding)

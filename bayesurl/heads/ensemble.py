@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_floating, check_int, check_ndim
+from bayesurl._checks import check_columns, check_finite, check_floating, check_int, check_ndim
 
 __all__ = ["EnsembleHeads", "average_log_probs", "orthogonal_procrustes", "pool_embeddings"]
 
@@ -183,11 +183,7 @@ class EnsembleHeads(nn.Module):
 
     def forward(self, embedding: Tensor) -> Tensor:
         """Logits of every head ``[K, N, C]``."""
-        check_ndim(embedding, "embedding", 2)
-        if embedding.shape[1] != self.embed_dim:
-            raise ValueError(
-                f"`embedding` must have {self.embed_dim} columns, got {embedding.shape[1]}"
-            )
+        check_columns(embedding, "embedding", self.embed_dim)
         check_finite(embedding.detach(), "embedding")
         out = self.linear(embedding).reshape(-1, self.num_heads, self.num_classes)
         return out.transpose(0, 1)
