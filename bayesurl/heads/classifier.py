@@ -18,10 +18,8 @@ class LinearClassifier(nn.Linear):
 
     Parameters
     ----------
-    embed_dim : int
-        Embedding dimension ``D``.
-    num_classes : int
-        Number of classes ``C``.
+    embed_dim, num_classes : int
+        Embedding dimension ``D`` and number of classes ``C``.
     bias : bool
         Whether to learn a bias.
     """

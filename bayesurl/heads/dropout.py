@@ -24,10 +24,8 @@ class MCDropoutHead(nn.Module):
 
     Parameters
     ----------
-    embed_dim : int
-        Embedding dimension ``D``.
-    num_classes : int
-        Number of classes ``C``.
+    embed_dim, num_classes : int
+        Embedding dimension ``D`` and number of classes ``C``.
     p : float
         Dropout rate (URL tunes it in ``[0.05, 0.25]``).
     n_passes : int

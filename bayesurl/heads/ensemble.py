@@ -147,10 +147,8 @@ class EnsembleHeads(nn.Module):
 
     Parameters
     ----------
-    embed_dim : int
-        Embedding dimension ``D``.
-    num_classes : int
-        Number of classes ``C``.
+    embed_dim, num_classes : int
+        Embedding dimension ``D`` and number of classes ``C``.
     num_heads : int
         Ensemble size ``K`` (10 in URL).
 

@@ -95,10 +95,8 @@ class HetXLHead(nn.Module):
 
     Parameters
     ----------
-    embed_dim : int
-        Embedding dimension ``D``.
-    num_classes : int
-        Number of classes ``C``.
+    embed_dim, num_classes : int
+        Embedding dimension ``D`` and number of classes ``C``.
     rank : int
         Rank ``R`` of the low-rank factor (URL uses 1; rank 10 did not help).
     n_mc : int

@@ -260,10 +260,8 @@ class ELKLoss(ProxyLoss):
 
     Parameters
     ----------
-    num_classes : int
-        Number of classes C.
-    embedding_size : int
-        Embedding dimension D.
+    num_classes, embedding_size : int
+        Number of classes C and embedding dimension D.
     kappa_scale : float
         t, the multiplier of the proxies' concentrations (URL: t in [8, 64]).
     shared_kappa : bool

@@ -193,10 +193,8 @@ class NivMFLoss(ProxyLoss):
 
     Parameters
     ----------
-    num_classes : int
-        Number of classes C.
-    embedding_size : int
-        Embedding dimension D.
+    num_classes, embedding_size : int
+        Number of classes C and embedding dimension D.
     kappa_scale : float
         t, the multiplier of the proxies' concentrations (URL: ELK's t in [8, 64]).
     n_samples : int

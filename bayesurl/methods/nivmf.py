@@ -27,11 +27,9 @@ class NivMF(VMFMethod):
     Parameters
     ----------
     backbone, embed_dim, num_classes, backbone_kwargs
-        See :class:`~bayesurl.methods._vmf.VMFMethod`; ``num_classes`` (>= 2) is required.
-    kappa_hidden, warmup_u, kappa_input, min_kappa
-        The kappa head: see :class:`~bayesurl.methods._vmf.VMFMethod`.
-    kappa_scale : float
-        t, the proxies' concentration multiplier (URL: [8, 64]).
+        See :class:`~bayesurl.methods.elk.ELK` (``num_classes`` >= 2 is required).
+    kappa_hidden, warmup_u, kappa_input, min_kappa, kappa_scale
+        The kappa head and the proxies' ``t``: see :class:`~bayesurl.methods.elk.ELK`.
     n_samples : int
         Monte-Carlo samples per image during training (URL: 16).
     density : {"url", "eccv22"}
