@@ -24,6 +24,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from torch import Tensor
 
 from bayesurl._checks import check_concentration, check_finite, check_ndim, check_same_length
+from bayesurl.distributions.vmf import _sample_vmf
 
 __all__ = [
     "ExplicitKappaLoss",
@@ -157,6 +158,27 @@ def check_explicit_negatives(
     if mu_neg.shape[1] < 1:
         raise ValueError("`mu_neg` needs at least one negative per anchor")
     return check_kappa(kappa_neg, mu_neg, "kappa_neg", allow_inf=allow_inf)
+
+
+def sample_triplets(
+    mu_anchor: Tensor,
+    kappa_anchor: Tensor,
+    mu_pos: Tensor,
+    kappa_pos: Tensor,
+    mu_neg: Tensor,
+    kappa_neg: Tensor,
+    n_samples: int,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """K vMF samples of checked anchors ``[B, D]``, positives ``[B, D]`` and their negatives
+    ``[B, M, D]``, drawn in that order: ``[K, B, D]``, ``[K, B, D]``, ``[K, B, M, D]``."""
+    b, m, d = mu_neg.shape
+    za = _sample_vmf(mu_anchor, kappa_anchor, n_samples, generator=generator)
+    zp = _sample_vmf(mu_pos, kappa_pos, n_samples, generator=generator)
+    zn = _sample_vmf(
+        mu_neg.reshape(b * m, d), kappa_neg.reshape(b * m), n_samples, generator=generator
+    )
+    return za, zp, zn.reshape(n_samples, b, m, d)
 
 
 def reduce_losses(losses: Tensor, reduction: str) -> Tensor:
