@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from enum import Enum
 from typing import NamedTuple
 
@@ -588,6 +589,28 @@ def _sample_w(kappa: Tensor, dim: int, n: int, generator: torch.Generator | None
     return w
 
 
+def _rejection_rounds(
+    like: Tensor, propose: Callable[[tuple[Tensor, ...]], tuple[Tensor, Tensor]], what: str
+) -> Tensor:
+    """A tensor shaped as ``like``, filled by rounds of rejection sampling.
+
+    Each round, ``propose(idx)`` draws one proposal for every entry ``idx`` still open (as
+    ``nonzero(as_tuple=True)`` gives them) and returns the proposals and which are accepted.
+    """
+    out = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    todo = torch.ones(like.shape, dtype=torch.bool, device=like.device)
+    for _ in range(1000):
+        idx = todo.nonzero(as_tuple=True)
+        if idx[0].numel() == 0:
+            return out
+        value, accept = propose(idx)
+        acc_idx = tuple(i[accept] for i in idx)
+        out = out.index_put(acc_idx, value[accept])
+        todo[acc_idx] = False
+    # every sampler here accepts more than half of its proposals
+    raise RuntimeError(f"{what} did not converge in 1000 rounds")  # pragma: no cover
+
+
 # above this kappa Wood's envelope degenerates in float64 (b ~ (D-1) / (4 kappa) rounds 1 +- b)
 _KAPPA_GAMMA = 1e6
 
@@ -603,24 +626,17 @@ def _gamma_cosine(k: Tensor, dim: int, generator: torch.Generator | None) -> Ten
     """
     a = (dim - 3) / 2.0
     log_m = 0.5 * math.log(2.0) if dim == 2 else 0.0
-    w = torch.empty_like(k)
-    todo = torch.ones(k.shape, dtype=torch.bool, device=k.device)
-    for _ in range(1000):
-        idx = todo.nonzero(as_tuple=True)[0]
-        m = idx.numel()
-        if m == 0:
-            break
+
+    def propose(idx: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
         kb = k[idx]
+        m = kb.numel()
         conc = torch.full((m,), (dim - 1) / 2.0, dtype=k.dtype, device=k.device)
         t = torch._standard_gamma(conc, generator=generator)
         u = torch.rand(m, dtype=k.dtype, device=k.device, generator=generator)
         log_f = a * torch.log1p(-(t / (2.0 * kb)).clamp_max(0.5)) - log_m
-        accept = (t <= kb) & (torch.log(u) <= log_f)
-        w[idx[accept]] = 1.0 - t[accept] / kb[accept]
-        todo[idx[accept]] = False
-    else:  # pragma: no cover - acceptance is > 0.7
-        raise RuntimeError("vMF large-kappa sampler did not converge in 1000 rounds")
-    return w
+        return 1.0 - t / kb, (t <= kb) & (torch.log(u) <= log_f)
+
+    return _rejection_rounds(k, propose, "vMF large-kappa sampler")
 
 
 def _wood_rejection(k: Tensor, dim: int, generator: torch.Generator | None) -> Tensor:
@@ -630,26 +646,18 @@ def _wood_rejection(k: Tensor, dim: int, generator: torch.Generator | None) -> T
     b = dm1 / (2.0 * k + torch.hypot(2.0 * k, torch.full_like(k, dm1)))  # no k * k overflow
     x0 = (1.0 - b) / (1.0 + b)
     c = k * x0 + dm1 * torch.log1p(-x0 * x0)
-    w = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    todo = torch.ones(k.shape, dtype=torch.bool, device=k.device)
-    for _ in range(1000):
-        idx = todo.nonzero(as_tuple=True)
-        m = idx[0].numel()
-        if m == 0:
-            break
+
+    def propose(idx: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
         kb, bb, x0b, cb = k[idx], b[idx], x0[idx], c[idx]
+        m = kb.numel()
         # proposal w = f(eps, b), eps ~ Beta((D-1)/2, (D-1)/2)
         eps = _beta_symmetric(dm1 / 2.0, m, kb, generator)
         denom = 1.0 - (1.0 - bb) * eps
         wb = (1.0 - (1.0 + bb) * eps) / denom
         u = torch.rand(m, dtype=k.dtype, device=k.device, generator=generator)
-        accept = kb * wb + dm1 * torch.log1p(-x0b * wb) - cb >= torch.log(u)
-        acc_idx = tuple(i[accept] for i in idx)
-        w = w.index_put(acc_idx, wb[accept])
-        todo[acc_idx] = False
-    else:  # pragma: no cover - acceptance is > 0.5 for every kappa, D
-        raise RuntimeError("vMF rejection sampler did not converge in 1000 rounds")
-    return w
+        return wb, kb * wb + dm1 * torch.log1p(-x0b * wb) - cb >= torch.log(u)
+
+    return _rejection_rounds(k, propose, "vMF rejection sampler")
 
 
 def _url_taylor_w(kappa: Tensor, dim: int, n: int, generator: torch.Generator | None) -> Tensor:
@@ -672,23 +680,16 @@ def _url_taylor_w(kappa: Tensor, dim: int, n: int, generator: torch.Generator | 
         bd, cd, kd = b.detach(), c.detach(), k.detach()
         a = (dm1 + 2.0 * kd + cd) / 4.0
         d = 4.0 * a * bd / (1.0 + bd) - dm1 * math.log(dm1)
-        e = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        todo = torch.ones(k.shape, dtype=torch.bool, device=k.device)
-        for _ in range(1000):
-            idx = todo.nonzero(as_tuple=True)
-            m = idx[0].numel()
-            if m == 0:
-                break
+
+        def propose(idx: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
             bb, ab, db = bd[idx], a[idx], d[idx]
+            m = bb.numel()
             eps = _beta_symmetric(dm1 / 2.0, m, bb, generator)
             u = torch.rand(m, dtype=k.dtype, device=k.device, generator=generator)
             t = 2.0 * ab * bb / (1.0 - (1.0 - bb) * eps)
-            accept = dm1 * torch.log(t) - t + db > torch.log(u)
-            acc_idx = tuple(i[accept] for i in idx)
-            e = e.index_put(acc_idx, eps[accept])
-            todo[acc_idx] = False
-        else:  # pragma: no cover - the envelope accepts most proposals
-            raise RuntimeError("the URL-code vMF sampler did not converge in 1000 rounds")
+            return eps, dm1 * torch.log(t) - t + db > torch.log(u)
+
+        e = _rejection_rounds(k, propose, "the URL-code vMF sampler")
     return (1.0 - (1.0 + b) * e) / (1.0 - (1.0 - b) * e)
 
 
