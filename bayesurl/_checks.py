@@ -11,7 +11,9 @@ import numbers
 import os
 import re
 from collections.abc import Sequence
+from enum import Enum
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -48,6 +50,19 @@ def as_tensor(x: object, name: str, dtype: torch.dtype | None = None) -> Tensor:
         return torch.as_tensor(x, dtype=dtype)
     except Exception as exc:  # pragma: no cover - message path
         raise TypeError(f"`{name}` must be a tensor or array-like, got {type(x).__name__}") from exc
+
+
+_E = TypeVar("_E", bound=Enum)
+
+
+def check_enum(cls: type[_E], value: object, name: str) -> _E:
+    """``value`` (a member of ``cls`` or a member's value) as the member; else raise naming
+    ``name`` and the valid values."""
+    try:
+        return cls(getattr(value, "value", value))
+    except ValueError:
+        valid = ", ".join(str(m.value) for m in cls)
+        raise ValueError(f"`{name}` must be one of {valid}, got {value!r}") from None
 
 
 def check_choice(value: str, name: str, choices: Sequence[str]) -> str:

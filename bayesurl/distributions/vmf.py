@@ -59,6 +59,7 @@ from torch import Tensor
 
 from bayesurl._checks import (
     check_concentration,
+    check_enum,
     check_finite,
     check_floating,
     check_int,
@@ -92,11 +93,7 @@ class VmfSampler(str, Enum):
 
 def check_sampler(sampler: str | VmfSampler) -> VmfSampler:
     """``sampler`` as a :class:`VmfSampler`; a ValueError names the valid values."""
-    try:
-        return VmfSampler(getattr(sampler, "value", sampler))
-    except ValueError:
-        valid = ", ".join(v.value for v in VmfSampler)
-        raise ValueError(f"`sampler` must be one of {valid}, got {sampler!r}") from None
+    return check_enum(VmfSampler, sampler, "sampler")
 
 
 def _debye_series(order: float, s: Tensor) -> Tensor:

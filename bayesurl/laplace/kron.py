@@ -397,13 +397,12 @@ def _memory_g(memory: tuple, a: Tensor) -> Tensor:
 
 
 def _memory_a(memory: tuple, g: Tensor) -> Tensor:
-    """A step of the memory term for a given ``G``."""
+    """A step of the memory term for a given ``G``: the G step with the factors' roles swapped."""
     if len(memory) == 3:
         c, g0, a0 = memory
-        return c * (g0 * g).sum() * a0
+        return _memory_g((c, a0, g0), g)
     c, q_g, q_a, s = memory
-    w = torch.einsum("dk,de,ek->k", q_g, g, q_g)  # q_d^T G q_d
-    return c * (q_a * (s.T @ w)) @ q_a.T
+    return _memory_g((c, q_a, q_g, s.T), g)
 
 
 def kron_eigenbasis(g: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
