@@ -125,20 +125,16 @@ class HIBOptions(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class HIBVariant:
-    """How :func:`hib_loss` turns match probabilities into a loss (URL code, MCI code), checked
-    once.
+    """How :func:`hib_loss` turns match probabilities into a loss (URL code, MCI code).
+
+    Checked once, where it is built: a ValueError names an unknown ``negative_term`` or
+    ``mc_average``, an ``eps`` outside ``[0, 1)`` (or non-zero with ``mc_average="outside"``)
+    and a negative or non-finite ``negative_weight``.
 
     Parameters
     ----------
     negative_term, eps, mc_average, negative_weight
         See :func:`hib_loss`.
-
-    Raises
-    ------
-    ValueError
-        For an unknown ``negative_term`` / ``mc_average``, ``eps`` outside ``[0, 1)`` or
-        non-zero with ``mc_average="outside"``, or a negative or non-finite
-        ``negative_weight``.
     """
 
     negative_term: str = "log_p"
