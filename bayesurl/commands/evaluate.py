@@ -29,12 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesurl._checks import (
-    check_device,
-    check_input_file,
-    check_int,
-    check_ints,
-)
+from bayesurl._checks import check_input_file, check_int, check_ints, resolve_device
 from bayesurl.distributed import launched_by_torchrun
 from bayesurl.files import write_json
 
@@ -380,7 +375,7 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError("give either INPUT.npz or --checkpoint, not both")
     if args.checkpoint is None and args.input is None:
         raise ValueError("give INPUT.npz or --checkpoint CKPT")
-    args.device = str(check_device(args.device, "--device") or "cpu")
+    args.device = str(resolve_device(args.device, "--device"))
     args.ks = list(check_ints(args.ks, "--ks", low=1))
     check_int(args.nproc_per_node, "--nproc-per-node", low=1)
     if args.nproc_per_node > 1 and launched_by_torchrun():

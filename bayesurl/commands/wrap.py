@@ -93,9 +93,7 @@ def _options(args: argparse.Namespace, method: Any) -> tuple[dict[str, Any], dic
 
 def run(args: argparse.Namespace) -> int:
     """Fit and save; prints a JSON summary. 0 on success."""
-    import torch
-
-    from bayesurl._checks import check_device, check_output_file
+    from bayesurl._checks import check_output_file, resolve_device
     from bayesurl.posthoc.base import wrapper_class
     from bayesurl.runs import DataConfig, EstimatorConfig, RunConfig, TrainConfig
     from bayesurl.runs.data import build_data
@@ -112,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.checkpoint).is_file():
         raise FileNotFoundError(f"no checkpoint at {args.checkpoint}")
     check_output_file(args.out, "--out")
-    device = check_device(args.device, "--device") or torch.device("cpu")
+    device = resolve_device(args.device, "--device")
     method = load_method_from_checkpoint(args.checkpoint, map_location=device)
     options, fit = _options(args, method)
     cfg = RunConfig.from_checkpoint(

@@ -30,16 +30,16 @@ from typing import Any
 
 import torch
 
-from bayesurl._checks import check_int, parse_device
+from bayesurl._checks import check_int, resolve_device
 from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.distributed import launch_rank, launched_by_torchrun
 from bayesurl.evaluation import EvaluationResult, NeighborMemo
 from bayesurl.evaluation.intervals import flat_intervals
+from bayesurl.features import source_digests
 from bayesurl.files import format_of, jsonable, write_json
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
 from bayesurl.runs.estimators import ESTIMATORS, Estimator, build_estimator
-from bayesurl.runs.features import source_digests
 from bayesurl.runs.predict import n_samples_for, score
 from bayesurl.runs.queries import record_from_outputs
 
@@ -56,7 +56,6 @@ __all__ = [
     "launch_rank",
     "launched_by_torchrun",
     "refuse_undistributed",
-    "resolve_device",
     "run",
     "torchrun_group",
     "train",
@@ -64,22 +63,6 @@ __all__ = [
 
 #: The format of a run's ``result.json`` (a reader refuses a newer one).
 RESULT_FORMAT = format_of("bayesurl.result", 1)
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``device`` as a :class:`torch.device` (``None``: CUDA if available, else CPU).
-
-    Raises
-    ------
-    ValueError
-        If ``device`` is not a torch device string.
-    """
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return parse_device(device, "device")
-    except TypeError as exc:
-        raise ValueError(str(exc)) from None
 
 
 @dataclass
@@ -351,7 +334,7 @@ def torchrun_group(
         return
     info = D.init_from_env(device=device)
     try:
-        yield torch.device(device) if device else info.device
+        yield resolve_device(device) if device else info.device
     finally:
         D.cleanup()
 
@@ -740,7 +723,7 @@ def train(
     assert isinstance(estimator, MethodEstimator)
     info = D.init_from_env(device=cfg.device)
     try:
-        device = torch.device(cfg.device) if cfg.device else info.device
+        device = resolve_device(cfg.device) if cfg.device else info.device
         data = build_data(cfg)
         seed_everything(cfg.seed)
         estimator.fit(
