@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from bayesurl.posthoc.base import wrapper_class
     from bayesurl.runs import DataConfig, EstimatorConfig, RunConfig, TrainConfig
     from bayesurl.runs.data import build_data
-    from bayesurl.runs.estimators import MethodEstimator, PosthocEstimator
+    from bayesurl.runs.estimators import FitContext, MethodEstimator, PosthocEstimator
     from bayesurl.training import load_method_from_checkpoint, seed_everything
 
     method_name = wrapper_class(args.method, argument="--method").method
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     estimator = PosthocEstimator(cfg)
     data = build_data(cfg)
     seed_everything(args.seed)
-    report = estimator.fit(data, device=device, progress=not args.no_progress, base=base)
+    report = estimator.fit(data, FitContext(device, progress=not args.no_progress, base=base))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     estimator.wrapped.save(args.out)
     summary = {

@@ -39,7 +39,7 @@ from bayesurl.features import source_digests
 from bayesurl.files import format_of, jsonable, write_json
 from bayesurl.runs.config import DataConfig, RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
-from bayesurl.runs.estimators import ESTIMATORS, Estimator, build_estimator
+from bayesurl.runs.estimators import ESTIMATORS, Estimator, FitContext, build_estimator
 from bayesurl.runs.predict import n_samples_for, score
 from bayesurl.runs.queries import record_from_outputs
 
@@ -353,7 +353,7 @@ def _fit_base(
     if key not in cache.bases:
         seed_everything(cfg.seed)
         est = build_estimator(cfg)
-        report = est.fit(data, device=device, progress=False)
+        report = est.fit(data, FitContext(device))
         cache.bases[key] = (est, report)
     return cache.bases[key]
 
@@ -491,7 +491,7 @@ def _fit(
         base, base_report = _fit_base(cfg.base, data, cache, device)
     seed_everything(cfg.seed)
     _say(progress, f"{cfg.name}: fitting (seed {cfg.seed}, device {device})")
-    report = estimator.fit(data, device=device, progress=False, base=base, out=out)
+    report = estimator.fit(data, FitContext(device, base=base, out=out))
     _say(progress, f"{cfg.name}: fitted in {report.get('train_time', 0.0):.1f} s; evaluating")
     if cfg.estimator.name in cache.keep and cfg.base is None:
         cache.bases.setdefault(_base_key(cfg, device), (estimator, report))
@@ -782,14 +782,14 @@ def train(
         device = resolve_device(cfg.device) if cfg.device else info.device
         data = build_data(cfg)
         seed_everything(cfg.seed)
-        estimator.fit(
-            data,
-            device=device,
+        ctx = FitContext(
+            device,
             progress=progress,
             out=Path(out),
-            resume=resume,
+            resume=None if resume is None else Path(resume),
             keep_epoch_checkpoints=keep_epoch_checkpoints,
         )
+        estimator.fit(data, ctx)
         estimator.main_process = D.is_main_process()  # rank 0 reports (before cleanup)
         return estimator, data
     finally:
