@@ -504,27 +504,14 @@ def _fit(
 
 
 def _score_fitted(
-    estimator: Estimator,
-    data: RunData,
-    *,
-    samples: int,
-    batch_size: int,
-    device: torch.device,
-    seed: int,
-    **score_kwargs: Any,
+    estimator: Estimator, data: RunData, samples: int, score_kwargs: dict[str, Any]
 ) -> dict[str, Any]:
     """The zero-shot scores of a fitted estimator, the one evaluation of every road that
     starts from a model (a run, a checkpoint): the sampling rule (``samples`` draws where it
     has a distribution, :func:`~bayesurl.runs.predict.n_samples_for`), then
-    :func:`~bayesurl.runs.predict.score` of its ``predict`` on ``data``'s sets, or on each of
-    several downstream sets and their mean."""
-    kw = {
-        "n_samples": n_samples_for(estimator.has_distribution, samples),
-        "batch_size": batch_size,
-        "device": device,
-        "seed": seed,
-        **score_kwargs,
-    }
+    :func:`~bayesurl.runs.predict.score` of its ``predict`` on ``data``'s sets with
+    ``score_kwargs``, or on each of several downstream sets and their mean."""
+    kw = {"n_samples": n_samples_for(estimator.has_distribution, samples), **score_kwargs}
     if data.tests:  # several downstream sets: each scored, their mean reported
         return _mean_of(
             {
@@ -560,19 +547,17 @@ def _run(
     try:
         base_report, fit_report = _fit(cfg, estimator, data, cache, device, out_dir, progress)
         record = queries is not None and main and get_world_size() == 1 and not data.tests
-        res = _score_fitted(
-            estimator,
-            data,
-            samples=cfg.eval.samples,
-            batch_size=cfg.eval.batch_size,
-            device=device,
-            seed=cfg.seed,
-            return_outputs=keep_outputs or record,
+        score_kwargs = {
+            "batch_size": cfg.eval.batch_size,
+            "device": device,
+            "seed": cfg.seed,
+            "return_outputs": keep_outputs or record,
             # every metric a benchmark reports, a run reports
-            crop_images=crop_test_images(cfg),
-            neighbor_memo=cache.neighbor_memo(cfg),
+            "crop_images": crop_test_images(cfg),
+            "neighbor_memo": cache.neighbor_memo(cfg),
             **evaluate_kwargs,
-        )
+        }
+        res = _score_fitted(estimator, data, cfg.eval.samples, score_kwargs)
         result.outputs = res.pop("outputs", None)
         if record:
             # a post-hoc u inherits its base's training: at chance if the base is
@@ -717,15 +702,9 @@ def evaluate_checkpoint(
     caps = DataConfig(name=name, root=root, max_test=max_test, max_ood=max_ood)
     dev = resolve_device(device)
     estimator, data = _checkpoint_run(p, caps, dev)
-    res = _score_fitted(
-        estimator,
-        data,
-        samples=10 if n_samples is None else n_samples,
-        batch_size=batch_size,
-        device=dev,
-        seed=seed,
-        **evaluate_kwargs,
-    )
+    samples = 10 if n_samples is None else n_samples
+    score_kwargs = {"batch_size": batch_size, "device": dev, "seed": seed, **evaluate_kwargs}
+    res = _score_fitted(estimator, data, samples, score_kwargs)
     head = {"method": estimator.cfg.estimator.name, "checkpoint": str(p), "dataset": data.name}
     return EvaluationResult({**head, **res}, caveats=getattr(res, "caveats", ()))
 
