@@ -3,7 +3,7 @@
 The PVU thesis' "cache everything" (section 5.3): once an encoder is frozen, its embeddings
 are data. One package holds what every user of them shares:
 
-- :mod:`~bayesurl.features.encode` -- :func:`encode` (the post-hoc input rule every fit,
+- :mod:`~bayesurl.features.encoding` -- :func:`encode` (the post-hoc input rule every fit,
   cache and prediction encodes under), :func:`encode_batches` (the one loop that runs a
   frozen encoder over batches, with augmentation draws) and :class:`FrozenEncoder` (a
   backbone behind its image transform and resize);
@@ -21,7 +21,7 @@ The post-hoc wrappers (:mod:`bayesurl.posthoc`) and the runs (:mod:`bayesurl.run
 
 from __future__ import annotations
 
-from bayesurl.features.encode import FrozenEncoder, encode, encode_batches
+from bayesurl.features.encoding import FrozenEncoder, encode, encode_batches
 from bayesurl.features.sets import (
     CachedFeatures,
     FirstView,

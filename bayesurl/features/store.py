@@ -1,7 +1,7 @@
 """The one on-disk embedding store (PVU thesis section 5.3).
 
 "Cache everything": once an encoder is frozen, its embeddings are a data source. They are
-computed once by :func:`~bayesurl.features.encode.encode_batches` (the one loop that runs a
+computed once by :func:`~bayesurl.features.encoding.encode_batches` (the one loop that runs a
 frozen encoder over batches, with optional augmentation draws) and written into *shards* of
 one format:
 
@@ -53,7 +53,7 @@ from torch import Tensor, nn
 from bayesurl._checks import check_int
 from bayesurl._modules import device_of, eval_mode
 from bayesurl.data.batch import iterate, loader_items, unpack_batch
-from bayesurl.features.encode import FrozenEncoder, encode, encode_batches
+from bayesurl.features.encoding import FrozenEncoder, encode, encode_batches
 from bayesurl.files import CorruptedFileError, reuse_or_build, seal, unseal
 
 __all__ = [

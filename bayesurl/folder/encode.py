@@ -37,6 +37,9 @@ __all__ = ["Encoded", "Features", "encode_folder"]
 
 @dataclass
 class Features:
+    """What the streaming pass kept of a folder: the plain features of its readable images,
+    the augmented views of the fit sample and the files it could not read."""
+
     feats: Tensor  # [N, D] of the readable images, in file order
     ids: Tensor  # [N] their indices in the scan
     labels: Tensor  # [N]

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from bayesurl._checks import check_output_file, load_refusal
 from bayesurl._modules import device_of, eval_mode
 from bayesurl.backbones import watch_input_range
-from bayesurl.features.encode import encode
+from bayesurl.features.encoding import encode
 from bayesurl.files import atomic_open
 from bayesurl.registry import Registry
 from bayesurl.types import Output

@@ -175,9 +175,13 @@ class Estimator:
         return False
 
     def fit(self, data: RunData, ctx: FitContext) -> dict[str, Any]:  # pragma: no cover
+        """Train on ``data``'s upstream sets where and how ``ctx`` says; the fit report
+        (``train_time`` in seconds, and what the kind measured)."""
         raise NotImplementedError
 
     def predict(self, x: Tensor, n_samples: int = 0) -> Output:  # pragma: no cover - abstract
+        """One batch of transformed inputs to an :class:`~bayesurl.types.Output`, with
+        ``samples [S, N, D]`` when ``n_samples > 0``."""
         raise NotImplementedError
 
 
