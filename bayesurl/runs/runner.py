@@ -35,6 +35,7 @@ from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.distributed import launch_rank, launched_by_torchrun
 from bayesurl.evaluation import EvaluationResult, NeighborMemo
 from bayesurl.evaluation.intervals import flat_intervals
+from bayesurl.evaluation.table import METRICS
 from bayesurl.features import source_digests
 from bayesurl.files import format_of, jsonable, write_json
 from bayesurl.runs.config import DataConfig, RunConfig
@@ -444,6 +445,15 @@ def crop_test_images(cfg: RunConfig) -> int:
     return 0 if cfg.backbone.freeze else CROP_IMAGES
 
 
+def _metric_selection(cfg: RunConfig) -> dict[str, Any]:
+    """``include`` for the evaluator: its defaults plus ``eval.metrics`` (none asked: nothing,
+    so that a run's metrics are the defaults' by construction)."""
+    if not cfg.eval.metrics:
+        return {}
+    asked = set(cfg.eval.metrics)  # names checked where the config was made
+    return {"include": [m.name for m in METRICS.values() if m.default or m.name in asked]}
+
+
 def _new_result(cfg: RunConfig, data: RunData, device: torch.device, main: bool) -> RunResult:
     """The record of a run of ``cfg`` before it fits: what it is and the settings it runs with."""
     from bayesurl.distributed import get_world_size
@@ -555,6 +565,7 @@ def _run(
             # every metric a benchmark reports, a run reports
             "crop_images": crop_test_images(cfg),
             "neighbor_memo": cache.neighbor_memo(cfg),
+            **_metric_selection(cfg),
             **evaluate_kwargs,
         }
         res = _score_fitted(estimator, data, cfg.eval.samples, score_kwargs)
