@@ -28,7 +28,7 @@ from _machine import cpu_flags, cpu_name
 
 from bayesurl.evaluation.intervals import read_interval
 from bayesurl.files import write_json
-from bayesurl.runs.folder import FolderOptions, score_folder
+from bayesurl.folder import FolderOptions, score_folder
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("knn", "mahalanobis", "gmm")
