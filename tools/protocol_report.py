@@ -507,7 +507,36 @@ def verdict(doc: dict[str, Any]) -> str:
         f"{_significant(pc, 'ood_auroc', 1)}; worse: {_significant(pc, 'ood_auroc', -1)}.",
         f"* **R@1** (CE {_ci(s, 'ce', 'r@1')}), better than CE: {_significant(pc, 'r@1', 1)}.",
     ]
+    lines += _selective_risk(doc, unit)
     return "\n".join(lines) + "\n"
+
+
+def _selective_risk(doc: dict[str, Any], unit: str) -> list[str]:
+    """The AURC bullet (the selective risk of the queries kept as u rises, lower is better;
+    Geifman et al., 2019): paired against CE per ``unit`` with Holm over the estimators, as the
+    other metrics; nothing where a run lacks it (runs made before the metric existed)."""
+    runs = [r for r in doc["runs"] if r.get("error") is None]
+    s = doc["summary"]
+    if "ce" not in s or not runs or any(r.get("aurc") is None for r in runs):
+        return []
+    table = {
+        "aurc": paired_comparison(
+            runs,
+            "aurc",
+            reference="ce",
+            unit="pair" if unit.startswith("complementary") else "run",
+            higher_is_better=False,
+        )
+    }
+    lowest = sorted(s, key=lambda k: s[k]["aurc"]["mean"])[:3]
+    return [
+        f"* **AURC** (the mean risk of the queries kept as u admits more of them, lower is "
+        f"better; it mixes R@1 with u's ranking, so a row that retrieves better has a lower "
+        f"AURC even with u at chance; CE {_ci(s, 'ce', 'aurc')}; lowest: "
+        + ", ".join(f"{k} {_ci(s, k, 'aurc')}" for k in lowest)
+        + f"), lower than CE (the difference signed so that + is better): "
+        f"{_significant(table, 'aurc', 1)}; higher: {_significant(table, 'aurc', -1)}."
+    ]
 
 
 def against(doc: dict[str, Any], other: dict[str, Any], label: str) -> str:

@@ -153,3 +153,29 @@ def test_against_uses_the_complementary_pair_as_the_unit(tmp_path):
     p = scipy.stats.ttest_1samp(pair_means, 0.0).pvalue
     pvu = next(r for r in text.split("* - ") if r.startswith("pvu\n"))
     assert f"{np.mean(pair_means):+.3f} (p {p:.2g}," in pvu.split("\n")[1]
+
+
+def test_verdict_states_aurc_lower_is_better_against_ce_only_when_every_run_has_it(tmp_path):
+    """AURC's bullet: the row whose AURC is lower than CE's in every split is named under
+    "lower than CE" (lower is better; the paired difference signed so that + is better),
+    the one above CE's under "higher"; runs without AURC (made before it existed) give no
+    bullet rather than a mean over some splits."""
+    tool = _tool()
+    noise = [0.01, -0.02, 0.015, -0.005, 0.02, -0.01, 0.0, 0.005]
+    runs = []
+    for split, e in enumerate(noise):
+        for est, aurc in (("ce", 0.20), ("pvu", 0.15), ("elk", 0.26), ("feature_norm", 0.2)):
+            jitter = 0.003 * ((split * 5 + len(est)) % 3 - 1)
+            runs.append(dict(_run(est, split, 0.5 + e), method=est, aurc=aurc + e + jitter))
+    (tmp_path / "partial_runs.json").write_text(json.dumps({"preset": "demo", "runs": runs}))
+    doc = read_results(tool.write_interim(tmp_path))
+    text = tool.verdict(doc)
+    line = next(x for x in text.splitlines() if x.startswith("* **AURC**"))
+    lower, higher = line.split("lower than CE")[1].split("; higher: ")
+    assert "pvu (+0.050" in lower and "elk" not in lower
+    assert "elk (-0.060" in higher and "pvu" not in higher
+    assert "CE 0.20" in line and "lowest: pvu 0.15" in line
+    for r in doc["runs"]:
+        if r["split"] == 3:
+            r["aurc"] = None
+    assert "AURC" not in tool.verdict(doc)
