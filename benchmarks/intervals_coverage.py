@@ -1,4 +1,4 @@
-"""Coverage of the per-run 95 % intervals (bayesurl.evaluation.intervals), by simulation.
+"""Coverage of the per-run 95 % intervals (bayesurl.stats.intervals), by simulation.
 
 Each draw is one synthetic evaluation with a known truth: queries right with probability
 ``p`` (the R@1 rate), u of the wrong ones ~ N(delta, 1) and of the right ones ~ N(0, 1)
@@ -23,7 +23,7 @@ import numpy as np
 from scipy.stats import norm
 from sklearn.metrics import average_precision_score
 
-from bayesurl.evaluation.intervals import (
+from bayesurl.stats.intervals import (
     Resample,
     auroc_interval,
     intervals_of,

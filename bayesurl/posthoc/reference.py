@@ -40,7 +40,6 @@ from bayesurl.distributions.gaussian_mixture import (
     fit_gaussians,
     kmeans,
 )
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, chunk_rows, normalize
 from bayesurl.posthoc.base import (
     PosthocWrapper,
     check_embedding_width,
@@ -48,6 +47,7 @@ from bayesurl.posthoc.base import (
     iterate,
     register_wrapper,
 )
+from bayesurl.search.core import DEFAULT_MEMORY_BUDGET, chunk_rows, normalize
 
 __all__ = ["GMMWrapper", "KNNReduce", "KNNWrapper", "MahalanobisWrapper", "ReferenceWrapper"]
 

@@ -87,8 +87,6 @@ from bayesurl.data.folder import (
 )
 from bayesurl.distributions.gaussian_mixture import MIN_POINTS
 from bayesurl.evaluation import evaluate
-from bayesurl.evaluation.intervals import flat_intervals, interval_lines
-from bayesurl.evaluation.knn import knn
 from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_open, format_of, jsonable, write_json
 from bayesurl.posthoc.base import wrapper_class
@@ -96,6 +94,8 @@ from bayesurl.posthoc.store import FeatureStore, FrozenEncoder, encode_batches
 from bayesurl.posthoc.wrap import wrap
 from bayesurl.runs.predict import predict
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, query_record
+from bayesurl.search import knn
+from bayesurl.stats.intervals import flat_intervals, interval_lines
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -372,7 +372,7 @@ FOLDER_COMPONENTS = 10
 
 def _neighbour_pairs(feats: Tensor) -> Tensor:
     """``[M, 2, D]``: each row of ``feats`` beside its nearest other row (cosine, ties to the
-    lowest index: :func:`bayesurl.evaluation.knn.knn`)."""
+    lowest index: :func:`bayesurl.search.knn`)."""
     _, nn_ids = knn(feats, 1)
     return torch.stack([feats, feats[nn_ids[:, 0]]], dim=1)
 

@@ -11,8 +11,8 @@ import torch
 from _reference import brute_knn
 
 from bayesurl.evaluation import functional as Fm
-from bayesurl.evaluation import sampled as Sm
-from bayesurl.evaluation.knn import knn
+from bayesurl.search import knn
+from bayesurl.search import sampled as Sm
 
 
 def draws(n: int = 60, s: int = 12, d: int = 5, noise: float = 0.4, seed: int = 0):
