@@ -118,6 +118,17 @@ def test_bad_input(samples, labels, kw, match: str) -> None:
         Fm.retrieval_ece(samples, labels, **kw)
 
 
+def test_search_settings_are_drawsearch_fields() -> None:
+    """retrieval_ece forwards the per-draw search's settings (DrawSearch's fields) to the same
+    search sampled_neighbors runs; an unknown setting is refused by its name."""
+    samples, y = draws(n=40, s=5, d=4)
+    res = Fm.retrieval_ece(samples, y, mode="block", shortlist=5, block=4, cluster_iters=2)
+    nb = Fm.sampled_neighbors(samples, mode="block", shortlist=5, block=4, cluster_iters=2)
+    assert torch.equal(res.neighbors, nb)
+    with pytest.raises(TypeError, match="shortlst"):
+        Fm.retrieval_ece(samples, y, shortlst=5)
+
+
 def test_adaptive_shortlist_agrees_with_exact() -> None:
     samples, y = draws(n=200, s=10, d=8, noise=0.3, seed=5)
     info: dict[str, float] = {}
