@@ -11,7 +11,9 @@ import numbers
 import os
 import re
 from collections.abc import Sequence
+from enum import Enum
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -50,6 +52,19 @@ def as_tensor(x: object, name: str, dtype: torch.dtype | None = None) -> Tensor:
         raise TypeError(f"`{name}` must be a tensor or array-like, got {type(x).__name__}") from exc
 
 
+_E = TypeVar("_E", bound=Enum)
+
+
+def check_enum(cls: type[_E], value: object, name: str) -> _E:
+    """``value`` (a member of ``cls`` or a member's value) as the member; else raise naming
+    ``name`` and the valid values."""
+    try:
+        return cls(getattr(value, "value", value))
+    except ValueError:
+        valid = ", ".join(str(m.value) for m in cls)
+        raise ValueError(f"`{name}` must be one of {valid}, got {value!r}") from None
+
+
 def check_choice(value: str, name: str, choices: Sequence[str]) -> str:
     """Return ``value`` if it is one of ``choices``; else raise naming ``name`` and the choices."""
     if value not in choices:
@@ -63,6 +78,13 @@ def check_ndim(x: Tensor, name: str, ndim: int | Sequence[int]) -> None:
     if x.ndim not in allowed:
         want = " or ".join(f"{d}-D" for d in allowed)
         raise ValueError(f"`{name}` must be {want}, got shape {tuple(x.shape)}")
+
+
+def check_columns(x: Tensor, name: str, n: int) -> None:
+    """Raise unless ``x`` is 2-D with ``n`` columns (a head's input ``[N, D]``)."""
+    check_ndim(x, name, 2)
+    if x.shape[1] != n:
+        raise ValueError(f"`{name}` must have {n} columns, got {x.shape[1]}")
 
 
 #: Elements :func:`check_finite` tests at once. ``torch.isfinite`` of a float tensor builds an

@@ -264,37 +264,18 @@ def launch_local(
     import torch.multiprocessing as mp
 
     nprocs = check_int(nprocs, "nprocs", low=1)
-    if threads is None:
-        raw = os.environ.get("OMP_NUM_THREADS")
-        threads = int(raw) if raw and raw.isdigit() and int(raw) > 0 else None
-        threads = threads or max(1, torch.get_num_threads() // nprocs)
-    threads = check_int(threads, "threads", low=1)
+    threads = _rank_threads(threads, nprocs)
     if _initialised() or launched_by_torchrun():
         raise ValueError(
             "`nprocs`: this process is already one rank of a distributed job "
             f"(WORLD_SIZE={os.environ.get('WORLD_SIZE')}); launch with torchrun or with "
             "launch_local, not both"
         )
-    methods = mp.get_all_start_methods()
-    start_method = start_method or ("fork" if "fork" in methods else "spawn")
-    if start_method not in methods:
-        raise ValueError(f"`start_method` must be one of {methods}, got {start_method!r}")
-    if start_method == "fork" and torch.cuda.is_initialized():
-        raise RuntimeError(
-            "CUDA is initialised in this process, so forked ranks could not use it: call "
-            "launch_local before any CUDA work, pass start_method='spawn', or use torchrun"
-        )
-    env = {
-        "WORLD_SIZE": str(nprocs),
-        "LOCAL_WORLD_SIZE": str(nprocs),
-        "GROUP_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-    }
+    start_method = _start_method(start_method)
     try:
         mp.start_processes(
             _local_rank_main,
-            args=(fn, tuple(args), env, threads),
+            args=(fn, tuple(args), _local_env(nprocs), threads),
             nprocs=nprocs,
             join=True,
             start_method=start_method,
@@ -308,6 +289,45 @@ def launch_local(
         raise RankFailedError(
             f"rank {exc.error_index} of {nprocs} exited with status {exc.exit_code}"
         ) from exc
+
+
+def _rank_threads(threads: int | None, nprocs: int) -> int:
+    """Intra-op threads per rank: ``threads``, else ``OMP_NUM_THREADS`` when set, else this
+    process's threads shared by the ``nprocs`` ranks (at least 1)."""
+    if threads is None:
+        raw = os.environ.get("OMP_NUM_THREADS")
+        threads = int(raw) if raw and raw.isdigit() and int(raw) > 0 else None
+        threads = threads or max(1, torch.get_num_threads() // nprocs)
+    return check_int(threads, "threads", low=1)
+
+
+def _local_env(nprocs: int) -> dict[str, str]:
+    """torchrun's environment of a one-machine job of ``nprocs`` ranks, less each rank's own
+    (``RANK``, ``LOCAL_RANK``): rendezvous on a free loopback port."""
+    return {
+        "WORLD_SIZE": str(nprocs),
+        "LOCAL_WORLD_SIZE": str(nprocs),
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
+
+
+def _start_method(start_method: str | None) -> str:
+    """``start_method`` checked (default ``"fork"`` where available, else ``"spawn"``); a fork
+    is refused once CUDA is initialised."""
+    import torch.multiprocessing as mp
+
+    methods = mp.get_all_start_methods()
+    start_method = start_method or ("fork" if "fork" in methods else "spawn")
+    if start_method not in methods:
+        raise ValueError(f"`start_method` must be one of {methods}, got {start_method!r}")
+    if start_method == "fork" and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "CUDA is initialised in this process, so forked ranks could not use it: call "
+            "launch_local before any CUDA work, pass start_method='spawn', or use torchrun"
+        )
+    return start_method
 
 
 def _comm_device(group: dist.ProcessGroup | None = None) -> torch.device:

@@ -390,7 +390,9 @@ def cli_runs(check: Check, name: str, argv: list[str], folder: Path) -> None:
 
 
 def bench_runs(folder: Path) -> dict[str, dict[str, Any]]:
-    runs = json.loads((folder / "results.json").read_text())["runs"]
+    from bayesurl.sweeps import read_results
+
+    runs = read_results(folder, detail=False)["runs"]
     return {r["estimator"]: r for r in runs}
 
 

@@ -242,7 +242,7 @@ def _over_seeds(
 
 def _interval_row(x: np.ndarray, ref: np.ndarray | None, is_ref: bool) -> dict[str, Any]:
     """Mean, t-interval and tests of per-unit AUROCs ``x`` (against 0.5 and, paired, ``ref``)."""
-    from bayesurl.sweeps.aggregate import t_interval
+    from bayesurl.stats.comparison import t_interval
 
     m, lo, hi = t_interval(x)
     row: dict[str, Any] = {"n": int(x.size), "mean": m, "low": lo, "high": hi}
@@ -386,17 +386,25 @@ def _sweep(args: list[str], folder: Path, log: Path, stop_after: int | None = No
         raise SystemExit(f"the sweep in {folder} failed (exit {child.returncode}); see {log}")
 
 
+def _sweep_runs(folder: Path) -> list[dict[str, Any]]:
+    """The finished runs of the sweep in ``folder`` (``[]`` when it wrote no results)."""
+    from bayesurl.sweeps import read_results
+
+    if not (folder / "results.json").is_file():
+        return []
+    return [r for r in read_results(folder, detail=False)["runs"] if r.get("error") is None]
+
+
 def _partial(folder: Path) -> list[dict[str, Any]]:
-    for name in ("results.json", "partial_runs.json"):
-        doc = _load(folder / name)
-        if doc.get("runs"):
-            return [r for r in doc["runs"] if r.get("error") is None]
-    return []
+    done = _sweep_runs(folder)
+    if done:
+        return done
+    doc = _load(folder / "partial_runs.json")
+    return [r for r in doc.get("runs", []) if r.get("error") is None]
 
 
 def _finished(folder: Path, n_runs: int) -> bool:
-    doc = _load(folder / "results.json")
-    return len([r for r in doc.get("runs", []) if r.get("error") is None]) >= n_runs
+    return len(_sweep_runs(folder)) >= n_runs
 
 
 def _query_arrays(folder: Path, run: str) -> tuple[np.ndarray, ...]:
@@ -454,6 +462,8 @@ def _row_name(row: str, pair_set: str) -> str:
 
 def road_table2(work: Path, out: Path) -> None:
     """LAM Table 2 from its recipe, one stored sweep with every pair set's rows."""
+    from bayesurl.sweeps import read_results
+
     recipe = _table2_recipe(work / "table2")
     folder = work / "table2" / "sweep"
     methods = ["deterministic"] + [_row_name(r, n) for r in TABLE2_ROWS for n in PAIR_SETS]
@@ -468,7 +478,9 @@ def road_table2(work: Path, out: Path) -> None:
     runs = {(r["estimator"], r["seed"]): r for r in _partial(folder)}
     committed = {
         (r["estimator"], r["seed"]): r
-        for r in _load(REPO / "results" / "lam" / "fashion_mnist_closed" / "results.json")["runs"]
+        for r in read_results(REPO / "results" / "lam" / "fashion_mnist_closed", detail=False)[
+            "runs"
+        ]
     }
     doc: dict[str, Any] = {
         "settings": {
@@ -543,9 +555,11 @@ def road_protocol(dataset: str, work: Path, out: Path, cache: str) -> None:
     """The protocol's two LAM rows at every split, one stored sweep per pair set; the
     reference pair set is the committed storage's, after checking that its first four runs
     come out the same here."""
+    from bayesurl.sweeps import read_results
+
     committed_dir, n_splits = PROTOCOLS[dataset]
     committed = [
-        r for r in _load(REPO / committed_dir / "results.json")["runs"]
+        r for r in read_results(REPO / committed_dir, detail=False)["runs"]
         if r["estimator"] in PROTOCOL_ROWS and r.get("error") is None
     ]  # fmt: skip
     n_runs = len(PROTOCOL_ROWS) * n_splits

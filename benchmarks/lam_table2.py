@@ -100,6 +100,8 @@ PAPER: dict[str, tuple[tuple[float, float | None] | None, ...]] = {
 
 def recipe_runs(folder: Path) -> dict[str, dict[int, dict]]:
     """``row -> seed -> metrics`` of the recipe's run records in ``folder``."""
+    from bayesurl.sweeps import read_results
+
     out: dict[str, dict[int, dict]] = {}
     for path in sorted(folder.glob("**/result.json")):
         rec = json.loads(path.read_text())
@@ -109,7 +111,8 @@ def recipe_runs(folder: Path) -> dict[str, dict[int, dict]]:
     # records under "runs"); not below it, where other sweeps' records may sit
     for name in ("results.json", "partial_runs.json"):
         for path in sorted(folder.glob(name)):
-            for rec in json.loads(path.read_text()).get("runs", []):
+            doc = read_results(path) if name == "results.json" else json.loads(path.read_text())
+            for rec in doc.get("runs", []):
                 if isinstance(rec, dict) and "estimator" in rec and not rec.get("error"):
                     out.setdefault(rec["estimator"], {})[int(rec["seed"])] = rec
     return out

@@ -294,7 +294,7 @@ def test_report_refuses_a_results_file_of_another_layout(tmp_path, capsys):
     )
     assert main(["report", str(out)]) == 2
     err = _err(capsys)
-    assert "results.json" in err and "another layout" in err and "bayesurl.results/2" in err
+    assert "results.json" in err and "another layout" in err and "bayesurl.results/3" in err
     # runs that name no estimator: refused, naming the first such run
     (out / "results.json").write_text(
         json.dumps({"summary": {"ce": {"r@1": 0.9}}, "runs": [{"name": "ce", "r@1": 0.9}]})
@@ -363,11 +363,11 @@ def test_a_dialect_typo_with_a_stock_password_shows_the_typo():
 
 
 def test_the_password_field_is_hidden_wherever_a_url_appears():
-    from bayesurl.sweeps.storage import _scrub
+    from bayesurl.database import scrub
 
     url = "postgresql://ann:hunter2@db/x"
     msg = "could not connect to postgresql://ann:hunter2@db/x; dsn password=hunter2 host=db"
-    shown = _scrub(msg, url)
+    shown = scrub(msg, url)
     assert "hunter2" not in shown and shown.count("***") == 2
 
 

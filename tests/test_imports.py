@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "uncertainty": 0,
     "distributed": 0,
     "registry": 0,
+    "database": 0,
     "backbones": 1,
     "data": 1,
     "distributions": 1,

@@ -64,20 +64,23 @@ def _run(cmd: list[str], log: Path, **kwargs: Any) -> int:
         return subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, **kwargs).returncode
 
 
-def _rows(out: Path) -> dict[str, float | None]:
+#: Prints ``{estimator: R@1}`` of the ``results.json`` named by its argument, read by the
+#: bayesurl installed in the environment (the one reader of its layout).
+_READ_R1 = (
+    "import json, sys; from bayesurl.sweeps.report import read_results; "
+    "runs = read_results(sys.argv[1], detail=False)['runs']; "
+    "print(json.dumps({r['estimator']: r.get('r@1') for r in runs}))"
+)
+
+
+def _rows(py: Path, out: Path, env: dict[str, str]) -> dict[str, float | None]:
     """The estimators of the benchmark's ``results.json`` and their R@1."""
     path = next(out.rglob("results.json"), None)
     if path is None:
         return {}
-    data = json.loads(path.read_text())
-    rows = data.get("runs", data.get("rows", data)) if isinstance(data, dict) else data
-    got: dict[str, float | None] = {}
-    for row in rows if isinstance(rows, list) else []:
-        if isinstance(row, dict):
-            name = row.get("estimator")  # every results.json names it so
-            metrics = row.get("metrics", row)
-            got[str(name)] = metrics.get("r@1") if isinstance(metrics, dict) else None
-    return got
+    proc = subprocess.run([str(py), "-c", _READ_R1, str(path)], capture_output=True, text=True,
+                          env=env)  # fmt: skip
+    return json.loads(proc.stdout) if proc.returncode == 0 else {}
 
 
 def check(bound: str, work: Path, log: Path) -> dict[str, Any]:
@@ -122,7 +125,7 @@ def check(bound: str, work: Path, log: Path) -> dict[str, Any]:
     result.update(
         benchmark_status=status,
         benchmark_seconds=round(time.perf_counter() - t1, 1),
-        estimators_r1=_rows(out),
+        estimators_r1=_rows(py, out, env),
     )
     return result
 

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from bayesurl.evaluation.table import Column, metric_column
-from bayesurl.sweeps.aggregate import complementary_pairs, holm, paired_comparison
+from bayesurl.stats.comparison import holm
+from bayesurl.sweeps.aggregate import complementary_pairs, paired_comparison
 from bayesurl.sweeps.record import run_rows
 from bayesurl.sweeps.report import (
     CURVES_FILE,

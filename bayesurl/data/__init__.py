@@ -4,7 +4,8 @@
   :class:`StanfordOnlineProducts`, by name through :func:`get_dataset`; a new one declares
   itself with :func:`register_dataset` (:mod:`bayesurl.data.registry`).
 * Splits: :func:`zero_shot_split` (class lists or a seeded permutation), :func:`split_classes`,
-  :func:`stratified_split`, :func:`stratified_subsample`, views via :func:`subset`.
+  :func:`stratified_split`, :func:`stratified_subsample` (a capped set: :func:`capped`), views
+  via :func:`subset`.
 * The embedded default experiment: :func:`default_zero_shot` -> :class:`ZeroShotData`; LAM's
   closed-set protocol on the same data: :func:`closed_set` (``SPLITS`` by :class:`Split`).
 * Transforms: :func:`default_transform`, :func:`default_augmentation`, :class:`TwoViews`.
@@ -47,6 +48,7 @@ from .plot import plot_images
 from .registry import DatasetKind, available_datasets, get_dataset, register_dataset
 from .sklearn_digits import digits, load_digits_images, upsample_uint8
 from .splits import (
+    capped,
     check_disjoint,
     split_classes,
     stratified_split,
@@ -71,6 +73,7 @@ from .zero_shot import (
     SPLITS,
     Split,
     ZeroShotData,
+    ZeroShotOptions,
     closed_set,
     default_zero_shot,
     dml_zero_shot,
@@ -107,8 +110,10 @@ __all__ = [
     "TransformedLoader",
     "UnpaddedDistributedSampler",
     "ZeroShotData",
+    "ZeroShotOptions",
     "as_tensors",
     "available_datasets",
+    "capped",
     "check_disjoint",
     "closed_set",
     "default_augmentation",

@@ -54,7 +54,7 @@ from bayesurl._checks import check_int
 
 from .base import subset
 from .registry import DATASETS, pool_datasets
-from .splits import stratified_subsample
+from .splits import capped
 from .zero_shot import ZeroShotData
 
 __all__ = [
@@ -153,12 +153,26 @@ def class_splits(
             f"cannot draw {n_splits} distinct splits: only {math.comb(k, n_up)} ways to choose "
             f"{n_up} of {k} classes"
         )
-    paired = 2 * n_up == k
     gen = torch.Generator().manual_seed(int(seed))
+    out = []
+    for i, up in enumerate(_distinct_upstreams(int(n_splits), k, n_up, gen)):
+        down = tuple(c for c in range(k) if c not in up)
+        perm = torch.randperm(len(up), generator=gen)[: int(n_val)].tolist()
+        val = tuple(sorted(up[j] for j in perm))
+        out.append(ClassSplit(index=i, upstream=up, downstream=down, val=val))
+    return out
+
+
+def _distinct_upstreams(
+    n_splits: int, k: int, n_up: int, gen: torch.Generator
+) -> list[tuple[int, ...]]:
+    """``n_splits`` distinct upstream class sets of size ``n_up``: the lowest classes first,
+    then seeded draws, each followed by its complement when ``n_up`` is half of ``k``."""
+    paired = 2 * n_up == k
     ups: list[tuple[int, ...]] = []
     seen: set[tuple[int, ...]] = set()
     tries = 0
-    while len(ups) < int(n_splits):
+    while len(ups) < n_splits:
         if not ups:
             up = tuple(range(n_up))
         else:
@@ -171,16 +185,10 @@ def class_splits(
             continue
         ups.append(up)
         seen.add(up)
-        if paired and len(ups) < int(n_splits):
+        if paired and len(ups) < n_splits:
             ups.append(comp)
             seen.add(comp)
-    out = []
-    for i, up in enumerate(ups):
-        down = tuple(c for c in range(k) if c not in up)
-        perm = torch.randperm(len(up), generator=gen)[: int(n_val)].tolist()
-        val = tuple(sorted(up[j] for j in perm))
-        out.append(ClassSplit(index=i, upstream=up, downstream=down, val=val))
-    return out
+    return ups
 
 
 def _fixed_val_splits(
@@ -343,12 +351,6 @@ def _crossfit_pairs(
     return base, paired
 
 
-def _cap(ds: Any, n: int | None, seed: int) -> Any:
-    if n is None or n >= len(ds):
-        return ds
-    return subset(ds, stratified_subsample(ds, n, seed=seed))
-
-
 def _stage_classes(split: ClassSplit, stage: str) -> tuple[list[int], list[int]]:
     """The classes trained on and the classes retrieved among at ``stage``."""
     if stage == "final":
@@ -373,9 +375,9 @@ def _select(
     test = subset(pool, torch.isin(y, torch.tensor(eval_cls)).nonzero().flatten())
     id_test = subset(pool, (fit_mask & held).nonzero().flatten(), relabel=relabel)
     return {
-        "train": _cap(train, caps["max_train"], seed),
-        "test": _cap(test, caps["max_test"], seed),
-        "id_test": _cap(id_test, caps["max_id"], seed),
+        "train": capped(train, caps["max_train"], seed),
+        "test": capped(test, caps["max_test"], seed),
+        "id_test": capped(id_test, caps["max_id"], seed),
     }
 
 
@@ -423,7 +425,7 @@ def split_data(
     -------
     ZeroShotData
         ``train`` relabelled to ``0..K-1`` in the order of the trained classes; ``test`` and
-        ``ood`` with original labels; ``id_test`` relabelled like ``train``.
+        ``ood`` with original labels; ``id_test`` relabelled like ``train``; ``val`` empty.
         ``info["split"]`` holds the split, ``info["stage"]`` the stage.
 
     Raises
@@ -435,41 +437,47 @@ def split_data(
     """
     if stage not in ("final", "tune"):
         raise ValueError(f"`stage` must be 'final' or 'tune', got {stage!r}")
-    make_pool = DATASETS.traits(dataset).get("pool") if dataset in DATASETS else None
-    if make_pool is None:
-        raise ValueError(f"`dataset` must be one of {list(pool_datasets())}, got {dataset!r}")
-    dataset = DATASETS.entry(dataset).name
+    make_pool, dataset = _pool_maker(dataset)
     caps = {"max_train": max_train, "max_test": max_test, "max_id": max_id, "max_ood": max_ood}
-    for arg, v in caps.items():
-        if v is not None:
-            check_int(v, arg, low=1)
+    _check_caps(caps)
     pool, held, ood, ood_name = make_pool(root, seed, image_size)
-    present = set(pool.targets.unique().tolist())
-    bad = sorted({*split.upstream, *split.downstream} - present)
-    if bad:
-        raise ValueError(f"`split` names classes {bad} that {dataset} does not have")
+    _check_split_classes(split, pool, dataset)
     fit_cls, eval_cls = _stage_classes(split, stage)
-    sets = {**_select(pool, held, fit_cls, eval_cls, caps, seed), "ood": _cap(ood, max_ood, seed)}
+    sets = {**_select(pool, held, fit_cls, eval_cls, caps, seed), "ood": capped(ood, max_ood, seed)}
     for key, ds in sets.items():
         ds.name = f"{pool.name}/split{split.index}/{stage}/{key}" if key != "ood" else ood.name
         sets[key] = ds.with_transform(transform)
-    empty = subset(pool, torch.empty(0, dtype=torch.int64)).with_transform(transform)
+    sizes = {k: len(v) for k, v in sets.items()}
     return ZeroShotData(
         name=dataset,
-        train=sets["train"],
-        val=empty,
-        test=sets["test"],
-        id_test=sets["id_test"],
-        ood=sets["ood"],
+        **sets,
+        val=subset(pool, torch.empty(0, dtype=torch.int64)).with_transform(transform),
         ood_name=ood_name,
         upstream_classes=fit_cls,
         downstream_classes=eval_cls,
         num_train_classes=len(fit_cls),
         image_shape=tuple(pool.images.shape[1:]),  # type: ignore[arg-type]
-        info={
-            "split": split.to_dict(),
-            "stage": stage,
-            "seed": seed,
-            "sizes": {k: len(v) for k, v in sets.items()},
-        },
+        info={"split": split.to_dict(), "stage": stage, "seed": seed, "sizes": sizes},
     )
+
+
+def _pool_maker(dataset: str) -> tuple[Callable[..., Any], str]:
+    """The ``pool`` a data set declares and its registered name (``dataset`` as typed in the
+    error when it declares none)."""
+    make_pool = DATASETS.traits(dataset).get("pool") if dataset in DATASETS else None
+    if make_pool is None:
+        raise ValueError(f"`dataset` must be one of {list(pool_datasets())}, got {dataset!r}")
+    return make_pool, DATASETS.entry(dataset).name
+
+
+def _check_caps(caps: Mapping[str, int | None]) -> None:
+    for arg, v in caps.items():
+        if v is not None:
+            check_int(v, arg, low=1)
+
+
+def _check_split_classes(split: ClassSplit, pool: Any, dataset: str) -> None:
+    present = set(pool.targets.unique().tolist())
+    bad = sorted({*split.upstream, *split.downstream} - present)
+    if bad:
+        raise ValueError(f"`split` names classes {bad} that {dataset} does not have")

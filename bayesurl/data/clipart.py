@@ -280,37 +280,14 @@ def build_clipart_manifest(
             f"need 1 <= `min_count` <= `per_class`, got min_count={min_count}, "
             f"per_class={per_class}"
         )
-    paths = sorted(
-        str(Path(d, f).relative_to(base))
-        for d, _, files in os.walk(base)
-        for f in files
-        if f.lower().endswith(".png")
-    )
-    excluded: dict[str, str] = {}
-    for p in [p for p in paths if Path(p).parts[0] in NOT_A_CATEGORY]:
-        excluded[p] = "in a folder that names no category"
-    paths = [p for p in paths if p not in excluded]
+    paths, excluded = _png_paths(base)
     rows = _scan(base, paths, int(max_pixels), excluded, progress)
     members_of, group_of = _duplicate_groups(rows)
     classes, home, dropped = _class_folders(rows, group_of, int(min_count))
-    while True:
-        keep, per_folder = _keep_one_per_group(rows, members_of, group_of, home)
-        small = sorted(f for f in classes if len(per_folder[f]) < int(min_count))
-        if not small:
-            break
-        for f in small:  # copies kept in other classes leave it below the count
-            dropped[f] = [len(per_folder[f]), f"fewer than {min_count} distinct drawings kept"]
-        home = [None if h in small else h for h in home]
-        classes = [f for f in classes if f not in small]
+    classes, home, keep, per_folder = _settle_classes(
+        rows, (members_of, group_of), classes, home, dropped, int(min_count)
+    )
     files, counts, merges = _pick_files(rows, classes, per_folder, int(per_class), int(seed))
-    dup_groups = []
-    for g, members in members_of.items():
-        if len(members) < 2:
-            continue
-        k = keep[g]
-        kept = rows[k]["path"] if k is not None and home[k] in classes else None
-        dup_groups.append([kept, *sorted(rows[m]["path"] for m in members if m != k)])
-    dup_groups.sort(key=lambda g: (g[0] is None, g[0] or "", g[1]))
     return {
         "format": 1,
         "source": source,
@@ -325,10 +302,68 @@ def build_clipart_manifest(
         "counts": counts,
         "merged": merges,
         "files": files,
-        "groups": dup_groups,
+        "groups": _listed_groups(rows, members_of, keep, home, classes),
         "dropped_folders": dict(sorted(dropped.items())),
         "excluded": dict(sorted(excluded.items())),
     }
+
+
+def _png_paths(base: Path) -> tuple[list[str], dict[str, str]]:
+    """Every PNG below ``base`` (relative, sorted) outside the folders that name no category,
+    and those inside them with the reason they are left out."""
+    paths = sorted(
+        str(Path(d, f).relative_to(base))
+        for d, _, files in os.walk(base)
+        for f in files
+        if f.lower().endswith(".png")
+    )
+    excluded: dict[str, str] = {}
+    for p in [p for p in paths if Path(p).parts[0] in NOT_A_CATEGORY]:
+        excluded[p] = "in a folder that names no category"
+    return [p for p in paths if p not in excluded], excluded
+
+
+def _settle_classes(
+    rows: list[dict[str, Any]],
+    groups: tuple[dict[int, list[int]], list[int]],
+    classes: list[str],
+    home: list[str | None],
+    dropped: dict[str, list[Any]],
+    min_count: int,
+) -> tuple[list[str], list[str | None], dict[int, int | None], dict[str, list[int]]]:
+    """One drawing kept per duplicate group (:func:`_keep_one_per_group`), the classes the
+    kept copies leave below ``min_count`` dropped (into ``dropped``), until every class keeps
+    enough: the classes, each file's class, the kept member of each group, each class's files."""
+    members_of, group_of = groups
+    while True:
+        keep, per_folder = _keep_one_per_group(rows, members_of, group_of, home)
+        small = sorted(f for f in classes if len(per_folder[f]) < min_count)
+        if not small:
+            return classes, home, keep, per_folder
+        for f in small:  # copies kept in other classes leave it below the count
+            dropped[f] = [len(per_folder[f]), f"fewer than {min_count} distinct drawings kept"]
+        home = [None if h in small else h for h in home]
+        classes = [f for f in classes if f not in small]
+
+
+def _listed_groups(
+    rows: list[dict[str, Any]],
+    members_of: dict[int, list[int]],
+    keep: dict[int, int | None],
+    home: list[str | None],
+    classes: list[str],
+) -> list[list[str | None]]:
+    """Every duplicate group of two or more files as paths, the kept one first (``None``
+    where none is kept in a class), sorted by the kept path."""
+    listed = []
+    for g, members in members_of.items():
+        if len(members) < 2:
+            continue
+        k = keep[g]
+        kept = rows[k]["path"] if k is not None and home[k] in classes else None
+        listed.append([kept, *sorted(rows[m]["path"] for m in members if m != k)])
+    listed.sort(key=lambda g: (g[0] is None, g[0] or "", g[1]))
+    return listed
 
 
 def _scan(

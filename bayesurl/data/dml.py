@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -149,45 +149,84 @@ def _check_images(paths: Sequence[str], name: str) -> None:
         )
 
 
-def _finish(
-    ds: ImageFileDataset,
-    class_ids: list[int],
-    ids: list[int],
-    paths: list[str],
-    split: str,
-    train_classes: Sequence[int],
-    test_classes: Sequence[int],
-    val_seed: int | None,
-    relabel: bool,
-    check_files: bool,
-    names: dict[int, str],
-    extra: dict[str, list[int]] | None = None,
-) -> None:
-    keep_classes = select_split_classes(train_classes, test_classes, split, val_seed)
-    keep = set(keep_classes)
-    rows = [i for i, c in enumerate(class_ids) if c in keep]
-    sel_paths = [paths[i] for i in rows]
-    if check_files:
-        _check_images(sel_paths, type(ds).__name__)
-    zero_based = [class_ids[i] - 1 for i in rows]
-    if relabel:
-        lut = {c - 1: j for j, c in enumerate(keep_classes)}
-        targets = [lut[t] for t in zero_based]
-        classes = [names.get(c, str(c)) for c in keep_classes]
-    else:
-        targets = zero_based
-        top = max(names) if names else (max(class_ids) if class_ids else 0)
-        classes = [names.get(c, str(c)) for c in range(1, top + 1)]
-    ImageFileDataset.__init__(ds, sel_paths, targets, ds.transform, classes, ds.name)
-    ds.image_ids = [ids[i] for i in rows]
-    ds.split_classes = [c - 1 for c in keep_classes]
-    ds.train_classes = [int(c) - 1 for c in sorted(train_classes)]
-    ds.test_classes = [int(c) - 1 for c in sorted(test_classes)]
-    for key, values in (extra or {}).items():
-        setattr(ds, key, torch.as_tensor([values[i] for i in rows], dtype=torch.int64))
+class _Listing(NamedTuple):
+    """What a data set's metadata list: each image's 1-based class id, image id and path, the
+    standard train and test classes, the class names by id and further per-image ids."""
+
+    class_ids: list[int]
+    ids: list[int]
+    paths: list[str]
+    train_classes: Sequence[int]
+    test_classes: Sequence[int]
+    names: dict[int, str]
+    extra: dict[str, list[int]] | None = None
 
 
-class CUB200(ImageFileDataset):
+class _FolderSet(ImageFileDataset):
+    """A benchmark read from its original layout: found below ``root``, listed by
+    :meth:`_read` and cut to ``split``. A subclass says where its marker file lies."""
+
+    HOW_TO_GET = ""
+    TITLE = ""  # the data set's name in errors
+    KEY = ""  # its short name, the prefix of ``name``
+    SUBDIRS: tuple[str, ...] = ()  # where below ``root`` the layout may lie
+    MARKER = ""  # the file that marks the layout
+    EXPECTED: tuple[str, ...] = ()  # the path below ``root`` an error names when none is found
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        split: str = "train",
+        transform: Transform | None = None,
+        *,
+        val_seed: int | None = None,
+        relabel: bool = False,
+        check_files: bool = True,
+    ) -> None:
+        folder = _resolve(root, self.SUBDIRS, self.MARKER)
+        if folder is None:
+            expected = os.path.join(os.fspath(root), *self.EXPECTED)
+            raise _missing(self.TITLE, expected, self.HOW_TO_GET)
+        self.root = folder
+        self.transform = transform
+        self.name = f"{self.KEY}/{split}"
+        self._select(self._read(folder), split, val_seed, relabel, check_files)
+
+    def _read(self, folder: str) -> _Listing:
+        raise NotImplementedError
+
+    def _select(
+        self, listing: _Listing, split: str, val_seed: int | None, relabel: bool, check_files: bool
+    ) -> None:
+        """Keep the images of ``split``'s classes, labelled as the module docs say."""
+        class_ids, names = listing.class_ids, listing.names
+        keep_classes = select_split_classes(
+            listing.train_classes, listing.test_classes, split, val_seed
+        )
+        keep = set(keep_classes)
+        rows = [i for i, c in enumerate(class_ids) if c in keep]
+        sel_paths = [listing.paths[i] for i in rows]
+        if check_files:
+            _check_images(sel_paths, type(self).__name__)
+        zero_based = [class_ids[i] - 1 for i in rows]
+        if relabel:
+            lut = {c - 1: j for j, c in enumerate(keep_classes)}
+            targets = [lut[t] for t in zero_based]
+            classes = [names.get(c, str(c)) for c in keep_classes]
+        else:
+            targets = zero_based
+            top = max(names) if names else (max(class_ids) if class_ids else 0)
+            classes = [names.get(c, str(c)) for c in range(1, top + 1)]
+        ImageFileDataset.__init__(self, sel_paths, targets, self.transform, classes, self.name)
+        self.image_ids = [listing.ids[i] for i in rows]
+        self.split_classes = [c - 1 for c in keep_classes]
+        self.train_classes = [int(c) - 1 for c in sorted(listing.train_classes)]
+        self.test_classes = [int(c) - 1 for c in sorted(listing.test_classes)]
+        for key, values in (listing.extra or {}).items():
+            setattr(self, key, torch.as_tensor([values[i] for i in rows], dtype=torch.int64))
+
+
+class CUB200(_FolderSet):
     """CUB-200-2011 (Wah et al., 2011) from its original archive layout.
 
     Expects ``ROOT/CUB_200_2011/`` (or ``ROOT`` itself) with ``images.txt``,
@@ -215,34 +254,18 @@ class CUB200(ImageFileDataset):
         "Download CUB_200_2011.tgz from https://www.vision.caltech.edu/datasets/cub_200_2011/ and "
         "extract it so that ROOT/CUB_200_2011/images.txt exists; pass root=ROOT."
     )
+    TITLE, KEY = "CUB-200-2011", "cub"
+    SUBDIRS, MARKER = ("CUB_200_2011",), "images.txt"
+    EXPECTED = ("CUB_200_2011", "images.txt")
     n_classes_train = 100
 
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        split: str = "train",
-        transform: Transform | None = None,
-        *,
-        val_seed: int | None = None,
-        relabel: bool = False,
-        check_files: bool = True,
-    ) -> None:
-        folder = _resolve(root, ("CUB_200_2011",), "images.txt")
-        if folder is None:
-            raise _missing(
-                "CUB-200-2011",
-                os.path.join(os.fspath(root), "CUB_200_2011", "images.txt"),
-                self.HOW_TO_GET,
-            )
-        self.root = folder
-        self.transform = transform
-        self.name = f"cub/{split}"
+    def _read(self, folder: str) -> _Listing:
         paths_file = os.path.join(folder, "images.txt")
         labels_file = os.path.join(folder, "image_class_labels.txt")
         classes_file = os.path.join(folder, "classes.txt")
         for f in (labels_file, classes_file):
             if not os.path.isfile(f):
-                raise _missing("CUB-200-2011", f, self.HOW_TO_GET)
+                raise _missing(self.TITLE, f, self.HOW_TO_GET)
         rel = {_int(i, paths_file): p for i, p in _read_table(paths_file, 2)}
         lab = {_int(i, labels_file): _int(c, labels_file) for i, c in _read_table(labels_file, 2)}
         if set(rel) != set(lab):
@@ -255,22 +278,10 @@ class CUB200(ImageFileDataset):
         class_ids = [lab[i] for i in ids]
         paths = [os.path.join(folder, "images", rel[i]) for i in ids]
         _check_ids(class_ids, CUB_TRAIN_CLASSES + CUB_TEST_CLASSES, labels_file)
-        _finish(
-            self,
-            class_ids,
-            ids,
-            paths,
-            split,
-            CUB_TRAIN_CLASSES,
-            CUB_TEST_CLASSES,
-            val_seed,
-            relabel,
-            check_files,
-            names,
-        )
+        return _Listing(class_ids, ids, paths, CUB_TRAIN_CLASSES, CUB_TEST_CLASSES, names)
 
 
-class Cars196(ImageFileDataset):
+class Cars196(_FolderSet):
     """CARS196 (Krause et al., 2013) from the ``cars_annos.mat`` layout.
 
     Expects ``ROOT/cars_annos.mat`` (or ``ROOT/CARS196/``, ``ROOT/cars196/``,
@@ -291,28 +302,14 @@ class Cars196(ImageFileDataset):
         "extract them so that ROOT/cars_annos.mat and ROOT/car_ims/000001.jpg exist; pass "
         "root=ROOT."
     )
+    TITLE, KEY = "CARS196", "cars"
+    SUBDIRS, MARKER = ("CARS196", "cars196", "stanford_cars"), "cars_annos.mat"
+    EXPECTED = ("cars_annos.mat",)
 
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        split: str = "train",
-        transform: Transform | None = None,
-        *,
-        val_seed: int | None = None,
-        relabel: bool = False,
-        check_files: bool = True,
-    ) -> None:
+    def _read(self, folder: str) -> _Listing:
         import numpy as np
         from scipy.io import loadmat
 
-        folder = _resolve(root, ("CARS196", "cars196", "stanford_cars"), "cars_annos.mat")
-        if folder is None:
-            raise _missing(
-                "CARS196", os.path.join(os.fspath(root), "cars_annos.mat"), self.HOW_TO_GET
-            )
-        self.root = folder
-        self.transform = transform
-        self.name = f"cars/{split}"
         mat_path = os.path.join(folder, "cars_annos.mat")
         try:
             mat = loadmat(mat_path, squeeze_me=True)
@@ -333,22 +330,10 @@ class Cars196(ImageFileDataset):
         _check_ids(class_ids, CARS_TRAIN_CLASSES + CARS_TEST_CLASSES, mat_path)
         paths = [os.path.join(folder, p) for p in rel]
         ids = list(range(1, len(rel) + 1))
-        _finish(
-            self,
-            class_ids,
-            ids,
-            paths,
-            split,
-            CARS_TRAIN_CLASSES,
-            CARS_TEST_CLASSES,
-            val_seed,
-            relabel,
-            check_files,
-            names,
-        )
+        return _Listing(class_ids, ids, paths, CARS_TRAIN_CLASSES, CARS_TEST_CLASSES, names)
 
 
-class StanfordOnlineProducts(ImageFileDataset):
+class StanfordOnlineProducts(_FolderSet):
     """Stanford Online Products (Song et al., 2016) from ``Ebay_train.txt`` / ``Ebay_test.txt``.
 
     Expects ``ROOT/Stanford_Online_Products/`` (or ``ROOT`` itself) holding both lists (header
@@ -367,51 +352,28 @@ class StanfordOnlineProducts(ImageFileDataset):
         " and extract it so that ROOT/Stanford_Online_Products/Ebay_train.txt exists; pass "
         "root=ROOT."
     )
+    TITLE, KEY = "Stanford Online Products", "sop"
+    SUBDIRS, MARKER = ("Stanford_Online_Products",), "Ebay_train.txt"
+    EXPECTED = ("Stanford_Online_Products", "Ebay_train.txt")
 
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        split: str = "train",
-        transform: Transform | None = None,
-        *,
-        val_seed: int | None = None,
-        relabel: bool = False,
-        check_files: bool = True,
-    ) -> None:
-        folder = _resolve(root, ("Stanford_Online_Products",), "Ebay_train.txt")
-        if folder is None:
-            raise _missing(
-                "Stanford Online Products",
-                os.path.join(os.fspath(root), "Stanford_Online_Products", "Ebay_train.txt"),
-                self.HOW_TO_GET,
-            )
-        self.root = folder
-        self.transform = transform
-        self.name = f"sop/{split}"
+    def _read(self, folder: str) -> _Listing:
         tables = {}
         for part in ("train", "test"):
             path = os.path.join(folder, f"Ebay_{part}.txt")
             if not os.path.isfile(path):
-                raise _missing("Stanford Online Products", path, self.HOW_TO_GET)
+                raise _missing(self.TITLE, path, self.HOW_TO_GET)
             tables[part] = [
                 (_int(i, path), _int(c, path), _int(s, path), p)
                 for i, c, s, p in _read_table(path, 4, header=True)
             ]
         rows = tables["train"] + tables["test"]
-        train_classes = sorted({r[1] for r in tables["train"]})
-        test_classes = sorted({r[1] for r in tables["test"]})
-        _finish(
-            self,
-            [r[1] for r in rows],
-            [r[0] for r in rows],
-            [os.path.join(folder, r[3]) for r in rows],
-            split,
-            train_classes,
-            test_classes,
-            val_seed,
-            relabel,
-            check_files,
-            {},
+        return _Listing(
+            class_ids=[r[1] for r in rows],
+            ids=[r[0] for r in rows],
+            paths=[os.path.join(folder, r[3]) for r in rows],
+            train_classes=sorted({r[1] for r in tables["train"]}),
+            test_classes=sorted({r[1] for r in tables["test"]}),
+            names={},
             extra={"super_targets": [r[2] - 1 for r in rows]},
         )
 

@@ -8,7 +8,7 @@ are given explicitly) and otherwise shuffles with a seeded generator, so runs re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -56,9 +56,7 @@ def make_loader(
     seed: int = 0,
     drop_last: bool = False,
     pad: bool = True,
-    collate_fn: Callable[[list[Any]], Any] | None = None,
-    pin_memory: bool = False,
-    persistent_workers: bool = False,
+    **loader_kwargs: Any,
 ) -> DataLoader:
     """Build a seeded :class:`~torch.utils.data.DataLoader`, sharded under torch.distributed.
 
@@ -88,10 +86,9 @@ def make_loader(
         (equal shard sizes, needed for lock-step training); ``False`` uses
         :class:`UnpaddedDistributedSampler` so the shards partition the data exactly (for
         evaluation).
-    collate_fn : callable, optional
-        Passed to the DataLoader.
-    pin_memory, persistent_workers : bool
-        Passed to the DataLoader.
+    **loader_kwargs
+        Further :class:`~torch.utils.data.DataLoader` arguments (``collate_fn``,
+        ``pin_memory``, ``persistent_workers`` -- kept only with workers --, ``timeout``...).
 
     Returns
     -------
@@ -102,42 +99,62 @@ def make_loader(
     check_int(num_workers, "num_workers", low=0)
     if len(dataset) == 0:  # type: ignore[arg-type]
         raise ValueError("`dataset` is empty")
-    explicit = num_replicas is not None or rank is not None
-    group = dist.is_available() and dist.is_initialized()
-    if distributed is None:
-        distributed = explicit or group
-    if distributed and not (explicit or group):
-        raise ValueError(
-            "`distributed=True` needs an initialised torch.distributed process group or "
-            "explicit `num_replicas` and `rank`"
-        )
-    generator = torch.Generator().manual_seed(int(seed))
-    sampler = None
-    if distributed:
-        if num_replicas is not None:
-            check_int(num_replicas, "num_replicas", low=1)
-        if rank is not None and num_replicas is not None and not 0 <= rank < num_replicas:
-            raise ValueError(f"`rank` must be in [0, {num_replicas}), got {rank}")
-        sampler_cls = DistributedSampler if pad or drop_last else UnpaddedDistributedSampler
-        sampler = sampler_cls(
-            dataset,
-            num_replicas=num_replicas,
-            rank=rank,
-            shuffle=shuffle,
-            seed=int(seed),
-            drop_last=drop_last,
-        )
+    taken = sorted(set(loader_kwargs) & {"sampler", "batch_sampler", "generator"})
+    if taken:
+        raise TypeError(f"make_loader() builds the DataLoader's {taken[0]!r} itself")
+    sampler = _sampler(
+        dataset, num_replicas, rank, distributed=distributed, shuffle=shuffle, seed=seed,
+        drop_last=drop_last, pad=pad,
+    )  # fmt: skip
+    persistent = bool(loader_kwargs.pop("persistent_workers", False)) and num_workers > 0
     return DataLoader(
         dataset,
         batch_size=int(batch_size),
         shuffle=bool(shuffle) if sampler is None else False,
         sampler=sampler,
         num_workers=int(num_workers),
-        collate_fn=collate_fn,
-        pin_memory=pin_memory,
         drop_last=drop_last,
-        generator=generator,
-        persistent_workers=persistent_workers and num_workers > 0,
+        generator=torch.Generator().manual_seed(int(seed)),
+        persistent_workers=persistent,
+        **loader_kwargs,
+    )
+
+
+def _sampler(
+    dataset: Dataset,
+    num_replicas: int | None,
+    rank: int | None,
+    *,
+    distributed: bool | None,
+    shuffle: bool,
+    seed: int,
+    drop_last: bool,
+    pad: bool,
+) -> DistributedSampler | None:
+    """The sharding sampler :func:`make_loader` asks for (``None``: no sharding)."""
+    explicit = num_replicas is not None or rank is not None
+    group = dist.is_available() and dist.is_initialized()
+    if distributed is None:
+        distributed = explicit or group
+    if not distributed:
+        return None
+    if not (explicit or group):
+        raise ValueError(
+            "`distributed=True` needs an initialised torch.distributed process group or "
+            "explicit `num_replicas` and `rank`"
+        )
+    if num_replicas is not None:
+        check_int(num_replicas, "num_replicas", low=1)
+    if rank is not None and num_replicas is not None and not 0 <= rank < num_replicas:
+        raise ValueError(f"`rank` must be in [0, {num_replicas}), got {rank}")
+    sampler_cls = DistributedSampler if pad or drop_last else UnpaddedDistributedSampler
+    return sampler_cls(
+        dataset,
+        num_replicas=num_replicas,
+        rank=rank,
+        shuffle=shuffle,
+        seed=int(seed),
+        drop_last=drop_last,
     )
 
 

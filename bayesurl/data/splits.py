@@ -18,9 +18,10 @@ from torch import Tensor
 
 from bayesurl._checks import check_int
 
-from .base import get_targets
+from .base import get_targets, subset
 
 __all__ = [
+    "capped",
     "zero_shot_split",
     "split_classes",
     "stratified_split",
@@ -267,3 +268,11 @@ def stratified_subsample(
         idx = (y == c).nonzero().flatten()
         out.append(idx[torch.randperm(idx.numel(), generator=gen)[:q]])
     return torch.cat(out).sort().values
+
+
+def capped(dataset: Any, n: int | None, seed: int = 0) -> Any:
+    """``dataset`` cut to a seeded class-balanced subset of at most ``n`` items
+    (:func:`stratified_subsample`); itself when ``n`` is ``None`` or not below its size."""
+    if n is None or n >= len(dataset):
+        return dataset
+    return subset(dataset, stratified_subsample(dataset, n, seed=seed))

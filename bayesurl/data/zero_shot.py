@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
@@ -47,12 +47,13 @@ from .base import ImageTensorDataset, subset, synthetic_ood
 from .fmnist import fashion_mnist, find_fashion_mnist
 from .registry import DatasetKind, dataset_names, get_dataset
 from .sklearn_digits import load_digits_images
-from .splits import stratified_split, stratified_subsample, zero_shot_split
+from .splits import capped, stratified_split, zero_shot_split
 
 __all__ = [
     "SPLITS",
     "Split",
     "ZeroShotData",
+    "ZeroShotOptions",
     "closed_set",
     "default_zero_shot",
     "dml_zero_shot",
@@ -157,42 +158,17 @@ def _embedded_name(root: str | os.PathLike[str] | None, force_digits: bool) -> s
     return "fashion_mnist"
 
 
-def _cap(ds: ImageTensorDataset, n: int | None, seed: int) -> ImageTensorDataset:
-    if n is None or n >= len(ds):
-        return ds
-    return subset(ds, stratified_subsample(ds, n, seed=seed))  # type: ignore[return-value]
-
-
 def _named(ds: ImageTensorDataset, name: str) -> ImageTensorDataset:
     ds.name = name
     return ds
 
 
-def default_zero_shot(
-    root: str | os.PathLike[str] | None = None,
-    *,
-    upstream: Sequence[int] | None = None,
-    downstream: Sequence[int] | None = None,
-    class_seed: int | None = None,
-    val_fraction: float = 0.1,
-    val_classes: Sequence[int] | None = None,
-    max_train: int | None = None,
-    max_test: int | None = None,
-    max_ood: int | None = None,
-    force_digits: bool = False,
-    image_size: int = 28,
-    transform: Callable[[Any], Any] | None = None,
-    train_transform: Callable[[Any], Any] | None = None,
-    seed: int = 0,
-) -> ZeroShotData:
-    """Build the embedded default zero-shot data (see :mod:`bayesurl.data.zero_shot`).
+@dataclass(frozen=True)
+class ZeroShotOptions:
+    """How :func:`default_zero_shot` builds the embedded sets; checked once, when built.
 
     Parameters
     ----------
-    root : str or PathLike, optional
-        Fashion-MNIST location (see :func:`bayesurl.data.find_fashion_mnist`). When ``None``
-        and the default location is empty, the digits fallback is used with a warning; an
-        explicit ``root`` without the data raises :class:`FileNotFoundError`.
     upstream, downstream : sequence of int, optional
         Class lists; default ``0-4`` / ``5-9``, or a seeded permutation when ``class_seed`` is
         set (URL Sec. 3.2: disjoint upstream / downstream classes).
@@ -221,6 +197,54 @@ def default_zero_shot(
     seed : int
         Seed of the validation split, the fallback's held-out split and the subsampling.
 
+    Raises
+    ------
+    ValueError
+        For a cap or ``image_size`` below 1, or (without ``val_classes``) a ``val_fraction``
+        outside ``[0, 1)``.
+    """
+
+    upstream: Sequence[int] | None = None
+    downstream: Sequence[int] | None = None
+    class_seed: int | None = None
+    val_fraction: float = 0.1
+    val_classes: Sequence[int] | None = None
+    max_train: int | None = None
+    max_test: int | None = None
+    max_ood: int | None = None
+    force_digits: bool = False
+    image_size: int = 28
+    transform: Callable[[Any], Any] | None = None
+    train_transform: Callable[[Any], Any] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_caps(self.max_train, self.max_test, self.max_ood, self.image_size)
+        if self.val_classes is None:
+            _check_fraction(self.val_fraction)
+
+
+_OPTION_FIELDS = frozenset(f.name for f in fields(ZeroShotOptions))
+
+
+def default_zero_shot(
+    root: str | os.PathLike[str] | None = None,
+    options: ZeroShotOptions | None = None,
+    **settings: Any,
+) -> ZeroShotData:
+    """Build the embedded default zero-shot data (see :mod:`bayesurl.data.zero_shot`).
+
+    Parameters
+    ----------
+    root : str or PathLike, optional
+        Fashion-MNIST location (see :func:`bayesurl.data.find_fashion_mnist`). When ``None``
+        and the default location is empty, the digits fallback is used with a warning; an
+        explicit ``root`` without the data raises :class:`FileNotFoundError`.
+    options : ZeroShotOptions, optional
+        Classes, validation, caps, transforms and seeds (default ``ZeroShotOptions()``).
+    **settings
+        :class:`ZeroShotOptions` fields replacing those of ``options``.
+
     Returns
     -------
     ZeroShotData
@@ -234,60 +258,60 @@ def default_zero_shot(
     >>> (x1, x2), y = data.train[0]          # two views for InfoNCE / MCInfoNCE
     >>> x_test, y_test = as_tensors(data.test)  # downstream retrieval set, all at once
     """
-    _check_caps(max_train, max_test, max_ood, image_size)
-    name = _embedded_name(root, force_digits)
-    pool_all, eval_all, size = _embedded_files(name, root, image_size)
-    if upstream is None and downstream is None and class_seed is None:
-        upstream, downstream = list(range(5)), list(range(5, 10))
-    up_idx, _ = zero_shot_split(pool_all, upstream, downstream, seed=class_seed)
-    up_cls = sorted(set(pool_all.targets[up_idx].tolist()))
-    if upstream is not None:
-        up_cls = [int(c) for c in upstream]
-    _, down_idx_eval = zero_shot_split(eval_all, up_cls, downstream)
-    down_cls = sorted(set(eval_all.targets[down_idx_eval].tolist()))
-    if downstream is not None:
-        down_cls = [int(c) for c in downstream]
-
-    if name == "fashion_mnist":  # the t10k file holds the held-out upstream images
-        pool_idx = up_idx
-        id_idx, _ = zero_shot_split(eval_all, up_cls, down_cls)
-    else:
-        keep, held = stratified_split(pool_all.targets[up_idx], 0.2, seed=seed)
-        pool_idx, id_idx = up_idx[keep], up_idx[held]
-
-    relabel = {c: i for i, c in enumerate(up_cls)}
-    pool = _cap(subset(pool_all, pool_idx), max_train, seed)  # type: ignore[arg-type]
-    if val_classes is not None:
-        train, val, up_cls, relabel = _class_disjoint_val(pool, up_cls, val_classes)
+    opts = _zero_shot_options(options, settings)
+    name = _embedded_name(root, opts.force_digits)
+    pool_all, eval_all, size = _embedded_files(name, root, opts.image_size)
+    up_idx, up_cls, down_idx, down_cls = _zero_shot_classes(pool_all, eval_all, opts)
+    pool_idx, id_idx = _held_out(name, pool_all, eval_all, up_idx, (up_cls, down_cls), opts.seed)
+    pool = capped(subset(pool_all, pool_idx), opts.max_train, opts.seed)
+    if opts.val_classes is not None:
+        train, val, up_cls, relabel = _class_disjoint_val(pool, up_cls, opts.val_classes)
         # held-out data of the classes actually trained on
         id_idx = id_idx[torch.isin(eval_all.targets[id_idx], torch.tensor(up_cls))]
     else:
-        train, val = _stratified_val(pool, relabel, val_fraction, seed)
-    id_test = _cap(subset(eval_all, id_idx, relabel=relabel), max_test, seed)  # type: ignore[arg-type]
-    test = _cap(subset(eval_all, down_idx_eval), max_test, seed)  # type: ignore[arg-type]
-    ood, ood_name = _embedded_ood(name, len(pool_all), size, max_ood, seed)
-    sets = {"train": train, "val": val, "test": test, "id_test": id_test, "ood": ood}
-    sets = _finish(sets, name, ood_name, transform, train_transform)
+        relabel = {c: i for i, c in enumerate(up_cls)}
+        train, val = _stratified_val(pool, opts.val_fraction, opts.seed, relabel)
+    ood, ood_name = _embedded_ood(name, len(pool_all), size, opts.max_ood, opts.seed)
+    sets = {
+        "train": train,
+        "val": val,
+        "test": capped(subset(eval_all, down_idx), opts.max_test, opts.seed),
+        "id_test": capped(subset(eval_all, id_idx, relabel=relabel), opts.max_test, opts.seed),
+        "ood": ood,
+    }
+    sets = _finish(sets, name, ood_name, opts.transform, opts.train_transform)
     return ZeroShotData(
         name=name,
-        train=sets["train"],
-        val=sets["val"],
-        test=sets["test"],
-        id_test=sets["id_test"],
-        ood=sets["ood"],
+        **sets,
         ood_name=ood_name,
         upstream_classes=list(up_cls),
         downstream_classes=list(down_cls),
         num_train_classes=len(up_cls),
         image_shape=tuple(pool_all.images.shape[1:]),  # type: ignore[arg-type]
         info={
-            "val_fraction": None if val_classes is not None else float(val_fraction),
-            "val_classes": None if val_classes is None else sorted(int(c) for c in val_classes),
-            "seed": seed,
-            "class_seed": class_seed,
+            "val_fraction": None if opts.val_classes is not None else float(opts.val_fraction),
+            "val_classes": None
+            if opts.val_classes is None
+            else sorted(int(c) for c in opts.val_classes),
+            "seed": opts.seed,
+            "class_seed": opts.class_seed,
             "sizes": {k: len(v) for k, v in sets.items()},
         },
     )
+
+
+def _zero_shot_options(
+    options: ZeroShotOptions | None, settings: dict[str, Any]
+) -> ZeroShotOptions:
+    """``options`` with ``settings`` replacing its fields (or built from ``settings``)."""
+    unknown = sorted(set(settings) - _OPTION_FIELDS)
+    if unknown:
+        raise TypeError(f"default_zero_shot() got an unexpected keyword argument {unknown[0]!r}")
+    if options is None:
+        return ZeroShotOptions(**settings)
+    if not isinstance(options, ZeroShotOptions):
+        raise TypeError(f"`options` must be a ZeroShotOptions, got {type(options).__name__}")
+    return replace(options, **settings) if settings else options
 
 
 def _check_caps(
@@ -297,6 +321,11 @@ def _check_caps(
         if value is not None:
             check_int(value, arg, low=1)
     check_int(image_size, "image_size", low=1)
+
+
+def _check_fraction(val_fraction: float) -> None:
+    if not 0.0 <= float(val_fraction) < 1.0:
+        raise ValueError(f"`val_fraction` must be in [0, 1), got {val_fraction}")
 
 
 def _embedded_files(
@@ -310,6 +339,43 @@ def _embedded_files(
     images, labels = load_digits_images(int(image_size))
     pool_all = ImageTensorDataset(images, labels, name="digits")
     return pool_all, pool_all, int(image_size)
+
+
+def _zero_shot_classes(
+    pool_all: ImageTensorDataset, eval_all: ImageTensorDataset, opts: ZeroShotOptions
+) -> tuple[torch.Tensor, list[int], torch.Tensor, list[int]]:
+    """The upstream rows of the training pool and the upstream classes, the downstream rows
+    of the evaluation pool and the downstream classes (the given lists, else ``0-4`` /
+    ``5-9``, else a permutation seeded by ``class_seed``)."""
+    upstream, downstream = opts.upstream, opts.downstream
+    if upstream is None and downstream is None and opts.class_seed is None:
+        upstream, downstream = list(range(5)), list(range(5, 10))
+    up_idx, _ = zero_shot_split(pool_all, upstream, downstream, seed=opts.class_seed)
+    up_cls = sorted(set(pool_all.targets[up_idx].tolist()))
+    if upstream is not None:
+        up_cls = [int(c) for c in upstream]
+    _, down_idx = zero_shot_split(eval_all, up_cls, downstream)
+    down_cls = sorted(set(eval_all.targets[down_idx].tolist()))
+    if downstream is not None:
+        down_cls = [int(c) for c in downstream]
+    return up_idx, up_cls, down_idx, down_cls
+
+
+def _held_out(
+    name: str,
+    pool_all: ImageTensorDataset,
+    eval_all: ImageTensorDataset,
+    up_idx: torch.Tensor,
+    classes: tuple[list[int], list[int]],
+    seed: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of the upstream training pool and of the held-out upstream images: the t10k
+    file's upstream images for Fashion-MNIST, a seeded stratified 20 % of the digits."""
+    if name == "fashion_mnist":
+        id_idx, _ = zero_shot_split(eval_all, *classes)
+        return up_idx, id_idx
+    keep, held = stratified_split(pool_all.targets[up_idx], 0.2, seed=seed)
+    return up_idx[keep], up_idx[held]
 
 
 def _class_disjoint_val(
@@ -332,11 +398,13 @@ def _class_disjoint_val(
 
 
 def _stratified_val(
-    pool: ImageTensorDataset, relabel: dict[int, int], val_fraction: float, seed: int
+    pool: ImageTensorDataset,
+    val_fraction: float,
+    seed: int,
+    relabel: dict[int, int] | bool = False,
 ) -> tuple[Any, Any]:
     """``train`` and a seeded, stratified ``val_fraction`` of it as ``val``."""
-    if not 0.0 <= float(val_fraction) < 1.0:
-        raise ValueError(f"`val_fraction` must be in [0, 1), got {val_fraction}")
+    _check_fraction(val_fraction)
     if val_fraction > 0:
         fit_idx, val_idx = stratified_split(pool, val_fraction, seed=seed)
     else:
@@ -355,7 +423,7 @@ def _embedded_ood(
     else:
         n_ood = n_pool if max_ood is None else min(n_pool, int(max_ood))
         ood, ood_name = synthetic_ood(n_ood, size, seed=seed), "noise"
-    return _cap(ood, max_ood, seed), ood_name
+    return capped(ood, max_ood, seed), ood_name
 
 
 def _finish(
@@ -394,9 +462,11 @@ def closed_set(
 
     Parameters
     ----------
-    root, max_train, max_ood, force_digits, image_size, transform, seed
-        As for :func:`default_zero_shot` (``max_train`` caps ``train`` before ``val`` is
-        split off, class-balanced).
+    root
+        As for :func:`default_zero_shot`.
+    max_train, max_ood, force_digits, image_size, transform, seed
+        As in :class:`ZeroShotOptions` (``max_train`` caps ``train`` before ``val`` is split
+        off, class-balanced).
     val_fraction : float
         Share of the training images held out as ``val`` (seeded, stratified; 0: empty).
     max_test : int, optional
@@ -414,41 +484,26 @@ def closed_set(
         For a non-positive cap or image size, or ``val_fraction`` outside ``[0, 1)``.
     """
     _check_caps(max_train, max_test, max_ood, image_size)
-    if not 0.0 <= float(val_fraction) < 1.0:
-        raise ValueError(f"`val_fraction` must be in [0, 1), got {val_fraction}")
+    _check_fraction(val_fraction)
     name = _embedded_name(root, force_digits)
-    if name == "fashion_mnist":
-        train_all, test_all = fashion_mnist(root, "train"), fashion_mnist(root, "test")
-        size = int(train_all.images.shape[-1])
-        d_img, d_lbl = load_digits_images(size)
-        ood, ood_name = ImageTensorDataset(d_img, d_lbl, name="digits"), "digits"
-    else:
-        size = int(image_size)
-        images, labels = load_digits_images(size)
-        pool = ImageTensorDataset(images, labels, name="digits")
-        keep, held = stratified_split(labels, 0.2, seed=seed)
-        train_all, test_all = subset(pool, keep), subset(pool, held)
-        ood, ood_name = synthetic_ood(len(pool), size, seed=seed), "noise"
-    pool = _cap(train_all, max_train, seed)  # type: ignore[arg-type]
-    if val_fraction > 0:
-        fit_idx, val_idx = stratified_split(pool, val_fraction, seed=seed)
-    else:
-        fit_idx, val_idx = torch.arange(len(pool)), torch.empty(0, dtype=torch.int64)
+    train_all, test_all, size = _embedded_files(name, root, image_size)
+    ood, ood_name = _embedded_ood(name, len(train_all), size, None, seed)
+    if name != "fashion_mnist":  # one pool of digits: a seeded stratified 20 % is retrieved
+        keep, held = stratified_split(train_all, 0.2, seed=seed)
+        train_all, test_all = subset(train_all, keep), subset(train_all, held)
+    train, val = _stratified_val(capped(train_all, max_train, seed), val_fraction, seed)
     sets: dict[str, Any] = {
-        "train": subset(pool, fit_idx),
-        "val": subset(pool, val_idx),
-        "test": _cap(test_all, max_test, seed),  # type: ignore[arg-type]
-        "ood": _cap(ood, max_ood, seed),
+        "train": train,
+        "val": val,
+        "test": capped(test_all, max_test, seed),
+        "ood": capped(ood, max_ood, seed),
     }
     sets = _finish(sets, name, ood_name, transform)
     classes = sorted(int(c) for c in sets["train"].targets.unique())
     return ZeroShotData(
         name=name,
-        train=sets["train"],
-        val=sets["val"],
-        test=sets["test"],
+        **sets,
         id_test=sets["test"],
-        ood=sets["ood"],
         ood_name=ood_name,
         upstream_classes=classes,
         downstream_classes=classes,
@@ -531,34 +586,26 @@ def dml_zero_shot(
     if key not in folder_sets:
         raise ValueError(f"`name` must be one of {sorted(folder_sets)}, got {name!r}")
     kw = {"val_seed": val_seed, "check_files": check_files}
-    split = "train_noval" if tune else "train"
-    train = get_dataset(key, root, split, train_transform, relabel=True, **kw)
-    val = get_dataset(key, root, "val", transform, relabel=True, **kw)
-    test = get_dataset(key, root, "test", transform, **kw)
-    train_cls = list(train.split_classes)  # type: ignore[attr-defined]
-    ood_ds = None
-    if ood is not None:
-        ood_ds = get_dataset(ood, ood_root, "test", transform)
+    train_split = "train_noval" if tune else "train"
+    sets = {
+        "train": get_dataset(key, root, train_split, train_transform, relabel=True, **kw),
+        "val": get_dataset(key, root, "val", transform, relabel=True, **kw),
+        "test": get_dataset(key, root, "test", transform, **kw),
+        "ood": None if ood is None else get_dataset(ood, ood_root, "test", transform),
+    }
+    train_cls = list(sets["train"].split_classes)  # type: ignore[attr-defined]
     return ZeroShotData(
         name=key,
-        train=train,
-        val=val,
-        test=test,
+        **sets,
         id_test=None,
-        ood=ood_ds,
         ood_name=ood,
         upstream_classes=train_cls,
-        downstream_classes=list(test.split_classes),  # type: ignore[attr-defined]
+        downstream_classes=list(sets["test"].split_classes),  # type: ignore[attr-defined]
         num_train_classes=len(train_cls),
         image_shape=None,
         info={
             "tune": tune,
             "val_seed": val_seed,
-            "sizes": {
-                "train": len(train),
-                "val": len(val),
-                "test": len(test),
-                "ood": None if ood_ds is None else len(ood_ds),
-            },
+            "sizes": {k: None if v is None else len(v) for k, v in sets.items()},
         },
     )

@@ -272,8 +272,31 @@ def fit_gaussians(
     if labels.shape != (x.shape[0],):
         raise ValueError(f"`{name}` must be [N] with N = {x.shape[0]}, got {tuple(labels.shape)}")
     values, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
-    k, (n, d) = len(values), x.shape
-    least = MIN_POINTS[covariance]
+    _check_component_sizes(values, counts, MIN_POINTS[covariance], covariance, name)
+    k, n = len(values), x.shape[0]
+    means = _component_means(x, inverse, counts)
+    trils, intensities = [], []
+    for j, idx in enumerate(_component_rows(inverse, k, covariance)):
+        acc = _centred_scatter(x, idx, inverse, means)
+        dof = acc.n - (k if covariance == "tied" else 1)  # rank of the centred scatter
+        what = "the shared covariance" if covariance == "tied" else f"component {int(values[j])}"
+        tril, a = _shrunk_cholesky(acc, shrinkage, dof, what)
+        trils.append(tril)
+        intensities.append(a)
+    log_weights = (counts.to(means.dtype) / n).log()
+    mixture = GaussianMixture(means, torch.stack(trils), log_weights)
+    report = {
+        "labels": values.tolist(),
+        "counts": counts.tolist(),
+        "shrinkage": intensities,
+    }
+    return mixture, report
+
+
+def _check_component_sizes(
+    values: Tensor, counts: Tensor, least: int, covariance: str, name: str
+) -> None:
+    """Raise unless every component has ``least`` points, naming up to five that do not."""
     small = [(int(v), int(c)) for v, c in zip(values, counts) if int(c) < least]
     if small:
         raise ValueError(
@@ -282,51 +305,62 @@ def fit_gaussians(
             + ", ".join(f"{v} has {c}" for v, c in small[:5])
             + (" ..." if len(small) > 5 else "")
         )
+
+
+def _component_means(x: Tensor, inverse: Tensor, counts: Tensor) -> Tensor:
+    """``[K, D]`` float64 means of the rows of each component (``inverse``: row -> component)."""
     f64 = {"dtype": torch.float64, "device": x.device}
-    sums = torch.zeros(k, d, **f64)
-    for rows in _chunks(n):
+    sums = torch.zeros(len(counts), x.shape[1], **f64)
+    for rows in _chunks(x.shape[0]):
         sums.index_add_(0, inverse[rows], x[rows].to(**f64))
-    means = sums / counts.to(**f64)[:, None]
-    groups = [torch.arange(n, device=x.device)] if covariance == "tied" else [
-        (inverse == j).nonzero().squeeze(1) for j in range(k)
-    ]  # fmt: skip
-    trils, intensities = [], []
-    for j, idx in enumerate(groups):
-        acc = _Scatter(torch.zeros(d, d, **f64))
-        for rows in _chunks(len(idx)):
-            i = idx[rows]
-            acc.add(x[i].to(**f64) - means[inverse[i]])
-        dof = acc.n - (k if covariance == "tied" else 1)  # rank of the centred scatter
-        what = "the shared covariance" if covariance == "tied" else f"component {int(values[j])}"
-        if shrinkage == 0.0 and dof < d:
-            raise ValueError(
-                f"{what} has {acc.n} reference points in {d} dimensions (D > n): its empirical "
-                "covariance is singular; pass `shrinkage`='ledoit_wolf' or a value in (0, 1]"
-            )
-        a = (
-            ledoit_wolf_shrinkage(acc.scatter, acc.quartic, acc.n)
-            if shrinkage == "ledoit_wolf"
-            else float(shrinkage)
+    return sums / counts.to(**f64)[:, None]
+
+
+def _component_rows(inverse: Tensor, k: int, covariance: str) -> list[Tensor]:
+    """The row indices behind each covariance: all rows (``"tied"``) or each component's."""
+    if covariance == "tied":
+        return [torch.arange(len(inverse), device=inverse.device)]
+    return [(inverse == j).nonzero().squeeze(1) for j in range(k)]
+
+
+def _centred_scatter(x: Tensor, idx: Tensor, inverse: Tensor, means: Tensor) -> _Scatter:
+    """The float64 sums of the rows ``idx`` of ``x``, each centred on its component's mean."""
+    d = x.shape[1]
+    acc = _Scatter(torch.zeros(d, d, dtype=torch.float64, device=x.device))
+    for rows in _chunks(len(idx)):
+        i = idx[rows]
+        acc.add(x[i].to(dtype=torch.float64, device=x.device) - means[inverse[i]])
+    return acc
+
+
+def _shrunk_cholesky(
+    acc: _Scatter, shrinkage: str | float, dof: int, what: str
+) -> tuple[Tensor, float]:
+    """Cholesky factor of the shrunk covariance of ``acc`` and its shrinkage intensity.
+
+    ``dof`` is the rank of the centred scatter; ``what`` names the covariance in errors.
+    """
+    d = acc.scatter.shape[0]
+    if shrinkage == 0.0 and dof < d:
+        raise ValueError(
+            f"{what} has {acc.n} reference points in {d} dimensions (D > n): its empirical "
+            "covariance is singular; pass `shrinkage`='ledoit_wolf' or a value in (0, 1]"
         )
-        cov = shrunk_covariance(acc.scatter, acc.n, a)
-        tril, info = torch.linalg.cholesky_ex(cov)
-        if int(info) != 0 or not bool(torch.isfinite(tril).all()):
-            raise ValueError(
-                f"{what} is not positive definite (shrinkage {a:.3g}, {acc.n} points in {d} "
-                "dimensions, trace "
-                f"{float(torch.diagonal(cov).sum()):.3g}): the points do not vary in every "
-                "direction; pass a larger `shrinkage`, or check that the features differ"
-            )
-        trils.append(tril)
-        intensities.append(a)
-    log_weights = (counts.to(**f64) / n).log()
-    mixture = GaussianMixture(means, torch.stack(trils), log_weights)
-    report = {
-        "labels": values.tolist(),
-        "counts": counts.tolist(),
-        "shrinkage": intensities,
-    }
-    return mixture, report
+    a = (
+        ledoit_wolf_shrinkage(acc.scatter, acc.quartic, acc.n)
+        if shrinkage == "ledoit_wolf"
+        else float(shrinkage)
+    )
+    cov = shrunk_covariance(acc.scatter, acc.n, a)
+    tril, info = torch.linalg.cholesky_ex(cov)
+    if int(info) != 0 or not bool(torch.isfinite(tril).all()):
+        raise ValueError(
+            f"{what} is not positive definite (shrinkage {a:.3g}, {acc.n} points in {d} "
+            "dimensions, trace "
+            f"{float(torch.diagonal(cov).sum()):.3g}): the points do not vary in every "
+            "direction; pass a larger `shrinkage`, or check that the features differ"
+        )
+    return tril, a
 
 
 def _sq_dists(x: Tensor, centres: Tensor) -> Tensor:

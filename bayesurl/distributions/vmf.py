@@ -50,13 +50,16 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from enum import Enum
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from bayesurl._checks import (
     check_concentration,
+    check_enum,
     check_finite,
     check_floating,
     check_int,
@@ -90,11 +93,7 @@ class VmfSampler(str, Enum):
 
 def check_sampler(sampler: str | VmfSampler) -> VmfSampler:
     """``sampler`` as a :class:`VmfSampler`; a ValueError names the valid values."""
-    try:
-        return VmfSampler(getattr(sampler, "value", sampler))
-    except ValueError:
-        valid = ", ".join(v.value for v in VmfSampler)
-        raise ValueError(f"`sampler` must be one of {valid}, got {sampler!r}") from None
+    return check_enum(VmfSampler, sampler, "sampler")
 
 
 def _debye_series(order: float, s: Tensor) -> Tensor:
@@ -336,6 +335,42 @@ def _gauss_legendre_01(n: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(((nodes + 1.0) / 2.0).tolist()), tuple((weights / 2.0).tolist())
 
 
+class _Angle(NamedTuple):
+    """Where the cosine ``w`` sits, each quantity exact where it is small."""
+
+    #: angle of ``w`` from ``+mu``
+    theta: Tensor
+    #: ``pi - theta``, the angle from ``-mu``
+    psi: Tensor
+    #: ``sin(theta)``, 1 where ``w = +-1``
+    sin_w: Tensor
+    #: ``log sin(theta)``
+    log_sin_w: Tensor
+    #: ``cos(theta) / sin(theta)``
+    cot_w: Tensor
+    #: ``|w| < 1`` (at ``w = +-1`` exactly the derivative is 0, the limit)
+    inside: Tensor
+    #: ``1 - w``
+    omw: Tensor
+
+
+def _angle(w: Tensor) -> _Angle:
+    """The angles of ``w`` from ``+mu`` and ``-mu`` and the sine terms of the integrand."""
+    omw = (1.0 - w).clamp(0.0, 2.0)
+    opw = (1.0 + w).clamp(0.0, 2.0)
+    theta = torch.where(
+        w >= 0,
+        2.0 * torch.asin(torch.sqrt(0.5 * omw)),
+        math.pi - 2.0 * torch.asin(torch.sqrt(0.5 * opw)),
+    )
+    psi = math.pi - theta
+    psi = torch.where(w < 0, 2.0 * torch.asin(torch.sqrt(0.5 * opw)), psi)
+    sin_w = torch.sqrt(omw * opw)
+    inside = sin_w > 0
+    sin_w = torch.where(inside, sin_w, torch.ones_like(sin_w))
+    return _Angle(theta, psi, sin_w, torch.log(sin_w), w / sin_w, inside, omw)
+
+
 def _cosine_grad_kappa(
     w: Tensor, kappa: Tensor, one_minus_a: Tensor, dim: int, n_nodes: int = _GRAD_NODES
 ) -> Tensor:
@@ -347,42 +382,48 @@ def _cosine_grad_kappa(
     Gauss-Legendre on a window that provably holds all but ``exp(-30)`` of the peak.
     """
     dm2 = float(dim - 2)
-    delta = _WINDOW_DROP
-    half_pi = 0.5 * math.pi
     w, kappa, oma = torch.broadcast_tensors(w, kappa, one_minus_a)
-    a = 1.0 - oma
-    upper = w >= a  # integrate over t > w (else over t < w): the integrand keeps one sign
-    omw = (1.0 - w).clamp(0.0, 2.0)
-    opw = (1.0 + w).clamp(0.0, 2.0)
-    # angles of w from +mu (theta) and from -mu (psi = pi - theta), each exact where it is small
-    theta = torch.where(
-        w >= 0,
-        2.0 * torch.asin(torch.sqrt(0.5 * omw)),
-        math.pi - 2.0 * torch.asin(torch.sqrt(0.5 * opw)),
-    )
-    psi = math.pi - theta
-    psi = torch.where(w < 0, 2.0 * torch.asin(torch.sqrt(0.5 * opw)), psi)
-    sin_w = torch.sqrt(omw * opw)
-    inside = sin_w > 0  # w = +-1 exactly: dw/dkappa = 0 (the limit)
-    sin_w = torch.where(inside, sin_w, torch.ones_like(sin_w))
-    log_sin_w = torch.log(sin_w)
-    cot_w = w / sin_w
+    upper = w >= 1.0 - oma  # integrate over t > w (else over t < w): the integrand keeps one sign
+    g = _angle(w)
     # mode of l(phi) = kappa cos(phi) + (D - 2) log sin(phi): cos = c*, sin^2 = (D-2) c* / kappa
     if dim > 2:
         c_star = 2.0 * kappa / (dm2 + torch.sqrt(dm2 * dm2 + 4.0 * kappa * kappa))
         theta_star = torch.asin(torch.sqrt((dm2 * c_star / kappa).clamp(0.0, 1.0)))
     else:
-        theta_star = torch.zeros_like(theta)
-    slope = -kappa * sin_w + dm2 * cot_w  # l'(theta_w)
+        theta_star = torch.zeros_like(g.theta)
+    slope = -kappa * g.sin_w + dm2 * g.cot_w  # l'(theta_w)
+    length = torch.where(
+        upper,
+        _upper_window(g, theta_star, slope, kappa, w, dm2),
+        _lower_window(g, slope, kappa, w, dim),
+    )
+    integral = _window_integral(g, w, kappa, oma, length, upper, dim, n_nodes)
+    out = g.sin_w * integral
+    return torch.where(g.inside, out.clamp_min(0.0), torch.zeros_like(out))
 
-    # upper side, phi in [0, theta_w] (where l is concave with -l'' >= D - 2 + kappa w):
-    # from the maximum phi_m with slope lam, l drops at least lam x + m x^2 / 2 after a step x
-    lam = torch.where(theta < theta_star, slope, torch.zeros_like(slope)).clamp_min(0.0)
+
+def _upper_window(
+    g: _Angle, theta_star: Tensor, slope: Tensor, kappa: Tensor, w: Tensor, dm2: float
+) -> Tensor:
+    """Length of the window below ``theta_w`` (``phi in [0, theta_w]``) holding the integral.
+
+    There ``l`` is concave with ``-l'' >= D - 2 + kappa w``: from the maximum ``phi_m`` with
+    slope ``lam``, ``l`` drops at least ``lam x + m x^2 / 2`` after a step ``x``.
+    """
+    delta = _WINDOW_DROP
+    lam = torch.where(g.theta < theta_star, slope, torch.zeros_like(slope)).clamp_min(0.0)
     m = (dm2 + kappa * w).clamp_min(0.0)
     x_up = 2.0 * delta / (lam + torch.sqrt(lam * lam + 2.0 * m * delta))
-    len_up = theta - (torch.minimum(theta, theta_star) - x_up).clamp_min(0.0)
+    return g.theta - (torch.minimum(g.theta, theta_star) - x_up).clamp_min(0.0)
 
-    # lower side, phi in [theta_w, pi], l decreasing: the same bound while phi <= pi / 2, ...
+
+def _lower_window(g: _Angle, slope: Tensor, kappa: Tensor, w: Tensor, dim: int) -> Tensor:
+    """Length of the window above ``theta_w`` (``phi in [theta_w, pi]``, ``l`` decreasing)."""
+    dm2 = float(dim - 2)
+    delta = _WINDOW_DROP
+    half_pi = 0.5 * math.pi
+    theta, psi = g.theta, g.psi
+    # the bound of the upper side while phi <= pi / 2, ...
     lam = (-slope).clamp_min(0.0)
     x1 = 2.0 * delta / (lam + torch.sqrt(lam * lam + 2.0 * dm2 * delta))
     # ... -l'' >= D - 2 - kappa everywhere, ...
@@ -393,7 +434,7 @@ def _cosine_grad_kappa(
     psi0 = torch.minimum(psi, torch.full_like(psi, half_pi))
     if dim > 2:
         drop0 = torch.where(
-            theta < half_pi, kappa * w + dm2 * log_sin_w, torch.zeros_like(w)
+            theta < half_pi, kappa * w + dm2 * g.log_sin_w, torch.zeros_like(w)
         )  # l(theta_w) - l(phi0), with l(pi/2) = 0
     else:
         drop0 = torch.where(theta < half_pi, kappa * w, torch.zeros_like(w))
@@ -411,9 +452,23 @@ def _cosine_grad_kappa(
         end = theta + xc
         bound = lam * xc + 0.5 * (dm2 + kappa * torch.cos(end)) * xc * xc
         x_low = torch.where((end <= half_pi) & (bound >= delta), torch.minimum(x_low, xc), x_low)
-    len_low = torch.minimum(x_low, psi)
+    return torch.minimum(x_low, psi)
 
-    length = torch.where(upper, len_up, len_low)
+
+def _window_integral(
+    g: _Angle,
+    w: Tensor,
+    kappa: Tensor,
+    oma: Tensor,
+    length: Tensor,
+    upper: Tensor,
+    dim: int,
+    n_nodes: int,
+) -> Tensor:
+    """Gauss-Legendre integral of ``(t - A) e^{l(phi) - l(theta_w)}`` over the window of
+    ``length`` above or below ``theta_w`` (the side ``upper`` says), in units of ``sin_w``."""
+    dm2 = float(dim - 2)
+    sin_w, cot_w = g.sin_w, g.cot_w
     sign = torch.where(upper, -1.0, 1.0).to(w.dtype)
     nodes, weights = _gauss_legendre_01(n_nodes)
     y = torch.tensor(nodes, dtype=w.dtype, device=w.device)
@@ -440,10 +495,8 @@ def _cosine_grad_kappa(
     else:
         expo = torch.mul(dcos, row(kappa), out=buf[0])
     # t - A = (w - A) + (cos(phi) - w): >= 0 on the upper side, <= 0 on the lower side
-    lin = dcos.add_(row(oma - omw))
-    integral = (gw @ expo.exp_().mul_(lin)).reshape(shape) * (-sign) * length
-    out = sin_w * integral
-    return torch.where(inside, out.clamp_min(0.0), torch.zeros_like(out))
+    lin = dcos.add_(row(oma - g.omw))
+    return (gw @ expo.exp_().mul_(lin)).reshape(shape) * (-sign) * length
 
 
 def vmf_cosine_grad_kappa(w: Tensor, kappa: Tensor | float, dim: int) -> Tensor:
@@ -533,6 +586,28 @@ def _sample_w(kappa: Tensor, dim: int, n: int, generator: torch.Generator | None
     return w
 
 
+def _rejection_rounds(
+    like: Tensor, propose: Callable[[tuple[Tensor, ...]], tuple[Tensor, Tensor]], what: str
+) -> Tensor:
+    """A tensor shaped as ``like``, filled by rounds of rejection sampling.
+
+    Each round, ``propose(idx)`` draws one proposal for every entry ``idx`` still open (as
+    ``nonzero(as_tuple=True)`` gives them) and returns the proposals and which are accepted.
+    """
+    out = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    todo = torch.ones(like.shape, dtype=torch.bool, device=like.device)
+    for _ in range(1000):
+        idx = todo.nonzero(as_tuple=True)
+        if idx[0].numel() == 0:
+            return out
+        value, accept = propose(idx)
+        acc_idx = tuple(i[accept] for i in idx)
+        out = out.index_put(acc_idx, value[accept])
+        todo[acc_idx] = False
+    # every sampler here accepts more than half of its proposals
+    raise RuntimeError(f"{what} did not converge in 1000 rounds")  # pragma: no cover
+
+
 # above this kappa Wood's envelope degenerates in float64 (b ~ (D-1) / (4 kappa) rounds 1 +- b)
 _KAPPA_GAMMA = 1e6
 
@@ -548,24 +623,17 @@ def _gamma_cosine(k: Tensor, dim: int, generator: torch.Generator | None) -> Ten
     """
     a = (dim - 3) / 2.0
     log_m = 0.5 * math.log(2.0) if dim == 2 else 0.0
-    w = torch.empty_like(k)
-    todo = torch.ones(k.shape, dtype=torch.bool, device=k.device)
-    for _ in range(1000):
-        idx = todo.nonzero(as_tuple=True)[0]
-        m = idx.numel()
-        if m == 0:
-            break
+
+    def propose(idx: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
         kb = k[idx]
+        m = kb.numel()
         conc = torch.full((m,), (dim - 1) / 2.0, dtype=k.dtype, device=k.device)
         t = torch._standard_gamma(conc, generator=generator)
         u = torch.rand(m, dtype=k.dtype, device=k.device, generator=generator)
         log_f = a * torch.log1p(-(t / (2.0 * kb)).clamp_max(0.5)) - log_m
-        accept = (t <= kb) & (torch.log(u) <= log_f)
-        w[idx[accept]] = 1.0 - t[accept] / kb[accept]
-        todo[idx[accept]] = False
-    else:  # pragma: no cover - acceptance is > 0.7
-        raise RuntimeError("vMF large-kappa sampler did not converge in 1000 rounds")
-    return w
+        return 1.0 - t / kb, (t <= kb) & (torch.log(u) <= log_f)
+
+    return _rejection_rounds(k, propose, "vMF large-kappa sampler")
 
 
 def _wood_rejection(k: Tensor, dim: int, generator: torch.Generator | None) -> Tensor:
@@ -575,26 +643,18 @@ def _wood_rejection(k: Tensor, dim: int, generator: torch.Generator | None) -> T
     b = dm1 / (2.0 * k + torch.hypot(2.0 * k, torch.full_like(k, dm1)))  # no k * k overflow
     x0 = (1.0 - b) / (1.0 + b)
     c = k * x0 + dm1 * torch.log1p(-x0 * x0)
-    w = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    todo = torch.ones(k.shape, dtype=torch.bool, device=k.device)
-    for _ in range(1000):
-        idx = todo.nonzero(as_tuple=True)
-        m = idx[0].numel()
-        if m == 0:
-            break
+
+    def propose(idx: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
         kb, bb, x0b, cb = k[idx], b[idx], x0[idx], c[idx]
+        m = kb.numel()
         # proposal w = f(eps, b), eps ~ Beta((D-1)/2, (D-1)/2)
         eps = _beta_symmetric(dm1 / 2.0, m, kb, generator)
         denom = 1.0 - (1.0 - bb) * eps
         wb = (1.0 - (1.0 + bb) * eps) / denom
         u = torch.rand(m, dtype=k.dtype, device=k.device, generator=generator)
-        accept = kb * wb + dm1 * torch.log1p(-x0b * wb) - cb >= torch.log(u)
-        acc_idx = tuple(i[accept] for i in idx)
-        w = w.index_put(acc_idx, wb[accept])
-        todo[acc_idx] = False
-    else:  # pragma: no cover - acceptance is > 0.5 for every kappa, D
-        raise RuntimeError("vMF rejection sampler did not converge in 1000 rounds")
-    return w
+        return wb, kb * wb + dm1 * torch.log1p(-x0b * wb) - cb >= torch.log(u)
+
+    return _rejection_rounds(k, propose, "vMF rejection sampler")
 
 
 def _url_taylor_w(kappa: Tensor, dim: int, n: int, generator: torch.Generator | None) -> Tensor:
@@ -617,23 +677,16 @@ def _url_taylor_w(kappa: Tensor, dim: int, n: int, generator: torch.Generator | 
         bd, cd, kd = b.detach(), c.detach(), k.detach()
         a = (dm1 + 2.0 * kd + cd) / 4.0
         d = 4.0 * a * bd / (1.0 + bd) - dm1 * math.log(dm1)
-        e = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        todo = torch.ones(k.shape, dtype=torch.bool, device=k.device)
-        for _ in range(1000):
-            idx = todo.nonzero(as_tuple=True)
-            m = idx[0].numel()
-            if m == 0:
-                break
+
+        def propose(idx: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
             bb, ab, db = bd[idx], a[idx], d[idx]
+            m = bb.numel()
             eps = _beta_symmetric(dm1 / 2.0, m, bb, generator)
             u = torch.rand(m, dtype=k.dtype, device=k.device, generator=generator)
             t = 2.0 * ab * bb / (1.0 - (1.0 - bb) * eps)
-            accept = dm1 * torch.log(t) - t + db > torch.log(u)
-            acc_idx = tuple(i[accept] for i in idx)
-            e = e.index_put(acc_idx, eps[accept])
-            todo[acc_idx] = False
-        else:  # pragma: no cover - the envelope accepts most proposals
-            raise RuntimeError("the URL-code vMF sampler did not converge in 1000 rounds")
+            return eps, dm1 * torch.log(t) - t + db > torch.log(u)
+
+        e = _rejection_rounds(k, propose, "the URL-code vMF sampler")
     return (1.0 - (1.0 + b) * e) / (1.0 - (1.0 - b) * e)
 
 

@@ -17,7 +17,8 @@ The pieces are small and composable:
 - :class:`ProbabilisticEncoder`: two MLPs ``D-10D-50D-50D-50D-50D-50D-10D-D`` for
   ``mu_hat`` and ``kappa_hat``; ``kappa_hat`` is initialised to the generator's range.
 - :func:`train_encoder`: phase-wise training (``mu_hat`` first with rolled in-batch negatives,
-  then ``kappa_hat`` with ``M`` sampled negatives), Adam, learning rate x0.1 at each quarter.
+  then ``kappa_hat`` with ``M`` sampled negatives), Adam, learning rate x0.1 at each quarter;
+  its schedule is one checked :class:`EncoderTraining`.
 - :func:`posterior_recovery_metrics`: Spearman correlation and mean absolute difference of the
   pairwise cosines (location) and of kappa (certainty) (section 5.1, "Metrics").
 - :func:`run_controlled`: one seed end to end, returning a JSON-ready dict.
@@ -33,7 +34,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -50,6 +51,7 @@ _log = logging.getLogger(__name__)
 
 __all__ = [
     "ControlledConfig",
+    "EncoderTraining",
     "LossFn",
     "ProbabilisticEncoder",
     "VMFGenerator",
@@ -623,27 +625,9 @@ def _triplet_loss(
     return loss_fn(mu_a, k_a, mu_p, k_p, mu_n, k_n, n_samples, generator)
 
 
-def train_encoder(
-    gen: VMFGenerator,
-    enc: ProbabilisticEncoder,
-    loss_fn: LossFn,
-    *,
-    n_batches: int,
-    batch_size: int = 512,
-    n_samples: int = 512,
-    n_negatives: int = 1,
-    mu_negatives: int = 0,
-    phasewise: bool = True,
-    lr: float = 1e-4,
-    lr_decay: float = 0.1,
-    kappa_lr: float | None = None,
-    oversampling: int = 16,
-    generator: torch.Generator | None = None,
-    eval_every: int = 0,
-    eval_fn: Callable[[], dict[str, float]] | None = None,
-    progress: bool = True,
-) -> list[dict[str, float]]:
-    """Train ``enc`` on contrastive triplets from ``gen`` (MCI appendix B.3, B.6).
+@dataclass(frozen=True)
+class EncoderTraining:
+    """How :func:`train_encoder` trains (MCI appendix B.3, B.6, Table 6); checked when built.
 
     Phase-wise (default): the first half of the batches trains ``mu_hat`` only, with
     ``mu_negatives`` sampled negatives per anchor (0: the rolled in-batch positives serve as
@@ -653,12 +637,6 @@ def train_encoder(
 
     Parameters
     ----------
-    gen : VMFGenerator
-        The data-generating process.
-    enc : ProbabilisticEncoder
-        Encoder, trained in place.
-    loss_fn : LossFn
-        Contrastive loss on posteriors, see :func:`make_loss`.
     n_batches : int
         Total number of batches (Table 6: 8,192 for D = 2, 100,000 for D = 10).
     batch_size, n_samples : int
@@ -674,78 +652,225 @@ def train_encoder(
         the third quarter; joint: x ``lr_decay`` per quarter). Default: :func:`lr_at`.
     oversampling : int
         Rejection-sampling candidates per row and round.
-    generator : torch.Generator, optional
-        Random source of the data and the MC samples.
     eval_every : int
-        Call ``eval_fn`` every this many batches (0: never) and after the last batch.
-    eval_fn : callable, optional
-        Returns a metrics dict; recorded in the history with the batch index and mean loss.
+        Evaluate every this many batches (0: never) and after the last batch.
     progress : bool
         Show a tqdm bar.
+
+    Raises
+    ------
+    ValueError
+        If ``n_batches < 2``, ``batch_size < 2``, ``n_samples < 1`` or a negative count.
+    """
+
+    n_batches: int
+    batch_size: int = 512
+    n_samples: int = 512
+    n_negatives: int = 1
+    mu_negatives: int = 0
+    phasewise: bool = True
+    lr: float = 1e-4
+    lr_decay: float = 0.1
+    kappa_lr: float | None = None
+    oversampling: int = 16
+    eval_every: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n_batches < 2:
+            raise ValueError(f"`n_batches` must be >= 2, got {self.n_batches}")
+        counts_ok = self.batch_size >= 2 and self.n_samples >= 1
+        if not counts_ok or min(self.n_negatives, self.mu_negatives) < 0:
+            raise ValueError(
+                f"need `batch_size` >= 2, `n_samples` >= 1, negatives >= 0; got {self.batch_size}, "
+                f"{self.n_samples}, {self.n_negatives}, {self.mu_negatives}"
+            )
+
+    def phase(self, step: int) -> str:
+        """``"mu"`` / ``"kappa"`` (the halves of phase-wise training) or ``"joint"``."""
+        if not self.phasewise:
+            return "joint"
+        return "mu" if 2 * step < self.n_batches else "kappa"
+
+    def negatives(self, phase: str) -> int:
+        """``M`` of ``phase`` (0: rolled in-batch negatives)."""
+        return self.mu_negatives if phase == "mu" else self.n_negatives
+
+    def lr_of(self, network: str, step: int) -> float:
+        """Learning rate of ``network`` (``"mu"`` or ``"kappa"``) at ``step``."""
+        if network == "mu" or self.kappa_lr is None:
+            return lr_at(
+                step, self.n_batches, self.lr, phasewise=self.phasewise, decay=self.lr_decay
+            )
+        # the kappa network's own base rate, same quarter drops
+        factor = _decay_factor(step, self.n_batches, phasewise=self.phasewise, decay=self.lr_decay)
+        return self.kappa_lr * factor
+
+    def eval_due(self, step: int) -> bool:
+        """Whether an evaluation follows ``step``."""
+        every = self.eval_every > 0 and (step + 1) % self.eval_every == 0
+        return every or step == self.n_batches - 1
+
+
+_TRAINING_FIELDS = frozenset(f.name for f in fields(EncoderTraining))
+
+
+def _training_options(options: EncoderTraining | None, settings: dict[str, Any]) -> EncoderTraining:
+    """``options`` with ``settings`` replacing its fields (or built from ``settings``)."""
+    unknown = sorted(set(settings) - _TRAINING_FIELDS)
+    if unknown:
+        raise TypeError(f"train_encoder() got an unexpected keyword argument {unknown[0]!r}")
+    if options is None:
+        if "n_batches" not in settings:
+            raise TypeError("train_encoder() needs `n_batches` (or an EncoderTraining)")
+        return EncoderTraining(**settings)
+    if not isinstance(options, EncoderTraining):
+        raise TypeError(f"`options` must be an EncoderTraining, got {type(options).__name__}")
+    return replace(options, **settings) if settings else options
+
+
+def _phase_optimizer(enc: ProbabilisticEncoder, phase: str, lr: float) -> torch.optim.Adam:
+    """A fresh Adam over the networks ``phase`` trains (the others frozen), one named group
+    per network."""
+    enc.requires_grad_(False)
+    groups = []
+    for name, net in (("mu", enc.mu_net), ("kappa", enc.kappa_net)):
+        if phase in (name, "joint"):
+            net.requires_grad_(True)
+            groups.append({"params": list(net.parameters()), "name": name})
+    return torch.optim.Adam(groups, lr=lr)
+
+
+def _evaluation(
+    enc: ProbabilisticEncoder,
+    eval_fn: Callable[[], dict[str, float]],
+    step: int,
+    phase: str,
+    mean_loss: float,
+) -> dict[str, float]:
+    """One history record: ``eval_fn`` in eval mode after batch ``step``, logged."""
+    enc.eval()
+    with torch.no_grad():
+        rec = {"batch": step + 1, "loss": mean_loss, **eval_fn()}
+    enc.train()
+    _log.info(
+        "batch %d (%s): %s", step + 1, phase,
+        ", ".join(f"{k} {v:.4g}" for k, v in rec.items() if k != "batch"),
+    )  # fmt: skip
+    return rec
+
+
+def train_encoder(
+    gen: VMFGenerator,
+    enc: ProbabilisticEncoder,
+    loss_fn: LossFn,
+    options: EncoderTraining | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    eval_fn: Callable[[], dict[str, float]] | None = None,
+    **settings: Any,
+) -> list[dict[str, float]]:
+    """Train ``enc`` on contrastive triplets from ``gen`` (MCI appendix B.3, B.6).
+
+    The schedule (phase-wise or joint, learning rates, negatives) is ``options``::
+
+        train_encoder(gen, enc, loss_fn, EncoderTraining(n_batches=8192), generator=g)
+        train_encoder(gen, enc, loss_fn, n_batches=8192, generator=g)  # the same run
+
+    Parameters
+    ----------
+    gen : VMFGenerator
+        The data-generating process.
+    enc : ProbabilisticEncoder
+        Encoder, trained in place.
+    loss_fn : LossFn
+        Contrastive loss on posteriors, see :func:`make_loss`.
+    options : EncoderTraining, optional
+        The schedule; without it ``settings`` must name ``n_batches``.
+    generator : torch.Generator, optional
+        Random source of the data and the MC samples.
+    eval_fn : callable, optional
+        Returns a metrics dict; called every ``eval_every`` batches and after the last one,
+        recorded in the history with the batch index and mean loss.
+    **settings
+        :class:`EncoderTraining` fields replacing those of ``options``.
 
     Returns
     -------
     list of dict
         The evaluation history (empty if ``eval_fn`` is None).
     """
-    if n_batches < 2:
-        raise ValueError(f"`n_batches` must be >= 2, got {n_batches}")
-    if batch_size < 2 or n_samples < 1 or n_negatives < 0 or mu_negatives < 0:
-        raise ValueError(
-            f"need `batch_size` >= 2, `n_samples` >= 1, negatives >= 0; got {batch_size}, "
-            f"{n_samples}, {n_negatives}, {mu_negatives}"
-        )
+    opts = _training_options(options, settings)
     history: list[dict[str, float]] = []
     optim: torch.optim.Optimizer | None = None
     phase = ""
     running, n_run = 0.0, 0
-    bar = tqdm(range(n_batches), disable=not progress, desc="train", leave=False)
+    bar = tqdm(range(opts.n_batches), disable=not opts.progress, desc="train", leave=False)
     for b in bar:
-        half = "mu" if (phasewise and 2 * b < n_batches) else ("kappa" if phasewise else "joint")
-        if half != phase:
-            phase = half
-            enc.requires_grad_(False)
-            groups = []
-            for name, net in (("mu", enc.mu_net), ("kappa", enc.kappa_net)):
-                if phase in (name, "joint"):
-                    net.requires_grad_(True)
-                    groups.append({"params": list(net.parameters()), "name": name})
-            optim = torch.optim.Adam(groups, lr=lr)
+        if opts.phase(b) != phase:
+            phase = opts.phase(b)
+            optim = _phase_optimizer(enc, phase, opts.lr)
         assert optim is not None
         for g in optim.param_groups:
-            if g["name"] == "mu" or kappa_lr is None:
-                g["lr"] = lr_at(b, n_batches, lr, phasewise=phasewise, decay=lr_decay)
-            else:  # the kappa network's own base rate, same quarter drops
-                g["lr"] = kappa_lr * _decay_factor(
-                    b, n_batches, phasewise=phasewise, decay=lr_decay
-                )
-        m_neg = mu_negatives if phase == "mu" else n_negatives
+            g["lr"] = opts.lr_of(g["name"], b)
         with torch.no_grad():
             x, x_pos, x_neg = gen.sample_triplets(
-                batch_size, m_neg, oversampling=oversampling, generator=generator
-            )
-        loss = _triplet_loss(enc, loss_fn, x, x_pos, x_neg, n_samples, generator)
+                opts.batch_size, opts.negatives(phase), oversampling=opts.oversampling,
+                generator=generator,
+            )  # fmt: skip
+        loss = _triplet_loss(enc, loss_fn, x, x_pos, x_neg, opts.n_samples, generator)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         optim.step()
         running += float(loss.detach())
         n_run += 1
-        if progress and b % 50 == 0:
+        if opts.progress and b % 50 == 0:
             bar.set_postfix(phase=phase, loss=f"{running / n_run:.4f}")
-        due = (eval_every > 0 and (b + 1) % eval_every == 0) or b == n_batches - 1
-        if eval_fn is not None and due:
-            enc.eval()
-            with torch.no_grad():
-                rec = {"batch": b + 1, "loss": running / n_run, **eval_fn()}
-            enc.train()
-            history.append(rec)
-            _log.info(
-                "batch %d (%s): %s", b + 1, phase,
-                ", ".join(f"{k} {v:.4g}" for k, v in rec.items() if k != "batch"),
-            )  # fmt: skip
+        if eval_fn is not None and opts.eval_due(b):
+            history.append(_evaluation(enc, eval_fn, b, phase, running / n_run))
             running, n_run = 0.0, 0
     enc.requires_grad_(True)
     return history
+
+
+def _mu_candidate(enc: ProbabilisticEncoder, j: int, seed: int) -> ProbabilisticEncoder:
+    """Candidate ``j`` of :func:`select_mu_init`: a copy of ``enc``, its ``mu_net``
+    re-initialised from its own seed for ``j > 0``."""
+    cand = copy.deepcopy(enc)
+    if j > 0:
+        g_init = torch.Generator().manual_seed(seed + 40_000 + j)
+        with torch.no_grad():
+            for layer in cand.mu_net:
+                if isinstance(layer, nn.Linear):
+                    _reset_linear(layer, g_init)
+    return cand
+
+
+def _warm_up_mu(
+    cand: ProbabilisticEncoder,
+    gen: VMFGenerator,
+    loss_fn: LossFn,
+    steps: int,
+    *,
+    batch_size: int,
+    n_samples: int,
+    lr: float,
+    oversampling: int,
+    generator: torch.Generator,
+) -> None:
+    """``steps`` Adam steps of ``cand.mu_net`` alone, with rolled in-batch negatives."""
+    cand.requires_grad_(False)
+    cand.mu_net.requires_grad_(True)
+    optim = torch.optim.Adam(cand.mu_net.parameters(), lr=lr)
+    for _ in range(steps):
+        with torch.no_grad():
+            x, x_pos, _ = gen.sample_triplets(
+                batch_size, 0, oversampling=oversampling, generator=generator
+            )
+        loss = _triplet_loss(cand, loss_fn, x, x_pos, None, n_samples, generator)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        optim.step()
 
 
 def select_mu_init(
@@ -808,34 +933,20 @@ def select_mu_init(
     with torch.no_grad():
         val = [gen.sample_triplets(batch_size, 0, generator=g_val)[:2] for _ in range(val_batches)]
     initial_states, losses = [], []
-    bar = tqdm(range(n_inits), disable=not progress, desc="mu inits", leave=False)
-    for j in bar:
-        cand = copy.deepcopy(enc)
-        if j > 0:
-            g_init = torch.Generator().manual_seed(seed + 40_000 + j)
-            with torch.no_grad():
-                for layer in cand.mu_net:
-                    if isinstance(layer, nn.Linear):
-                        _reset_linear(layer, g_init)
+    for j in tqdm(range(n_inits), disable=not progress, desc="mu inits", leave=False):
+        cand = _mu_candidate(enc, j, seed)
         initial_states.append(copy.deepcopy(cand.mu_net.state_dict()))
-        cand.requires_grad_(False)
-        cand.mu_net.requires_grad_(True)
-        optim = torch.optim.Adam(cand.mu_net.parameters(), lr=lr)
-        g_w = torch.Generator().manual_seed(seed + 20_000)  # the same stream for every candidate
-        for _ in range(warmup):
-            with torch.no_grad():
-                x, x_pos, _ = gen.sample_triplets(
-                    batch_size, 0, oversampling=oversampling, generator=g_w
-                )
-            loss = _triplet_loss(cand, loss_fn, x, x_pos, None, n_samples, g_w)
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            optim.step()
+        # the same warm-up stream and the same validation MC samples for every candidate
+        _warm_up_mu(
+            cand, gen, loss_fn, warmup, batch_size=batch_size, n_samples=n_samples, lr=lr,
+            oversampling=oversampling, generator=torch.Generator().manual_seed(seed + 20_000),
+        )  # fmt: skip
         g_mc = torch.Generator().manual_seed(seed + 50_000)
         with torch.no_grad():
-            total = 0.0
-            for x, x_pos in val:
-                total += float(_triplet_loss(cand, loss_fn, x, x_pos, None, n_samples, g_mc))
+            total = sum(
+                float(_triplet_loss(cand, loss_fn, x, x_pos, None, n_samples, g_mc))
+                for x, x_pos in val
+            )
         losses.append(total / val_batches)
     chosen = int(torch.tensor(losses).argmin())
     enc.mu_net.load_state_dict(initial_states[chosen])
@@ -963,6 +1074,15 @@ class ControlledConfig:
     mu_warmup: int = 512
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def training(self, *, progress: bool = True) -> EncoderTraining:
+        """The schedule :func:`train_encoder` follows for this run."""
+        return EncoderTraining(
+            n_batches=self.n_batches, batch_size=self.batch_size, n_samples=self.n_samples,
+            n_negatives=self.n_negatives, mu_negatives=self.mu_negatives,
+            phasewise=self.phasewise, lr=self.lr, lr_decay=self.lr_decay,
+            kappa_lr=self.kappa_lr, eval_every=self.eval_every, progress=progress,
+        )  # fmt: skip
+
 
 def plot_recovery(
     mu_true: Tensor,
@@ -1054,13 +1174,8 @@ def run_controlled(
         )  # fmt: skip
     initial = evaluate(config.eval_pairs)
     history = train_encoder(
-        gen, enc, loss_fn, n_batches=config.n_batches, batch_size=config.batch_size,
-        n_samples=config.n_samples, n_negatives=config.n_negatives,
-        mu_negatives=config.mu_negatives, phasewise=config.phasewise, lr=config.lr,
-        lr_decay=config.lr_decay, kappa_lr=config.kappa_lr, generator=g,
-        eval_every=config.eval_every,
+        gen, enc, loss_fn, config.training(progress=progress), generator=g,
         eval_fn=(lambda: evaluate(config.eval_pairs)) if config.eval_every else None,
-        progress=progress,
     )  # fmt: skip
     t_train = time.perf_counter() - t0
     enc.eval()

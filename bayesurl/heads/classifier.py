@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_int, check_ndim
+from bayesurl._checks import check_columns, check_finite, check_int
 
 __all__ = ["LinearClassifier"]
 
@@ -18,10 +18,8 @@ class LinearClassifier(nn.Linear):
 
     Parameters
     ----------
-    embed_dim : int
-        Embedding dimension ``D``.
-    num_classes : int
-        Number of classes ``C``.
+    embed_dim, num_classes : int
+        Embedding dimension ``D`` and number of classes ``C``.
     bias : bool
         Whether to learn a bias.
     """
@@ -33,10 +31,6 @@ class LinearClassifier(nn.Linear):
 
     def forward(self, embedding: Tensor) -> Tensor:
         """Logits ``[N, C]``."""
-        check_ndim(embedding, "embedding", 2)
-        if embedding.shape[1] != self.in_features:
-            raise ValueError(
-                f"`embedding` must have {self.in_features} columns, got {embedding.shape[1]}"
-            )
+        check_columns(embedding, "embedding", self.in_features)
         check_finite(embedding.detach(), "embedding")
         return super().forward(embedding)

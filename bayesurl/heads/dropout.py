@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_int, check_ndim
+from bayesurl._checks import check_columns, check_finite, check_int, check_ndim
 
 __all__ = ["MCDropoutHead", "block_dropout_linear"]
 
@@ -24,10 +24,8 @@ class MCDropoutHead(nn.Module):
 
     Parameters
     ----------
-    embed_dim : int
-        Embedding dimension ``D``.
-    num_classes : int
-        Number of classes ``C``.
+    embed_dim, num_classes : int
+        Embedding dimension ``D`` and number of classes ``C``.
     p : float
         Dropout rate (URL tunes it in ``[0.05, 0.25]``).
     n_passes : int
@@ -54,11 +52,7 @@ class MCDropoutHead(nn.Module):
         self.classifier = nn.Linear(self.embed_dim, self.num_classes)
 
     def _check(self, embedding: Tensor) -> None:
-        check_ndim(embedding, "embedding", 2)
-        if embedding.shape[1] != self.embed_dim:
-            raise ValueError(
-                f"`embedding` must have {self.embed_dim} columns, got {embedding.shape[1]}"
-            )
+        check_columns(embedding, "embedding", self.embed_dim)
         check_finite(embedding.detach(), "embedding")
 
     def forward(self, embedding: Tensor) -> Tensor:

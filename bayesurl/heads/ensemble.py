@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_floating, check_int, check_ndim
+from bayesurl._checks import check_columns, check_finite, check_floating, check_int, check_ndim
 
 __all__ = ["EnsembleHeads", "average_log_probs", "orthogonal_procrustes", "pool_embeddings"]
 
@@ -147,10 +147,8 @@ class EnsembleHeads(nn.Module):
 
     Parameters
     ----------
-    embed_dim : int
-        Embedding dimension ``D``.
-    num_classes : int
-        Number of classes ``C``.
+    embed_dim, num_classes : int
+        Embedding dimension ``D`` and number of classes ``C``.
     num_heads : int
         Ensemble size ``K`` (10 in URL).
 
@@ -183,11 +181,7 @@ class EnsembleHeads(nn.Module):
 
     def forward(self, embedding: Tensor) -> Tensor:
         """Logits of every head ``[K, N, C]``."""
-        check_ndim(embedding, "embedding", 2)
-        if embedding.shape[1] != self.embed_dim:
-            raise ValueError(
-                f"`embedding` must have {self.embed_dim} columns, got {embedding.shape[1]}"
-            )
+        check_columns(embedding, "embedding", self.embed_dim)
         check_finite(embedding.detach(), "embedding")
         out = self.linear(embedding).reshape(-1, self.num_heads, self.num_classes)
         return out.transpose(0, 1)

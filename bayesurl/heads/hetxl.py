@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_int, check_ndim
+from bayesurl._checks import check_columns, check_finite, check_int, check_ndim
 from bayesurl.distributions.lowrank_gaussian import LowRankGaussian
 
 __all__ = ["DiagNoise", "HetXLHead", "HetXLOutput", "mc_softmax_log_probs"]
@@ -95,10 +95,8 @@ class HetXLHead(nn.Module):
 
     Parameters
     ----------
-    embed_dim : int
-        Embedding dimension ``D``.
-    num_classes : int
-        Number of classes ``C``.
+    embed_dim, num_classes : int
+        Embedding dimension ``D`` and number of classes ``C``.
     rank : int
         Rank ``R`` of the low-rank factor (URL uses 1; rank 10 did not help).
     n_mc : int
@@ -164,11 +162,7 @@ class HetXLHead(nn.Module):
 
     def distribution(self, embedding: Tensor) -> LowRankGaussian:
         """The embedding distribution ``N(phi, V V^T + diag(d))`` of a batch ``[N, D]``."""
-        check_ndim(embedding, "embedding", 2)
-        if embedding.shape[1] != self.embed_dim:
-            raise ValueError(
-                f"`embedding` must have {self.embed_dim} columns, got {embedding.shape[1]}"
-            )
+        check_columns(embedding, "embedding", self.embed_dim)
         check_finite(embedding.detach(), "embedding")
         n = embedding.shape[0]
         factor = self.cov_factor(embedding).reshape(n, self.embed_dim, self.rank)

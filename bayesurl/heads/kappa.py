@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_int, check_ndim, check_number
+from bayesurl._checks import check_columns, check_finite, check_int, check_ndim, check_number
 
 __all__ = ["KappaHead", "inverse_softplus"]
 
@@ -132,11 +132,7 @@ class KappaHead(nn.Module):
     def forward(self, embedding: Tensor) -> Tensor:
         """Concentrations ``kappa [N] > 0`` for inputs ``[N, D]`` (embeddings, unnormalised is
         fine, or backbone features)."""
-        check_ndim(embedding, "embedding", 2)
-        if embedding.shape[1] != self.in_dim:
-            raise ValueError(
-                f"`embedding` must have {self.in_dim} columns, got {embedding.shape[1]}"
-            )
+        check_columns(embedding, "embedding", self.in_dim)
         raw = F.softplus(self.mlp(embedding).squeeze(-1))
         return self.output_scale.to(raw) * raw + self.min_kappa
 

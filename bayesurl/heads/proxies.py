@@ -11,6 +11,8 @@ scaled up by t").
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -21,16 +23,33 @@ from bayesurl.heads.kappa import inverse_softplus
 __all__ = ["NonIsotropicVMFProxies", "VMFProxies"]
 
 
-def _check_sizes(num_classes: int, dim: int, kappa_scale: float, init_kappa: float) -> None:
-    check_int(num_classes, "num_classes", low=2)
-    check_int(dim, "dim", low=2)
-    if not kappa_scale > 0:
-        raise ValueError(f"`kappa_scale` must be positive, got {kappa_scale}")
-    if not init_kappa > 0:
-        raise ValueError(f"`init_kappa` must be positive, got {init_kappa}")
+class _Proxies(nn.Module):
+    """Learnable unit directions ``[C, D]`` and raw concentrations of a given shape."""
+
+    def __init__(
+        self,
+        num_classes: int,
+        dim: int,
+        kappa_scale: float,
+        init_kappa: float,
+        learn_kappa: bool,
+        kappa_shape: Callable[[int, int], tuple[int, ...]],
+    ) -> None:
+        super().__init__()
+        check_int(num_classes, "num_classes", low=2)
+        check_int(dim, "dim", low=2)
+        if not kappa_scale > 0:
+            raise ValueError(f"`kappa_scale` must be positive, got {kappa_scale}")
+        if not init_kappa > 0:
+            raise ValueError(f"`init_kappa` must be positive, got {init_kappa}")
+        self.num_classes, self.dim = int(num_classes), int(dim)
+        self.kappa_scale = float(kappa_scale)
+        self.direction = nn.Parameter(torch.randn(self.num_classes, self.dim))
+        raw = inverse_softplus(torch.full(kappa_shape(self.num_classes, self.dim), init_kappa))
+        self.raw_kappa = nn.Parameter(raw, requires_grad=learn_kappa)
 
 
-class VMFProxies(nn.Module):
+class VMFProxies(_Proxies):
     """Isotropic vMF class proxies ``vMF(mu_c, t * kappa_c)`` (URL appendix B.4).
 
     Parameters
@@ -64,14 +83,11 @@ class VMFProxies(nn.Module):
         learn_kappa: bool = True,
         init_kappa: float = 1.0,
     ) -> None:
-        super().__init__()
-        _check_sizes(num_classes, dim, kappa_scale, init_kappa)
-        self.num_classes, self.dim = int(num_classes), int(dim)
-        self.kappa_scale = float(kappa_scale)
+        super().__init__(
+            num_classes, dim, kappa_scale, init_kappa, learn_kappa,
+            lambda c, d: (1 if shared_kappa else c,),
+        )  # fmt: skip
         self.shared_kappa = bool(shared_kappa)
-        self.direction = nn.Parameter(torch.randn(self.num_classes, self.dim))
-        raw = inverse_softplus(torch.full((1 if shared_kappa else self.num_classes,), init_kappa))
-        self.raw_kappa = nn.Parameter(raw, requires_grad=learn_kappa)
 
     def forward(self) -> tuple[Tensor, Tensor]:
         """``(mu [C, D], kappa [C])``: unit directions and scaled concentrations."""
@@ -80,7 +96,7 @@ class VMFProxies(nn.Module):
         return mu, kappa
 
 
-class NonIsotropicVMFProxies(nn.Module):
+class NonIsotropicVMFProxies(_Proxies):
     """Non-isotropic vMF class proxies ``nivMF(mu_c, diag(t * kappa_c))`` (ECCV22 nivMF, eq. 4).
 
     Each class has a direction ``mu_c`` on the sphere and a positive concentration per
@@ -108,13 +124,9 @@ class NonIsotropicVMFProxies(nn.Module):
         learn_kappa: bool = True,
         init_kappa: float = 1.0,
     ) -> None:
-        super().__init__()
-        _check_sizes(num_classes, dim, kappa_scale, init_kappa)
-        self.num_classes, self.dim = int(num_classes), int(dim)
-        self.kappa_scale = float(kappa_scale)
-        self.direction = nn.Parameter(torch.randn(self.num_classes, self.dim))
-        raw = inverse_softplus(torch.full((self.num_classes, self.dim), init_kappa))
-        self.raw_kappa = nn.Parameter(raw, requires_grad=learn_kappa)
+        super().__init__(
+            num_classes, dim, kappa_scale, init_kappa, learn_kappa, lambda c, d: (c, d)
+        )
 
     def forward(self) -> tuple[Tensor, Tensor]:
         """``(mu [C, D], kappa [C, D])``: unit directions and per-dimension concentrations."""

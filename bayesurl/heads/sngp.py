@@ -24,7 +24,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from bayesurl._checks import check_finite, check_int, check_ndim, check_same_length, check_tensor
+from bayesurl._checks import (
+    check_columns,
+    check_finite,
+    check_int,
+    check_ndim,
+    check_same_length,
+    check_tensor,
+)
 
 __all__ = [
     "PROBIT_MEAN_FIELD",
@@ -256,9 +263,7 @@ class RandomFeatureGP(nn.Module):
 
     def random_features(self, h: Tensor) -> Tensor:
         """``phi(h) = sqrt(2/M) cos(W norm(h) + b)`` ``[N, M]``."""
-        check_ndim(h, "h", 2)
-        if h.shape[1] != self.in_dim:
-            raise ValueError(f"`h` must have {self.in_dim} columns, got {h.shape[1]}")
+        check_columns(h, "h", self.in_dim)
         check_finite(h.detach(), "h")
         z = torch.nn.functional.linear(self.norm(h), self.rf_weight, self.rf_bias)
         return math.sqrt(2.0 / self.num_random_features) * torch.cos(z)

@@ -331,40 +331,17 @@ def kron_factors(
     check_int(max_iter, "max_iter", low=1)
     if tol is None:
         tol = 1e-4 if inputs.dtype in (torch.float32, torch.float16, torch.bfloat16) else 1e-8
-    if init is None:
-        # half a step from G = I: A = sum_terms abar_s abar_t^T tr(X_st) -- a closer start
-        # than A = I (the G step from it is usually converged already)
-        eye = torch.eye(blocks.dim, dtype=inputs.dtype, device=inputs.device)
-        a = _input_sum(inputs, blocks, blocks.inner(eye))
-        if memory is not None:
-            a = a + _memory_a(memory, torch.eye(blocks.dim, dtype=a.dtype, device=a.device))
-        if not bool(a.norm() > 0):
-            a = torch.eye(inputs.shape[1], dtype=inputs.dtype, device=inputs.device)
-    else:
-        a = 0.5 * (init + init.T)
-    a = a / a.norm()
-    if float(torch.diagonal(a).sum()) < 0:
-        a = -a
-
-    def g_step(a: Tensor) -> Tensor:  # least-squares G for a unit-norm A
-        g = blocks.weighted_sum(_input_weights(inputs, blocks, a))
-        if memory is not None:
-            g = g + _memory_g(memory, a)
-        if not bool((g * g).sum() > 0) or not bool(torch.isfinite(g).all()):
-            raise ValueError("the pair GGN is zero or not finite: no usable curvature")
-        return g
-
-    g = g_step(a)
+    a = _start_a(blocks, inputs, memory) if init is None else 0.5 * (init + init.T)
+    a = _unit_a(a)
+    g = _g_step(blocks, inputs, a, memory)
     g_unit = g / g.norm()
     change, n_done = float("inf"), 0
     for n_done in range(1, int(max_iter) + 1):  # noqa: B007 - reported after the loop
         a = _input_sum(inputs, blocks, blocks.inner(g_unit))
         if memory is not None:
             a = a + _memory_a(memory, g_unit)
-        a = a / a.norm()
-        if float(torch.diagonal(a).sum()) < 0:
-            a = -a
-        g = g_step(a)
+        a = _unit_a(a)
+        g = _g_step(blocks, inputs, a, memory)
         new = g / g.norm()
         # G is defined up to sign only through A's convention; compare directions
         change = float(torch.minimum((new - g_unit).norm(), (new + g_unit).norm()))
@@ -374,6 +351,39 @@ def kron_factors(
     if info is not None:
         info.update(n_iter=n_done, change=change)
     return g, a
+
+
+def _start_a(blocks: Blocks, inputs: Tensor, memory: tuple | None) -> Tensor:
+    """The ALS start without ``init``: half a step from ``G = I``.
+
+    ``A = sum_terms abar_s abar_t^T tr(X_st)``, a closer start than ``A = I`` (the ``G`` step
+    from it is usually converged already); ``I`` where that sum is zero.
+    """
+    eye = torch.eye(blocks.dim, dtype=inputs.dtype, device=inputs.device)
+    a = _input_sum(inputs, blocks, blocks.inner(eye))
+    if memory is not None:
+        a = a + _memory_a(memory, torch.eye(blocks.dim, dtype=a.dtype, device=a.device))
+    if not bool(a.norm() > 0):
+        a = torch.eye(inputs.shape[1], dtype=inputs.dtype, device=inputs.device)
+    return a
+
+
+def _unit_a(a: Tensor) -> Tensor:
+    """``A`` scaled to ``||A||_F = 1`` with ``tr A >= 0`` (the sign convention of ``G (x) A``)."""
+    a = a / a.norm()
+    if float(torch.diagonal(a).sum()) < 0:
+        a = -a
+    return a
+
+
+def _g_step(blocks: Blocks, inputs: Tensor, a: Tensor, memory: tuple | None) -> Tensor:
+    """The least-squares ``G`` for a unit-norm ``A``; raises when it is zero or not finite."""
+    g = blocks.weighted_sum(_input_weights(inputs, blocks, a))
+    if memory is not None:
+        g = g + _memory_g(memory, a)
+    if not bool((g * g).sum() > 0) or not bool(torch.isfinite(g).all()):
+        raise ValueError("the pair GGN is zero or not finite: no usable curvature")
+    return g
 
 
 def _memory_g(memory: tuple, a: Tensor) -> Tensor:
@@ -387,13 +397,12 @@ def _memory_g(memory: tuple, a: Tensor) -> Tensor:
 
 
 def _memory_a(memory: tuple, g: Tensor) -> Tensor:
-    """A step of the memory term for a given ``G``."""
+    """A step of the memory term for a given ``G``: the G step with the factors' roles swapped."""
     if len(memory) == 3:
         c, g0, a0 = memory
-        return c * (g0 * g).sum() * a0
+        return _memory_g((c, a0, g0), g)
     c, q_g, q_a, s = memory
-    w = torch.einsum("dk,de,ek->k", q_g, g, q_g)  # q_d^T G q_d
-    return c * (q_a * (s.T @ w)) @ q_a.T
+    return _memory_g((c, q_a, q_g, s.T), g)
 
 
 def kron_eigenbasis(g: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:

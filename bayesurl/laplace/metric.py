@@ -994,10 +994,22 @@ class PosthocMetricLaplace(BaseMetricLaplace):
 class OnlineMetricLaplace(BaseMetricLaplace):
     """Online LAM: expected-gradient training with a running Hessian (LAM eqs. 4-5).
 
-    Extra parameters (see :func:`MetricLaplace`): ``alpha``, ``dataset_size``,
-    ``n_weight_samples``, ``init_hessian`` (the start value of every entry of ``H``: 0 by
-    default; the LAM code starts at ``dataset_size``, stochman's ``init_hessian``) and
-    ``online_scale`` (:class:`OnlineScale`).
+    Parameters
+    ----------
+    model, last_layer, **kwargs
+        As :func:`MetricLaplace`.
+    alpha : float
+        Memory of the running Hessian, ``H <- (1 - alpha) H + scale relu(H_batch)`` (LAM
+        eq. 5; default 1e-3).
+    dataset_size : int, optional
+        ``N`` of the batch scale (:class:`OnlineScale`); needed before :meth:`online_loss`.
+    n_weight_samples : int
+        Last layers drawn per batch for the expected gradient (LAM eq. 4; default 1).
+    init_hessian : float
+        The start value of every entry of ``H``: 0 by default; the LAM code starts at
+        ``dataset_size`` (stochman's ``init_hessian``).
+    online_scale : OnlineScale or str
+        How a batch's Hessian is scaled before it is added (:class:`OnlineScale`).
     """
 
     mode = LaplaceMode.ONLINE.value
@@ -1103,38 +1115,61 @@ class OnlineMetricLaplace(BaseMetricLaplace):
         loss_fn = loss_fn if loss_fn is not None else self._default_loss()
         phi = self.features(x)
         y = check_labels(y, phi.shape[0], "y").to(phi.device)
-        weight, bias = self.last_layer.weight, self.last_layer.bias
         with torch.no_grad():
-            z_mean = F.linear(phi, weight, bias)
+            z_mean = F.linear(phi, self.last_layer.weight, self.last_layer.bias)
             u_mean = F.normalize(z_mean, dim=1)
             tup = miner(u_mean, y)
             h_tup = hessian_miner(u_mean, y)
-            std = self.posterior_variance.sqrt()
-            eps = torch.randn(
-                (self.n_weight_samples, self.n_params),
-                generator=generator,
-                dtype=std.dtype,
-                device=std.device,
-            )
-            noise = self._to_params(eps * std)
+            noise = self._weight_noise(generator)
+        loss = self._expected_loss(phi, y, tup, noise, loss_fn)
+        with torch.no_grad():
+            self.pending = self._online_batch(phi, z_mean, h_tup, noise)
+        if update_hessian:
+            self.update_hessian()
+        return loss
+
+    def _weight_noise(self, generator: torch.Generator | None) -> Tensor:
+        """``[S, P]`` draws of ``theta_s - theta ~ N(0, posterior covariance)``, as parameters."""
+        std = self.posterior_variance.sqrt()
+        eps = torch.randn(
+            (self.n_weight_samples, self.n_params),
+            generator=generator,
+            dtype=std.dtype,
+            device=std.device,
+        )
+        return self._to_params(eps * std)
+
+    def _expected_loss(
+        self,
+        phi: Tensor,
+        y: Tensor,
+        tup: tuple[Tensor, ...],
+        noise: Tensor,
+        loss_fn: Callable[..., Tensor],
+    ) -> Tensor:
+        """Mean of ``loss_fn`` over the last layers ``theta + noise_s`` (LAM eq. 4), with its
+        autograd graph through ``phi`` and ``theta``."""
+        weight, bias = self.last_layer.weight, self.last_layer.bias
         w_noise, b_noise = self._split(noise)
         loss = phi.new_zeros(())
         for s in range(self.n_weight_samples):
             z = F.linear(phi, weight + w_noise[s], None if bias is None else bias + b_noise[s])
             loss = loss + loss_fn(F.normalize(z, dim=1), y, tup)
-        loss = loss / self.n_weight_samples
-        with torch.no_grad():
-            theta = parameters_to_vector([weight, bias] if bias is not None else [weight])
-            self.pending = OnlineBatch(
-                phi=phi.detach().to(theta.dtype),
-                pairs=h_tup,
-                thetas=theta + noise,
-                scale=self._batch_scale(phi.shape[0], h_tup),
-                n_pairs=self._count_pairs(z_mean, h_tup),
-            )
-        if update_hessian:
-            self.update_hessian()
-        return loss
+        return loss / self.n_weight_samples
+
+    def _online_batch(
+        self, phi: Tensor, z_mean: Tensor, h_tup: tuple[Tensor, ...], noise: Tensor
+    ) -> OnlineBatch:
+        """What :meth:`update_hessian` needs of this batch: features, pairs, sampled weights."""
+        weight, bias = self.last_layer.weight, self.last_layer.bias
+        theta = parameters_to_vector([weight, bias] if bias is not None else [weight])
+        return OnlineBatch(
+            phi=phi.detach().to(theta.dtype),
+            pairs=h_tup,
+            thetas=theta + noise,
+            scale=self._batch_scale(phi.shape[0], h_tup),
+            n_pairs=self._count_pairs(z_mean, h_tup),
+        )
 
     def _batch_scale(self, batch_size: int, tup: tuple[Tensor, ...]) -> float:
         """``N / b`` or the LAM code's ``N^2 / #tuples`` (:class:`OnlineScale`)."""
@@ -1242,8 +1277,7 @@ def MetricLaplace(  # noqa: N802 - factory named like the class it returns (lapl
     model : nn.Module
         Embedding network whose last ``nn.Linear`` produces the unnormalised embedding.
     last_layer : str, nn.Linear or None
-        Name or module of the last layer; default: the last ``nn.Linear`` in
-        ``model.modules()``.
+        Name or module of the last layer; default: the last ``nn.Linear`` of ``model.modules()``.
     approximation : {"fixed", "positive", "full"}
         PSD fix of the output Hessian (LAM eqs. 7-9); ``fixed`` is LAM's best (Table 1).
     geometry : {"arccos", "euclidean"}
@@ -1251,34 +1285,24 @@ def MetricLaplace(  # noqa: N802 - factory named like the class it returns (lapl
     prior_precision : float or Tensor
         ``lambda``; tune it post hoc with ``optimize_prior_precision``.
     mode : {"posthoc", "online"}
-        :class:`PosthocMetricLaplace` or :class:`OnlineMetricLaplace`
-        (:class:`LaplaceMode`).
+        :class:`PosthocMetricLaplace` or :class:`OnlineMetricLaplace` (:class:`LaplaceMode`).
     margin : float
         Negative margin of the contrastive loss.
     hessian_scale : float
         ``beta`` multiplying the Hessian in the posterior precision (LAM Table 4 tempering).
     hessian_structure : {"diag", "kron"}
-        :class:`DiagMetricLaplace` or :class:`KronMetricLaplace`; the pair picks the class of
-        :data:`LAPLACE_CLASSES`. ``diag``: LAM's diagonal GGN. ``kron``: the Frobenius-nearest
-        Kronecker product ``G (x) A`` of the pair GGN (ALS over the cached layer inputs and
-        pairs, never forming the GGN) with eigen-corrected, clamped curvature along ``Q_G (x) Q_A``
-        (EKFAC; :mod:`bayesurl.laplace.kron`). Every method below works for both; ``kron``
-        costs one input cache of ``N (F + 1)`` floats during :meth:`fit`. Online, each step
-        refits the factors to the decayed EKFAC curvature plus the batch GGN.
+        :class:`DiagMetricLaplace` (LAM's diagonal GGN) or :class:`KronMetricLaplace` (EKFAC);
+        with ``mode`` it picks the class of :data:`LAPLACE_CLASSES`, all with the same methods.
     hessian_pairs : {"all_mined", "inside_margin"}
         :class:`HessianPairs`: every mined pair enters (default, the LAM code) or negatives
         outside the margin contribute nothing (the GGN of the loss).
     hessian_miner : {"triplets", "hard", "loss_pairs"}
         :class:`HessianMiner`: the tuples the Hessian is mined from when ``fit`` (or
-        ``online_loss``) gets no miner of its own: every triplet inside the margin, at most
-        5,000 per batch (default, the LAM code), the hardest positive and negative of each
-        anchor, or every pair with a non-zero loss (LAM section 3). The default pair set was
-        chosen by measurement on four roads (docs/concepts/laplace.rst, "Which pairs enter the
-        Hessian"); it costs one ``[P, D]`` output-Hessian block per mined pair.
+        ``online_loss``) gets no miner of its own; the default (the LAM code's triplets) was
+        chosen by measurement (docs/concepts/laplace.rst, "Which pairs enter the Hessian").
     **online_kwargs
-        ``alpha`` (memory, default 1e-3), ``dataset_size``, ``n_weight_samples`` (default 1),
-        ``init_hessian`` (default 0; LAM code: ``dataset_size``), ``online_scale``
-        (:class:`OnlineScale`); online mode only.
+        Online mode only: the options of :class:`OnlineMetricLaplace` (``alpha``,
+        ``dataset_size``, ``n_weight_samples``, ``init_hessian``, ``online_scale``).
 
     Returns
     -------

@@ -5,6 +5,8 @@
   ``forward`` passes no extra keyword to ``compute_loss`` and its distances normalise the
   embeddings, which would discard a norm-encoded kappa; here the embeddings reach
   ``compute_loss`` unnormalised and every loss normalises them itself.
+- :class:`ProxyLoss`: an ``ExplicitKappaLoss`` that is cross-entropy over the log kernels
+  between each embedding's vMF and learnable class proxies (ELK, nivMF).
 - :func:`contrastive_log_ratio`: ``log e^pos / (c e^pos + (1/M) sum_m e^neg_m)``, the InfoNCE
   fraction of MCInfoNCE (MCI eq. 7) and contrastive ELK (MCI appendix B.5, eq. 55).
 """
@@ -15,15 +17,18 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from pytorch_metric_learning.distances import CosineSimilarity
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 from torch import Tensor
 
 from bayesurl._checks import check_concentration, check_finite, check_ndim, check_same_length
+from bayesurl.distributions.vmf import _sample_vmf
 
 __all__ = [
     "ExplicitKappaLoss",
+    "ProxyLoss",
     "check_class_labels",
     "check_embeddings",
     "check_kappa",
@@ -153,6 +158,27 @@ def check_explicit_negatives(
     if mu_neg.shape[1] < 1:
         raise ValueError("`mu_neg` needs at least one negative per anchor")
     return check_kappa(kappa_neg, mu_neg, "kappa_neg", allow_inf=allow_inf)
+
+
+def sample_triplets(
+    mu_anchor: Tensor,
+    kappa_anchor: Tensor,
+    mu_pos: Tensor,
+    kappa_pos: Tensor,
+    mu_neg: Tensor,
+    kappa_neg: Tensor,
+    n_samples: int,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """K vMF samples of checked anchors ``[B, D]``, positives ``[B, D]`` and their negatives
+    ``[B, M, D]``, drawn in that order: ``[K, B, D]``, ``[K, B, D]``, ``[K, B, M, D]``."""
+    b, m, d = mu_neg.shape
+    za = _sample_vmf(mu_anchor, kappa_anchor, n_samples, generator=generator)
+    zp = _sample_vmf(mu_pos, kappa_pos, n_samples, generator=generator)
+    zn = _sample_vmf(
+        mu_neg.reshape(b * m, d), kappa_neg.reshape(b * m), n_samples, generator=generator
+    )
+    return za, zp, zn.reshape(n_samples, b, m, d)
 
 
 def reduce_losses(losses: Tensor, reduction: str) -> Tensor:
@@ -332,3 +358,45 @@ class ExplicitKappaLoss(BaseMetricLossFunction):
         self, embeddings, labels, indices_tuple, ref_emb, ref_labels, kappa, ref_kappa
     ):  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+class ProxyLoss(ExplicitKappaLoss):
+    """Cross-entropy over the log kernels between the embeddings' vMFs and class proxies.
+
+    ``loss(embeddings, labels, kappa=kappa)``; like PML's proxy losses it needs labels and
+    supports neither ``indices_tuple`` nor ``ref_emb``. The proxies are the module
+    ``self.proxies`` (parameters of the loss: optimise ``loss.parameters()`` too), returning
+    ``(mu [C, D], kappa)``; a subclass sets them and implements :meth:`_proxy_logits`, the log
+    kernels of checked tensors.
+    """
+
+    proxies: torch.nn.Module
+
+    def _proxy_logits(
+        self, embeddings: Tensor, kappa: Tensor, proxy_mu: Tensor, proxy_kappa: Tensor
+    ) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _class_logits(self, embeddings: Tensor, kappa: Tensor) -> Tensor:
+        proxy_mu, proxy_kappa = self.proxies()
+        return self._proxy_logits(
+            embeddings, kappa, proxy_mu.to(embeddings), proxy_kappa.to(embeddings)
+        )
+
+    def logits(self, embeddings: Tensor, kappa: Tensor | float) -> Tensor:
+        """``[N, C]`` log kernels between the embeddings' vMFs and every class proxy."""
+        check_embeddings(embeddings, "embeddings")
+        kappa = check_kappa(kappa, embeddings, "kappa", allow_inf=self.allow_inf_kappa)
+        return self._class_logits(embeddings, kappa)
+
+    def compute_loss(
+        self, embeddings, labels, indices_tuple, ref_emb, ref_labels, kappa, ref_kappa
+    ):
+        c_f.labels_required(labels)
+        c_f.indices_tuple_not_supported(indices_tuple)
+        c_f.ref_not_supported(embeddings, labels, ref_emb, ref_labels)
+        # embeddings, labels and kappa were validated by forward; the proxies are parameters
+        check_class_labels(labels, self.proxies.num_classes)
+        losses = F.cross_entropy(self._class_logits(embeddings, kappa), labels, reduction="none")
+        idx = c_f.torch_arange_from_size(embeddings)
+        return {"loss": {"losses": losses, "indices": idx, "reduction_type": "element"}}

@@ -18,14 +18,13 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import Tensor
 
 from bayesurl._checks import check_floating
 from bayesurl.heads.proxies import VMFProxies
 from bayesurl.losses._base import (
-    ExplicitKappaLoss,
+    ProxyLoss,
     check_anchor_positive,
     check_class_labels,
     check_embeddings,
@@ -252,19 +251,17 @@ def _log_count(mask: Tensor, negatives: str, like: Tensor) -> Tensor:
     return torch.log(mask.sum(-1, keepdim=True).clamp_min(1).to(like.dtype))
 
 
-class ELKLoss(ExplicitKappaLoss):
+class ELKLoss(ProxyLoss):
     """ELK ProxyNCA as a pytorch-metric-learning loss with learnable vMF proxies (URL B.4).
 
-    ``loss(embeddings, labels, kappa=kappa)``; like PML's proxy losses it needs labels and
-    supports neither ``indices_tuple`` nor ``ref_emb``. The proxies are parameters of the loss
-    (optimise ``loss.parameters()`` too).
+    ``loss(embeddings, labels, kappa=kappa)``: a :class:`~bayesurl.losses._base.ProxyLoss`
+    (labels needed, no ``indices_tuple`` nor ``ref_emb``) over analytic log ELKs; optimise
+    ``loss.parameters()`` too (the proxies).
 
     Parameters
     ----------
-    num_classes : int
-        Number of classes C.
-    embedding_size : int
-        Embedding dimension D.
+    num_classes, embedding_size : int
+        Number of classes C and embedding dimension D.
     kappa_scale : float
         t, the multiplier of the proxies' concentrations (URL: t in [8, 64]).
     shared_kappa : bool
@@ -296,30 +293,7 @@ class ELKLoss(ExplicitKappaLoss):
             num_classes, embedding_size, kappa_scale, shared_kappa, learn_proxy_kappa
         )
 
-    def logits(self, embeddings: Tensor, kappa: Tensor) -> Tensor:
-        """``[N, C]`` log ELK between the embeddings' vMFs and every class proxy."""
-        proxy_mu, proxy_kappa = self.proxies()
-        return elk_pairwise_log_kernel(
-            embeddings, kappa, proxy_mu.to(embeddings), proxy_kappa.to(embeddings), self.normalizer
-        )
-
-    def compute_loss(
-        self, embeddings, labels, indices_tuple, ref_emb, ref_labels, kappa, ref_kappa
-    ):
-        c_f.labels_required(labels)
-        c_f.indices_tuple_not_supported(indices_tuple)
-        c_f.ref_not_supported(embeddings, labels, ref_emb, ref_labels)
-        # embeddings, labels and kappa were validated by forward; the proxies are parameters
-        check_class_labels(labels, self.proxies.num_classes)
-        proxy_mu, proxy_kappa = self.proxies()
-        logits = _elk_pairwise_log_kernel(
-            embeddings, kappa, proxy_mu.to(embeddings), proxy_kappa.to(embeddings), self.normalizer
-        )
-        losses = F.cross_entropy(logits, labels, reduction="none")
-        return {
-            "loss": {
-                "losses": losses,
-                "indices": c_f.torch_arange_from_size(embeddings),
-                "reduction_type": "element",
-            }
-        }
+    def _proxy_logits(
+        self, embeddings: Tensor, kappa: Tensor, proxy_mu: Tensor, proxy_kappa: Tensor
+    ) -> Tensor:
+        return _elk_pairwise_log_kernel(embeddings, kappa, proxy_mu, proxy_kappa, self.normalizer)

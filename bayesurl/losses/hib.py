@@ -27,6 +27,8 @@ no difference at the experiment's default M = 1).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -40,11 +42,15 @@ from bayesurl.losses._base import (
     check_explicit_negatives,
     check_in_batch_negatives,
     reduce_losses,
+    sample_triplets,
 )
 from bayesurl.losses.infonce import _check_t
 from bayesurl.losses.mcinfonce import _check_n_samples
 
-__all__ = ["HIBLoss", "hib_log_match_probability", "hib_loss"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["HIBLoss", "HIBOptions", "HIBVariant", "hib_log_match_probability", "hib_loss"]
 
 _NEG_TERMS = ("log_p", "log1m_p")
 
@@ -108,6 +114,69 @@ def _check_eps(eps: float) -> float:
     return eps
 
 
+class HIBOptions(TypedDict, total=False):
+    """The keywords choosing the variant of :func:`hib_loss` (:class:`HIBVariant`)."""
+
+    negative_term: str
+    eps: float
+    mc_average: str
+    negative_weight: float
+
+
+@dataclass(frozen=True)
+class HIBVariant:
+    """How :func:`hib_loss` turns match probabilities into a loss (URL code, MCI code).
+
+    Checked once, where it is built: a ValueError names an unknown ``negative_term`` or
+    ``mc_average``, an ``eps`` outside ``[0, 1)`` (or non-zero with ``mc_average="outside"``)
+    and a negative or non-finite ``negative_weight``.
+
+    Parameters
+    ----------
+    negative_term, eps, mc_average, negative_weight
+        See :func:`hib_loss`.
+    """
+
+    negative_term: str = "log_p"
+    eps: float = 1e-5
+    mc_average: str = "inside"
+    negative_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_neg_term(self.negative_term)
+        object.__setattr__(self, "eps", _check_eps(self.eps))
+        if self.mc_average not in ("inside", "outside"):
+            raise ValueError(f"`mc_average` must be 'inside' or 'outside', got {self.mc_average!r}")
+        if self.mc_average == "outside" and self.eps != 0.0:
+            raise ValueError("`eps` must be 0 with mc_average='outside' (no p to shift)")
+        weight = self.negative_weight
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ValueError(f"`negative_weight` must be finite and >= 0, got {weight}")
+
+    @property
+    def complement(self) -> bool:
+        """The different-pair term reads ``log(1 - p)`` (``"log1m_p"``) instead of ``log p``."""
+        return self.negative_term == "log1m_p"
+
+    @property
+    def sign(self) -> float:
+        """``+1`` for URL's ``+log p``, ``-1`` for ``-log(1 - p)``."""
+        return 1.0 if self.negative_term == "log_p" else -1.0
+
+    def log_match(
+        self,
+        samples1: Tensor,
+        samples2: Tensor,
+        scale: float | Tensor,
+        bias: float | Tensor,
+        complement: bool = False,
+    ) -> Tensor:
+        """:func:`hib_log_match_probability` with this variant's ``eps`` and ``mc_average``."""
+        return hib_log_match_probability(
+            samples1, samples2, scale, bias, complement, self.eps, self.mc_average
+        )
+
+
 def hib_loss(
     mu_anchor: Tensor,
     kappa_anchor: Tensor | float,
@@ -119,12 +188,9 @@ def hib_loss(
     n_samples: int = 16,
     scale: float | Tensor = 16.0,
     bias: float | Tensor = -8.0,
-    negative_term: str = "log_p",
-    eps: float = 1e-5,
-    mc_average: str = "inside",
-    negative_weight: float = 1.0,
     generator: torch.Generator | None = None,
     reduction: str = "mean",
+    **variant: Unpack[HIBOptions],
 ) -> Tensor:
     """Contrastive HIB on plain tensors (MCI appendix B.4, eq. 54; URL B.6 variant).
 
@@ -148,15 +214,7 @@ def hib_loss(
     negative_weight : float
         Multiplies the different-pair term (MCI's code: ``1 / M``).
     """
-    term = _check_neg_term(negative_term)
-    eps = _check_eps(eps)
-    if mc_average not in ("inside", "outside"):
-        raise ValueError(f"`mc_average` must be 'inside' or 'outside', got {mc_average!r}")
-    if mc_average == "outside" and eps != 0.0:
-        raise ValueError("`eps` must be 0 with mc_average='outside' (no p to shift)")
-    if not (math.isfinite(negative_weight) and negative_weight >= 0):
-        raise ValueError(f"`negative_weight` must be finite and >= 0, got {negative_weight}")
-    avg = {"eps": eps, "mc_average": mc_average}
+    v = HIBVariant(**variant)
     k = _check_n_samples(n_samples)
     scale = _check_t(scale, "scale")
     if not bool(torch.isfinite(torch.as_tensor(bias).detach()).all()):
@@ -166,30 +224,31 @@ def hib_loss(
     if mu_neg is None:
         check_in_batch_negatives(b, kappa_neg)
         z = _sample_vmf(torch.cat([mu_anchor, mu_pos]), torch.cat([ka, kp]), k, generator=generator)
-        n = 2 * b
-        partner = torch.cat([torch.arange(b, n), torch.arange(b)]).to(z.device)
-        log_p_pos = hib_log_match_probability(z, z[:, partner], scale, bias, **avg)  # [2B]
-        neg_mask = ~torch.eye(n, dtype=torch.bool, device=z.device)
-        neg_mask[torch.arange(n, device=z.device), partner] = False
-        zz = z.unsqueeze(2).expand(-1, -1, n, -1)
-        log_neg = hib_log_match_probability(
-            zz, z.unsqueeze(1).expand(-1, n, -1, -1), scale, bias, term == "log1m_p", **avg
-        )  # [2B, 2B]
-        sign = 1.0 if term == "log_p" else -1.0
-        neg_term = sign * (log_neg * neg_mask).sum(-1) / neg_mask.sum(-1)
-        return reduce_losses(-log_p_pos + negative_weight * neg_term, reduction)
+        return reduce_losses(_in_batch_losses(z, scale, bias, v), reduction)
     kn = check_explicit_negatives(mu_neg, kappa_neg, b, d)
-    m = mu_neg.shape[1]
-    za = _sample_vmf(mu_anchor, ka, k, generator=generator)
-    zp = _sample_vmf(mu_pos, kp, k, generator=generator)
-    zn = _sample_vmf(mu_neg.reshape(b * m, d), kn.reshape(b * m), k, generator=generator)
-    zn = zn.reshape(k, b, m, d)
-    log_p_pos = hib_log_match_probability(za, zp, scale, bias, **avg)
-    log_neg = hib_log_match_probability(
-        za.unsqueeze(2), zn, scale, bias, term == "log1m_p", **avg
-    )  # [B, M]
-    sign = 1.0 if term == "log_p" else -1.0
-    return reduce_losses(-log_p_pos + negative_weight * sign * log_neg.mean(-1), reduction)
+    za, zp, zn = sample_triplets(mu_anchor, ka, mu_pos, kp, mu_neg, kn, k, generator)
+    log_p_pos = v.log_match(za, zp, scale, bias)
+    log_neg = v.log_match(za.unsqueeze(2), zn, scale, bias, v.complement)  # [B, M]
+    return reduce_losses(-log_p_pos + v.negative_weight * v.sign * log_neg.mean(-1), reduction)
+
+
+def _in_batch_losses(
+    z: Tensor, scale: float | Tensor, bias: float | Tensor, v: HIBVariant
+) -> Tensor:
+    """``[2B]`` HIB losses of the samples ``z [K, 2B, D]`` of B two-view pairs: each input's
+    positive is its other view, its negatives the 2B - 2 other inputs."""
+    n = z.shape[1]
+    b = n // 2
+    partner = torch.cat([torch.arange(b, n), torch.arange(b)]).to(z.device)
+    log_p_pos = v.log_match(z, z[:, partner], scale, bias)  # [2B]
+    neg_mask = ~torch.eye(n, dtype=torch.bool, device=z.device)
+    neg_mask[torch.arange(n, device=z.device), partner] = False
+    zz = z.unsqueeze(2).expand(-1, -1, n, -1)
+    log_neg = v.log_match(
+        zz, z.unsqueeze(1).expand(-1, n, -1, -1), scale, bias, v.complement
+    )  # [2B, 2B]
+    neg_term = v.sign * (log_neg * neg_mask).sum(-1) / neg_mask.sum(-1)
+    return -log_p_pos + v.negative_weight * neg_term
 
 
 class HIBLoss(ExplicitKappaLoss):

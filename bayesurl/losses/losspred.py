@@ -17,7 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesurl._checks import check_finite, check_floating, check_int, check_ndim, check_same_length
+from bayesurl._checks import (
+    check_columns,
+    check_finite,
+    check_floating,
+    check_int,
+    check_ndim,
+    check_same_length,
+)
 
 __all__ = ["LossPredictionLoss", "LossPredictor", "losspred_loss"]
 
@@ -145,11 +152,7 @@ class LossPredictor(nn.Module):
 
     def forward(self, embedding: Tensor) -> Tensor:
         """Predicted losses ``[N] > 0`` of embeddings ``[N, D]``."""
-        check_ndim(embedding, "embedding", 2)
-        if embedding.shape[1] != self.in_dim:
-            raise ValueError(
-                f"`embedding` must have {self.in_dim} columns, got {embedding.shape[1]}"
-            )
+        check_columns(embedding, "embedding", self.in_dim)
         e = embedding.detach() if self.detach_input else embedding
         return F.softplus(self.mlp(e).squeeze(-1)) + self.eps
 

@@ -32,6 +32,9 @@ log-sum-exps of every sample, ``log (1 + e^pos) - log (1 + sum e^neg)``; on by d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict
+
 import torch
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import Tensor
@@ -48,6 +51,7 @@ from bayesurl.losses._base import (
     log_ratio_from_mean,
     masked_log_mean_exp,
     reduce_losses,
+    sample_triplets,
 )
 from bayesurl.losses.infonce import (
     _check_t,
@@ -56,8 +60,13 @@ from bayesurl.losses.infonce import (
     two_view_labels,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = [
     "MCInfoNCELoss",
+    "MCInfoNCEOptions",
+    "MCInfoNCEVariant",
     "mcinfonce_anchor_losses",
     "mcinfonce_loss",
     "mcinfonce_pair_losses",
@@ -84,34 +93,66 @@ def _check_variant(denominator: str, mc_average: str, self_term: bool | None = N
     return with_self
 
 
+class MCInfoNCEOptions(TypedDict, total=False):
+    """The keywords choosing the variant of :func:`mcinfonce_loss` (:class:`MCInfoNCEVariant`)."""
+
+    divide_positive: bool
+    denominator: str
+    mc_average: str
+    self_term: bool | None
+
+
+@dataclass(frozen=True)
+class MCInfoNCEVariant:
+    """Which MCInfoNCE (paper text or authors' code; module docstring), checked once.
+
+    Built from the keywords of :func:`mcinfonce_loss` (:class:`MCInfoNCEOptions`) and handed
+    down to the per-pair and per-anchor losses; ``self_term`` is resolved (``None`` becomes on
+    with ``"negatives"``, off with ``"positive"``).
+
+    Parameters
+    ----------
+    divide_positive, denominator, mc_average, self_term
+        See :func:`mcinfonce_loss`.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``denominator`` / ``mc_average``, or ``self_term`` with
+        ``denominator="positive"``.
+    """
+
+    divide_positive: bool = False
+    denominator: str = "negatives"
+    mc_average: str = "inside"
+    self_term: bool | None = None
+
+    def __post_init__(self) -> None:
+        with_self = _check_variant(self.denominator, self.mc_average, self.self_term)
+        object.__setattr__(self, "self_term", with_self)
+
+    def log_ratio(self, pos: Tensor, log_neg_mean: Tensor, m: Tensor) -> Tensor:
+        """Per-sample log ratio of positive logits and the log-mean-exp of their ``m``
+        negatives; ``"negatives"``: ``pos - log sum_m e^neg`` (0 without negatives)."""
+        if self.denominator == "positive":
+            return log_ratio_from_mean(pos, log_neg_mean, m, self.divide_positive)
+        log_sum = log_neg_mean + torch.log(m.clamp_min(1.0))
+        ratio = _url_log_ratio(pos, log_sum, bool(self.self_term))
+        return torch.where(m > 0, ratio, torch.zeros_like(pos))
+
+    def loss(self, log_ratio: Tensor) -> Tensor:
+        """Loss from ``[K, ...]`` per-sample log ratios: log-mean-exp (inside) or mean (outside)."""
+        if self.mc_average == "inside":
+            return -log_mean_exp(log_ratio, dim=0)
+        return -log_ratio.mean(dim=0)
+
+
 def _url_log_ratio(log_pos_sum: Tensor, log_neg_sum: Tensor, self_term: bool) -> Tensor:
     """``log sum e^pos - log sum e^neg``, each with the code's ``e^0`` when ``self_term``."""
     if self_term:
         zero = torch.zeros_like(log_pos_sum)
         return torch.logaddexp(zero, log_pos_sum) - torch.logaddexp(zero, log_neg_sum)
     return log_pos_sum - log_neg_sum
-
-
-def _log_ratio(
-    pos: Tensor,
-    log_neg_mean: Tensor,
-    m: Tensor,
-    denominator: str,
-    divide_positive: bool,
-    self_term: bool = False,
-) -> Tensor:
-    """Per-sample log ratio; ``negatives``: ``pos - log sum_m e^neg`` (0 without negatives)."""
-    if denominator == "positive":
-        return log_ratio_from_mean(pos, log_neg_mean, m, divide_positive)
-    log_sum = log_neg_mean + torch.log(m.clamp_min(1.0))
-    return torch.where(m > 0, _url_log_ratio(pos, log_sum, self_term), torch.zeros_like(pos))
-
-
-def _average(log_ratio: Tensor, mc_average: str) -> Tensor:
-    """Loss from ``[K, ...]`` per-sample log ratios: log-mean-exp (inside) or mean (outside)."""
-    if mc_average == "inside":
-        return -log_mean_exp(log_ratio, dim=0)
-    return -log_ratio.mean(dim=0)
 
 
 def mcinfonce_pair_losses(
@@ -145,7 +186,18 @@ def mcinfonce_pair_losses(
     Tensor
         ``[P]`` losses, one per positive pair.
     """
-    with_self = _check_variant(denominator, mc_average, self_term)
+    variant = MCInfoNCEVariant(divide_positive, denominator, mc_average, self_term)
+    return _pair_losses(samples, ref_samples, pairs, inverse_temperature, variant)
+
+
+def _pair_losses(
+    samples: Tensor,
+    ref_samples: Tensor,
+    pairs: tuple[Tensor, Tensor, Tensor, Tensor],
+    inverse_temperature: float | Tensor,
+    variant: MCInfoNCEVariant,
+) -> Tensor:
+    """:func:`mcinfonce_pair_losses` with the variant resolved."""
     a1, p, a2, n = pairs
     sims = inverse_temperature * torch.einsum("knd,krd->knr", samples, ref_samples)
     neg_of_anchor = torch.zeros(
@@ -156,8 +208,7 @@ def mcinfonce_pair_losses(
     # gather per positive pair (memory K N R instead of K P R)
     log_neg_mean, m = masked_log_mean_exp(sims, neg_of_anchor)
     pos = sims[:, a1, p]  # [K, P]
-    log_ratio = _log_ratio(pos, log_neg_mean[:, a1], m[a1], denominator, divide_positive, with_self)
-    return _average(log_ratio, mc_average)
+    return variant.loss(variant.log_ratio(pos, log_neg_mean[:, a1], m[a1]))
 
 
 def _pair_mask(rows: Tensor, cols: Tensor, n: int, r: int) -> Tensor:
@@ -187,7 +238,7 @@ def mcinfonce_anchor_losses(
         ``[A]`` losses and the ``[A]`` anchor indices (anchors with a positive; an anchor
         without negatives gets 0).
     """
-    _check_variant("negatives", mc_average, self_term)
+    variant = MCInfoNCEVariant(mc_average=mc_average, self_term=self_term)
     a1, p, a2, n = pairs
     sims = inverse_temperature * torch.einsum("knd,krd->knr", samples, ref_samples)
     big_n, r = sims.shape[1:]
@@ -200,7 +251,7 @@ def mcinfonce_anchor_losses(
     log_ratio = torch.where(
         has, _url_log_ratio(log_pos, log_neg, self_term), torch.zeros_like(log_pos)
     )
-    return _average(log_ratio, mc_average), anchors
+    return variant.loss(log_ratio), anchors
 
 
 def mcinfonce_loss(
@@ -213,12 +264,9 @@ def mcinfonce_loss(
     *,
     n_samples: int = 16,
     kappa_pos_scale: float | Tensor = 16.0,
-    divide_positive: bool = False,
-    denominator: str = "negatives",
-    mc_average: str = "inside",
-    self_term: bool | None = None,
     generator: torch.Generator | None = None,
     reduction: str = "mean",
+    **variant: Unpack[MCInfoNCEOptions],
 ) -> Tensor:
     """MCInfoNCE on plain tensors (MCI eq. 7), for explicit or in-batch negatives.
 
@@ -239,6 +287,10 @@ def mcinfonce_loss(
     kappa_pos_scale : float or Tensor
         kappa_pos of the generative process = the inverse temperature t (MCI: 20,
         URL: t in [8, 64]); a 0-dim tensor may require grad (MCI tunes "kappa_pos learnable").
+    generator : torch.Generator, optional
+        Makes the vMF samples reproducible (anchors, positives, negatives drawn in that order).
+    reduction : {"mean", "sum", "none"}
+        Over anchors (``[B]`` or ``[2B]`` for in-batch negatives with ``"none"``).
     divide_positive : bool
         With ``denominator="positive"`` only. ``False`` (MCI reference code): only the
         negatives are averaged by M, loss >= 0. ``True``: the positive in the denominator is
@@ -252,10 +304,6 @@ def mcinfonce_loss(
     self_term : bool, optional
         The URL code's ``e^0`` in both log-sum-exps of every sample; ``None`` = on with
         ``"negatives"`` (the URL code), off with ``"positive"`` (where it is refused).
-    generator : torch.Generator, optional
-        Makes the vMF samples reproducible (anchors, positives, negatives drawn in that order).
-    reduction : {"mean", "sum", "none"}
-        Over anchors (``[B]`` or ``[2B]`` for in-batch negatives with ``"none"``).
 
     Returns
     -------
@@ -264,33 +312,24 @@ def mcinfonce_loss(
     """
     t = _check_t(kappa_pos_scale, "kappa_pos_scale")
     k = _check_n_samples(n_samples)
-    with_self = _check_variant(denominator, mc_average, self_term)
+    v = MCInfoNCEVariant(**variant)
     ka, kp = check_anchor_positive(mu_anchor, kappa_anchor, mu_pos, kappa_pos)
     b, d = mu_anchor.shape
     if mu_neg is None:
         check_in_batch_negatives(b, kappa_neg)
-        mu = torch.cat([mu_anchor, mu_pos])
-        kap = torch.cat([ka, kp])
-        z = _sample_vmf(mu, kap, k, generator=generator)
-        pairs = lmu.get_all_pairs_indices(two_view_labels(b, mu.device))
-        losses = mcinfonce_pair_losses(
-            z, z, pairs, t, divide_positive, denominator, mc_average, with_self
-        )
+        z = _sample_vmf(torch.cat([mu_anchor, mu_pos]), torch.cat([ka, kp]), k, generator=generator)
+        pairs = lmu.get_all_pairs_indices(two_view_labels(b, z.device))
         # get_all_pairs_indices lists positives row by row: anchor i has exactly one
-        return reduce_losses(losses, reduction)
+        return reduce_losses(_pair_losses(z, z, pairs, t, v), reduction)
     kn = check_explicit_negatives(mu_neg, kappa_neg, b, d)
-    m = mu_neg.shape[1]
-    za = _sample_vmf(mu_anchor, ka, k, generator=generator)
-    zp = _sample_vmf(mu_pos, kp, k, generator=generator)
-    zn = _sample_vmf(mu_neg.reshape(b * m, d), kn.reshape(b * m), k, generator=generator)
-    zn = zn.reshape(k, b, m, d)
+    za, zp, zn = sample_triplets(mu_anchor, ka, mu_pos, kp, mu_neg, kn, k, generator)
     pos = t * (za * zp).sum(-1)  # [K, B]
     neg = t * torch.einsum("kbd,kbmd->kbm", za, zn)
-    if denominator == "positive":
-        log_ratio = contrastive_log_ratio(pos, neg, None, divide_positive)
+    if v.denominator == "positive":
+        log_ratio = contrastive_log_ratio(pos, neg, None, v.divide_positive)
     else:
-        log_ratio = _url_log_ratio(pos, torch.logsumexp(neg, dim=-1), with_self)
-    return reduce_losses(_average(log_ratio, mc_average), reduction)
+        log_ratio = _url_log_ratio(pos, torch.logsumexp(neg, dim=-1), bool(v.self_term))
+    return reduce_losses(v.loss(log_ratio), reduction)
 
 
 class MCInfoNCELoss(ExplicitKappaLoss):
@@ -337,13 +376,28 @@ class MCInfoNCELoss(ExplicitKappaLoss):
         self.sampler = check_sampler(sampler)
         self.inverse_temperature = _check_t(inverse_temperature)
         self.n_samples = _check_n_samples(n_samples)
-        self.divide_positive = bool(divide_positive)
-        self.self_term = _check_variant(denominator, mc_average, self_term)
-        self.denominator, self.mc_average = denominator, mc_average
+        self.variant = MCInfoNCEVariant(bool(divide_positive), denominator, mc_average, self_term)
         self.positives = check_positives(positives)
         if self.positives == "logsumexp" and denominator != "negatives":
             raise ValueError("`positives='logsumexp'` needs denominator='negatives'")
         self.generator: torch.Generator | None = None
+
+    @property
+    def self_term(self) -> bool:
+        """The URL code's ``e^0`` term, resolved (:class:`MCInfoNCEVariant`)."""
+        return bool(self.variant.self_term)
+
+    @property
+    def denominator(self) -> str:
+        return self.variant.denominator
+
+    @property
+    def mc_average(self) -> str:
+        return self.variant.mc_average
+
+    @property
+    def divide_positive(self) -> bool:
+        return self.variant.divide_positive
 
     def compute_loss(
         self, embeddings, labels, indices_tuple, ref_emb, ref_labels, kappa, ref_kappa
@@ -363,14 +417,5 @@ class MCInfoNCELoss(ExplicitKappaLoss):
                 z, zr, pairs, self.inverse_temperature, self.mc_average, self.self_term
             )
             return {"loss": {"losses": losses, "indices": anchors, "reduction_type": "element"}}
-        losses = mcinfonce_pair_losses(
-            z,
-            zr,
-            pairs,
-            self.inverse_temperature,
-            self.divide_positive,
-            self.denominator,
-            self.mc_average,
-            self.self_term,
-        )
+        losses = _pair_losses(z, zr, pairs, self.inverse_temperature, self.variant)
         return {"loss": {"losses": losses, "indices": pairs[:2], "reduction_type": "pos_pair"}}

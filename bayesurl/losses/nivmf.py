@@ -30,15 +30,13 @@ import math
 
 import torch
 import torch.nn.functional as F
-from pytorch_metric_learning.utils import common_functions as c_f
 from torch import Tensor
 
 from bayesurl._checks import check_concentration, check_finite, check_floating
 from bayesurl.distributions.vmf import _sample_vmf
 from bayesurl.heads.proxies import NonIsotropicVMFProxies
 from bayesurl.losses._base import (
-    ExplicitKappaLoss,
-    check_class_labels,
+    ProxyLoss,
     check_embeddings,
     check_kappa,
 )
@@ -186,19 +184,17 @@ def nivmf_loss(
     return F.cross_entropy(logits, labels, reduction=reduction)
 
 
-class NivMFLoss(ExplicitKappaLoss):
+class NivMFLoss(ProxyLoss):
     """nivMF ProxyNCA as a pytorch-metric-learning loss with learnable nivMF proxies (URL B.5).
 
-    ``loss(embeddings, labels, kappa=kappa)``; needs labels, supports neither
-    ``indices_tuple`` nor ``ref_emb`` (like PML's proxy losses). The proxies are parameters of
-    the loss.
+    ``loss(embeddings, labels, kappa=kappa)``: a :class:`~bayesurl.losses._base.ProxyLoss`
+    (labels needed, no ``indices_tuple`` nor ``ref_emb``) over Monte-Carlo log expected
+    likelihoods; the proxies are parameters of the loss.
 
     Parameters
     ----------
-    num_classes : int
-        Number of classes C.
-    embedding_size : int
-        Embedding dimension D.
+    num_classes, embedding_size : int
+        Number of classes C and embedding dimension D.
     kappa_scale : float
         t, the multiplier of the proxies' concentrations (URL: ELK's t in [8, 64]).
     n_samples : int
@@ -233,39 +229,16 @@ class NivMFLoss(ExplicitKappaLoss):
         self.n_samples = _check_n_samples(n_samples)
         self.generator: torch.Generator | None = None
 
-    def logits(self, embeddings: Tensor, kappa: Tensor) -> Tensor:
-        """``[N, C]`` Monte-Carlo log ELK between the embeddings' vMFs and the class proxies."""
-        proxy_mu, proxy_kappa = self.proxies()
-        return nivmf_elk_logits(
+    def _proxy_logits(
+        self, embeddings: Tensor, kappa: Tensor, proxy_mu: Tensor, proxy_kappa: Tensor
+    ) -> Tensor:
+        return _nivmf_elk_logits(
             embeddings,
             kappa,
-            proxy_mu.to(embeddings),
-            proxy_kappa.to(embeddings),
+            proxy_mu,
+            proxy_kappa,
             self.n_samples,
             self.generator,
             self.density,
             self.normalizer,
         )
-
-    def compute_loss(
-        self, embeddings, labels, indices_tuple, ref_emb, ref_labels, kappa, ref_kappa
-    ):
-        c_f.labels_required(labels)
-        c_f.indices_tuple_not_supported(indices_tuple)
-        c_f.ref_not_supported(embeddings, labels, ref_emb, ref_labels)
-        # embeddings, labels and kappa were validated by forward
-        check_class_labels(labels, self.proxies.num_classes)
-        proxy_mu, proxy_kappa = self.proxies()
-        logits = _nivmf_elk_logits(
-            embeddings,
-            kappa,
-            proxy_mu.to(embeddings),
-            proxy_kappa.to(embeddings),
-            self.n_samples,
-            self.generator,
-            self.density,
-            self.normalizer,
-        )
-        losses = F.cross_entropy(logits, labels, reduction="none")
-        idx = c_f.torch_arange_from_size(embeddings)
-        return {"loss": {"losses": losses, "indices": idx, "reduction_type": "element"}}

@@ -20,6 +20,7 @@ from enum import Enum
 
 from torch import Tensor
 
+from bayesurl._checks import check_enum
 from bayesurl.distributions.vmf import _vmf_log_normalizer
 
 __all__ = [
@@ -57,11 +58,7 @@ class VmfNormalizer(str, Enum):
 
 def check_normalizer(normalizer: str | VmfNormalizer) -> VmfNormalizer:
     """``normalizer`` as a :class:`VmfNormalizer`; a ValueError names the valid values."""
-    try:
-        return VmfNormalizer(getattr(normalizer, "value", normalizer))
-    except ValueError:
-        valid = ", ".join(v.value for v in VmfNormalizer)
-        raise ValueError(f"`normalizer` must be one of {valid}, got {normalizer!r}") from None
+    return check_enum(VmfNormalizer, normalizer, "normalizer")
 
 
 def url_poly_log_normalizer(kappa: Tensor, dim: int) -> Tensor:

@@ -6,12 +6,16 @@ module holds what the vMF / InfoNCE methods (:mod:`bayesurl.methods._vmf`) and t
 classifier-style methods (:class:`~bayesurl.methods.ce.ClassifierMethod`) share: building
 ``self.net``, the JSON-serialisable ``hparams`` record, and the checks of ``forward`` /
 ``training_loss`` inputs -- done here, at the method's public entry, once.
+
+A method declares only its own keywords and passes the shared ones on as
+``**options: Unpack[EmbeddingOptions]``; its constructor's signature lists them all
+(:meth:`bayesurl.methods.base.Method.__init_subclass__`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -21,11 +25,19 @@ from bayesurl.data.batch import unpack_batch
 from bayesurl.heads.embedding import EmbeddingNet
 from bayesurl.methods.base import Method
 
-__all__ = ["EmbeddingMethod"]
+__all__ = ["EmbeddingMethod", "EmbeddingOptions"]
 
 
 def _json_backbone(backbone: str | nn.Module) -> str:
     return backbone if isinstance(backbone, str) else f"<module {type(backbone).__name__}>"
+
+
+class EmbeddingOptions(TypedDict, total=False):
+    """The keywords of :class:`EmbeddingMethod` a method passes on as ``**options``."""
+
+    embed_dim: int | None
+    num_classes: int | None
+    backbone_kwargs: dict[str, Any] | None
 
 
 class EmbeddingMethod(Method):

@@ -15,7 +15,7 @@ The backbone, input checks and the JSON-serialisable constructor record come fro
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -23,10 +23,13 @@ from torch import Tensor, nn
 from bayesurl._checks import check_choice, check_int, check_number
 from bayesurl.distributions.vmf import sample_vmf
 from bayesurl.heads.kappa import KappaHead
-from bayesurl.methods._embedding import EmbeddingMethod
+from bayesurl.methods._embedding import EmbeddingMethod, EmbeddingOptions
 from bayesurl.types import Output
 
-__all__ = ["EmbeddingMethod", "KappaInput", "VMFMethod"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["EmbeddingMethod", "KappaInput", "KappaOptions", "VMFMethod"]
 
 _T = TypeVar("_T")
 
@@ -44,6 +47,15 @@ class KappaInput(str, Enum):
         return features if self is KappaInput.FEATURES else embedding
 
 
+class KappaOptions(EmbeddingOptions, total=False):
+    """The keywords of :class:`VMFMethod` (the kappa head) a vMF method passes on."""
+
+    kappa_hidden: int | None
+    warmup_u: float | None
+    kappa_input: str | KappaInput
+    min_kappa: float
+
+
 def _parse_kappa_input(value: str | KappaInput) -> KappaInput:
     name = str(getattr(value, "value", value))
     return KappaInput(check_choice(name, "kappa_input", [k.value for k in KappaInput]))
@@ -51,6 +63,9 @@ def _parse_kappa_input(value: str | KappaInput) -> KappaInput:
 
 class VMFMethod(EmbeddingMethod):
     """Embedding + kappa head: the posterior ``vMF(e/||e||, kappa(e))``, ``u = 1/kappa``.
+
+    A subclass sets its loss as ``self.loss_fn``, called ``loss_fn(e, y, kappa=kappa)`` on a
+    labelled batch by :meth:`training_loss` (a two-view method overrides that).
 
     Parameters
     ----------
@@ -60,8 +75,10 @@ class VMFMethod(EmbeddingMethod):
         Hidden width of the 3-layer kappa MLP (default ``max(input dim, 16)``); ``0``: one
         linear layer (HIB's head, Oh et al. 2019).
     warmup_u : float, optional
-        Warm the kappa head up to mean ``u = warmup_u`` on the first training batch (URL B.3:
-        0.001); ``None`` (default) keeps the random initialisation.
+        Warm the kappa head up to mean ``u = warmup_u`` on the first training batch (default
+        0.001, URL B.3's warmed-up start: from the random initialisation, kappa ~ 0.7, the vMF
+        samples are nearly uniform for D >= 16 and the losses have no usable signal); ``None``
+        keeps the random initialisation.
     kappa_input : {"embedding", "features"}
         What the kappa head reads: the embedding ``e(x)`` (default, URL B.3-B.6) or the
         backbone features before the projection (HIB, Oh et al. 2019; LAM's HIB baseline reads
@@ -75,15 +92,14 @@ class VMFMethod(EmbeddingMethod):
     def __init__(
         self,
         backbone: str | nn.Module = "small_convnet",
-        embed_dim: int | None = 64,
-        num_classes: int | None = None,
-        backbone_kwargs: dict[str, Any] | None = None,
+        *,
         kappa_hidden: int | None = None,
-        warmup_u: float | None = None,
+        warmup_u: float | None = 1e-3,
         kappa_input: str | KappaInput = KappaInput.EMBEDDING,
         min_kappa: float = 1e-4,
+        **options: Unpack[EmbeddingOptions],
     ) -> None:
-        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
+        super().__init__(backbone, **options)
         if kappa_hidden is not None:
             kappa_hidden = check_int(kappa_hidden, "kappa_hidden", low=0)
         min_kappa = check_number(min_kappa, "min_kappa", low=0.0)
@@ -113,3 +129,10 @@ class VMFMethod(EmbeddingMethod):
         mu = F.normalize(e, dim=-1)
         samples = sample_vmf(mu, kappa, s) if s > 0 else None
         return Output(embedding=mu, uncertainty=1.0 / kappa, samples=samples, kappa=kappa)
+
+    def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:
+        """``self.loss_fn(e, y, kappa=kappa)`` of a labelled batch ``(x, y)`` (the supervised
+        vMF losses: ELK, nivMF, HIB)."""
+        x, y = self._check_labeled(batch)
+        e, kappa = self.embed_with_kappa(x)
+        return self.loss_fn(e, y, kappa=kappa)

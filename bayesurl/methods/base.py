@@ -17,6 +17,7 @@ of u(x) (docs/concepts/uncertainty.rst, "Where u(x) comes from"). The training l
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -51,6 +52,10 @@ class Method(nn.Module):
     #: the method can return ``samples [S, N, D]`` from ``forward(x, n_samples=S)``
     has_distribution: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _spell_out_signature(cls)
+
     def forward(self, x: Tensor, n_samples: int = 0) -> Output:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -71,6 +76,38 @@ class Method(nn.Module):
 
     def on_epoch_end(self, epoch: int) -> None:
         """Called by the training loop after each epoch (default: nothing)."""
+
+
+def _spell_out_signature(cls: type) -> None:
+    """Give ``cls.__init__`` the full signature of what its ``**options`` pass to the base.
+
+    A method declares its own keywords and hands the shared ones (``embed_dim``,
+    ``num_classes``, ...) to its base through ``**options``; ``help()``, IDEs and the docs
+    read this signature, so every keyword the constructor takes is listed with its type and
+    default (the method's own default where it overrides the base's), keyword-only after the
+    method's own positional parameters.
+    """
+    init = vars(cls).get("__init__")
+    if init is None:
+        return
+    signature = inspect.signature(init)
+    own = list(signature.parameters.values())
+    if not any(p.kind is p.VAR_KEYWORD for p in own):
+        return
+    base = next(k for k in cls.__mro__[1:] if "__init__" in vars(k))
+    positional = [p for p in own if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    taken = {p.name for p in positional}
+    mine = {p.name: p for p in own if p.kind is p.KEYWORD_ONLY}
+    inherited, rest = [], []
+    for p in list(inspect.signature(base.__init__).parameters.values())[1:]:
+        if p.name in taken or p.kind is p.VAR_POSITIONAL:
+            continue
+        if p.kind is p.VAR_KEYWORD:
+            rest.append(p)
+            continue
+        inherited.append(mine.pop(p.name, p).replace(kind=p.KEYWORD_ONLY))
+    params = [*positional, *inherited, *mine.values(), *rest]
+    init.__signature__ = signature.replace(parameters=params)
 
 
 def _load_all() -> None:
@@ -123,8 +160,6 @@ def get(name: str) -> type[Method]:
 
 def constructor_options(cls: type) -> list[str]:
     """Keyword names accepted along the ``__init__`` chain of ``cls`` (``**kwargs`` followed)."""
-    import inspect
-
     names: list[str] = []
     for klass in cls.__mro__:
         init = vars(klass).get("__init__")

@@ -2,24 +2,28 @@
 
 URL section 4.1 and appendix B.1. This module also holds :class:`ClassifierMethod`, the small
 base shared by the classifier-style methods (CE, HET-XL, SNGP, Losspred, Ensemble, MCDropout):
-:class:`~bayesurl.methods._embedding.EmbeddingMethod` with a required number of classes.
+:class:`~bayesurl.methods._embedding.EmbeddingMethod` with a required number of classes, and
+:class:`~bayesurl.methods._embedding.EmbeddingOptions`, the keywords a method passes on to it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bayesurl.heads.classifier import LinearClassifier
-from bayesurl.methods._embedding import EmbeddingMethod
+from bayesurl.methods._embedding import EmbeddingMethod, EmbeddingOptions
 from bayesurl.methods.base import register
 from bayesurl.types import Output
 from bayesurl.uncertainty import softmax_entropy
 
-__all__ = ["CE", "ClassifierMethod"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["CE", "ClassifierMethod", "EmbeddingOptions"]
 
 
 class ClassifierMethod(EmbeddingMethod):
@@ -31,17 +35,10 @@ class ClassifierMethod(EmbeddingMethod):
 
     Parameters
     ----------
-    backbone : str or nn.Module
-        ``"small_convnet"`` (default), a timm model name (random weights) or any module mapping
-        inputs to features ``[N, F]``.
-    embed_dim : int or None
-        Embedding dimension ``D`` of the linear projection after the backbone (``None``: the
-        backbone features are the embedding).
+    backbone, embed_dim, backbone_kwargs
+        See :class:`~bayesurl.methods._embedding.EmbeddingMethod`.
     num_classes : int
-        Number of training classes ``C``.
-    backbone_kwargs : dict, optional
-        Passed to :class:`~bayesurl.heads.embedding.EmbeddingNet` (e.g. ``num_features`` of the
-        small conv net, ``probe_input`` for a module without ``num_features``).
+        Number of training classes ``C`` (default 5).
     """
 
     supervised = True
@@ -52,11 +49,11 @@ class ClassifierMethod(EmbeddingMethod):
     def __init__(
         self,
         backbone: str | nn.Module = "small_convnet",
-        embed_dim: int | None = 64,
+        *,
         num_classes: int = 5,
-        backbone_kwargs: dict[str, Any] | None = None,
+        **options: Unpack[EmbeddingOptions],
     ) -> None:
-        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
+        super().__init__(backbone, num_classes=num_classes, **options)
 
     def untrained_loss(self) -> float:
         """``ln C``: the cross-entropy of a uniform softmax (Losspred adds a term >= 0)."""
@@ -87,13 +84,9 @@ class CE(ClassifierMethod):
     has_distribution = False
 
     def __init__(
-        self,
-        backbone: str | nn.Module = "small_convnet",
-        embed_dim: int | None = 64,
-        num_classes: int = 5,
-        backbone_kwargs: dict[str, Any] | None = None,
+        self, backbone: str | nn.Module = "small_convnet", **options: Unpack[EmbeddingOptions]
     ) -> None:
-        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
+        super().__init__(backbone, **options)
         self.classifier = LinearClassifier(self.embed_dim, self.num_classes)
 
     def forward(self, x: Tensor, n_samples: int = 0) -> Output:

@@ -9,7 +9,7 @@ last-layer Laplace posterior on the same net (:mod:`bayesurl.laplace`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -20,9 +20,12 @@ from bayesurl._checks import check_finite, check_int
 from bayesurl.evaluation.functional import uncertainty_from_samples
 from bayesurl.heads.dropout import block_dropout_linear
 from bayesurl.losses.contrastive import ContrastiveLoss
-from bayesurl.methods._embedding import EmbeddingMethod
+from bayesurl.methods._embedding import EmbeddingMethod, EmbeddingOptions
 from bayesurl.methods.base import register
 from bayesurl.types import Output
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Contrastive", "ContrastiveMCDropout"]
 
@@ -52,12 +55,11 @@ class Contrastive(EmbeddingMethod):
     def __init__(
         self,
         backbone: str | nn.Module = "small_convnet",
-        embed_dim: int | None = 64,
-        num_classes: int | None = None,
-        backbone_kwargs: dict[str, Any] | None = None,
+        *,
         margin: float = 0.2,
+        **options: Unpack[EmbeddingOptions],
     ) -> None:
-        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
+        super().__init__(backbone, **options)
         self.loss_fn = ContrastiveLoss(margin=margin)
         self.miner = PairMarginMiner(pos_margin=0.0, neg_margin=float(margin))
         self.hparams.update(margin=float(margin))
@@ -113,15 +115,14 @@ class ContrastiveMCDropout(Contrastive):
     def __init__(
         self,
         backbone: str | nn.Module = "small_convnet",
-        embed_dim: int | None = 64,
-        num_classes: int | None = None,
-        backbone_kwargs: dict[str, Any] | None = None,
+        *,
         margin: float = 0.2,
         p: float = 0.05,
         n_passes: int = 32,
         dropout_groups: int | None = None,
+        **options: Unpack[EmbeddingOptions],
     ) -> None:
-        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs, margin)
+        super().__init__(backbone, margin=margin, **options)
         if not isinstance(self.net.proj, nn.Linear):
             raise ValueError("`embed_dim` must be set: the dropout acts before that linear layer")
         if not 0.0 < float(p) < 1.0:

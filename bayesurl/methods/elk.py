@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from torch import Tensor, nn
+from torch import nn
 
 from bayesurl.losses.elk import ELKLoss
-from bayesurl.methods._vmf import VMFMethod
+from bayesurl.methods._vmf import KappaOptions, VMFMethod
 from bayesurl.methods.base import register
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["ELK"]
 
@@ -27,52 +30,27 @@ class ELK(VMFMethod):
         See :class:`~bayesurl.methods._vmf.VMFMethod`; ``num_classes`` (>= 2) is required.
     kappa_hidden, warmup_u, kappa_input, min_kappa
         The kappa head: see :class:`~bayesurl.methods._vmf.VMFMethod`.
-        ``warmup_u`` defaults to 0.001 here (URL B.3's warmed-up start): from the random
-        initialisation (kappa ~ 0.7) the vMF samples are nearly uniform for D >= 16 and the
-        loss has no usable signal.
     kappa_scale : float
         t, the proxies' concentration multiplier (URL: [8, 64]).
     shared_proxy_kappa : bool
         One concentration shared by all class proxies.
     """
 
-    supervised = True
-    two_view = False
+    needs_classes = True
 
     def __init__(
         self,
         backbone: str | nn.Module = "small_convnet",
-        embed_dim: int | None = 64,
+        *,
         num_classes: int = 5,
-        backbone_kwargs: dict[str, Any] | None = None,
-        kappa_hidden: int | None = None,
-        warmup_u: float | None = 1e-3,
         kappa_scale: float = 16.0,
         shared_proxy_kappa: bool = False,
-        kappa_input: str = "embedding",
-        min_kappa: float = 1e-4,
+        **options: Unpack[KappaOptions],
     ) -> None:
-        if num_classes is None:
-            raise ValueError("`num_classes` is required for ELK")
-        super().__init__(
-            backbone,
-            embed_dim,
-            num_classes,
-            backbone_kwargs,
-            kappa_hidden,
-            warmup_u,
-            kappa_input=kappa_input,
-            min_kappa=min_kappa,
-        )
+        super().__init__(backbone, num_classes=num_classes, **options)
         self.loss_fn = ELKLoss(
             num_classes, self.embed_dim, kappa_scale, shared_kappa=shared_proxy_kappa
         )
         self.hparams.update(
             kappa_scale=float(kappa_scale), shared_proxy_kappa=bool(shared_proxy_kappa)
         )
-
-    def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:
-        """ELK ProxyNCA loss of ``batch = (x, y)``."""
-        x, y = self._check_labeled(batch)
-        e, kappa = self.embed_with_kappa(x)
-        return self.loss_fn(e, y, kappa=kappa)

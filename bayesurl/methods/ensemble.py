@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bayesurl._checks import check_choice
 from bayesurl.heads.ensemble import EnsembleHeads, average_log_probs
+from bayesurl.methods._embedding import EmbeddingOptions
 from bayesurl.methods.base import register
 from bayesurl.methods.ce import ClassifierMethod
 from bayesurl.types import Output
 from bayesurl.uncertainty import entropy, jensen_shannon
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Ensemble"]
 
@@ -48,13 +52,12 @@ class Ensemble(ClassifierMethod):
     def __init__(
         self,
         backbone: str | nn.Module = "small_convnet",
-        embed_dim: int | None = 64,
-        num_classes: int = 5,
-        backbone_kwargs: dict[str, Any] | None = None,
+        *,
         num_heads: int = 10,
         uncertainty: str = "entropy",
+        **options: Unpack[EmbeddingOptions],
     ) -> None:
-        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
+        super().__init__(backbone, **options)
         self.uncertainty = check_choice(uncertainty, "uncertainty", _UNCERTAINTIES)
         self.heads = EnsembleHeads(self.embed_dim, self.num_classes, num_heads)
         self.hparams.update(num_heads=num_heads, uncertainty=uncertainty)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bayesurl._checks import check_choice
 from bayesurl.heads.hetxl import HetXLHead
+from bayesurl.methods._embedding import EmbeddingOptions
 from bayesurl.methods.base import register
 from bayesurl.methods.ce import ClassifierMethod
 from bayesurl.types import Output
 from bayesurl.uncertainty import entropy
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["HetXL"]
 
@@ -59,31 +63,22 @@ class HetXL(ClassifierMethod):
     def __init__(
         self,
         backbone: str | nn.Module = "small_convnet",
-        embed_dim: int | None = 64,
-        num_classes: int = 5,
-        backbone_kwargs: dict[str, Any] | None = None,
+        *,
         rank: int = 1,
         n_mc: int = 16,
         temperature: float = 1.0,
         uncertainty: str = "entropy",
         diag_noise: str = "independent",
+        **options: Unpack[EmbeddingOptions],
     ) -> None:
-        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
+        super().__init__(backbone, **options)
         self.uncertainty = check_choice(uncertainty, "uncertainty", _UNCERTAINTIES)
+        head_options = {"rank": rank, "n_mc": n_mc, "temperature": temperature}
         self.head = HetXLHead(
-            self.embed_dim,
-            self.num_classes,
-            rank=rank,
-            n_mc=n_mc,
-            temperature=temperature,
-            diag_noise=diag_noise,
+            self.embed_dim, self.num_classes, **head_options, diag_noise=diag_noise
         )
         self.hparams.update(
-            rank=rank,
-            n_mc=n_mc,
-            temperature=temperature,
-            uncertainty=uncertainty,
-            diag_noise=self.head.diag_noise.value,
+            head_options, uncertainty=uncertainty, diag_noise=self.head.diag_noise.value
         )
 
     def forward(self, x: Tensor, n_samples: int = 0) -> Output:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from bayesurl.losses.infonce import InfoNCELoss
-from bayesurl.methods._embedding import EmbeddingMethod
+from bayesurl.methods._embedding import EmbeddingMethod, EmbeddingOptions
 from bayesurl.methods.base import register
 from bayesurl.types import Output
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["InfoNCE"]
 
@@ -51,14 +54,13 @@ class InfoNCE(EmbeddingMethod):
     def __init__(
         self,
         backbone: str | nn.Module = "small_convnet",
-        embed_dim: int | None = 64,
-        num_classes: int | None = None,
-        backbone_kwargs: dict[str, Any] | None = None,
+        *,
         inverse_temperature: float = 16.0,
         denominator: str = "negatives",
         self_term: bool | None = None,
+        **options: Unpack[EmbeddingOptions],
     ) -> None:
-        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
+        super().__init__(backbone, **options)
         self.loss_fn = InfoNCELoss(
             inverse_temperature, denominator=denominator, self_term=self_term
         )

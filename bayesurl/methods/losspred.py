@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
 from bayesurl.heads.classifier import LinearClassifier
 from bayesurl.losses.losspred import LossPredictor, losspred_loss
+from bayesurl.methods._embedding import EmbeddingOptions
 from bayesurl.methods.base import register
 from bayesurl.methods.ce import ClassifierMethod
 from bayesurl.types import Output
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Losspred"]
 
@@ -52,15 +56,14 @@ class Losspred(ClassifierMethod):
     def __init__(
         self,
         backbone: str | nn.Module = "small_convnet",
-        embed_dim: int | None = 64,
-        num_classes: int = 5,
-        backbone_kwargs: dict[str, Any] | None = None,
+        *,
         lam: float = 0.04,
         hidden_dim: int | None = None,
         detach_input: bool = False,
         warmup_u: float | None = None,
+        **options: Unpack[EmbeddingOptions],
     ) -> None:
-        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
+        super().__init__(backbone, **options)
         if not lam >= 0:
             raise ValueError(f"`lam` must be >= 0, got {lam}")
         self.lam = float(lam)

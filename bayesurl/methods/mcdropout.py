@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -10,10 +10,14 @@ from torch import Tensor, nn
 from bayesurl._checks import check_choice
 from bayesurl.heads.dropout import MCDropoutHead
 from bayesurl.heads.ensemble import average_log_probs
+from bayesurl.methods._embedding import EmbeddingOptions
 from bayesurl.methods.base import register
 from bayesurl.methods.ce import ClassifierMethod
 from bayesurl.types import Output
 from bayesurl.uncertainty import entropy, jensen_shannon
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["MCDropout"]
 
@@ -52,14 +56,13 @@ class MCDropout(ClassifierMethod):
     def __init__(
         self,
         backbone: str | nn.Module = "small_convnet",
-        embed_dim: int | None = 64,
-        num_classes: int = 5,
-        backbone_kwargs: dict[str, Any] | None = None,
+        *,
         p: float = 0.1,
         n_passes: int = 10,
         uncertainty: str = "entropy",
+        **options: Unpack[EmbeddingOptions],
     ) -> None:
-        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
+        super().__init__(backbone, **options)
         self.uncertainty = check_choice(uncertainty, "uncertainty", _UNCERTAINTIES)
         self.head = MCDropoutHead(self.embed_dim, self.num_classes, p=p, n_passes=n_passes)
         self.hparams.update(p=p, n_passes=n_passes, uncertainty=uncertainty)

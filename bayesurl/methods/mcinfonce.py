@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from bayesurl.losses.infonce import two_view_labels
 from bayesurl.losses.mcinfonce import MCInfoNCELoss
-from bayesurl.methods._vmf import VMFMethod
+from bayesurl.methods._vmf import KappaOptions, VMFMethod
 from bayesurl.methods.base import register
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["MCInfoNCE"]
 
@@ -28,9 +31,6 @@ class MCInfoNCE(VMFMethod):
         See :class:`~bayesurl.methods._vmf.VMFMethod` (``num_classes`` is ignored).
     kappa_hidden, warmup_u, kappa_input, min_kappa
         The kappa head: see :class:`~bayesurl.methods._vmf.VMFMethod`.
-        ``warmup_u`` defaults to 0.001 here (URL B.3's warmed-up start): from the random
-        initialisation (kappa ~ 0.7) the vMF samples are nearly uniform for D >= 16 and the
-        loss has no usable signal.
     inverse_temperature : float
         t = kappa_pos (URL: t in [8, 64]).
     n_samples : int
@@ -56,11 +56,7 @@ class MCInfoNCE(VMFMethod):
     def __init__(
         self,
         backbone: str | nn.Module = "small_convnet",
-        embed_dim: int | None = 64,
-        num_classes: int | None = None,
-        backbone_kwargs: dict[str, Any] | None = None,
-        kappa_hidden: int | None = None,
-        warmup_u: float | None = 1e-3,
+        *,
         inverse_temperature: float = 16.0,
         n_samples: int = 16,
         divide_positive: bool = False,
@@ -68,19 +64,9 @@ class MCInfoNCE(VMFMethod):
         mc_average: str = "inside",
         self_term: bool | None = None,
         sampler: str = "exact",
-        kappa_input: str = "embedding",
-        min_kappa: float = 1e-4,
+        **options: Unpack[KappaOptions],
     ) -> None:
-        super().__init__(
-            backbone,
-            embed_dim,
-            num_classes,
-            backbone_kwargs,
-            kappa_hidden,
-            warmup_u,
-            kappa_input=kappa_input,
-            min_kappa=min_kappa,
-        )
+        super().__init__(backbone, **options)
         self.loss_fn = MCInfoNCELoss(
             inverse_temperature,
             n_samples,

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from torch import Tensor, nn
+from torch import nn
 
 from bayesurl.losses.nivmf import NivMFLoss
-from bayesurl.methods._vmf import VMFMethod
+from bayesurl.methods._vmf import KappaOptions, VMFMethod
 from bayesurl.methods.base import register
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["NivMF"]
 
@@ -24,14 +27,9 @@ class NivMF(VMFMethod):
     Parameters
     ----------
     backbone, embed_dim, num_classes, backbone_kwargs
-        See :class:`~bayesurl.methods._vmf.VMFMethod`; ``num_classes`` (>= 2) is required.
-    kappa_hidden, warmup_u, kappa_input, min_kappa
-        The kappa head: see :class:`~bayesurl.methods._vmf.VMFMethod`.
-        ``warmup_u`` defaults to 0.001 here (URL B.3's warmed-up start): from the random
-        initialisation (kappa ~ 0.7) the vMF samples are nearly uniform for D >= 16 and the
-        loss has no usable signal.
-    kappa_scale : float
-        t, the proxies' concentration multiplier (URL: [8, 64]).
+        See :class:`~bayesurl.methods.elk.ELK` (``num_classes`` >= 2 is required).
+    kappa_hidden, warmup_u, kappa_input, min_kappa, kappa_scale
+        The kappa head and the proxies' ``t``: see :class:`~bayesurl.methods.elk.ELK`.
     n_samples : int
         Monte-Carlo samples per image during training (URL: 16).
     density : {"url", "eccv22"}
@@ -39,44 +37,22 @@ class NivMF(VMFMethod):
         (:func:`bayesurl.losses.nivmf.nivmf_log_density`).
     """
 
-    supervised = True
-    two_view = False
+    needs_classes = True
 
     def __init__(
         self,
         backbone: str | nn.Module = "small_convnet",
-        embed_dim: int | None = 64,
+        *,
         num_classes: int = 5,
-        backbone_kwargs: dict[str, Any] | None = None,
-        kappa_hidden: int | None = None,
-        warmup_u: float | None = 1e-3,
         kappa_scale: float = 16.0,
         n_samples: int = 16,
         density: str = "url",
-        kappa_input: str = "embedding",
-        min_kappa: float = 1e-4,
+        **options: Unpack[KappaOptions],
     ) -> None:
-        if num_classes is None:
-            raise ValueError("`num_classes` is required for nivMF")
-        super().__init__(
-            backbone,
-            embed_dim,
-            num_classes,
-            backbone_kwargs,
-            kappa_hidden,
-            warmup_u,
-            kappa_input=kappa_input,
-            min_kappa=min_kappa,
-        )
+        super().__init__(backbone, num_classes=num_classes, **options)
         self.loss_fn = NivMFLoss(
             num_classes, self.embed_dim, kappa_scale, n_samples, density=density
         )
         self.hparams.update(
             kappa_scale=float(kappa_scale), n_samples=int(n_samples), density=density
         )
-
-    def training_loss(self, batch: tuple[Any, Tensor]) -> Tensor:
-        """nivMF ProxyNCA loss of ``batch = (x, y)``."""
-        x, y = self._check_labeled(batch)
-        e, kappa = self.embed_with_kappa(x)
-        return self.loss_fn(e, y, kappa=kappa)

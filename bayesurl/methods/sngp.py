@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bayesurl.heads.sngp import URL_MEAN_FIELD, RandomFeatureGP, spectral_normalize
+from bayesurl.methods._embedding import EmbeddingOptions
 from bayesurl.methods.base import register
 from bayesurl.methods.ce import ClassifierMethod
 from bayesurl.types import Output
 from bayesurl.uncertainty import softmax_entropy
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["SNGP"]
 
@@ -64,9 +68,7 @@ class SNGP(ClassifierMethod):
     def __init__(
         self,
         backbone: str | nn.Module = "small_convnet",
-        embed_dim: int | None = 64,
-        num_classes: int = 5,
-        backbone_kwargs: dict[str, Any] | None = None,
+        *,
         num_random_features: int = 1024,
         ridge: float = 1.0,
         mean_field_factor: float = URL_MEAN_FIELD,
@@ -74,8 +76,9 @@ class SNGP(ClassifierMethod):
         layer_norm: bool = True,
         spectral_norm: str | None = "all",
         spec_norm_bound: float = 3.0,
+        **options: Unpack[EmbeddingOptions],
     ) -> None:
-        super().__init__(backbone, embed_dim, num_classes, backbone_kwargs)
+        super().__init__(backbone, **options)
         if spectral_norm is None:
             spectral_norm = "none"
         if spectral_norm not in _SPECTRAL:
@@ -86,23 +89,16 @@ class SNGP(ClassifierMethod):
             spectral_normalize(self.net, spec_norm_bound, (nn.Linear, nn.Conv2d))
         elif spectral_norm == "projection" and isinstance(self.net.proj, nn.Linear):
             spectral_normalize(self.net.proj, spec_norm_bound)
-        self.gp = RandomFeatureGP(
-            self.embed_dim,
-            self.num_classes,
-            num_random_features=num_random_features,
-            ridge=ridge,
-            mean_field_factor=mean_field_factor,
-            length_scale=length_scale,
-            layer_norm=layer_norm,
-        )
+        gp_options = {
+            "num_random_features": num_random_features,
+            "ridge": ridge,
+            "mean_field_factor": mean_field_factor,
+            "length_scale": length_scale,
+            "layer_norm": layer_norm,
+        }
+        self.gp = RandomFeatureGP(self.embed_dim, self.num_classes, **gp_options)
         self.hparams.update(
-            num_random_features=num_random_features,
-            ridge=ridge,
-            mean_field_factor=mean_field_factor,
-            length_scale=length_scale,
-            layer_norm=layer_norm,
-            spectral_norm=spectral_norm,
-            spec_norm_bound=spec_norm_bound,
+            gp_options, spectral_norm=spectral_norm, spec_norm_bound=spec_norm_bound
         )
 
     def forward(self, x: Tensor, n_samples: int = 0) -> Output:

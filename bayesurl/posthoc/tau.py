@@ -125,6 +125,23 @@ class PosthocTaU(PosthocWrapper):
         s = self.logit(embedding)
         return tau_uncertainty(s, self.scale, self.uncertainty)
 
+    def _embedded_views(
+        self, batch: Any, augment: Callable[[Tensor], Tensor] | None, dev: torch.device
+    ) -> tuple[Tensor, Tensor] | None:
+        """The frozen embeddings of a batch's two views in the head's dtype (the head is built
+        from the first batch); ``None`` for a batch of one image."""
+        x, _ = unpack_batch(batch, views=True)
+        x1, x2 = two_views(x, augment)
+        with torch.no_grad():
+            e1, e2 = self.embed(x1.to(dev)), self.embed(x2.to(dev))
+        if self.head is None:
+            self._build_head(int(e1.shape[1]))
+        check_embedding_width(e1, self.head.in_features, "TaU head")
+        if e1.shape[0] < 2:
+            return None
+        dtype = next(self.head.parameters()).dtype
+        return e1.to(dtype), e2.to(dtype)
+
     def fit(
         self,
         loader: Iterable[Any],
@@ -167,21 +184,14 @@ class PosthocTaU(PosthocWrapper):
         for epoch in range(int(epochs)):
             vals = []
             for batch in iterate(loader, progress, f"TaU epoch {epoch + 1}/{epochs}"):
-                x, _ = unpack_batch(batch, views=True)
-                x1, x2 = two_views(x, augment)
-                with torch.no_grad():
-                    e1, e2 = self.embed(x1.to(dev)), self.embed(x2.to(dev))
-                if self.head is None:
-                    self._build_head(int(e1.shape[1]))
-                check_embedding_width(e1, self.head.in_features, "TaU head")
-                if e1.shape[0] < 2:  # SimCLR needs a negative: a batch of one trains nothing
+                views = self._embedded_views(batch, augment, dev)
+                if views is None:  # SimCLR needs a negative: a batch of one trains nothing
                     skipped += 1
                     continue
                 if opt is None:
                     opt = make_opt(self.head.parameters())
                     self.head.train()
-                dtype = next(self.head.parameters()).dtype
-                e1, e2 = e1.to(dtype), e2.to(dtype)
+                e1, e2 = views
                 loss = tau_simclr_loss(
                     e1, e2, self.head(e1), self.head(e2), scale=self.scale, variant=self.variant
                 )

@@ -34,7 +34,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -236,8 +236,6 @@ def report_model(
     """
     check_int(k, "k", low=1)
     check_int(compare_k, "compare_k", low=1)
-    thumbs: dict[str, str] = {}
-    data_cache: dict[str, Any] = {}
     runs = source.runs
     compare = _comparable(runs)
     ranked = [_ranked(r.record.u) for r in runs]
@@ -245,26 +243,31 @@ def report_model(
     if compare:  # the side-by-side view needs every estimator's view of these queries
         for order, _ in ranked:
             shared.update(int(i) for i in order[::-1][:compare_k])
-    classes: dict[int, str] = {}
-    sources: dict[str, str] = {}
-    why: dict[str, str] = {}
-    estimators = []
-    for r, rank in zip(runs, ranked):
-        src = (
-            image_source(r.record, data_cache, size)
-            if images
-            else ImageSource(None, problem=LATER_IMAGES)
-        )
-        classes.update(src.class_names)
-        estimators.append(_estimator(r, src, rank, shared, k, thumbs))
-        for key, name in src.names.items():
-            sources.setdefault(key, name)
-        for key, reason in src.why.items():
-            why.setdefault(key, reason)
+    shown = _galleries(runs, ranked, shared, k, size if images else None)
     return {
         "title": source.title,
         "kind": source.kind,
         "settings": source.settings,
+        **_table(source),
+        "notices": source.notices,
+        "note_words": NOTE_WORDS,
+        "plots": [{"name": p.name, "uri": png_data_uri_file(p)} for p in source.plots],
+        "missing": source.missing,
+        "estimators": shown.estimators,
+        "compare": compare,
+        "compare_k": int(compare_k),
+        "classes": {str(c): n for c, n in shown.classes.items()},
+        "thumbs": shown.thumbs,
+        "sources": {key: shown.sources[key] for key in shown.thumbs if key in shown.sources},
+        # why an image is not drawn (changed or missing since the run), per thumbnail key
+        "why": shown.why,
+    }
+
+
+def _table(source: ReportSource) -> dict[str, Any]:
+    """The results table of the model: its columns' declarations, rows, marks and the AUROC
+    cells an interval puts at chance or below it."""
+    return {
         # every table column's title, digits and direction (the metric table's declaration);
         # `columns`: the keys of the results table, in order
         "formats": {c.key: c.as_dict() for c in table_columns()},
@@ -282,19 +285,42 @@ def report_model(
             for row in source.rows
         },
         "legend": source.legend,
-        "notices": source.notices,
-        "note_words": NOTE_WORDS,
-        "plots": [{"name": p.name, "uri": png_data_uri_file(p)} for p in source.plots],
-        "missing": source.missing,
-        "estimators": estimators,
-        "compare": compare,
-        "compare_k": int(compare_k),
-        "classes": {str(c): n for c, n in classes.items()},
-        "thumbs": thumbs,
-        "sources": {key: sources[key] for key in thumbs if key in sources},
-        # why an image is not drawn (changed or missing since the run), per thumbnail key
-        "why": why,
     }
+
+
+class _Galleries(NamedTuple):
+    """Every estimator's part of the model and what their galleries show."""
+
+    estimators: list[dict[str, Any]]
+    classes: dict[int, str]
+    thumbs: dict[str, str]
+    sources: dict[str, str]
+    why: dict[str, str]
+
+
+def _galleries(
+    runs: list[RecordedRun],
+    ranked: list[tuple[np.ndarray, np.ndarray]],
+    shared: set[int],
+    k: int,
+    size: int | None,
+) -> _Galleries:
+    """Each run's part of the model (:func:`_estimator`) with its thumbnails at ``size``
+    (``None``: none drawn, the galleries say where they are, :data:`LATER_IMAGES`)."""
+    shown = _Galleries([], {}, {}, {}, {})
+    data_cache: dict[str, Any] = {}
+    for r, rank in zip(runs, ranked):
+        if size is None:
+            src = ImageSource(None, problem=LATER_IMAGES)
+        else:
+            src = image_source(r.record, data_cache, size)
+        shown.classes.update(src.class_names)
+        shown.estimators.append(_estimator(r, src, rank, shared, k, shown.thumbs))
+        for key, name in src.names.items():
+            shown.sources.setdefault(key, name)
+        for key, reason in src.why.items():
+            shown.why.setdefault(key, reason)
+    return shown
 
 
 def run_notes(run: RecordedRun) -> list[Note]:

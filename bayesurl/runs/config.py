@@ -39,7 +39,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -229,10 +229,16 @@ class EvalConfig:
         sampling rule for all: estimators without one always get 0).
     batch_size : int
         Inputs per forward pass.
+    metrics : list of str
+        Metrics computed beside the evaluator's defaults, by name as
+        :class:`bayesurl.evaluation.Evaluator`'s ``include`` takes them: ``["map@r"]`` adds
+        MAP@R and R-precision (Musgrave et al., 2020), which are off by default for the cost
+        of their R neighbours per query (docs/concepts/metrics.rst).
     """
 
     samples: int = 10
     batch_size: int = 500
+    metrics: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -485,6 +491,11 @@ def _check_value(value: Any, hint: Any, where: str, toml_none: bool = True) -> A
         if not isinstance(value, str):
             raise ValueError(f"`{where}` must be a string, got {value!r}")
         return value
+    if origin is list:
+        if isinstance(value, str) or not isinstance(value, Sequence):
+            raise ValueError(f"`{where}` must be a list, got {value!r}")
+        (item,) = typing.get_args(hint)
+        return [_check_value(v, item, f"{where}[{i}]", toml_none) for i, v in enumerate(value)]
     return value
 
 
@@ -963,6 +974,14 @@ def _validate(cfg: RunConfig) -> None:
         raise ValueError(f"`train.num_workers` must be >= 0, got {t.num_workers}")
     if e.samples < 0:
         raise ValueError(f"`eval.samples` must be >= 0, got {e.samples}")
+    if e.metrics:  # the metric table imports torch: read only when a config asks for more
+        from bayesurl.evaluation.table import METRICS
+
+        unknown = [m for m in e.metrics if m not in METRICS]
+        if unknown:
+            raise ValueError(
+                f"`eval.metrics`: unknown metric {unknown[0]!r}; valid: {', '.join(METRICS)}"
+            )
     if b.embed_dim is not None and b.embed_dim < 1:
         raise ValueError(f"`backbone.embed_dim` must be >= 1 or none, got {b.embed_dim}")
     try:  # bayesurl's own backbones: a bad width fails here, named, not in the first batch

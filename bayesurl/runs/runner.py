@@ -34,6 +34,7 @@ from bayesurl._checks import check_int, parse_device
 from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.distributed import launch_rank, launched_by_torchrun
 from bayesurl.evaluation import EvaluationResult, NeighborMemo
+from bayesurl.evaluation.table import METRICS
 from bayesurl.files import format_of, jsonable, write_json
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
@@ -461,6 +462,15 @@ def crop_test_images(cfg: RunConfig) -> int:
     return 0 if cfg.backbone.freeze else CROP_IMAGES
 
 
+def _metric_selection(cfg: RunConfig) -> dict[str, Any]:
+    """``include`` for the evaluator: its defaults plus ``eval.metrics`` (none asked: nothing,
+    so that a run's metrics are the defaults' by construction)."""
+    if not cfg.eval.metrics:
+        return {}
+    asked = set(cfg.eval.metrics)  # names checked where the config was made
+    return {"include": [m.name for m in METRICS.values() if m.default or m.name in asked]}
+
+
 def _run(
     cfg: RunConfig,
     device: torch.device,
@@ -535,6 +545,7 @@ def _run(
             # every metric a benchmark reports, a run reports
             "crop_images": crop_test_images(cfg),
             "neighbor_memo": cache.neighbor_memo(cfg),
+            **_metric_selection(cfg),
             **evaluate_kwargs,
         }
         if data.tests:  # several downstream sets: each scored, their mean reported

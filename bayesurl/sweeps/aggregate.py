@@ -8,26 +8,26 @@ and is counted, not averaged). The statistics follow URL (Kirchhof et al., 2023,
 results averaged over downstream sets and seeds) with the intervals and tests made explicit:
 
 * :func:`summarize`: per estimator and metric the mean and a **Student-t confidence interval**
-  ``mean +- t_{n-1, (1+level)/2} * sd / sqrt(n)``. By default (``unit="split"``) the seeds of a
+  (:func:`bayesurl.stats.comparison.t_interval`). By default (``unit="split"``) the seeds of a
   class split are averaged first and the interval is taken over the splits' means, because runs
   on the same split share its classes and are not independent; ``unit="run"`` treats every run
   as one observation.
 * :func:`paired_comparison`: each estimator against a reference (CE) on the (split, seed)
-  pairs both have, the mean difference with its t-interval, the **paired t-test**
-  (:func:`scipy.stats.ttest_rel`) and the **Wilcoxon signed-rank test**
-  (:func:`scipy.stats.wilcoxon`), both two-sided, and Holm-adjusted p-values over the
-  estimators compared.
-* :func:`bootstrap_interval`: a percentile bootstrap interval of a mean (the paired
-  differences get one beside their t-interval).
+  pairs both have, the mean difference with its t-interval and a percentile bootstrap
+  interval, the **paired t-test** and the **Wilcoxon signed-rank test** of the differences,
+  both two-sided, and Holm-adjusted p-values over the estimators compared;
+  :func:`chance_test`: each estimator's metric against its value at chance, the same way.
 * :func:`split_half_reproducibility`: the estimators' mean metric on one half of the class
-  splits against the other half, as a **Spearman** correlation
-  (:func:`scipy.stats.spearmanr`), for every balanced partition of the splits (the issue asks
-  for >= 0.7 on R-AUROC; also reported for R@1 and OOD AUROC).
+  splits against the other half, as a **Spearman** correlation, for every balanced
+  partition of the splits (the issue asks for >= 0.7 on R-AUROC; also reported for R@1 and
+  OOD AUROC).
+
+The statistics themselves (intervals, tests, Holm, halvings) are
+:mod:`bayesurl.stats.comparison`; this module makes their observations from the records.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -36,17 +36,25 @@ import numpy as np
 
 from bayesurl._checks import check_int
 from bayesurl.evaluation.table import metric_column
+from bayesurl.stats.comparison import (
+    balanced_partitions,
+    bootstrap_interval,
+    check_level,
+    halves_spearman,
+    holm_verdicts,
+    location_test,
+    n_balanced_partitions,
+    spread,
+    t_interval,
+)
 from bayesurl.sweeps.record import estimator_of
 
 __all__ = [
-    "bootstrap_interval",
     "chance_test",
     "complementary_pairs",
-    "holm",
     "paired_comparison",
     "split_half_reproducibility",
     "summarize",
-    "t_interval",
 ]
 
 
@@ -95,54 +103,19 @@ def _value(rec: Mapping[str, Any], metric: str) -> float | None:
     return f
 
 
-def _check_level(level: float) -> None:
-    if not 0.0 < float(level) < 1.0:
-        raise ValueError(f"`level` must be in (0, 1), got {level}")
-
-
-def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """Mean and Student-t confidence interval ``mean +- t_{n-1} * sd / sqrt(n)``.
-
-    Parameters
-    ----------
-    values : sequence of float
-        Observations (finite).
-    level : float
-        Confidence level in (0, 1).
-
-    Returns
-    -------
-    (mean, low, high) : tuple of float
-        With ``n = 1`` the interval is ``(-inf, inf)``; with zero spread ``(mean, mean)``.
-
-    Raises
-    ------
-    ValueError
-        If ``values`` is empty or holds a non-finite number, or ``level`` is outside (0, 1).
-    """
-    from scipy import stats
-
-    _check_level(level)
-    x = np.asarray(values, dtype=np.float64)
-    if x.ndim != 1 or x.size == 0:
-        raise ValueError("`values` must be a non-empty 1-D sequence")
-    if not np.isfinite(x).all():
-        raise ValueError("`values` holds NaN or inf")
-    m = float(x.mean())
-    if x.size == 1:
-        return m, -math.inf, math.inf
-    half = float(stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
-    return m, m - half, m + half
+def _by_split(recs: Iterable[Mapping[str, Any]], metric: str) -> dict[str, dict[int, list[float]]]:
+    """``{estimator: {split: values}}`` of the runs with ``metric``."""
+    per: dict[str, dict[int, list[float]]] = {}
+    for r in recs:
+        v = _value(r, metric)
+        if v is not None:
+            per.setdefault(_name(r), {}).setdefault(_int(r, "split"), []).append(v)
+    return per
 
 
 def _units(recs: Sequence[Mapping[str, Any]], metric: str, unit: str) -> dict[str, list[float]]:
     """Per estimator: the observations (per-split seed means, or per-run values)."""
-    per: dict[str, dict[int, list[float]]] = {}
-    for rec in recs:
-        v = _value(rec, metric)
-        if v is None:
-            continue
-        per.setdefault(_name(rec), {}).setdefault(_int(rec, "split"), []).append(v)
+    per = _by_split(recs, metric)
     if unit == "split":
         return {m: [float(np.mean(v)) for _, v in sorted(d.items())] for m, d in per.items()}
     return {m: [x for _, v in sorted(d.items()) for x in v] for m, d in per.items()}
@@ -184,7 +157,7 @@ def summarize(
     """
     if unit not in ("split", "run"):
         raise ValueError(f"`unit` must be 'split' or 'run', got {unit!r}")
-    _check_level(level)
+    check_level(level)
     records = list(records)
     recs = _ok(records)
     names = list(dict.fromkeys(_name(r) for r in records))
@@ -215,51 +188,6 @@ def summarize(
                 "n_runs": n_runs.get(n, 0),
             }
     return out
-
-
-def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1).
-
-    ``p_(i)`` sorted ascending becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``.
-    """
-    p = np.asarray(pvalues, dtype=np.float64)
-    if p.ndim != 1:
-        raise ValueError("`pvalues` must be 1-D")
-    if np.isnan(p).any() or (p < 0).any() or (p > 1).any():
-        raise ValueError("`pvalues` must lie in [0, 1]")
-    m = p.size
-    order = np.argsort(p, kind="stable")
-    adj = np.empty(m)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        adj[i] = running
-    return adj.tolist()
-
-
-#: Resamples of :func:`bootstrap_interval`.
-BOOTSTRAP_RESAMPLES = 5000
-
-
-def bootstrap_interval(
-    values: Sequence[float], level: float = 0.95, *, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean (Efron & Tibshirani, 1993, section 13.3):
-    :data:`BOOTSTRAP_RESAMPLES` resamples with replacement, seeded.
-
-    Raises
-    ------
-    ValueError
-        With no values or a level outside ``(0, 1)``.
-    """
-    _check_level(level)
-    x = np.asarray(values, dtype=np.float64)
-    if x.size == 0:
-        raise ValueError("`values` is empty")
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(BOOTSTRAP_RESAMPLES, x.size))].mean(axis=1)
-    tail = (1.0 - float(level)) / 2.0
-    return float(np.quantile(means, tail)), float(np.quantile(means, 1.0 - tail))
 
 
 def paired_comparison(
@@ -298,7 +226,8 @@ def paired_comparison(
     dict
         ``{estimator: {"n", "mean_diff", "low", "high", "boot_low", "boot_high", "t", "p_t",
         "p_wilcoxon", "p_t_holm", "p_wilcoxon_holm", "verdict"}}`` with
-        ``diff = estimator - reference`` (``boot_*``: :func:`bootstrap_interval`)
+        ``diff = estimator - reference`` (``boot_*``:
+        :func:`~bayesurl.stats.comparison.bootstrap_interval`)
         (sign flipped for lower-is-better metrics such as ECE, so positive is always better);
         ``verdict`` is ``"better"``, ``"worse"`` or ``"no difference"`` at ``alpha`` by the
         Holm-adjusted t-test. Estimators with fewer than 2 pairs get ``n`` and ``None``
@@ -310,9 +239,8 @@ def paired_comparison(
         If ``reference`` has no run with the metric, on malformed records, or for a metric
         without a column when ``higher_is_better`` is not given.
     """
-    _check_level(level)
-    if not 0.0 < float(alpha) < 1.0:
-        raise ValueError(f"`alpha` must be in (0, 1), got {alpha}")
+    check_level(level)
+    check_level(alpha, "alpha")
     if unit not in ("run", "pair"):
         raise ValueError(f"`unit` must be 'run' or 'pair', got {unit!r}")
     recs = _ok(records)
@@ -329,20 +257,12 @@ def paired_comparison(
             f"`reference` {reference!r} has no run with metric {metric!r}; estimators with it: "
             f"{sorted(table)}"
         )
-    ref = table[reference]
-    out: dict[str, dict[str, Any]] = {}
-    for name, vals in table.items():
-        if name != reference:
-            out[name] = _paired_row(_differences(vals, ref, sign, pair_of), level)
-    _holm_columns(out, [n for n, r in out.items() if r["p_t"] is not None])
-    for r in out.values():
-        p = r.get("p_t_holm")
-        if p is None:
-            r["verdict"] = None
-        elif p < alpha:
-            r["verdict"] = "better" if r["mean_diff"] > 0 else "worse"
-        else:
-            r["verdict"] = "no difference"
+    out = {
+        name: _paired_row(_differences(vals, table[reference], sign, pair_of), level)
+        for name, vals in table.items()
+        if name != reference
+    }
+    holm_verdicts(out, alpha, effect="mean_diff", words=("better", "worse", "no difference"))
     return out
 
 
@@ -379,56 +299,15 @@ def _differences(
 def _paired_row(d: np.ndarray, level: float) -> dict[str, Any]:
     """The statistics of one estimator's paired differences ``d`` (see
     :func:`paired_comparison`; ``None`` with fewer than two)."""
-    from scipy import stats
-
     row: dict[str, Any] = {"n": len(d)}
     if len(d) < 2:
         row.update(mean_diff=float(d.mean()) if len(d) else None, low=None, high=None)
-        row.update(boot_low=None, boot_high=None)
-        row.update(t=None, p_t=None, p_wilcoxon=None)
+        row.update(boot_low=None, boot_high=None, t=None, p_t=None, p_wilcoxon=None)
         return row
-    m, lo, hi = t_interval(d, level)
     row.update(zip(("boot_low", "boot_high"), bootstrap_interval(d, level)))
-    if np.all(d == d[0]):  # no spread: the t statistic is undefined
-        t, p_t = (math.inf * np.sign(d[0]), 0.0) if d[0] != 0 else (0.0, 1.0)
-    else:
-        res = stats.ttest_rel(d, np.zeros_like(d))
-        t, p_t = float(res.statistic), float(res.pvalue)
-    p_w = None if np.all(d == 0) else float(stats.wilcoxon(d).pvalue)
-    row.update(mean_diff=m, low=lo, high=hi, t=float(t), p_t=p_t, p_wilcoxon=p_w)
+    test = location_test(d, 0.0, level)
+    row.update(mean_diff=test.pop("mean"), **test)
     return row
-
-
-#: Balanced partitions enumerated exactly up to this many; beyond (e.g. 40 splits: 6.9e10
-#: partitions) :data:`RANDOM_HALVINGS` distinct ones are drawn with a seeded generator.
-MAX_EXACT_PARTITIONS = 5000
-RANDOM_HALVINGS = 2000
-
-
-def _balanced_partitions(
-    splits: Sequence[int], *, seed: int = 0
-) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """Splits of ``splits`` into two halves of sizes ``floor(k/2)`` / ``ceil(k/2)``, each
-    unordered partition once (the half holding the first split is listed first when the
-    halves are equal in size): all of them, or :data:`RANDOM_HALVINGS` distinct random ones
-    (seeded) when there are more than :data:`MAX_EXACT_PARTITIONS`."""
-    s = sorted(splits)
-    k = len(s)
-    total = math.comb(k, k // 2) // (2 if k % 2 == 0 else 1)
-
-    def canonical(a: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        a = tuple(sorted(a))
-        b = tuple(x for x in s if x not in a)
-        return (b, a) if k % 2 == 0 and s[0] not in a else (a, b)
-
-    if total <= MAX_EXACT_PARTITIONS:
-        return list(dict.fromkeys(canonical(a) for a in itertools.combinations(s, k // 2)))
-    rng = np.random.default_rng(seed)
-    seen: dict[tuple[tuple[int, ...], tuple[int, ...]], None] = {}
-    while len(seen) < RANDOM_HALVINGS:
-        perm = rng.permutation(k)[: k // 2]
-        seen.setdefault(canonical([s[i] for i in perm]), None)
-    return list(seen)
 
 
 def split_half_reproducibility(
@@ -440,7 +319,8 @@ def split_half_reproducibility(
 ) -> dict[str, Any]:
     """Spearman correlation of the estimators' mean ``metric`` between two disjoint halves of
     the class splits, over every balanced partition of the splits (or, with many splits,
-    :data:`RANDOM_HALVINGS` random ones: the distribution is reported, not one partition).
+    :data:`~bayesurl.stats.comparison.RANDOM_HALVINGS` random ones: the distribution is
+    reported, not one partition).
 
     Parameters
     ----------
@@ -484,7 +364,8 @@ def split_half_reproducibility(
         parts = parts[: int(max_partitions)]
     if halving == "random" and all(a != lower for a, _ in parts):
         parts.append((lower, tuple(splits[len(splits) // 2 :])))  # always reported
-    rows = [_half_spearman(per, names, a, b) for a, b in parts]
+    rows = [{"a": list(a), "b": list(b), "spearman": halves_spearman(per, names, a, b)}
+            for a, b in parts]  # fmt: skip
     vals = [r["spearman"] for r in rows if r["spearman"] is not None]
     first = next((r["spearman"] for r in rows if r["a"] == splits[: len(splits) // 2]), None)
     return {
@@ -493,7 +374,7 @@ def split_half_reproducibility(
         "estimators": names,
         "splits": splits,
         "partitions": rows,
-        **_spread_of(vals),
+        **spread(vals),
         "exhaustive": len(parts) >= total,
         "first": first,
     }
@@ -504,11 +385,7 @@ def _on_every_split(
 ) -> tuple[dict[str, dict[int, list[float]]], list[int], list[str]]:
     """``{estimator: {split: values}}`` of ``metric``, the splits, and the estimators with a
     value on every split (two splits and three such estimators at least)."""
-    per: dict[str, dict[int, list[float]]] = {}
-    for r in recs:
-        v = _value(r, metric)
-        if v is not None:
-            per.setdefault(_name(r), {}).setdefault(_int(r, "split"), []).append(v)
+    per = _by_split(recs, metric)
     splits = sorted({s for d in per.values() for s in d})
     if len(splits) < 2:
         raise ValueError(f"split-half reproducibility needs >= 2 splits, got {splits}")
@@ -521,36 +398,13 @@ def _on_every_split(
     return per, splits, names
 
 
-def _half_spearman(
-    per: Mapping[str, Mapping[int, list[float]]],
-    names: Sequence[str],
-    a: Sequence[int],
-    b: Sequence[int],
-) -> dict[str, Any]:
-    """``{"a", "b", "spearman"}``: Spearman of the estimators' mean on the splits ``a``
-    against their mean on ``b`` (``None`` where one side's means are constant)."""
-    from scipy import stats
-
-    xa = [float(np.mean([x for s in a for x in per[n][s]])) for n in names]
-    xb = [float(np.mean([x for s in b for x in per[n][s]])) for n in names]
-    if len(set(xa)) < 2 or len(set(xb)) < 2:
-        rho = None
-    else:
-        rho = float(stats.spearmanr(xa, xb).statistic)
-    return {"a": list(a), "b": list(b), "spearman": rho}
-
-
 def _halvings(
     recs: Sequence[Mapping[str, Any]], splits: list[int], halving: str
 ) -> tuple[list[tuple[tuple[int, ...], tuple[int, ...]]], int]:
     """The balanced partitions of ``splits`` (``"random"``) or of their complementary pairs
     (``"pairs"``, each pair's splits on one side), and how many there are in all."""
-
-    def count(n: int) -> int:
-        return math.comb(n, n // 2) // (2 if n % 2 == 0 else 1)
-
     if halving != "pairs":
-        return _balanced_partitions(splits), count(len(splits))
+        return balanced_partitions(splits), n_balanced_partitions(len(splits))
     pair_of = complementary_pairs(recs)
     units = sorted(set(pair_of[s] for s in splits))
     if len(units) < 2:
@@ -561,9 +415,9 @@ def _halvings(
             tuple(sorted(s for u in a for s in members[u])),
             tuple(sorted(s for u in b for s in members[u])),
         )
-        for a, b in _balanced_partitions(units)
+        for a, b in balanced_partitions(units)
     ]
-    return parts, count(len(units))
+    return parts, n_balanced_partitions(len(units))
 
 
 def complementary_pairs(records: Iterable[Mapping[str, Any]]) -> dict[int, int]:
@@ -610,16 +464,6 @@ def complementary_pairs(records: Iterable[Mapping[str, Any]]) -> dict[int, int]:
     return out
 
 
-def _per_split(recs: Sequence[Mapping[str, Any]], metric: str) -> dict[str, dict[int, float]]:
-    """Per estimator, per split: the metric's mean over seeds."""
-    per: dict[str, dict[int, list[float]]] = {}
-    for r in recs:
-        v = _value(r, metric)
-        if v is not None:
-            per.setdefault(_name(r), {}).setdefault(_int(r, "split"), []).append(v)
-    return {n: {k: float(np.mean(v)) for k, v in d.items()} for n, d in per.items()}
-
-
 def chance_test(
     records: Iterable[Mapping[str, Any]],
     metric: str = "r_auroc",
@@ -658,56 +502,26 @@ def chance_test(
     ValueError
         On an unknown ``unit``, a ``level`` / ``alpha`` outside (0, 1) or malformed records.
     """
-    from scipy import stats
-
     if unit not in ("pair", "split"):
         raise ValueError(f"`unit` must be 'pair' or 'split', got {unit!r}")
-    _check_level(level)
-    if not 0.0 < float(alpha) < 1.0:
-        raise ValueError(f"`alpha` must be in (0, 1), got {alpha}")
+    check_level(level)
+    check_level(alpha, "alpha")
     recs = _ok(records)
     pair_of = complementary_pairs(recs) if unit == "pair" else {}
     out: dict[str, dict[str, Any]] = {}
-    for name, d in _per_split(recs, metric).items():
+    for name, d in _by_split(recs, metric).items():
         groups: dict[int, list[float]] = {}
-        for k, v in d.items():
-            groups.setdefault(pair_of.get(k, k), []).append(v)
+        for k, v in d.items():  # each split's mean over its seeds
+            groups.setdefault(pair_of.get(k, k), []).append(float(np.mean(v)))
         x = np.array([np.mean(groups[g]) for g in sorted(groups)], dtype=np.float64)
         row: dict[str, Any] = {"n": int(x.size), "mean": float(x.mean())}
         if x.size < 2:
             row.update(low=None, high=None, t=None, p_t=None, p_wilcoxon=None)
         else:
-            m, lo, hi = t_interval(x, level)
-            dx = x - float(chance)
-            if np.all(dx == dx[0]):
-                t, p_t = (math.inf * np.sign(dx[0]), 0.0) if dx[0] != 0 else (0.0, 1.0)
-            else:
-                res = stats.ttest_1samp(x, float(chance))
-                t, p_t = float(res.statistic), float(res.pvalue)
-            p_w = None if np.all(dx == 0) else float(stats.wilcoxon(dx).pvalue)
-            row.update(low=lo, high=hi, t=float(t), p_t=p_t, p_wilcoxon=p_w)
+            row.update(location_test(x, chance, level))
         out[name] = row
-    _holm_columns(out, list(out))
-    for r in out.values():
-        p = r["p_t_holm"]
-        if p is None:
-            r["verdict"] = None
-        elif p < alpha:
-            r["verdict"] = "above" if r["mean"] > chance else "below"
-        else:
-            r["verdict"] = "at chance"
+    holm_verdicts(out, alpha, effect="mean", centre=chance, words=("above", "below", "at chance"))
     return out
-
-
-def _spread_of(vals: Sequence[float]) -> dict[str, Any]:
-    return {
-        "mean": float(np.mean(vals)) if vals else None,
-        "min": float(np.min(vals)) if vals else None,
-        "max": float(np.max(vals)) if vals else None,
-        "median": float(np.median(vals)) if vals else None,
-        "q05": float(np.quantile(vals, 0.05)) if vals else None,
-        "q95": float(np.quantile(vals, 0.95)) if vals else None,
-    }
 
 
 def _class_halvings(
@@ -717,7 +531,6 @@ def _class_halvings(
     metric: str,
 ) -> dict[str, Any]:
     """For each class: the splits with it downstream against those with it upstream."""
-    from scipy import stats
 
     down: dict[int, set[int]] = {}
     up: dict[int, set[int]] = {}
@@ -735,13 +548,7 @@ def _class_halvings(
         if not a or not b:
             rows.append({"class": c, "a": a, "b": b, "spearman": None})
             continue
-        xa = [float(np.mean([x for s in a for x in per[n][s]])) for n in names]
-        xb = [float(np.mean([x for s in b for x in per[n][s]])) for n in names]
-        rho = (
-            None
-            if len(set(xa)) < 2 or len(set(xb)) < 2
-            else float(stats.spearmanr(xa, xb).statistic)
-        )
+        rho = halves_spearman(per, names, a, b)
         rows.append({"class": c, "a": a, "b": b, "spearman": rho})
     vals = [r["spearman"] for r in rows if r["spearman"] is not None]
     return {
@@ -750,17 +557,5 @@ def _class_halvings(
         "estimators": list(names),
         "partitions": rows,
         "per_class": {str(r["class"]): r["spearman"] for r in rows},
-        **_spread_of(vals),
+        **spread(vals),
     }
-
-
-def _holm_columns(out: dict[str, dict[str, Any]], names: list[str]) -> None:
-    """Holm-adjust the ``p_t`` and ``p_wilcoxon`` of the rows ``names`` of ``out`` in place
-    (``<key>_holm``; ``None`` for every row without that p-value)."""
-    for key in ("p_t", "p_wilcoxon"):
-        have = [n for n in names if out[n][key] is not None]
-        adj = holm([out[n][key] for n in have]) if have else []
-        for n in out:
-            out[n][f"{key}_holm"] = None
-        for n, a in zip(have, adj):
-            out[n][f"{key}_holm"] = a

@@ -75,8 +75,10 @@ __all__ = [
     "report_columns",
     "results_document",
     "results_table",
+    "run_table",
     "save_results",
     "summarize_runs",
+    "table_runs",
     "write_document",
     "write_results",
 ]
@@ -112,8 +114,10 @@ HALVINGS: tuple[str, ...] = ("random", "pairs", "class")
 
 #: What an interval is over, per :func:`observation_unit`.
 UNIT_WORDS = {"split": "class splits", "run": "runs"}
-#: The format of a benchmark's ``results.json`` (a reader refuses a newer one).
-RESULTS_FORMAT = format_of("bayesurl.results", 2)
+#: The format of a benchmark's ``results.json`` (a reader refuses a newer one). Version 3
+#: writes the runs as a table (:func:`write_document`); 2 wrote each run as a mapping, 1 also
+#: kept the curves and every halving in the one file.
+RESULTS_FORMAT = format_of("bayesurl.results", 3)
 
 
 #: Estimators that train nothing (the input representation's own score): the reference an
@@ -667,8 +671,13 @@ def write_document(folder: str | os.PathLike[str], doc: Mapping[str, Any]) -> di
     (:data:`REPRODUCIBILITY_FILE`; ``results.json`` keeps each one's statistics and
     ``n_partitions``). :func:`read_results` puts the document together again.
 
+    The runs are a table (:func:`run_table`): ``run_columns`` names, per set of fields the
+    runs record, those fields and the values every such run shares (an interval's method,
+    what it is over, its level, the settings every run repeats); each run in ``runs`` is one
+    line, the index of its column set, then its own values.
+
     Each file is written atomically, the side files first: a ``results.json`` never names a
-    file that is not there. In ``results.json`` each run is one line.
+    file that is not there.
     """
     where = Path(folder)
     runs = [RunRecord.from_row(r) for r in doc["runs"]]
@@ -678,6 +687,7 @@ def write_document(folder: str | os.PathLike[str], doc: Mapping[str, Any]) -> di
         side = {"format": RESULTS_FORMAT, "curves": curves}
         paths["curves"] = write_json_gz(where / CURVES_FILE, side)
     slim = {k: v for k, v in doc.items() if k != "runs"}
+    slim["format"] = RESULTS_FORMAT
     slim["reproducibility"] = _without_partitions(doc.get("reproducibility"))
     slim["reproducibility_by"] = {
         h: _without_partitions(v) for h, v in (doc.get("reproducibility_by") or {}).items()
@@ -689,11 +699,66 @@ def write_document(folder: str | os.PathLike[str], doc: Mapping[str, Any]) -> di
             where / REPRODUCIBILITY_FILE, {"format": RESULTS_FORMAT, **detail}
         )
     slim["files"] = {k: p.name for k, p in paths.items()}
-    slim["runs"] = "\0runs"
+    columns, rows = run_table([r.to_row(curves=False) for r in runs])
+    slim["run_columns"], slim["runs"] = "\0columns", "\0runs"
     text = json.dumps(slim, indent=1)
-    lines = ",\n  ".join(json.dumps(r.to_row(curves=False), separators=(",", ":")) for r in runs)
-    text = text.replace('"\\u0000runs"', f"[\n  {lines}\n ]" if runs else "[]", 1)
+    for key, items in (("columns", columns), ("runs", rows)):
+        lines = ",\n  ".join(json.dumps(x, separators=(",", ":")) for x in items)
+        text = text.replace(f'"\\u0000{key}"', f"[\n  {lines}\n ]" if items else "[]", 1)
     return {"json": atomic_write(where / "results.json", text), **paths}
+
+
+def run_table(rows: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[list[Any]]]:
+    """``rows`` as a table: ``(columns, values)``.
+
+    Rows that record the same fields in the same order share a column set
+    ``{"keys": [...], "same": {...}}``; ``same`` holds the fields whose value is the same in
+    every row of the set (compared as JSON: ``1`` and ``1.0`` differ), when the set has two
+    rows or more. Each row becomes ``[column set, value, ...]``: its values of the other
+    fields, in ``keys`` order. :func:`table_runs` gives the rows back, equal and in the same
+    key order.
+    """
+    shapes: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        shapes.setdefault(tuple(r), []).append(r)
+    columns, index = [], {}
+    for keys, members in shapes.items():
+        same = {
+            k: members[0][k]
+            for k in keys
+            if len(members) > 1 and len({json.dumps(m[k]) for m in members}) == 1
+        }
+        index[keys] = len(columns)
+        columns.append({"keys": list(keys), "same": same})
+    values = []
+    for r in rows:
+        i = index[tuple(r)]
+        same = columns[i]["same"]
+        values.append([i, *(v for k, v in r.items() if k not in same)])
+    return columns, values
+
+
+def table_runs(columns: Any, values: Any, where: str) -> list[dict[str, Any]]:
+    """The rows of a :func:`run_table` (``where`` names the file in an error).
+
+    Raises
+    ------
+    ValueError
+        If a row does not fit its column set.
+    """
+    out = []
+    for i, row in enumerate(values):
+        try:
+            cols = columns[row[0]]
+            keys, same = cols["keys"], cols["same"]
+            own = [k for k in keys if k not in same]
+            if len(row) - 1 != len(own):
+                raise ValueError
+        except (ValueError, TypeError, KeyError, IndexError):
+            raise ValueError(f"{where}: runs[{i}] does not fit its run_columns") from None
+        mine = dict(zip(own, row[1:]))
+        out.append({k: same[k] if k in same else mine[k] for k in keys})
+    return out
 
 
 def _without_partitions(table: Any) -> Any:
@@ -744,6 +809,8 @@ def read_results(path: str | os.PathLike[str], *, detail: bool = True) -> dict[s
         raise ValueError(
             f"{what}: no 'runs' entry" if runs is None else f"{what}: 'runs' is no list"
         )
+    if (check_format(doc, p, RESULTS_FORMAT) or 0) >= 3:
+        runs = table_runs(doc.pop("run_columns", None), runs, what)
     for i, r in enumerate(runs):
         try:
             estimator_of(r)
@@ -823,14 +890,12 @@ def write_results(
     records: Sequence[Mapping[str, Any]],
     out: str | os.PathLike[str],
     settings: Mapping[str, Any],
-    *,
-    metrics: Sequence[str] | None = None,
-    reference: str = "ce",
+    **options: Any,
 ) -> dict[str, Path]:
     """Write ``results.json`` (and its side files), ``results.csv``, ``recall_vs_rauroc.png``
     and ``training_curves.png`` (when the runs carry curves) to ``out``; the paths written
-    (:func:`save_results`)."""
-    return save_results(records, out, settings, metrics=metrics, reference=reference)[1]
+    (:func:`save_results`, whose keyword ``options`` these are: ``metrics``, ``reference``)."""
+    return save_results(records, out, settings, **options)[1]
 
 
 def _write_csv(path: Path, recs: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> Path:

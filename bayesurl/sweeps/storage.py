@@ -1,4 +1,6 @@
-"""Sweep storage on Optuna's RDB storage: claim-a-run semantics for resumable, multi-worker sweeps.
+"""Where a sweep's runs live: one interface (:class:`RunStore`), kept in memory
+(:class:`MemoryStore`) or in Optuna's RDB storage (:class:`SweepStorage`: claim-a-run
+semantics for resumable, multi-worker sweeps).
 
 A benchmark sweep is a fixed plan of runs, one per (estimator, class split, seed) (URL,
 Kirchhof et al., 2023, section 3: every model is replicated over seeds and downstream sets and
@@ -43,11 +45,11 @@ while the storage is opened or while the sweep runs, is waited for: every storag
 retries for up to ``lock_timeout`` seconds, with the engine's connections checked before use
 (``pool_pre_ping``); a run in progress keeps running meanwhile. Retried writes are
 idempotent (a second enqueue of a key is retired as a duplicate, a second ``COMPLETE`` is
-ignored).
+ignored). How the database is reached, waited for and named is :mod:`bayesurl.database`.
 
 **Secrets.** The URL may carry a database password: :attr:`SweepStorage.url`, every error
 message and therefore every results file and progress line show it with the password as
-``***`` (:func:`redact_url`); the full URL is used to connect only.
+``***`` (:func:`bayesurl.database.redact_url`); the full URL is used to connect only.
 
 Optuna is an optional dependency: ``pip install bayesurl[sweep]`` (``bayesurl[postgres]``
 adds the PostgreSQL driver psycopg2).
@@ -57,12 +59,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import difflib
 import json
 import math
 import os
-import random
-import re
 import signal
 import sqlite3
 import threading
@@ -71,14 +70,35 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from bayesurl._optional import require
+from bayesurl.database import (
+    LOCK_TIMEOUT,
+    StorageError,
+    check_url,
+    corrupted,
+    dialect_hint,
+    enable_wal,
+    engine_options,
+    one_line,
+    probe,
+    redact_url,
+    retry,
+    scrub,
+    serialise_sqlite,
+)
 
+# LOCK_TIMEOUT, StorageError and redact_url are bayesurl.database's, named here too: a sweep
+# storage's user catches its errors and prints its URL from this module
 __all__ = [
     "LOCK_TIMEOUT",
     "SWEEP_FORMAT",
     "Claim",
+    "MemoryStore",
+    "OnDone",
+    "RunFn",
+    "RunStore",
     "StorageError",
     "SweepStorage",
     "default_storage_url",
@@ -118,75 +138,6 @@ def run_key(estimator: str, split: int, seed: int) -> str:
     return f"{est}/split{int(split)}/seed{int(seed)}"
 
 
-def redact_url(url: str) -> str:
-    """``url`` with its password shown as ``***`` (the form every message, progress line and
-    results file shows: a storage URL may carry a database password).
-
-    Examples
-    --------
-    >>> redact_url("postgresql+psycopg2://ann:secret@db-host:5432/bayesurl")
-    'postgresql+psycopg2://ann:***@db-host:5432/bayesurl'
-    >>> redact_url("sqlite:///results/sweep.db")
-    'sqlite:///results/sweep.db'
-    """
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    text = str(url)
-    if _ats(text) > 1:  # an unencoded @ in the password: all of it up to the host's @
-        return re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", text, count=1)
-    try:
-        return make_url(text).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):  # not parseable: hide whatever sits between : and @
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", text)
-
-
-def _ats(url: str) -> int:
-    """The number of ``@`` between ``://`` and the path: more than one means a password with
-    an unencoded ``@``, which SQLAlchemy would split at the first one."""
-    rest = str(url).split("://", 1)[-1]
-    return rest.split("/", 1)[0].count("@")
-
-
-#: the password field of a URL (``scheme://user:PASSWORD@``) inside a message
-_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)([^@\s]+)(@)")
-#: the password field of a connection string (``password=PASSWORD``)
-_KEY_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('[^']*'|\"[^\"]*\"|[^\s,;)]+)", re.IGNORECASE)
-
-
-def _scrub(text: str, url: str) -> str:
-    """``text`` with ``url`` and every password *field* in it hidden.
-
-    The field, never the password's text wherever it appears: a stock password equal to the
-    user name or part of the dialect (``postgress://postgres:postgres@...``) would otherwise
-    hide the very typo the message is about.
-    """
-    text = text.replace(str(url), redact_url(url))
-    text = _URL_PASSWORD.sub(r"\1***\3", text)
-    return _KEY_PASSWORD.sub(r"\1***", text)
-
-
-#: the databases an Optuna storage runs on (SQLAlchemy dialect names)
-_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
-
-
-def _dialect_hint(url: str) -> str:
-    """``" (did you mean ...?)"`` for a URL whose database name is not a dialect, else ``""``."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        name = make_url(url).get_backend_name()
-    except (ArgumentError, ValueError):
-        return ""
-    if name in _DIALECTS:
-        return ""
-    near = difflib.get_close_matches(name, _DIALECTS, n=1)
-    return f" ({name!r} is no database SQLAlchemy knows" + (
-        f"; did you mean {near[0]}://...?)" if near else f"; e.g. {', '.join(_DIALECTS)})"
-    )
-
-
 def default_storage_url(out: str | os.PathLike[str]) -> str:
     """``sqlite:///<out>/sweep.db`` (absolute path; the folder is created)."""
     folder = Path(out).expanduser().resolve()
@@ -196,7 +147,8 @@ def default_storage_url(out: str | os.PathLike[str]) -> str:
 
 @dataclass(frozen=True)
 class Claim:
-    """A run claimed by this worker: its key, parameters and the Optuna trial holding it."""
+    """A run claimed by this worker: its key, parameters and the Optuna trial holding it
+    (in a :class:`MemoryStore`: the run's place in the plan)."""
 
     key: str
     params: dict[str, Any]
@@ -204,163 +156,134 @@ class Claim:
     attempt: int
 
 
-class StorageError(ValueError):
-    """The sweep storage cannot be used: corrupted, not a database, or locked too long.
+#: One run: ``fn(params) -> record``.
+RunFn = Callable[[dict[str, Any]], Mapping[str, Any]]
+#: Called after each run: ``on_done(claim, record, error)`` (``record`` is ``None`` when the
+#: run raised; ``error`` is the exception's text, or the error the record carries).
+OnDone = Callable[[Claim, Mapping[str, Any] | None, str | None], None]
 
-    The message is one line and names the storage; bayesurl never rewrites or deletes the
-    storage after such an error, so every finished run recorded in it stays there.
+
+@runtime_checkable
+class RunStore(Protocol):
+    """Where a sweep's runs live: what the sweep engine (:func:`bayesurl.sweeps.run_sweep`)
+    and the tuning (:func:`bayesurl.sweeps.tuning.tune_estimators`) ask of it.
+
+    Implemented by :class:`MemoryStore` (one process, nothing kept) and :class:`SweepStorage`
+    (an Optuna RDB storage: resumable, shared by workers).
     """
 
+    #: The storage's address, safe to print and to store (no password).
+    url: str
 
-#: Seconds a storage call waits for another process's lock before :class:`StorageError`.
-LOCK_TIMEOUT = 120.0
+    def add_runs(self, runs: Iterable[Mapping[str, Any]]) -> int:
+        """Plan the runs not planned yet; how many were added."""
+        ...
 
+    def work(
+        self, fn: RunFn, *, wait: bool = True, poll: float = 5.0, on_done: OnDone | None = None
+    ) -> int:
+        """Execute planned runs with ``fn`` until none is left; how many this process ran
+        (``wait``: also for runs other workers hold, looking every ``poll`` seconds)."""
+        ...
 
-def _one_line(exc: BaseException) -> str:
-    """The driver's own message of a database error wrapped by SQLAlchemy and Optuna (the
-    innermost cause), on one line."""
-    seen = {id(exc)}
-    while True:
-        inner = getattr(exc, "orig", None) or exc.__cause__ or exc.__context__
-        if inner is None or id(inner) in seen:
-            break
-        seen.add(id(inner))
-        exc = inner
-    return " ".join(str(exc).split("\n")[0].split())
+    def status(self) -> dict[str, int]:
+        """Counts of the plan's runs: ``waiting``, ``running``, ``complete``, ``failed``,
+        ``total``."""
+        ...
 
+    def records(self) -> list[dict[str, Any]]:
+        """The finished runs' records, in plan order."""
+        ...
 
-def _locked(exc: BaseException) -> bool:
-    text = _one_line(exc).lower()
-    return "locked" in text or "busy" in text or "could not serialize" in text
+    def failures(self) -> list[dict[str, Any]]:
+        """``{"key", "error", ...}`` of every failed attempt."""
+        ...
 
+    def other_sweeps(self) -> list[str]:
+        """Names of other sweeps with runs in the same storage."""
+        ...
 
-#: Driver messages of a lost or refused database connection (PostgreSQL restarted, network
-#: down): a running sweep waits for the database to come back.
-_DISCONNECTED = (
-    "could not connect",
-    "connection refused",
-    "server closed the connection",
-    "terminating connection",
-    "the database system is",
-    "connection already closed",
-    "no connection to the server",
-    "could not receive data",
-    "could not send data",
-    "ssl syscall",
-    "timeout expired",
-    "connection timed out",
-    "could not translate host name",
-    "network is unreachable",
-    "no route to host",
-    "connection reset",
-    "cannot connect now",
-)
+    def tuning_study(self, name: str, *, sampler: Any = None) -> Any:
+        """The Optuna study (maximise) of the hyper-parameter search ``name``."""
+        ...
 
 
-def _disconnected(exc: BaseException) -> bool:
-    if getattr(exc, "connection_invalidated", False):
-        return True
-    text = _one_line(exc).lower()
-    return "password authentication" not in text and any(m in text for m in _DISCONNECTED)
+class MemoryStore:
+    """The runs of a sweep kept in this process (a :class:`RunStore`, the in-memory twin of
+    :class:`SweepStorage`).
+
+    A run function's exception propagates (a run records its own failure unless it is asked
+    to raise).
+    """
+
+    def __init__(self) -> None:
+        self._plan: list[dict[str, Any]] = []
+        self._records: list[dict[str, Any]] = []
+        self._studies: dict[str, Any] = {}
+        self.url = "memory"
+
+    def add_runs(self, runs: Iterable[Mapping[str, Any]]) -> int:
+        """Append the runs; return how many."""
+        new = [dict(r) for r in runs]
+        self._plan += new
+        return len(new)
+
+    def work(
+        self, fn: RunFn, *, wait: bool = True, poll: float = 5.0, on_done: OnDone | None = None
+    ) -> int:
+        """Run every planned run in order; return how many (nothing to wait for here)."""
+        done = 0
+        while len(self._records) < len(self._plan):
+            i = len(self._records)
+            params = self._plan[i]
+            record = dict(fn(dict(params)))
+            self._records.append(record)
+            done += 1
+            if on_done is not None:
+                claim = Claim(key=_label(params), params=params, trial_id=i, attempt=1)
+                on_done(claim, record, record.get("error"))
+        return done
+
+    def status(self) -> dict[str, int]:
+        """Counts of the plan's runs (``failed``: runs whose record carries an error)."""
+        failed = sum(bool(r.get("error")) for r in self._records)
+        return {
+            "waiting": len(self._plan) - len(self._records),
+            "running": 0,
+            "complete": len(self._records) - failed,
+            "failed": failed,
+            "total": len(self._plan),
+        }
+
+    def records(self) -> list[dict[str, Any]]:
+        """The finished runs' records, in plan order."""
+        return [dict(r) for r in self._records]
+
+    def failures(self) -> list[dict[str, Any]]:
+        """``{"key", "error"}`` of the runs that failed."""
+        return [
+            {"key": _label(p), "error": r["error"]}
+            for p, r in zip(self._plan, self._records)
+            if r.get("error")
+        ]
+
+    def other_sweeps(self) -> list[str]:
+        """None: the store holds this sweep alone."""
+        return []
+
+    def tuning_study(self, name: str, *, sampler: Any = None) -> Any:
+        """An in-memory Optuna study (maximise) per ``name``."""
+        optuna = require_optuna()
+        if name not in self._studies:
+            self._studies[name] = optuna.create_study(direction="maximize", sampler=sampler)
+        return self._studies[name]
 
 
-def _refused_login(exc: BaseException) -> bool:
-    """The server answered but refused the connection: wrong password, unknown user or
-    database, no ``pg_hba.conf`` entry (no use waiting)."""
-    text = _one_line(exc).lower()
-    markers = (
-        "password authentication failed",
-        "no password supplied",
-        "pg_hba.conf",
-        "does not exist",
-    )
-    return "fatal:" in text and any(m in text for m in markers)
+def _label(params: Mapping[str, Any]) -> str:
+    """The run's progress label (:func:`bayesurl.sweeps.plan.run_label`)."""
+    from bayesurl.sweeps.plan import run_label  # here: a worker loads this module without torch
 
-
-def _transient(exc: BaseException) -> bool:
-    """Lock contention, or two workers creating the schema of a new storage at once (the
-    loser's ``CREATE TABLE`` finds the winner's table): both pass when tried again."""
-    return _locked(exc) or "already exists" in _one_line(exc).lower()
-
-
-def _probe(url: str, connect_args: dict[str, Any]) -> None:
-    """Open one connection to the database of ``url``, run ``SELECT 1`` and close it."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.pool import NullPool
-
-    engine = create_engine(url, poolclass=NullPool, connect_args=connect_args)
-    try:
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-    finally:
-        engine.dispose()
-
-
-def _retry(
-    fn: Callable[[], Any],
-    what: str,
-    tries: int = 60,
-    also: tuple[type[BaseException], ...] = (),
-    wait: float = LOCK_TIMEOUT,
-    url: str = "",
-    reconnect: bool = True,
-) -> Any:
-    """Call ``fn``, retrying on lock contention (SQLite ``database is locked``, serialisation
-    failures; plus the exception types ``also``) with a short random back-off, for at most
-    ``tries`` attempts and ``wait`` seconds; then, or on a corrupted database, raise
-    :class:`StorageError` (one line naming ``url`` with its password hidden). A lost
-    connection (the database restarted) is retried for ``wait`` seconds when ``reconnect``,
-    else it is at once a :class:`StorageError`; so is a refused login. Other errors
-    propagate."""
-    optuna = require_optuna()
-    from sqlalchemy.exc import OperationalError
-
-    start = time.monotonic()
-    i = 0
-    while True:
-        try:
-            return fn()
-        except (optuna.exceptions.StorageInternalError, OperationalError, *also) as exc:
-            spent = time.monotonic() - start
-            if _refused_login(exc):
-                raise StorageError(
-                    f"sweep storage {redact_url(url)} refused the connection "
-                    f"({_scrub(_one_line(exc), url)}): check the user, password and database "
-                    "name of --storage"
-                ) from exc
-            if _disconnected(exc):
-                if not reconnect or spent >= wait:
-                    why = f"did not answer for {spent:.0f} s" if reconnect else "does not answer"
-                    raise _unreachable(url, exc, why) from exc
-                time.sleep(0.5 + random.random() * 0.5)
-                continue
-            i += 1
-            if i >= tries or spent >= wait:
-                if _locked(exc):
-                    raise StorageError(
-                        f"sweep storage {redact_url(url)} stayed locked by another process for "
-                        f"{spent:.0f} s ({what}: {_scrub(_one_line(exc), url)}); its finished "
-                        "runs are kept: run again once the other process ends"
-                    ) from exc
-                raise _corrupted(url, exc) from exc
-            if isinstance(exc, OperationalError) and not _transient(exc):
-                raise _corrupted(url, exc) from exc
-            time.sleep(0.02 + random.random() * min(1.0, 0.05 * i))
-
-
-def _corrupted(url: str, exc: BaseException) -> StorageError:
-    return StorageError(
-        f"sweep storage {redact_url(url)} is unreadable ({_scrub(_one_line(exc), url)}); it was "
-        "left untouched: restore it from a copy (or `sqlite3 FILE .recover` for SQLite) to keep "
-        "its finished runs, or give another --storage / --out to start a new sweep"
-    )
-
-
-def _unreachable(url: str, exc: BaseException, why: str) -> StorageError:
-    return StorageError(
-        f"sweep storage {redact_url(url)} {why} ({_scrub(_one_line(exc), url)}); its finished "
-        "runs are kept in the database: start the same command again once it answers"
-    )
+    return run_label(dict(params))
 
 
 def _quiet(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -373,45 +296,6 @@ def _quiet(fn: Callable[[], Any]) -> Callable[[], Any]:
             return fn()
 
     return go
-
-
-def _enable_wal(url: str, timeout: float = 30.0) -> None:
-    """Put a local SQLite file in WAL mode (readers do not block the writer); persistent.
-
-    Raises :class:`sqlite3.DatabaseError` when the file is not a SQLite database."""
-    prefix = "sqlite:///"
-    if not url.startswith(prefix) or url == "sqlite:///:memory:":
-        return
-    path = url[len(prefix) :].split("?", 1)[0]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(50):
-        try:
-            with contextlib.closing(sqlite3.connect(path, timeout=min(30.0, timeout))) as con:
-                con.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError:
-            time.sleep(0.05 + random.random() * 0.1)
-
-
-def _serialise_sqlite(engine: Any) -> None:
-    """Open every SQLite transaction with ``BEGIN IMMEDIATE`` (SQLAlchemy's pysqlite recipe).
-
-    The Python driver starts a transaction only at the first write, so Optuna's read-then-write
-    ``WAITING -> RUNNING`` check would not be atomic between processes: two workers could both
-    read ``WAITING`` and both claim the trial (the two-process test caught this). With
-    ``BEGIN IMMEDIATE`` the write lock is taken before the read.
-    """
-    from sqlalchemy import event
-
-    @event.listens_for(engine, "connect")
-    def _no_driver_begin(dbapi_connection: Any, record: Any) -> None:
-        dbapi_connection.isolation_level = None
-
-    @event.listens_for(engine, "begin")
-    def _begin_immediate(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-    engine.dispose()  # drop connections opened before the listeners
 
 
 class _Heartbeat:
@@ -455,7 +339,8 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 class SweepStorage:
-    """A sweep's plan, claims and records in an Optuna RDB storage (see module docs).
+    """A sweep's plan, claims and records in an Optuna RDB storage (see module docs); a
+    :class:`RunStore`.
 
     Parameters
     ----------
@@ -515,7 +400,6 @@ class SweepStorage:
         lock_timeout: float = LOCK_TIMEOUT,
     ) -> None:
         optuna = require_optuna()
-        from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError, DatabaseError
 
         if url is None:
@@ -541,20 +425,7 @@ class SweepStorage:
         self._url = str(url)
         #: the storage URL with its password hidden (for messages and results files)
         self.url = redact_url(self._url)
-        if _ats(self._url) > 1:
-            raise StorageError(
-                f"`url` {self.url!r} holds more than one '@' before the host: write an '@' of "
-                "the user name or password as %40 (URL-encoded), or give the password as "
-                "PGPASSWORD"
-            )
-        try:
-            make_url(self._url)
-        except (ArgumentError, ValueError) as exc:
-            raise StorageError(
-                f"`url` {self.url!r} is not a SQLAlchemy URL "
-                f"({_scrub(_one_line(exc), self._url)}), e.g. sqlite:///path/sweep.db or "
-                "postgresql+psycopg2://user:password@host:5432/database"
-            ) from None
+        check_url(self._url)
         self.sweep = str(sweep)
         self.max_attempts = int(max_attempts)
         self.heartbeat_interval = int(heartbeat_interval)
@@ -566,16 +437,16 @@ class SweepStorage:
         try:
             self._open(optuna)
         except (sqlite3.DatabaseError, DatabaseError) as exc:  # not a database, malformed
-            raise _corrupted(self._url, exc) from None
+            raise corrupted(self._url, exc) from None
         except ArgumentError as exc:
             raise StorageError(
-                f"sweep storage {self.url}: {_scrub(_one_line(exc), self._url)}"
-                + _dialect_hint(self._url)
+                f"sweep storage {self.url}: {scrub(one_line(exc), self._url)}"
+                + dialect_hint(self._url)
             ) from None
         except ImportError as exc:  # the URL's database driver is not installed
             raise StorageError(
                 f"sweep storage {self.url} needs a database driver that is not installed "
-                f"({_one_line(exc)}); for postgresql+psycopg2:// run "
+                f"({one_line(exc)}); for postgresql+psycopg2:// run "
                 "pip install 'bayesurl[postgres]'"
             ) from None
 
@@ -583,25 +454,18 @@ class SweepStorage:
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-        _enable_wal(self._url, self.lock_timeout)
-        engine_kwargs: dict[str, Any] = {}
-        parsed = make_url(self._url)
-        if parsed.get_backend_name() == "sqlite":
-            engine_kwargs["connect_args"] = {"timeout": min(60.0, self.lock_timeout)}
-        else:
-            # a connection dropped by a database restart is replaced before use
-            engine_kwargs["pool_pre_ping"] = True
-            if parsed.get_driver_name() == "psycopg2":
-                engine_kwargs["connect_args"] = {"connect_timeout": 10}
+        enable_wal(self._url, self.lock_timeout)
+        engine_kwargs = engine_options(self._url, self.lock_timeout)
+        server = make_url(self._url).get_backend_name() != "sqlite"
+        if server:
             # one plain connection first: a server that does not answer at start is an error
             # at once; one lost after it answered (restarted while Optuna checks its schema)
             # is waited for, as it is during the sweep
             self._retry(
-                lambda: _probe(self._url, engine_kwargs.get("connect_args", {})),
+                lambda: probe(self._url, engine_kwargs.get("connect_args", {})),
                 "connect",
                 reconnect=False,
             )
-        server = parsed.get_backend_name() != "sqlite"
         self._storage = self._retry(
             _quiet(
                 lambda: optuna.storages.RDBStorage(
@@ -617,8 +481,8 @@ class SweepStorage:
             also=(IntegrityError, ProgrammingError),
             reconnect=server,
         )
-        if parsed.get_backend_name() == "sqlite":
-            _serialise_sqlite(self._storage.engine)
+        if not server:
+            serialise_sqlite(self._storage.engine)
         self._study = self._retry(
             lambda: optuna.create_study(
                 study_name=f"sweep:{self.sweep}",
@@ -660,8 +524,11 @@ class SweepStorage:
         also: tuple[type[BaseException], ...] = (),
         reconnect: bool = True,
     ) -> Any:
-        """:func:`_retry` with this storage's lock timeout and URL in its errors."""
-        return _retry(
+        """:func:`bayesurl.database.retry` with this storage's lock timeout and URL in its
+        errors; Optuna's wrapped storage errors are retried too."""
+        optuna = require_optuna()
+        also = (optuna.exceptions.StorageInternalError, *also)
+        return retry(
             fn, what, also=also, wait=self.lock_timeout, url=self._url, reconnect=reconnect
         )
 
@@ -1054,12 +921,12 @@ class SweepStorage:
     # ------------------------------------------------------------------ the worker loop
     def work(
         self,
-        fn: Callable[[dict[str, Any]], Mapping[str, Any]],
+        fn: RunFn,
         *,
         wait: bool = True,
         poll: float = 5.0,
         max_runs: int | None = None,
-        on_done: Callable[[Claim, Mapping[str, Any] | None, str | None], None] | None = None,
+        on_done: OnDone | None = None,
     ) -> int:
         """Claim and execute runs until none is left; return how many this worker finished.
 

@@ -11,7 +11,8 @@ seed. :func:`run_sweep`
    :class:`SweepOptions`);
 2. optionally tunes every estimator first (``tune=N``, :mod:`bayesurl.sweeps.tuning`; the runs
    are then planned again with the chosen settings);
-3. keeps the runs in memory (:class:`MemoryStore`) or in an Optuna RDB storage
+3. keeps the runs in a :class:`~bayesurl.sweeps.storage.RunStore`: in memory
+   (:class:`~bayesurl.sweeps.storage.MemoryStore`) or in an Optuna RDB storage
    (:class:`~bayesurl.sweeps.storage.SweepStorage`: SQLite ``<out>/sweep.db`` or any SQLAlchemy
    URL; workers on other machines join with ``worker=True``; a killed sweep resumes) and works
    through them;
@@ -67,11 +68,10 @@ from bayesurl.sweeps.plan import (
 from bayesurl.sweeps.record import RunRecord, run_rows
 from bayesurl.sweeps.report import report_columns, save_results
 from bayesurl.sweeps.results import SweepResults
-from bayesurl.sweeps.storage import SweepStorage
+from bayesurl.sweeps.storage import Claim, MemoryStore, OnDone, RunFn, RunStore, SweepStorage
 from bayesurl.sweeps.tuning import load_tuned, load_tuned_classes, tune_estimators, tuning_leaks
 
 __all__ = [
-    "MemoryStore",
     "SweepOptions",
     "follow",
     "lead",
@@ -80,75 +80,6 @@ __all__ = [
     "resolve_preset",
     "run_sweep",
 ]
-
-RunFn = Callable[[dict[str, Any]], Mapping[str, Any]]
-
-
-class MemoryStore:
-    """The runs of a sweep kept in this process (the in-memory twin of
-    :class:`~bayesurl.sweeps.storage.SweepStorage`: ``add_runs``, ``work``, ``status``,
-    ``records``, ``failures``, ``tuning_study``).
-
-    A run function's exception propagates (a run records its own failure unless it is asked
-    to raise).
-    """
-
-    def __init__(self) -> None:
-        self._plan: list[dict[str, Any]] = []
-        self._records: list[dict[str, Any]] = []
-        self._studies: dict[str, Any] = {}
-        self.url = "memory"
-
-    def add_runs(self, runs: Iterable[Mapping[str, Any]]) -> int:
-        """Append the runs; return how many."""
-        new = [dict(r) for r in runs]
-        self._plan += new
-        return len(new)
-
-    def work(self, fn: RunFn, *, on_done: Callable[..., None] | None = None, **_: Any) -> int:
-        """Run every planned run in order; return how many."""
-        done = 0
-        while len(self._records) < len(self._plan):
-            params = self._plan[len(self._records)]
-            record = dict(fn(dict(params)))
-            self._records.append(record)
-            done += 1
-            if on_done is not None:
-                on_done(params, record, record.get("error"))
-        return done
-
-    def status(self) -> dict[str, int]:
-        """Counts of the plan's runs (``failed``: runs whose record carries an error)."""
-        failed = sum(bool(r.get("error")) for r in self._records)
-        return {
-            "waiting": len(self._plan) - len(self._records),
-            "running": 0,
-            "complete": len(self._records) - failed,
-            "failed": failed,
-            "total": len(self._plan),
-        }
-
-    def records(self) -> list[dict[str, Any]]:
-        """The finished runs' records, in plan order."""
-        return [dict(r) for r in self._records]
-
-    def failures(self) -> list[dict[str, Any]]:
-        """``{"key", "error"}`` of the runs that failed."""
-        return [
-            {"key": run_label(p), "error": r["error"]} for p, r in self._runs() if r.get("error")
-        ]
-
-    def _runs(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        return list(zip(self._plan, self._records))
-
-    def tuning_study(self, name: str, *, sampler: Any = None) -> Any:
-        """An in-memory Optuna study (maximise) per ``name``."""
-        from bayesurl.sweeps.storage import require_optuna
-
-        optuna = require_optuna()
-        if name not in self._studies:
-            self._studies[name] = optuna.create_study(direction="maximize", sampler=sampler)
-        return self._studies[name]
 
 
 # --------------------------------------------------------------------------- torchrun
@@ -530,7 +461,7 @@ class _Sweep:
                 _broadcast(None)  # rank 0 releases the other ranks
         return self.report(store, done, getattr(fn, "info", {}))
 
-    def tune(self, names: list[str], fn: RunFn, store: Any) -> dict[str, Any]:
+    def tune(self, names: list[str], fn: RunFn, store: RunStore) -> dict[str, Any]:
         """Tune every estimator on the split ``tune_split``; the chosen settings."""
         splits = preset_splits(self.plan) or preset_splits(
             SweepPreset("tune", splits=1, classes=self.plan.classes)
@@ -550,8 +481,8 @@ class _Sweep:
             log=self.log,
         )
 
-    def open_store(self) -> Any:
-        """The storage of a stored sweep, or a :class:`MemoryStore`."""
+    def open_store(self) -> RunStore:
+        """The storage of a stored sweep, or a :class:`~bayesurl.sweeps.storage.MemoryStore`."""
         if not self.plan.stored:
             return MemoryStore()
         assert self.folder is not None
@@ -563,7 +494,7 @@ class _Sweep:
             heartbeat_interval=self.opts.heartbeat_interval,
         )
 
-    def wait_for_plan(self, store: Any) -> None:
+    def wait_for_plan(self, store: RunStore) -> None:
         """A worker waits for the first machine to enqueue the plan (it may still be tuning)."""
         others = store.other_sweeps() if store.status()["total"] == 0 else []
         if others:
@@ -582,11 +513,11 @@ class _Sweep:
                 "first machine (without --worker) with the same --storage and --preset"
             )
 
-    def on_done(self, store: Any) -> Callable[[Any, Any, str | None], None]:
+    def on_done(self, store: RunStore) -> OnDone:
         """One line per finished run; a stored sweep also keeps ``partial_runs.json``."""
 
-        def done(claim: Any, record: Any, error: str | None) -> None:
-            params = getattr(claim, "params", claim)
+        def done(claim: Claim, record: Mapping[str, Any] | None, error: str | None) -> None:
+            params = claim.params
             if self.plan.stored and not error and self.folder is not None:
                 # the finished runs so far, readable (and committable) before the sweep ends
                 so_far = {
@@ -600,7 +531,7 @@ class _Sweep:
                 return
             st = store.status()
             head = f"[{st['complete'] + st['failed']}/{st['total']}] {run_label(params)}"
-            if error:
+            if error or record is None:
                 self.log(f"{head}: FAILED {error}")
             else:
                 # a worker does not know the plan: it leaves out what its own run skips
@@ -616,7 +547,7 @@ class _Sweep:
 
         return done
 
-    def report(self, store: Any, done: int, info: Mapping[str, Any]) -> SweepResults:
+    def report(self, store: RunStore, done: int, info: Mapping[str, Any]) -> SweepResults:
         """The sweep's results; written to ``out`` when every run is finished."""
         status = store.status()
         records = run_rows(store.records())
@@ -651,7 +582,7 @@ class _Sweep:
         )
 
     def settings(
-        self, store: Any, records: list[dict[str, Any]], info: Mapping[str, Any]
+        self, store: RunStore, records: list[dict[str, Any]], info: Mapping[str, Any]
     ) -> dict[str, Any]:
         """What the sweep ran with: preset, plan, data, device, versions, times."""
         from bayesurl.distributed import get_world_size

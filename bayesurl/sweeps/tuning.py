@@ -31,6 +31,7 @@ from bayesurl.data.class_splits import ClassSplit
 from bayesurl.files import atomic_write, write_json
 from bayesurl.runs.config import inherit_estimators
 from bayesurl.runs.estimators import ESTIMATORS, Tuning
+from bayesurl.sweeps.storage import RunFn, RunStore
 
 __all__ = [
     "load_tuned",
@@ -154,8 +155,8 @@ def _suggest(trial: Any, space: Mapping[str, tuple[str, float, float]]) -> list[
 def tune_estimators(
     estimators: Sequence[str],
     n_trials: int,
-    run_fn: Callable[[dict[str, Any]], Mapping[str, Any]],
-    store: Any,
+    run_fn: RunFn,
+    store: RunStore,
     *,
     split: ClassSplit,
     out: str | os.PathLike[str] | None = None,
@@ -181,8 +182,8 @@ def tune_estimators(
         Finished (complete or discarded) trials per estimator with something to tune.
     run_fn : callable
         ``run_fn(params) -> record`` of one run (:class:`~bayesurl.sweeps.pipeline.PipelineRun`).
-    store : SweepStorage or MemoryStore
-        Where the Optuna studies live.
+    store : RunStore
+        Where the Optuna studies live (:mod:`bayesurl.sweeps.storage`).
     split : ClassSplit
         The class split whose validation classes are tuned on.
     out : path-like, optional
@@ -238,8 +239,8 @@ def _search(
     space: Mapping[str, tuple[str, float, float]],
     under: list[str],
     n_trials: int,
-    run_fn: Callable[[dict[str, Any]], Mapping[str, Any]],
-    store: Any,
+    run_fn: RunFn,
+    store: RunStore,
     *,
     split: ClassSplit,
     min_r1: float,

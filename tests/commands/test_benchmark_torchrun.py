@@ -26,6 +26,7 @@ from bayesurl.runs import load_recipe, n_samples_for
 from bayesurl.runs.data import build_data
 from bayesurl.runs.predict import score
 from bayesurl.runs.runner import RunResult
+from bayesurl.sweeps import read_results
 from bayesurl.sweeps.sweep import run_sweep
 
 METHODS = ("ce", "mcinfonce")  # a scalar-u classifier and a vMF method with samples (ECE)
@@ -59,7 +60,7 @@ def test_bayesurl_benchmark_under_torchrun_two_ranks(tmp_path) -> None:
         "runs.json.gz",  # the runs' training curves, beside results.json
         "training_curves.png",  # the one sweep report draws them on the standard split too
     ]
-    res = json.loads((out / "results.json").read_text())
+    res = read_results(out)
     assert res["settings"]["world_size"] == 2 and res["settings"]["device"] == "cpu"
     assert [(r["estimator"], r["seed"]) for r in res["runs"]] == [(m, 0) for m in METHODS]
     for rec in res["runs"]:
@@ -192,7 +193,7 @@ def test_sweep_ranks_run_the_same_runs_rank0_alone_writes(monkeypatch, tmp_path,
     if rank == 0:
         assert printed.out.count("bayesurl benchmark: preset smoke") == 1
         assert "NOTE" in printed.out and "mcinfonce seed 1: R@1 0.600" in printed.out
-        res = json.loads((out / "results.json").read_text())
+        res = read_results(out)
         assert res["settings"]["world_size"] == 2 and len(res["runs"]) == 4
     else:
         assert printed.out == "" and printed.err == ""
@@ -225,7 +226,7 @@ def test_stored_protocol_under_torchrun_two_ranks(tmp_path) -> None:
     assert proc.stdout.count("runs planned") == 1, proc.stdout
     assert proc.stdout.count("results written") == 1, proc.stdout
     assert "sweep smoke: 2/2 runs finished (2 here), 0 running elsewhere, 0 failed" in proc.stdout
-    res = json.loads((out / "results.json").read_text())
+    res = read_results(out)
     assert sorted(r["key"] for r in res["runs"]) == ["ce/split0/seed0", "ce/split1/seed0"]
     assert res["settings"]["failed_attempts"] == []
     for rec in res["runs"]:

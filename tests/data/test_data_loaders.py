@@ -111,6 +111,18 @@ def test_bad_arguments():
         make_loader(ds, 4, shuffle=False, num_replicas=2, rank=2)
     with pytest.raises(ValueError, match="empty"):
         make_loader(_ds(0), 4, shuffle=False)
+    with pytest.raises(TypeError, match="'sampler'"):
+        make_loader(ds, 4, shuffle=False, sampler=range(len(ds)))
+
+
+def test_further_dataloader_arguments_pass_through():
+    """DataLoader keywords make_loader does not name reach the DataLoader; persistent workers
+    only with workers (a DataLoader without workers refuses them)."""
+    ds = _ds()
+    assert list(make_loader(ds, 4, shuffle=False, collate_fn=len))[:2] == [4, 4]
+    assert make_loader(ds, 4, shuffle=False, persistent_workers=True).persistent_workers is False
+    with_workers = make_loader(ds, 4, shuffle=False, num_workers=1, persistent_workers=True)
+    assert with_workers.persistent_workers is True
 
 
 def test_auto_detects_process_group(tmp_path):

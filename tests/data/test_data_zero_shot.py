@@ -12,7 +12,9 @@ import bayesurl.data.fmnist as fm_mod
 from bayesurl.data import (
     DEFAULT_FASHION_MNIST_ROOT,
     ImageTensorDataset,
+    ZeroShotOptions,
     available_datasets,
+    capped,
     default_transform,
     default_zero_shot,
     digits,
@@ -85,6 +87,39 @@ def test_reproducible_caps_seeds_and_val_classes():
         default_zero_shot(force_digits=True, val_fraction=1.0)
     z = default_zero_shot(force_digits=True, val_fraction=0.0, max_ood=10)
     assert len(z.val) == 0
+
+
+def test_options_object_and_keywords_build_the_same_sets():
+    """A ZeroShotOptions, the same settings as keywords, and a ZeroShotOptions with fields
+    replaced by keywords give the same images and labels; a mistyped setting is refused by
+    name, a bad value when the options are built."""
+    kw = dict(force_digits=True, max_train=120, max_test=60, max_ood=20, seed=2, class_seed=1)
+    by_keywords = default_zero_shot(**kw)
+    opts = ZeroShotOptions(**{**kw, "seed": 5, "max_test": 10})
+    for d in (
+        default_zero_shot(None, ZeroShotOptions(**kw)),
+        default_zero_shot(None, opts, seed=2, max_test=60),
+    ):
+        assert d.upstream_classes == by_keywords.upstream_classes
+        for key in ("train", "val", "test", "id_test", "ood"):
+            a, b = getattr(d, key), getattr(by_keywords, key)
+            assert torch.equal(a.images, b.images) and torch.equal(a.targets, b.targets), key
+    with pytest.raises(TypeError, match="'max_tests'"):
+        default_zero_shot(force_digits=True, max_tests=5)
+    with pytest.raises(TypeError, match="ZeroShotOptions"):
+        default_zero_shot(None, {"force_digits": True})
+    with pytest.raises(ValueError, match="max_ood"):
+        ZeroShotOptions(max_ood=0)
+    # a fraction is only checked where it is used (not beside class-disjoint validation)
+    assert ZeroShotOptions(val_classes=[3], val_fraction=1.0).val_fraction == 1.0
+
+
+def test_capped_is_a_seeded_class_balanced_subset():
+    ds = ImageTensorDataset(torch.zeros(30, 2, 2, dtype=torch.uint8), torch.arange(30) % 3)
+    assert capped(ds, None) is ds and capped(ds, 30) is ds
+    small = capped(ds, 9, seed=4)
+    assert torch.bincount(small.targets).tolist() == [3, 3, 3]
+    assert torch.equal(small.targets, capped(ds, 9, seed=4).targets)
 
 
 def test_transforms_and_fallback_warning(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ from scipy import special, stats
 from bayesurl.distributions.vmf import sample_vmf
 from bayesurl.experiments.controlled import (
     ControlledConfig,
+    EncoderTraining,
     ProbabilisticEncoder,
     VMFGenerator,
     lr_at,
@@ -318,6 +319,43 @@ def test_phasewise_training_only_moves_the_active_network():
         assert torch.equal(snaps[i][0], snaps[i + 1][0])
         assert not torch.equal(snaps[i][1], snaps[i + 1][1])
     assert all(p.requires_grad for p in enc.parameters())
+
+
+def test_encoder_training_options_and_keywords_train_the_same_weights():
+    """An EncoderTraining, the same settings as keywords, and an EncoderTraining with one
+    field replaced by a keyword give bit-identical weights; bad settings are refused where
+    they enter, naming the argument."""
+
+    def train(*args, **kw):
+        g = torch.Generator().manual_seed(4)
+        gen = VMFGenerator(2, generator=g)
+        enc = ProbabilisticEncoder(2, gen.x_calibration, generator=g)
+        train_encoder(gen, enc, make_loss("mcinfonce"), *args, generator=g, **kw)
+        return enc.state_dict()
+
+    kw = dict(n_batches=4, batch_size=8, n_samples=2, n_negatives=2, kappa_lr=1e-3, progress=False)
+    by_keywords = train(**kw)
+    assert all(torch.isfinite(v).all() for v in by_keywords.values())
+    for other in (
+        train(EncoderTraining(**kw)),
+        train(EncoderTraining(**{**kw, "batch_size": 32}), batch_size=8),
+    ):
+        for k, v in by_keywords.items():
+            assert torch.equal(other[k], v), k
+    cfg = ControlledConfig(n_batches=6, kappa_lr=0.5, mu_negatives=3)
+    assert cfg.training(progress=False) == EncoderTraining(
+        n_batches=6, kappa_lr=0.5, mu_negatives=3, progress=False
+    )
+    with pytest.raises(TypeError, match="n_batches"):
+        train(batch_size=8)
+    with pytest.raises(TypeError, match="'epochs'"):
+        train(n_batches=4, epochs=2)
+    with pytest.raises(TypeError, match="EncoderTraining"):
+        train({"n_batches": 4})
+    with pytest.raises(ValueError, match="n_batches"):
+        EncoderTraining(n_batches=1)
+    with pytest.raises(ValueError, match="negatives"):
+        EncoderTraining(n_batches=4, mu_negatives=-1)
 
 
 def test_select_mu_init_keeps_the_best_initial_weights_and_leaves_kappa():

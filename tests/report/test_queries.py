@@ -133,9 +133,9 @@ def test_bad_input_and_corrupt_file(tmp_path):
 
 def test_sweep_writes_one_record_per_run(bench_dir):
     """The sweep's records agree with its metrics: mean hit = R@1 of the run."""
-    import json
+    from bayesurl.sweeps import read_results
 
-    runs = json.loads((bench_dir / "results.json").read_text())["runs"]
+    runs = read_results(bench_dir)["runs"]
     for r in runs:
         rec = read_queries(bench_dir / "queries" / f"{r['estimator']}_s{r['seed']}.npz")
         assert rec.meta["name"] == r["estimator"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import bayesurl
 from bayesurl.cli import main
 from bayesurl.runs import load_recipe, n_samples_for, run
 from bayesurl.runs.predict import predict
+from bayesurl.sweeps import read_results
 
 # one of each kind: registry method (with and without samples), post-hoc wrappers on the CE
 # base (PVU, post-hoc TaU, laplace-torch Laplace on the classifier), LAM post-hoc and online
@@ -28,7 +30,7 @@ KEYS = ("r@1", "r_auroc", "ausc", "ause", "ece", "map@5", "ood_auroc", "ood_aupr
 def smoke_benchmark(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     rc = main(["benchmark", "--preset", "smoke", "--out", str(out), "--no-progress"])
-    return rc, json.loads((out / "results.json").read_text())
+    return rc, read_results(out)
 
 
 def test_smoke_benchmark_has_every_estimator_with_finite_rauroc(smoke_benchmark, capsys):
@@ -187,3 +189,51 @@ def test_rows_that_keep_their_base_embedding_search_once(monkeypatch):
         for key in KEYS:
             assert shared[n].metrics[key] == alone.metrics[key], (n, key)
     assert len(calls) == 4
+
+
+def test_eval_metrics_adds_map_at_r_to_a_run_as_a_brute_force_loop_computes_it():
+    """``eval.metrics = ["map@r"]`` adds MAP@R and R-precision (Musgrave et al., 2020) to a
+    run's defaults, equal to a loop over the kept downstream outputs (float64 cosine, each
+    query's R = its class's other members) and to ``evaluate`` on them; without it the run
+    reports neither."""
+    cfg = load_recipe("fashion_mnist/ce", preset="smoke", overrides=['eval.metrics=["map@r"]'])
+    res = run(cfg, keep_outputs=True)
+    out, y = res.outputs["test"]
+    emb = torch.nn.functional.normalize(out.embedding.double(), dim=1)
+    sims = (emb @ emb.T).numpy()
+    np.fill_diagonal(sims, -np.inf)
+    labels = y.numpy()
+    aps, rps = [], []
+    for i in range(len(labels)):
+        r = int((labels == labels[i]).sum()) - 1
+        if r == 0:
+            continue
+        order = np.argsort(-sims[i], kind="stable")[:r]
+        hit = labels[order] == labels[i]
+        aps.append(float(np.sum(np.cumsum(hit) / np.arange(1, r + 1) * hit) / r))
+        rps.append(float(hit.mean()))
+    # float32 search against a float64 loop: near-ties may swap neighbours
+    assert res.metrics["map@r"] == pytest.approx(np.mean(aps), abs=1e-4)
+    assert res.metrics["r_precision"] == pytest.approx(np.mean(rps), abs=1e-4)
+    # and exactly what the evaluator gives on the same outputs (the run's memo reused nothing
+    # short of the R neighbours)
+    direct = bayesurl.evaluate(out.embedding, y, include=["map@r"], intervals=False)
+    assert res.metrics["map@r"] == direct["map@r"]
+    assert res.metrics["r_precision"] == direct["r_precision"]
+    iv = res.metrics["intervals"]["map@r"]
+    assert iv.low <= res.metrics["map@r"] <= iv.high
+    plain = run(load_recipe("fashion_mnist/ce", preset="smoke"))
+    assert "map@r" not in plain.metrics and "r_precision" not in plain.metrics
+    assert plain.metrics["r_auroc"] == res.metrics["r_auroc"]
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ('["map@q"]', "`eval.metrics`: unknown metric 'map@q'"),
+        ('"map@r"', "`eval.metrics` must be a list"),
+    ],
+)
+def test_eval_metrics_refuses_a_bad_value_naming_the_key(value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_recipe("fashion_mnist/ce", preset="smoke", overrides=[f"eval.metrics={value}"])

@@ -7,16 +7,13 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from scipy import stats
 
+from bayesurl.stats.comparison import RANDOM_HALVINGS
 from bayesurl.sweeps.aggregate import (
-    holm,
     paired_comparison,
     split_half_reproducibility,
     summarize,
-    t_interval,
 )
 
 
@@ -38,22 +35,6 @@ def _records(n_est=5, n_split=4, n_seed=3, seed=0, with_ece=True):
                     }
                 )
     return recs
-
-
-def test_t_interval_matches_scipy():
-    x = np.random.default_rng(1).normal(size=7)
-    m, lo, hi = t_interval(x, 0.9)
-    ref = stats.t.interval(0.9, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
-    assert m == pytest.approx(x.mean(), abs=1e-12)
-    assert (lo, hi) == pytest.approx(ref, abs=1e-12)
-    assert t_interval([0.3], 0.95)[1:] == (-math.inf, math.inf)
-    assert t_interval([0.3, 0.3], 0.95) == pytest.approx((0.3, 0.3, 0.3))
-    with pytest.raises(ValueError, match="values"):
-        t_interval([], 0.95)
-    with pytest.raises(ValueError, match="level"):
-        t_interval([1.0, 2.0], 1.5)
-    with pytest.raises(ValueError, match="NaN"):
-        t_interval([1.0, float("nan")])
 
 
 @pytest.mark.parametrize("unit", ["split", "run"])
@@ -105,14 +86,6 @@ def _holm_reference(p):
     for rank, i in enumerate(order):
         adj[i] = max(min(1.0, (m - j) * p[order[j]]) for j in range(rank + 1))
     return adj
-
-
-@given(st.lists(st.floats(0, 1), min_size=1, max_size=8))
-@settings(max_examples=60, deadline=None)
-def test_holm_matches_definition(p):
-    adj = holm(p)
-    assert adj == pytest.approx(_holm_reference(p), abs=1e-12)
-    assert all(a >= x - 1e-15 for a, x in zip(adj, p))
 
 
 def test_paired_comparison_against_scipy_and_loops():
@@ -203,8 +176,6 @@ def test_split_half_reproducibility_against_loops(n_split):
 def test_split_half_with_many_splits_draws_distinct_random_halvings():
     """40 splits have 6.9e10 balanced partitions: a seeded sample of distinct ones is used and
     its distribution reported; each sampled partition's Spearman against the loop reference."""
-    from bayesurl.sweeps.aggregate import RANDOM_HALVINGS
-
     recs = _records(n_est=6, n_split=40, n_seed=1, seed=3)
     out = split_half_reproducibility(recs, "r_auroc")
     parts = [(tuple(p["a"]), tuple(p["b"])) for p in out["partitions"]]
@@ -234,19 +205,3 @@ def test_split_half_needs_splits_and_estimators():
         split_half_reproducibility(_records(2, 4, 2), "r_auroc")
     with pytest.raises(ValueError, match="3 estimators"):  # ECE only on odd estimators
         split_half_reproducibility(_records(4, 4, 2), "ece")
-
-
-def test_bootstrap_interval_agrees_with_the_t_interval_on_a_large_sample():
-    """Reference: scipy's t quantile; for 400 normal values both intervals nearly coincide."""
-    from scipy import stats
-
-    from bayesurl.sweeps.aggregate import bootstrap_interval
-
-    x = np.random.default_rng(0).normal(0.3, 1.0, 400)
-    lo, hi = bootstrap_interval(x, 0.95)
-    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
-    assert lo < x.mean() < hi
-    assert (hi - lo) == pytest.approx(2 * half, rel=0.1)
-    assert bootstrap_interval([0.2, 0.2, 0.2]) == pytest.approx((0.2, 0.2))
-    with pytest.raises(ValueError, match="`values`"):
-        bootstrap_interval([])

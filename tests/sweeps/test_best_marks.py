@@ -6,8 +6,6 @@ t-test); time columns are never marked; the table, results.json and the report s
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from scipy.stats import rankdata
@@ -20,7 +18,7 @@ from bayesurl.stats.intervals import (
     flat_intervals,
     wilson_interval,
 )
-from bayesurl.sweeps.report import best_marks, results_table, write_results
+from bayesurl.sweeps.report import best_marks, read_results, results_table, write_results
 
 N = 1000
 
@@ -163,7 +161,7 @@ def test_results_json_and_the_report_carry_the_marks(tmp_path):
     weak = rng.normal(0, 1, N)
     recs, _ = _runs(tmp_path / "bench", {"good": good, "weak": weak})
     write_results(recs, tmp_path / "bench", {"preset": "t", "dataset": "d", "seeds": [0]})
-    doc = json.loads((tmp_path / "bench" / "results.json").read_text())
+    doc = read_results(tmp_path / "bench")
     assert doc["best"]["r_auroc"]["best"] == "good" and doc["best"]["r_auroc"]["separated"]
     assert not doc["best"]["r@1"]["separated"]
     head = (tmp_path / "bench" / "results.csv").read_text().splitlines()[0]

@@ -3,7 +3,6 @@ and the smoke preset runs end to end offline on the installed drawings."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from bayesurl.cli import main
 from bayesurl.data.clipart import DEFAULT_CLIPART_ROOT, clipart_classes
 from bayesurl.sweeps.plan import SweepPreset, plan_runs, preset_splits, sweep_preset
+from bayesurl.sweeps.report import read_results
 from bayesurl.sweeps.tuning import tuning_leaks
 
 
@@ -47,7 +47,7 @@ def test_clipart_smoke_benchmark_runs_offline(tmp_path, refuse_network):
             "ce,feature_norm", "--set", f"backbone.cache={tmp_path / 'features'}",
             "--out", str(out), "--no-progress"]  # fmt: skip
     assert main(argv) == 0
-    doc = json.loads((out / "results.json").read_text())
+    doc = read_results(out)
     s = doc["settings"]
     assert s["dataset"] == "clipart" and s["ood"] in ("fashion_mnist", "digits")
     assert sorted(s["upstream_classes"] + s["downstream_classes"]) == list(range(49))

@@ -124,7 +124,9 @@ def figures(name: str, **values) -> None:
 
 
 def results_runs(folder: Path) -> dict[tuple[str, int], dict]:
-    doc = json.loads((folder / "results.json").read_text())
+    from bayesurl.sweeps import read_results
+
+    doc = read_results(folder)
     keyed = {(r["estimator"], int(r["seed"])): r for r in doc["runs"]}
     assert len(keyed) == len(doc["runs"])  # no run counted twice
     return keyed

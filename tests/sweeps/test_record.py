@@ -21,9 +21,11 @@ from bayesurl.sweeps.record import RunRecord, estimator_of, run_rows
 from bayesurl.sweeps.report import (
     CURVES_FILE,
     REPRODUCIBILITY_FILE,
+    RESULTS_FORMAT,
     read_results,
     results_document,
     save_results,
+    write_document,
 )
 
 
@@ -91,14 +93,17 @@ def test_results_are_written_slim_and_read_back_whole(tmp_path):
     doc, paths = save_results(recs, tmp_path, {"preset": "t"})
     assert doc == results_document(recs, {"preset": "t"}, queries=tmp_path / "queries")
     on_disk = json.loads((tmp_path / "results.json").read_text())
-    assert on_disk["format"] == "bayesurl.results/2"
+    assert on_disk["format"] == "bayesurl.results/3"
     assert on_disk["files"] == {"curves": CURVES_FILE, "reproducibility": REPRODUCIBILITY_FILE}
-    # results.json: each run's metrics without its curves, one line per run; the halvings
-    # counted, their list beside
-    assert all("loss_curve" not in r and "method" not in r for r in on_disk["runs"])
-    assert [r["estimator"] for r in on_disk["runs"][:4]] == ["ce", "a", "b", "c"]
+    # results.json: each run's metrics without its curves, one line per run (its column set,
+    # then its values; the values every run shares written once); the halvings counted,
+    # their list beside
+    (cols,) = on_disk["run_columns"]
+    assert cols["keys"][:3] == ["estimator", "split", "seed"] and "loss_curve" not in cols["keys"]
+    assert cols["same"] == {"seed": 0, "error": None}
+    assert [r[:2] for r in on_disk["runs"][:4]] == [[0, "ce"], [0, "a"], [0, "b"], [0, "c"]]
     lines = (tmp_path / "results.json").read_text().splitlines()
-    assert sum(line.lstrip().startswith('{"estimator"') for line in lines) == len(recs)
+    assert sum(line.lstrip().startswith("[0,") for line in lines) == len(recs)
     random = on_disk["reproducibility"]["r_auroc"]
     assert "partitions" not in random and random["n_partitions"] == 3
     assert random["median"] == doc["reproducibility"]["r_auroc"]["median"]
@@ -139,7 +144,7 @@ def test_earlier_and_newer_formats(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(old, indent=2))
     back = read_results(tmp_path)
     assert _canon({**back, "format": doc["format"]}) == _canon(doc)
-    (tmp_path / "results.json").write_text(json.dumps({**old, "format": "bayesurl.results/3"}))
+    (tmp_path / "results.json").write_text(json.dumps({**old, "format": "bayesurl.results/4"}))
     with pytest.raises(FormatError, match="newer bayesurl"):
         read_results(tmp_path)
     save_results(_records(), tmp_path / "new", {})
@@ -148,6 +153,37 @@ def test_earlier_and_newer_formats(tmp_path):
         read_results(tmp_path / "new")
     # without the detail the side files are not opened
     assert read_results(tmp_path / "new", detail=False)["runs"]
+
+
+def test_format_2_rewritten_as_format_3_reads_the_same(tmp_path):
+    """Runs of several shapes (a failed run, fields some runs lack, values of one type in
+    some runs and another in others) written as format 2 (each run a mapping), read,
+    written again (format 3: the runs a table) and read: the same document, every run the
+    same mapping in the same key order."""
+    recs = _records()
+    recs[1] = {k: recs[1][k] for k in ("estimator", "split", "seed")} | {"error": "boom"}
+    recs[2] = {**recs[2], "r@1_interval": "wilson", "r@1_n": 40, "interval_level": 0.95}
+    recs[3] = {**recs[3], "steps": 10}
+    recs[5] = {**recs[5], "steps": 10.0}
+    doc = results_document(recs, {"preset": "t"})
+    rows = [{k: v for k, v in r.items() if "curve" not in k} for r in doc["runs"]]
+    old = {k: v for k, v in doc.items() if k != "runs"}  # written as format 2 wrote it
+    old.update(format="bayesurl.results/2", files={}, runs=rows)
+    (tmp_path / "results.json").write_text(json.dumps(old, indent=1))
+    before = read_results(tmp_path)
+    write_document(tmp_path / "new", {**before, "format": RESULTS_FORMAT})
+    after = read_results(tmp_path / "new")
+    assert [list(r) for r in after["runs"]] == [list(r) for r in before["runs"]]
+    assert _canon(after["runs"]) == _canon(before["runs"]) == _canon(rows)
+    assert _canon({**after, "format": None}) == _canon({**before, "format": None})
+    assert list(after) == list(before)
+    table = json.loads((tmp_path / "new" / "results.json").read_text())
+    assert len(table["run_columns"]) == 4  # the failed run, the plain ones, two with more
+    # a row that does not fit its column set is named
+    table["runs"][0] = table["runs"][0][:-1]
+    (tmp_path / "new" / "results.json").write_text(json.dumps(table))
+    with pytest.raises(ValueError, match=r"runs\[0\] does not fit its run_columns"):
+        read_results(tmp_path / "new")
 
 
 def test_the_benchmark_report_is_made_from_memory(tmp_path, monkeypatch, capsys):

@@ -284,7 +284,8 @@ def test_a_schema_creation_race_is_retried_not_called_corruption():
     still gives the one-line error."""
     from sqlalchemy.exc import OperationalError
 
-    from bayesurl.sweeps.storage import StorageError, _retry
+    from bayesurl.database import retry
+    from bayesurl.sweeps.storage import StorageError
 
     calls = []
 
@@ -296,13 +297,13 @@ def test_a_schema_creation_race_is_retried_not_called_corruption():
             )
         return "opened"
 
-    assert _retry(racy, "open", url="sqlite:///x.db") == "opened" and len(calls) == 2
+    assert retry(racy, "open", url="sqlite:///x.db") == "opened" and len(calls) == 2
 
     def broken():
         raise OperationalError("SELECT", {}, Exception("file is not a database"))
 
     with pytest.raises(StorageError, match="unreadable"):
-        _retry(broken, "open", url="sqlite:///x.db")
+        retry(broken, "open", url="sqlite:///x.db")
 
 
 @pytest.mark.parametrize(

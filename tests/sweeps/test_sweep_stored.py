@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("optuna")
 
 from bayesurl.sweeps.plan import SweepPreset, plan_runs, sweep_preset  # noqa: E402
+from bayesurl.sweeps.report import read_results  # noqa: E402
 from bayesurl.sweeps.sweep import run_sweep  # noqa: E402
 from bayesurl.sweeps.tuning import load_tuned  # noqa: E402
 
@@ -62,7 +63,7 @@ def test_stored_sweep_writes_results_and_resumes(tmp_path):
         list(QUALITY), preset=PRESET, out=tmp_path, run_fn=fake_run, log=logs.append, poll=0.1
     )
     assert res.status["complete"] == 32 and res.done_here == 32
-    doc = json.loads((tmp_path / "results.json").read_text())
+    doc = read_results(tmp_path)
     assert len(doc["runs"]) == 32
     assert all({"estimator", "split", "seed", "r_auroc"} <= set(r) for r in doc["runs"])
     summ = doc["summary"]
@@ -115,7 +116,7 @@ def test_tune_two_estimators_and_reuse(tmp_path):
         assert 1e-4 <= lr <= 5e-3  # a discarded (R@1 < 0.1) setting is never chosen
         assert t["r@1"] >= 0.1
     assert tuned["a"]["discarded"] + tuned["ce"]["discarded"] >= 1  # lr > 5e-3 was tried
-    doc = json.loads((tmp_path / "results.json").read_text())
+    doc = read_results(tmp_path)
     for r in doc["runs"]:  # the sweep reused the chosen settings
         assert r["seen_overrides"] == load_tuned(tmp_path)[r["estimator"]]
     # a second --tune with the same N runs no further trials

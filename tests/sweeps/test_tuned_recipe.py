@@ -19,7 +19,8 @@ pytest.importorskip("optuna")
 from bayesurl.data.class_splits import class_splits  # noqa: E402
 from bayesurl.runs.config import load_recipe, preset_tuned, read_recipe_file  # noqa: E402
 from bayesurl.sweeps.plan import SweepPreset  # noqa: E402
-from bayesurl.sweeps.sweep import MemoryStore, run_sweep  # noqa: E402
+from bayesurl.sweeps.storage import MemoryStore  # noqa: E402
+from bayesurl.sweeps.sweep import run_sweep  # noqa: E402
 from bayesurl.sweeps.tuning import search_space, tune_estimators, tuned_table  # noqa: E402
 
 RECIPE = """

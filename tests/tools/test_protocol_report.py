@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
+from bayesurl.sweeps import read_results
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -55,7 +57,7 @@ def test_interim_report_writes_results_of_the_complete_splits(tmp_path):
         json.dumps({"preset": "demo", "status": status, "runs": runs})
     )
     out = tool.write_interim(tmp_path)
-    doc = json.loads((out / "results.json").read_text())
+    doc = read_results(out)
     assert doc["settings"]["class_splits"] == [0, 1, 2, 3]
     assert doc["summary"]["ce"]["r_auroc"]["mean"] == pytest.approx(0.515)
     text = tool.report(out, None)
@@ -82,7 +84,7 @@ def test_verdict_names_who_beats_ce_and_is_written_under_the_given_name(tmp_path
             runs.append(dict(_run(est, split, level + e + jitter), method=est))
     (tmp_path / "partial_runs.json").write_text(json.dumps({"preset": "demo", "runs": runs}))
     out = tool.write_interim(tmp_path)
-    doc = json.loads((out / "results.json").read_text())
+    doc = read_results(out)
     text = tool.verdict(doc)
     assert "R-AUROC better: pvu (+0.099" in text
     assert "worse: elk (-0.060" in text
@@ -112,7 +114,7 @@ def test_against_pairs_each_estimator_with_itself_in_the_other_sweep(tmp_path):
         folder = tmp_path / name
         folder.mkdir()
         (folder / "partial_runs.json").write_text(json.dumps({"preset": "p", "runs": runs}))
-        docs.append(json.loads((tool.write_interim(folder) / "results.json").read_text()))
+        docs.append(read_results(tool.write_interim(folder)))
     text = tool.against(docs[1], docs[0], "the defaults")
     assert "over the 5 class splits both finished" in text
     rows = text.split("* - ")
@@ -144,7 +146,7 @@ def test_against_uses_the_complementary_pair_as_the_unit(tmp_path):
         folder = tmp_path / name
         folder.mkdir()
         (folder / "partial_runs.json").write_text(json.dumps({"preset": "p", "runs": runs}))
-        docs.append(json.loads((tool.write_interim(folder) / "results.json").read_text()))
+        docs.append(read_results(tool.write_interim(folder)))
     text = tool.against(docs[1], docs[0], "the defaults")
     assert "6 class splits both finished, 3 complementary pairs as the unit" in text
     pair_means = [np.mean([gains[2 * k], gains[2 * k + 1]]) for k in range(3)]

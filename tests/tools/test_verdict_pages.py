@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from bayesurl.sweeps import read_results
+
 ROOT = Path(__file__).resolve().parents[2]
 CONCEPTS = ROOT / "docs" / "concepts"
 
@@ -67,7 +69,7 @@ def test_cross_domain_include_is_written_from_the_committed_results(monkeypatch)
     tool = _tool("cross_domain_report")
     monkeypatch.chdir(ROOT)
     docs = {
-        lab: json.loads((ROOT / f / "results.json").read_text())
+        lab: read_results(ROOT / f, detail=False)
         for lab, f in zip(("clipart", "FashionMNIST"), CROSS)
     }
     res = tool.cross_domain(docs)
