@@ -39,6 +39,7 @@ __all__ = [
     "check_tensor",
     "match_module_dtype",
     "parse_device",
+    "resolve_device",
 ]
 
 
@@ -302,16 +303,19 @@ def check_ints(
 # --------------------------------------------------------------------------------------------
 # devices and paths (the command line validates these before any work starts)
 
+#: The device name that leaves the choice to :func:`resolve_device` (as ``None`` does).
+AUTO_DEVICE = "auto"
+
 
 def check_device(text: str | torch.device | None, name: str = "device") -> torch.device | None:
     """Parse a device string and check that this machine has it.
 
-    ``None`` (automatic choice) is returned unchanged. ``"cpu"``, ``"cuda"``, ``"cuda:1"``,
-    ``"mps"`` ... are accepted when present; an unparsable name, or CUDA / MPS on a machine
-    without them, or a CUDA index beyond the device count, raises :class:`ValueError` naming
-    ``name``.
+    ``None`` or ``"auto"`` (the automatic choice, made by :func:`resolve_device` where the
+    work runs) gives ``None``. ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` ... are accepted
+    when present; an unparsable name, or CUDA / MPS on a machine without them, or a CUDA
+    index beyond the device count, raises :class:`ValueError` naming ``name``.
     """
-    if text is None:
+    if text is None or (isinstance(text, str) and text.strip().lower() == AUTO_DEVICE):
         return None
     dev = parse_device(text, name)
     if dev.type == "cuda":
@@ -348,6 +352,27 @@ def parse_device(text: str | torch.device, name: str = "device") -> torch.device
         raise ValueError(
             f"`{name}` {text!r} is not a device; use cpu, cuda, cuda:N or mps"
         ) from None
+
+
+def resolve_device(device: str | torch.device | None = None, name: str = "device") -> torch.device:
+    """The :class:`torch.device` to run on, checked on this machine.
+
+    ``None`` or ``"auto"``: CUDA where this machine has it, else the CPU. Any other name
+    (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``) or :class:`torch.device` is read and
+    checked by :func:`check_device`, whose errors name ``name``, the argument as the user
+    typed it (``"--device"``, ``"device"``).
+
+    Raises
+    ------
+    ValueError
+        For an unparsable name or a device this machine lacks.
+    TypeError
+        If ``device`` is neither a name nor a :class:`torch.device`.
+    """
+    dev = check_device(device, name)
+    if dev is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return dev
 
 
 def _writable_ancestor(p: Path, name: str) -> None:

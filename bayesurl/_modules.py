@@ -5,9 +5,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
 from torch import nn
 
-__all__ = ["eval_mode"]
+__all__ = ["device_of", "eval_mode"]
+
+
+def device_of(module: nn.Module, default: torch.device | str = "cpu") -> torch.device:
+    """The device of ``module``'s first parameter, else of its first buffer, else ``default``
+    (a stateless module runs wherever its inputs are)."""
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return torch.device(default)
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ The weights were made for 224 px; the clipart protocol extracts at a smaller, st
 For each size this script decodes a seeded sample of the drawings of the committed manifest
 at that size (:func:`bayesurl.data.clipart.clipart`: composite on white, pad to a square,
 resize) and encodes them with the frozen backbone
-(:class:`bayesurl.posthoc.store.FrozenEncoder`) at 1 and 2 threads, the sizes in alternating
+(:class:`bayesurl.features.FrozenEncoder`) at 1 and 2 threads, the sizes in alternating
 order over ``--repeats`` rounds. It prints images per second by wall clock and by CPU time
 (the latter is what an idle core gives on a shared, loaded machine) and each size's CPU
 throughput as a ratio to 224 px measured in the same run::
@@ -23,7 +23,7 @@ import torch
 from bayesurl.backbones import build_backbone, data_config
 from bayesurl.data import default_transform
 from bayesurl.data.clipart import clear_clipart_cache, clipart, read_clipart_manifest
-from bayesurl.runs.features import FrozenEncoder
+from bayesurl.features import FrozenEncoder
 
 SIZES = (96, 128, 160, 224)
 

@@ -16,7 +16,7 @@ import torch
 
 from bayesurl.backbones import build_backbone, data_config
 from bayesurl.data import default_transform
-from bayesurl.runs.features import FrozenEncoder
+from bayesurl.features import FrozenEncoder
 
 
 def measure(encoder: FrozenEncoder, images: torch.Tensor, batch: int) -> tuple[float, float]:

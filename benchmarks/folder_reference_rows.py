@@ -27,7 +27,7 @@ import torch
 from _machine import cpu_flags, cpu_name
 
 from bayesurl.files import write_json
-from bayesurl.runs.folder import FolderOptions, score_folder
+from bayesurl.folder import FolderOptions, score_folder
 from bayesurl.stats.intervals import read_interval
 
 REPO = Path(__file__).resolve().parents[1]

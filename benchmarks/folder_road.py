@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader
 from bayesurl.backbones import build_backbone, data_config
 from bayesurl.data import default_transform
 from bayesurl.data.folder import ReadableImages, collate_readable, scan_image_folder
-from bayesurl.runs.features import FrozenEncoder
+from bayesurl.features import FrozenEncoder
 backbone, _ = build_backbone("efficientnet_lite0", pretrained=True)
 cfg = data_config(backbone)
 enc = FrozenEncoder(backbone.eval(), default_transform(3, mean=cfg.mean, std=cfg.std), 224)

@@ -26,7 +26,7 @@ Roads (each writes ``<out>/<road>.json`` as its parts finish; ``summary`` joins 
    (``--preset pretrained --untuned``: 40 FashionMNIST splits, 20 clipart splits), one stored
    sweep per pair set with ``--set estimator.kwargs.hessian_*``; ``hard_inside`` is read from
    the committed protocol records (the script checks that it re-runs them bit for bit).
-4. ``folder``: ``bayesurl folder --method laplace`` (:func:`bayesurl.runs.folder.score_folder`)
+4. ``folder``: ``bayesurl folder --method laplace`` (:func:`bayesurl.folder.score_folder`)
    on two labelled folders (1,000 Open Clip Art PNGs, 1,000 FashionMNIST test PNGs), at the
    folder's approximation (``positive`` / ``euclidean``) and at LAM's (``fixed`` / ``arccos``).
 
@@ -701,7 +701,7 @@ def road_folder(work: Path, out: Path) -> None:
     """``bayesurl folder --method laplace`` (its defaults: EfficientNet-Lite0 with ImageNet
     weights, 224 px, every image fitted with its nearest neighbour as its positive) per pair set,
     at the folder's approximation and at LAM's."""
-    from bayesurl.runs.folder import FolderOptions, score_folder
+    from bayesurl.folder import FolderOptions, score_folder
 
     path = out / "folder.json"
     doc = _load(path)

@@ -25,7 +25,7 @@ from PIL import Image
 from bayesurl.cli import main
 from bayesurl.data.class_splits import class_splits, crossfit_splits
 from bayesurl.evaluation import Evaluator
-from bayesurl.runs.folder import FolderOptions, score_folder
+from bayesurl.folder import FolderOptions, score_folder
 from bayesurl.training import FitOptions, fit
 
 FAST = {"backbone": "small_convnet", "epochs": 1, "batch_size": 8, "progress": False}
@@ -159,10 +159,10 @@ def test_folder_options_check_every_field_when_built(bad, error, needle):
 
 
 def test_score_folder_refuses_bad_settings_before_encoding(tmp_path, monkeypatch):
-    import bayesurl.runs.folder as road
+    import bayesurl.folder.road as road
 
     encoded = []
-    monkeypatch.setattr(road, "_encode_folder", lambda *a, **k: encoded.append(1))
+    monkeypatch.setattr(road, "encode_folder", lambda *a, **k: encoded.append(1))
     images = noisy_squares(tmp_path / "imgs")
     for bad in ({"lr": -1e-3}, {"device": "gpu"}):
         with pytest.raises(ValueError, match=f"`{next(iter(bad))}`"):
@@ -489,7 +489,7 @@ def test_folder_command_names_dir_and_says_why_one_class_has_no_metrics(tmp_path
 
 
 def test_an_unparsable_device_in_a_recipe_names_the_usual_devices():
-    from bayesurl.runs.runner import resolve_device
+    from bayesurl._checks import resolve_device
 
     with pytest.raises(ValueError, match="`device` 'gpu' is not a device; use cpu, cuda"):
         resolve_device("gpu")

@@ -29,10 +29,11 @@ from bayesurl.types import Output
 class CenterDistance(Estimator):
     """u = the distance of the input to the mean of the upstream training inputs."""
 
-    def fit(self, data, *, device, progress=False, base=None, out=None):
+    def fit(self, data, ctx):
         t0 = time.perf_counter()
         loader = make_loader(data.sets.train, 100, shuffle=False, distributed=False)
-        xs = [x.flatten(1).double() for x, _ in TransformedLoader(loader, data.transform, device)]
+        batches = TransformedLoader(loader, data.transform, ctx.device)
+        xs = [x.flatten(1).double() for x, _ in batches]
         self.center = torch.cat(xs).mean(0)
         return {"train_time": time.perf_counter() - t0}
 

@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "search": 1,
     "stats": 1,
     "evaluation": 2,
+    "features": 2,
     "heads": 3,
     "losses": 4,
     "methods": 5,
@@ -54,6 +55,7 @@ LAYERS: dict[str, int] = {
     "experiments": 7,
     "runs": 8,
     "sweeps": 9,
+    "folder": 9,
     "benchmark": 8,
     "recipes": 8,
     "report": 10,
@@ -62,7 +64,17 @@ LAYERS: dict[str, int] = {
     "__main__": 12,
 }
 #: the drivers: no library module below them may import these, not even lazily
-DRIVERS = ("runs", "sweeps", "benchmark", "recipes", "report", "commands", "cli", "__main__")
+DRIVERS = (
+    "runs",
+    "sweeps",
+    "folder",
+    "benchmark",
+    "recipes",
+    "report",
+    "commands",
+    "cli",
+    "__main__",
+)
 #: known upward imports, each with the change that removes it
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 

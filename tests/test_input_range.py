@@ -99,7 +99,7 @@ def test_warning_points_at_the_callers_line(photos):
 
 
 def test_training_forward_and_frozen_features_are_watched(photos):
-    from bayesurl.runs.features import FrozenEncoder
+    from bayesurl.features import FrozenEncoder
 
     net = EmbeddingNet("small_convnet", embed_dim=8, in_chans=3)
     assert _feed(net, _normalise(photos, net.backbone)) == []

@@ -146,7 +146,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "pipeline_ood_swapped",
-        "pipeline output (evaluate_method)",
+        "pipeline output (score)",
         "bayesurl/runs/predict.py",
         'res["ood_auroc"] = float(Fm.ood_auroc(o_id.uncertainty, o_ood.uncertainty))',
         'res["ood_auroc"] = float(Fm.ood_auroc(o_ood.uncertainty, o_id.uncertainty))',

@@ -29,12 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesurl._checks import (
-    check_device,
-    check_input_file,
-    check_int,
-    check_ints,
-)
+from bayesurl._checks import check_input_file, check_int, check_ints, resolve_device
 from bayesurl.distributed import launched_by_torchrun
 from bayesurl.files import write_json
 
@@ -117,6 +112,20 @@ def _not_an_archive(p: Path) -> ValueError | None:
     )
 
 
+def _check_names(p: Path, names: set[str]) -> set[str]:
+    """``names``, the arrays of INPUT.npz ``p``, once every required one is there and none is
+    unknown (e.g. ``uncertainty`` for ``uncertainties``: never ignored silently)."""
+    missing = [k for k, req in ARRAYS.items() if req and k not in names]
+    if missing:
+        raise ValueError(f"{p.name}: missing array(s) {missing}; found {sorted(names)}")
+    unknown = sorted(names - set(ARRAYS))
+    if unknown:
+        raise ValueError(
+            f"{p.name}: unknown array(s) {unknown}; the known names are {', '.join(ARRAYS)}"
+        )
+    return names
+
+
 def load_npz(path: str | Path) -> dict[str, np.ndarray]:
     """Read the known arrays of INPUT.npz; raise naming the file or the array on problems."""
     p = check_input_file(path, "INPUT")
@@ -130,15 +139,7 @@ def load_npz(path: str | Path) -> dict[str, np.ndarray]:
     if not isinstance(f, np.lib.npyio.NpzFile):
         raise ValueError(f"{p.name}: expected an .npz archive of named arrays, got one array")
     with f:
-        names = set(f.files)
-        missing = [k for k, req in ARRAYS.items() if req and k not in names]
-        if missing:
-            raise ValueError(f"{p.name}: missing array(s) {missing}; found {sorted(names)}")
-        unknown = sorted(names - set(ARRAYS))
-        if unknown:  # e.g. `uncertainty` for `uncertainties`: never ignored silently
-            raise ValueError(
-                f"{p.name}: unknown array(s) {unknown}; the known names are {', '.join(ARRAYS)}"
-            )
+        names = _check_names(p, set(f.files))
         out = {}
         for k in ARRAYS:
             if k in names:
@@ -191,15 +192,7 @@ def load_npz_shard(
         raise ValueError(f"{p.name}: not a readable .npz archive ({exc})") from exc
     with zf, open(p, "rb") as fh:
         members = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
-        names = set(members)
-        missing = [k for k, req in ARRAYS.items() if req and k not in names]
-        if missing:
-            raise ValueError(f"{p.name}: missing array(s) {missing}; found {sorted(names)}")
-        unknown = sorted(names - set(ARRAYS))
-        if unknown:
-            raise ValueError(
-                f"{p.name}: unknown array(s) {unknown}; the known names are {', '.join(ARRAYS)}"
-            )
+        names = _check_names(p, set(members))
         shapes = {k: _npy_member(p, zf, fh, members[k])[0] for k in ARRAYS if k in names}
         n = shapes["embeddings"][0] if shapes["embeddings"] else 0
         out = {}
@@ -380,7 +373,7 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError("give either INPUT.npz or --checkpoint, not both")
     if args.checkpoint is None and args.input is None:
         raise ValueError("give INPUT.npz or --checkpoint CKPT")
-    args.device = str(check_device(args.device, "--device") or "cpu")
+    args.device = str(resolve_device(args.device, "--device"))
     args.ks = list(check_ints(args.ks, "--ks", low=1))
     check_int(args.nproc_per_node, "--nproc-per-node", low=1)
     if args.nproc_per_node > 1 and launched_by_torchrun():

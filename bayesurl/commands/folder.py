@@ -17,7 +17,7 @@ the other folds, with those folds' classes where the method uses them) and write
   (:mod:`bayesurl.report`): with labels R@1, R-AUROC, AUSC and the rest from bayesurl's
   evaluator, and the galleries of the most / least uncertain images beside their neighbours.
 
-Methods (:mod:`bayesurl.runs.folder`): ``tau`` (post-hoc TaU, section 4), ``pvu`` (PVU head,
+Methods (:mod:`bayesurl.folder`): ``tau`` (post-hoc TaU, section 4), ``pvu`` (PVU head,
 thesis section 5.3), ``laplace`` (last-layer Laplace on an identity read-out, LAM section 3),
 and three that train nothing, cross-fitted over 5 folds: ``knn`` (kNN distance, Sun et al.,
 2022), ``mahalanobis`` (Lee et al., 2018; class sub-folders needed) and ``gmm`` (DDU's
@@ -109,9 +109,9 @@ def run(args: argparse.Namespace) -> int:
     """Score the folder, write the CSV and the report; 0 on success."""
     from bayesurl.backbones import PACKAGED_WEIGHTS
     from bayesurl.evaluation.table import metric_columns
+    from bayesurl.folder import U_MEASURED, score_folder
     from bayesurl.report import print_notes, try_report
     from bayesurl.runs.config import parse_value
-    from bayesurl.runs.folder import U_MEASURED, score_folder
     from bayesurl.stats.intervals import interval_lines
 
     pretrained = not args.random_weights
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-#: the :class:`~bayesurl.runs.folder.FolderOptions` fields and their flags
+#: the :class:`~bayesurl.folder.FolderOptions` fields and their flags
 FLAGS = {
     "images": "DIR",
     "method": "--method",
@@ -176,7 +176,7 @@ FLAGS = {
 
 
 def _options(args: argparse.Namespace, pretrained: bool, wrapper_options: dict[str, Any]) -> Any:
-    from bayesurl.runs.folder import FolderOptions
+    from bayesurl.folder import FolderOptions
 
     return FolderOptions(
         method=args.method,

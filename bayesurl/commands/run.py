@@ -71,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
         if args.seed < 0:
             raise ValueError(f"`--seed` must be >= 0, got {args.seed}")
         overrides.append(("seed", int(args.seed)))
-    if args.device is not None:
-        overrides.append(("device", str(check_device(args.device, "--device"))))
+    device = check_device(args.device, "--device")
+    if device is not None:  # "auto" and no --device leave the recipe's choice
+        overrides.append(("device", str(device)))
     out = check_output_dir(
         args.out if args.out is not None else Path("runs") / args.recipe, "--out"
     )

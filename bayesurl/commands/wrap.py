@@ -93,13 +93,11 @@ def _options(args: argparse.Namespace, method: Any) -> tuple[dict[str, Any], dic
 
 def run(args: argparse.Namespace) -> int:
     """Fit and save; prints a JSON summary. 0 on success."""
-    import torch
-
-    from bayesurl._checks import check_device, check_output_file
+    from bayesurl._checks import check_output_file, resolve_device
     from bayesurl.posthoc.base import wrapper_class
     from bayesurl.runs import DataConfig, EstimatorConfig, RunConfig, TrainConfig
     from bayesurl.runs.data import build_data
-    from bayesurl.runs.estimators import MethodEstimator, PosthocEstimator
+    from bayesurl.runs.estimators import FitContext, MethodEstimator, PosthocEstimator
     from bayesurl.training import load_method_from_checkpoint, seed_everything
 
     method_name = wrapper_class(args.method, argument="--method").method
@@ -112,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.checkpoint).is_file():
         raise FileNotFoundError(f"no checkpoint at {args.checkpoint}")
     check_output_file(args.out, "--out")
-    device = check_device(args.device, "--device") or torch.device("cpu")
+    device = resolve_device(args.device, "--device")
     method = load_method_from_checkpoint(args.checkpoint, map_location=device)
     options, fit = _options(args, method)
     cfg = RunConfig.from_checkpoint(
@@ -136,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     estimator = PosthocEstimator(cfg)
     data = build_data(cfg)
     seed_everything(args.seed)
-    report = estimator.fit(data, device=device, progress=not args.no_progress, base=base)
+    report = estimator.fit(data, FitContext(device, progress=not args.no_progress, base=base))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     estimator.wrapped.save(args.out)
     summary = {

@@ -9,7 +9,7 @@ section 2) travel as a pair ``x = (x1, x2)``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ from torch import Tensor
 
 from bayesurl._checks import check_same_length
 
-__all__ = ["INPUT_KEYS", "LABEL_KEYS", "unpack_batch"]
+__all__ = ["INPUT_KEYS", "LABEL_KEYS", "iterate", "loader_items", "unpack_batch"]
 
 #: dict keys read as the inputs ``x`` (exactly one may be present)
 INPUT_KEYS = ("x", "input", "inputs", "image", "images", "pixel_values")
@@ -145,3 +145,43 @@ def unpack_batch(
         raise ValueError(f"the labels `y` of `{name}` must be a batch [N], got a scalar")
     check_same_length(("x", x[0] if isinstance(x, (tuple, list)) else x), ("y", y))
     return x, y
+
+
+def loader_items(loader: Iterable[Any]) -> int | None:
+    """How many items (images) a pass over ``loader`` yields, where it can tell without
+    iterating: a :class:`torch.utils.data.DataLoader` over a sized sampler; else ``None``."""
+    size = getattr(loader, "batch_size", None)
+    sampler = getattr(loader, "sampler", None)
+    if not isinstance(size, int) or size < 1 or sampler is None:
+        return None
+    try:
+        n = len(sampler)
+    except TypeError:
+        return None
+    return n - n % size if getattr(loader, "drop_last", False) else n
+
+
+def _batch_items(batch: Any) -> int:
+    """The items of one batch: the length of its first tensor (``x``, ``(x, y)``,
+    ``((x1, x2), y)``)."""
+    while isinstance(batch, (tuple, list)) and batch:
+        batch = batch[0]
+    return len(batch) if isinstance(batch, Tensor) and batch.ndim else 1
+
+
+def iterate(
+    loader: Iterable[Any], progress: bool, desc: str, *, total: int | None = None
+) -> Iterator[Any]:
+    """The batches of ``loader``, with a tqdm bar (unless ``progress`` is False) that counts
+    the items (images) toward ``total`` with their rate and time left; ``total`` defaults to
+    :func:`loader_items`."""
+    if not progress:
+        yield from loader
+        return
+    from tqdm.auto import tqdm
+
+    total = loader_items(loader) if total is None else total
+    with tqdm(total=total, desc=desc, unit="img", leave=False) as bar:
+        for batch in loader:
+            yield batch
+            bar.update(_batch_items(batch))

@@ -5,7 +5,7 @@
 - :class:`PVU`, :class:`PVUHead`, :func:`ranking_loss` -- pretrained visual uncertainties on
   cached embeddings (thesis chapter 5)
 - :class:`EmbeddingCache` -- PVU's pass cache in the one on-disk embedding store
-  (:mod:`bayesurl.posthoc.store`, also home of the frozen-feature store)
+  (:mod:`bayesurl.features.store`, also home of the frozen-feature store)
 - :class:`PosthocTaU` -- post-hoc Temperature as Uncertainty (TaU section 4)
 - :class:`LaplaceWrapper` -- last-layer Laplace (LAM section 3)
 - :class:`KNNWrapper`, :class:`MahalanobisWrapper`, :class:`GMMWrapper` -- scores that train
@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+from bayesurl.features.store import EmbeddingCache, encoder_fingerprint
 from bayesurl.posthoc.base import PosthocOutput, PosthocWrapper, load
 from bayesurl.posthoc.credible import (
     credible_mask,
@@ -41,7 +42,6 @@ from bayesurl.posthoc.reference import (
     MahalanobisWrapper,
     ReferenceWrapper,
 )
-from bayesurl.posthoc.store import EmbeddingCache, encoder_fingerprint
 from bayesurl.posthoc.tau import PosthocTaU
 from bayesurl.posthoc.wrap import MethodEncoder, as_encoder, wrap
 

@@ -8,21 +8,16 @@ section 5.3) and only it is written by :meth:`PosthocWrapper.save`.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from bayesurl._checks import (
-    check_finite,
-    check_ndim,
-    check_output_file,
-    load_refusal,
-    match_module_dtype,
-)
-from bayesurl._modules import eval_mode
+from bayesurl._checks import check_output_file, load_refusal
+from bayesurl._modules import device_of, eval_mode
 from bayesurl.backbones import watch_input_range
+from bayesurl.features.encoding import encode
 from bayesurl.files import atomic_open
 from bayesurl.registry import Registry
 from bayesurl.types import Output
@@ -34,7 +29,6 @@ __all__ = [
     "PosthocOutput",
     "PosthocWrapper",
     "as_encoder",
-    "encode",
     "known_embedding_dim",
     "load",
     "register_wrapper",
@@ -70,15 +64,6 @@ class PosthocOutput(Output):
         return PosthocOutput(**vars(super().detach()))
 
 
-def device_of(module: nn.Module) -> torch.device:
-    """Device of the first parameter or buffer of ``module`` (CPU for a stateless module)."""
-    for t in module.parameters():
-        return t.device
-    for t in module.buffers():
-        return t.device
-    return torch.device("cpu")
-
-
 class MethodEncoder(nn.Module):
     """A :class:`~bayesurl.methods.base.Method` seen as an encoder: ``x -> method(x).embedding``.
 
@@ -100,45 +85,6 @@ class MethodEncoder(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.method(x).embedding
-
-
-def encode(encoder: nn.Module, x: object, name: str = "x") -> Tensor:
-    """The frozen ``encoder``'s embedding ``[N, D]`` of ``x``, under the post-hoc input rule.
-
-    One dtype rule for every post-hoc fit, cache and prediction: a floating ``x`` (float64,
-    float32, float16, bfloat16) is cast to the encoder's floating parameter dtype, since the
-    frozen encoder defines the precision it computes in; an integer or bool ``x`` (e.g.
-    ``uint8`` images for an encoder that scales them itself) is passed unchanged, and an
-    encoder that cannot take it is refused with a :class:`TypeError` naming ``name``.
-
-    Raises
-    ------
-    ValueError
-        If ``x`` holds NaN / inf (named ``name``, before the encoder runs), or the encoder
-        returns something else than a finite ``[N, D]`` tensor.
-    TypeError
-        If the encoder fails on an integer / bool ``x``.
-    """
-    if isinstance(x, Tensor):
-        check_finite(x, name)
-    x = match_module_dtype(x, encoder)
-    try:
-        e = encoder(x)
-    except (RuntimeError, NotImplementedError) as exc:
-        if isinstance(x, Tensor) and not x.is_floating_point():
-            raise TypeError(
-                f"the encoder cannot take the {x.dtype} `{name}` ({exc}); give floating-point "
-                f"input (e.g. `{name}.float()`, `/ 255` for images)"
-            ) from exc
-        raise
-    if not isinstance(e, Tensor):
-        raise ValueError(
-            f"the encoder must return a tensor [N, D], got {type(e).__name__}; wrap a "
-            "module whose forward returns the embedding"
-        )
-    check_ndim(e, "encoder output", 2)
-    check_finite(e, "encoder output")
-    return e
 
 
 def probe_width(encoder: nn.Module, input_shape: Sequence[int]) -> int | None:
@@ -436,43 +382,3 @@ def load(path: str | os.PathLike, encoder: nn.Module, **options: Any) -> Posthoc
     obj = cls.from_config(encoder, {**ckpt["config"], **options}, ckpt["state"], shape)
     obj.input_shape = None if shape is None else tuple(shape)
     return obj
-
-
-def loader_items(loader: Iterable[Any]) -> int | None:
-    """How many items (images) a pass over ``loader`` yields, where it can tell without
-    iterating: a :class:`torch.utils.data.DataLoader` over a sized sampler; else ``None``."""
-    size = getattr(loader, "batch_size", None)
-    sampler = getattr(loader, "sampler", None)
-    if not isinstance(size, int) or size < 1 or sampler is None:
-        return None
-    try:
-        n = len(sampler)
-    except TypeError:
-        return None
-    return n - n % size if getattr(loader, "drop_last", False) else n
-
-
-def _batch_items(batch: Any) -> int:
-    """The items of one batch: the length of its first tensor (``x``, ``(x, y)``,
-    ``((x1, x2), y)``)."""
-    while isinstance(batch, (tuple, list)) and batch:
-        batch = batch[0]
-    return len(batch) if isinstance(batch, Tensor) and batch.ndim else 1
-
-
-def iterate(
-    loader: Iterable[Any], progress: bool, desc: str, *, total: int | None = None
-) -> Iterator[Any]:
-    """The batches of ``loader``, with a tqdm bar (unless ``progress`` is False) that counts
-    the items (images) toward ``total`` with their rate and time left; ``total`` defaults to
-    :func:`loader_items`."""
-    if not progress:
-        yield from loader
-        return
-    from tqdm.auto import tqdm
-
-    total = loader_items(loader) if total is None else total
-    with tqdm(total=total, desc=desc, unit="img", leave=False) as bar:
-        for batch in loader:
-            yield batch
-            bar.update(_batch_items(batch))

@@ -266,7 +266,7 @@ class LaplaceWrapper(PosthocWrapper):
         if self.cla is not None:
             return self._fit_classifier(loader, optimize_prior, progress)
         if iter(loader) is not loader:  # re-iterable: check the layer on one batch first
-            from bayesurl.posthoc.base import device_of
+            from bayesurl._modules import device_of
 
             for batch in loader:
                 x, _ = unpack_batch(batch)
@@ -288,7 +288,8 @@ class LaplaceWrapper(PosthocWrapper):
     def _fit_classifier(self, loader, optimize_prior: bool, progress: bool) -> dict[str, Any]:
         from torch.utils.data import DataLoader, TensorDataset
 
-        from bayesurl.posthoc.base import device_of, iterate
+        from bayesurl._modules import device_of
+        from bayesurl.data.batch import iterate
 
         dev = device_of(self.encoder)
         embs, labels, batch = [], [], 1

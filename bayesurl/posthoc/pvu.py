@@ -2,7 +2,7 @@
 
 Loss prediction made transferable: an MLP head predicts the (gradient-detached) task loss of
 each input from the frozen embedding, behind a StopGrad, trained on cached embeddings
-(:class:`~bayesurl.posthoc.store.EmbeddingCache`) with the scale-free ranking loss of Yoo &
+(:class:`~bayesurl.features.store.EmbeddingCache`) with the scale-free ranking loss of Yoo &
 Kweon (2019)
 
 ``L = max(0, -sign(L1 - L2) (u1 - u2) + m)``, ``m = 0.1`` (PVU eq. 3),
@@ -35,16 +35,15 @@ from bayesurl._checks import (
     check_number,
     check_same_length,
 )
-from bayesurl.data.batch import unpack_batch
+from bayesurl._modules import device_of
+from bayesurl.data.batch import iterate, unpack_batch
+from bayesurl.features.store import EmbeddingCache
 from bayesurl.posthoc.base import (
     PosthocWrapper,
     check_embedding_width,
-    device_of,
-    iterate,
     known_embedding_dim,
     register_wrapper,
 )
-from bayesurl.posthoc.store import EmbeddingCache
 
 __all__ = [
     "PVU",
@@ -393,7 +392,7 @@ class PVU(PosthocWrapper):
         fill an :class:`EmbeddingCache` (in ``cache_dir``, or a temporary directory removed
         afterwards) and the head is trained from it, one pass per epoch; an existing ``cache``
         (or a cache passed as ``loader``) skips the encoder entirely; it must have been built by
-        this wrapper's encoder (its :func:`~bayesurl.posthoc.store.encoder_fingerprint` is
+        this wrapper's encoder (its :func:`~bayesurl.features.store.encoder_fingerprint` is
         checked, a mismatch raises ``ValueError``). ``cached=False`` runs the encoder on every
         step (the uncached reference).
 

@@ -32,7 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from bayesurl._checks import check_int
-from bayesurl.data.batch import unpack_batch
+from bayesurl._modules import device_of
+from bayesurl.data.batch import iterate, unpack_batch
 from bayesurl.distributions.gaussian_mixture import (
     MIN_POINTS,
     GaussianMixture,
@@ -43,8 +44,6 @@ from bayesurl.distributions.gaussian_mixture import (
 from bayesurl.posthoc.base import (
     PosthocWrapper,
     check_embedding_width,
-    device_of,
-    iterate,
     register_wrapper,
 )
 from bayesurl.search.core import DEFAULT_MEMORY_BUDGET, chunk_rows, normalize

@@ -21,14 +21,13 @@ import torch
 from torch import Tensor, nn
 
 from bayesurl._checks import check_int, check_number
-from bayesurl.data.batch import unpack_batch
+from bayesurl._modules import device_of
+from bayesurl.data.batch import iterate, unpack_batch
 from bayesurl.heads.temperature import TemperatureHead, check_tau_uncertainty, tau_uncertainty
 from bayesurl.losses.tau import TaUVariant, _variant, tau_simclr_loss
 from bayesurl.posthoc.base import (
     PosthocWrapper,
     check_embedding_width,
-    device_of,
-    iterate,
     known_embedding_dim,
     register_wrapper,
 )

@@ -32,9 +32,9 @@ from PIL import Image
 
 from bayesurl.data.folder import file_digest, read_image
 from bayesurl.data.registry import DATASETS, dataset_classes
+from bayesurl.folder import DEFAULT_MAX_PIXELS
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import build_data
-from bayesurl.runs.folder import DEFAULT_MAX_PIXELS
 from bayesurl.runs.queries import QueryRecord, source_ids
 
 __all__ = ["ImageSource", "image_source", "pixel_digest", "png_data_uri"]
@@ -80,7 +80,7 @@ def png_data_uri(image: Any, size: int = THUMB_SIZE) -> str:
 
 def pixel_digest(image: Any) -> str:
     """SHA-1 hex digest of a ``uint8`` image tensor's bytes (the feature store's address of an
-    image, :func:`bayesurl.posthoc.store.image_digests`)."""
+    image, :func:`bayesurl.features.image_digests`)."""
     a = np.ascontiguousarray(
         np.asarray(image.detach().cpu() if hasattr(image, "detach") else image)
     )

@@ -23,7 +23,7 @@ from typing import Any
 
 from bayesurl.evaluation.table import Column
 from bayesurl.files import read_json_document
-from bayesurl.runs.folder import FOLDER_FORMAT
+from bayesurl.folder import FOLDER_FORMAT
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, read_queries
 from bayesurl.runs.runner import RESULT_FORMAT
 from bayesurl.stats.intervals import DEFAULT_LEVEL, METHOD_NAMES, read_interval

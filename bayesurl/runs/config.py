@@ -155,7 +155,8 @@ class BackboneConfig:
         :data:`bayesurl.backbones.PACKAGED_WEIGHTS` (``efficientnet_lite0`` ...; offline).
     freeze : bool
         Keep the backbone fixed: its features are extracted once into ``cache`` and every
-        estimator trains on them (:mod:`bayesurl.runs.features`).
+        estimator trains on them (:func:`bayesurl.runs.data.frozen_data`,
+        :mod:`bayesurl.features`).
     resolution : int or None
         Side the images are resized to before a frozen backbone (``None``: its input size).
     views : int

@@ -10,10 +10,20 @@ and the per-batch transforms that the backbone's data configuration asks for
 Grayscale images are normalised with their data set's statistics and repeated to the
 backbone's channels; folder images (CUB, CARS, SOP) are RGB crops normalised with the
 backbone's statistics.
+
+With ``backbone.freeze = true`` the backbone never trains, so its features are the data (the
+PVU thesis' "cache everything", section 5.3): :func:`frozen_data` swaps each set for its
+features from the run's frozen-feature store (:func:`feature_store`; :mod:`bayesurl.features`:
+each image encoded once per weights fingerprint, transform, resolution and views,
+content-addressed by the SHA-1 of its bytes, so the class splits of a protocol share one
+extraction) and every estimator trains its head on them, the backbone replaced by the
+identity (:class:`bayesurl.backbones.Identity`).
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +40,18 @@ from bayesurl.data.registry import (
     get_dataset,
     pool_datasets,
 )
+from bayesurl.features import FeatureStore, FirstView, FrozenEncoder, RandomView, cached_features
 from bayesurl.runs.config import RunConfig
 
-__all__ = ["RunData", "backbone_kwargs", "build_data", "data_key", "method_backbone"]
+__all__ = [
+    "RunData",
+    "backbone_kwargs",
+    "build_data",
+    "data_key",
+    "feature_store",
+    "frozen_data",
+    "method_backbone",
+]
 
 
 @dataclass
@@ -181,8 +200,6 @@ def build_data(cfg: RunConfig, progress: bool = True) -> RunData:
         zs.name, zs, int(zs.num_train_classes), channels, transform, augment, info, tests
     )
     if cfg.backbone.freeze:
-        from bayesurl.runs.features import frozen_data
-
         data = frozen_data(cfg, data, backbone_kwargs(cfg, None), progress)
     return data
 
@@ -397,3 +414,81 @@ def backbone_kwargs(cfg: RunConfig, channels: int | None) -> dict[str, Any]:
     if channels is not None:
         kw.setdefault("in_chans", channels)
     return kw
+
+
+def feature_store(
+    cfg: RunConfig, channels: int, kwargs: dict[str, Any], progress: bool = True
+) -> FeatureStore:
+    """The frozen-feature store (:class:`~bayesurl.features.FeatureStore`) of ``cfg``'s
+    frozen backbone (built from ``kwargs`` with its weights) in ``backbone.cache``."""
+    from bayesurl import data as bd
+    from bayesurl.backbones import build_backbone, data_config
+
+    backbone, _ = build_backbone(cfg.backbone.name, **kwargs)
+    dc = data_config(backbone)
+    resolution = int(cfg.backbone.resolution or dc.input_size[-1])
+    # grayscale images: one mean / std for the repeated channel (the backbone's average);
+    # images with the backbone's channels (clipart's RGB): its own per-channel statistics
+    stats: dict[str, Any] = dc.grayscale_statistics()
+    if int(channels) == dc.in_chans != 1:
+        stats = {"mean": list(dc.mean), "std": list(dc.std)}
+    transform = bd.default_transform(dc.in_chans, **stats)
+    augment = bd.default_augmentation(dc.in_chans, **stats)
+    description = {
+        "backbone": cfg.backbone.name,
+        "channels_in": int(channels),
+        "in_chans": dc.in_chans,
+        **stats,
+        "resolution": resolution,
+        "augment": "default_augmentation",
+    }
+    return FeatureStore(
+        cfg.backbone.cache,
+        FrozenEncoder(backbone.eval(), transform, resolution),
+        augment,
+        int(cfg.backbone.views),
+        description,
+        seed=int(cfg.data.seed),
+        progress=progress,
+    )
+
+
+def frozen_data(
+    cfg: RunConfig, data: RunData, kwargs: dict[str, Any], progress: bool = True
+) -> RunData:
+    """``data`` (images) with each set replaced by its cached frozen features
+    (:func:`bayesurl.features.cached_features`): ``train`` ``[N, views, F]``, the others
+    ``[N, 1, F]``; the batch transform takes row 0 (:class:`~bayesurl.features.FirstView`),
+    the augmentation a random cached view (:class:`~bayesurl.features.RandomView`), and the
+    estimators' backbone is the identity on ``F`` features. ``kwargs``: the arguments of the
+    frozen backbone (its weights)."""
+    if data.tests:
+        raise ValueError("`backbone.freeze` supports the embedded data sets (one test set)")
+    store = feature_store(cfg, data.channels, kwargs, progress)
+    sets = copy.copy(data.sets)
+    dim = 0
+    for name in ("train", "val", "test", "id_test", "ood"):
+        ds = getattr(sets, name, None)
+        if ds is None or len(ds) == 0:
+            continue
+        cached = cached_features(store, ds, augmented=name == "train")
+        dim = int(cached.tensors[0].shape[-1])
+        setattr(sets, name, cached)
+    info = {
+        **data.info,
+        "frozen": {
+            "weights": store.fingerprint,
+            **store.description,
+            "views": int(cfg.backbone.views),
+            "extract_images": store.timings["extract_images"],
+            "extract_seconds": round(store.timings["extract_seconds"], 3),
+        },
+    }
+    return dataclasses.replace(
+        data,
+        sets=sets,
+        transform=FirstView(),
+        augment=RandomView(),
+        info=info,
+        backbone=("identity", {"num_features": dim}),
+    )

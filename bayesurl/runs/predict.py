@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from bayesurl._checks import check_int
-from bayesurl._modules import eval_mode
+from bayesurl._modules import device_of, eval_mode
 from bayesurl.distributed import is_distributed
 from bayesurl.evaluation import NeighborMemo, evaluate
 from bayesurl.types import Output
@@ -46,7 +46,6 @@ __all__ = [
     "batch_shard",
     "embed",
     "epoch_evaluator",
-    "evaluate_method",
     "n_samples_for",
     "predict",
     "score",
@@ -455,11 +454,6 @@ def _method_fn(method: nn.Module) -> PredictFn:
     return fn
 
 
-def _device_of(method: nn.Module, fallback: torch.device) -> torch.device:
-    p = next(method.parameters(), None)
-    return p.device if p is not None else fallback
-
-
 def embed(
     method: nn.Module,
     x: Tensor,
@@ -490,7 +484,7 @@ def embed(
     """
     if not isinstance(x, Tensor) or x.ndim < 2 or x.shape[0] < 1:
         raise ValueError(f"`x` must be a non-empty batch tensor [N, ...], got {type(x).__name__}")
-    dev = torch.device(device) if device is not None else _device_of(method, x.device)
+    dev = torch.device(device) if device is not None else device_of(method, x.device)
     with eval_mode(method):
         out, _ = predict(
             _method_fn(method),
@@ -504,58 +498,18 @@ def embed(
     return out
 
 
-def evaluate_method(
-    method: nn.Module,
-    data: Any,
-    *,
-    n_samples: int | None = None,
-    transform: Any | None = None,
-    batch_size: int = 500,
-    device: str | torch.device | None = None,
-    seed: int = 0,
-    **evaluate_kwargs: Any,
-) -> dict[str, Any]:
-    """:func:`score` of a trained method on a :class:`~bayesurl.data.ZeroShotData`.
-
-    Parameters
-    ----------
-    method : Method
-        The trained method (kept in eval mode while it runs).
-    data : ZeroShotData
-        ``test`` required; ``id_test`` and ``ood`` optional.
-    n_samples : int, optional
-        Draws for the ECE; ``None``: 10. The sampling rule (:func:`n_samples_for`) gives a
-        method without a distribution 0, so its ECE is ``None``.
-    transform : callable, optional
-        Batch transform of the stored ``uint8`` images; default:
-        :func:`bayesurl.data.default_transform` with the channels the method's backbone
-        expects (:func:`bayesurl.backbones.data_config`).
-    batch_size, device, seed, **evaluate_kwargs
-        As for :func:`score` (default device: the method's).
-    """
+def _method_transform(method: nn.Module) -> nn.Module:
+    """The batch transform of stored ``uint8`` images for ``method``:
+    :func:`bayesurl.data.default_transform` with the channels its backbone expects
+    (:func:`bayesurl.backbones.data_config`)."""
     from bayesurl.backbones import data_config
     from bayesurl.data import default_transform
 
-    requested = 10 if n_samples is None else n_samples
-    n = n_samples_for(bool(getattr(method, "has_distribution", False)), requested)
-    if transform is None:
-        hp = getattr(method, "hparams", {}) or {}
-        kw = {k: v for k, v in dict(hp.get("backbone_kwargs") or {}).items()}
-        name = hp.get("backbone", "small_convnet")
-        channels = data_config(name, **kw).in_chans if isinstance(name, str) else 1
-        transform = default_transform(channels)
-    dev = torch.device(device) if device is not None else _device_of(method, torch.device("cpu"))
-    with eval_mode(method):
-        return score(
-            _method_fn(method),
-            data,
-            transform,
-            n_samples=n,
-            batch_size=batch_size,
-            device=dev,
-            seed=seed,
-            **evaluate_kwargs,
-        )
+    hp = getattr(method, "hparams", {}) or {}
+    kw = dict(hp.get("backbone_kwargs") or {})
+    name = hp.get("backbone", "small_convnet")
+    channels = data_config(name, **kw).in_chans if isinstance(name, str) else 1
+    return default_transform(channels)
 
 
 def epoch_evaluator(
@@ -569,21 +523,34 @@ def epoch_evaluator(
 ) -> Callable[[nn.Module, int], dict[str, Any]]:
     """An ``eval_fn(method, epoch)`` for :func:`bayesurl.training.fit`: zero-shot scores per epoch.
 
-    Each call is :func:`evaluate_method` on ``data`` (URL section 3.2). ``fit`` calls it on
-    every rank, so under ``torchrun`` / DDP the evaluation is sharded (:func:`score`): each
-    rank embeds its block of the sets and every rank records the single-process metrics.
+    Each call is :func:`score` of the method (in eval mode, on its own device) on ``data``
+    (URL section 3.2). ``fit`` calls it on every rank, so under ``torchrun`` / DDP the
+    evaluation is sharded: each rank embeds its block of the sets and every rank records the
+    single-process metrics.
 
     Parameters
     ----------
     data : ZeroShotData
         ``test`` required; ``id_test`` and ``ood`` optional.
-    n_samples, transform, batch_size, seed, **evaluate_kwargs
-        As for :func:`evaluate_method` (the device is the method's).
+    n_samples : int, optional
+        Draws for the ECE; ``None``: 10. The sampling rule (:func:`n_samples_for`) gives a
+        method without a distribution 0, so its ECE is ``None``.
+    transform : callable, optional
+        Batch transform of the stored ``uint8`` images; default:
+        :func:`bayesurl.data.default_transform` with the channels the method's backbone
+        expects (:func:`bayesurl.backbones.data_config`).
+    batch_size, seed, **evaluate_kwargs
+        As for :func:`score`.
 
     Returns
     -------
     callable
         ``eval_fn(method, epoch) -> dict`` of the numeric metrics (``None`` where undefined).
+
+    Raises
+    ------
+    ValueError
+        If ``data`` has no ``test`` set or ``n_samples`` is negative.
 
     Examples
     --------
@@ -593,17 +560,22 @@ def epoch_evaluator(
     """
     if getattr(data, "test", None) is None:
         raise ValueError("`data` has no `test` set")
+    requested = n_samples_for(True, 10 if n_samples is None else n_samples)
 
     def eval_fn(method: nn.Module, epoch: int) -> dict[str, Any]:
-        res = evaluate_method(
-            method,
-            data,
-            n_samples=n_samples,
-            transform=transform,
-            batch_size=batch_size,
-            seed=seed,
-            **evaluate_kwargs,
-        )
+        n = n_samples_for(bool(getattr(method, "has_distribution", False)), requested)
+        tf = _method_transform(method) if transform is None else transform
+        with eval_mode(method):
+            res = score(
+                _method_fn(method),
+                data,
+                tf,
+                n_samples=n,
+                batch_size=batch_size,
+                device=device_of(method),
+                seed=seed,
+                **evaluate_kwargs,
+            )
         return {
             k: v
             for k, v in res.items()

@@ -13,7 +13,7 @@ data settings that rebuild it) or, for a folder of one's own images, from the fi
 in the record. Each query and OOD
 image is also named by the SHA-1 digest of its pixels (its first 8 bytes, :func:`source_ids`;
 for cached features the digest the feature store keeps per row,
-:class:`bayesurl.runs.features.CachedFeatures`), so the report shows the very image the
+:class:`bayesurl.features.CachedFeatures`), so the report shows the very image the
 run scored and says so in words where the rebuilt data differ.
 """
 
@@ -198,7 +198,7 @@ def query_record(
         self excluded, nearest first); ``None``: searched here.
     source, ood_source : sequence of str, optional
         SHA-1 hex digests of the query / OOD images
-        (:func:`bayesurl.runs.features.source_digests`), kept as :func:`source_ids`.
+        (:func:`bayesurl.features.source_digests`), kept as :func:`source_ids`.
 
     Raises
     ------

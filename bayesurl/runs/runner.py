@@ -30,16 +30,16 @@ from typing import Any
 
 import torch
 
-from bayesurl._checks import check_int, parse_device
+from bayesurl._checks import check_int, resolve_device
 from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.distributed import launch_rank, launched_by_torchrun
 from bayesurl.evaluation import EvaluationResult, NeighborMemo
 from bayesurl.evaluation.table import METRICS
+from bayesurl.features import source_digests
 from bayesurl.files import format_of, jsonable, write_json
-from bayesurl.runs.config import RunConfig
+from bayesurl.runs.config import DataConfig, RunConfig
 from bayesurl.runs.data import RunData, build_data, data_key
-from bayesurl.runs.estimators import ESTIMATORS, Estimator, build_estimator
-from bayesurl.runs.features import source_digests
+from bayesurl.runs.estimators import ESTIMATORS, Estimator, FitContext, build_estimator
 from bayesurl.runs.predict import n_samples_for, score
 from bayesurl.runs.queries import record_from_outputs
 from bayesurl.stats.intervals import flat_intervals
@@ -57,7 +57,6 @@ __all__ = [
     "launch_rank",
     "launched_by_torchrun",
     "refuse_undistributed",
-    "resolve_device",
     "run",
     "torchrun_group",
     "train",
@@ -65,22 +64,6 @@ __all__ = [
 
 #: The format of a run's ``result.json`` (a reader refuses a newer one).
 RESULT_FORMAT = format_of("bayesurl.result", 1)
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``device`` as a :class:`torch.device` (``None``: CUDA if available, else CPU).
-
-    Raises
-    ------
-    ValueError
-        If ``device`` is not a torch device string.
-    """
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return parse_device(device, "device")
-    except TypeError as exc:
-        raise ValueError(str(exc)) from None
 
 
 @dataclass
@@ -352,7 +335,7 @@ def torchrun_group(
         return
     info = D.init_from_env(device=device)
     try:
-        yield torch.device(device) if device else info.device
+        yield resolve_device(device) if device else info.device
     finally:
         D.cleanup()
 
@@ -371,7 +354,7 @@ def _fit_base(
     if key not in cache.bases:
         seed_everything(cfg.seed)
         est = build_estimator(cfg)
-        report = est.fit(data, device=device, progress=False)
+        report = est.fit(data, FitContext(device))
         cache.bases[key] = (est, report)
     return cache.bases[key]
 
@@ -471,6 +454,84 @@ def _metric_selection(cfg: RunConfig) -> dict[str, Any]:
     return {"include": [m.name for m in METRICS.values() if m.default or m.name in asked]}
 
 
+def _new_result(cfg: RunConfig, data: RunData, device: torch.device, main: bool) -> RunResult:
+    """The record of a run of ``cfg`` before it fits: what it is and the settings it runs with."""
+    from bayesurl.distributed import get_world_size
+
+    settings: dict[str, Any] = {
+        "config": cfg.to_dict(),
+        "data": data.info,
+        "device": str(device),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "world_size": get_world_size(),
+    }
+    return RunResult(
+        estimator=cfg.estimator.name,
+        dataset=cfg.dataset,
+        split="zero_shot",
+        seed=cfg.seed,
+        preset=cfg.preset,
+        metrics={},
+        settings=settings,
+        timings={},
+        paper=dict(cfg.estimator.paper) or None,
+        main_process=main,
+    )
+
+
+def _fit(
+    cfg: RunConfig,
+    estimator: Estimator,
+    data: RunData,
+    cache: RunCache,
+    device: torch.device,
+    out: Path | None,
+    progress: bool,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fit ``estimator`` (its base first, trained or reused from ``cache``); the fit reports
+    of the base (empty without one) and of the estimator. Under torchrun every rank then holds
+    rank 0's model."""
+    from bayesurl.distributed import broadcast_state, get_world_size
+    from bayesurl.training import seed_everything
+
+    base, base_report = None, {}
+    if cfg.base is not None:
+        _say(progress, f"{cfg.name}: base {cfg.base.estimator.name} (seed {cfg.seed})")
+        base, base_report = _fit_base(cfg.base, data, cache, device)
+    seed_everything(cfg.seed)
+    _say(progress, f"{cfg.name}: fitting (seed {cfg.seed}, device {device})")
+    report = estimator.fit(data, FitContext(device, base=base, out=out))
+    _say(progress, f"{cfg.name}: fitted in {report.get('train_time', 0.0):.1f} s; evaluating")
+    if cfg.estimator.name in cache.keep and cfg.base is None:
+        cache.bases.setdefault(_base_key(cfg, device), (estimator, report))
+    module = getattr(estimator, "method", None)
+    if get_world_size() > 1 and isinstance(module, torch.nn.Module):
+        # DDP keeps the parameters equal, not the buffers of each rank's last forward pass
+        # (BatchNorm statistics): every rank evaluates rank 0's model, the checkpoint's
+        broadcast_state(module, 0)
+    return base_report, report
+
+
+def _score_fitted(
+    estimator: Estimator, data: RunData, samples: int, score_kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """The zero-shot scores of a fitted estimator, the one evaluation of every road that
+    starts from a model (a run, a checkpoint): the sampling rule (``samples`` draws where it
+    has a distribution, :func:`~bayesurl.runs.predict.n_samples_for`), then
+    :func:`~bayesurl.runs.predict.score` of its ``predict`` on ``data``'s sets with
+    ``score_kwargs``, or on each of several downstream sets and their mean."""
+    kw = {"n_samples": n_samples_for(estimator.has_distribution, samples), **score_kwargs}
+    if data.tests:  # several downstream sets: each scored, their mean reported
+        return _mean_of(
+            {
+                k: score(estimator.predict, SimpleNamespace(test=v), data.transform, **kw)
+                for k, v in data.tests.items()
+            }
+        )
+    return score(estimator.predict, data.sets, data.transform, **kw)
+
+
 def _run(
     cfg: RunConfig,
     device: torch.device,
@@ -483,8 +544,7 @@ def _run(
     queries: str | os.PathLike[str] | None = None,
     **evaluate_kwargs: Any,
 ) -> RunResult:
-    from bayesurl.distributed import broadcast_state, get_world_size, is_main_process
-    from bayesurl.training import seed_everything
+    from bayesurl.distributed import get_world_size, is_main_process
 
     t0 = time.perf_counter()
     cache = cache if cache is not None else RunCache()
@@ -493,51 +553,11 @@ def _run(
     progress = progress and main
     data = cache.get_data(cfg, progress)
     estimator = build_estimator(cfg)  # validates the options before anything trains
-    base_cfg = cfg.base
-    settings: dict[str, Any] = {
-        "config": cfg.to_dict(),
-        "data": data.info,
-        "device": str(device),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "world_size": get_world_size(),
-    }
-    result = RunResult(
-        estimator=cfg.estimator.name,
-        dataset=cfg.dataset,
-        split="zero_shot",
-        seed=cfg.seed,
-        preset=cfg.preset,
-        metrics={},
-        settings=settings,
-        timings={},
-        paper=dict(cfg.estimator.paper) or None,
-        main_process=main,
-    )
+    result = _new_result(cfg, data, device, main)
     try:
-        base, base_time, base_report = None, 0.0, {}
-        if base_cfg is not None:
-            _say(progress, f"{cfg.name}: base {base_cfg.estimator.name} (seed {cfg.seed})")
-            base, base_report = _fit_base(base_cfg, data, cache, device)
-            base_time = float(base_report.get("train_time", 0.0))
-        seed_everything(cfg.seed)
-        _say(progress, f"{cfg.name}: fitting (seed {cfg.seed}, device {device})")
-        fit_report = estimator.fit(data, device=device, progress=False, base=base, out=out_dir)
-        _say(
-            progress, f"{cfg.name}: fitted in {fit_report.get('train_time', 0.0):.1f} s; evaluating"
-        )
-        fit_time = float(fit_report.get("train_time", 0.0))
-        if cfg.estimator.name in cache.keep and base_cfg is None:
-            cache.bases.setdefault(_base_key(cfg, device), (estimator, fit_report))
-        module = getattr(estimator, "method", None)
-        if get_world_size() > 1 and isinstance(module, torch.nn.Module):
-            # DDP keeps the parameters equal, not the buffers of each rank's last forward pass
-            # (BatchNorm statistics): every rank evaluates rank 0's model, the checkpoint's
-            broadcast_state(module, 0)
-        n = n_samples_for(estimator.has_distribution, cfg.eval.samples)
+        base_report, fit_report = _fit(cfg, estimator, data, cache, device, out_dir, progress)
         record = queries is not None and main and get_world_size() == 1 and not data.tests
-        kw = {
-            "n_samples": n,
+        score_kwargs = {
             "batch_size": cfg.eval.batch_size,
             "device": device,
             "seed": cfg.seed,
@@ -548,14 +568,7 @@ def _run(
             **_metric_selection(cfg),
             **evaluate_kwargs,
         }
-        if data.tests:  # several downstream sets: each scored, their mean reported
-            per = {
-                k: score(estimator.predict, SimpleNamespace(test=v), data.transform, **kw)
-                for k, v in data.tests.items()
-            }
-            res = _mean_of(per)
-        else:
-            res = score(estimator.predict, data.sets, data.transform, **kw)
+        res = _score_fitted(estimator, data, cfg.eval.samples, score_kwargs)
         result.outputs = res.pop("outputs", None)
         if record:
             # a post-hoc u inherits its base's training: at chance if the base is
@@ -563,9 +576,10 @@ def _run(
             result.outputs = result.outputs if keep_outputs else None
         if keep_outputs:
             result.fitted, result.transform = estimator, data.transform
-        result.metrics = res
-        result.fit = fit_report
+        result.metrics, result.fit = res, fit_report
         result.checkpoint = None if estimator.checkpoint is None else str(estimator.checkpoint)
+        fit_time = float(fit_report.get("train_time", 0.0))
+        base_time = float(base_report.get("train_time", 0.0))
         result.timings = {
             "fit": fit_time,
             "base_fit": base_time,
@@ -576,7 +590,7 @@ def _run(
         if raise_errors:
             raise
         result.error = f"{type(exc).__name__}: {exc}"
-        settings["traceback"] = traceback.format_exc(limit=4)
+        result.settings["traceback"] = traceback.format_exc(limit=4)
     result.timings["total"] = time.perf_counter() - t0
     if out_dir is not None and main:
         result.write_json(out_dir / "result.json")
@@ -620,6 +634,18 @@ def _write_queries(
 CHECKPOINT_DATASETS = dataset_names(DatasetKind.EMBEDDED)
 
 
+def _checkpoint_dataset(path: Path) -> str:
+    """The data set a checkpoint was trained on: ``dataset`` in the ``train.json`` beside it,
+    else ``"default"``."""
+    info = path.parent / "train.json"
+    if info.is_file():
+        try:
+            return str(json.loads(info.read_text()).get("dataset") or "default")
+        except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+            pass
+    return "default"
+
+
 def evaluate_checkpoint(
     path: str | os.PathLike[str],
     *,
@@ -637,8 +663,8 @@ def evaluate_checkpoint(
 
     Rebuilds the method with :func:`bayesurl.training.load_method_from_checkpoint`
     (weights-only load), assembles the zero-shot sets of its data set with
-    :func:`bayesurl.runs.data.build_data` and scores it with
-    :func:`bayesurl.runs.predict.evaluate_method`.
+    :func:`bayesurl.runs.data.build_data` and scores it as a run scores its fitted estimator
+    (the same sampling rule and :func:`bayesurl.runs.predict.score`).
 
     Parameters
     ----------
@@ -655,7 +681,7 @@ def evaluate_checkpoint(
     max_test, max_ood : int, optional
         Caps on the downstream test / held-out upstream sets and on the OOD set.
     device : str or torch.device, optional
-        CPU by default; ``None``: CUDA if available.
+        CPU by default; ``None`` or ``"auto"``: CUDA if available.
     batch_size, seed, **evaluate_kwargs
         As for :func:`bayesurl.runs.predict.score`.
 
@@ -672,47 +698,39 @@ def evaluate_checkpoint(
         If the checkpoint is corrupted or not a method checkpoint (naming ``path``), or
         ``dataset`` / a cap is invalid.
     """
-    from bayesurl.runs.config import DataConfig
-    from bayesurl.runs.predict import evaluate_method
-    from bayesurl.training import load_method_from_checkpoint
-
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"checkpoint {str(p)!r} does not exist")
-    if dataset is None:
-        dataset = "default"
-        info = p.parent / "train.json"
-        if info.is_file():
-            try:
-                dataset = str(json.loads(info.read_text()).get("dataset") or "default")
-            except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
-                dataset = "default"
-    name, _ = dataset_kind(dataset, argument="dataset", allowed=CHECKPOINT_DATASETS)
+    name, _ = dataset_kind(
+        _checkpoint_dataset(p) if dataset is None else dataset,
+        argument="dataset",
+        allowed=CHECKPOINT_DATASETS,
+    )
     for arg, value in (("max_test", max_test), ("max_ood", max_ood)):
         if value is not None:
             check_int(value, arg, low=1)
+    root = None if root is None else str(root)
+    caps = DataConfig(name=name, root=root, max_test=max_test, max_ood=max_ood)
     dev = resolve_device(device)
-    method = load_method_from_checkpoint(p, map_location=dev)
-    cfg = RunConfig.from_checkpoint(
-        method,
-        dataset=name,
-        data=DataConfig(
-            name=name, root=None if root is None else str(root), max_test=max_test, max_ood=max_ood
-        ),
-    )
-    data = build_data(cfg)
-    res = evaluate_method(
-        method,
-        data.sets,
-        n_samples=n_samples,
-        transform=data.transform,
-        batch_size=batch_size,
-        device=dev,
-        seed=seed,
-        **evaluate_kwargs,
-    )
-    head = {"method": method.name, "checkpoint": str(p), "dataset": data.name}
+    estimator, data = _checkpoint_run(p, caps, dev)
+    samples = 10 if n_samples is None else n_samples
+    score_kwargs = {"batch_size": batch_size, "device": dev, "seed": seed, **evaluate_kwargs}
+    res = _score_fitted(estimator, data, samples, score_kwargs)
+    head = {"method": estimator.cfg.estimator.name, "checkpoint": str(p), "dataset": data.name}
     return EvaluationResult({**head, **res}, caveats=getattr(res, "caveats", ()))
+
+
+def _checkpoint_run(
+    path: Path, data: DataConfig, device: torch.device
+) -> tuple[Estimator, RunData]:
+    """The method of a checkpoint as the fitted estimator of its run (weights-only load onto
+    ``device``; :meth:`RunConfig.from_checkpoint`) and that run's data of ``data``'s set."""
+    from bayesurl.runs.estimators import MethodEstimator
+    from bayesurl.training import load_method_from_checkpoint
+
+    method = load_method_from_checkpoint(path, map_location=device)
+    cfg = RunConfig.from_checkpoint(method, dataset=data.name, data=data)
+    return MethodEstimator.from_trained(cfg, method), build_data(cfg)
 
 
 def train(
@@ -751,17 +769,17 @@ def train(
     assert isinstance(estimator, MethodEstimator)
     info = D.init_from_env(device=cfg.device)
     try:
-        device = torch.device(cfg.device) if cfg.device else info.device
+        device = resolve_device(cfg.device) if cfg.device else info.device
         data = build_data(cfg)
         seed_everything(cfg.seed)
-        estimator.fit(
-            data,
-            device=device,
+        ctx = FitContext(
+            device,
             progress=progress,
             out=Path(out),
-            resume=resume,
+            resume=None if resume is None else Path(resume),
             keep_epoch_checkpoints=keep_epoch_checkpoints,
         )
+        estimator.fit(data, ctx)
         estimator.main_process = D.is_main_process()  # rank 0 reports (before cleanup)
         return estimator, data
     finally:

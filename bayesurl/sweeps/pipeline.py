@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from bayesurl._checks import resolve_device
 from bayesurl.files import jsonable
 from bayesurl.runs.config import RunConfig, read_recipe_file
 from bayesurl.runs.runner import RunCache, run
@@ -108,7 +109,7 @@ class PipelineRun:
         none (a tuning trial, a run stored by an older bayesurl) or when this machine adds
         settings the plan did not have (its own overrides, tuned settings of its own).
         """
-        dev = str(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dev = str(resolve_device(self.device))
         stored = params.get("config")
         if stored is not None and not self._adds_settings(params):
             cfg = RunConfig.from_dict(stored)

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from bayesurl._checks import resolve_device
 from bayesurl.files import jsonable, write_json
 from bayesurl.runs.config import RunConfig, read_recipe_file, tuned_sets
 from bayesurl.runs.runner import (
@@ -51,7 +52,6 @@ from bayesurl.runs.runner import (
     agree_on_outcome,
     crop_test_images,
     launched_by_torchrun,
-    resolve_device,
     torchrun_group,
 )
 from bayesurl.sweeps.options import SweepOptions

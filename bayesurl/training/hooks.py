@@ -35,7 +35,6 @@ __all__ = [
     "EpochEvaluation",
     "ExponentialMovingAverage",
     "ProgressBar",
-    "device_of",
 ]
 
 
@@ -175,9 +174,3 @@ class ExponentialMovingAverage(Hook):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.decay = float(state["decay"])
         self.average = {k: v.clone() for k, v in dict(state["average"]).items()}
-
-
-def device_of(method: torch.nn.Module) -> torch.device:
-    """The device of a module's first parameter (CPU for a module without parameters)."""
-    first = next(method.parameters(), None)
-    return first.device if first is not None else torch.device("cpu")

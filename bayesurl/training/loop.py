@@ -27,6 +27,7 @@ import torch
 
 from bayesurl import distributed as D
 from bayesurl._checks import check_output_dir
+from bayesurl._modules import device_of
 from bayesurl.methods.base import Method
 from bayesurl.training.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -35,7 +36,7 @@ from bayesurl.training.checkpoint import (
     check_serialisable,
     load_checkpoint,
 )
-from bayesurl.training.hooks import Checkpointing, EpochEvaluation, ProgressBar, device_of
+from bayesurl.training.hooks import Checkpointing, EpochEvaluation, ProgressBar
 from bayesurl.training.optim import WarmupCosine, build_optimizer, build_scheduler
 from bayesurl.training.options import AmpMode, FitOptions
 from bayesurl.training.result import TrainResult

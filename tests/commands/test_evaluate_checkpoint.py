@@ -17,7 +17,7 @@ from bayesurl.data import (
     as_tensors,
     default_transform,
 )
-from bayesurl.runs.predict import embed, evaluate_method
+from bayesurl.runs.predict import embed, epoch_evaluator
 from bayesurl.runs.runner import evaluate_checkpoint
 
 CAPS = {"max_test": 60, "max_ood": 30}
@@ -35,7 +35,7 @@ def trained(tmp_path_factory):
 
 def test_round_trip_matches_in_memory_method(trained):
     method, data, ckpt = trained
-    expected = evaluate_method(method, data, n_samples=4, seed=3)
+    expected = epoch_evaluator(data, n_samples=4, seed=3)(method, 0)
     got = evaluate_checkpoint(ckpt, n_samples=4, seed=3, **CAPS)
     assert got["method"] == "mcinfonce" and got["dataset"] == data.name
     for key in ("r@1", "r_auroc", "ausc", "ece", "ood_auroc", "map@5"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import bayesurl.runs.folder as folder_road
+import bayesurl.folder.road as folder_road
 from bayesurl.cli import main
 from bayesurl.report import load_source, notes_lines
 

@@ -154,7 +154,7 @@ def test_folder_report_in_browser(tmp_path):
 
     from PIL import Image
 
-    from bayesurl.runs.folder import score_folder
+    from bayesurl.folder import score_folder
 
     g = torch.Generator().manual_seed(0)
     for i in range(10):

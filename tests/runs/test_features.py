@@ -16,7 +16,7 @@ import torch
 
 from bayesurl.backbones import build_backbone
 from bayesurl.data import default_augmentation, default_transform
-from bayesurl.runs.features import (
+from bayesurl.features import (
     FeatureStore,
     FirstView,
     FrozenEncoder,
@@ -103,7 +103,7 @@ def test_cached_rows_keep_their_source_images_digest():
     import hashlib
 
     from bayesurl.data import ImageTensorDataset
-    from bayesurl.runs.features import CachedFeatures, source_digests
+    from bayesurl.features import CachedFeatures, source_digests
 
     imgs = torch.randint(0, 256, (5, 1, 6, 6), dtype=torch.uint8)
     ref = [hashlib.sha1(bytes(im.numpy().ravel())).hexdigest() for im in imgs]
@@ -258,7 +258,7 @@ def test_store_leaves_the_frozen_backbone_in_eval_mode(tmp_path):
 
 
 def test_store_verifies_each_shard_once_per_store(tmp_path, monkeypatch):
-    import bayesurl.posthoc.store as store_module
+    import bayesurl.features.store as store_module
 
     verified = []
     unseal = store_module.unseal
@@ -319,7 +319,7 @@ def test_an_images_views_do_not_depend_on_the_order_or_company_of_its_extraction
 
 
 def test_view_seeds_depend_on_the_image_and_the_view_only():
-    from bayesurl.posthoc.store import view_seed
+    from bayesurl.features import view_seed
 
     seeds = {view_seed(s, d, v) for s in (0, 1) for d in ("ab", "cd") for v in (1, 2)}
     assert len(seeds) == 8 and all(0 <= s < 2**63 for s in seeds)
@@ -338,8 +338,7 @@ def test_view_drawing_estimators_give_the_same_numbers_whatever_the_cache_held(
         reason="the weight package of the `pretrained` extra is not installed",
     )
     from bayesurl.runs.config import load_recipe
-    from bayesurl.runs.data import backbone_kwargs, build_data
-    from bayesurl.runs.features import feature_store
+    from bayesurl.runs.data import backbone_kwargs, build_data, feature_store
     from bayesurl.runs.runner import run
 
     fresh = run(_cfg(estimator, tmp_path / "empty"))

@@ -1,4 +1,4 @@
-"""The folder road (bayesurl.runs.folder, ``bayesurl folder``) on tiny synthetic folders."""
+"""The folder road (bayesurl.folder, ``bayesurl folder``) on tiny synthetic folders."""
 
 import csv
 import json
@@ -10,13 +10,15 @@ import torch
 from _image_folders import noisy_squares
 from PIL import Image
 
-import bayesurl.runs.folder as road
+import bayesurl.folder.encode as encoding
+import bayesurl.folder.road as road
 from bayesurl.backbones import build_backbone, data_config
 from bayesurl.cli import main
 from bayesurl.data import default_augmentation, default_transform
 from bayesurl.data.folder import ReadableImages, scan_image_folder
 from bayesurl.data.transforms import PilToUint8
-from bayesurl.runs.folder import FolderMethod, FolderOptions, score_folder
+from bayesurl.folder import FolderMethod, FolderOptions, score_folder
+from bayesurl.folder.methods import FIT_PLANS
 from bayesurl.runs.queries import read_queries
 
 FAST = {"backbone": "small_convnet", "epochs": 1, "batch_size": 8, "progress": False}
@@ -147,7 +149,7 @@ def _spy_backbone(monkeypatch):
     store pads a short batch with repeats of its last row)."""
 
     rows = []
-    build = road.build_backbone
+    build = encoding.build_backbone
 
     def distinct(x):
         return len(torch.unique(x.reshape(len(x), -1), dim=0))
@@ -157,14 +159,14 @@ def _spy_backbone(monkeypatch):
         model.register_forward_hook(lambda m, inp, out: rows.append(distinct(inp[0])))
         return model, info
 
-    monkeypatch.setattr(road, "build_backbone", spied)
+    monkeypatch.setattr(encoding, "build_backbone", spied)
     return rows
 
 
 def _capture_features(monkeypatch):
     """Record what the road hands on: the views the u is fitted on, the features it scores."""
     seen = {}
-    fit, predict = road._fit, road.predict
+    fit, predict = road.fit_wrapper, road.predict
 
     def spied_fit(method, views, **kwargs):
         seen["views"] = views
@@ -174,7 +176,7 @@ def _capture_features(monkeypatch):
         seen["feats"] = feats
         return predict(fn, feats, transform, **kwargs)
 
-    monkeypatch.setattr(road, "_fit", spied_fit)
+    monkeypatch.setattr(road, "fit_wrapper", spied_fit)
     monkeypatch.setattr(road, "predict", spied_predict)
     return seen
 
@@ -244,7 +246,7 @@ def test_the_default_fit_sample_bounds_the_encoded_views(tmp_path, monkeypatch):
     """With more readable images than the default sample (set to 7 here), tau encodes the
     views of that many."""
     monkeypatch.setitem(
-        road._FIT_PLANS, FolderMethod.TAU, replace(road._FIT_PLANS[FolderMethod.TAU], fit_max=7)
+        FIT_PLANS, FolderMethod.TAU, replace(FIT_PLANS[FolderMethod.TAU], fit_max=7)
     )
     images = _folder(tmp_path / "imgs", corrupt=False)
     rows = _spy_backbone(monkeypatch)

@@ -17,10 +17,11 @@ from scipy.stats import multivariate_normal
 from sklearn.covariance import LedoitWolf
 from test_folder import FAST, _folder, _spy_backbone
 
-import bayesurl.runs.folder as road
+import bayesurl.folder.road as road
 from bayesurl.cli import main
 from bayesurl.data.folder import scan_image_folder
-from bayesurl.runs.folder import CROSSFIT_FOLDS, FolderMethod, FolderOptions, score_folder
+from bayesurl.folder import CROSSFIT_FOLDS, U_MEANING, FolderMethod, FolderOptions, score_folder
+from bayesurl.folder.fit import fold_ids
 
 METHODS = ["knn", "mahalanobis", "gmm"]
 
@@ -28,13 +29,13 @@ METHODS = ["knn", "mahalanobis", "gmm"]
 def _capture(monkeypatch):
     """What the road cross-fits on: the features and labels of the readable images."""
     seen = {}
-    crossfit = road._crossfit
+    crossfit = road.crossfit
 
     def spied(method, fx, fit_ids, labelled, generator, *options):
         seen["feats"], seen["labels"] = fx.feats.clone(), fx.labels.clone()
         return crossfit(method, fx, fit_ids, labelled, generator, *options)
 
-    monkeypatch.setattr(road, "_crossfit", spied)
+    monkeypatch.setattr(road, "crossfit", spied)
     return seen
 
 
@@ -42,7 +43,7 @@ def _folds(scan, n, labels, seed=0):
     """The folds the road deals: the seeded stream past the fit sample's draw."""
     gen = torch.Generator().manual_seed(seed)
     torch.randperm(len(scan.paths), generator=gen)
-    return road._fold_ids(labels, n, CROSSFIT_FOLDS, gen).numpy()
+    return fold_ids(labels, n, CROSSFIT_FOLDS, gen).numpy()
 
 
 def _lw(rows):
@@ -97,7 +98,7 @@ def test_labelled_folder_u_is_the_other_folds_reference(tmp_path, monkeypatch, m
     assert info["fit"]["labels_used"] is (method != "knn")
     assert "other 4 of 5 folds" in info["describe"][1]
     readme = (tmp_path / "out" / "README.md").read_text()
-    assert road.U_MEANING[method] in readme
+    assert U_MEANING[method] in readme
 
 
 def test_flat_folder_mahalanobis_is_refused_before_encoding_and_the_others_run(

@@ -25,7 +25,7 @@ from bayesurl.data import as_tensors, default_transform, default_zero_shot
 from bayesurl.methods import available, create
 from bayesurl.runs import load_recipe
 from bayesurl.runs.config import list_recipes, read_recipe_file
-from bayesurl.runs.predict import embed, evaluate_method
+from bayesurl.runs.predict import embed, epoch_evaluator
 from bayesurl.sweeps.report import report_columns
 from bayesurl.sweeps.results import SweepResults, merge_results
 from bayesurl.sweeps.sweep import resolve_estimators, run_sweep
@@ -118,7 +118,7 @@ def _brute_r1(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return correct
 
 
-def test_evaluate_method_matches_brute_force(small_data):
+def test_scores_of_a_method_match_brute_force(small_data):
     torch.manual_seed(0)
     method = create(
         "ce",
@@ -128,7 +128,7 @@ def test_evaluate_method_matches_brute_force(small_data):
         backbone_kwargs={"width": 4, "num_features": 16},
     ).double()
     tf = torch.nn.Sequential(default_transform(1), _ToDouble())
-    res = evaluate_method(method, small_data, transform=tf, batch_size=32)
+    res = epoch_evaluator(small_data, transform=tf, batch_size=32)(method, 0)
     x, y = as_tensors(small_data.test, tf)
     out = embed(method, x, batch_size=1000)
     correct = _brute_r1(out.embedding.numpy(), y.numpy())
@@ -149,19 +149,19 @@ class _ToDouble(torch.nn.Module):
         return x.double()
 
 
-def test_evaluate_method_samples_only_for_distributions(small_data):
+def test_a_method_is_sampled_only_with_a_distribution(small_data):
     torch.manual_seed(0)
     kw = {"backbone": "small_convnet", "embed_dim": 8, "num_classes": 5}
     kw["backbone_kwargs"] = {"width": 4, "num_features": 16}
     vmf = create("mcinfonce", **kw)
-    r1 = evaluate_method(vmf, small_data, n_samples=3, seed=1)
-    r2 = evaluate_method(vmf, small_data, n_samples=3, seed=1)
+    r1 = epoch_evaluator(small_data, n_samples=3, seed=1)(vmf, 0)
+    r2 = epoch_evaluator(small_data, n_samples=3, seed=1)(vmf, 1)
     assert r1["ece"] is not None and r1["ece"] == r2["ece"]  # seeded draws
     ce = create("ce", **kw)
-    r = evaluate_method(ce, small_data, n_samples=5)
+    r = epoch_evaluator(small_data, n_samples=5)(ce, 0)
     assert r["ece"] is None and r["n_samples"] == 0
     with pytest.raises(ValueError, match="n_samples"):
-        evaluate_method(vmf, small_data, n_samples=-1)
+        epoch_evaluator(small_data, n_samples=-1)
 
 
 def test_summary_matches_numpy():
@@ -322,7 +322,7 @@ def test_device_follows_argument(small_data):
     method = create("ce", backbone="small_convnet", embed_dim=8, num_classes=5).cuda()
     out = embed(method, as_tensors(small_data.test, default_transform(1))[0])
     assert out.embedding.is_cuda
-    res = evaluate_method(method, small_data, device="cuda")
+    res = epoch_evaluator(small_data)(method, 0)  # on the method's device
     assert 0.0 <= res["r@1"] <= 1.0
 
 

@@ -15,7 +15,8 @@ torchrun and its tuning rule) and :func:`build_estimator`. The kinds:
   method (LAM Table 2's "Deep Ensemble" row).
 
 A new kind is one file in this folder (a class decorated with
-``@ESTIMATORS.register("<kind>", distributed=..., tuning=...)``) and one recipe line
+``@ESTIMATORS.register("<kind>", distributed=..., tuning=...)`` whose ``fit(data, ctx)`` reads
+where and how to fit from a :class:`FitContext`) and one recipe line
 ``kind = "<kind>"``: the folder's modules are imported on the registry's first lookup.
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 # ``Estimator`` (importable here too) is documented on ``bayesurl.runs`` and in ``base``: a
 # third listing in ``__all__`` would describe the class twice in the API pages
-from bayesurl.runs.estimators.base import ESTIMATORS, Tuning, build_estimator
+from bayesurl.runs.estimators.base import ESTIMATORS, FitContext, Tuning, build_estimator
 from bayesurl.runs.estimators.base import Estimator as Estimator
 from bayesurl.runs.estimators.baseline import BASELINE_WRAPPERS, BaselineEstimator, BaselineScore
 from bayesurl.runs.estimators.deep_ensemble import DeepEnsembleEstimator
@@ -38,6 +39,7 @@ __all__ = [
     "BaselineEstimator",
     "BaselineScore",
     "DeepEnsembleEstimator",
+    "FitContext",
     "LamEstimator",
     "MethodEstimator",
     "PosthocEstimator",

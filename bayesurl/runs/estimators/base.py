@@ -2,8 +2,9 @@
 
 An :class:`Estimator` is built from a :class:`~bayesurl.runs.config.RunConfig` and has
 
-- ``fit(data, device=..., progress=..., base=..., out=...) -> dict``: train on the upstream
-  data (:class:`~bayesurl.runs.data.RunData`), return a fit report (``train_time`` ...);
+- ``fit(data, ctx) -> dict``: train on the upstream data (:class:`~bayesurl.runs.data.RunData`)
+  where and how the :class:`FitContext` says (device, base, checkpoint folder ...), return a
+  fit report (``train_time`` ...);
 - ``predict(x, n_samples) -> Output``: one batch of transformed inputs to an
   :class:`~bayesurl.types.Output`, with ``samples [S, N, D]`` when ``n_samples > 0``;
 - ``has_distribution``: whether it defines an embedding distribution. The sampling rule is
@@ -27,6 +28,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ESTIMATORS",
     "Estimator",
+    "FitContext",
     "Tuning",
     "build_estimator",
     "check_fit_values",
@@ -127,6 +130,36 @@ def check_fit_values(fit: dict[str, Any], where: str) -> None:
         check_number(fit["weight_decay"], f"{where}.weight_decay", low=0.0)
 
 
+@dataclass(frozen=True)
+class FitContext:
+    """Where and how an estimator fits, resolved once by the caller (the runner) and handed to
+    every :meth:`Estimator.fit`.
+
+    Attributes
+    ----------
+    device : torch.device
+        Where to train.
+    progress : bool
+        Progress bars of the fit (the runner's runs train without them: a live bar changed
+        the float results of CPU training).
+    base : Estimator or None
+        The fitted base of an estimator that has one (``base = "..."`` in its recipe table).
+    out : Path or None
+        Folder for the checkpoint(s); ``None``: nothing is written.
+    resume : Path or None
+        A training checkpoint (``last.pt``) to continue, for the kinds that train.
+    keep_epoch_checkpoints : bool
+        Keep a checkpoint per epoch beside ``last.pt`` (:func:`bayesurl.training.fit`).
+    """
+
+    device: torch.device
+    progress: bool = False
+    base: Estimator | None = None
+    out: Path | None = None
+    resume: Path | None = None
+    keep_epoch_checkpoints: bool = False
+
+
 class Estimator:
     """Base class (see module docstring); subclasses register with :data:`ESTIMATORS`."""
 
@@ -141,18 +174,14 @@ class Estimator:
         """``predict(x, n_samples > 0)`` returns samples."""
         return False
 
-    def fit(
-        self,
-        data: RunData,
-        *,
-        device: torch.device,
-        progress: bool = False,
-        base: Estimator | None = None,
-        out: Path | None = None,
-    ) -> dict[str, Any]:  # pragma: no cover - abstract
+    def fit(self, data: RunData, ctx: FitContext) -> dict[str, Any]:  # pragma: no cover
+        """Train on ``data``'s upstream sets where and how ``ctx`` says; the fit report
+        (``train_time`` in seconds, and what the kind measured)."""
         raise NotImplementedError
 
     def predict(self, x: Tensor, n_samples: int = 0) -> Output:  # pragma: no cover - abstract
+        """One batch of transformed inputs to an :class:`~bayesurl.types.Output`, with
+        ``samples [S, N, D]`` when ``n_samples > 0``."""
         raise NotImplementedError
 
 

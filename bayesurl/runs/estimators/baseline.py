@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,7 +16,7 @@ from bayesurl.data import TransformedLoader
 from bayesurl.files import atomic_open
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData
-from bayesurl.runs.estimators.base import ESTIMATORS, Estimator, Tuning, check_kwargs
+from bayesurl.runs.estimators.base import ESTIMATORS, Estimator, FitContext, Tuning, check_kwargs
 from bayesurl.types import Output
 
 __all__ = ["BASELINE_WRAPPERS", "BaselineEstimator", "BaselineScore"]
@@ -99,15 +98,7 @@ class BaselineEstimator(Estimator):
         except (TypeError, ValueError) as exc:
             raise ValueError(f"`{where}`: {exc}") from exc
 
-    def fit(
-        self,
-        data: RunData,
-        *,
-        device: torch.device,
-        progress: bool = False,
-        base: Estimator | None = None,
-        out: Path | None = None,
-    ) -> dict[str, Any]:
+    def fit(self, data: RunData, ctx: FitContext) -> dict[str, Any]:
         from bayesurl.data import make_loader
 
         t0 = time.perf_counter()
@@ -116,9 +107,10 @@ class BaselineEstimator(Estimator):
             loader = make_loader(data.sets.train, 1024, shuffle=False, distributed=False)
             batches = (
                 (x.flatten(1).float(), y)
-                for x, y in TransformedLoader(loader, data.transform, device)
+                for x, y in TransformedLoader(loader, data.transform, ctx.device)
             )
-            report = self.wrapped.fit(batches, progress=progress)
+            report = self.wrapped.fit(batches, progress=ctx.progress)
+        out = ctx.out
         if out is not None:  # what the score needs, loadable with weights_only=True
             out.mkdir(parents=True, exist_ok=True)
             if self.wrapped is not None:  # bayesurl.posthoc.load(path, nn.Identity())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -16,7 +15,7 @@ from bayesurl.data import TransformedLoader
 from bayesurl.files import atomic_open
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData
-from bayesurl.runs.estimators.base import ESTIMATORS, Estimator, Tuning
+from bayesurl.runs.estimators.base import ESTIMATORS, Estimator, FitContext, Tuning
 from bayesurl.runs.estimators.method import MethodEstimator
 from bayesurl.types import Output
 
@@ -82,20 +81,13 @@ class DeepEnsembleEstimator(Estimator):
     def has_distribution(self) -> bool:
         return True
 
-    def fit(
-        self,
-        data: RunData,
-        *,
-        device: torch.device,
-        progress: bool = False,
-        base: Estimator | None = None,
-        out: Path | None = None,
-    ) -> dict[str, Any]:
+    def fit(self, data: RunData, ctx: FitContext) -> dict[str, Any]:
         """Train (or reuse, or resume) the members, then fit the rotations with ``align``."""
         from bayesurl.distributed import is_main_process
         from bayesurl.training import seed_everything
 
         t0 = time.perf_counter()
+        base, out = ctx.base, ctx.out
         reports = []
         for k, est in enumerate(self.estimators):
             if k == 0 and isinstance(base, MethodEstimator) and base.method is not None:
@@ -106,10 +98,11 @@ class DeepEnsembleEstimator(Estimator):
             last = None if folder is None else folder / "last.pt"
             resume = last if last is not None and last.is_file() else None
             seed_everything(est.cfg.seed)  # the initialisation a plain run of this seed draws
-            report = est.fit(data, device=device, progress=progress, out=folder, resume=resume)
+            member = FitContext(ctx.device, progress=ctx.progress, out=folder, resume=resume)
+            report = est.fit(data, member)
             reports.append({"seed": est.cfg.seed, "resumed": resume is not None, **report})
         self.members = [est.method.eval() for est in self.estimators]  # type: ignore[union-attr]
-        self.rotations = self._fit_rotations(data, device) if self.align else None
+        self.rotations = self._fit_rotations(data, ctx.device) if self.align else None
         train_time = time.perf_counter() - t0
         if out is not None and is_main_process():
             out.mkdir(parents=True, exist_ok=True)

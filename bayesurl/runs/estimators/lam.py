@@ -17,7 +17,7 @@ from bayesurl.data import TransformedLoader
 from bayesurl.files import atomic_open
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, method_backbone
-from bayesurl.runs.estimators.base import ESTIMATORS, Estimator, Tuning, fit_options
+from bayesurl.runs.estimators.base import ESTIMATORS, Estimator, FitContext, Tuning, fit_options
 from bayesurl.types import Output
 
 __all__ = ["LamEstimator"]
@@ -77,24 +77,15 @@ class LamEstimator(Estimator):
     def has_distribution(self) -> bool:
         return True
 
-    def fit(
-        self,
-        data: RunData,
-        *,
-        device: torch.device,
-        progress: bool = False,
-        base: Estimator | None = None,
-        out: Path | None = None,
-        resume: str | Path | None = None,
-    ) -> dict[str, Any]:
+    def fit(self, data: RunData, ctx: FitContext) -> dict[str, Any]:
         """Train the embedding net with :func:`bayesurl.training.fit` (contrastive loss, or
         online LAM with its Hessian-update hook), then fit / tune the Laplace posterior.
 
         Adam at the config's learning rate after its warm-up (no cosine decay: LAM trains at
         a constant rate), full precision (the GGN and the weight draws are taken in the
         model's dtype); under torchrun the net trains under DDP and every rank fits the same
-        posterior. ``out`` receives fit's checkpoints (``resume`` continues one) and
-        ``laplace.pt``. With a ``base`` the net starts from the base's; post-hoc LAM then
+        posterior. ``ctx.out`` receives fit's checkpoints (``ctx.resume`` continues one) and
+        ``laplace.pt``. With a ``ctx.base`` the net starts from the base's; post-hoc LAM then
         trains nothing and only fits the posterior.
         """
         from bayesurl.data import make_loader
@@ -108,6 +99,7 @@ class LamEstimator(Estimator):
         from bayesurl.training import Checkpointing, fit
 
         cfg, e, t = self.cfg, self.cfg.estimator, self.cfg.train
+        base, device, progress, out = ctx.base, ctx.device, ctx.progress, ctx.out
         net = self._start_net(data, base, device)
         train = data.sets.train
         # the whole set on every rank: fit shards its own copy under DDP, and the post-hoc
@@ -129,7 +121,7 @@ class LamEstimator(Estimator):
             opts = fit_options(
                 cfg, world, optimizer="adam", min_lr=t.lr, amp="off",
                 augment=data.transform.to(device), device=device, progress=progress,
-                resume=resume,
+                resume=ctx.resume,
             )  # fmt: skip
             hooks = [*hooks, *([] if out is None else [Checkpointing(out)])]
         result = fit(method, loader, opts, hooks=hooks) if trained else None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,7 +14,14 @@ from torch import Tensor, nn
 
 from bayesurl.runs.config import RunConfig
 from bayesurl.runs.data import RunData, method_backbone
-from bayesurl.runs.estimators.base import ESTIMATORS, Estimator, Tuning, check_kwargs, fit_options
+from bayesurl.runs.estimators.base import (
+    ESTIMATORS,
+    Estimator,
+    FitContext,
+    Tuning,
+    check_kwargs,
+    fit_options,
+)
 from bayesurl.types import Output
 
 __all__ = ["PROBE_IMAGES", "MethodEstimator"]
@@ -72,23 +78,13 @@ class MethodEstimator(Estimator):
         self.method = self.cls(**self.kwargs)
         return self.method
 
-    def fit(
-        self,
-        data: RunData,
-        *,
-        device: torch.device,
-        progress: bool = False,
-        base: Estimator | None = None,
-        out: Path | None = None,
-        resume: str | Path | None = None,
-        keep_epoch_checkpoints: bool = False,
-    ) -> dict[str, Any]:
-        """Build and train the method (``resume`` / ``keep_epoch_checkpoints``: see
+    def fit(self, data: RunData, ctx: FitContext) -> dict[str, Any]:
+        """Build and train the method (``ctx.resume`` / ``ctx.keep_epoch_checkpoints``: see
         :func:`bayesurl.training.fit`)."""
         from bayesurl.data import make_loader
         from bayesurl.training import Checkpointing, EpochEvaluation, Hook, fit
 
-        cfg, t = self.cfg, self.cfg.train
+        cfg, t, device, out = self.cfg, self.cfg.train, ctx.device, ctx.out
         method = self.build(data)
         record = getattr(method, "hparams", None)
         method_kwargs = {**dict(record), **self.kwargs} if isinstance(record, dict) else self.kwargs
@@ -104,8 +100,8 @@ class MethodEstimator(Estimator):
         augment = (data.augment if two_view else data.transform).to(device)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         opts = fit_options(
-            cfg, world, augment=augment, device=device, progress=progress, resume=resume,
-            method_kwargs=method_kwargs if out is not None else None,
+            cfg, world, augment=augment, device=device, progress=ctx.progress,
+            resume=ctx.resume, method_kwargs=method_kwargs if out is not None else None,
         )  # fmt: skip
         # one process only: under DDP each rank would read and probe its own copy
         probe = _probe_batch(data, device) if world == 1 else None
@@ -120,7 +116,7 @@ class MethodEstimator(Estimator):
         # the probe's record is part of the epoch's checkpoint: the evaluation comes first
         hooks: list[Hook] = [] if probe is None else [EpochEvaluation(curve)]
         if out is not None:
-            hooks.append(Checkpointing(out, keep_epochs=keep_epoch_checkpoints))
+            hooks.append(Checkpointing(out, keep_epochs=ctx.keep_epoch_checkpoints))
         cpu0 = time.process_time()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*cannot rebuild the method.*")

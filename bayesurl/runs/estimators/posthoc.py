@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from bayesurl.data import TransformedLoader
@@ -19,6 +17,7 @@ from bayesurl.runs.data import RunData
 from bayesurl.runs.estimators.base import (
     ESTIMATORS,
     Estimator,
+    FitContext,
     Tuning,
     check_fit_values,
     check_kwargs,
@@ -51,18 +50,11 @@ class PosthocEstimator(Estimator):
             return bool(self.wrapped.has_distribution)
         return self.wrapper_name == "laplace" and not self.cfg.estimator.use_base_classifier
 
-    def fit(
-        self,
-        data: RunData,
-        *,
-        device: torch.device,
-        progress: bool = False,
-        base: Estimator | None = None,
-        out: Path | None = None,
-    ) -> dict[str, Any]:
+    def fit(self, data: RunData, ctx: FitContext) -> dict[str, Any]:
         from bayesurl.data import make_loader
         from bayesurl.posthoc import wrap
 
+        base, device = ctx.base, ctx.device
         if not isinstance(base, MethodEstimator) or base.method is None:
             raise ValueError(f"post-hoc estimator {self.cfg.estimator.name!r} needs a fitted base")
         e, cfg = self.cfg.estimator, self.cfg
@@ -108,8 +100,9 @@ class PosthocEstimator(Estimator):
         else:
             batches = TransformedLoader(loader, data.transform, device)
         t0 = time.perf_counter()
-        report = self.wrapped.fit(batches, progress=progress, **fit_kw)
+        report = self.wrapped.fit(batches, progress=ctx.progress, **fit_kw)
         train_time = time.perf_counter() - t0
+        out = ctx.out
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             self.checkpoint = out / f"{self.wrapper_name}.pt"

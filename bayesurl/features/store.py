@@ -1,8 +1,9 @@
-"""One on-disk embedding store and one loop that fills it (PVU thesis section 5.3).
+"""The one on-disk embedding store (PVU thesis section 5.3).
 
 "Cache everything": once an encoder is frozen, its embeddings are a data source. They are
-computed once by :func:`encode_batches` (the one loop that runs a frozen encoder over batches,
-with optional augmentation draws) and written into *shards* of one format:
+computed once by :func:`~bayesurl.features.encoding.encode_batches` (the one loop that runs a
+frozen encoder over batches, with optional augmentation draws) and written into *shards* of
+one format:
 
 .. code-block:: text
 
@@ -40,7 +41,7 @@ import inspect
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,18 +51,15 @@ import torch
 from torch import Tensor, nn
 
 from bayesurl._checks import check_int
-from bayesurl._modules import eval_mode
-from bayesurl.data.batch import unpack_batch
-from bayesurl.data.transforms import Resize
+from bayesurl._modules import device_of, eval_mode
+from bayesurl.data.batch import iterate, loader_items, unpack_batch
+from bayesurl.features.encoding import FrozenEncoder, encode, encode_batches
 from bayesurl.files import CorruptedFileError, reuse_or_build, seal, unseal
-from bayesurl.posthoc.base import device_of, encode, iterate, loader_items
 
 __all__ = [
     "EmbeddingCache",
     "EmbeddingShard",
     "FeatureStore",
-    "FrozenEncoder",
-    "encode_batches",
     "encoder_fingerprint",
     "image_digests",
     "write_shard",
@@ -117,78 +115,6 @@ def image_digests(images: Tensor) -> list[str]:
         return []
     flat = images.reshape(len(images), -1).contiguous().cpu().numpy()
     return [hashlib.sha1(row.tobytes()).hexdigest() for row in flat]
-
-
-@torch.no_grad()
-def encode_batches(
-    encoder: nn.Module,
-    batches: Iterable[Any],
-    *,
-    plain: bool = True,
-    views: int = 0,
-    augment: Callable[[Tensor], Tensor] | None = None,
-    view_encoder: nn.Module | None = None,
-    progress: bool = True,
-    desc: str = "encoding",
-    total: int | None = None,
-) -> Iterator[tuple[Tensor, Tensor | None]]:
-    """Run a frozen encoder over ``batches``: the one embedding loop of the store.
-
-    Per batch ``x`` or ``(x, y)`` (:func:`bayesurl.data.batch.unpack_batch`), moved to the
-    encoder's device: the plain row ``encoder(x)`` (with ``plain``), then ``views``
-    augmented rows ``view_encoder(augment(x))``, each call of ``augment`` a fresh draw (in
-    batch order, then view order: a seeded ``augment`` gives the same rows on every run).
-    The encoders run in eval mode (their training flags restored afterwards) without
-    gradients, under the post-hoc input rule (:func:`bayesurl.posthoc.base.encode`).
-
-    Parameters
-    ----------
-    encoder : nn.Module
-        Maps inputs to embeddings ``[B, D]``.
-    batches : iterable
-        Yields ``x`` or ``(x, y)`` (one view per item).
-    plain : bool
-        Encode ``x`` itself as row 0.
-    views : int
-        Augmented rows per item.
-    augment : callable or None
-        ``x -> `` the input of ``view_encoder``; required for ``views > 0``.
-    view_encoder : nn.Module or None
-        Encoder of the augmented inputs (default: ``encoder``).
-    progress : bool
-        Show a tqdm bar named ``desc`` that counts images.
-    total : int or None
-        The images ``batches`` yields, for the bar's total and time left (default: asked of a
-        :class:`~torch.utils.data.DataLoader`, whose sampler knows it).
-
-    Yields
-    ------
-    embeddings : Tensor
-        ``[B, V, D]`` on the CPU in the encoder's dtype, ``V = plain + views``.
-    labels : Tensor or None
-        The batch's ``y``.
-    """
-    if check_int(views, "views", low=0) + int(plain) < 1:
-        raise ValueError(f"nothing to encode: plain={plain}, views={views}")
-    if views and augment is None:
-        raise ValueError("`augment` is required for `views` > 0")
-    view_encoder = encoder if view_encoder is None else view_encoder
-    device = device_of(encoder)
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(eval_mode(encoder))
-        stack.enter_context(eval_mode(view_encoder))
-        for batch in iterate(batches, progress, desc, total=total):
-            x, y = unpack_batch(batch)
-            if not isinstance(x, Tensor):
-                raise ValueError(
-                    "the embedding loop needs single-view batches x or (x, y), got a pair of "
-                    "views; encode each view's loader separately"
-                )
-            x = x.to(device)
-            rows = [encode(encoder, x)] if plain else []
-            for _ in range(int(views)):
-                rows.append(encode(view_encoder, augment(x)))  # type: ignore[misc]
-            yield torch.stack(rows, dim=1).cpu(), y
 
 
 def write_shard(
@@ -532,31 +458,6 @@ def _shapes(loader: Iterable[Any], item_shape: list[int]) -> Iterator[Any]:
         if isinstance(x, Tensor):
             item_shape[:] = list(x.shape[1:])
         yield batch
-
-
-class FrozenEncoder(nn.Module):
-    """``uint8`` images -> transform -> resize to ``resolution`` -> frozen backbone features.
-
-    Parameters
-    ----------
-    backbone : nn.Module
-        Maps ``[N, C, R, R]`` inputs to features ``[N, F]``.
-    transform : nn.Module
-        ``uint8`` batch -> normalised float batch with the backbone's channels.
-    resolution : int
-        Side the images are resized to (bilinear) before the backbone.
-    """
-
-    def __init__(self, backbone: nn.Module, transform: nn.Module, resolution: int) -> None:
-        super().__init__()
-        self.backbone, self.transform, self.resolution = backbone, transform, int(resolution)
-        self.resize = Resize(self.resolution)
-        # frozen: in eval mode from the start, so that the loop's eval_mode block restores
-        # eval mode, not a new module's training flag, to the backbone
-        self.eval()
-
-    def forward(self, images: Tensor) -> Tensor:
-        return self.backbone(self.resize(self.transform(images)))
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The one embedding store (:mod:`bayesurl.posthoc.store`) against independent references.
+"""The one embedding store (:mod:`bayesurl.features.store`) against independent references.
 
 References: numpy arrays and :func:`numpy.save` for the shard files, the encoder called
 directly in plain Python loops for every row the loop and the stores hand back, and a
@@ -16,8 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from bayesurl.files import CorruptedFileError, seal
-from bayesurl.posthoc.store import (
+from bayesurl.features import (
     EmbeddingCache,
     EmbeddingShard,
     FeatureStore,
@@ -26,6 +25,7 @@ from bayesurl.posthoc.store import (
     image_digests,
     write_shard,
 )
+from bayesurl.files import CorruptedFileError, seal
 
 
 def _gen(seed=0):
