@@ -32,6 +32,8 @@ _SUBMODULES = {
     "losses",
     "methods",
     "posthoc",
+    "search",
+    "stats",
     "training",
 }
 

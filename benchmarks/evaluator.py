@@ -19,7 +19,7 @@ times slower than it is. The script prints every loaded BLAS with the kernel it 
 (threadpoolctl) and, unless ``--faiss-coretype none``, re-executes itself with
 ``OPENBLAS_CORETYPE`` pinned (``auto``: SkylakeX where the CPU has AVX-512, Haswell where
 it has AVX2) before faiss is loaded. The pin applies to every OpenBLAS of the process,
-numpy's too (the exact pass's tile products, :func:`bayesurl.evaluation.knn.tile_product`).
+numpy's too (the exact pass's tile products, :func:`bayesurl.search.core.tile_product`).
 Times are medians of ``--repeats`` interleaved runs, wall and CPU (process) time: on a shared
 machine the CPU time is the steadier measure; the load average is printed.
 
@@ -61,7 +61,8 @@ import torch
 from bayesurl.distributed import Shards
 from bayesurl.evaluation import functional as Fm
 from bayesurl.evaluation import low_precision, search_precision, search_stats
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, search_shards
+from bayesurl.search import DEFAULT_MEMORY_BUDGET, knn
+from bayesurl.search.exact import search_shards
 
 
 class PeakMemory:
@@ -215,8 +216,8 @@ def blas_report() -> list[str]:
 
 def product_rates(d: int, repeats: int = 5) -> tuple[float, float]:
     """GFLOP/s of one ``[4096, d] @ [d, 1024]`` float32 tile through torch (MKL) and through
-    numpy's BLAS (:func:`bayesurl.evaluation.knn.tile_product`), CPU time, median."""
-    from bayesurl.evaluation.knn import blas_threads, tile_product
+    numpy's BLAS (:func:`bayesurl.search.core.tile_product`), CPU time, median."""
+    from bayesurl.search.core import blas_threads, tile_product
 
     a, b = torch.randn(4096, d), torch.randn(1024, d)
     out = torch.empty(4096, 1024)
@@ -688,7 +689,7 @@ def block_shape(n: int, d: int, world: int) -> tuple[int, int, int]:
     other ranks' ring chunks of ``RING_CHUNK_BYTES`` (its own shard whole: a block of the same
     size), within the rank's share of ``DEFAULT_MEMORY_BUDGET``."""
     from bayesurl.distributed import RING_CHUNK_BYTES, Shards
-    from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, chunk_rows, rank_budget
+    from bayesurl.search.core import DEFAULT_MEMORY_BUDGET, chunk_rows, rank_budget
 
     n_r = -(-n // world)
     n_c = n if world == 1 else min(max(1, RING_CHUNK_BYTES // (d * 4)), n_r)

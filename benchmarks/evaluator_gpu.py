@@ -6,13 +6,13 @@ after a warm-up (CUDA events via ``torch.cuda.synchronize``):
 
 - ``bare fp32`` / ``bare tf32`` / ``bare bf16``: ``[B, N]`` blocks of ``torch.mm`` (TF32 off /
   on, bfloat16 inputs), self set to ``-inf``, ``topk(1)``; no tie rule, no certificate;
-- ``evaluator fp32``: :func:`bayesurl.evaluation.knn.search_shards` ids only, as ``evaluate``
+- ``evaluator fp32``: :func:`bayesurl.search.exact.search_shards` ids only, as ``evaluate``
   calls it, float32 products (TF32 off), bound-checked and re-ranked in float64;
 - ``evaluator tf32``: the same with ``torch.set_float32_matmul_precision("high")`` (the bound
   widens to TF32's roundoff);
-- ``evaluator bf16``: the bfloat16 candidate pass (:func:`bayesurl.evaluation.low_precision`),
+- ``evaluator bf16``: the bfloat16 candidate pass (:func:`bayesurl.search.low_precision`),
   unfused;
-- ``evaluator fused``: the fused product-and-select (:mod:`bayesurl.evaluation.fused`), where
+- ``evaluator fused``: the fused product-and-select (:mod:`bayesurl.search.fused`), where
   its kernel works (``benchmarks/gpu_check.py`` times it against the GEMM).
 
 and checks that every evaluator variant returns the float32 evaluator's neighbours exactly,
@@ -34,9 +34,16 @@ from typing import Any
 import torch
 
 from bayesurl.distributed import Shards
-from bayesurl.evaluation import fused_search, low_precision, search_precision, search_stats
-from bayesurl.evaluation.fused import fused_available
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, normalize, search_shards
+from bayesurl.search import (
+    DEFAULT_MEMORY_BUDGET,
+    fused_search,
+    low_precision,
+    normalize,
+    search_precision,
+    search_stats,
+)
+from bayesurl.search.exact import search_shards
+from bayesurl.search.fused import fused_available
 
 
 def make_data(n: int, d: int, seed: int, device: torch.device) -> torch.Tensor:

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from _machine import cpu_flags, cpu_name
 
-from bayesurl.evaluation.intervals import read_interval
 from bayesurl.files import write_json
 from bayesurl.folder import FolderOptions, score_folder
+from bayesurl.stats.intervals import read_interval
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("knn", "mahalanobis", "gmm")

@@ -449,7 +449,8 @@ def reference_worker(args: argparse.Namespace) -> int:
 
     def exact() -> dict[str, Any]:
         from bayesurl.distributed import Shards
-        from bayesurl.evaluation.knn import normalize, search
+        from bayesurl.search import normalize
+        from bayesurl.search.exact import search
 
         res = {}
         for n in sizes.exact_n:
@@ -523,7 +524,7 @@ def exact_pass(check: Check) -> None:
     from evaluator_gpu import bare
 
     from bayesurl.evaluation import evaluate, fused_search, low_precision, search_stats
-    from bayesurl.evaluation.fused import FusedConfig, fused_available, fused_topk
+    from bayesurl.search.fused import FusedConfig, fused_available, fused_topk
 
     sizes, dev = check.sizes, check.device
     ok, reason = fused_available(dev)
@@ -900,7 +901,7 @@ def environment(check: Check) -> list[str]:
         lines.append("# no GPU used: every road ran on the CPU (a dry run proves the roads run)")
     try:
         from bayesurl.evaluation import search_precision
-        from bayesurl.evaluation.fused import fused_available
+        from bayesurl.search.fused import fused_available
 
         lines.append(f"# fused kernel: {fused_available(check.device)[1]}")
         lines.append(f"# candidate pass: {search_precision(check.device)[1]}")

@@ -1,4 +1,4 @@
-"""Coverage of the per-run 95 % intervals (bayesurl.evaluation.intervals), by simulation.
+"""Coverage of the per-run 95 % intervals (bayesurl.stats.intervals), by simulation.
 
 Each draw is one synthetic evaluation with a known truth: queries right with probability
 ``p`` (the R@1 rate), u of the wrong ones ~ N(delta, 1) and of the right ones ~ N(0, 1)
@@ -7,7 +7,7 @@ of the two (OOD AUROC ``p Phi(delta_ood / sqrt 2) + (1 - p) Phi((delta_ood - del
 sqrt 2)``, and OOD AUPRC integrated numerically), and the sparsification curve's population
 value (AUSC) from one draw of 2 million queries. Prints, per estimator and number of queries
 n, the share of draws whose interval holds the truth and the mean width. The tests check the
-closed forms at n = 200 and 5,000 (tests/evaluation/test_intervals.py); this script also
+closed forms at n = 200 and 5,000 (tests/stats/test_intervals.py); this script also
 covers the bootstrap and the small-sample end.
 
     PYTHONPATH=. python benchmarks/intervals_coverage.py --draws 1000
@@ -23,7 +23,7 @@ import numpy as np
 from scipy.stats import norm
 from sklearn.metrics import average_precision_score
 
-from bayesurl.evaluation.intervals import (
+from bayesurl.stats.intervals import (
     Resample,
     auroc_interval,
     intervals_of,

@@ -56,7 +56,7 @@ def _auroc_wrong(u: np.ndarray, wrong: np.ndarray) -> float:
 
 def _wrong(emb: Any, labels: Any) -> np.ndarray:
     """R@1 misses of every row among the others (cosine, self excluded)."""
-    from bayesurl.evaluation.knn import neighbor_ids
+    from bayesurl.search.exact import neighbor_ids
 
     nb = neighbor_ids(emb, 1)[:, 0]
     return (labels[nb] != labels).numpy()

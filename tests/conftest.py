@@ -15,7 +15,7 @@ Triton, where installed, runs its kernels in its CPU interpreter (``TRITON_INTER
 
 import os
 
-# Triton kernels (bayesurl.evaluation.fused) run in Triton's CPU interpreter in the tests: the
+# Triton kernels (bayesurl.search.fused) run in Triton's CPU interpreter in the tests: the
 # variable is read when Triton is first imported, so it is set before anything imports it
 # (TRITON_INTERPRET=0 in the environment tests the compiled kernel on a GPU instead)
 os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -127,7 +127,7 @@ def test_require_names_the_extra_of_each_optional_module(monkeypatch, module: st
 def test_faiss_and_optuna_call_sites_name_their_extra(monkeypatch) -> None:
     import torch
 
-    from bayesurl.evaluation.knn import knn
+    from bayesurl.search import knn
     from bayesurl.sweeps.storage import require_optuna
 
     monkeypatch.setitem(sys.modules, "faiss", None)

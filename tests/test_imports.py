@@ -38,9 +38,12 @@ LAYERS: dict[str, int] = {
     "uncertainty": 0,
     "distributed": 0,
     "registry": 0,
+    "database": 0,
     "backbones": 1,
     "data": 1,
     "distributions": 1,
+    "search": 1,
+    "stats": 1,
     "evaluation": 2,
     "features": 2,
     "heads": 3,
@@ -198,7 +201,7 @@ def test_upward_finder_on_hand_made_edges():
     edges = {
         "bayesurl.data.base": {"bayesurl.methods.base", "bayesurl._checks"},
         "bayesurl.methods.ce": {"bayesurl.runs.runner", "bayesurl.heads.classifier"},
-        "bayesurl.newpart.x": {"bayesurl.commands.train", "bayesurl.evaluation.knn"},
+        "bayesurl.newpart.x": {"bayesurl.commands.train", "bayesurl.search.exact"},
         "bayesurl.commands.train": {"bayesurl.runs.runner"},
     }
     assert _upward(edges) == {

@@ -359,7 +359,7 @@ def json_ready(res: dict[str, Any]) -> dict[str, Any]:
     """``res`` for ``--json``: each interval as flat fields (``<key>_low``, ``<key>_high``,
     ``<key>_interval``, ``<key>_n``, ``<key>_over``, ``interval_level``), the notes of
     :mod:`bayesurl.evaluation.notes` under ``caveats``."""
-    from bayesurl.evaluation.intervals import flat_intervals
+    from bayesurl.stats.intervals import flat_intervals
 
     out = {k: v for k, v in res.items() if k != "intervals"}
     out.update(flat_intervals(res.get("intervals") or {}))

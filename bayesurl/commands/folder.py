@@ -108,11 +108,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Score the folder, write the CSV and the report; 0 on success."""
     from bayesurl.backbones import PACKAGED_WEIGHTS
-    from bayesurl.evaluation.intervals import interval_lines
     from bayesurl.evaluation.table import metric_columns
     from bayesurl.folder import U_MEASURED, score_folder
     from bayesurl.report import print_notes, try_report
     from bayesurl.runs.config import parse_value
+    from bayesurl.stats.intervals import interval_lines
 
     pretrained = not args.random_weights
     if pretrained and args.backbone.lower() not in PACKAGED_WEIGHTS:

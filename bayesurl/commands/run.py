@@ -53,12 +53,12 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from bayesurl._checks import check_device, check_output_dir
-    from bayesurl.evaluation.intervals import interval_lines
     from bayesurl.evaluation.table import metric_columns
     from bayesurl.report import print_notes, try_report
     from bayesurl.runs import list_recipes, load_recipe
     from bayesurl.runs import run as run_one
     from bayesurl.runs.queries import QUERIES_FILE
+    from bayesurl.stats.intervals import interval_lines
 
     if args.list:
         for dataset, names in list_recipes().items():

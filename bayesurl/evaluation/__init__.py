@@ -1,6 +1,8 @@
-"""The sampling-aware evaluator: exact chunked kNN, functional metrics, torchmetrics classes,
-one entry point (:func:`evaluate`) and plots. Definitions: docs/concepts/metrics.rst; papers: URL
-benchmark (Kirchhof et al. 2023, section 3.1) and LAM (Warburg et al. 2023, section 5).
+"""The sampling-aware evaluator: functional metrics, the metric table, torchmetrics classes,
+one entry point (:func:`evaluate`), notes and plots. Definitions: docs/concepts/metrics.rst;
+papers: URL benchmark (Kirchhof et al. 2023, section 3.1) and LAM (Warburg et al. 2023,
+section 5). The neighbour search it runs lives in :mod:`bayesurl.search`, the intervals of its
+numbers in :mod:`bayesurl.stats`; their public names are re-exported here.
 
 The torchmetrics classes (:mod:`bayesurl.evaluation.metrics`, which imports torchmetrics and,
 through it, torchvision and scipy) and the plot helpers (matplotlib) load on first use of one
@@ -46,9 +48,10 @@ from bayesurl.evaluation.functional import (
     sparsification_curve,
     uncertainty_from_samples,
 )
-from bayesurl.evaluation.intervals import Interval, IntervalMethod
-from bayesurl.evaluation.knn import (
+from bayesurl.evaluation.memo import NeighborMemo
+from bayesurl.search import (
     DEFAULT_MEMORY_BUDGET,
+    DrawSearch,
     ExactSearch,
     FaissSearch,
     KnnFunc,
@@ -62,7 +65,7 @@ from bayesurl.evaluation.knn import (
     search_precision,
     search_stats,
 )
-from bayesurl.evaluation.memo import NeighborMemo
+from bayesurl.stats import Interval, IntervalMethod
 
 if TYPE_CHECKING:  # loaded lazily at run time (see the module docstring)
     from bayesurl.evaluation.metrics import (
@@ -118,6 +121,7 @@ __all__ = [
     "AUSC",
     "AUSE",
     "DEFAULT_MEMORY_BUDGET",
+    "DrawSearch",
     "ECEResult",
     "EvaluationResult",
     "Evaluator",

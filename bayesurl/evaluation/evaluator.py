@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -42,26 +43,6 @@ from bayesurl._checks import (
 )
 from bayesurl.distributed import Shards, raise_if_any
 from bayesurl.evaluation import functional as Fm
-from bayesurl.evaluation import sampled as Sm
-from bayesurl.evaluation.intervals import (
-    DEFAULT_LEVEL,
-    DEFAULT_REPLICATES,
-    Interval,
-    check_interval_options,
-    format_interval,
-    intervals_of,
-)
-from bayesurl.evaluation.knn import (
-    DEFAULT_MEMORY_BUDGET,
-    ExactSearch,
-    FaissSearch,
-    KnnFunc,
-    checked_ids,
-    knn,
-    rank_budget,
-    resolve_search,
-    search_shards,
-)
 from bayesurl.evaluation.notes import Note, result_notes
 from bayesurl.evaluation.table import (
     MISSING,
@@ -71,6 +52,24 @@ from bayesurl.evaluation.table import (
     always_keys,
     metric_columns,
     select_metrics,
+)
+from bayesurl.search import sampled as Sm
+from bayesurl.search.backends import (
+    ExactSearch,
+    FaissSearch,
+    KnnFunc,
+    checked_ids,
+    resolve_search,
+)
+from bayesurl.search.core import DEFAULT_MEMORY_BUDGET, rank_budget
+from bayesurl.search.exact import knn, search_shards
+from bayesurl.stats.intervals import (
+    DEFAULT_LEVEL,
+    DEFAULT_REPLICATES,
+    Interval,
+    check_interval_options,
+    format_interval,
+    intervals_of,
 )
 from bayesurl.types import Output
 
@@ -451,7 +450,7 @@ class Evaluator:
     rank's rows** (contiguous shards in rank order, e.g.
     :func:`bayesurl.distributed.shard_range`; a rank may hold none), each rank searches its
     queries over every rank's rows passed by in bounded chunks
-    (:func:`~bayesurl.evaluation.knn_sharded`; no rank holds all ``N x D``), the
+    (:func:`~bayesurl.search.knn_sharded`; no rank holds all ``N x D``), the
     sampling-aware ECE shards its pilot, threshold pass and per-draw products the same way,
     and the per-query results (neighbour ids, labels, u) are gathered, so every rank returns
     the metrics of the single-process evaluation of the concatenated rows, ties included. One
@@ -467,16 +466,16 @@ class Evaluator:
         ECE bins.
     ece_mode : {"shortlist", "exact"}
         Per-draw 1-NN search of the ECE, see
-        :func:`~bayesurl.evaluation.sampled.sampled_neighbors`.
+        :class:`~bayesurl.search.DrawSearch`.
     shortlist : int, optional
         Shortlist length L of the sampling-aware search; ``None`` chooses it from a pilot so
         the estimated miss rate is at most ``tolerance``
-        (:func:`~bayesurl.evaluation.sampled.choose_shortlist`).
+        (:func:`~bayesurl.search.choose_shortlist`).
     tolerance : float
         Miss-rate target of the adaptive shortlist.
     memory_budget : int
         Bytes per similarity chunk of one process; with ``distributed`` each of the ``W``
-        ranks uses ``memory_budget // W`` (:func:`~bayesurl.evaluation.rank_budget`).
+        ranks uses ``memory_budget // W`` (:func:`~bayesurl.search.rank_budget`).
     backend : {"torch", "faiss"}
         kNN backend of the deterministic pass, by name (``search`` is its general form).
     return_curves : bool
@@ -515,7 +514,7 @@ class Evaluator:
         searched), so a caller that needs them (the per-query record) does not search again.
     intervals : bool
         Give every metric that declares one its ``level`` interval over the queries (and OOD
-        inputs) under ``res["intervals"]`` (:mod:`bayesurl.evaluation.intervals`: Wilson for
+        inputs) under ``res["intervals"]`` (:mod:`bayesurl.stats.intervals`: Wilson for
         R@1 / recall@k, DeLong for the AUROCs, a Poisson bootstrap for AUSC / AUSE, mAP@k and
         the ECE, Boyd et al.'s logit interval for OOD AUPRC, Fisher-z for a Spearman
         correlation). ``False``: none (the note on R-AUROC then from DeLong's interval alone).
@@ -532,10 +531,10 @@ class Evaluator:
         ``avg_of_avgs``), when ``map@r`` is selected.
     search : str or KnnFunc, optional
         The neighbour search of the one pass: ``"torch"`` / ``"faiss"``
-        (:class:`~bayesurl.evaluation.knn.ExactSearch` /
-        :class:`~bayesurl.evaluation.knn.FaissSearch`) or any object with
+        (:class:`~bayesurl.search.ExactSearch` /
+        :class:`~bayesurl.search.FaissSearch`) or any object with
         pytorch-metric-learning's ``knn_func`` contract, ``search(query, k, reference,
-        ref_includes_query) -> (distances, indices)`` (:class:`~bayesurl.evaluation.knn.KnnFunc`;
+        ref_includes_query) -> (distances, indices)`` (:class:`~bayesurl.search.KnnFunc`;
         e.g. PML's ``CustomKNN``). It is called once as ``search(x, k, x, True)``; its ids are
         checked (shape ``[N, k]``, in range, no query its own neighbour) and every metric reads
         them. Default: ``backend``. ``distributed`` needs the exact torch search.
@@ -656,19 +655,12 @@ class Evaluator:
         dict
             As :func:`evaluate`; ``ValueError`` naming the argument on bad input.
         """
-        try:  # this rank's input; under torch.distributed every rank learns of any rank's error
-            c = _check_inputs(
-                embeddings, labels, uncertainties, samples, ood_uncertainties,
-                reference_uncertainties, id_embeddings, id_labels, id_uncertainties,
-                predict_uncertainty, crop_images, local=self.distributed,
-            )  # fmt: skip
-            error = None
-        except ValueError as exc:
-            if not self.distributed:
-                raise
-            error = exc
-        if self.distributed:
-            raise_if_any(error, self.group)
+        check = partial(
+            _check_inputs, embeddings, labels, uncertainties, samples, ood_uncertainties,
+            reference_uncertainties, id_embeddings, id_labels, id_uncertainties,
+            predict_uncertainty, crop_images, local=self.distributed,
+        )  # fmt: skip
+        c = _on_every_rank(check, self.distributed, self.group)
         ctx = self._context(c, predict_uncertainty)
         n = ctx.shards.n
         res = {**dict.fromkeys(always_keys()), "n": n, "uncertainty_source": c.u_source}
@@ -677,15 +669,7 @@ class Evaluator:
         # is read again by the ECE), normalise them in place
         self._search_once(ctx, given, inplace=not self.copy and embeddings is not None)
         res.update(_compute(self.metrics, ctx))
-        o = ctx.options
-        res["intervals"] = (
-            intervals_of(
-                ctx.evidence, res, level=o["level"], replicates=o["replicates"],
-                seed=o["interval_seed"], workers=torch.get_num_threads(),
-            )
-            if o["intervals"]
-            else {}
-        )  # fmt: skip
+        res["intervals"] = _intervals(ctx, res)
         res["notes"] = ctx.notes
         if self.return_neighbors:
             res["neighbors"] = ctx.neighbors
@@ -720,6 +704,35 @@ class Evaluator:
         else:
             budget = ctx.options["memory_budget"]
             ctx.neighbors = _search(ctx.x, k, ctx.shards, budget, self.knn_func, inplace)
+
+
+def _on_every_rank(
+    check: Callable[[], _Checked], distributed: bool, group: dist.ProcessGroup | None
+) -> _Checked:
+    """``check()`` on this rank's input; under torch.distributed every rank learns of any
+    rank's error (collective), so no rank waits in a collective another has left."""
+    try:
+        checked = check()
+        error = None
+    except ValueError as exc:
+        if not distributed:
+            raise
+        error = exc
+    if distributed:
+        raise_if_any(error, group)
+    return checked
+
+
+def _intervals(ctx: EvalContext, res: dict[str, Any]) -> dict[str, Interval]:
+    """Each computed metric's interval from the evidence its ``compute`` kept (none when the
+    options say so)."""
+    o = ctx.options
+    if not o["intervals"]:
+        return {}
+    return intervals_of(
+        ctx.evidence, res, level=o["level"], replicates=o["replicates"],
+        seed=o["interval_seed"], workers=torch.get_num_threads(),
+    )  # fmt: skip
 
 
 def _shards(x: Tensor, s: Tensor | None, distributed: bool, group: Any) -> Shards:
@@ -812,7 +825,7 @@ def evaluate(embeddings: Tensor | None, labels: Tensor, **options: Any) -> Evalu
         metric (``recall@k`` and ``map@k`` for the requested cut-offs, ``rank_correlation``,
         ``mixed_r_auroc``, ``mixed_r@1``, ``crop_share``, ``crop_spearman``, ...), ``n``,
         ``uncertainty_source``, ``notes`` (list of str: why a metric is ``None``),
-        ``intervals`` (``{key: Interval}``, :class:`~bayesurl.evaluation.intervals.Interval`,
+        ``intervals`` (``{key: Interval}``, :class:`~bayesurl.stats.intervals.Interval`,
         every metric with a value and a declared interval; empty with ``intervals=False``)
         and, with ``return_neighbors``, ``neighbors``; its ``caveats`` attribute holds the
         notes of :mod:`bayesurl.evaluation.notes` (an AUROC at chance or inverted by its

@@ -22,14 +22,16 @@ All scalars are returned as 0-d float64 tensors on the device of the inputs.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from bayesurl._checks import check_int, check_same_length, check_tensor
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, neighbor_ids, normalize, stable_topk
-from bayesurl.evaluation.sampled import (  # the search behind the ECE (re-exported)
+from bayesurl.search.core import DEFAULT_MEMORY_BUDGET, normalize, stable_topk
+from bayesurl.search.exact import neighbor_ids
+from bayesurl.search.sampled import (  # the search behind the ECE (re-exported)
+    DrawSearch,
     checked_samples,
     choose_shortlist,
     neighbors_per_draw,
@@ -216,7 +218,7 @@ def r_at_1(
     labels : Tensor
         ``[N]`` class labels.
     neighbors : Tensor, optional
-        ``[N, >=1]`` precomputed neighbour indices from :func:`~bayesurl.evaluation.knn`.
+        ``[N, >=1]`` precomputed neighbour indices from :func:`~bayesurl.search.knn`.
     memory_budget : int
         Bytes per similarity chunk of the kNN search.
 
@@ -714,8 +716,7 @@ def ood_auroc(uncertainties: Tensor, ood_uncertainties: Tensor) -> Tensor:
     Tensor
         0-d float64.
     """
-    u, v = _ood(uncertainties, ood_uncertainties)
-    return auroc(torch.cat([u, v]), _ood_targets(u, v))
+    return auroc(*_ood(uncertainties, ood_uncertainties))
 
 
 def ood_auprc(uncertainties: Tensor, ood_uncertainties: Tensor) -> Tensor:
@@ -733,20 +734,17 @@ def ood_auprc(uncertainties: Tensor, ood_uncertainties: Tensor) -> Tensor:
     Tensor
         0-d float64.
     """
-    u, v = _ood(uncertainties, ood_uncertainties)
-    return average_precision(torch.cat([u, v]), _ood_targets(u, v))
+    return average_precision(*_ood(uncertainties, ood_uncertainties))
 
 
 def _ood(uncertainties: Tensor, ood_uncertainties: Tensor) -> tuple[Tensor, Tensor]:
+    """The checked u of both sets pooled (in-distribution first) and the positives, "OOD"."""
     u = _scores(uncertainties, "uncertainties")
     v = _scores(ood_uncertainties, "ood_uncertainties")
     if v.device != u.device:
         raise ValueError(f"`ood_uncertainties` is on {v.device}, `uncertainties` on {u.device}")
-    return u, v
-
-
-def _ood_targets(u: Tensor, v: Tensor) -> Tensor:
-    return torch.cat([torch.zeros_like(u, dtype=torch.bool), torch.ones_like(v, dtype=torch.bool)])
+    ood = torch.cat([torch.zeros_like(u, dtype=torch.bool), torch.ones_like(v, dtype=torch.bool)])
+    return torch.cat([u, v]), ood
 
 
 def rank_correlation(uncertainties: Tensor, reference: Tensor) -> Tensor:
@@ -961,16 +959,9 @@ def retrieval_ece(
     labels: Tensor,
     *,
     n_bins: int = 10,
-    mode: str = "shortlist",
-    shortlist: int | None = None,
     candidates: Tensor | None = None,
-    tolerance: float = 1e-3,
-    margin: float | None = None,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
     info: dict[str, float] | None = None,
-    progress: bool = False,
-    block: int = 32,
-    cluster_iters: int = 4,
+    **search: Any,
 ) -> ECEResult:
     """Expected calibration error of sampled retrieval (LAM, section 5; docs/concepts/metrics.rst,
     "Calibration: ECE for retrieval").
@@ -988,26 +979,24 @@ def retrieval_ece(
         ``[N]`` class labels.
     n_bins : int
         Number of confidence bins.
-    mode, shortlist, candidates, tolerance, margin, memory_budget, info, progress
-        Per-draw search, see :func:`~bayesurl.evaluation.sampled.sampled_neighbors`.
-    block, cluster_iters : int
-        Query blocks of ``mode="block"``, see
-        :func:`~bayesurl.evaluation.sampled.sampled_neighbors`.
+    candidates, info
+        See :func:`~bayesurl.search.sampled_neighbors`.
+    **search
+        The per-draw search's settings, the fields of :class:`~bayesurl.search.DrawSearch`
+        (``mode``, ``shortlist``, ``tolerance``, ``margin``, ``memory_budget``, ``progress``,
+        ``block``, ``cluster_iters``); an unknown name raises ``TypeError``.
 
     Returns
     -------
     ECEResult
         ECE and the reliability-diagram data.
     """
-    s = checked_samples(samples, check_values=mode == "exact")
+    settings = DrawSearch(**search)
+    s = checked_samples(samples, check_values=settings.mode == "exact")
     y = _labels(labels, s.shape[1])
     if s.shape[1] < 2:
         raise ValueError(f"`samples` needs at least 2 points, got {s.shape[1]}")
-    nb = neighbors_per_draw(
-        s, mode=mode, shortlist=shortlist, candidates=candidates, tolerance=tolerance,
-        margin=margin, memory_budget=memory_budget, info=info, progress=progress, block=block,
-        cluster_iters=cluster_iters,
-    )  # fmt: skip
+    nb = neighbors_per_draw(s, settings, candidates=candidates, info=info)
     return ece_from_neighbors(nb, y, s.shape[0], n_bins)
 
 

@@ -4,8 +4,8 @@ Retrieval metrics need the whole evaluation set (each query searches every galle
 retrieval classes and :class:`RetrievalECE` keep this rank's batches and compute through the
 sharded search of the evaluator: under ``torch.distributed`` (a process group of
 more than one rank) each rank searches its own rows over every rank's rows passed by in
-chunks (:func:`~bayesurl.evaluation.knn_sharded`, the sampled search of
-:mod:`bayesurl.evaluation.sampled`), and only the per-query results (neighbour ids, labels, u)
+chunks (:func:`~bayesurl.search.knn_sharded`, the sampled search of
+:mod:`bayesurl.search.sampled`), and only the per-query results (neighbour ids, labels, u)
 are gathered -- never the embeddings or draws -- so no rank holds all ``N x D``. Rows count in
 rank order; results equal the single-process functional value on the rank-order
 concatenation (what torchmetrics' ``cat`` gather gave before). Their ``sync_on_compute`` is
@@ -29,9 +29,10 @@ from torchmetrics.utilities.data import dim_zero_cat
 from bayesurl._checks import check_same_length, check_tensor
 from bayesurl.distributed import Shards, is_distributed, raise_if_any
 from bayesurl.evaluation import functional as Fm
-from bayesurl.evaluation import sampled as Sm
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, knn, rank_budget, search_shards
 from bayesurl.evaluation.table import metric_column
+from bayesurl.search import sampled as Sm
+from bayesurl.search.core import DEFAULT_MEMORY_BUDGET, rank_budget
+from bayesurl.search.exact import knn, search_shards
 
 if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
     from matplotlib.axes import Axes
@@ -285,10 +286,10 @@ class RetrievalECE(Metric):
     n_bins : int
         Confidence bins.
     mode : {"shortlist", "exact"}
-        Per-draw search (:func:`~bayesurl.evaluation.sampled.sampled_neighbors`).
+        Per-draw search (:class:`~bayesurl.search.DrawSearch`).
     shortlist : int, optional
         Shortlist length L (``None``: adaptive, see
-        :func:`~bayesurl.evaluation.sampled.choose_shortlist`).
+        :func:`~bayesurl.search.choose_shortlist`).
     memory_budget : int
         Bytes per chunk.
     """
@@ -334,12 +335,12 @@ class RetrievalECE(Metric):
             )  # fmt: skip
         Fm.check_n_bins(self.n_bins)
         sh = Shards.of(s.shape[1], s.device, self.process_group)
-        nb = Sm.neighbors_per_draw(
-            Sm.checked_samples(s, check_values=self.mode == "exact"), mode=self.mode,
-            shortlist=self.shortlist, candidates=None, tolerance=1e-3, margin=None,
-            memory_budget=rank_budget(self.memory_budget, sh), info=None, progress=False,
-            block=32, cluster_iters=4, shards=sh,
+        search = Sm.DrawSearch(
+            mode=self.mode, shortlist=self.shortlist,
+            memory_budget=rank_budget(self.memory_budget, sh),
         )  # fmt: skip
+        checked = Sm.checked_samples(s, check_values=self.mode == "exact")
+        nb = Sm.neighbors_per_draw(checked, search, shards=sh)
         nb = sh.gather(nb.T.contiguous()).T
         return Fm.ece_from_neighbors(nb, sh.gather(y), s.shape[0], self.n_bins)
 

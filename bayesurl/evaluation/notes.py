@@ -10,7 +10,7 @@ tables, the HTML report, the folder's ``uncertainty.csv`` companion page):
   :data:`NEARLY_CONSTANT_SPREAD` of its typical size, or u takes fewer than
   :data:`MIN_DISTINCT_U` distinct values. Its ranking then rests on a few digits (or on ties).
 - **u at chance** (``chance_r_auroc``, ``chance_ood_auroc``, ``chance_mixed_r_auroc``): the
-  interval of the AUROC (:mod:`bayesurl.evaluation.intervals`: DeLong's, 95 %) holds
+  interval of the AUROC (:mod:`bayesurl.stats.intervals`: DeLong's, 95 %) holds
   :data:`CHANCE_AUROC`: u does not tell the wrong retrievals from the right ones (or the OOD
   images from the in-distribution ones) beyond what the queries' noise allows.
 - **u inverted** (``inverted_r_auroc``, ``inverted_ood_auroc``, ``inverted_mixed_r_auroc``):
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from bayesurl.evaluation.intervals import DEFAULT_LEVEL, Interval, auroc_interval
+from bayesurl.stats.intervals import DEFAULT_LEVEL, Interval, auroc_interval
 
 __all__ = [
     "ALPHA",

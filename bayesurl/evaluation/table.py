@@ -9,10 +9,10 @@ input is missing reports ``None`` under its keys with a note saying why (docs/co
 never a made-up number). A metric also declares how its numbers are shown (:class:`Column`: title,
 digits, direction); every table of a run, a sweep report, the HTML report and the protocol
 report is derived from those columns (:func:`metric_columns`). A metric declares its interval
-here too (``interval=``: one :class:`~bayesurl.evaluation.intervals.IntervalMethod` for all
+here too (``interval=``: one :class:`~bayesurl.stats.intervals.IntervalMethod` for all
 its keys, or one per key) and its ``compute`` keeps the per-query data that interval needs
 (``ctx.keep(key, evidence)``); the evaluator computes every interval from them
-(:mod:`bayesurl.evaluation.intervals`). Adding a metric is one :func:`register_metric` call.
+(:mod:`bayesurl.stats.intervals`). Adding a metric is one :func:`register_metric` call.
 
 Definitions: docs/concepts/metrics.rst; papers: URL benchmark (Kirchhof et al. 2023, section 3.1,
 App. C.3 / C.5) and LAM (Warburg et al. 2023, section 5).
@@ -32,8 +32,10 @@ from torch import Tensor
 
 from bayesurl.distributed import Shards
 from bayesurl.evaluation import functional as Fm
-from bayesurl.evaluation import sampled as Sm
-from bayesurl.evaluation.intervals import (
+from bayesurl.evaluation.lam_reference import lam_ausc, lam_ece
+from bayesurl.evaluation.url_extra import crop_uncertainty_check, mixed_r_auroc
+from bayesurl.search import sampled as Sm
+from bayesurl.stats.intervals import (
     Correlation,
     Evidence,
     IntervalMethod,
@@ -47,8 +49,6 @@ from bayesurl.evaluation.intervals import (
     weighted_risk_coverage,
     weighted_sparsification,
 )
-from bayesurl.evaluation.lam_reference import lam_ausc, lam_ece
-from bayesurl.evaluation.url_extra import crop_uncertainty_check, mixed_r_auroc
 
 __all__ = [
     "METRICS",
@@ -276,7 +276,7 @@ class Metric:
         How its keys are shown (a key without a column is kept in results, not displayed).
     interval : IntervalMethod or mapping, optional
         How the interval of its keys is estimated: one
-        :class:`~bayesurl.evaluation.intervals.IntervalMethod` for every key of ``keys``, or
+        :class:`~bayesurl.stats.intervals.IntervalMethod` for every key of ``keys``, or
         ``{key: IntervalMethod}``; ``None``: no interval. ``compute`` keeps the matching
         evidence for each key it gives a value (``ctx.keep(key, Proportion(hits))``).
     """
@@ -613,7 +613,7 @@ def _ood(ctx: EvalContext) -> dict[str, Any]:
 # --------------------------------------------------------------------------- ECE
 def _ece_neighbours(ctx: EvalContext) -> int:
     """The ECE's shortlist, served by the one search when the queries are the samples' mean
-    (:func:`~bayesurl.evaluation.sampled.plan_shortlist` picks its length from a pilot)."""
+    (:func:`~bayesurl.search.choose_shortlist` picks its length from a pilot)."""
     o, s, res_s = ctx.options, ctx.samples, ctx.resultant
     assert s is not None and res_s is not None
     Fm.check_n_bins(o["n_bins"])  # before the search, not after it
@@ -622,9 +622,10 @@ def _ece_neighbours(ctx: EvalContext) -> int:
     share = o["ece_mode"] == "shortlist" and o["x_is_mean"]
     if share and plan["shortlist"] is None:
         tol = o["tolerance"]
-        plan["shortlist"], plan["info"] = Sm.plan_shortlist(
-            s, res_s, tolerance=tol, memory_budget=o["memory_budget"], shards=ctx.shards
-        )
+        plan["shortlist"], plan["info"] = Sm.choose_shortlist(
+            s, tolerance=tol, memory_budget=o["memory_budget"], resultant=res_s,
+            shards=ctx.shards,
+        )  # fmt: skip
         if plan["info"]["miss_rate"] > tol:
             # no affordable shortlist keeps the per-draw neighbours exact enough: search each
             # draw exactly rather than report an ECE from wrong neighbours
@@ -649,11 +650,13 @@ def _ece(ctx: EvalContext) -> dict[str, Any]:
     assert s is not None
     plan = ctx.shared["ece"]
     info = plan["info"]
-    nb_draws = Sm.neighbors_per_draw(
-        s, mode=plan["mode"], shortlist=plan["shortlist"],
-        candidates=ctx.neighbors if plan["share"] else None, tolerance=o["tolerance"],
+    search = Sm.DrawSearch(
+        mode=plan["mode"], shortlist=plan["shortlist"], tolerance=o["tolerance"],
         margin=info.get("margin") if plan["share"] else None, memory_budget=o["memory_budget"],
-        info=info, progress=o["progress"], block=32, cluster_iters=4,
+        progress=o["progress"],
+    )  # fmt: skip
+    nb_draws = Sm.neighbors_per_draw(
+        s, search, candidates=ctx.neighbors if plan["share"] else None, info=info,
         resultant=ctx.resultant, shards=sh,
     )  # fmt: skip
     nb_draws = sh.gather(nb_draws.T.contiguous()).T  # [S, N] global ids

@@ -12,7 +12,6 @@ import torch
 from torch import Tensor, nn
 
 from bayesurl.distributions.gaussian_mixture import MIN_POINTS
-from bayesurl.evaluation.knn import knn
 from bayesurl.folder.encode import Features
 from bayesurl.folder.methods import (
     CROSSFIT_FOLDS,
@@ -22,6 +21,7 @@ from bayesurl.folder.methods import (
     FolderMethod,
 )
 from bayesurl.posthoc.wrap import wrap
+from bayesurl.search import knn
 
 __all__ = ["crossfit", "fit_pairs", "fit_wrapper", "fold_ids"]
 
@@ -44,7 +44,7 @@ def _stacked(pairs: list[Any]) -> list[Any]:
 
 def _neighbour_pairs(feats: Tensor) -> Tensor:
     """``[M, 2, D]``: each row of ``feats`` beside its nearest other row (cosine, ties to the
-    lowest index: :func:`bayesurl.evaluation.knn.knn`)."""
+    lowest index: :func:`bayesurl.search.knn`)."""
     _, nn_ids = knn(feats, 1)
     return torch.stack([feats, feats[nn_ids[:, 0]]], dim=1)
 

@@ -14,13 +14,13 @@ import numpy as np
 from bayesurl.data.folder import (
     folder_summary,
 )
-from bayesurl.evaluation.intervals import flat_intervals, interval_lines
 from bayesurl.evaluation.notes import u_digits
 from bayesurl.files import atomic_open, format_of, jsonable, write_json
 from bayesurl.folder.encode import Encoded, Features
 from bayesurl.folder.methods import FIT_PLANS, U_MEANING, U_MEASURED, FolderMethod
 from bayesurl.folder.options import FolderOptions
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord
+from bayesurl.stats.intervals import flat_intervals, interval_lines
 
 __all__ = [
     "CSV_FILE",

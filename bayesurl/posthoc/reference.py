@@ -41,12 +41,12 @@ from bayesurl.distributions.gaussian_mixture import (
     fit_gaussians,
     kmeans,
 )
-from bayesurl.evaluation.knn import DEFAULT_MEMORY_BUDGET, chunk_rows, normalize
 from bayesurl.posthoc.base import (
     PosthocWrapper,
     check_embedding_width,
     register_wrapper,
 )
+from bayesurl.search.core import DEFAULT_MEMORY_BUDGET, chunk_rows, normalize
 
 __all__ = ["GMMWrapper", "KNNReduce", "KNNWrapper", "MahalanobisWrapper", "ReferenceWrapper"]
 

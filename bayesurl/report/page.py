@@ -39,11 +39,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from bayesurl._checks import check_int
-from bayesurl.evaluation.intervals import Interval, read_interval
 from bayesurl.evaluation.notes import AUROC_TITLES, NOTE_WORDS, Note, u_digits
 from bayesurl.files import atomic_write
 from bayesurl.report.images import THUMB_SIZE, ImageSource, image_source
 from bayesurl.report.sources import RecordedRun, ReportSource, load_source, table_columns
+from bayesurl.stats.intervals import Interval, read_interval
 
 __all__ = [
     "LATER_IMAGES",

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bayesurl.evaluation.intervals import DEFAULT_LEVEL, METHOD_NAMES, read_interval
 from bayesurl.evaluation.table import Column
 from bayesurl.files import read_json_document
 from bayesurl.folder import FOLDER_FORMAT
 from bayesurl.runs.queries import QUERIES_FILE, QueryRecord, read_queries
 from bayesurl.runs.runner import RESULT_FORMAT
+from bayesurl.stats.intervals import DEFAULT_LEVEL, METHOD_NAMES, read_interval
 from bayesurl.sweeps.record import run_rows
 from bayesurl.sweeps.report import (
     RESULTS_FORMAT,

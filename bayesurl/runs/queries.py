@@ -32,8 +32,10 @@ import numpy as np
 from torch import Tensor
 
 from bayesurl.evaluation import functional as Fm
-from bayesurl.evaluation import knn
-from bayesurl.evaluation.intervals import (
+from bayesurl.evaluation.notes import Note, result_notes
+from bayesurl.files import atomic_open
+from bayesurl.search import knn
+from bayesurl.stats.intervals import (
     DEFAULT_LEVEL,
     Interval,
     paired_bootstrap,
@@ -41,8 +43,6 @@ from bayesurl.evaluation.intervals import (
     weighted_mean,
     weighted_sparsification,
 )
-from bayesurl.evaluation.notes import Note, result_notes
-from bayesurl.files import atomic_open
 
 __all__ = [
     "PAIRED_KEYS",
@@ -364,7 +364,7 @@ def paired_test(
     seed: int = 0,
 ) -> dict[str, Any] | None:
     """``key`` of run ``a`` minus that of run ``b`` on the same queries, by a paired Poisson
-    bootstrap (:func:`bayesurl.evaluation.intervals.paired_bootstrap`): the queries (and the
+    bootstrap (:func:`bayesurl.stats.intervals.paired_bootstrap`): the queries (and the
     OOD and held-out images) are resampled jointly and both metrics recomputed, so the
     difference's interval accounts for the two estimators' errors being different but
     correlated (DeLong's test of two AUROCs on one labelling does not apply: each estimator
@@ -373,7 +373,7 @@ def paired_test(
     Returns
     -------
     dict or None
-        As :func:`~bayesurl.evaluation.intervals.paired_bootstrap` plus ``n`` (queries), or
+        As :func:`~bayesurl.stats.intervals.paired_bootstrap` plus ``n`` (queries), or
         ``None`` when the records do not describe the same queries (count, classes, OOD
         count) or cannot give ``key`` (:data:`PAIRED_KEYS`).
     """

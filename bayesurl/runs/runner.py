@@ -34,7 +34,6 @@ from bayesurl._checks import check_int, resolve_device
 from bayesurl.data.registry import DatasetKind, dataset_kind, dataset_names
 from bayesurl.distributed import launch_rank, launched_by_torchrun
 from bayesurl.evaluation import EvaluationResult, NeighborMemo
-from bayesurl.evaluation.intervals import flat_intervals
 from bayesurl.evaluation.table import METRICS
 from bayesurl.features import source_digests
 from bayesurl.files import format_of, jsonable, write_json
@@ -43,6 +42,7 @@ from bayesurl.runs.data import RunData, build_data, data_key
 from bayesurl.runs.estimators import ESTIMATORS, Estimator, FitContext, build_estimator
 from bayesurl.runs.predict import n_samples_for, score
 from bayesurl.runs.queries import record_from_outputs
+from bayesurl.stats.intervals import flat_intervals
 
 __all__ = [
     "CHECKPOINT_DATASETS",
@@ -169,7 +169,7 @@ class RunResult:
     def flat_metrics(self) -> dict[str, Any]:
         """The metrics with each interval as flat fields (``<key>_low``, ``<key>_high``,
         ``<key>_interval``, ``<key>_n``, ``<key>_over``, ``interval_level``;
-        :func:`bayesurl.evaluation.intervals.flat_intervals`) in place of ``intervals``."""
+        :func:`bayesurl.stats.intervals.flat_intervals`) in place of ``intervals``."""
         out = {k: v for k, v in self.metrics.items() if k != "intervals"}
         out.update(flat_intervals(self.metrics.get("intervals") or {}))
         return out

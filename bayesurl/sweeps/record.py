@@ -40,7 +40,7 @@ class RunRecord:
         The exception text of a failed run (its metrics are then ``None``).
     values : mapping
         Everything else the run measured and ran with, in the order it was recorded: the
-        metrics with their interval fields (:mod:`bayesurl.evaluation.intervals`), times,
+        metrics with their interval fields (:mod:`bayesurl.stats.intervals`), times,
         ``stage``, the class split's ``upstream`` / ``downstream``, ``overrides``,
         ``tuned_on`` and the training curves (:data:`CURVES`).
     """

@@ -4,7 +4,7 @@ One report for every sweep: the standard split is a sweep over K = 1 split. The 
 are over the class splits (each split's mean over its seeds) when the runs span two or more
 splits, otherwise over the runs (the seeds) -- :func:`observation_unit`; an estimator with a
 single run keeps that run's own intervals over its queries
-(:mod:`bayesurl.evaluation.intervals`). A column's best is marked only where a paired test
+(:mod:`bayesurl.stats.intervals`). A column's best is marked only where a paired test
 separates it from the runner-up (:func:`best_marks`).
 :func:`write_results` writes every run's record, the per-estimator means with t-intervals,
 the paired comparison against CE and the split-half reproducibility
@@ -27,7 +27,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bayesurl.evaluation.intervals import DEFAULT_LEVEL, read_interval
 from bayesurl.evaluation.table import Column, metric_column, metric_columns
 from bayesurl.files import (
     atomic_open,
@@ -42,6 +41,7 @@ from bayesurl.files import (
 )
 from bayesurl.runs.config import DEFAULT_RECIPE_FILE
 from bayesurl.runs.queries import PAIRED_KEYS, QueryRecord, paired_test, read_queries
+from bayesurl.stats.intervals import DEFAULT_LEVEL, read_interval
 from bayesurl.sweeps.aggregate import (
     chance_test,
     complementary_pairs,
@@ -900,7 +900,7 @@ def write_results(
 
 def _write_csv(path: Path, recs: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> Path:
     """``results.csv``: one row per run, each metric beside its interval (the flat fields of
-    :mod:`bayesurl.evaluation.intervals`), then the run's other fields (curves and lists as
+    :mod:`bayesurl.stats.intervals`), then the run's other fields (curves and lists as
     JSON)."""
     import csv
 

@@ -22,7 +22,7 @@ rest:
   (:func:`~bayesurl.distributed.shard_range`) and calls
   :func:`bayesurl.evaluate` with ``distributed=True``. Every rank searches its own queries
   over every rank's rows, which pass by in bounded chunks
-  (:func:`~bayesurl.evaluation.knn_sharded`), so no rank ever holds all ``N x D``
+  (:func:`~bayesurl.search.knn_sharded`), so no rank ever holds all ``N x D``
   embeddings; each rank scores its own queries and only per-query scalars (hit flags,
   AP@k, u, labels) are gathered, and every rank gets the metrics of one process, ties
   included. The sampling-aware ECE is sharded the same way. The command line does it for
@@ -53,7 +53,7 @@ rest:
   Memory per rank shrinks with the number of ranks ``W``: its shard of the embeddings
   (normalised in place, ``evaluate(..., copy=False)``), the two ring buffers of at most
   8 MiB that bring the other shards past it, and its similarity block, which gets
-  ``memory_budget / W`` (:func:`~bayesurl.evaluation.rank_budget`; 256 MiB in one process,
+  ``memory_budget / W`` (:func:`~bayesurl.search.rank_budget`; 256 MiB in one process,
   so 128 MiB of budget -- a 64 MiB block -- per rank with 2 ranks), plus the BLAS's own
   packing workspace (3.3 MiB) and the top-k. At N = 60k, D = 256 a rank's data peaked at
   123 MiB against that bound of 131 MiB. A rank's own shard is searched whole; only the

@@ -11,8 +11,8 @@ import torch
 from _reference import brute_knn
 
 from bayesurl.evaluation import functional as Fm
-from bayesurl.evaluation import sampled as Sm
-from bayesurl.evaluation.knn import knn
+from bayesurl.search import knn
+from bayesurl.search import sampled as Sm
 
 
 def draws(n: int = 60, s: int = 12, d: int = 5, noise: float = 0.4, seed: int = 0):
@@ -116,6 +116,17 @@ def test_float32_samples_keep_device_and_dtype() -> None:
 def test_bad_input(samples, labels, kw, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Fm.retrieval_ece(samples, labels, **kw)
+
+
+def test_search_settings_are_drawsearch_fields() -> None:
+    """retrieval_ece forwards the per-draw search's settings (DrawSearch's fields) to the same
+    search sampled_neighbors runs; an unknown setting is refused by its name."""
+    samples, y = draws(n=40, s=5, d=4)
+    res = Fm.retrieval_ece(samples, y, mode="block", shortlist=5, block=4, cluster_iters=2)
+    nb = Fm.sampled_neighbors(samples, mode="block", shortlist=5, block=4, cluster_iters=2)
+    assert torch.equal(res.neighbors, nb)
+    with pytest.raises(TypeError, match="shortlst"):
+        Fm.retrieval_ece(samples, y, shortlst=5)
 
 
 def test_adaptive_shortlist_agrees_with_exact() -> None:

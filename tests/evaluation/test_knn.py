@@ -8,7 +8,8 @@ import pytest
 import torch
 from _reference import brute_knn, tie_data
 
-from bayesurl.evaluation.knn import chunk_rows, knn, knn_query, normalize
+from bayesurl.search import knn, knn_query, normalize
+from bayesurl.search.core import chunk_rows
 
 
 @pytest.fixture
@@ -102,7 +103,7 @@ def test_query_dim_mismatch() -> None:
 @pytest.mark.parametrize(("rows", "cols"), [(3, 4), (5, 2), (64, 64)])
 def test_tiled_top1_matches_brute_force_with_ties(rows: int, cols: int) -> None:
     # tiles smaller than the data: the diagonal crosses tile borders, ties span tiles
-    from bayesurl.evaluation.knn import _top1_tiled, normalize
+    from bayesurl.search.float32 import top1_tiled
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(13, 4, generator=g, dtype=torch.float64)
@@ -110,13 +111,13 @@ def test_tiled_top1_matches_brute_force_with_ties(rows: int, cols: int) -> None:
     x[11] = x[2]
     x[5] = 2.0 * x[9]  # same direction: cosine tie
     qn = normalize(x)
-    v, i = _top1_tiled(qn, qn.T, rows=rows, cols=cols, self_index=torch.arange(13))
+    v, i = top1_tiled(qn, qn.T, rows=rows, cols=cols, self_index=torch.arange(13))
     ref = brute_knn(x, 1)
     assert i[:, 0].tolist() == [r[0] for r in ref]
     sims = qn @ qn.T
     assert torch.allclose(v[:, 0], sims[torch.arange(13), i[:, 0]])
     assert torch.equal(knn(x, 1)[1], i)  # the public k = 1 path uses it on CPU
-    _, j = _top1_tiled(qn, qn.T, rows=rows, cols=cols)
+    _, j = top1_tiled(qn, qn.T, rows=rows, cols=cols)
     assert j[:, 0].tolist() == [r[0] for r in brute_knn(x, 1, exclude_self=False)]
 
 
@@ -124,13 +125,13 @@ def test_tiled_top1_matches_brute_force_with_ties(rows: int, cols: int) -> None:
 def test_tiled_top1_subset_queries_and_column_scale(rows: int, cols: int) -> None:
     # queries drawn from an unnormalised gallery: self excluded by `self_index`, cosines via
     # `col_scale` = inverse norms; brute-force loops over the gallery as the reference
-    from bayesurl.evaluation.knn import _top1_tiled, normalize
+    from bayesurl.search.float32 import top1_tiled
 
     g = torch.Generator().manual_seed(8)
     z = torch.randn(17, 5, generator=g, dtype=torch.float64) * torch.rand(17, 1, generator=g)
     z[12] = 3.0 * z[4]  # cosine tie with 4 for every query: the lower index wins
     q = torch.tensor([4, 0, 16, 9, 12, 5])
-    v, i = _top1_tiled(
+    v, i = top1_tiled(
         normalize(z[q]), z.T, rows=rows, cols=cols, self_index=q,
         col_scale=1.0 / z.norm(dim=1),
     )  # fmt: skip
@@ -150,7 +151,7 @@ def test_tiled_top1_subset_queries_and_column_scale(rows: int, cols: int) -> Non
 def test_search_over_gallery_chunks_matches_brute_force(data, k, gallery_rows) -> None:
     """The in-place per-row-block merge of the gallery chunks (the ring pass of the sharded
     search): cut anywhere, ties and duplicates across cuts go to the lowest id."""
-    from bayesurl.evaluation.knn import normalize, search
+    from bayesurl.search.exact import search
 
     x = normalize(data.double())
     n = x.shape[0]
@@ -164,7 +165,7 @@ def test_search_over_gallery_chunks_matches_brute_force(data, k, gallery_rows) -
 
 def test_rank_budget_splits_the_budget_over_the_ranks() -> None:
     from bayesurl.distributed import Shards
-    from bayesurl.evaluation.knn import rank_budget
+    from bayesurl.search import rank_budget
 
     assert rank_budget(256 * 2**20, Shards.local(10)) == 256 * 2**20
     assert rank_budget(256 * 2**20, Shards((5, 5))) == 128 * 2**20
@@ -217,7 +218,7 @@ def test_search_is_layout_independent_on_float_data(k) -> None:
     """Ids and similarities are the same bits whatever the query blocks and gallery chunks
     (one process, or the chunks a ring pass brings), and the ids are the exactly-summed brute
     force's: exact duplicates tie and go to the lowest index. Fails on block products alone."""
-    from bayesurl.evaluation.knn import search
+    from bayesurl.search.exact import search
 
     x = _float_ties()
     ref = _fsum_knn(x, k)
@@ -241,17 +242,18 @@ def test_top1_second_is_the_runner_up_value() -> None:
     """``second`` is the largest value of every item but the best (self excluded), to float32
     accuracy: duplicate groups have their runner-up within the error bound of the best (never
     certified), and every row the search certifies has a unique winner."""
-    from bayesurl.evaluation.knn import _gemm_slack, _top1_tiled
+    from bayesurl.search.core import gemm_slack
+    from bayesurl.search.float32 import top1_tiled
 
     x = _float_ties(1)
     xn = normalize(x)
     second = torch.full((300,), -math.inf, dtype=xn.dtype)
-    v, i = _top1_tiled(xn, xn.T, rows=37, cols=16, self_index=torch.arange(300), second=second)
+    v, i = top1_tiled(xn, xn.T, rows=37, cols=16, self_index=torch.arange(300), second=second)
     for q in range(300):  # loops: the largest value among the other items
         vals = sorted((float(xn[q] @ xn[j]) for j in range(300) if j != q), reverse=True)
         assert math.isclose(float(v[q, 0]), vals[0], rel_tol=0, abs_tol=1e-5), q
         assert math.isclose(float(second[q]), vals[1], rel_tol=0, abs_tol=1e-5), q
-    slack = _gemm_slack(24, torch.float32, torch.device("cpu"))
+    slack = gemm_slack(24, torch.float32, torch.device("cpu"))
     certified = v[:, 0] - second > 2 * slack
     assert not certified[[5, 17, 64, 200]].any()  # groups of duplicates: tied winners
     assert certified[[120, 121]].all()  # a pair of scaled copies: one clear winner each

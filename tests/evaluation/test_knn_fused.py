@@ -6,7 +6,6 @@ float32 path and to a brute-force float64 search bit for bit."""
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 import torch
@@ -14,18 +13,18 @@ from _reference import brute_knn, tie_data
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bayesurl.evaluation import (
-    evaluate,
+from bayesurl.evaluation import evaluate
+from bayesurl.search import bf16 as B
+from bayesurl.search import fused as F
+from bayesurl.search import (
     fused_search,
     knn,
     knn_query,
     low_precision,
+    normalize,
     search_stats,
 )
-from bayesurl.evaluation import fused as F
-from bayesurl.evaluation.knn import normalize, search
-
-KNN = sys.modules["bayesurl.evaluation.knn"]
+from bayesurl.search.exact import neighbor_ids, search
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(
@@ -214,10 +213,10 @@ def test_search_zero_rows_and_ids_only() -> None:
     x[50:55] = 0  # zero rows: every cosine 0, ties to the lowest index
     x[200:230] = x[:30]
     with low_precision(False):
-        ref = KNN.neighbor_ids(x, 1)
+        ref = neighbor_ids(x, 1)
     search_stats(reset=True)
     with fused_search(True):
-        got = KNN.neighbor_ids(x, 1)
+        got = neighbor_ids(x, 1)
     assert torch.equal(got, ref)
     assert torch.equal(got, _brute(x, x, 1, True))
     assert search_stats()["fused_queries"] == 300
@@ -261,8 +260,8 @@ def test_bound_holds_for_the_kernels_sums() -> None:
         x = normalize(torch.randn(200, d, generator=g))
         x[:5] *= 0
         qb, xb = q.bfloat16(), x.bfloat16()
-        qs, xs = KNN._residual_norms(q, qb), KNN._residual_norms(x, xb)
-        a, _ = KNN._lowp_bound(qs, tuple(float(v.max()) for v in xs), d, F.ACCUMULATOR_UNIT)
+        qs, xs = B.residual_norms(q, qb), B.residual_norms(x, xb)
+        a, _ = B.lowp_bound(qs, tuple(float(v.max()) for v in xs), d, F.ACCUMULATOR_UNIT)
         v, i = _state(40)
         F.fused_topk(qb, xb, v, i)
         exact = q.double() @ x.double().T
@@ -287,12 +286,12 @@ def test_evaluate_equal_with_and_without_fused() -> None:
 
 def test_switch_and_automatic_choice() -> None:
     x = normalize(torch.randn(10, 256))
-    assert not KNN._fused_applies(x, 1)  # automatic: CUDA only
+    assert not F.fused_applies(x, 1)  # automatic: CUDA only
     with fused_search(True):
-        assert KNN._fused_applies(x, 1)
-        assert not KNN._fused_applies(x, K)  # the certificate needs a kept item past k
+        assert F.fused_applies(x, 1)
+        assert not F.fused_applies(x, K)  # the certificate needs a kept item past k
         with low_precision(False):  # the float32 path, fused off
-            assert not KNN._fused_applies(x, 1)
+            assert not F.fused_applies(x, 1)
     with pytest.raises(ValueError, match="enabled"):
         with fused_search("yes"):  # type: ignore[arg-type]
             pass

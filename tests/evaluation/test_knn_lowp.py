@@ -5,7 +5,6 @@ certificate fails."""
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 import torch
@@ -13,14 +12,21 @@ from _reference import brute_knn, tie_data
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bayesurl.evaluation import knn, knn_query, low_precision, search_precision, search_stats
-from bayesurl.evaluation.knn import normalize
-
-KNN = sys.modules["bayesurl.evaluation.knn"]
+from bayesurl.search import bf16 as B
+from bayesurl.search import (
+    knn,
+    knn_query,
+    low_precision,
+    normalize,
+    search_precision,
+    search_stats,
+)
+from bayesurl.search.core import SearchJob
+from bayesurl.search.exact import neighbor_ids
 
 # the forced candidate pass needs bfloat16 products summed in float32 (any speed)
 pytestmark = pytest.mark.skipif(
-    not KNN._sums_in_fp32("cpu"), reason="bfloat16 products here do not sum in float32"
+    not B._sums_in_fp32("cpu"), reason="bfloat16 products here do not sum in float32"
 )
 
 
@@ -155,7 +161,7 @@ def test_forced_fallback_with_small_capacity(k: int) -> None:
     qn = normalize(x)
     own = torch.arange(400)
     search_stats(reset=True)
-    got = KNN._search_lowp(qn, lambda: [(0, qn)], k, 2**28, None, own, None, True, capacity=k)
+    got = B.search_lowp(SearchJob(qn, lambda: [(0, qn)], k, 2**28, None, own), capacity=k)
     stats = search_stats(reset=True)
     with low_precision(False):
         ref = knn(x, k)
@@ -171,13 +177,13 @@ def test_bound_holds() -> None:
         x = normalize(torch.randn(300, d, generator=g))
         x[:10] *= 0  # zero rows stay zero
         qb, xb = q.bfloat16(), x.bfloat16()
-        qs, xs = KNN._residual_norms(q, qb), KNN._residual_norms(x, xb)
-        a, _ = KNN._lowp_bound(qs, tuple(float(v.max()) for v in xs), d)
+        qs, xs = B.residual_norms(q, qb), B.residual_norms(x, xb)
+        a, _ = B.lowp_bound(qs, tuple(float(v.max()) for v in xs), d)
         p = torch.mm(qb, xb.T).double()
         exact = q.double() @ x.double().T
         err = (p - exact).abs()
-        assert bool((err <= a[:, None] + KNN._BF16_U * p.abs()).all())
-        assert float((err / (a[:, None] + KNN._BF16_U * p.abs())).max()) > 0.05  # not vacuous
+        assert bool((err <= a[:, None] + B._BF16_U * p.abs()).all())
+        assert float((err / (a[:, None] + B._BF16_U * p.abs())).max()) > 0.05  # not vacuous
 
 
 def test_threads_same_result_and_caller_setting_kept() -> None:
@@ -236,8 +242,8 @@ def test_ids_only_search_equal() -> None:
     x = torch.randn(3000, 96, generator=g)
     x[2000:2100] = x[:100]  # duplicates: two candidates, re-ranked in float64
     with low_precision(False):
-        ref = KNN.neighbor_ids(x, 1)
+        ref = neighbor_ids(x, 1)
     with low_precision(True):
-        got = KNN.neighbor_ids(x, 1)
+        got = neighbor_ids(x, 1)
     assert torch.equal(got, ref)
     assert torch.equal(got, _brute(x, x, 1, True))

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
-from bayesurl.evaluation.intervals import Interval
 from bayesurl.evaluation.notes import auroc_note, chance_r1, result_notes, u_digits
+from bayesurl.stats.intervals import Interval
 
 
 def _kinds(notes):

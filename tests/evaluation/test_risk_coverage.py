@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from bayesurl.evaluation import evaluate
 from bayesurl.evaluation import functional as Fm
-from bayesurl.evaluation.intervals import weighted_risk_coverage
+from bayesurl.stats.intervals import weighted_risk_coverage
 
 
 def curves_of_order(wrong: list[bool]) -> tuple[float, float]:
@@ -152,7 +152,7 @@ def test_the_block_bootstrap_is_within_1e5_of_the_exact_replicates() -> None:
     """Past the first RISK_EXACT queries the replicates sum blocks of whole runs: at N = 60k
     (ties included) every replicate's AURC / AUGRC is within 1e-5 of the exact one, and below
     RISK_EXACT + RISK_BLOCKS queries the two are the same."""
-    from bayesurl.evaluation.intervals import RISK_BLOCKS, RISK_EXACT, poisson_weights
+    from bayesurl.stats.intervals import RISK_BLOCKS, RISK_EXACT, poisson_weights
 
     rng = np.random.default_rng(0)
     for n in (60_000, RISK_EXACT + RISK_BLOCKS):

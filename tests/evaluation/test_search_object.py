@@ -9,7 +9,7 @@ from pytorch_metric_learning.distances import CosineSimilarity
 from pytorch_metric_learning.utils.inference import CustomKNN
 
 from bayesurl.evaluation import Evaluator, ExactSearch, FaissSearch, evaluate
-from bayesurl.evaluation.knn import KnnFunc, resolve_search
+from bayesurl.search.backends import KnnFunc, resolve_search
 
 
 class BruteForce:

@@ -11,13 +11,13 @@ import pytest
 from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score
 
-from bayesurl.evaluation.intervals import (
+from bayesurl.runs.queries import QueryRecord, paired_test
+from bayesurl.stats.intervals import (
     Interval,
     auroc_interval,
     flat_intervals,
     wilson_interval,
 )
-from bayesurl.runs.queries import QueryRecord, paired_test
 from bayesurl.sweeps.report import best_marks, read_results, results_table, write_results
 
 N = 1000

@@ -2,12 +2,12 @@
 running top-K of its bfloat16 products over the gallery, block by block, so the ``[B, N]``
 similarity block is never written to memory.
 
-The exact search behind :func:`~bayesurl.evaluation.knn` and
-:func:`~bayesurl.evaluation.evaluate` uses it on a GPU as its candidate pass: the K kept
-items are re-ranked in float64 and a certificate (the K-th kept product plus the products'
-error bound lies strictly below the k-th re-ranked similarity) proves that no other item can
-reach the top-k; rows it cannot certify go to the unfused passes (docs/concepts/metrics.rst,
-"The exact search on a GPU").
+The exact search behind :func:`~bayesurl.search.knn` and
+:func:`~bayesurl.evaluation.evaluate` uses it on a GPU as its candidate pass
+(:func:`search_fused`): the K kept items are re-ranked in float64 and a certificate (the K-th
+kept product plus the products' error bound lies strictly below the k-th re-ranked
+similarity) proves that no other item can reach the top-k; rows it cannot certify go to the
+unfused passes (docs/concepts/metrics.rst, "The exact search on a GPU").
 
 What the kernel computes, for query rows ``i`` of ``qb`` and gallery rows ``j`` of ``gb``
 (both bfloat16), with ``p_ij`` the products summed in float32 (exact bfloat16 products, one
@@ -21,12 +21,13 @@ float32 accumulator, never rounded to bfloat16):
 Without CUDA, Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton is first
 imported) runs the same kernel on CPU tensors; the tests use it. The interpreter of Triton
 3.8 multiplies bfloat16 operands wrongly (its ``tl.dot`` reads them as integers), so there the
-operands are widened to float32 first: the product of two bfloat16 numbers is exact in
-float32 either way.
+operands are widened to float32 before the launch: the product of two bfloat16 numbers is
+exact in float32 either way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import math
@@ -36,21 +37,47 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from bayesurl.search.bf16 import (
+    LOWP_MIN_D,
+    bf16_rows,
+    float64_slack,
+    lowp_applies,
+    lowp_bound,
+    lowp_forced,
+    residual_norms,
+    search_lowp,
+)
+from bayesurl.search.core import (
+    STATS,
+    SearchJob,
+    fall_back,
+    fill_chunk_pairs,
+    forcing,
+    rank_candidates,
+)
+from bayesurl.search.float32 import search_exact
+
 __all__ = [
     "ACCUMULATOR_UNIT",
     "GPU_CONFIG",
     "INTERPRETER_CONFIG",
     "FusedConfig",
     "default_config",
+    "fused_applies",
     "fused_available",
+    "fused_search",
     "fused_topk",
     "interpreting",
+    "search_fused",
 ]
 
 #: Tensor-core accumulation may truncate instead of rounding to nearest (measured on several
 #: NVIDIA generations); the bound of the fused products takes twice float32's unit roundoff
 #: of truncation, four times that of rounding, as the accumulator's unit roundoff.
 ACCUMULATOR_UNIT = 2.0**-22
+
+#: Forced choice of the fused candidate pass (None: automatic, CUDA where the kernel works).
+_FORCE_FUSED: list[bool | None] = [None]
 
 
 @dataclass(frozen=True)
@@ -112,7 +139,7 @@ def default_config() -> FusedConfig:
 def _compiled() -> object:
     # imported on first use: Triton is optional (CUDA builds of torch bring it) and its import
     # costs every command that never runs the kernel
-    from bayesurl.evaluation._triton_topk import topk_kernel
+    from bayesurl.search._triton_topk import topk_kernel
 
     return topk_kernel
 
@@ -164,13 +191,15 @@ def fused_topk(
         raise ValueError("the state must be contiguous")
     if m == 0 or n == 0:
         return
-    own_t = best_i if own is None else own.to(torch.long).contiguous()  # any pointer if unused
-    grid = (triton.cdiv(m, cfg.block_m),)
-    launch = {} if interpreting() else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    _compiled()[grid](
-        qb, gb, own_t, best_v, best_i, m, n, d, int(offset), qb.stride(0), gb.stride(0),
-        K=cfg.keep, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
-        HAS_OWN=own is not None, UPCAST=interpreting(), **launch,
+    qb, gb = qb.contiguous(), gb.contiguous()  # the kernel's row stride is D
+    if own is None:  # a column no query has: nothing excluded
+        own = torch.full((m,), -1, dtype=torch.long, device=qb.device)
+    launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if interpreting():  # its tl.dot misreads bfloat16; float32 holds every bfloat16 exactly
+        qb, gb, launch = qb.float(), gb.float(), {}
+    _compiled()[(triton.cdiv(m, cfg.block_m),)](
+        qb, gb, own.to(torch.long).contiguous(), best_v, best_i, m, n, d, int(offset),
+        K=cfg.keep, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, **launch,
     )  # fmt: skip
 
 
@@ -270,3 +299,105 @@ def fused_available(device: torch.device | str) -> tuple[bool, str]:
     if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
         dev = torch.device("cuda", torch.cuda.current_device())
     return _available(dev.type, dev.index)
+
+
+def fused_search(enabled: bool | None) -> contextlib.AbstractContextManager[None]:
+    """Force the fused candidate pass on (``True``) or off (``False``) within the context, or
+    leave the choice to the search (``None``: on CUDA where the kernel passed its self-check,
+    embeddings at least 128 wide); for benchmarks and tests (the results are the same either
+    way). Forced on, it still needs a working kernel: a GPU, or Triton's interpreter on CPU
+    (``TRITON_INTERPRET=1``); :func:`~bayesurl.search.low_precision` ``(False)`` turns it off
+    too (the float32 path)."""
+    return forcing(_FORCE_FUSED, enabled)
+
+
+def fused_applies(qn: Tensor, k: int) -> bool:
+    """Whether the search of the normalised queries ``qn`` takes the fused candidate pass."""
+    # the same answer on every rank: dtype, width and device type are, and so is the kernel's
+    # self-check
+    force = _FORCE_FUSED[0]
+    if force is False or lowp_forced() is False:
+        return False
+    if qn.dtype not in (torch.float32, torch.float64) or qn.device.type not in ("cpu", "cuda"):
+        return False
+    if force is None and (qn.device.type != "cuda" or qn.shape[1] < LOWP_MIN_D):
+        return False
+    if k >= default_config().keep:  # the certificate needs a kept item past the k-th
+        return False
+    return fused_available(qn.device)[0]
+
+
+def search_fused(job: SearchJob) -> tuple[Tensor, Tensor]:
+    """The exact search with the fused candidate pass (:func:`fused_topk`).
+
+    1. **Candidates.** One kernel keeps each query's top-K (``K`` the kernel's ``keep``) of
+       the products ``p`` of the bfloat16 roundings of queries and gallery, summed in float32,
+       over every gallery chunk in one running state. ``|p - exact| <= a`` per query
+       (:func:`~bayesurl.search.bf16.lowp_bound` with the accumulator's unit roundoff
+       :data:`ACCUMULATOR_UNIT`; no rounding of ``p`` itself).
+    2. **Re-rank.** ``E``, the K-th kept ``p``, bounds every item that was not kept; a kept
+       item whose ``p + a`` lies below ``p_k - a`` (``p_k`` the k-th kept) cannot reach the
+       top-k, and the others get their float64 similarity
+       (:func:`~bayesurl.search.core.pair_sims`, the float32 path's bits); the top-k is taken
+       in (similarity descending, id ascending) order. For k = 1 without ``exact_values`` a
+       lone candidate needs no float64 value.
+    3. **Certificate.** Every item that was not kept has a float64 similarity of at most
+       ``E + a + gamma_d`` (float64); the row is certified when its k-th similarity (or the
+       lone candidate's lower bound) exceeds that strictly. The other rows take the unfused
+       passes (collective under ``shards``).
+    """
+    m = job.qn.shape[0]
+    best_v, best_i, w = _fused_candidates(job)
+    out_v, out_i, certified = _fused_rerank(job, best_v, best_i, w)
+    fail = (~certified).nonzero().squeeze(1)
+    STATS["fused_queries"] += m
+    STATS["fused_certified"] += m - fail.numel()
+    rest = search_lowp if lowp_applies(job.qn, job.k) else search_exact
+    return fall_back(job, (out_v, out_i), fail, rest)
+
+
+def _fused_candidates(job: SearchJob) -> tuple[Tensor, Tensor, Tensor]:
+    """Pass 1 of :func:`search_fused`: the kept ``[M, K]`` products and ids over every gallery
+    chunk, and per query the bound ``w`` on ``|float64 similarity - p|``."""
+    qn = job.qn
+    m, d = qn.shape
+    cfg = default_config()
+    qb = qn.to(torch.bfloat16).contiguous()
+    q_stats = residual_norms(qn, qb)
+    best_v = torch.full((m, cfg.keep), -math.inf, dtype=torch.float32, device=qn.device)
+    best_i = torch.full((m, cfg.keep), -1, dtype=torch.long, device=qn.device)
+    g_max = [0.0, 0.0, 0.0]
+    for off, gn in job.gallery():
+        gb = bf16_rows(gn, qn, qb, q_stats, g_max, contiguous=True)
+        own = None if job.self_index is None else job.self_index - off
+        fused_topk(qb, gb, best_v, best_i, own=own, offset=off, config=cfg)
+    a, _ = lowp_bound(q_stats, tuple(g_max), d, unit=ACCUMULATOR_UNIT)
+    return best_v, best_i, a + float64_slack(d, q_stats, g_max)
+
+
+def _fused_rerank(
+    job: SearchJob, best_v: Tensor, best_i: Tensor, w: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Pass 2 and the certificate of :func:`search_fused`: the top-k of the kept items that
+    can reach it by their float64 similarities (values and ids), and which rows are
+    certified."""
+    qn, k = job.qn, job.k
+    m, d = qn.shape
+    p = best_v.double()
+    keep = torch.isfinite(best_v) & (best_i >= 0)
+    upper = p.amin(dim=1) + w  # -inf where fewer than K items exist: every item is kept
+    pk = p.topk(k, dim=1).values[:, -1]
+    need = keep & (p + w[:, None] >= (pk - w)[:, None])
+    lone = torch.zeros(m, dtype=torch.bool, device=qn.device)
+    if k == 1 and not job.exact_values:
+        lone = (need.sum(dim=1) == 1) & (pk - w > upper)
+        need &= ~lone[:, None]
+    val = torch.full(best_v.shape, -math.inf, dtype=torch.float64, device=qn.device)
+    val[lone] = torch.where(keep[lone] & (p[lone] == pk[lone, None]), p[lone], -math.inf)
+    step = max(512, job.memory_budget // (32 * d))  # [step, D] gathers and float64 operands
+    for chunk in job.gallery():
+        fill_chunk_pairs(val, qn, best_i, need, chunk, step)
+    ids = torch.where(need | lone[:, None], best_i, torch.iinfo(torch.long).max)
+    out_v, out_i = rank_candidates(ids, val, k)
+    certified = lone | (torch.isfinite(out_v[:, -1]) & (out_v[:, -1] > upper))
+    return out_v, out_i, certified

@@ -6,8 +6,8 @@ done naively. This module holds the search strategies behind
 :func:`~bayesurl.evaluation.functional.retrieval_ece`: the exact per-draw search, the
 adaptive shortlist (a pilot chooses the shortlist length and a per-query margin, one
 threshold pass over the mean embeddings keeps each query's candidates, and one sparse sampled
-matrix product per draw compares them), and the clustered block search. Ties go to the lowest
-gallery index in every mode, as in :mod:`bayesurl.evaluation.knn`.
+matrix product per draw compares them), and the clustered block search (:class:`DrawSearch`).
+Ties go to the lowest gallery index in every mode, as in :func:`bayesurl.search.knn`.
 
 The shards of a ``torch.distributed`` job run the same code with their own queries.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -24,15 +25,82 @@ from tqdm.auto import tqdm
 
 from bayesurl._checks import check_int, check_tensor
 from bayesurl.distributed import RowExchange, Shards
-from bayesurl.evaluation.knn import (
-    DEFAULT_MEMORY_BUDGET,
-    chunk_rows,
-    normalize,
-    search,
-    sim_tiles,
-)
+from bayesurl.search.core import DEFAULT_MEMORY_BUDGET, chunk_rows, normalize, sim_tiles
+from bayesurl.search.exact import search
 
-__all__ = ["choose_shortlist", "sampled_neighbors"]
+__all__ = ["DrawSearch", "choose_shortlist", "neighbors_per_draw", "sampled_neighbors"]
+
+_MODES = ("shortlist", "block", "exact")
+
+
+@dataclass(frozen=True)
+class DrawSearch:
+    """How :func:`sampled_neighbors` finds the 1-NN of every query within each posterior draw
+    (LAM, section 4: embeddings sampled from the weight posterior); the settings of one
+    search, resolved once.
+
+    ``mode="exact"`` runs one exact chunked search per draw (S full searches).
+
+    ``mode="shortlist"`` (default) searches the ``L`` nearest neighbours of the mean embedding
+    (:func:`~bayesurl.evaluation.functional.mean_from_samples`) once, then for every draw
+    compares each query only with its candidates: one sparse sampled matrix product
+    (``torch.sparse.sampled_addmm``) per draw evaluates exactly the kept (query, candidate)
+    cosines, reading the draw in place, so S draws cost about ``S * nnz * D`` with ``nnz <= N *
+    L`` and no gathered copies. Each query keeps those of its L candidates whose gap in mean
+    cosine to its best candidate is at most ``margin`` times the pair's draw spread
+    ``sqrt(sigma_i^2 + sigma_c^2)`` (``sigma^2 = 2 (1 - R)``, see :func:`choose_shortlist`):
+    well-separated queries keep one or two candidates, ambiguous ones up to L. Ties go to the
+    lowest gallery index in every mode, so the modes agree whenever a draw's true neighbour is
+    kept. ``shortlist=None`` (default) chooses L and the margin with :func:`choose_shortlist` so
+    that the estimated fraction of (draw, query) pairs whose neighbour is not kept is at most
+    ``tolerance`` (expected agreement with the exact mode about ``1 - tolerance``), and searches
+    every draw exactly when no shortlist up to the cap is that accurate; the adaptive path then
+    needs no top-L search: one threshold pass over the mean embeddings (the cost of a top-1
+    search) keeps every candidate within the margin, at most L per query. An integer fixes L
+    (and keeps all L unless ``margin`` is given).
+
+    ``mode="block"`` uses the full L-shortlists but orders the queries by a few spherical
+    k-means iterations on the mean embeddings (about ``N / block`` centroids), cuts them into
+    blocks of ``block`` queries and searches each block, for all draws at once, with one dense
+    batched GEMM against the union of its members' shortlists. With ``L = N - 1`` it equals the
+    exact mode. It only pays off when the shortlists of nearby queries overlap strongly.
+
+    Cost (``benchmarks/evaluator.py``, CPU, 2 threads): the threshold pass costs about one
+    exact pass, the pilot about 0.2, and the S sparse products grow as ``S * N * kept * D``
+    against ``N^2 * D`` for a pass, so the ratio to one pass falls with N: at N = 55k, D = 512,
+    S = 100 and about 38 kept candidates per query the whole ECE is 2.3-2.8 exact passes; at
+    N = 8k, D = 128 it is about 20.
+
+    Attributes
+    ----------
+    mode : {"shortlist", "block", "exact"}
+        Search strategy.
+    shortlist : int, optional
+        Shortlist length L (clipped to ``N - 1``); ``None`` chooses it (and the margin)
+        adaptively.
+    tolerance : float
+        Miss-rate target of the adaptive choice.
+    margin : float, optional
+        Per-query cut of the shortlist mode (see above); ``None``: the adaptive choice's when
+        ``shortlist`` is None, else no cut. ``inf`` keeps all L.
+    memory_budget : int
+        Bytes per chunk of similarities (exact mode, kNN of the mean, pilot).
+    progress : bool
+        Show a tqdm bar over the draws (over the query blocks in block mode).
+    block : int
+        Queries per block of ``mode="block"``.
+    cluster_iters : int
+        k-means iterations that order the queries in ``mode="block"``.
+    """
+
+    mode: str = "shortlist"
+    shortlist: int | None = None
+    tolerance: float = 1e-3
+    margin: float | None = None
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
+    progress: bool = False
+    block: int = 32
+    cluster_iters: int = 4
 
 
 def checked_samples(samples: object, check_values: bool = True) -> Tensor:
@@ -164,6 +232,8 @@ def choose_shortlist(
     pilot_queries: int | None = None,
     seed: int = 0,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    resultant: Tensor | None = None,
+    shards: Shards | None = None,
 ) -> tuple[int, dict[str, float]]:
     """Shortlist length L and per-query margin whose estimated miss rate is at most ``tolerance``.
 
@@ -198,6 +268,13 @@ def choose_shortlist(
         Seed of the pilot's query subset.
     memory_budget : int
         Bytes per similarity chunk.
+    resultant : Tensor, optional
+        The draws' checked mean resultant, when the caller has validated the draws.
+    shards : Shards, optional
+        With ``shards`` the draws and ``resultant`` hold this rank's rows only: the pilot
+        queries are drawn from the global ids (the same on every rank), each rank searches its
+        own ones over every rank's rows, and the ranks and margins are gathered, so every rank
+        returns the single-process choice (collective).
 
     Returns
     -------
@@ -207,71 +284,26 @@ def choose_shortlist(
         ``miss_rate`` (pilot estimate with both cuts), ``margin``, ``pilot_pairs``,
         ``rank_q999``.
     """
-    s = checked_samples(samples, check_values=False)
-    return plan_shortlist(
-        s, checked_resultant(s), tolerance=tolerance, max_shortlist=max_shortlist,
-        pilot_draws=pilot_draws, pilot_queries=pilot_queries, seed=seed,
-        memory_budget=memory_budget,
-    )  # fmt: skip
-
-
-def plan_shortlist(
-    s: Tensor,
-    res: Tensor,
-    *,
-    tolerance: float = 1e-3,
-    max_shortlist: int = 256,
-    pilot_draws: int = 8,
-    pilot_queries: int | None = None,
-    seed: int = 0,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    shards: Shards | None = None,
-) -> tuple[int, dict[str, float]]:
-    """:func:`choose_shortlist` on validated draws with their mean resultant ``res``.
-
-    With ``shards`` the draws and ``res`` hold this rank's rows only: the pilot queries are
-    drawn from the global ids (the same on every rank), each rank searches its own ones over
-    every rank's rows, and the ranks and margins are gathered, so every rank returns the
-    single-process choice.
-    """
-    n_draws, n_loc, _ = s.shape
-    sh = Shards.local(n_loc) if shards is None else shards
-    n = sh.n
+    if resultant is None:
+        samples = checked_samples(samples, check_values=False)
+        resultant = checked_resultant(samples)
+    sh = Shards.local(samples.shape[1]) if shards is None else shards
     if not 0.0 <= tolerance < 1.0:
         raise ValueError(f"`tolerance` must lie in [0, 1), got {tolerance}")
+    n = sh.n
     q_n = min(n, max(1024, n // 64)) if pilot_queries is None else min(n, pilot_queries)
-    gen = torch.Generator().manual_seed(seed)
-    qg = torch.randperm(n, generator=gen)[:q_n]
-    qg = qg[(qg >= sh.offset) & (qg < sh.offset + n_loc)].to(s.device)  # this rank's share
-    q = qg - sh.offset
-    mean = normalize(res)
-    sigma = _spread(res)
-    sigma_all = sh.gather(sigma)
-    # each pilot draw's exact 1-NN (tiled on CPU, ties to the lowest global index)
-    wins = []
-    for t in range(min(pilot_draws, n_draws)):
-        zn = normalize(s[t])
-        wins.append(  # ids only: no float64 values for the clean rows (pass 2 of search)
-            search(zn[q], partial(sh.chunks, zn), 1, memory_budget, None, qg, sh, False)[1][:, 0]
-        )
-    win = torch.stack(wins, dim=1)  # [P, T] global ids
-    mq = mean[q]
-    top = torch.full((q.numel(),), -torch.inf, dtype=mean.dtype, device=mean.device)
-    m_win = torch.zeros(win.shape, dtype=mean.dtype, device=mean.device)
-    for r0, r1, c0, sims in _tiles(mq, sh.chunks(mean), qg, memory_budget):
-        torch.maximum(top[r0:r1], sims.amax(dim=1), out=top[r0:r1])
-        w = win[r0:r1] - c0
-        rr, tt = ((w >= 0) & (w < sims.shape[1])).nonzero(as_tuple=True)
-        m_win[r0 + rr, tt] = sims[rr, w[rr, tt]]
-    # rank of each winner in the query's mean-embedding order (a second pass: needs m_win)
-    rank = torch.zeros(win.shape, dtype=torch.long, device=mean.device)
-    for r0, r1, _, sims in _tiles(mq, sh.chunks(mean), qg, memory_budget):
-        for t in range(win.shape[1]):
-            rank[r0:r1, t] += (sims > m_win[r0:r1, t : t + 1]).sum(dim=1)
-    scale = (sigma[q][:, None] ** 2 + sigma_all[win] ** 2).sqrt()
-    margin = sh.gather(_margin(top[:, None] - m_win, scale).reshape(-1)).double()
-    rank = sh.gather(rank.reshape(-1))
-    cap = min(max_shortlist, n - 1)
+    qg = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:q_n]
+    n_loc = samples.shape[1]
+    qg = qg[(qg >= sh.offset) & (qg < sh.offset + n_loc)].to(samples.device)  # this rank's
+    draws = min(pilot_draws, samples.shape[0])
+    rank, margin = _pilot(samples, resultant, qg, draws, sh, memory_budget)
+    return _shortest_within(rank, margin, tolerance, min(max_shortlist, n - 1))
+
+
+def _shortest_within(
+    rank: Tensor, margin: Tensor, tolerance: float, cap: int
+) -> tuple[int, dict[str, float]]:
+    """L and the margin of :func:`choose_shortlist` from the pilot winners' ranks and margins."""
     L = 1
     while L < cap and float((rank >= L).double().mean()) > tolerance / 2:
         L *= 2
@@ -289,6 +321,37 @@ def plan_shortlist(
         "rank_q999": float(torch.quantile(rank.double(), 0.999)),
     }
     return L, info
+
+
+def _pilot(
+    s: Tensor, res: Tensor, qg: Tensor, draws: int, sh: Shards, memory_budget: int
+) -> tuple[Tensor, Tensor]:
+    """The pilot of :func:`choose_shortlist` for this rank's pilot queries (global ids ``qg``):
+    every rank's pilot winners' ranks in their query's mean-embedding order and their margins
+    (float64), gathered over the ranks, flat."""
+    q = qg - sh.offset
+    mean = normalize(res)
+    sigma = _spread(res)
+    sigma_all = sh.gather(sigma)
+    # each pilot draw's exact 1-NN (tiled on CPU, ties to the lowest global index)
+    wins = [_draw_nn(normalize(s[t]), q, qg, memory_budget, sh) for t in range(draws)]
+    win = torch.stack(wins, dim=1)  # [P, T] global ids
+    mq = mean[q]
+    top = torch.full((q.numel(),), -torch.inf, dtype=mean.dtype, device=mean.device)
+    m_win = torch.zeros(win.shape, dtype=mean.dtype, device=mean.device)
+    for r0, r1, c0, sims in _tiles(mq, sh.chunks(mean), qg, memory_budget):
+        torch.maximum(top[r0:r1], sims.amax(dim=1), out=top[r0:r1])
+        w = win[r0:r1] - c0
+        rr, tt = ((w >= 0) & (w < sims.shape[1])).nonzero(as_tuple=True)
+        m_win[r0 + rr, tt] = sims[rr, w[rr, tt]]
+    # rank of each winner in the query's mean-embedding order (a second pass: needs m_win)
+    rank = torch.zeros(win.shape, dtype=torch.long, device=mean.device)
+    for r0, r1, _, sims in _tiles(mq, sh.chunks(mean), qg, memory_budget):
+        for t in range(win.shape[1]):
+            rank[r0:r1, t] += (sims > m_win[r0:r1, t : t + 1]).sum(dim=1)
+    scale = (sigma[q][:, None] ** 2 + sigma_all[win] ** 2).sqrt()
+    margin = sh.gather(_margin(top[:, None] - m_win, scale).reshape(-1)).double()
+    return sh.gather(rank.reshape(-1)), margin
 
 
 def _tiles(
@@ -366,10 +429,10 @@ def _margin_pattern(
     the ``cap`` most similar of them (the pilot's L). Columns ascend within each row.
 
     On CPU (or with ``tile``) the pass runs over cache-sized ``[rows, cols]`` tiles with a
-    running row maximum, like the tiled top-1 of :mod:`bayesurl.evaluation.knn`: each tile
-    keeps the pairs above the running maximum minus the largest possible slack (a superset,
-    since the running maximum only grows), and the exact per-pair test runs once the row's
-    true best is known. Elsewhere whole ``[B, N]`` blocks within ``memory_budget``.
+    running row maximum, like the tiled top-1 of :func:`~bayesurl.search.float32.top1_tiled`:
+    each tile keeps the pairs above the running maximum minus the largest possible slack (a
+    superset, since the running maximum only grows), and the exact per-pair test runs once the
+    row's true best is known. Elsewhere whole ``[B, N]`` blocks within ``memory_budget``.
 
     With ``shards`` ``mean`` and ``sigma`` are this rank's rows: the rows of the pattern are
     this rank's queries, its columns global ids, and every rank's rows pass by in chunks
@@ -377,19 +440,48 @@ def _margin_pattern(
     """
     n_loc = mean.shape[0]
     sh = Shards.local(n_loc) if shards is None else shards
-    n = sh.n
     dev = mean.device
     if tile is None and mean.device.type == "cpu":
         tile = (4096, 1024)
-    rows, cols = (chunk_rows(n, mean.dtype, memory_budget), n) if tile is None else tile
-    buf = torch.empty(min(rows, n_loc), min(cols, n), dtype=mean.dtype, device=dev)
-    own = sh.global_ids(dev)  # self excluded by index
+    rows, cols = (chunk_rows(sh.n, mean.dtype, memory_budget), sh.n) if tile is None else tile
     sigma_all = sh.gather(sigma)
-    sig_max = sigma_all.max()
+    best, parts = _margin_superset(mean, sigma, sigma_all.max(), margin, (rows, cols), sh)
+    all_rows, all_cols = [], []
+    for part, r0 in zip(parts, range(0, n_loc, rows), strict=True):
+        r1 = min(r0 + rows, n_loc)
+        rr, cc = _kept_pairs(part, best[r0:r1], sigma[r0:r1], sigma_all, margin, cap, sh.n)
+        all_rows.append(rr + r0)
+        all_cols.append(cc)
+    empty = torch.empty(0, dtype=torch.long, device=dev)
+    row = torch.cat(all_rows) if all_rows else empty
+    crow = torch.zeros(n_loc + 1, dtype=torch.long, device=dev)
+    crow[1:] = torch.bincount(row, minlength=n_loc).cumsum(0)
+    return crow, torch.cat(all_cols) if all_cols else empty, row
+
+
+#: Pairs ``(rows within the block, global columns, mean cosines)`` of one query block, in parts
+_Pairs = list[tuple[Tensor, Tensor, Tensor]]
+
+
+def _margin_superset(
+    mean: Tensor,
+    sigma: Tensor,
+    sig_max: Tensor,
+    margin: float,
+    tile: tuple[int, int],
+    sh: Shards,
+) -> tuple[Tensor, list[_Pairs]]:
+    """The tiled pass of :func:`_margin_pattern`: every row's best mean cosine and, per block
+    of ``tile[0]`` query rows, a superset of the pairs within ``margin`` (each tile keeps
+    those above the running maximum minus the row's largest possible slack)."""
+    n_loc, dev = mean.shape[0], mean.device
+    rows, cols = tile
+    buf = torch.empty(min(rows, n_loc), min(cols, sh.n), dtype=mean.dtype, device=dev)
+    own = sh.global_ids(dev)  # self excluded by index
     starts = list(range(0, n_loc, rows))
     best = torch.full((n_loc,), -torch.inf, dtype=mean.dtype, device=dev)
     slack = margin * (sigma**2 + sig_max**2).sqrt()  # largest allowed gap of each row
-    parts: list[list[tuple[Tensor, Tensor, Tensor]]] = [[] for _ in starts]
+    parts: list[_Pairs] = [[] for _ in starts]
     for off, g in sh.chunks(mean):
         for b, r0 in enumerate(starts):
             r1 = min(r0 + rows, n_loc)
@@ -406,33 +498,38 @@ def _margin_pattern(
                 rr, cc, vals = (torch.cat(p) for p in zip(*parts[b]))
                 ok = vals >= (bb - sl)[rr]
                 parts[b] = [(rr[ok], cc[ok], vals[ok])]
-    all_rows, all_cols = [], []
-    for b, r0 in enumerate(starts):
-        r1 = min(r0 + rows, n_loc)
-        rr, cc, vals = (torch.cat(p) for p in zip(*parts[b]))
-        sq = sigma[r0:r1] ** 2
-        ok = _margin(best[r0:r1][rr] - vals, (sq[rr] + sigma_all[cc] ** 2).sqrt()) <= margin
-        rr, cc, vals = rr[ok], cc[ok], vals[ok]
-        # row-major, columns ascending (tiles arrive column block by column block)
-        o = torch.argsort(rr * n + cc)
-        rr, cc, vals = rr[o], cc[o], vals[o]
-        counts = torch.bincount(rr, minlength=r1 - r0)
-        if bool((counts > cap).any()):  # the cap most similar (ties to lower index)
-            over = (counts[rr] > cap).nonzero().squeeze(1)  # entries of over-full rows only
-            o = torch.argsort(-vals[over], stable=True)  # (rr, cc) ascend: ties keep lower
-            o = o[torch.argsort(rr[over][o], stable=True)]
-            ro = rr[over][o]  # ascending: each row's first entry is found by searchsorted
-            rank = torch.arange(ro.numel(), device=rr.device) - torch.searchsorted(ro, ro)
-            keep = torch.ones_like(rr, dtype=torch.bool)
-            keep[over[o[rank >= cap]]] = False  # order kept: row-major, ascending columns
-            rr, cc = rr[keep], cc[keep]
-        all_rows.append(rr + r0)
-        all_cols.append(cc)
-    empty = torch.empty(0, dtype=torch.long, device=dev)
-    row = torch.cat(all_rows) if all_rows else empty
-    crow = torch.zeros(n_loc + 1, dtype=torch.long, device=dev)
-    crow[1:] = torch.bincount(row, minlength=n_loc).cumsum(0)
-    return crow, torch.cat(all_cols) if all_cols else empty, row
+    return best, parts
+
+
+def _kept_pairs(
+    part: _Pairs,
+    best: Tensor,
+    sigma: Tensor,
+    sigma_all: Tensor,
+    margin: float,
+    cap: int,
+    n: int,
+) -> tuple[Tensor, Tensor]:
+    """The pairs of one query block within ``margin`` of their row's ``best``, at most ``cap``
+    per row (the most similar, ties to the lower index), row-major with ascending columns."""
+    rr, cc, vals = (torch.cat(p) for p in zip(*part))
+    sq = sigma**2
+    ok = _margin(best[rr] - vals, (sq[rr] + sigma_all[cc] ** 2).sqrt()) <= margin
+    rr, cc, vals = rr[ok], cc[ok], vals[ok]
+    # row-major, columns ascending (tiles arrive column block by column block)
+    o = torch.argsort(rr * n + cc)
+    rr, cc, vals = rr[o], cc[o], vals[o]
+    counts = torch.bincount(rr, minlength=best.shape[0])
+    if bool((counts > cap).any()):  # the cap most similar (ties to lower index)
+        over = (counts[rr] > cap).nonzero().squeeze(1)  # entries of over-full rows only
+        o = torch.argsort(-vals[over], stable=True)  # (rr, cc) ascend: ties keep lower
+        o = o[torch.argsort(rr[over][o], stable=True)]
+        ro = rr[over][o]  # ascending: each row's first entry is found by searchsorted
+        rank = torch.arange(ro.numel(), device=rr.device) - torch.searchsorted(ro, ro)
+        keep = torch.ones_like(rr, dtype=torch.bool)
+        keep[over[o[rank >= cap]]] = False  # order kept: row-major, ascending columns
+        rr, cc = rr[keep], cc[keep]
+    return rr, cc
 
 
 def _extend(col: Tensor, n_loc: int, sh: Shards) -> tuple[Tensor, RowExchange | None, Tensor]:
@@ -533,11 +630,6 @@ def _nn_sparse(
     return out
 
 
-def chunk_rows_for(n: int, s: Tensor, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> int:
-    """Rows of a ``[B, n]`` similarity chunk (two buffers) within ``memory_budget``."""
-    return chunk_rows(n, s.dtype, memory_budget)
-
-
 def sampled_neighbors(
     samples: Tensor,
     *,
@@ -554,66 +646,22 @@ def sampled_neighbors(
 ) -> Tensor:
     """1-NN index of every query within each posterior draw, self excluded by index.
 
-    ``mode="exact"`` runs one exact chunked search per draw (S full searches).
-
-    ``mode="shortlist"`` (default) searches the ``L`` nearest neighbours of the mean embedding
-    (:func:`~bayesurl.evaluation.functional.mean_from_samples`) once, then for every draw
-    compares each query only with its candidates: one sparse sampled matrix product
-    (``torch.sparse.sampled_addmm``) per draw evaluates exactly the kept (query, candidate)
-    cosines, reading the draw in place, so S draws cost about ``S * nnz * D`` with ``nnz <= N *
-    L`` and no gathered copies. Each query keeps those of its L candidates whose gap in mean
-    cosine to its best candidate is at most ``margin`` times the pair's draw spread
-    ``sqrt(sigma_i^2 + sigma_c^2)`` (``sigma^2 = 2 (1 - R)``, see :func:`choose_shortlist`):
-    well-separated queries keep one or two candidates, ambiguous ones up to L. Ties go to the
-    lowest gallery index in every mode, so the modes agree whenever a draw's true neighbour is
-    kept. ``shortlist=None`` (default) chooses L and the margin with :func:`choose_shortlist` so
-    that the estimated fraction of (draw, query) pairs whose neighbour is not kept is at most
-    ``tolerance`` (expected agreement with the exact mode about ``1 - tolerance``), and searches
-    every draw exactly when no shortlist up to the cap is that accurate; the adaptive path then
-    needs no top-L search: one threshold pass over the mean embeddings (the cost of a top-1
-    search) keeps every candidate within the margin, at most L per query. An integer fixes L
-    (and keeps all L unless ``margin`` is given).
-
-    ``mode="block"`` uses the full L-shortlists but orders the queries by a few spherical
-    k-means iterations on the mean embeddings (about ``N / block`` centroids), cuts them into
-    blocks of ``block`` queries and searches each block, for all draws at once, with one dense
-    batched GEMM against the union of its members' shortlists. With ``L = N - 1`` it equals the
-    exact mode. It only pays off when the shortlists of nearby queries overlap strongly.
-
-    Cost (``benchmarks/evaluator.py``, CPU, 2 threads): the threshold pass costs about one
-    exact pass, the pilot about 0.2, and the S sparse products grow as ``S * N * kept * D``
-    against ``N^2 * D`` for a pass, so the ratio to one pass falls with N: at N = 55k, D = 512,
-    S = 100 and about 38 kept candidates per query the whole ECE is 2.3-2.8 exact passes; at
-    N = 8k, D = 128 it is about 20.
+    The default compares each query, in every draw, only with the few of its mean-space
+    neighbours that a pilot finds can win (at most ``tolerance`` of the per-draw neighbours
+    missed); ``mode="exact"`` searches every draw in full.
 
     Parameters
     ----------
     samples : Tensor
         ``[S, N, D]`` draws (LAM, section 4: embeddings sampled from the weight posterior).
-    mode : {"shortlist", "block", "exact"}
-        Search strategy.
-    shortlist : int, optional
-        Shortlist length L (clipped to ``N - 1``); ``None`` chooses it (and the margin)
-        adaptively.
+    mode, shortlist, tolerance, margin, memory_budget, progress, block, cluster_iters
+        The search (:class:`DrawSearch`: the modes, what each setting does and their cost).
     candidates : Tensor, optional
         ``[N, >=L]`` precomputed kNN of the mean embedding (e.g. the one already computed for
         R@1); used when it has at least L columns.
-    tolerance : float
-        Miss-rate target of the adaptive choice.
-    margin : float, optional
-        Per-query cut of the shortlist mode (see above); ``None``: the adaptive choice's when
-        ``shortlist`` is None, else no cut. ``inf`` keeps all L.
-    memory_budget : int
-        Bytes per chunk of similarities (exact mode, kNN of the mean, pilot).
     info : dict, optional
         Filled with ``shortlist`` (the L used), ``margin``, ``kept_per_query`` (mean number of
         candidates compared per query and draw) and the pilot's estimates.
-    progress : bool
-        Show a tqdm bar over the draws (over the query blocks in block mode).
-    block : int
-        Queries per block of ``mode="block"``.
-    cluster_iters : int
-        k-means iterations that order the queries in ``mode="block"``.
 
     Returns
     -------
@@ -621,26 +669,19 @@ def sampled_neighbors(
         ``[S, N]`` int64 neighbour indices.
     """
     s = checked_samples(samples, check_values=mode == "exact")
-    return neighbors_per_draw(
-        s, mode=mode, shortlist=shortlist, candidates=candidates,
-        tolerance=tolerance, margin=margin, memory_budget=memory_budget, info=info,
-        progress=progress, block=block, cluster_iters=cluster_iters,
+    search = DrawSearch(
+        mode=mode, shortlist=shortlist, tolerance=tolerance, margin=margin,
+        memory_budget=memory_budget, progress=progress, block=block, cluster_iters=cluster_iters,
     )  # fmt: skip
+    return neighbors_per_draw(s, search, candidates=candidates, info=info)
 
 
 def neighbors_per_draw(
     s: Tensor,
+    search: DrawSearch,
     *,
-    mode: str,
-    shortlist: int | None,
-    candidates: Tensor | None,
-    tolerance: float,
-    margin: float | None,
-    memory_budget: int,
-    info: dict[str, float] | None,
-    progress: bool,
-    block: int,
-    cluster_iters: int,
+    candidates: Tensor | None = None,
+    info: dict[str, float] | None = None,
     resultant: Tensor | None = None,
     shards: Shards | None = None,
 ) -> Tensor:
@@ -653,83 +694,127 @@ def neighbors_per_draw(
     gathered pilot, so every rank takes the single-process decisions. ``mode="block"`` is
     single-process only.
     """
-    n_draws, n_loc, d = s.shape
-    sh = Shards.local(n_loc) if shards is None else shards
-    n = sh.n
-    if n < 2:
-        raise ValueError(f"`samples` needs at least 2 points, got {n}")
-    own = sh.global_ids(s.device)
-    if mode == "exact":
-        bar = partial(tqdm, total=n_draws, disable=not progress, desc="1-NN per draw", leave=False)
-        out = torch.empty(n_draws, n_loc, dtype=torch.long, device=s.device)
-        for t, z in enumerate(bar(s)):
-            zn = normalize(z)
-            out[t] = search(  # ids only (as above)
-                zn, partial(sh.chunks, zn), 1, memory_budget, None, own, sh, False
-            )[1][:, 0]
-        return out
-    if mode not in ("block", "shortlist"):
-        raise ValueError(f"`mode` must be 'shortlist', 'block' or 'exact', got {mode!r}")
-    if mode == "block" and sh.active:
+    sh = Shards.local(s.shape[1]) if shards is None else shards
+    if sh.n < 2:
+        raise ValueError(f"`samples` needs at least 2 points, got {sh.n}")
+    if search.mode == "exact":
+        return _exact_per_draw(s, search, sh)
+    if search.mode not in _MODES:
+        raise ValueError(f"`mode` must be 'shortlist', 'block' or 'exact', got {search.mode!r}")
+    if search.mode == "block" and sh.active:
         raise ValueError("`mode='block'` runs in one process only; use 'shortlist' or 'exact'")
-    if margin is not None and not margin >= 0.0:
-        raise ValueError(f"`margin` must be >= 0 or None, got {margin!r}")
+    if search.margin is not None and not search.margin >= 0.0:
+        raise ValueError(f"`margin` must be >= 0 or None, got {search.margin!r}")
     res = checked_resultant(s) if resultant is None else resultant
-    if shortlist is None:
-        L, pilot = plan_shortlist(
-            s, res, tolerance=tolerance, memory_budget=memory_budget, shards=sh
-        )
-        if pilot["miss_rate"] > tolerance:
-            # no shortlist up to the cap is accurate enough: fall back to exact searches
+    plan = _shortlist_plan(s, res, search, sh, info)
+    if plan is None:  # no shortlist up to the cap is accurate enough: exact searches
+        return _exact_per_draw(s, search, sh)
+    L, margin = plan
+    mean = normalize(res)
+    cut = margin is not None and margin < torch.inf
+    if search.mode == "shortlist" and candidates is None and cut:
+        # no top-L search: one threshold pass keeps each query's candidates within the margin
+        pattern = _margin_pattern(mean, _spread(res), margin, L, search.memory_budget, shards=sh)
+        if info is not None:
+            kept = sh.sum(float(pattern[1].numel())) / sh.n
+            info.update(margin=float(margin), kept_per_query=kept)
+        return _nn_sparse(s, pattern, search.progress, shards=sh)
+    cand, m_sims = _shortlists(mean, candidates, L, search.memory_budget, sh)
+    if search.mode == "block":
+        block = check_int(search.block, "block", low=1)
+        order = _cluster_order(mean, block, search.cluster_iters, search.memory_budget)
+        return _nn_in_blocks(s, cand, order, block, search.memory_budget, search.progress)
+    keep = torch.ones(cand.shape, dtype=torch.bool, device=cand.device)
+    if cut:
+        cand, keep = _within_margin(mean, res, cand, m_sims, margin, sh)
+    if info is not None:
+        info.update(margin=float(torch.inf if margin is None else margin))
+        info.update(kept_per_query=sh.sum(float(keep.sum())) / sh.n)
+    return _nn_sparse(s, _sparse_pattern(cand, keep), search.progress, shards=sh)
+
+
+def _exact_per_draw(s: Tensor, search: DrawSearch, sh: Shards) -> Tensor:
+    """One exact search per draw (``mode="exact"``): ``[S, n_r]`` global ids."""
+    n_draws, n_loc, _ = s.shape
+    own = sh.global_ids(s.device)
+    bar = partial(
+        tqdm, total=n_draws, disable=not search.progress, desc="1-NN per draw", leave=False
+    )
+    out = torch.empty(n_draws, n_loc, dtype=torch.long, device=s.device)
+    for t, z in enumerate(bar(s)):
+        zn = normalize(z)
+        out[t] = _draw_nn(zn, None, own, search.memory_budget, sh)
+    return out
+
+
+def _draw_nn(
+    zn: Tensor, rows: Tensor | None, own: Tensor, memory_budget: int, sh: Shards
+) -> Tensor:
+    """The exact 1-NN global id of the queries ``zn[rows]`` (every row when None; global ids
+    ``own``) among every rank's rows of the normalised draw ``zn``: ids only, so the rows the
+    first pass certifies get no float64 values."""
+    q = zn if rows is None else zn[rows]
+    return search(q, partial(sh.chunks, zn), 1, memory_budget, None, own, sh, False)[1][:, 0]
+
+
+def _shortlist_plan(
+    s: Tensor, res: Tensor, search: DrawSearch, sh: Shards, info: dict[str, float] | None
+) -> tuple[int, float | None] | None:
+    """The shortlist length L and the margin of the shortlist modes: given, or chosen by the
+    pilot (:func:`choose_shortlist`); None when the pilot finds no L within the tolerance."""
+    margin = search.margin
+    if search.shortlist is None:
+        L, pilot = choose_shortlist(
+            s, tolerance=search.tolerance, memory_budget=search.memory_budget,
+            resultant=res, shards=sh,
+        )  # fmt: skip
+        if pilot["miss_rate"] > search.tolerance:
             if info is not None:
                 info.update(
-                    pilot, shortlist=float(n - 1), fallback_exact=1.0, rejected_shortlist=float(L)
-                )
-            return neighbors_per_draw(
-                s, mode="exact", shortlist=None, candidates=None, tolerance=tolerance,
-                margin=None, memory_budget=memory_budget, info=None, progress=progress,
-                block=block, cluster_iters=cluster_iters, shards=sh,
-            )  # fmt: skip
+                    pilot, shortlist=float(sh.n - 1), fallback_exact=1.0,
+                    rejected_shortlist=float(L),
+                )  # fmt: skip
+            return None
         if margin is None:
             margin = pilot["margin"]
     else:
-        L, pilot = min(check_int(shortlist, "shortlist", low=1), n - 1), {}
+        L, pilot = min(check_int(search.shortlist, "shortlist", low=1), sh.n - 1), {}
     if info is not None:
         info.update(pilot, shortlist=float(L))
-    mean = normalize(res)
-    if mode == "shortlist" and candidates is None and margin is not None and margin < torch.inf:
-        # no top-L search: one threshold pass keeps each query's candidates within the margin
-        pattern = _margin_pattern(mean, _spread(res), margin, L, memory_budget, shards=sh)
-        if info is not None:
-            kept = sh.sum(float(pattern[1].numel())) / n
-            info.update(margin=float(margin), kept_per_query=kept)
-        return _nn_sparse(s, pattern, progress, shards=sh)
-    cand = m_sims = None
+    return L, margin
+
+
+def _shortlists(
+    mean: Tensor, candidates: Tensor | None, L: int, memory_budget: int, sh: Shards
+) -> tuple[Tensor, Tensor | None]:
+    """Each query's L nearest mean embeddings (global ids) and their cosines: the first L
+    columns of ``candidates`` when it has that many (cosines None), else searched."""
+    n_loc = mean.shape[0]
     if candidates is not None:
         c = check_tensor(candidates, "candidates", ndim=2).long()
         if c.shape[0] != n_loc:
             raise ValueError(f"`candidates` must have {n_loc} rows, got {tuple(c.shape)}")
         if c.shape[1] >= L:
-            cand = c[:, :L].to(s.device)
-    if cand is None:
-        m_sims, cand = search(mean, partial(sh.chunks, mean), L, memory_budget, None, own, sh)
-    if mode == "block":
-        block = check_int(block, "block", low=1)
-        order = _cluster_order(mean, block, cluster_iters, memory_budget)
-        return _nn_in_blocks(s, cand, order, block, memory_budget, progress)
-    keep = torch.ones(cand.shape, dtype=torch.bool, device=cand.device)
-    if margin is not None and margin < torch.inf:
-        if m_sims is None:  # given candidates: their mean cosines, one sparse pass
-            crow, col, _ = _sparse_pattern(cand, keep)
-            width = cand.shape[1]  # every candidate kept: `width` per row (a rank may have none)
-            cand = col.view(n_loc, width)  # ascending per row; the order does not matter below
-            col_ext, ex, _ = _extend(col, n_loc, sh)
-            m_sims = _sddmm(crow, col_ext, mean, _rows(mean, ex)).view(n_loc, width)
-        sigma = _spread(res)
-        scale = (sigma[:, None] ** 2 + sh.gather(sigma)[cand] ** 2).sqrt()
-        gap = m_sims.max(dim=1, keepdim=True).values - m_sims
-        keep = _margin(gap, scale) <= margin
-    if info is not None:
-        info.update(margin=float(torch.inf if margin is None else margin))
-        info.update(kept_per_query=sh.sum(float(keep.sum())) / n)
-    return _nn_sparse(s, _sparse_pattern(cand, keep), progress, shards=sh)
+            return c[:, :L].to(mean.device), None
+    own = sh.global_ids(mean.device)
+    m_sims, cand = search(mean, partial(sh.chunks, mean), L, memory_budget, None, own, sh)
+    return cand, m_sims
+
+
+def _within_margin(
+    mean: Tensor, res: Tensor, cand: Tensor, m_sims: Tensor | None, margin: float, sh: Shards
+) -> tuple[Tensor, Tensor]:
+    """The candidates ``cand`` (reordered when their mean cosines ``m_sims`` are computed here)
+    and which of them lie within ``margin`` of their query's best (:func:`choose_shortlist`)."""
+    n_loc = mean.shape[0]
+    if m_sims is None:  # given candidates: their mean cosines, one sparse pass
+        keep = torch.ones(cand.shape, dtype=torch.bool, device=cand.device)
+        crow, col, _ = _sparse_pattern(cand, keep)
+        width = cand.shape[1]  # every candidate kept: `width` per row (a rank may have none)
+        cand = col.view(n_loc, width)  # ascending per row; the order does not matter below
+        col_ext, ex, _ = _extend(col, n_loc, sh)
+        m_sims = _sddmm(crow, col_ext, mean, _rows(mean, ex)).view(n_loc, width)
+    sigma = _spread(res)
+    scale = (sigma[:, None] ** 2 + sh.gather(sigma)[cand] ** 2).sqrt()
+    gap = m_sims.max(dim=1, keepdim=True).values - m_sims
+    return cand, _margin(gap, scale) <= margin

@@ -1,5 +1,10 @@
-"""The Triton kernel of :mod:`bayesurl.evaluation.fused` (imported on first use: Triton is
-optional). What it computes is documented there, at :func:`~bayesurl.evaluation.fused.fused_topk`.
+"""The Triton kernel of :mod:`bayesurl.search.fused` (imported on first use: Triton is
+optional). What it computes is documented there, at :func:`~bayesurl.search.fused.fused_topk`.
+
+``Q`` ``[M, D]`` and ``G`` ``[N, D]`` have contiguous rows (stride ``D``); ``OWN`` ``[M]`` holds
+each query's excluded column (a value outside ``[0, N)`` excludes nothing). The operands are
+multiplied as loaded: bfloat16 on a GPU, float32 in the interpreter (whose ``tl.dot`` misreads
+bfloat16; the caller widens them there, exactly).
 """
 
 import triton
@@ -19,14 +24,10 @@ def topk_kernel(
     N,
     D,
     offset,
-    stride_q,
-    stride_g,
     K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    HAS_OWN: tl.constexpr,
-    UPCAST: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -38,8 +39,7 @@ def topk_kernel(
     best_i = tl.load(BEST_I + state, mask=row_ok[:, None], other=-1)
     best_i = tl.where(best_i < 0, -1 - slots[None, :], best_i)  # empty slots: distinct ids
     kth = tl.min(best_v, 1)
-    if HAS_OWN:
-        own = tl.load(OWN + rows, mask=row_ok, other=-1)
+    own = tl.load(OWN + rows, mask=row_ok, other=-1)
     for n0 in range(0, N, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < N
@@ -48,22 +48,18 @@ def topk_kernel(
             dims = d0 + tl.arange(0, BLOCK_D)
             d_ok = dims < D
             q = tl.load(
-                Q + rows64[:, None] * stride_q + dims[None, :],
+                Q + rows64[:, None] * D + dims[None, :],
                 mask=row_ok[:, None] & d_ok[None, :],
                 other=0.0,
             )
             g = tl.load(
-                G + cols.to(tl.int64)[None, :] * stride_g + dims[:, None],
+                G + cols.to(tl.int64)[None, :] * D + dims[:, None],
                 mask=col_ok[None, :] & d_ok[:, None],
                 other=0.0,
             )
-            if UPCAST:
-                q = q.to(tl.float32)
-                g = g.to(tl.float32)
             acc = tl.dot(q, g, acc)
         acc = tl.where(col_ok[None, :], acc, float("-inf"))
-        if HAS_OWN:
-            acc = tl.where(cols[None, :] == own[:, None], float("-inf"), acc)
+        acc = tl.where(cols[None, :] == own[:, None], float("-inf"), acc)
         # insert the tile's items that beat a row's K-th kept value, largest first (ties: the
         # lowest column); one pass per inserted item of the busiest row, none for most tiles
         m = tl.max(acc, 1)

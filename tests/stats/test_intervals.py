@@ -1,4 +1,4 @@
-"""Per-run intervals (bayesurl.evaluation.intervals) against independent references.
+"""Per-run intervals (bayesurl.stats.intervals) against independent references.
 
 Coverage by simulation (synthetic scores with a known AUROC and a known R@1 rate, 1,000 draws
 at n = 200 and n = 5,000), DeLong's variance against a brute-force bootstrap of scikit-learn's
@@ -21,7 +21,8 @@ from sklearn.metrics import roc_auc_score
 
 from bayesurl.evaluation import evaluate
 from bayesurl.evaluation import functional as Fm
-from bayesurl.evaluation.intervals import (
+from bayesurl.evaluation.table import Metric, register_metric, unregister_metric
+from bayesurl.stats.intervals import (
     Interval,
     IntervalMethod,
     Resample,
@@ -40,7 +41,6 @@ from bayesurl.evaluation.intervals import (
     weighted_sparsification,
     wilson_interval,
 )
-from bayesurl.evaluation.table import Metric, register_metric, unregister_metric
 
 DRAWS = 1000
 
