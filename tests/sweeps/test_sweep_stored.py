@@ -208,15 +208,21 @@ def test_pipeline_run_fn_on_a_class_split():
 
 
 def test_training_curves_plot(tmp_path):
-    from bayesurl.sweeps.report import plot_training_curves
+    from bayesurl.evaluation.plots import plot_training_curves
 
     recs = [
-        {"method": "a", "split": 0, "error": None, "loss_curve": [2.0, 1.0], "u_curve": [1, 0.5]},
-        {"method": "b", "split": 0, "error": None, "loss_curve": [3.0, 2.0, 1.5]},
+        {
+            "estimator": "a",
+            "split": 0,
+            "error": None,
+            "loss_curve": [2.0, 1.0],
+            "u_curve": [1, 0.5],
+        },
+        {"estimator": "b", "split": 0, "error": None, "loss_curve": [3.0, 2.0, 1.5]},
     ]
     path = plot_training_curves(recs, tmp_path / "c.png")
     assert path is not None and path.stat().st_size > 1000
-    assert plot_training_curves([{"method": "a", "error": None}], tmp_path / "n.png") is None
+    assert plot_training_curves([{"estimator": "a", "error": None}], tmp_path / "n.png") is None
     assert not (tmp_path / "n.png").exists()
 
 
@@ -225,7 +231,7 @@ def test_training_curves_fall_when_the_loss_falls_whatever_its_sign(tmp_path, mo
     positive one and one that crosses zero: read back from the saved figure's lines."""
     import matplotlib.pyplot as plt
 
-    from bayesurl.sweeps.report import plot_training_curves
+    from bayesurl.evaluation.plots import plot_training_curves
 
     figures = []
     close = plt.close
@@ -236,12 +242,12 @@ def test_training_curves_fall_when_the_loss_falls_whatever_its_sign(tmp_path, mo
         "crossing": [0.3, -1.0, -2.5, -3.0],
     }
     recs = [
-        {"method": name, "split": k, "error": None, "loss_curve": [v - 0.1 * k for v in c]}
+        {"estimator": name, "split": k, "error": None, "loss_curve": [v - 0.1 * k for v in c]}
         for name, c in falling.items()
         for k in range(3)
     ]
     rising = [1.0, 2.0, 4.0, 8.0]  # a diverging loss must still be drawn rising
-    recs.append({"method": "rising", "split": 0, "error": None, "loss_curve": rising})
+    recs.append({"estimator": "rising", "split": 0, "error": None, "loss_curve": rising})
     assert plot_training_curves(recs, tmp_path / "c.png") is not None
     (fig,) = figures
     drawn = {}
