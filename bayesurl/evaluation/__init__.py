@@ -2,7 +2,8 @@
 one entry point (:func:`evaluate`), notes and plots. Definitions: docs/concepts/metrics.rst;
 papers: URL benchmark (Kirchhof et al. 2023, section 3.1) and LAM (Warburg et al. 2023,
 section 5). The neighbour search it runs lives in :mod:`bayesurl.search`, the intervals of its
-numbers in :mod:`bayesurl.stats`; their public names are re-exported here.
+numbers in :mod:`bayesurl.stats`; their public names are re-exported here (the classes stay
+importable from here, and are documented in their own packages).
 
 The torchmetrics classes (:mod:`bayesurl.evaluation.metrics`, which imports torchmetrics and,
 through it, torchvision and scipy) and the plot helpers (matplotlib) load on first use of one
@@ -49,7 +50,10 @@ from bayesurl.evaluation.functional import (
     uncertainty_from_samples,
 )
 from bayesurl.evaluation.memo import NeighborMemo
-from bayesurl.search import (
+
+# the classes below are importable from here as before, but documented once, in their own
+# packages: they are not in __all__ (the functions are)
+from bayesurl.search import (  # noqa: F401
     DEFAULT_MEMORY_BUDGET,
     DrawSearch,
     ExactSearch,
@@ -65,7 +69,7 @@ from bayesurl.search import (
     search_precision,
     search_stats,
 )
-from bayesurl.stats import Interval, IntervalMethod
+from bayesurl.stats import Interval, IntervalMethod  # noqa: F401
 
 if TYPE_CHECKING:  # loaded lazily at run time (see the module docstring)
     from bayesurl.evaluation.metrics import (
@@ -121,15 +125,9 @@ __all__ = [
     "AUSC",
     "AUSE",
     "DEFAULT_MEMORY_BUDGET",
-    "DrawSearch",
     "ECEResult",
     "EvaluationResult",
     "Evaluator",
-    "ExactSearch",
-    "FaissSearch",
-    "Interval",
-    "IntervalMethod",
-    "KnnFunc",
     "MAPAtK",
     "NeighborMemo",
     "OODAUPRC",

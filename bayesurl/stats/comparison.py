@@ -210,6 +210,7 @@ def holm_verdicts(
 #: Balanced partitions enumerated exactly up to this many; beyond (e.g. 40 splits: 6.9e10
 #: partitions) :data:`RANDOM_HALVINGS` distinct ones are drawn with a seeded generator.
 MAX_EXACT_PARTITIONS = 5000
+#: Distinct random halvings drawn where the partitions are too many to enumerate.
 RANDOM_HALVINGS = 2000
 
 
