@@ -495,14 +495,15 @@ def _fit(
     from bayesurl.distributed import broadcast_state, get_world_size
     from bayesurl.training import seed_everything
 
+    name = cfg.name if progress else ""  # the messages are made only when they are shown
     base, base_report = None, {}
     if cfg.base is not None:
-        _say(progress, f"{cfg.name}: base {cfg.base.estimator.name} (seed {cfg.seed})")
+        _say(progress, f"{name}: base {cfg.base.estimator.name} (seed {cfg.seed})")
         base, base_report = _fit_base(cfg.base, data, cache, device)
     seed_everything(cfg.seed)
-    _say(progress, f"{cfg.name}: fitting (seed {cfg.seed}, device {device})")
+    _say(progress, f"{name}: fitting (seed {cfg.seed}, device {device})")
     report = estimator.fit(data, FitContext(device, base=base, out=out))
-    _say(progress, f"{cfg.name}: fitted in {report.get('train_time', 0.0):.1f} s; evaluating")
+    _say(progress, f"{name}: fitted in {report.get('train_time', 0.0):.1f} s; evaluating")
     if cfg.estimator.name in cache.keep and cfg.base is None:
         cache.bases.setdefault(_base_key(cfg, device), (estimator, report))
     module = getattr(estimator, "method", None)
@@ -552,8 +553,8 @@ def _run(
     main = is_main_process()
     progress = progress and main
     data = cache.get_data(cfg, progress)
-    estimator = build_estimator(cfg)  # validates the options before anything trains
     result = _new_result(cfg, data, device, main)
+    estimator = build_estimator(cfg)  # validates the options before anything trains
     try:
         base_report, fit_report = _fit(cfg, estimator, data, cache, device, out_dir, progress)
         record = queries is not None and main and get_world_size() == 1 and not data.tests

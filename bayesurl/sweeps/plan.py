@@ -45,6 +45,7 @@ from typing import Any
 from bayesurl._checks import check_int, check_ints
 from bayesurl.data.class_splits import ClassSplit, class_splits, crossfit_splits
 from bayesurl.runs.config import DEFAULT_RECIPE_FILE, RunConfig, load_recipe, read_recipe_file
+from bayesurl.sweeps.storage import run_label
 
 __all__ = [
     "SweepPreset",
@@ -406,12 +407,6 @@ def plan_sweep(
         if resolve:
             r["config"] = resolve_run(dataset, preset, r, device=device, recipe=recipe).to_dict()
     return runs
-
-
-def run_label(params: dict[str, Any]) -> str:
-    """``"ce seed 0"`` on the standard split, ``"ce split 1 seed 0"`` on a class split."""
-    split = "" if params.get("class_split") is None else f" split {params.get('split')}"
-    return f"{params.get('estimator')}{split} seed {params.get('seed')}"
 
 
 def smoke_notice(preset: SweepPreset, dataset: str = DEFAULT_RECIPE_FILE) -> str | None:

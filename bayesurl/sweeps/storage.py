@@ -105,6 +105,7 @@ __all__ = [
     "redact_url",
     "require_optuna",
     "run_key",
+    "run_label",
 ]
 
 #: Default file name of the SQLite storage inside the output folder.
@@ -240,7 +241,7 @@ class MemoryStore:
             self._records.append(record)
             done += 1
             if on_done is not None:
-                claim = Claim(key=_label(params), params=params, trial_id=i, attempt=1)
+                claim = Claim(key=run_label(params), params=params, trial_id=i, attempt=1)
                 on_done(claim, record, record.get("error"))
         return done
 
@@ -262,7 +263,7 @@ class MemoryStore:
     def failures(self) -> list[dict[str, Any]]:
         """``{"key", "error"}`` of the runs that failed."""
         return [
-            {"key": _label(p), "error": r["error"]}
+            {"key": run_label(p), "error": r["error"]}
             for p, r in zip(self._plan, self._records)
             if r.get("error")
         ]
@@ -279,11 +280,11 @@ class MemoryStore:
         return self._studies[name]
 
 
-def _label(params: Mapping[str, Any]) -> str:
-    """The run's progress label (:func:`bayesurl.sweeps.plan.run_label`)."""
-    from bayesurl.sweeps.plan import run_label  # here: a worker loads this module without torch
-
-    return run_label(dict(params))
+def run_label(params: Mapping[str, Any]) -> str:
+    """A run's progress label from its parameters: ``"ce seed 0"`` on the standard split,
+    ``"ce split 1 seed 0"`` on a class split (its key: :func:`run_key`)."""
+    split = "" if params.get("class_split") is None else f" split {params.get('split')}"
+    return f"{params.get('estimator')}{split} seed {params.get('seed')}"
 
 
 def _quiet(fn: Callable[[], Any]) -> Callable[[], Any]:
