@@ -1075,13 +1075,12 @@ class ControlledConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def training(self, *, progress: bool = True) -> EncoderTraining:
-        """The schedule :func:`train_encoder` follows for this run."""
-        return EncoderTraining(
-            n_batches=self.n_batches, batch_size=self.batch_size, n_samples=self.n_samples,
-            n_negatives=self.n_negatives, mu_negatives=self.mu_negatives,
-            phasewise=self.phasewise, lr=self.lr, lr_decay=self.lr_decay,
-            kappa_lr=self.kappa_lr, eval_every=self.eval_every, progress=progress,
-        )  # fmt: skip
+        """The schedule :func:`train_encoder` follows for this run: every
+        :class:`EncoderTraining` field this config also has (the others at their defaults)."""
+        shared = {
+            f.name: getattr(self, f.name) for f in fields(EncoderTraining) if hasattr(self, f.name)
+        }
+        return EncoderTraining(**shared, progress=progress)
 
 
 def plot_recovery(
