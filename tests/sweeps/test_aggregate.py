@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from _holm import holm_reference
 from scipy import stats
 
 from bayesurl.stats.comparison import RANDOM_HALVINGS
@@ -79,15 +80,6 @@ def test_summarize_rejects_bad_records():
         summarize(recs, ["r_auroc"], unit="seed")
 
 
-def _holm_reference(p):
-    m = len(p)
-    order = sorted(range(m), key=lambda i: p[i])
-    adj = [0.0] * m
-    for rank, i in enumerate(order):
-        adj[i] = max(min(1.0, (m - j) * p[order[j]]) for j in range(rank + 1))
-    return adj
-
-
 def test_paired_comparison_against_scipy_and_loops():
     recs = _records(n_est=4, n_split=4, n_seed=3, seed=3)
     # drop one pair so the pairing matters
@@ -108,7 +100,7 @@ def test_paired_comparison_against_scipy_and_loops():
         assert row["p_t"] == pytest.approx(t1.pvalue, rel=1e-10)
         assert row["p_wilcoxon"] == pytest.approx(stats.wilcoxon(d).pvalue, rel=1e-10)
         ps.append(t1.pvalue)
-    for name, a in zip(["m1", "m2", "m3"], _holm_reference(ps)):
+    for name, a in zip(["m1", "m2", "m3"], holm_reference(ps)):
         assert out[name]["p_t_holm"] == pytest.approx(a, rel=1e-10)
         expect = (
             "no difference" if a >= 0.05 else ("better" if out[name]["mean_diff"] > 0 else "worse")
