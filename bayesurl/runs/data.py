@@ -40,6 +40,7 @@ from bayesurl.data.registry import (
     get_dataset,
     pool_datasets,
 )
+from bayesurl.data.splits import capped
 from bayesurl.features import FeatureStore, FirstView, FrozenEncoder, RandomView, cached_features
 from bayesurl.runs.config import RunConfig
 
@@ -125,14 +126,6 @@ def data_key(cfg: RunConfig) -> tuple[Any, ...]:
         b.pretrained,
         (b.freeze, b.resolution, b.views, b.cache) if b.freeze else None,
     )
-
-
-def _cap(ds: Any, n: int | None, seed: int) -> Any:
-    from bayesurl import data as bd
-
-    if n is None or n >= len(ds):
-        return ds
-    return bd.subset(ds, bd.stratified_subsample(ds, n, seed=seed))
 
 
 @dataclass(frozen=True)
@@ -284,8 +277,8 @@ def _folder_sets(cfg: RunConfig, name: str, split: Any) -> tuple[Any, dict[str, 
         raise ValueError(f"`data.root` is required for {name}{how}; then --set data.root=DIR")
     to_uint8 = bd.PilToUint8(d.image_size)
     zs = bd.dml_zero_shot(name, d.root, transform=to_uint8, train_transform=to_uint8)
-    zs.train = _cap(zs.train, d.max_train, d.seed)
-    zs.test = _cap(zs.test, d.max_test, d.seed)
+    zs.train = capped(zs.train, d.max_train, d.seed)
+    zs.test = capped(zs.test, d.max_test, d.seed)
     return zs, {}
 
 
@@ -362,9 +355,9 @@ def _upstream_sets(cfg: RunConfig, name: str, split: Any) -> tuple[Any, dict[str
     to_uint8 = bd.PilToUint8(d.image_size)
     train = get_dataset(name, d.root, "train", to_uint8)
     num_classes = len(train.classes)
-    train = _cap(train, d.max_train, d.seed)
+    train = capped(train, d.max_train, d.seed)
     tests = {
-        n: _cap(bd.dml_zero_shot(n, droot / n, transform=to_uint8).test, d.max_test, d.seed)
+        n: capped(bd.dml_zero_shot(n, droot / n, transform=to_uint8).test, d.max_test, d.seed)
         for n in folder_sets
         if (droot / n).is_dir()
     }
