@@ -508,35 +508,66 @@ def verdict(doc: dict[str, Any]) -> str:
         f"* **R@1** (CE {_ci(s, 'ce', 'r@1')}), better than CE: {_significant(pc, 'r@1', 1)}.",
     ]
     lines += _selective_risk(doc, unit)
+    lines += _map_at_r(doc, unit)
     return "\n".join(lines) + "\n"
+
+
+def _paired_bullet(
+    doc: dict[str, Any], unit: str, key: str, *, higher_is_better: bool, head: str
+) -> list[str]:
+    """One bullet for ``key``: CE's mean, the three best rows, and which rows differ from CE
+    (paired per ``unit``, Holm over the estimators, as the other metrics); nothing where a run
+    lacks the metric (runs made before it existed, or that did not ask for it)."""
+    runs = [r for r in doc["runs"] if r.get("error") is None]
+    s = doc["summary"]
+    if "ce" not in s or not runs or any(r.get(key) is None for r in runs):
+        return []
+    table = {
+        key: paired_comparison(
+            runs,
+            key,
+            reference="ce",
+            unit="pair" if unit.startswith("complementary") else "run",
+            higher_is_better=higher_is_better,
+        )
+    }
+    sign = -1.0 if higher_is_better else 1.0
+    best = sorted(s, key=lambda k: sign * s[k][key]["mean"])[:3]
+    word = ("higher", "lower") if higher_is_better else ("lower", "higher")
+    return [
+        f"* {head}; CE {_ci(s, 'ce', key)}; {'highest' if higher_is_better else 'lowest'}: "
+        + ", ".join(f"{k} {_ci(s, k, key)}" for k in best)
+        + f"), {word[0]} than CE"
+        + ("" if higher_is_better else " (the difference signed so that + is better)")
+        + f": {_significant(table, key, 1)}; {word[1]}: {_significant(table, key, -1)}."
+    ]
 
 
 def _selective_risk(doc: dict[str, Any], unit: str) -> list[str]:
     """The AURC bullet (the selective risk of the queries kept as u rises, lower is better;
-    Geifman et al., 2019): paired against CE per ``unit`` with Holm over the estimators, as the
-    other metrics; nothing where a run lacks it (runs made before the metric existed)."""
-    runs = [r for r in doc["runs"] if r.get("error") is None]
-    s = doc["summary"]
-    if "ce" not in s or not runs or any(r.get("aurc") is None for r in runs):
-        return []
-    table = {
-        "aurc": paired_comparison(
-            runs,
-            "aurc",
-            reference="ce",
-            unit="pair" if unit.startswith("complementary") else "run",
-            higher_is_better=False,
-        )
-    }
-    lowest = sorted(s, key=lambda k: s[k]["aurc"]["mean"])[:3]
-    return [
-        f"* **AURC** (the mean risk of the queries kept as u admits more of them, lower is "
-        f"better; it mixes R@1 with u's ranking, so a row that retrieves better has a lower "
-        f"AURC even with u at chance; CE {_ci(s, 'ce', 'aurc')}; lowest: "
-        + ", ".join(f"{k} {_ci(s, k, 'aurc')}" for k in lowest)
-        + f"), lower than CE (the difference signed so that + is better): "
-        f"{_significant(table, 'aurc', 1)}; higher: {_significant(table, 'aurc', -1)}."
-    ]
+    Geifman et al., 2019)."""
+    return _paired_bullet(
+        doc,
+        unit,
+        "aurc",
+        higher_is_better=False,
+        head="**AURC** (the mean risk of the queries kept as u admits more of them, lower is "
+        "better; it mixes R@1 with u's ranking, so a row that retrieves better has a lower "
+        "AURC even with u at chance",
+    )
+
+
+def _map_at_r(doc: dict[str, Any], unit: str) -> list[str]:
+    """The MAP@R bullet (Musgrave et al., 2020: the ranking of each query's R class-mates,
+    higher is better): the embedding's retrieval beyond the first neighbour; u plays no part."""
+    return _paired_bullet(
+        doc,
+        unit,
+        "map@r",
+        higher_is_better=True,
+        head="**MAP@R** (the precision over each query's R nearest items, R its number of "
+        "class-mates, higher is better; it scores the embedding, u plays no part",
+    )
 
 
 def against(doc: dict[str, Any], other: dict[str, Any], label: str) -> str:

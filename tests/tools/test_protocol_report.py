@@ -179,3 +179,33 @@ def test_verdict_states_aurc_lower_is_better_against_ce_only_when_every_run_has_
         if r["split"] == 3:
             r["aurc"] = None
     assert "AURC" not in tool.verdict(doc)
+
+
+def test_verdict_states_map_at_r_higher_is_better_against_ce_only_when_every_run_has_it(
+    tmp_path,
+):
+    """MAP@R's bullet: higher is better, so the row above CE in every split is named under
+    "higher than CE" with a positive paired difference and the row below under "lower"; the
+    three highest rows are listed, best first; a run without MAP@R (a protocol that did not ask
+    for it) gives no bullet."""
+    tool = _tool()
+    noise = [0.01, -0.02, 0.015, -0.005, 0.02, -0.01, 0.0, 0.005]
+    runs = []
+    for split, e in enumerate(noise):
+        for est, m in (("ce", 0.40), ("feature_norm", 0.47), ("elk", 0.33), ("pvu", 0.4)):
+            jitter = 0.003 * ((split * 5 + len(est)) % 3 - 1)
+            runs.append(dict(_run(est, split, 0.5 + e), method=est, **{"map@r": m + e + jitter}))
+    (tmp_path / "partial_runs.json").write_text(json.dumps({"preset": "demo", "runs": runs}))
+    doc = read_results(tool.write_interim(tmp_path))
+    line = next(x for x in tool.verdict(doc).splitlines() if x.startswith("* **MAP@R**"))
+    higher, lower = line.split("higher than CE: ")[1].split("; lower: ")
+    assert "feature_norm (+0.070" in higher and "elk" not in higher
+    assert "elk (-0.070" in lower and "feature_norm" not in lower
+    assert "pvu" not in higher and "pvu" not in lower
+    assert "CE 0.40" in line and "highest: feature_norm 0.47" in line
+    top = line.split("highest: ")[1].split("), higher than CE")[0]
+    assert top.startswith("feature_norm") and "pvu" in top and "elk" not in top
+    for r in doc["runs"]:
+        if r["split"] == 3:
+            r["map@r"] = None
+    assert "MAP@R" not in tool.verdict(doc)
