@@ -7,9 +7,11 @@ import math
 import pytest
 import torch
 from _reference import brute_knn, tie_data
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bayesurl.search import knn, knn_query, normalize
-from bayesurl.search.core import chunk_rows
+from bayesurl.search.core import chunk_rows, stable_topk
 
 
 @pytest.fixture
@@ -258,3 +260,29 @@ def test_top1_second_is_the_runner_up_value() -> None:
     assert not certified[[5, 17, 64, 200]].any()  # groups of duplicates: tied winners
     assert certified[[120, 121]].all()  # a pair of scaled copies: one clear winner each
     assert int(certified.sum()) > 250
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    cols=st.integers(2, 40),
+    k=st.integers(2, 45),
+    levels=st.integers(1, 50),
+    excluded=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_stable_topk_equals_a_full_stable_sort(rows, cols, k, levels, excluded, seed) -> None:
+    """``stable_topk`` against the definition (a stable sort by value descending, so equal
+    values keep ascending index): few ``levels`` give ties inside and at the k-th place, many
+    give rows without ties (the path that skips the re-sort), mixed in one batch; ``-inf``
+    (excluded items) too. NaN never reaches it: the embeddings are checked finite."""
+    g = torch.Generator().manual_seed(seed)
+    sims = torch.randint(0, levels, (rows, cols), generator=g).double() / levels
+    sims[0] += torch.rand(cols, generator=g, dtype=torch.float64) * 1e-3  # a row without ties
+    if excluded:
+        sims[torch.rand(rows, cols, generator=g) < 0.2] = -torch.inf
+    kk = min(k, cols)
+    order = torch.sort(sims, dim=1, descending=True, stable=True).indices[:, :kk]
+    vals, idx = stable_topk(sims, k)
+    assert idx.tolist() == order.tolist()
+    assert torch.equal(vals, sims.gather(1, order)) and vals.is_contiguous()
