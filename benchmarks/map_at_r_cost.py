@@ -43,7 +43,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=60_000)
     p.add_argument("--d", type=int, default=512)
-    p.add_argument("--classes", type=int, default=None, help="default N / 30")
+    p.add_argument("--classes", type=int, default=None, help="default N / 30; 0: skip")
     p.add_argument("--big-classes", type=int, default=10, help="0: skip this layout")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -54,7 +54,8 @@ def main() -> None:
     from bayesurl.evaluation.table import select_metrics
 
     default = [m.name for m in select_metrics(None, (), {"ks": (1,), "map_ks": (5,)})]
-    layouts = [a.classes or max(a.n // 30, 2)] + ([a.big_classes] if a.big_classes else [])
+    small = [] if a.classes == 0 else [a.classes or max(a.n // 30, 2)]
+    layouts = small + ([a.big_classes] if a.big_classes else [])
     print(f"# benchmarks/map_at_r_cost.py, {time.strftime('%Y-%m-%d')}")
     print(f"# CPU {cpu_name()}, {os.cpu_count()} cores, flags: {cpu_flags()}")
     print(f"# torch {torch.__version__}; N={a.n} D={a.d} repeats={a.repeats}; classes {layouts}")

@@ -199,8 +199,9 @@ def stable_topk(sims: Tensor, k: int) -> tuple[Tensor, Tensor]:
     ``torch.topk`` does not promise an order among equal values. The common case (no tie at the
     k-th place) is handled with ``topk(k + 1)``; rows with a tie at the boundary fall back to an
     exact selection of the lowest tied indices. A row whose k values strictly decrease is
-    already in that order; only rows with equal values among their k are re-sorted
-    stably by index, so a top-``R`` of thousands (MAP@R) pays one selection, not three sorts.
+    already in that order, and a tie of two neighbours is fixed by a swap; only rows with three
+    or more equal values in a row are re-sorted stably by index, so a top-``R`` of thousands
+    (MAP@R) pays one selection, not three sorts.
     """
     b, n = sims.shape
     if k == 1:
@@ -225,13 +226,23 @@ def stable_topk(sims: Tensor, k: int) -> tuple[Tensor, Tensor]:
             vals[rows] = sub.gather(1, sel)
     else:
         boundary_tie = torch.zeros(b, dtype=torch.bool, device=sims.device)
-    # the boundary rows hold their winners by index order, not by value
-    tied = boundary_tie | ~(vals[:, 1:] < vals[:, :-1]).all(dim=1)
-    if not bool(tied.any()):
-        return vals.contiguous(), idx
-    if bool(tied.all()):
+    vals = vals.contiguous()
+    eq = vals[:, 1:] == vals[:, :-1]
+    # a run of three or more equal values needs a sort, and the boundary rows hold their
+    # winners by index order, not by value
+    resort = boundary_tie | (eq[:, 1:] & eq[:, :-1]).any(dim=1)
+    # a pair of equal neighbours (the common tie among thousands of float32 similarities) is
+    # put in index order by swapping the two
+    swap = eq & (idx[:, 1:] < idx[:, :-1]) & ~resort[:, None]
+    if bool(swap.any()):
+        first = torch.nn.functional.pad(swap, (0, 1))
+        second = torch.nn.functional.pad(swap, (1, 0))
+        idx = torch.where(first, idx.roll(-1, 1), torch.where(second, idx.roll(1, 1), idx))
+    if not bool(resort.any()):
+        return vals, idx
+    if bool(resort.all()):
         return rank_candidates(idx, vals, k)
-    rows = tied.nonzero().squeeze(1)
+    rows = resort.nonzero().squeeze(1)
     vals, idx = vals.clone(), idx.clone()
     vals[rows], idx[rows] = rank_candidates(idx[rows], vals[rows], k)
     return vals, idx

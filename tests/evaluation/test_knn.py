@@ -267,15 +267,16 @@ def test_top1_second_is_the_runner_up_value() -> None:
     rows=st.integers(1, 6),
     cols=st.integers(2, 40),
     k=st.integers(2, 45),
-    levels=st.integers(1, 50),
+    levels=st.integers(1, 200),
     excluded=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_stable_topk_equals_a_full_stable_sort(rows, cols, k, levels, excluded, seed) -> None:
     """``stable_topk`` against the definition (a stable sort by value descending, so equal
-    values keep ascending index): few ``levels`` give ties inside and at the k-th place, many
-    give rows without ties (the path that skips the re-sort), mixed in one batch; ``-inf``
-    (excluded items) too. NaN never reaches it: the embeddings are checked finite."""
+    values keep ascending index): few ``levels`` give runs of equal values inside and at the
+    k-th place (the re-sort), many give rows with ties of two only (the swap) or none, mixed in
+    one batch; ``-inf`` (excluded items) too. NaN never reaches it: the embeddings are checked
+    finite."""
     g = torch.Generator().manual_seed(seed)
     sims = torch.randint(0, levels, (rows, cols), generator=g).double() / levels
     sims[0] += torch.rand(cols, generator=g, dtype=torch.float64) * 1e-3  # a row without ties
@@ -286,3 +287,16 @@ def test_stable_topk_equals_a_full_stable_sort(rows, cols, k, levels, excluded, 
     vals, idx = stable_topk(sims, k)
     assert idx.tolist() == order.tolist()
     assert torch.equal(vals, sims.gather(1, order)) and vals.is_contiguous()
+
+
+def test_stable_topk_puts_a_tie_of_two_in_index_order() -> None:
+    """A row whose only ties are pairs (the case among thousands of float32 similarities),
+    each pair placed by ``torch.topk`` in either order: the lower index comes first."""
+    g = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        v = torch.randperm(300, generator=g).double()
+        v[torch.randperm(300, generator=g)[:40]] += 0.5  # 0.5 apart: no value collides yet
+        v[1::7] = v[0::7][: v[1::7].numel()]  # pairs of equal values, never three
+        sims = v[torch.randperm(300, generator=g)][None].repeat(3, 1)
+        order = torch.sort(sims, dim=1, descending=True, stable=True).indices[:, :120]
+        assert stable_topk(sims, 120)[1].tolist() == order.tolist()
