@@ -34,6 +34,7 @@ LAM, Warburg et al., 2023, section 3).
 from __future__ import annotations
 
 import contextlib
+import math
 import platform
 import sys
 import time
@@ -80,6 +81,10 @@ __all__ = [
     "resolve_preset",
     "run_sweep",
 ]
+
+#: Seconds between two writes of a stored sweep's ``partial_runs.json`` (each reads every
+#: finished run's record from the storage; the last run of the sweep always writes it).
+PARTIAL_EVERY_S = 60.0
 
 
 # --------------------------------------------------------------------------- torchrun
@@ -516,20 +521,24 @@ class _Sweep:
     def on_done(self, store: RunStore) -> OnDone:
         """One line per finished run; a stored sweep also keeps ``partial_runs.json``."""
 
+        written = -math.inf
+
         def done(claim: Claim, record: Mapping[str, Any] | None, error: str | None) -> None:
+            nonlocal written
             params = claim.params
-            if self.plan.stored and not error and self.folder is not None:
-                # the finished runs so far, readable (and committable) before the sweep ends
-                so_far = {
-                    "preset": self.plan.name,
-                    "status": store.status(),
-                    "runs": run_rows(store.records()),
-                }
-                # machine-read (tools/protocol_report.py --interim): compact
-                write_json(self.folder / "partial_runs.json", jsonable(so_far), indent=None)
             if not (self.opts.progress or self.plan.stored):
                 return
+            # each status and record read goes over every trial of the storage: one status
+            # per run, the records at most every PARTIAL_EVERY_S seconds and at the end
             st = store.status()
+            keep = self.plan.stored and not error and self.folder is not None
+            last = st["waiting"] == st["running"] == 0
+            if keep and (last or time.monotonic() - written >= PARTIAL_EVERY_S):
+                # the finished runs so far, readable (and committable) before the sweep ends
+                so_far = {"preset": self.plan.name, "status": st, "runs": run_rows(store.records())}
+                # machine-read (tools/protocol_report.py --interim): compact
+                write_json(self.folder / "partial_runs.json", jsonable(so_far), indent=None)
+                written = time.monotonic()
             head = f"[{st['complete'] + st['failed']}/{st['total']}] {run_label(params)}"
             if error or record is None:
                 self.log(f"{head}: FAILED {error}")

@@ -5,6 +5,7 @@ against the interface alone drives a sweep to the same records as the memory sto
 from __future__ import annotations
 
 import inspect
+import json
 import math
 from typing import Any
 
@@ -138,3 +139,32 @@ def test_a_store_of_the_protocol_drives_a_sweep(monkeypatch):
     assert len(mine.done) == 8 and got.status == ref.status
     assert got.runs == ref.runs
     assert got.summary() == ref.summary()
+
+
+def test_a_stored_sweep_reads_every_record_for_partial_runs_not_after_each_run(
+    monkeypatch, tmp_path
+):
+    """``partial_runs.json`` holds every finished record, and writing it reads them all from
+    the storage: a stored sweep writes it after its first run, then at most every
+    ``PARTIAL_EVERY_S`` seconds, and after its last run, so a fast sweep of 8 runs reads the
+    records three times (the two writes and the report), not once per run, and the file still
+    ends with all 8."""
+
+    class Counting(ListStore):
+        reads = 0
+
+        def records(self):
+            Counting.reads += 1
+            return super().records()
+
+    mine = Counting()
+    monkeypatch.setattr(sweep._Sweep, "open_store", lambda self: mine)
+    preset = SweepPreset("t", splits=2, seeds=(0, 1), storage="stored")
+    sweep.run_sweep(["ce", "a"], preset=preset, run_fn=_fake_run, log=lambda s: None, out=tmp_path)
+    partial = json.loads((tmp_path / "partial_runs.json").read_text())
+    assert len(partial["runs"]) == 8 and partial["status"]["complete"] == 8
+    assert Counting.reads == 3
+    monkeypatch.setattr(sweep, "PARTIAL_EVERY_S", 0.0)
+    Counting.reads, mine = 0, Counting()
+    sweep.run_sweep(["ce", "a"], preset=preset, run_fn=_fake_run, log=lambda s: None, out=tmp_path)
+    assert Counting.reads == 9  # without the pause: after every run

@@ -421,3 +421,30 @@ def test_superseded_runs_are_run_again_once_and_the_rest_stay(tmp_path):
     again = SweepStorage(out=tmp_path, sweep="fix")
     assert again.supersede("pvu", "views per image") == 0 and again.add_runs(plan) == 0
     assert len(again.records()) == 6
+
+
+def test_a_worker_looks_for_stale_runs_once_per_heartbeat_and_before_it_stops(tmp_path):
+    """Each look for stale runs reads every trial of the storage, so a worker does not look
+    before every run: once at the start, then only when nothing is left to claim. A run whose
+    worker died after claiming it (no heartbeat) turns stale while this worker runs the others
+    and is still taken by that last look, not left behind."""
+    store = SweepStorage(out=tmp_path, sweep="looks", heartbeat_interval=30, grace_period=1)
+    store.add_runs([{"estimator": "m", "split": k, "seed": 0} for k in range(3)])
+    dead = store.claim()  # a worker killed right after its claim: no heartbeat ever
+    assert dead is not None
+    looks, real = [], store.fail_stale
+    store.fail_stale = lambda: (looks.append(time.monotonic()), real())[1]
+    ran = []
+
+    def fn(params):
+        ran.append(params["split"])
+        time.sleep(0.8)
+        return {"v": params["split"]}
+
+    assert store.work(fn, wait=False) == 3
+    assert sorted(ran) == [0, 1, 2] and ran[-1] == dead.params["split"]
+    # the start, the look that found the dead worker's run stale, the last one
+    assert len(looks) == 3
+    assert store.status() == {
+        "waiting": 0, "running": 0, "complete": 3, "failed": 0, "total": 3
+    }  # fmt: skip
