@@ -946,22 +946,19 @@ class SweepStorage:
         on_done : callable, optional
             ``on_done(claim, record, error)`` after each run (progress output).
         """
-        done = 0
-        # each look for stale runs reads every trial of the storage: at most one per heartbeat
-        # interval (a run turns stale only after ``grace_period``), and always before the
-        # worker concludes that nothing is left
-        looked = -math.inf
+        done, looked = 0, -math.inf
         with _sigterm_as_interrupt():
             while max_runs is None or done < max_runs:
+                # a look for stale runs reads every trial: one per heartbeat interval (a run
+                # turns stale only after ``grace_period``), and one before concluding none is left
                 fresh = time.monotonic() - looked >= self.heartbeat_interval
                 if fresh:
                     self.fail_stale()
                     looked = time.monotonic()
                 claim = self.claim()
                 if claim is None and not fresh:
-                    self.fail_stale()
-                    looked = time.monotonic()
-                    claim = self.claim()
+                    looked = -math.inf
+                    continue
                 if claim is None:
                     if wait and self.status()["running"] > 0:
                         time.sleep(poll)

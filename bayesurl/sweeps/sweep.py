@@ -34,7 +34,6 @@ LAM, Warburg et al., 2023, section 3).
 from __future__ import annotations
 
 import contextlib
-import math
 import platform
 import sys
 import time
@@ -83,7 +82,7 @@ __all__ = [
 ]
 
 #: Seconds between two writes of a stored sweep's ``partial_runs.json`` (each reads every
-#: finished run's record from the storage; the last run of the sweep always writes it).
+#: record from the storage); the last run always writes it.
 PARTIAL_EVERY_S = 60.0
 
 
@@ -521,16 +520,14 @@ class _Sweep:
     def on_done(self, store: RunStore) -> OnDone:
         """One line per finished run; a stored sweep also keeps ``partial_runs.json``."""
 
-        written = -math.inf
+        written = float("-inf")
 
         def done(claim: Claim, record: Mapping[str, Any] | None, error: str | None) -> None:
             nonlocal written
             params = claim.params
             if not (self.opts.progress or self.plan.stored):
                 return
-            # each status and record read goes over every trial of the storage: one status
-            # per run, the records at most every PARTIAL_EVERY_S seconds and at the end
-            st = store.status()
+            st = store.status()  # reads every trial: once per run
             keep = self.plan.stored and not error and self.folder is not None
             last = st["waiting"] == st["running"] == 0
             if keep and (last or time.monotonic() - written >= PARTIAL_EVERY_S):
