@@ -14,7 +14,8 @@ Reads ``results.json`` written by ``bayesurl benchmark --preset NAME`` and write
 
 and prints the same tables as plain text (the pages show the plots of the protocol's folder in
 ``results/`` itself, no copy). A stored sweep that has not finished keeps its
-finished runs in ``partial_runs.json``; ``--interim`` first writes the results of the class
+finished runs in ``partial_runs.json`` (written at most once a minute, and after its last
+run); ``--interim`` first writes the results of the class
 splits on which every estimator has finished into ``FOLDER/interim`` and reports those.
 Usage (repository root)::
 
